@@ -1,0 +1,28 @@
+// ckpt: strategy-aware checkpoint tools. Also answers to ckpt-<verb> names
+// (argv[0] dispatch), so `ckpt-plan A B` is `ckpt plan A B`.
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "cli/verbs.h"
+
+int main(int argc, char** argv) {
+  std::vector<std::string> args(argv, argv + argc);
+  const std::string self = args[0].substr(args[0].rfind('/') + 1);
+  if (self.rfind("ckpt-", 0) == 0) args.insert(args.begin() + 1, self.substr(5));
+
+  CLI::App app{"ckpt: strategy-aware checkpoint tools (Tessera)"};
+  app.require_subcommand(1);
+  std::function<int()> run;
+  tessera::cli::AddPlanVerb(app, &run);
+
+  std::vector<const char*> cargv;
+  for (const std::string& a : args) cargv.push_back(a.c_str());
+  try {
+    app.parse(static_cast<int>(cargv.size()), cargv.data());
+  } catch (const CLI::ParseError& e) {
+    const int code = app.exit(e);
+    return code == 0 ? 0 : 2;
+  }
+  return run();
+}

@@ -1,0 +1,38 @@
+// XXH3 (64-bit) checksums: one-shot and streaming. The only file that
+// includes xxhash.h is checksum.cc.
+#ifndef TESSERA_CORE_CHECKSUM_H_
+#define TESSERA_CORE_CHECKSUM_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace tessera {
+
+uint64_t Xxh3(const void* data, size_t size);
+
+// Streaming XXH3: Update() any number of times, Digest() any time; the
+// result equals Xxh3() of the concatenated input.
+class Xxh3Hasher {
+ public:
+  Xxh3Hasher();
+  ~Xxh3Hasher();
+  Xxh3Hasher(const Xxh3Hasher&) = delete;
+  Xxh3Hasher& operator=(const Xxh3Hasher&) = delete;
+
+  void Reset();
+  void Update(const void* data, size_t size);
+  uint64_t Digest() const;
+
+ private:
+  struct State;
+  std::unique_ptr<State> state_;
+};
+
+// 16 lowercase hex digits.
+std::string ChecksumToHex(uint64_t checksum);
+
+}  // namespace tessera
+
+#endif  // TESSERA_CORE_CHECKSUM_H_

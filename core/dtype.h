@@ -1,0 +1,40 @@
+// Element types of tensors, their sizes and their names.
+#ifndef TESSERA_CORE_DTYPE_H_
+#define TESSERA_CORE_DTYPE_H_
+
+#include <cstdint>
+#include <string_view>
+
+#include "core/status.h"
+
+namespace tessera {
+
+enum class DType : uint8_t {
+  kF32 = 0,
+  kF16,
+  kBF16,
+  kF64,
+  kI8,
+  kU8,
+  kI16,
+  kU16,
+  kI32,
+  kU32,
+  kI64,
+  kU64,
+  kBool,
+};
+
+inline constexpr int kNumDTypes = 13;
+
+// Bytes per element.
+int64_t DTypeSize(DType dtype);
+// Canonical short name: "f32", "bf16", "i64", "bool", ...
+std::string_view DTypeName(DType dtype);
+// Accepts the short names and the long ones ("float32", "bfloat16", "int64").
+Result<DType> ParseDType(std::string_view name);
+bool IsFloatingPoint(DType dtype);
+
+}  // namespace tessera
+
+#endif  // TESSERA_CORE_DTYPE_H_

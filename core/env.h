@@ -1,0 +1,143 @@
+// Env: every byte Tessera reads or writes goes through one of these, so the
+// same code runs on the real file system (PosixEnv), in memory (MemEnv) and
+// under injected faults (FaultInjectionEnv), as in leveldb.
+#ifndef TESSERA_CORE_ENV_H_
+#define TESSERA_CORE_ENV_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/status.h"
+
+namespace tessera {
+
+class WritableFile {
+ public:
+  virtual ~WritableFile() = default;
+  virtual Status Append(const void* data, size_t size) = 0;
+  // Makes everything appended so far durable.
+  virtual Status Sync() = 0;
+  virtual Status Close() = 0;
+};
+
+class RandomAccessFile {
+ public:
+  virtual ~RandomAccessFile() = default;
+  // Reads exactly `size` bytes at `offset` into `dst` (pread); a file that
+  // ends early is a DataLoss error naming the file and the range.
+  virtual Status Read(uint64_t offset, size_t size, void* dst) const = 0;
+  virtual Result<uint64_t> Size() const = 0;
+};
+
+class Env {
+ public:
+  virtual ~Env() = default;
+
+  // The process-wide POSIX environment.
+  static Env* Default();
+
+  // Creates or truncates `path`.
+  virtual Result<std::unique_ptr<WritableFile>> NewWritableFile(const std::string& path) = 0;
+  virtual Result<std::unique_ptr<RandomAccessFile>> NewRandomAccessFile(
+      const std::string& path) = 0;
+  virtual bool FileExists(const std::string& path) = 0;
+  virtual Result<uint64_t> GetFileSize(const std::string& path) = 0;
+  // Atomically replaces `to` with `from`.
+  virtual Status RenameFile(const std::string& from, const std::string& to) = 0;
+  virtual Status DeleteFile(const std::string& path) = 0;
+  // mkdir -p.
+  virtual Status CreateDirs(const std::string& path) = 0;
+  // Removes an empty directory.
+  virtual Status DeleteDir(const std::string& path) = 0;
+  // Names (not paths) of the entries of `dir`, sorted.
+  virtual Result<std::vector<std::string>> GetChildren(const std::string& dir) = 0;
+  virtual bool IsDirectory(const std::string& path) = 0;
+  // Makes the directory's entries (creations, renames) durable.
+  virtual Status SyncDir(const std::string& dir) = 0;
+};
+
+// "a/b/c" -> "a/b"; "c" -> ".".
+std::string Dirname(std::string_view path);
+// Joins with exactly one '/'.
+std::string JoinPath(std::string_view a, std::string_view b);
+
+Result<std::string> ReadFileToString(Env* env, const std::string& path);
+// The commit primitive: writes `data` to "<path>.tmp", syncs it, renames it
+// over `path`, syncs the directory. Readers see the old file or the new one,
+// never a mix, and after a crash the old one survives unless the rename was
+// made durable.
+Status WriteFileAtomically(Env* env, const std::string& path, std::string_view data);
+// Deletes a directory tree (files and sub-directories).
+Status DeleteRecursively(Env* env, const std::string& path);
+
+// All files in memory; for fast tests. Thread-safe.
+std::unique_ptr<Env> NewMemEnv();
+
+// Wraps another Env and remembers what was made durable, so a test can
+// simulate a power loss or kill -9 at any point (leveldb's FaultInjectionTestEnv
+// idea). Not for production.
+class FaultInjectionEnv : public Env {
+ public:
+  explicit FaultInjectionEnv(Env* base) : base_(base) {}
+
+  // The n-th Append from now on (1-based) fails with an IOError, and so do
+  // all later ones while `sticky`; n == 0 disables the fault.
+  void FailNthWrite(int64_t n, bool sticky = false);
+  int64_t writes_seen() const;
+
+  // Puts the file system in the state a crash at this instant would leave:
+  // data appended after a file's last Sync() is dropped, files created in a
+  // directory that was not synced since are deleted, and renames whose
+  // directory was not synced are undone.
+  Status SimulateCrash();
+
+  Result<std::unique_ptr<WritableFile>> NewWritableFile(const std::string& path) override;
+  Result<std::unique_ptr<RandomAccessFile>> NewRandomAccessFile(
+      const std::string& path) override {
+    return base_->NewRandomAccessFile(path);
+  }
+  bool FileExists(const std::string& path) override { return base_->FileExists(path); }
+  Result<uint64_t> GetFileSize(const std::string& path) override {
+    return base_->GetFileSize(path);
+  }
+  Status RenameFile(const std::string& from, const std::string& to) override;
+  Status DeleteFile(const std::string& path) override;
+  Status CreateDirs(const std::string& path) override { return base_->CreateDirs(path); }
+  Status DeleteDir(const std::string& path) override { return base_->DeleteDir(path); }
+  Result<std::vector<std::string>> GetChildren(const std::string& dir) override {
+    return base_->GetChildren(dir);
+  }
+  bool IsDirectory(const std::string& path) override { return base_->IsDirectory(path); }
+  Status SyncDir(const std::string& dir) override;
+
+ private:
+  friend class FaultWritableFile;
+  Status BeforeWrite();
+  void OnSynced(const std::string& path, uint64_t size);
+
+  struct PendingRename {
+    std::string from, to;
+    bool had_old_to = false;
+    std::string old_to_contents;
+  };
+
+  Env* base_;
+  mutable std::mutex mu_;
+  int64_t writes_ = 0;
+  int64_t fail_at_ = 0;
+  bool sticky_ = false;
+  std::map<std::string, uint64_t> synced_size_;  // tracked files by current name
+  std::set<std::string> new_files_;              // created, directory not synced
+  std::vector<PendingRename> pending_renames_;
+};
+
+}  // namespace tessera
+
+#endif  // TESSERA_CORE_ENV_H_

@@ -1,0 +1,171 @@
+// The POSIX Env: open/pread/write/fsync/rename.
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "core/env.h"
+
+namespace tessera {
+namespace {
+
+Status PosixError(const std::string& what, const std::string& path, int err) {
+  std::string msg = what + " '" + path + "': " + std::strerror(err);
+  if (err == ENOENT) return NotFoundError(std::move(msg));
+  return IOError(std::move(msg));
+}
+
+class PosixWritableFile : public WritableFile {
+ public:
+  PosixWritableFile(std::string path, int fd) : path_(std::move(path)), fd_(fd) {}
+  ~PosixWritableFile() override {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  Status Append(const void* data, size_t size) override {
+    const char* p = static_cast<const char*>(data);
+    while (size > 0) {
+      ssize_t n = ::write(fd_, p, size);
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        return PosixError("write", path_, errno);
+      }
+      p += n;
+      size -= static_cast<size_t>(n);
+    }
+    return Status::Ok();
+  }
+  Status Sync() override {
+    if (::fdatasync(fd_) != 0) return PosixError("fdatasync", path_, errno);
+    return Status::Ok();
+  }
+  Status Close() override {
+    if (fd_ < 0) return Status::Ok();
+    int rc = ::close(fd_);
+    fd_ = -1;
+    if (rc != 0) return PosixError("close", path_, errno);
+    return Status::Ok();
+  }
+
+ private:
+  std::string path_;
+  int fd_;
+};
+
+class PosixRandomAccessFile : public RandomAccessFile {
+ public:
+  PosixRandomAccessFile(std::string path, int fd) : path_(std::move(path)), fd_(fd) {}
+  ~PosixRandomAccessFile() override { ::close(fd_); }
+  Status Read(uint64_t offset, size_t size, void* dst) const override {
+    char* p = static_cast<char*>(dst);
+    uint64_t off = offset;
+    size_t left = size;
+    while (left > 0) {
+      ssize_t n = ::pread(fd_, p, left, static_cast<off_t>(off));
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        return PosixError("pread", path_, errno);
+      }
+      if (n == 0) {
+        return DataLossError("file '" + path_ + "': read of " + std::to_string(size) +
+                             " bytes at offset " + std::to_string(offset) +
+                             " ends early at offset " + std::to_string(off) +
+                             " (file truncated?)");
+      }
+      p += n;
+      off += static_cast<uint64_t>(n);
+      left -= static_cast<size_t>(n);
+    }
+    return Status::Ok();
+  }
+  Result<uint64_t> Size() const override {
+    struct stat st;
+    if (::fstat(fd_, &st) != 0) return PosixError("fstat", path_, errno);
+    return static_cast<uint64_t>(st.st_size);
+  }
+
+ private:
+  std::string path_;
+  int fd_;
+};
+
+class PosixEnv : public Env {
+ public:
+  Result<std::unique_ptr<WritableFile>> NewWritableFile(const std::string& path) override {
+    int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) return PosixError("open", path, errno);
+    return std::unique_ptr<WritableFile>(new PosixWritableFile(path, fd));
+  }
+  Result<std::unique_ptr<RandomAccessFile>> NewRandomAccessFile(
+      const std::string& path) override {
+    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return PosixError("open", path, errno);
+    return std::unique_ptr<RandomAccessFile>(new PosixRandomAccessFile(path, fd));
+  }
+  bool FileExists(const std::string& path) override { return ::access(path.c_str(), F_OK) == 0; }
+  Result<uint64_t> GetFileSize(const std::string& path) override {
+    struct stat st;
+    if (::stat(path.c_str(), &st) != 0) return PosixError("stat", path, errno);
+    return static_cast<uint64_t>(st.st_size);
+  }
+  Status RenameFile(const std::string& from, const std::string& to) override {
+    if (::rename(from.c_str(), to.c_str()) != 0) {
+      return PosixError("rename to '" + to + "' of", from, errno);
+    }
+    return Status::Ok();
+  }
+  Status DeleteFile(const std::string& path) override {
+    if (::unlink(path.c_str()) != 0) return PosixError("unlink", path, errno);
+    return Status::Ok();
+  }
+  Status CreateDirs(const std::string& path) override {
+    if (path.empty() || IsDirectory(path)) return Status::Ok();
+    const std::string parent = Dirname(path);
+    if (parent != path) RETURN_IF_ERROR(CreateDirs(parent));
+    if (::mkdir(path.c_str(), 0755) != 0 && errno != EEXIST) {
+      return PosixError("mkdir", path, errno);
+    }
+    return Status::Ok();
+  }
+  Status DeleteDir(const std::string& path) override {
+    if (::rmdir(path.c_str()) != 0) return PosixError("rmdir", path, errno);
+    return Status::Ok();
+  }
+  Result<std::vector<std::string>> GetChildren(const std::string& dir) override {
+    DIR* d = ::opendir(dir.c_str());
+    if (d == nullptr) return PosixError("opendir", dir, errno);
+    std::vector<std::string> names;
+    while (struct dirent* e = ::readdir(d)) {
+      if (std::strcmp(e->d_name, ".") == 0 || std::strcmp(e->d_name, "..") == 0) continue;
+      names.emplace_back(e->d_name);
+    }
+    ::closedir(d);
+    std::sort(names.begin(), names.end());
+    return names;
+  }
+  bool IsDirectory(const std::string& path) override {
+    struct stat st;
+    return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+  }
+  Status SyncDir(const std::string& dir) override {
+    int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0) return PosixError("open directory", dir, errno);
+    int rc = ::fsync(fd);
+    int err = errno;
+    ::close(fd);
+    if (rc != 0) return PosixError("fsync directory", dir, err);
+    return Status::Ok();
+  }
+};
+
+}  // namespace
+
+Env* Env::Default() {
+  static PosixEnv* env = new PosixEnv();
+  return env;
+}
+
+}  // namespace tessera

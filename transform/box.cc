@@ -1,0 +1,154 @@
+#include "transform/box.h"
+
+#include <algorithm>
+#include <cassert>
+#include <cstring>
+
+namespace tessera {
+
+Interval Intersect(const Interval& a, const Interval& b) {
+  Interval r{std::max(a.begin, b.begin), std::min(a.end, b.end)};
+  if (r.end < r.begin) r.end = r.begin;
+  return r;
+}
+
+bool Contains(const Interval& outer, const Interval& inner) {
+  return inner.empty() || (inner.begin >= outer.begin && inner.end <= outer.end);
+}
+
+Interval ChunkOf(const Interval& whole, int64_t n, int64_t i) {
+  const int64_t size = whole.size();
+  const int64_t chunk = (size + n - 1) / n;
+  const int64_t b = std::min(i * chunk, size);
+  const int64_t e = std::min((i + 1) * chunk, size);
+  return {whole.begin + b, whole.begin + e};
+}
+
+Box::Box(int rank) : rank_(rank) { assert(rank >= 0 && rank <= kMaxRank); }
+
+Box::Box(std::initializer_list<Interval> dims) : rank_(static_cast<int>(dims.size())) {
+  assert(rank_ <= kMaxRank);
+  std::copy(dims.begin(), dims.end(), dims_.begin());
+}
+
+Box Box::FromShape(const std::vector<int64_t>& shape) {
+  Box b(static_cast<int>(shape.size()));
+  for (int d = 0; d < b.rank(); ++d) b[d] = {0, shape[d]};
+  return b;
+}
+
+std::vector<int64_t> Box::extents() const {
+  std::vector<int64_t> e(rank_);
+  for (int d = 0; d < rank_; ++d) e[d] = dims_[d].size();
+  return e;
+}
+
+std::vector<int64_t> Box::origin() const {
+  std::vector<int64_t> o(rank_);
+  for (int d = 0; d < rank_; ++d) o[d] = dims_[d].begin;
+  return o;
+}
+
+bool Box::operator==(const Box& o) const {
+  if (rank_ != o.rank_) return false;
+  for (int d = 0; d < rank_; ++d) {
+    if (dims_[d] != o.dims_[d]) return false;
+  }
+  return true;
+}
+
+bool IsEmpty(const Box& box) {
+  for (int d = 0; d < box.rank(); ++d) {
+    if (box[d].empty()) return true;
+  }
+  return false;
+}
+
+int64_t NumElements(const Box& box) {
+  int64_t n = 1;
+  for (int d = 0; d < box.rank(); ++d) n *= box[d].size();
+  return n;
+}
+
+Box Intersect(const Box& a, const Box& b) {
+  if (a.rank() != b.rank()) return Box(std::max(a.rank(), b.rank()));
+  Box r(a.rank());
+  for (int d = 0; d < a.rank(); ++d) r[d] = Intersect(a[d], b[d]);
+  return r;
+}
+
+bool Contains(const Box& outer, const Box& inner) {
+  if (outer.rank() != inner.rank()) return false;
+  if (IsEmpty(inner)) return true;
+  for (int d = 0; d < outer.rank(); ++d) {
+    if (!Contains(outer[d], inner[d])) return false;
+  }
+  return true;
+}
+
+Box RelativeTo(const Box& box, const Box& origin) {
+  Box r(box.rank());
+  for (int d = 0; d < box.rank(); ++d) {
+    r[d] = {box[d].begin - origin[d].begin, box[d].end - origin[d].begin};
+  }
+  return r;
+}
+
+std::string ToString(const Box& box) {
+  std::string s = "[";
+  for (int d = 0; d < box.rank(); ++d) {
+    if (d) s += ", ";
+    s += std::to_string(box[d].begin) + ":" + std::to_string(box[d].end);
+  }
+  return s + "]";
+}
+
+void CopyBox(const void* src, const std::vector<int64_t>& src_extents, const Box& src_box,
+             void* dst, const std::vector<int64_t>& dst_extents, const Box& dst_box,
+             int64_t element_size) {
+  const int rank = src_box.rank();
+  assert(dst_box.rank() == rank);
+  if (IsEmpty(src_box)) return;
+  if (rank == 0) {
+    std::memcpy(dst, src, element_size);
+    return;
+  }
+  // Row-major strides in elements.
+  std::array<int64_t, kMaxRank> src_stride{}, dst_stride{};
+  src_stride[rank - 1] = dst_stride[rank - 1] = 1;
+  for (int d = rank - 2; d >= 0; --d) {
+    src_stride[d] = src_stride[d + 1] * src_extents[d + 1];
+    dst_stride[d] = dst_stride[d + 1] * dst_extents[d + 1];
+  }
+  // Merge the trailing dimensions that are whole in both buffers into one
+  // contiguous run, so a copy of full rows is one memcpy.
+  int inner = rank - 1;
+  int64_t run = src_box[inner].size();
+  while (inner > 0 && src_box[inner].begin == 0 && dst_box[inner].begin == 0 &&
+         src_box[inner].size() == src_extents[inner] &&
+         dst_box[inner].size() == dst_extents[inner]) {
+    --inner;
+    run *= src_box[inner].size();
+  }
+  const int64_t run_bytes = run * element_size;
+  const char* s = static_cast<const char*>(src);
+  char* t = static_cast<char*>(dst);
+  std::array<int64_t, kMaxRank> idx{};  // position within the box, dims [0, inner)
+  for (;;) {
+    int64_t so = src_box[inner].begin * src_stride[inner];
+    int64_t to = dst_box[inner].begin * dst_stride[inner];
+    for (int d = 0; d < inner; ++d) {
+      so += (src_box[d].begin + idx[d]) * src_stride[d];
+      to += (dst_box[d].begin + idx[d]) * dst_stride[d];
+    }
+    std::memcpy(t + to * element_size, s + so * element_size, run_bytes);
+    int d = inner - 1;
+    for (; d >= 0; --d) {
+      if (++idx[d] < src_box[d].size()) break;
+      idx[d] = 0;
+    }
+    if (d < 0) break;
+  }
+}
+
+}  // namespace tessera

@@ -1,0 +1,80 @@
+// Interval and Box: half-open index ranges and their products. Value types
+// with free-function verbs, after tensorstore's Box.
+#ifndef TESSERA_TRANSFORM_BOX_H_
+#define TESSERA_TRANSFORM_BOX_H_
+
+#include <array>
+#include <cstdint>
+#include <initializer_list>
+#include <string>
+#include <vector>
+
+namespace tessera {
+
+// Tensors of more dimensions than this are rejected by layout validation.
+inline constexpr int kMaxRank = 8;
+
+// [begin, end). An interval with end <= begin is empty.
+struct Interval {
+  int64_t begin = 0;
+  int64_t end = 0;
+
+  int64_t size() const { return end > begin ? end - begin : 0; }
+  bool empty() const { return end <= begin; }
+  bool operator==(const Interval& o) const { return begin == o.begin && end == o.end; }
+  bool operator!=(const Interval& o) const { return !(*this == o); }
+};
+
+Interval Intersect(const Interval& a, const Interval& b);
+// True if `inner` is empty or lies within `outer`.
+bool Contains(const Interval& outer, const Interval& inner);
+
+// The i-th of n pieces of `whole` as torch.chunk makes them: every piece has
+// ceil(size/n) elements except trailing ones, which are smaller or empty.
+// torch.chunk(torch.arange(10), 4) -> [0:3] [3:6] [6:9] [9:10].
+Interval ChunkOf(const Interval& whole, int64_t n, int64_t i);
+
+// A product of intervals, one per dimension; rank 0 is a scalar (one
+// element). Stored inline: copying a Box never allocates.
+class Box {
+ public:
+  Box() = default;
+  explicit Box(int rank);  // all dimensions [0, 0)
+  Box(std::initializer_list<Interval> dims);
+  // [0, shape[d]) for every d.
+  static Box FromShape(const std::vector<int64_t>& shape);
+
+  int rank() const { return rank_; }
+  Interval& operator[](int d) { return dims_[d]; }
+  const Interval& operator[](int d) const { return dims_[d]; }
+  std::vector<int64_t> extents() const;
+  std::vector<int64_t> origin() const;
+
+  bool operator==(const Box& o) const;
+  bool operator!=(const Box& o) const { return !(*this == o); }
+
+ private:
+  int rank_ = 0;
+  std::array<Interval, kMaxRank> dims_{};
+};
+
+bool IsEmpty(const Box& box);
+int64_t NumElements(const Box& box);
+// Boxes of different ranks never intersect: the result is empty.
+Box Intersect(const Box& a, const Box& b);
+bool Contains(const Box& outer, const Box& inner);
+// `box` in the coordinates of a box starting at `origin` (box - origin).
+Box RelativeTo(const Box& box, const Box& origin);
+// "[0:512, 0:3072]"; a scalar is "[]".
+std::string ToString(const Box& box);
+
+// Copies the elements of `src_box` (coordinates relative to a dense,
+// row-major buffer of shape `src_extents`) to `dst_box` of a buffer of shape
+// `dst_extents`. The two boxes must have the same extents.
+void CopyBox(const void* src, const std::vector<int64_t>& src_extents, const Box& src_box,
+             void* dst, const std::vector<int64_t>& dst_extents, const Box& dst_box,
+             int64_t element_size);
+
+}  // namespace tessera
+
+#endif  // TESSERA_TRANSFORM_BOX_H_

@@ -1,0 +1,243 @@
+#include "transform/layout.h"
+
+#include <limits>
+#include <map>
+
+namespace tessera {
+namespace {
+
+const std::vector<std::string> kNoAxes;
+
+std::string JoinAxes(const std::vector<std::string>& axes) {
+  if (axes.empty()) return "-";
+  std::string s;
+  for (size_t i = 0; i < axes.size(); ++i) s += (i ? "*" : "") + axes[i];
+  return s;
+}
+
+std::string ShapeString(const std::vector<int64_t>& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+}  // namespace
+
+Layout Layout::Replicated(std::vector<int64_t> shape, DType dtype) {
+  Layout l;
+  l.shape = std::move(shape);
+  l.dtype = dtype;
+  return l;
+}
+
+const std::vector<std::string>& Layout::AxesOf(int d) const {
+  return d < static_cast<int>(dim_axes.size()) ? dim_axes[d] : kNoAxes;
+}
+
+bool Layout::operator==(const Layout& o) const {
+  if (shape != o.shape || dtype != o.dtype || opt_axes != o.opt_axes ||
+      stage_axis != o.stage_axis || (!stage_axis.empty() && stage != o.stage)) {
+    return false;
+  }
+  for (int d = 0; d < rank(); ++d) {
+    if (AxesOf(d) != o.AxesOf(d)) return false;
+  }
+  return true;
+}
+
+Status ValidateLayout(const Layout& layout, const Mesh& mesh) {
+  if (layout.rank() > kMaxRank) {
+    return InvalidArgumentError("rank " + std::to_string(layout.rank()) +
+                                " exceeds the supported " + std::to_string(kMaxRank));
+  }
+  int64_t elements = 1;
+  for (int d = 0; d < layout.rank(); ++d) {
+    const int64_t n = layout.shape[d];
+    if (n < 0) {
+      return InvalidArgumentError("shape " + ShapeString(layout.shape) + " has negative dimension " +
+                                  std::to_string(d));
+    }
+    if (n > 0 && elements > std::numeric_limits<int64_t>::max() / n) {
+      return InvalidArgumentError("shape " + ShapeString(layout.shape) +
+                                  " overflows a 64-bit element count");
+    }
+    elements *= n;
+  }
+  if (elements > std::numeric_limits<int64_t>::max() / DTypeSize(layout.dtype)) {
+    return InvalidArgumentError("shape " + ShapeString(layout.shape) + " of " +
+                                std::string(DTypeName(layout.dtype)) +
+                                " overflows a 64-bit byte count");
+  }
+  if (!layout.dim_axes.empty() && static_cast<int>(layout.dim_axes.size()) != layout.rank()) {
+    return InvalidArgumentError("split lists " + std::to_string(layout.dim_axes.size()) +
+                                " dimensions but shape " + ShapeString(layout.shape) + " has " +
+                                std::to_string(layout.rank()));
+  }
+  std::map<std::string, std::string> used;  // axis -> where it was used
+  auto use = [&](const std::string& axis, const std::string& where) -> Status {
+    if (mesh.FindAxis(axis) < 0) {
+      return InvalidArgumentError("axis '" + axis + "' (" + where + ") is not in mesh " +
+                                  mesh.ToString());
+    }
+    auto [it, inserted] = used.emplace(axis, where);
+    if (!inserted) {
+      return InvalidArgumentError("axis '" + axis + "' is used twice (" + it->second + " and " +
+                                  where + ")");
+    }
+    return Status::Ok();
+  };
+  for (int d = 0; d < layout.rank(); ++d) {
+    for (const std::string& a : layout.AxesOf(d)) {
+      RETURN_IF_ERROR(use(a, "split of dimension " + std::to_string(d)));
+    }
+  }
+  if (!layout.opt_axes.empty() && layout.rank() == 0) {
+    return InvalidArgumentError("optimizer sharding needs a dimension 0, but the tensor is a scalar");
+  }
+  for (const std::string& a : layout.opt_axes) RETURN_IF_ERROR(use(a, "optimizer shard"));
+  if (!layout.stage_axis.empty()) {
+    RETURN_IF_ERROR(use(layout.stage_axis, "pipeline stage"));
+    const int64_t stages = mesh.axis_size(mesh.FindAxis(layout.stage_axis));
+    if (layout.stage < 0 || layout.stage >= stages) {
+      return InvalidArgumentError("stage " + std::to_string(layout.stage) + " is outside axis '" +
+                                  layout.stage_axis + "' of size " + std::to_string(stages));
+    }
+  }
+  return Status::Ok();
+}
+
+int64_t NumElements(const Layout& layout) {
+  int64_t n = 1;
+  for (int64_t s : layout.shape) n *= s;
+  return n;
+}
+
+int64_t ByteSize(const Layout& layout) { return NumElements(layout) * DTypeSize(layout.dtype); }
+
+std::string ToString(const Layout& layout) {
+  std::string s = "shape " + ShapeString(layout.shape) + " " + std::string(DTypeName(layout.dtype));
+  bool split = false;
+  for (int d = 0; d < layout.rank(); ++d) split |= !layout.AxesOf(d).empty();
+  if (split) {
+    s += " split [";
+    for (int d = 0; d < layout.rank(); ++d) s += (d ? ", " : "") + JoinAxes(layout.AxesOf(d));
+    s += "]";
+  }
+  if (!layout.opt_axes.empty()) s += " opt [" + JoinAxes(layout.opt_axes) + "]";
+  if (!layout.stage_axis.empty()) {
+    s += " stage " + layout.stage_axis + "=" + std::to_string(layout.stage);
+  }
+  return s;
+}
+
+// ---------------------------------------------------------------------------
+// ShardGrid
+
+Result<ShardGrid> ShardGrid::Create(const Mesh& mesh, const Layout& layout) {
+  RETURN_IF_ERROR(ValidateLayout(layout, mesh));
+  ShardGrid g;
+  g.mesh_ = mesh;
+  g.layout_ = layout;
+  const int rank = layout.rank();
+  g.split_axes_.resize(rank);
+  g.pieces_.resize(rank);
+  g.piece_stride_.assign(rank, 1);
+  for (int d = 0; d < rank; ++d) {
+    for (const std::string& a : layout.AxesOf(d)) g.split_axes_[d].push_back(mesh.FindAxis(a));
+    if (d == 0) {
+      for (const std::string& a : layout.opt_axes) g.split_axes_[d].push_back(mesh.FindAxis(a));
+    }
+    // Nested torch.chunk, outermost axis first.
+    std::vector<Interval> pieces = {{0, layout.shape[d]}};
+    for (int axis : g.split_axes_[d]) {
+      const int64_t n = mesh.axis_size(axis);
+      std::vector<Interval> next;
+      next.reserve(pieces.size() * n);
+      for (const Interval& p : pieces) {
+        for (int64_t i = 0; i < n; ++i) next.push_back(ChunkOf(p, n, i));
+      }
+      pieces = std::move(next);
+    }
+    g.pieces_[d] = std::move(pieces);
+  }
+  for (int d = rank - 1; d >= 0; --d) {
+    if (d + 1 < rank) {
+      g.piece_stride_[d] = g.piece_stride_[d + 1] * static_cast<int64_t>(g.pieces_[d + 1].size());
+    }
+  }
+  for (int d = 0; d < rank; ++d) g.num_pieces_ *= static_cast<int64_t>(g.pieces_[d].size());
+  g.stage_axis_ = layout.stage_axis.empty() ? -1 : mesh.FindAxis(layout.stage_axis);
+  return g;
+}
+
+int64_t ShardGrid::PieceId(int64_t rank) const {
+  if (stage_axis_ >= 0 && mesh_.Coordinate(rank, stage_axis_) != layout_.stage) return -1;
+  int64_t id = 0;
+  for (int d = 0; d < layout_.rank(); ++d) {
+    int64_t index = 0;
+    for (int axis : split_axes_[d]) {
+      index = index * mesh_.axis_size(axis) + mesh_.Coordinate(rank, axis);
+    }
+    id += index * piece_stride_[d];
+  }
+  return id;
+}
+
+Box ShardGrid::PieceBox(int64_t piece_id) const {
+  Box b(layout_.rank());
+  for (int d = 0; d < layout_.rank(); ++d) {
+    const int64_t n = static_cast<int64_t>(pieces_[d].size());
+    b[d] = pieces_[d][(piece_id / piece_stride_[d]) % n];
+  }
+  return b;
+}
+
+std::optional<Box> ShardGrid::ShardOf(int64_t rank) const {
+  const int64_t id = PieceId(rank);
+  if (id < 0) return std::nullopt;
+  return PieceBox(id);
+}
+
+std::vector<std::vector<int64_t>> ShardGrid::Holders() const {
+  std::vector<std::vector<int64_t>> holders(num_pieces_);
+  for (int64_t r = 0; r < mesh_.world_size(); ++r) {
+    const int64_t id = PieceId(r);
+    if (id >= 0) holders[id].push_back(r);
+  }
+  return holders;
+}
+
+Result<std::optional<Box>> ShardOf(const Layout& layout, const Mesh& mesh, int64_t rank) {
+  if (rank < 0 || rank >= mesh.world_size()) {
+    return OutOfRangeError("rank " + std::to_string(rank) + " is outside mesh " + mesh.ToString() +
+                           " of " + std::to_string(mesh.world_size()) + " ranks");
+  }
+  ASSIGN_OR_RETURN(ShardGrid grid, ShardGrid::Create(mesh, layout));
+  return grid.ShardOf(rank);
+}
+
+Result<std::vector<ReplicaGroup>> ReplicaGroups(const Layout& layout, const Mesh& mesh) {
+  ASSIGN_OR_RETURN(ShardGrid grid, ShardGrid::Create(mesh, layout));
+  std::vector<ReplicaGroup> groups;
+  auto holders = grid.Holders();
+  for (int64_t id = 0; id < grid.num_pieces(); ++id) {
+    if (holders[id].empty()) continue;
+    groups.push_back({grid.PieceBox(id), std::move(holders[id])});
+  }
+  return groups;
+}
+
+Result<bool> Equivalent(const Mesh& mesh_a, const Layout& a, const Mesh& mesh_b,
+                        const Layout& b) {
+  if (a.shape != b.shape || a.dtype != b.dtype || mesh_a.world_size() != mesh_b.world_size()) {
+    return false;
+  }
+  ASSIGN_OR_RETURN(ShardGrid ga, ShardGrid::Create(mesh_a, a));
+  ASSIGN_OR_RETURN(ShardGrid gb, ShardGrid::Create(mesh_b, b));
+  for (int64_t r = 0; r < mesh_a.world_size(); ++r) {
+    if (ga.ShardOf(r) != gb.ShardOf(r)) return false;
+  }
+  return true;
+}
+
+}  // namespace tessera

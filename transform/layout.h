@@ -1,0 +1,111 @@
+// Layout: how one tensor is distributed over a Mesh.
+//
+// For each tensor dimension, an ordered list of mesh axes splits it; the
+// first axis listed is outermost. Splitting is nested torch.chunk: the
+// dimension is chunked into size(a1) pieces, each of those into size(a2)
+// pieces, and so on (the same rule as a DTensor sharded twice on one
+// dimension). Mesh axes used by no dimension hold replicas.
+//
+// Two extras:
+//  - optimizer sharding (ZeRO / MindSpore's parallel optimizer): `opt_axes`,
+//    replica axes that further split dimension 0 of each model-parallel
+//    piece, nested inside the dimension's own axes;
+//  - pipeline stage: with `stage_axis` set, only ranks whose coordinate on
+//    that axis equals `stage` hold the tensor (a sub-mesh).
+#ifndef TESSERA_TRANSFORM_LAYOUT_H_
+#define TESSERA_TRANSFORM_LAYOUT_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/dtype.h"
+#include "core/status.h"
+#include "transform/box.h"
+#include "transform/mesh.h"
+
+namespace tessera {
+
+struct Layout {
+  std::vector<int64_t> shape;
+  DType dtype = DType::kF32;
+  // One entry per dimension of `shape`, or empty when nothing is split.
+  std::vector<std::vector<std::string>> dim_axes;
+  std::vector<std::string> opt_axes;
+  std::string stage_axis;  // empty: held on every stage
+  int64_t stage = 0;
+
+  // Not split anywhere: every rank holds the whole tensor.
+  static Layout Replicated(std::vector<int64_t> shape, DType dtype);
+
+  int rank() const { return static_cast<int>(shape.size()); }
+  // The axes splitting dimension d (empty if none).
+  const std::vector<std::string>& AxesOf(int d) const;
+
+  bool operator==(const Layout& o) const;
+  bool operator!=(const Layout& o) const { return !(*this == o); }
+};
+
+// Checks the layout against the mesh: dims >= 0, rank <= kMaxRank, byte size
+// fits in int64, every axis exists, no axis used twice, stage in range.
+Status ValidateLayout(const Layout& layout, const Mesh& mesh);
+// Elements and bytes of the whole tensor (valid layouts only).
+int64_t NumElements(const Layout& layout);
+int64_t ByteSize(const Layout& layout);
+// "shape [768, 3072] f32 split [-, tp] opt [dp] stage pp=1".
+std::string ToString(const Layout& layout);
+
+// A layout resolved against a mesh, for answering many ShardOf questions
+// quickly. Each dimension is cut into an ordered list of pieces; a rank's
+// shard is the product of one piece per dimension.
+class ShardGrid {
+ public:
+  static Result<ShardGrid> Create(const Mesh& mesh, const Layout& layout);
+
+  const Mesh& mesh() const { return mesh_; }
+  const Layout& layout() const { return layout_; }
+
+  // The box held by `rank` (may be empty: a trailing torch.chunk piece), or
+  // nullopt when the rank is not on the tensor's pipeline stage.
+  std::optional<Box> ShardOf(int64_t rank) const;
+
+  // Pieces of dimension d, ordered and contiguous, covering [0, shape[d]).
+  const std::vector<Interval>& pieces(int d) const { return pieces_[d]; }
+  // Row-major over the per-dimension piece counts.
+  int64_t num_pieces() const { return num_pieces_; }
+  // The piece `rank` holds, or -1 when not on the stage.
+  int64_t PieceId(int64_t rank) const;
+  Box PieceBox(int64_t piece_id) const;
+  // For every piece id, the ranks holding it, ascending.
+  std::vector<std::vector<int64_t>> Holders() const;
+
+ private:
+  Mesh mesh_;
+  Layout layout_;
+  std::vector<std::vector<int>> split_axes_;  // per dim, mesh axis indices (incl. opt)
+  std::vector<std::vector<Interval>> pieces_;
+  std::vector<int64_t> piece_stride_;  // row-major strides over piece counts
+  int64_t num_pieces_ = 1;
+  int stage_axis_ = -1;
+};
+
+// Convenience over ShardGrid; errors name the rank when it is out of range.
+Result<std::optional<Box>> ShardOf(const Layout& layout, const Mesh& mesh, int64_t rank);
+
+struct ReplicaGroup {
+  Box box;                     // the shard every member holds
+  std::vector<int64_t> ranks;  // ascending
+};
+// Ranks holding the same piece, one group per piece that some rank holds,
+// in piece order.
+Result<std::vector<ReplicaGroup>> ReplicaGroups(const Layout& layout, const Mesh& mesh);
+
+// True when both describe the same tensor placed identically: equal shape,
+// dtype and world size, and every rank holds the same box (or none).
+Result<bool> Equivalent(const Mesh& mesh_a, const Layout& a, const Mesh& mesh_b,
+                        const Layout& b);
+
+}  // namespace tessera
+
+#endif  // TESSERA_TRANSFORM_LAYOUT_H_

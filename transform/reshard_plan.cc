@@ -1,0 +1,188 @@
+#include "transform/reshard_plan.h"
+
+#include <algorithm>
+
+namespace tessera {
+namespace {
+
+std::string ShapeString(const std::vector<int64_t>& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+// Indices of the pieces of `pieces` (ordered, contiguous) overlapping `iv`.
+std::pair<int64_t, int64_t> OverlappingPieces(const std::vector<Interval>& pieces,
+                                              const Interval& iv) {
+  auto first = std::upper_bound(pieces.begin(), pieces.end(), iv.begin,
+                                [](int64_t v, const Interval& p) { return v < p.end; });
+  auto last = std::lower_bound(pieces.begin(), pieces.end(), iv.end,
+                               [](const Interval& p, int64_t v) { return p.begin < v; });
+  return {first - pieces.begin(), last - pieces.begin()};
+}
+
+}  // namespace
+
+Result<TensorPlan> PlanTensorReshard(const std::string& name, const Mesh& src_mesh,
+                                     const Layout& src, const Mesh& dst_mesh, const Layout& dst,
+                                     const PlanOptions& options, std::vector<int64_t>* src_load) {
+  const std::string context = "tensor '" + name + "'";
+  if (src.shape != dst.shape) {
+    return InvalidArgumentError(context + ": shape " + ShapeString(src.shape) +
+                                " in the source but " + ShapeString(dst.shape) +
+                                " in the destination");
+  }
+  if (src.dtype != dst.dtype) {
+    return InvalidArgumentError(context + ": dtype " + std::string(DTypeName(src.dtype)) +
+                                " in the source but " + std::string(DTypeName(dst.dtype)) +
+                                " in the destination (a reshard never casts; convert the "
+                                "dtype explicitly)");
+  }
+  auto src_grid_or = ShardGrid::Create(src_mesh, src);
+  if (!src_grid_or.ok()) return src_grid_or.status().Annotate(context + " (source)");
+  auto dst_grid_or = ShardGrid::Create(dst_mesh, dst);
+  if (!dst_grid_or.ok()) return dst_grid_or.status().Annotate(context + " (destination)");
+  const ShardGrid& sg = *src_grid_or;
+  const ShardGrid& dg = *dst_grid_or;
+
+  const auto holders = sg.Holders();
+  for (int64_t id = 0; id < sg.num_pieces(); ++id) {
+    if (holders[id].empty() && !IsEmpty(sg.PieceBox(id))) {
+      return InternalError(context + ": source piece " + ToString(sg.PieceBox(id)) +
+                           " is held by no rank");
+    }
+  }
+  if (static_cast<int64_t>(src_load->size()) < src_mesh.world_size()) {
+    src_load->resize(src_mesh.world_size(), 0);
+  }
+
+  TensorPlan plan;
+  plan.name = name;
+  plan.dtype = src.dtype;
+  plan.shape = src.shape;
+  const int rank = src.rank();
+  const int64_t esize = DTypeSize(src.dtype);
+  std::vector<bool> planned_piece(options.one_per_replica_group ? dg.num_pieces() : 0, false);
+
+  // Per dimension: the source pieces overlapping the destination shard.
+  std::vector<std::pair<int64_t, int64_t>> ranges(rank);
+  std::vector<int64_t> idx(rank);
+  for (int64_t r = 0; r < dst_mesh.world_size(); ++r) {
+    const int64_t dst_piece = dg.PieceId(r);
+    if (dst_piece < 0) continue;
+    if (options.one_per_replica_group) {
+      if (planned_piece[dst_piece]) continue;
+      planned_piece[dst_piece] = true;
+    }
+    const Box shard = dg.PieceBox(dst_piece);
+    if (IsEmpty(shard)) continue;
+    ShardPlan sp;
+    sp.dst_rank = r;
+    sp.shard = shard;
+    for (int d = 0; d < rank; ++d) {
+      ranges[d] = OverlappingPieces(sg.pieces(d), shard[d]);
+      idx[d] = ranges[d].first;
+    }
+    // Walk the product of overlapping pieces (rank 0: exactly one piece).
+    for (;;) {
+      int64_t src_piece = 0;
+      int64_t stride = 1;
+      Box region(rank);
+      for (int d = rank - 1; d >= 0; --d) {
+        src_piece += idx[d] * stride;
+        stride *= static_cast<int64_t>(sg.pieces(d).size());
+        region[d] = Intersect(sg.pieces(d)[idx[d]], shard[d]);
+      }
+      if (!IsEmpty(region)) {
+        const std::vector<int64_t>& cands = holders[src_piece];
+        int64_t pick = -1;
+        if (options.prefer_local && std::binary_search(cands.begin(), cands.end(), r)) pick = r;
+        if (pick < 0) {
+          pick = cands.front();
+          for (int64_t c : cands) {
+            if ((*src_load)[c] < (*src_load)[pick]) pick = c;
+          }
+        }
+        const int64_t bytes = NumElements(region) * esize;
+        (*src_load)[pick] += bytes;
+        sp.copies.push_back(
+            {pick, RelativeTo(region, sg.PieceBox(src_piece)), RelativeTo(region, shard)});
+      }
+      int d = rank - 1;
+      for (; d >= 0; --d) {
+        if (++idx[d] < ranges[d].second) break;
+        idx[d] = ranges[d].first;
+      }
+      if (d < 0) break;
+    }
+    plan.shards.push_back(std::move(sp));
+  }
+  return plan;
+}
+
+Result<ReshardPlan> PlanReshard(const Strategy& src, const Strategy& dst,
+                                const PlanOptions& options) {
+  ReshardPlan plan;
+  plan.tensors.reserve(dst.tensors().size());
+  for (const TensorStrategy& d : dst.tensors()) {
+    const TensorStrategy* s = src.Find(d.name);
+    if (s == nullptr) {
+      return NotFoundError("tensor '" + d.name + "' of the destination strategy is not in the source");
+    }
+    ASSIGN_OR_RETURN(TensorPlan tp, PlanTensorReshard(d.name, src.MeshOf(*s), s->layout,
+                                                      dst.MeshOf(d), d.layout, options,
+                                                      &plan.src_bytes));
+    plan.tensors.push_back(std::move(tp));
+  }
+  for (int64_t b : plan.src_bytes) plan.total_bytes += b;
+  return plan;
+}
+
+void ExecuteTensorPlan(const TensorPlan& plan, const ShardGrid& src_grid,
+                       const std::function<const void*(int64_t src_rank)>& src_data,
+                       const std::function<void*(const ShardPlan& shard)>& dst_data) {
+  const int64_t esize = DTypeSize(plan.dtype);
+  for (const ShardPlan& sp : plan.shards) {
+    void* dst = dst_data(sp);
+    const std::vector<int64_t> dst_extents = sp.shard.extents();
+    for (const PieceCopy& c : sp.copies) {
+      const std::vector<int64_t> src_extents = src_grid.ShardOf(c.src_rank)->extents();
+      CopyBox(src_data(c.src_rank), src_extents, c.src_box, dst, dst_extents, c.dst_box, esize);
+    }
+  }
+}
+
+std::string DescribePlan(const ReshardPlan& plan, bool verbose) {
+  int64_t shards = 0, copies = 0;
+  for (const TensorPlan& t : plan.tensors) {
+    shards += static_cast<int64_t>(t.shards.size());
+    for (const ShardPlan& s : t.shards) copies += static_cast<int64_t>(s.copies.size());
+  }
+  std::string out = std::to_string(plan.tensors.size()) + " tensors, " + std::to_string(shards) +
+                    " destination shards, " + std::to_string(copies) + " copies, " +
+                    std::to_string(plan.total_bytes) + " bytes\n";
+  int64_t lo = -1, hi = 0;
+  for (int64_t b : plan.src_bytes) {
+    lo = lo < 0 ? b : std::min(lo, b);
+    hi = std::max(hi, b);
+  }
+  out += "bytes read per source rank: min " + std::to_string(std::max<int64_t>(lo, 0)) +
+         ", max " + std::to_string(hi) + "\n";
+  for (size_t r = 0; r < plan.src_bytes.size(); ++r) {
+    out += "  source rank " + std::to_string(r) + ": " + std::to_string(plan.src_bytes[r]) + "\n";
+  }
+  if (!verbose) return out;
+  for (const TensorPlan& t : plan.tensors) {
+    out += t.name + " " + std::string(DTypeName(t.dtype)) + " " + ShapeString(t.shape) + "\n";
+    for (const ShardPlan& s : t.shards) {
+      out += "  rank " + std::to_string(s.dst_rank) + " " + ToString(s.shard) + " <-";
+      for (const PieceCopy& c : s.copies) {
+        out += " r" + std::to_string(c.src_rank) + ToString(c.src_box) + "->" + ToString(c.dst_box);
+      }
+      out += "\n";
+    }
+  }
+  return out;
+}
+
+}  // namespace tessera
