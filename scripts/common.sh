@@ -1,0 +1,37 @@
+# Shared by scripts/test, scripts/demo and scripts/bench: install what is
+# missing (Debian packages only), configure and build.
+set -euo pipefail
+
+TESSERA_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+BUILD_DIR=${TESSERA_BUILD_DIR:-$TESSERA_ROOT/build}
+
+# Build tools and libraries, all from Debian.
+TESSERA_PACKAGES=(
+  g++ cmake make pkg-config ccache
+  libprotobuf-dev protobuf-compiler
+  libhdf5-dev libzstd-dev libcli11-dev
+  libopenmpi-dev openmpi-bin
+  catch2 libopenblas-dev libxxhash-dev nlohmann-json3-dev
+)
+
+tessera_install() {
+  local missing=()
+  for p in "${TESSERA_PACKAGES[@]}" "$@"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+  [ ${#missing[@]} -eq 0 ] && return 0
+  echo "installing: ${missing[*]}"
+  local sudo=""
+  [ "$(id -u)" -ne 0 ] && sudo="sudo"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends \
+    "${missing[@]}" >/dev/null
+}
+
+tessera_build() {
+  local launcher=()
+  command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
+  cmake -S "$TESSERA_ROOT" -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    "${launcher[@]}" "$@" >/dev/null
+  cmake --build "$BUILD_DIR" -j "$(nproc)"
+}
