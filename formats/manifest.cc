@@ -1,0 +1,158 @@
+#include "formats/manifest.h"
+
+#include "formats/native.pb.h"
+
+namespace tessera {
+namespace {
+
+void ToProto(const Mesh& m, native::MeshProto* p) {
+  for (int i = 0; i < m.ndim(); ++i) {
+    p->add_axes(m.axis_name(i));
+    p->add_shape(m.axis_size(i));
+  }
+}
+
+Result<Mesh> FromProto(const native::MeshProto& p) {
+  return Mesh::Create({p.axes().begin(), p.axes().end()}, {p.shape().begin(), p.shape().end()});
+}
+
+void ToProto(const Layout& l, native::LayoutProto* p) {
+  for (int64_t s : l.shape) p->add_shape(s);
+  p->set_dtype(std::string(DTypeName(l.dtype)));
+  for (int d = 0; d < static_cast<int>(l.dim_axes.size()); ++d) {
+    auto* list = p->add_dim_axes();
+    for (const std::string& a : l.dim_axes[d]) list->add_axes(a);
+  }
+  for (const std::string& a : l.opt_axes) p->add_opt_axes(a);
+  p->set_stage_axis(l.stage_axis);
+  p->set_stage(l.stage);
+}
+
+Result<Layout> FromProto(const native::LayoutProto& p) {
+  Layout l;
+  l.shape.assign(p.shape().begin(), p.shape().end());
+  ASSIGN_OR_RETURN(l.dtype, ParseDType(p.dtype()));
+  for (const auto& list : p.dim_axes()) l.dim_axes.emplace_back(list.axes().begin(), list.axes().end());
+  l.opt_axes.assign(p.opt_axes().begin(), p.opt_axes().end());
+  l.stage_axis = p.stage_axis();
+  l.stage = p.stage();
+  return l;
+}
+
+}  // namespace
+
+std::string SerializeManifest(const Manifest& m) {
+  native::Manifest p;
+  p.set_format_version(m.format_version);
+  p.set_step(m.step);
+  p.set_created_by(m.created_by);
+  ToProto(m.mesh, p.mutable_mesh());
+  for (const FileInfo& f : m.files) {
+    auto* fp = p.add_files();
+    fp->set_name(f.name);
+    fp->set_size(f.size);
+  }
+  for (const TensorEntry& t : m.tensors) {
+    auto* tp = p.add_tensors();
+    tp->set_name(t.name);
+    ToProto(t.layout, tp->mutable_layout());
+    if (t.mesh) ToProto(*t.mesh, tp->mutable_mesh());
+    for (const PieceInfo& pc : t.pieces) {
+      auto* pp = tp->add_pieces();
+      pp->set_file(pc.file);
+      pp->set_offset(pc.offset);
+      pp->set_length(pc.length);
+      for (int d = 0; d < pc.box.rank(); ++d) {
+        pp->add_begin(pc.box[d].begin);
+        pp->add_end(pc.box[d].end);
+      }
+      pp->set_codec(static_cast<native::Codec>(pc.codec));
+      pp->set_raw_length(pc.raw_length);
+      pp->set_checksum(pc.checksum);
+    }
+  }
+  for (const auto& [k, v] : m.metadata) (*p.mutable_metadata())[k] = v;
+  std::string out;
+  p.SerializeToString(&out);
+  return out;
+}
+
+Result<Manifest> ParseManifest(std::string_view bytes, const std::string& path) {
+  const std::string where = "manifest '" + path + "'";
+  native::Manifest p;
+  if (!p.ParseFromArray(bytes.data(), static_cast<int>(bytes.size()))) {
+    return DataLossError(where + ": not a valid manifest (truncated or corrupt protobuf)");
+  }
+  if (p.format_version() == 0 || p.format_version() > kNativeFormatVersion) {
+    return FailedPreconditionError(where + ": format version " +
+                                   std::to_string(p.format_version()) +
+                                   " is not readable by this Tessera (reads 1 to " +
+                                   std::to_string(kNativeFormatVersion) + ")");
+  }
+  Manifest m;
+  m.format_version = p.format_version();
+  m.step = p.step();
+  m.created_by = p.created_by();
+  auto mesh = FromProto(p.mesh());
+  if (!mesh.ok()) return mesh.status().Annotate(where);
+  m.mesh = *mesh;
+  for (const auto& f : p.files()) m.files.push_back({f.name(), f.size()});
+  for (const auto& tp : p.tensors()) {
+    const std::string tctx = where + ": tensor '" + tp.name() + "'";
+    TensorEntry t;
+    t.name = tp.name();
+    auto layout = FromProto(tp.layout());
+    if (!layout.ok()) return layout.status().Annotate(tctx);
+    t.layout = *layout;
+    if (tp.has_mesh()) {
+      auto tm = FromProto(tp.mesh());
+      if (!tm.ok()) return tm.status().Annotate(tctx);
+      t.mesh = *tm;
+    }
+    RETURN_IF_ERROR(ValidateLayout(t.layout, t.mesh ? *t.mesh : m.mesh).Annotate(tctx));
+    const Box whole = Box::FromShape(t.layout.shape);
+    for (const auto& pp : tp.pieces()) {
+      PieceInfo pc;
+      if (pp.begin_size() != t.layout.rank() || pp.end_size() != t.layout.rank()) {
+        return DataLossError(tctx + ": a piece has a box of " + std::to_string(pp.begin_size()) +
+                             " dimensions");
+      }
+      pc.box = Box(t.layout.rank());
+      for (int d = 0; d < t.layout.rank(); ++d) pc.box[d] = {pp.begin(d), pp.end(d)};
+      const std::string pctx = tctx + ": piece " + ToString(pc.box);
+      if (!Contains(whole, pc.box) || IsEmpty(pc.box)) {
+        return DataLossError(pctx + " is empty or outside the shape");
+      }
+      if (pp.file() >= m.files.size()) {
+        return DataLossError(pctx + " names file #" + std::to_string(pp.file()) + " of " +
+                             std::to_string(m.files.size()));
+      }
+      pc.file = pp.file();
+      pc.offset = pp.offset();
+      pc.length = pp.length();
+      if (pc.offset + pc.length > m.files[pc.file].size || pc.offset + pc.length < pc.offset) {
+        return DataLossError(pctx + " lies past the end of file '" + m.files[pc.file].name + "'");
+      }
+      if (pp.codec() != native::RAW && pp.codec() != native::ZSTD) {
+        return DataLossError(pctx + " has unknown codec " + std::to_string(pp.codec()));
+      }
+      pc.codec = static_cast<Codec>(pp.codec());
+      pc.raw_length = pp.raw_length();
+      if (pc.raw_length != static_cast<uint64_t>(NumElements(pc.box) * DTypeSize(t.layout.dtype))) {
+        return DataLossError(pctx + " records " + std::to_string(pc.raw_length) +
+                             " raw bytes, which does not match its box");
+      }
+      if (pc.codec == Codec::kRaw && pc.length != pc.raw_length) {
+        return DataLossError(pctx + " is raw but stores " + std::to_string(pc.length) + " of " +
+                             std::to_string(pc.raw_length) + " bytes");
+      }
+      pc.checksum = pp.checksum();
+      t.pieces.push_back(pc);
+    }
+    m.tensors.push_back(std::move(t));
+  }
+  for (const auto& [k, v] : p.metadata()) m.metadata[k] = v;
+  return m;
+}
+
+}  // namespace tessera

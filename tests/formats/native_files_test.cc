@@ -1,0 +1,226 @@
+#include "formats/native_files.h"
+
+#include <catch2/catch.hpp>
+#include <cstring>
+#include <random>
+
+#include "formats/codec.h"
+#include "tests/transform/random_layout.h"
+
+namespace tessera {
+namespace {
+
+using testing::Uniform;
+
+struct Written {
+  Manifest manifest;
+  std::vector<std::vector<uint8_t>> full;  // per tensor
+};
+
+// Writes `count` random tensors, each cut into the distinct pieces of a
+// random layout on an 8-rank mesh, pieces spread over two data files.
+Written WriteCheckpoint(Env* env, const std::string& dir, std::mt19937_64& rng, int count,
+                        Codec codec) {
+  Written w;
+  REQUIRE(env->CreateDirs(dir).ok());
+  w.manifest.mesh = *Mesh::Parse("dp=2,tp=4");
+  w.manifest.step = 100;
+  w.manifest.created_by = "native_files_test";
+  w.manifest.metadata["config"] = std::string("{\"layers\": 2}\0binary", 20);
+  std::vector<std::unique_ptr<DataFileWriter>> writers;
+  for (uint32_t f = 0; f < 2; ++f) {
+    const std::string name = "data-0000" + std::to_string(f) + ".tsr";
+    auto writer = DataFileWriter::Create(env, JoinPath(dir, name), f);
+    REQUIRE(writer.ok());
+    writers.push_back(std::move(*writer));
+    w.manifest.files.push_back({name, 0});
+  }
+  for (int t = 0; t < count; ++t) {
+    TensorEntry e;
+    e.name = "t" + std::to_string(t);
+    const DType dtype = static_cast<DType>(Uniform(rng, 0, kNumDTypes - 1));
+    std::vector<int64_t> shape = testing::RandomShape(rng, 3, 40);
+    e.layout = testing::RandomLayout(rng, w.manifest.mesh, shape, dtype, true, false);
+    std::vector<uint8_t> full(ByteSize(e.layout));
+    // Low-entropy values so compression has something to find.
+    for (uint8_t& b : full) b = static_cast<uint8_t>(Uniform(rng, 0, 3));
+    auto groups = ReplicaGroups(e.layout, w.manifest.mesh);
+    REQUIRE(groups.ok());
+    for (const ReplicaGroup& g : *groups) {
+      if (IsEmpty(g.box)) continue;
+      std::vector<uint8_t> piece(NumElements(g.box) * DTypeSize(dtype));
+      CopyBox(full.data(), shape, g.box, piece.data(), g.box.extents(),
+              Box::FromShape(g.box.extents()), DTypeSize(dtype));
+      auto info = writers[g.ranks[0] % 2]->Append(piece.data(), piece.size(), g.box, dtype, codec, 3);
+      REQUIRE(info.ok());
+      CHECK(info->offset % kPieceAlignment == 0);
+      e.pieces.push_back(*info);
+    }
+    w.manifest.tensors.push_back(std::move(e));
+    w.full.push_back(std::move(full));
+  }
+  for (uint32_t f = 0; f < 2; ++f) {
+    auto size = writers[f]->Finish();
+    REQUIRE(size.ok());
+    w.manifest.files[f].size = *size;
+  }
+  REQUIRE(CommitManifest(env, dir, w.manifest).ok());
+  return w;
+}
+
+// Reads every tensor back through the manifest and compares bit for bit.
+Status ReadBack(Env* env, const std::string& dir, const Written& w) {
+  ASSIGN_OR_RETURN(Manifest m, ReadManifest(env, dir));
+  if (m.step != 100 || m.metadata != w.manifest.metadata || m.created_by != "native_files_test") {
+    return InternalError("manifest fields differ");
+  }
+  for (size_t t = 0; t < m.tensors.size(); ++t) {
+    const TensorEntry& e = m.tensors[t];
+    const int64_t es = DTypeSize(e.layout.dtype);
+    std::vector<uint8_t> full(ByteSize(e.layout), 0xAB);
+    for (const PieceInfo& p : e.pieces) {
+      const std::string path = JoinPath(dir, m.files[p.file].name);
+      ASSIGN_OR_RETURN(auto file, env->NewRandomAccessFile(path));
+      RETURN_IF_ERROR(CheckDataFileHeader(*file, path));
+      std::vector<uint8_t> raw(p.raw_length);
+      RETURN_IF_ERROR(ReadPiece(*file, path, e.name, p, e.layout.dtype, raw.data()));
+      CopyBox(raw.data(), p.box.extents(), Box::FromShape(p.box.extents()), full.data(),
+              e.layout.shape, p.box, es);
+    }
+    if (full != w.full[t]) return InternalError("tensor '" + e.name + "' differs");
+  }
+  return Status::Ok();
+}
+
+TEST_CASE("native files: random checkpoints round-trip bit for bit, raw and zstd") {
+  std::mt19937_64 rng(testing::TestSeed() + 10);
+  auto env = NewMemEnv();
+  for (Codec codec : {Codec::kRaw, Codec::kZstd}) {
+    for (int iter = 0; iter < 10; ++iter) {
+      const std::string dir = "/ck/" + std::to_string(static_cast<int>(codec)) + "-" +
+                              std::to_string(iter);
+      Written w = WriteCheckpoint(env.get(), dir, rng, 12, codec);
+      INFO("iteration " << iter);
+      Status s = ReadBack(env.get(), dir, w);
+      REQUIRE(s.ok());
+    }
+  }
+}
+
+TEST_CASE("byte-plane shuffle is invertible and helps zstd on floats") {
+  std::mt19937_64 rng(3);
+  std::vector<float> v(1 << 14);
+  float x = 1.0f;
+  for (float& f : v) f = (x += std::normal_distribution<float>(0, 1e-3f)(rng));  // a random walk
+  std::vector<char> sh(v.size() * 4), back(v.size() * 4);
+  ShuffleBytes(v.data(), sh.size(), 4, sh.data());
+  UnshuffleBytes(sh.data(), sh.size(), 4, back.data());
+  CHECK(std::memcmp(back.data(), v.data(), back.size()) == 0);
+  auto shuffled = EncodePiece(v.data(), v.size() * 4, DType::kF32, Codec::kZstd, 3);
+  auto plain = EncodePiece(v.data(), v.size() * 4, DType::kI32, Codec::kZstd, 3);  // not shuffled
+  REQUIRE(shuffled.ok());
+  REQUIRE(plain.ok());
+  CHECK(shuffled->size() < plain->size());
+  std::vector<float> out(v.size());
+  REQUIRE(DecodePiece(shuffled->data(), shuffled->size(), Codec::kZstd, DType::kF32, out.data(),
+                      out.size() * 4, "t")
+              .ok());
+  CHECK(out == v);
+}
+
+TEST_CASE("corrupt, truncated and future inputs give named errors") {
+  std::mt19937_64 rng(testing::TestSeed() + 11);
+  auto env = NewMemEnv();
+  Written w = WriteCheckpoint(env.get(), "/ck", rng, 6, Codec::kRaw);
+  REQUIRE(ReadBack(env.get(), "/ck", w).ok());
+  // Find a piece to damage.
+  const TensorEntry* victim = nullptr;
+  for (const TensorEntry& e : w.manifest.tensors) {
+    if (!e.pieces.empty()) victim = &e;
+  }
+  REQUIRE(victim != nullptr);
+  const PieceInfo& p = victim->pieces[0];
+  const std::string path = JoinPath("/ck", w.manifest.files[p.file].name);
+  std::string bytes = *ReadFileToString(env.get(), path);
+
+  SECTION("a flipped byte") {
+    bytes[p.offset] ^= 0x10;
+    REQUIRE(WriteFileAtomically(env.get(), path, bytes).ok());
+    Status s = ReadBack(env.get(), "/ck", w);
+    CHECK(s.code() == StatusCode::kDataLoss);
+    CHECK(s.message().find("checksum mismatch") != std::string::npos);
+    CHECK(s.message().find(path) != std::string::npos);
+    CHECK(s.message().find("'" + victim->name + "'") != std::string::npos);
+  }
+  SECTION("a truncated data file") {
+    bytes.resize(p.offset + p.length / 2);
+    REQUIRE(WriteFileAtomically(env.get(), path, bytes).ok());
+    Status s = ReadBack(env.get(), "/ck", w);
+    CHECK(s.code() == StatusCode::kDataLoss);
+    CHECK(s.message().find(path) != std::string::npos);
+  }
+  SECTION("a bad magic") {
+    bytes[0] = 'X';
+    REQUIRE(WriteFileAtomically(env.get(), path, bytes).ok());
+    Status s = ReadBack(env.get(), "/ck", w);
+    CHECK(s.message().find("bad magic") != std::string::npos);
+  }
+  SECTION("a manifest of a future version") {
+    Manifest future = w.manifest;
+    future.format_version = 7;
+    REQUIRE(CommitManifest(env.get(), "/ck", future).ok());
+    auto m = ReadManifest(env.get(), "/ck");
+    REQUIRE_FALSE(m.ok());
+    CHECK(m.status().code() == StatusCode::kFailedPrecondition);
+    CHECK(m.status().message().find("format version 7") != std::string::npos);
+    CHECK(m.status().message().find("/ck/manifest.pb") != std::string::npos);
+  }
+  SECTION("a garbled manifest") {
+    REQUIRE(WriteFileAtomically(env.get(), "/ck/manifest.pb", "\xff\xff\xff garbage").ok());
+    auto m = ReadManifest(env.get(), "/ck");
+    REQUIRE_FALSE(m.ok());
+    CHECK(m.status().code() == StatusCode::kDataLoss);
+  }
+  SECTION("a piece pointing past its file") {
+    Manifest bad = w.manifest;
+    bad.files[0].size = 10;
+    REQUIRE(CommitManifest(env.get(), "/ck", bad).ok());
+    auto m = ReadManifest(env.get(), "/ck");
+    REQUIRE_FALSE(m.ok());
+    CHECK(m.status().message().find("past the end of file") != std::string::npos);
+  }
+}
+
+TEST_CASE("commit protocol: a crash before the manifest or before latest's sync keeps the old state") {
+  std::mt19937_64 rng(testing::TestSeed() + 12);
+  auto mem = NewMemEnv();
+  FaultInjectionEnv env(mem.get());
+  REQUIRE(env.CreateDirs("/run").ok());
+  Written first = WriteCheckpoint(&env, "/run/step-1", rng, 4, Codec::kZstd);
+  REQUIRE(env.SyncDir("/run").ok());
+  REQUIRE(SetLatest(&env, "/run", "step-1").ok());
+
+  // The second checkpoint's data is written but its manifest never committed.
+  REQUIRE(env.CreateDirs("/run/step-2").ok());
+  auto writer = DataFileWriter::Create(&env, "/run/step-2/data-00000.tsr", 0);
+  REQUIRE(writer.ok());
+  std::vector<uint8_t> piece(64, 1);
+  REQUIRE((*writer)->Append(piece.data(), piece.size(), Box{{0, 16}}, DType::kF32, Codec::kRaw, 0).ok());
+  REQUIRE(env.SimulateCrash().ok());
+  auto incomplete = ReadManifest(&env, "/run/step-2");
+  if (env.IsDirectory("/run/step-2")) {
+    REQUIRE_FALSE(incomplete.ok());
+    CHECK(incomplete.status().message().find("incomplete (no manifest.pb)") != std::string::npos);
+  }
+  CHECK(*ReadLatest(&env, "/run") == "step-1");
+  REQUIRE(ReadBack(&env, "/run/" + *ReadLatest(&env, "/run"), first).ok());
+
+  // A rename of latest that never reached the disk is undone by the crash.
+  REQUIRE(WriteFileAtomically(&env, "/run/latest.tmp", "step-2\n").ok());  // synced temp file
+  REQUIRE(env.RenameFile("/run/latest.tmp", "/run/latest").ok());
+  REQUIRE(env.SimulateCrash().ok());
+  CHECK(*ReadLatest(&env, "/run") == "step-1");
+}
+
+}  // namespace
+}  // namespace tessera
