@@ -7,24 +7,30 @@
 
 namespace tessera {
 
-void ShuffleBytes(const void* src, size_t size, size_t es, void* dst) {
-  const auto* s = static_cast<const unsigned char*>(src);
-  auto* d = static_cast<unsigned char*>(dst);
-  const size_t n = size / es;
-  for (size_t b = 0; b < es; ++b) {
-    for (size_t i = 0; i < n; ++i) d[b * n + i] = s[i * es + b];
+namespace {
+
+// dst[c][r] = src[r][c] for a rows x cols byte matrix; shuffling is the
+// transpose of (elements x element bytes), unshuffling its inverse.
+void TransposeBytes(const unsigned char* src, size_t rows, size_t cols, unsigned char* dst) {
+  for (size_t r = 0; r < rows; ++r) {
+    for (size_t c = 0; c < cols; ++c) dst[c * rows + r] = src[r * cols + c];
   }
-  std::memcpy(d + n * es, s + n * es, size - n * es);  // no partial element in practice
+}
+
+}  // namespace
+
+void ShuffleBytes(const void* src, size_t size, size_t es, void* dst) {
+  const size_t n = size / es;
+  TransposeBytes(static_cast<const unsigned char*>(src), n, es, static_cast<unsigned char*>(dst));
+  std::memcpy(static_cast<char*>(dst) + n * es, static_cast<const char*>(src) + n * es,
+              size - n * es);  // a trailing partial element stays in place
 }
 
 void UnshuffleBytes(const void* src, size_t size, size_t es, void* dst) {
-  const auto* s = static_cast<const unsigned char*>(src);
-  auto* d = static_cast<unsigned char*>(dst);
   const size_t n = size / es;
-  for (size_t b = 0; b < es; ++b) {
-    for (size_t i = 0; i < n; ++i) d[i * es + b] = s[b * n + i];
-  }
-  std::memcpy(d + n * es, s + n * es, size - n * es);
+  TransposeBytes(static_cast<const unsigned char*>(src), es, n, static_cast<unsigned char*>(dst));
+  std::memcpy(static_cast<char*>(dst) + n * es, static_cast<const char*>(src) + n * es,
+              size - n * es);
 }
 
 namespace {

@@ -15,13 +15,13 @@ std::string JoinAxes(const std::vector<std::string>& axes) {
   return s;
 }
 
-std::string ShapeString(const std::vector<int64_t>& shape) {
+}  // namespace
+
+std::string ShapeToString(const std::vector<int64_t>& shape) {
   std::string s = "[";
   for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
   return s + "]";
 }
-
-}  // namespace
 
 Layout Layout::Replicated(std::vector<int64_t> shape, DType dtype) {
   Layout l;
@@ -54,23 +54,23 @@ Status ValidateLayout(const Layout& layout, const Mesh& mesh) {
   for (int d = 0; d < layout.rank(); ++d) {
     const int64_t n = layout.shape[d];
     if (n < 0) {
-      return InvalidArgumentError("shape " + ShapeString(layout.shape) + " has negative dimension " +
+      return InvalidArgumentError("shape " + ShapeToString(layout.shape) + " has negative dimension " +
                                   std::to_string(d));
     }
     if (n > 0 && elements > std::numeric_limits<int64_t>::max() / n) {
-      return InvalidArgumentError("shape " + ShapeString(layout.shape) +
+      return InvalidArgumentError("shape " + ShapeToString(layout.shape) +
                                   " overflows a 64-bit element count");
     }
     elements *= n;
   }
   if (elements > std::numeric_limits<int64_t>::max() / DTypeSize(layout.dtype)) {
-    return InvalidArgumentError("shape " + ShapeString(layout.shape) + " of " +
+    return InvalidArgumentError("shape " + ShapeToString(layout.shape) + " of " +
                                 std::string(DTypeName(layout.dtype)) +
                                 " overflows a 64-bit byte count");
   }
   if (!layout.dim_axes.empty() && static_cast<int>(layout.dim_axes.size()) != layout.rank()) {
     return InvalidArgumentError("split lists " + std::to_string(layout.dim_axes.size()) +
-                                " dimensions but shape " + ShapeString(layout.shape) + " has " +
+                                " dimensions but shape " + ShapeToString(layout.shape) + " has " +
                                 std::to_string(layout.rank()));
   }
   std::map<std::string, std::string> used;  // axis -> where it was used
@@ -115,7 +115,7 @@ int64_t NumElements(const Layout& layout) {
 int64_t ByteSize(const Layout& layout) { return NumElements(layout) * DTypeSize(layout.dtype); }
 
 std::string ToString(const Layout& layout) {
-  std::string s = "shape " + ShapeString(layout.shape) + " " + std::string(DTypeName(layout.dtype));
+  std::string s = "shape " + ShapeToString(layout.shape) + " " + std::string(DTypeName(layout.dtype));
   bool split = false;
   for (int d = 0; d < layout.rank(); ++d) split |= !layout.AxesOf(d).empty();
   if (split) {

@@ -5,12 +5,6 @@
 namespace tessera {
 namespace {
 
-std::string ShapeString(const std::vector<int64_t>& shape) {
-  std::string s = "[";
-  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
-  return s + "]";
-}
-
 // Indices of the pieces of `pieces` (ordered, contiguous) overlapping `iv`.
 std::pair<int64_t, int64_t> OverlappingPieces(const std::vector<Interval>& pieces,
                                               const Interval& iv) {
@@ -28,8 +22,8 @@ Result<TensorPlan> PlanTensorReshard(const std::string& name, const Mesh& src_me
                                      const PlanOptions& options, std::vector<int64_t>* src_load) {
   const std::string context = "tensor '" + name + "'";
   if (src.shape != dst.shape) {
-    return InvalidArgumentError(context + ": shape " + ShapeString(src.shape) +
-                                " in the source but " + ShapeString(dst.shape) +
+    return InvalidArgumentError(context + ": shape " + ShapeToString(src.shape) +
+                                " in the source but " + ShapeToString(dst.shape) +
                                 " in the destination");
   }
   if (src.dtype != dst.dtype) {
@@ -173,7 +167,7 @@ std::string DescribePlan(const ReshardPlan& plan, bool verbose) {
   }
   if (!verbose) return out;
   for (const TensorPlan& t : plan.tensors) {
-    out += t.name + " " + std::string(DTypeName(t.dtype)) + " " + ShapeString(t.shape) + "\n";
+    out += t.name + " " + std::string(DTypeName(t.dtype)) + " " + ShapeToString(t.shape) + "\n";
     for (const ShardPlan& s : t.shards) {
       out += "  rank " + std::to_string(s.dst_rank) + " " + ToString(s.shard) + " <-";
       for (const PieceCopy& c : s.copies) {
