@@ -17,6 +17,8 @@ void TransposeBytes(const unsigned char* src, size_t rows, size_t cols, unsigned
   }
 }
 
+bool Shuffled(DType dtype) { return IsFloatingPoint(dtype) && DTypeSize(dtype) > 1; }
+
 }  // namespace
 
 void ShuffleBytes(const void* src, size_t size, size_t es, void* dst) {
@@ -32,10 +34,6 @@ void UnshuffleBytes(const void* src, size_t size, size_t es, void* dst) {
   std::memcpy(static_cast<char*>(dst) + n * es, static_cast<const char*>(src) + n * es,
               size - n * es);
 }
-
-namespace {
-bool Shuffled(DType dtype) { return IsFloatingPoint(dtype) && DTypeSize(dtype) > 1; }
-}  // namespace
 
 Result<std::string> EncodePiece(const void* raw, size_t size, DType dtype, Codec codec, int level) {
   if (codec == Codec::kRaw) return std::string(static_cast<const char*>(raw), size);

@@ -75,24 +75,29 @@ Status CheckDataFileHeader(const RandomAccessFile& file, const std::string& path
   return Status::Ok();
 }
 
+namespace {
+
+// Reads the stored bytes of `piece` into `dst` and checks their checksum.
+Status ReadStored(const RandomAccessFile& file, const PieceInfo& piece, void* dst,
+                  const std::string& ctx) {
+  Status s = file.Read(piece.offset, piece.length, dst);
+  if (!s.ok()) return DataLossError(ctx + ": " + s.message());
+  if (Xxh3(dst, piece.length) != piece.checksum) {
+    return DataLossError(ctx + ": checksum mismatch (corrupt data)");
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
 Status ReadPiece(const RandomAccessFile& file, const std::string& path, const std::string& tensor,
                  const PieceInfo& piece, DType dtype, void* raw) {
   const std::string ctx =
       "file '" + path + "': tensor '" + tensor + "' piece " + ToString(piece.box);
-  if (piece.codec == Codec::kRaw) {
-    Status s = file.Read(piece.offset, piece.length, raw);
-    if (!s.ok()) return DataLossError(ctx + ": " + s.message());
-    if (Xxh3(raw, piece.length) != piece.checksum) {
-      return DataLossError(ctx + ": checksum mismatch (corrupt data)");
-    }
-    return Status::Ok();
-  }
+  // Raw pieces land directly in the caller's buffer; encoded ones are staged.
+  if (piece.codec == Codec::kRaw) return ReadStored(file, piece, raw, ctx);
   std::string stored(piece.length, '\0');
-  Status s = file.Read(piece.offset, piece.length, stored.data());
-  if (!s.ok()) return DataLossError(ctx + ": " + s.message());
-  if (Xxh3(stored.data(), stored.size()) != piece.checksum) {
-    return DataLossError(ctx + ": checksum mismatch (corrupt data)");
-  }
+  RETURN_IF_ERROR(ReadStored(file, piece, stored.data(), ctx));
   return DecodePiece(stored.data(), stored.size(), piece.codec, dtype, raw, piece.raw_length, ctx);
 }
 
