@@ -114,6 +114,22 @@ std::string Normalize(std::string_view path) {
   return p;
 }
 
+// Renames every key that is `from` or lies under `from`/ to the same place
+// under `to` (a directory rename).
+template <typename Map>
+void MovePrefix(Map* m, const std::string& from, const std::string& to) {
+  Map moved;
+  for (auto it = m->begin(); it != m->end();) {
+    if (it->first == from || it->first.rfind(from + "/", 0) == 0) {
+      moved.emplace(to + it->first.substr(from.size()), std::move(it->second));
+      it = m->erase(it);
+    } else {
+      ++it;
+    }
+  }
+  for (auto& kv : moved) (*m)[kv.first] = std::move(kv.second);
+}
+
 class MemEnvImpl : public Env {
  public:
   Result<std::unique_ptr<WritableFile>> NewWritableFile(const std::string& path) override {
@@ -145,11 +161,12 @@ class MemEnvImpl : public Env {
   }
   Status RenameFile(const std::string& from, const std::string& to) override {
     std::lock_guard<std::mutex> lock(mu_);
-    auto it = files_.find(Normalize(from));
-    if (it == files_.end()) return NotFoundError("rename '" + from + "': no such file");
     if (!ParentExistsLocked(Normalize(to))) {
       return NotFoundError("rename to '" + to + "': no such directory");
     }
+    if (dirs_.count(Normalize(from))) return RenameDirLocked(Normalize(from), Normalize(to));
+    auto it = files_.find(Normalize(from));
+    if (it == files_.end()) return NotFoundError("rename '" + from + "': no such file");
     auto file = it->second;
     files_.erase(it);
     files_[Normalize(to)] = file;
@@ -193,6 +210,20 @@ class MemEnvImpl : public Env {
   Status SyncDir(const std::string&) override { return Status::Ok(); }
 
  private:
+  // rename(2) of a directory: the target must not exist or be empty.
+  Status RenameDirLocked(const std::string& from, const std::string& to) {
+    if (files_.count(to)) return IOError("rename to '" + to + "': is a file");
+    if (dirs_.count(to) && !ChildrenLocked(to).empty()) {
+      return IOError("rename to '" + to + "': directory not empty");
+    }
+    MovePrefix(&files_, from, to);
+    std::map<std::string, bool> dirs;
+    for (const std::string& d : dirs_) dirs[d] = true;
+    MovePrefix(&dirs, from, to);
+    dirs_.clear();
+    for (const auto& [d, unused] : dirs) dirs_.insert(d);
+    return Status::Ok();
+  }
   bool ParentExistsLocked(const std::string& p) const {
     const std::string parent = Dirname(p);
     return parent == "." || parent == "/" || dirs_.count(parent) > 0;
@@ -292,11 +323,12 @@ Status FaultInjectionEnv::RenameFile(const std::string& from, const std::string&
   }
   RETURN_IF_ERROR(base_->RenameFile(from, to));
   std::lock_guard<std::mutex> lock(mu_);
-  auto it = synced_size_.find(from);
-  if (it != synced_size_.end()) {
-    synced_size_[to] = it->second;
-    synced_size_.erase(it);
-  }
+  MovePrefix(&synced_size_, from, to);  // a file, or every file of a directory
+  std::map<std::string, bool> fresh;
+  for (const std::string& f : new_files_) fresh[f] = true;
+  MovePrefix(&fresh, from, to);
+  new_files_.clear();
+  for (const auto& [f, unused] : fresh) new_files_.insert(f);
   pending_renames_.push_back(std::move(r));
   return Status::Ok();
 }
@@ -328,11 +360,7 @@ Status FaultInjectionEnv::SimulateCrash() {
   for (auto it = pending_renames_.rbegin(); it != pending_renames_.rend(); ++it) {
     if (base_->FileExists(it->to)) {
       RETURN_IF_ERROR(base_->RenameFile(it->to, it->from));
-      auto s = synced_size_.find(it->to);
-      if (s != synced_size_.end()) {
-        synced_size_[it->from] = s->second;
-        synced_size_.erase(s);
-      }
+      MovePrefix(&synced_size_, it->to, it->from);
     }
     if (it->had_old_to) {
       ASSIGN_OR_RETURN(auto f, base_->NewWritableFile(it->to));

@@ -1,5 +1,7 @@
 #include "formats/manifest.h"
 
+#include <set>
+
 #include "formats/native.pb.h"
 
 namespace tessera {
@@ -69,6 +71,7 @@ std::string SerializeManifest(const Manifest& m) {
       pp->set_codec(static_cast<native::Codec>(pc.codec));
       pp->set_raw_length(pc.raw_length);
       pp->set_checksum(pc.checksum);
+      for (uint64_t c : pc.block_checksums) pp->add_block_checksums(c);
     }
   }
   for (const auto& [k, v] : m.metadata) (*p.mutable_metadata())[k] = v;
@@ -97,8 +100,10 @@ Result<Manifest> ParseManifest(std::string_view bytes, const std::string& path) 
   if (!mesh.ok()) return mesh.status().Annotate(where);
   m.mesh = *mesh;
   for (const auto& f : p.files()) m.files.push_back({f.name(), f.size()});
+  std::set<std::string> names;
   for (const auto& tp : p.tensors()) {
     const std::string tctx = where + ": tensor '" + tp.name() + "'";
+    if (!names.insert(tp.name()).second) return DataLossError(tctx + " appears twice");
     TensorEntry t;
     t.name = tp.name();
     auto layout = FromProto(tp.layout());
@@ -147,7 +152,13 @@ Result<Manifest> ParseManifest(std::string_view bytes, const std::string& path) 
                              std::to_string(pc.raw_length) + " bytes");
       }
       pc.checksum = pp.checksum();
-      t.pieces.push_back(pc);
+      pc.block_checksums.assign(pp.block_checksums().begin(), pp.block_checksums().end());
+      const uint64_t blocks = (pc.length + kChecksumBlock - 1) / kChecksumBlock;
+      if (!pc.block_checksums.empty() && pc.block_checksums.size() != blocks) {
+        return DataLossError(pctx + " has " + std::to_string(pc.block_checksums.size()) +
+                             " block checksums for " + std::to_string(blocks) + " blocks");
+      }
+      t.pieces.push_back(std::move(pc));
     }
     m.tensors.push_back(std::move(t));
   }

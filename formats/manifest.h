@@ -19,6 +19,8 @@ namespace tessera {
 
 inline constexpr uint32_t kNativeFormatVersion = 1;
 inline constexpr uint64_t kPieceAlignment = 4096;
+// Raw pieces longer than this carry one checksum per block of this size.
+inline constexpr uint64_t kChecksumBlock = 1 << 20;
 
 enum class Codec : uint8_t { kRaw = 0, kZstd = 1 };
 
@@ -30,6 +32,9 @@ struct PieceInfo {
   Codec codec = Codec::kRaw;
   uint64_t raw_length = 0;
   uint64_t checksum = 0;
+  // XXH3 of each kChecksumBlock of the stored bytes (raw pieces longer than
+  // one block; empty otherwise).
+  std::vector<uint64_t> block_checksums;
 };
 
 struct TensorEntry {

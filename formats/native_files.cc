@@ -1,6 +1,8 @@
 #include "formats/native_files.h"
 
+#include <algorithm>
 #include <cstring>
+#include <memory>
 
 #include "core/checksum.h"
 #include "formats/codec.h"
@@ -36,21 +38,51 @@ Result<std::unique_ptr<DataFileWriter>> DataFileWriter::Create(Env* env, const s
   return w;
 }
 
-Result<PieceInfo> DataFileWriter::Append(const void* raw, size_t size, const Box& box, DType dtype,
-                                         Codec codec, int level) {
-  ASSIGN_OR_RETURN(std::string stored, EncodePiece(raw, size, dtype, codec, level));
-  PieceInfo p;
-  p.file = index_;
-  p.offset = size_;
-  p.length = stored.size();
+Result<StoredPiece> EncodeStoredPiece(const void* raw, size_t size, const Box& box, DType dtype,
+                                      Codec codec, int level) {
+  StoredPiece p;
   p.box = box;
   p.codec = codec;
   p.raw_length = size;
-  p.checksum = Xxh3(stored.data(), stored.size());
-  const uint64_t padded = (stored.size() + kPieceAlignment - 1) / kPieceAlignment * kPieceAlignment;
-  stored.resize(padded, '\0');
-  RETURN_IF_ERROR(file_->Append(stored.data(), stored.size()));
-  size_ += padded;
+  if (codec == Codec::kRaw) {
+    p.data = static_cast<const char*>(raw);
+    p.size = size;
+  } else {
+    ASSIGN_OR_RETURN(p.owned, EncodePiece(raw, size, dtype, codec, level));
+    p.data = p.owned.data();
+    p.size = p.owned.size();
+  }
+  p.checksum = Xxh3(p.data, p.size);
+  if (codec == Codec::kRaw && p.size > kChecksumBlock) {
+    for (uint64_t off = 0; off < p.size; off += kChecksumBlock) {
+      p.block_checksums.push_back(Xxh3(p.data + off, std::min<uint64_t>(kChecksumBlock, p.size - off)));
+    }
+  }
+  return p;
+}
+
+Result<PieceInfo> DataFileWriter::Append(const void* raw, size_t size, const Box& box, DType dtype,
+                                         Codec codec, int level) {
+  ASSIGN_OR_RETURN(StoredPiece stored, EncodeStoredPiece(raw, size, box, dtype, codec, level));
+  return Append(stored);
+}
+
+Result<PieceInfo> DataFileWriter::Append(const StoredPiece& stored) {
+  static const char kZeros[kPieceAlignment] = {};
+  PieceInfo p;
+  p.file = index_;
+  p.offset = size_;
+  p.length = stored.size;
+  p.box = stored.box;
+  p.codec = stored.codec;
+  p.raw_length = stored.raw_length;
+  p.checksum = stored.checksum;
+  p.block_checksums = stored.block_checksums;
+  const uint64_t padding = (kPieceAlignment - stored.size % kPieceAlignment) % kPieceAlignment;
+  Status s = file_->Append(stored.data, stored.size);
+  if (s.ok() && padding > 0) s = file_->Append(kZeros, padding);
+  if (!s.ok()) return s.Annotate("data file '" + path_ + "'");
+  size_ += stored.size + padding;
   return p;
 }
 
@@ -99,6 +131,148 @@ Status ReadPiece(const RandomAccessFile& file, const std::string& path, const st
   std::string stored(piece.length, '\0');
   RETURN_IF_ERROR(ReadStored(file, piece, stored.data(), ctx));
   return DecodePiece(stored.data(), stored.size(), piece.codec, dtype, raw, piece.raw_length, ctx);
+}
+
+namespace {
+
+// Element strides of a dense row-major buffer.
+std::vector<int64_t> Strides(const std::vector<int64_t>& extents) {
+  std::vector<int64_t> s(extents.size(), 1);
+  for (int d = static_cast<int>(extents.size()) - 2; d >= 0; --d) s[d] = s[d + 1] * extents[d + 1];
+  return s;
+}
+
+// A contiguous byte range of the piece and where it lands in `dst`.
+struct Run {
+  uint64_t src;
+  uint64_t dst;
+  uint64_t len;
+};
+
+// The runs of `rel` (relative to the piece) in source order: the longest
+// stretches contiguous both in the piece and in the destination buffer.
+std::vector<Run> RunsOf(const std::vector<int64_t>& piece_ext, const Box& rel,
+                        const std::vector<int64_t>& dst_ext, const Box& dst_box, int64_t es) {
+  const int rank = rel.rank();
+  if (rank == 0) return {{0, 0, static_cast<uint64_t>(es)}};
+  // Dimensions after k are whole in both buffers, so one run spans them.
+  int k = rank - 1;
+  while (k > 0 && rel[k].size() == piece_ext[k] && dst_box[k].size() == dst_ext[k]) --k;
+  const std::vector<int64_t> ss = Strides(piece_ext), ds = Strides(dst_ext);
+  const uint64_t len = static_cast<uint64_t>(rel[k].size() * ss[k] * es);
+  std::vector<Run> runs;
+  std::vector<int64_t> idx(k, 0);
+  while (true) {
+    int64_t so = rel[k].begin * ss[k], doff = dst_box[k].begin * ds[k];
+    for (int d = 0; d < k; ++d) {
+      so += (rel[d].begin + idx[d]) * ss[d];
+      doff += (dst_box[d].begin + idx[d]) * ds[d];
+    }
+    runs.push_back({static_cast<uint64_t>(so * es), static_cast<uint64_t>(doff * es), len});
+    int d = k - 1;
+    while (d >= 0 && ++idx[d] == rel[d].size()) idx[d--] = 0;
+    if (d < 0) break;
+  }
+  return runs;
+}
+
+constexpr uint64_t kReadWindowBlocks = 4;  // a partial read stages at most 4 MiB
+
+std::string PieceContext(const std::string& path, const std::string& tensor, const PieceInfo& p) {
+  return "file '" + path + "': tensor '" + tensor + "' piece " + ToString(p.box);
+}
+
+// Reads blocks [first, last) of a raw piece into `buf` and checks each one.
+Status ReadBlocks(const RandomAccessFile& file, const PieceInfo& piece, uint64_t first,
+                  uint64_t last, char* buf, const std::string& ctx) {
+  const uint64_t begin = first * kChecksumBlock;
+  const uint64_t end = std::min(last * kChecksumBlock, piece.length);
+  Status s = file.Read(piece.offset + begin, end - begin, buf);
+  if (!s.ok()) return DataLossError(ctx + ": " + s.message());
+  for (uint64_t b = first; b < last; ++b) {
+    const uint64_t off = b * kChecksumBlock - begin;
+    const uint64_t n = std::min<uint64_t>(kChecksumBlock, end - begin - off);
+    if (Xxh3(buf + off, n) != piece.block_checksums[b]) {
+      return DataLossError(ctx + ": checksum mismatch in block " + std::to_string(b) +
+                           " (corrupt data)");
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status ReadPieceRegion(const RandomAccessFile& file, const std::string& path,
+                       const std::string& tensor, const PieceInfo& piece, DType dtype,
+                       const Box& region, void* dst, const std::vector<int64_t>& dst_extents,
+                       const Box& dst_box) {
+  const int64_t es = DTypeSize(dtype);
+  const std::vector<int64_t> piece_ext = piece.box.extents();
+  const Box rel = RelativeTo(region, piece.box);
+  const bool whole_dst = region == piece.box && dst_box == Box::FromShape(dst_extents);
+  if (whole_dst) return ReadPiece(file, path, tensor, piece, dtype, dst);
+  if (piece.codec != Codec::kRaw || piece.block_checksums.empty()) {
+    // Encoded or small: the whole piece, then the region out of it.
+    std::unique_ptr<char[]> raw(new char[piece.raw_length]);
+    RETURN_IF_ERROR(ReadPiece(file, path, tensor, piece, dtype, raw.get()));
+    CopyBox(raw.get(), piece_ext, rel, dst, dst_extents, dst_box, es);
+    return Status::Ok();
+  }
+  // Raw with block checksums: read only the blocks the region touches, a
+  // window of consecutive touched blocks at a time.
+  const std::string ctx = PieceContext(path, tensor, piece);
+  const std::vector<Run> runs = RunsOf(piece_ext, rel, dst_extents, dst_box, es);
+  // Runs ascend in the piece, so the touched blocks come out sorted.
+  std::vector<uint64_t> touched;
+  for (const Run& r : runs) {
+    for (uint64_t blk = r.src / kChecksumBlock; blk <= (r.src + r.len - 1) / kChecksumBlock; ++blk) {
+      if (touched.empty() || touched.back() < blk) touched.push_back(blk);
+    }
+  }
+  std::unique_ptr<char[]> window(new char[kReadWindowBlocks * kChecksumBlock]);
+  char* out = static_cast<char*>(dst);
+  uint64_t win_first = 0, win_last = 0;  // blocks [win_first, win_last) are in `window`
+  size_t next = 0;                       // first entry of `touched` not yet read
+  for (const Run& r : runs) {
+    uint64_t pos = r.src;
+    const uint64_t end = r.src + r.len;
+    while (pos < end) {
+      if (pos / kChecksumBlock >= win_last) {
+        // The next window: consecutive touched blocks, at most a few.
+        win_first = touched[next];
+        win_last = win_first + 1;
+        while (++next < touched.size() && touched[next] == win_last &&
+               win_last - win_first < kReadWindowBlocks) {
+          ++win_last;
+        }
+        RETURN_IF_ERROR(ReadBlocks(file, piece, win_first, win_last, window.get(), ctx));
+      }
+      const uint64_t win_end = std::min(win_last * kChecksumBlock, piece.length);
+      const uint64_t n = std::min(end, win_end) - pos;
+      std::memcpy(out + r.dst + (pos - r.src), window.get() + (pos - win_first * kChecksumBlock), n);
+      pos += n;
+    }
+  }
+  return Status::Ok();
+}
+
+Status VerifyPiece(const RandomAccessFile& file, const std::string& path,
+                   const std::string& tensor, const PieceInfo& piece, DType dtype) {
+  const std::string ctx = PieceContext(path, tensor, piece);
+  if (piece.codec != Codec::kRaw || piece.block_checksums.empty()) {
+    std::unique_ptr<char[]> raw(new char[std::max<uint64_t>(piece.raw_length, 1)]);
+    return ReadPiece(file, path, tensor, piece, dtype, raw.get());
+  }
+  std::unique_ptr<char[]> window(new char[kReadWindowBlocks * kChecksumBlock]);
+  Xxh3Hasher whole;
+  const uint64_t nblocks = piece.block_checksums.size();
+  for (uint64_t b = 0; b < nblocks; b += kReadWindowBlocks) {
+    const uint64_t last = std::min(b + kReadWindowBlocks, nblocks);
+    RETURN_IF_ERROR(ReadBlocks(file, piece, b, last, window.get(), ctx));
+    whole.Update(window.get(), std::min(last * kChecksumBlock, piece.length) - b * kChecksumBlock);
+  }
+  if (whole.Digest() != piece.checksum) return DataLossError(ctx + ": checksum mismatch (corrupt data)");
+  return Status::Ok();
 }
 
 Status CommitManifest(Env* env, const std::string& dir, const Manifest& manifest) {

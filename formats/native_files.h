@@ -5,6 +5,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "core/env.h"
 #include "core/status.h"
@@ -14,6 +15,22 @@ namespace tessera {
 
 inline constexpr char kManifestName[] = "manifest.pb";
 inline constexpr char kLatestName[] = "latest";
+
+// One piece ready to append: encoded, checksummed, not yet placed in a file.
+// Built by EncodeStoredPiece on any thread; for raw pieces `data` points at
+// the caller's bytes (which must outlive the append), otherwise at `owned`.
+struct StoredPiece {
+  std::string owned;
+  const char* data = nullptr;
+  size_t size = 0;
+  Box box;
+  Codec codec = Codec::kRaw;
+  uint64_t raw_length = 0;
+  uint64_t checksum = 0;
+  std::vector<uint64_t> block_checksums;
+};
+Result<StoredPiece> EncodeStoredPiece(const void* raw, size_t size, const Box& box, DType dtype,
+                                      Codec codec, int level);
 
 // Appends pieces to one data file. Not thread-safe.
 class DataFileWriter {
@@ -26,6 +43,9 @@ class DataFileWriter {
   // piece holding `box` of a `dtype` tensor.
   Result<PieceInfo> Append(const void* raw, size_t size, const Box& box, DType dtype, Codec codec,
                            int level);
+  // Pads to the next 4 KiB boundary and writes an encoded piece.
+  Result<PieceInfo> Append(const StoredPiece& piece);
+  const std::string& path() const { return path_; }
   // Syncs and closes; the file's final size.
   Result<uint64_t> Finish();
 
@@ -45,6 +65,21 @@ Status CheckDataFileHeader(const RandomAccessFile& file, const std::string& path
 // (piece.raw_length bytes). Errors name the file, tensor and box.
 Status ReadPiece(const RandomAccessFile& file, const std::string& path, const std::string& tensor,
                  const PieceInfo& piece, DType dtype, void* raw);
+
+// Reads `region` (global coordinates, inside piece.box) of a piece into the
+// dense row-major buffer `dst` of shape `dst_extents`, at `dst_box` (same
+// extents as `region`). Raw pieces are read by byte ranges: only the
+// checksum blocks the region touches are read and verified; encoded pieces
+// are read whole. Errors name the file, tensor and box.
+Status ReadPieceRegion(const RandomAccessFile& file, const std::string& path,
+                       const std::string& tensor, const PieceInfo& piece, DType dtype,
+                       const Box& region, void* dst, const std::vector<int64_t>& dst_extents,
+                       const Box& dst_box);
+
+// Verifies a piece's stored bytes (checksums, and that encoded pieces
+// decode to their raw length), staging at most 4 MiB at a time for raw ones.
+Status VerifyPiece(const RandomAccessFile& file, const std::string& path,
+                   const std::string& tensor, const PieceInfo& piece, DType dtype);
 
 // Step 2 of the commit: manifest.pb written atomically into `dir`.
 Status CommitManifest(Env* env, const std::string& dir, const Manifest& manifest);

@@ -1,0 +1,73 @@
+// The two interfaces every checkpoint format implements: a reader that
+// answers "give me this box of this tensor" by reading only the bytes it
+// needs, and a writer that stores boxes of tensors and commits atomically.
+// Merge, split, reshard and convert are one loop between them (transform.h).
+#ifndef TESSERA_CKPT_CHECKPOINT_H_
+#define TESSERA_CKPT_CHECKPOINT_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/env.h"
+#include "core/status.h"
+#include "transform/box.h"
+#include "transform/strategy.h"
+
+namespace tessera {
+
+// What a checkpoint records besides tensors.
+struct CheckpointMeta {
+  int64_t step = 0;
+  std::map<std::string, std::string> metadata;  // user key -> bytes
+  std::string created_by;
+};
+
+// How one tensor is stored (for inspect).
+struct TensorStorage {
+  int64_t pieces = 0;
+  int64_t stored_bytes = 0;
+};
+
+class CheckpointReader {
+ public:
+  virtual ~CheckpointReader() = default;
+  virtual const std::string& path() const = 0;
+  virtual std::string_view format() const = 0;
+  // Every tensor with the layout it was saved with, in checkpoint order.
+  virtual const Strategy& strategy() const = 0;
+  virtual const CheckpointMeta& meta() const = 0;
+  virtual TensorStorage Storage(size_t index) const = 0;
+  // Reads `region` (global coordinates) of tensor `index` into the dense
+  // row-major buffer `dst` of shape `dst_extents`, at `dst_box`. Reads only
+  // the byte ranges it needs and verifies what it reads. Thread-safe.
+  virtual Status ReadRegion(size_t index, const Box& region, void* dst,
+                            const std::vector<int64_t>& dst_extents, const Box& dst_box) const = 0;
+};
+
+class CheckpointWriter {
+ public:
+  virtual ~CheckpointWriter() = default;
+  // Stores `box` (global coordinates) of tensor `index` of the strategy the
+  // writer was created with; `data` is the box's dense row-major bytes.
+  // `shard_rank` is the rank that holds the box, which picks the data file.
+  // Thread-safe; the boxes of one tensor must be disjoint.
+  virtual Status WritePiece(size_t index, int64_t shard_rank, const Box& box, const void* data) = 0;
+  // Checks that every tensor is covered, makes everything durable and moves
+  // the output into place. Nothing is visible at the final path before.
+  virtual Status Commit() = 0;
+  // Removes whatever was written (also done on destruction without Commit).
+  virtual void Abort() = 0;
+};
+
+// Reads a whole tensor into `dst` (ByteSize of its layout).
+Status ReadTensor(const CheckpointReader& reader, size_t index, void* dst);
+// The index of tensor `name`, or NotFound naming it and the checkpoint.
+Result<size_t> FindTensor(const CheckpointReader& reader, std::string_view name);
+
+}  // namespace tessera
+
+#endif  // TESSERA_CKPT_CHECKPOINT_H_

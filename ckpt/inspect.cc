@@ -1,0 +1,132 @@
+#include "ckpt/inspect.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+namespace tessera {
+
+std::string HumanBytes(int64_t bytes) {
+  static const char* kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double v = static_cast<double>(bytes);
+  int u = 0;
+  while (v >= 1024 && u < 4) {
+    v /= 1024;
+    ++u;
+  }
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), u == 0 ? "%.0f %s" : "%.1f %s", v, kUnits[u]);
+  return buf;
+}
+
+std::string PlacementString(const Layout& layout) {
+  std::string out;
+  bool split = false;
+  for (const auto& axes : layout.dim_axes) split = split || !axes.empty();
+  if (split) {
+    out = "split [";
+    for (size_t d = 0; d < layout.dim_axes.size(); ++d) {
+      if (d > 0) out += ", ";
+      const auto& axes = layout.dim_axes[d];
+      if (axes.empty()) out += "-";
+      for (size_t i = 0; i < axes.size(); ++i) out += (i ? "*" : "") + axes[i];
+    }
+    out += "]";
+  }
+  if (!layout.opt_axes.empty()) {
+    out += out.empty() ? "opt [" : " opt [";
+    for (size_t i = 0; i < layout.opt_axes.size(); ++i) out += (i ? ", " : "") + layout.opt_axes[i];
+    out += "]";
+  }
+  if (!layout.stage_axis.empty()) {
+    out += (out.empty() ? "stage " : " stage ") + layout.stage_axis + "=" +
+           std::to_string(layout.stage);
+  }
+  return out.empty() ? "replicated" : out;
+}
+
+std::string InspectText(const CheckpointReader& r) {
+  const auto& tensors = r.strategy().tensors();
+  int64_t bytes = 0, stored = 0, pieces = 0;
+  std::vector<std::vector<std::string>> rows;
+  rows.push_back({"tensor", "dtype", "shape", "layout", "bytes", "pieces", "stored"});
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const Layout& l = tensors[i].layout;
+    const TensorStorage s = r.Storage(i);
+    bytes += ByteSize(l);
+    stored += s.stored_bytes;
+    pieces += s.pieces;
+    rows.push_back({tensors[i].name, std::string(DTypeName(l.dtype)), ShapeToString(l.shape),
+                    PlacementString(l), HumanBytes(ByteSize(l)), std::to_string(s.pieces),
+                    HumanBytes(s.stored_bytes)});
+  }
+  std::ostringstream out;
+  out << "checkpoint  " << r.path() << "\n"
+      << "format      " << r.format() << "\n"
+      << "step        " << r.meta().step << "\n"
+      << "mesh        " << r.strategy().mesh().ToString() << " (" << r.strategy().world_size()
+      << " ranks)\n";
+  if (!r.meta().created_by.empty()) out << "created by  " << r.meta().created_by << "\n";
+  out << "tensors     " << tensors.size() << ", " << HumanBytes(bytes) << " in " << pieces
+      << " pieces, " << HumanBytes(stored) << " stored\n";
+  if (!r.meta().metadata.empty()) {
+    out << "metadata   ";
+    for (const auto& [k, v] : r.meta().metadata) out << " " << k << " (" << v.size() << " B)";
+    out << "\n";
+  }
+  out << "\n";
+  std::vector<size_t> width(rows[0].size(), 0);
+  for (const auto& row : rows) {
+    for (size_t c = 0; c < row.size(); ++c) width[c] = std::max(width[c], row[c].size());
+  }
+  for (const auto& row : rows) {
+    std::string line;
+    for (size_t c = 0; c < row.size(); ++c) {
+      const bool right = c >= 4;  // numbers align right
+      const std::string pad(width[c] - row[c].size(), ' ');
+      line += right ? pad + row[c] : row[c] + (c + 1 < row.size() ? pad : "");
+      if (c + 1 < row.size()) line += "  ";
+    }
+    out << line << "\n";
+  }
+  return out.str();
+}
+
+std::string InspectJson(const CheckpointReader& r) {
+  using nlohmann::json;
+  json j;
+  j["path"] = r.path();
+  j["format"] = std::string(r.format());
+  j["step"] = r.meta().step;
+  j["created_by"] = r.meta().created_by;
+  json mesh = json::object();
+  const Mesh& m = r.strategy().mesh();
+  for (int a = 0; a < m.ndim(); ++a) mesh[m.axis_name(a)] = m.axis_size(a);
+  j["mesh"] = mesh;
+  json keys = json::array();
+  for (const auto& [k, v] : r.meta().metadata) keys.push_back({{"key", k}, {"bytes", v.size()}});
+  j["metadata"] = keys;
+  json tensors = json::array();
+  const auto& ts = r.strategy().tensors();
+  for (size_t i = 0; i < ts.size(); ++i) {
+    const Layout& l = ts[i].layout;
+    const TensorStorage s = r.Storage(i);
+    json t;
+    t["name"] = ts[i].name;
+    t["dtype"] = std::string(DTypeName(l.dtype));
+    t["shape"] = l.shape;
+    t["dim_axes"] = l.dim_axes;
+    t["opt_axes"] = l.opt_axes;
+    if (!l.stage_axis.empty()) t["stage"] = {{"axis", l.stage_axis}, {"index", l.stage}};
+    t["layout"] = PlacementString(l);
+    t["bytes"] = ByteSize(l);
+    t["pieces"] = s.pieces;
+    t["stored_bytes"] = s.stored_bytes;
+    tensors.push_back(std::move(t));
+  }
+  j["tensors"] = tensors;
+  return j.dump(2) + "\n";
+}
+
+}  // namespace tessera

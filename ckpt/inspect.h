@@ -1,0 +1,23 @@
+// Inspect: what a checkpoint holds, as a table for people or JSON for tools.
+#ifndef TESSERA_CKPT_INSPECT_H_
+#define TESSERA_CKPT_INSPECT_H_
+
+#include <string>
+
+#include "ckpt/checkpoint.h"
+
+namespace tessera {
+
+// Header lines (path, format, step, mesh, totals), then one row per tensor:
+// name, dtype, shape, placement, bytes, pieces, stored bytes.
+std::string InspectText(const CheckpointReader& reader);
+// The same facts, plus metadata keys and each tensor's full layout.
+std::string InspectJson(const CheckpointReader& reader);
+// "split [-, tp] opt [dp] stage pp=1", or "replicated".
+std::string PlacementString(const Layout& layout);
+// 1536 -> "1.5 KiB".
+std::string HumanBytes(int64_t bytes);
+
+}  // namespace tessera
+
+#endif  // TESSERA_CKPT_INSPECT_H_

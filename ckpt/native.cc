@@ -1,0 +1,281 @@
+#include "ckpt/native.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <mutex>
+
+#include "formats/native_files.h"
+
+namespace tessera {
+namespace {
+
+class NativeReader : public CheckpointReader {
+ public:
+  NativeReader(Env* env, std::string dir, Manifest manifest, Strategy strategy)
+      : env_(env),
+        dir_(std::move(dir)),
+        manifest_(std::move(manifest)),
+        strategy_(std::move(strategy)),
+        files_(manifest_.files.size()) {
+    meta_.step = manifest_.step;
+    meta_.metadata = manifest_.metadata;
+    meta_.created_by = manifest_.created_by;
+  }
+
+  const std::string& path() const override { return dir_; }
+  std::string_view format() const override { return "native"; }
+  const Strategy& strategy() const override { return strategy_; }
+  const CheckpointMeta& meta() const override { return meta_; }
+
+  TensorStorage Storage(size_t index) const override {
+    TensorStorage s;
+    for (const PieceInfo& p : manifest_.tensors[index].pieces) {
+      ++s.pieces;
+      s.stored_bytes += static_cast<int64_t>(p.length);
+    }
+    return s;
+  }
+
+  Status ReadRegion(size_t index, const Box& region, void* dst,
+                    const std::vector<int64_t>& dst_extents, const Box& dst_box) const override {
+    const TensorEntry& t = manifest_.tensors[index];
+    if (!Contains(Box::FromShape(t.layout.shape), region)) {
+      return OutOfRangeError("checkpoint '" + dir_ + "': tensor '" + t.name + "': box " +
+                             ToString(region) + " lies outside shape " +
+                             ShapeToString(t.layout.shape));
+    }
+    int64_t covered = 0;
+    for (const PieceInfo& p : t.pieces) {
+      const Box part = Intersect(p.box, region);
+      if (IsEmpty(part)) continue;
+      Box at = part;  // where `part` lands in dst
+      for (int d = 0; d < part.rank(); ++d) {
+        const int64_t shift = dst_box[d].begin - region[d].begin;
+        at[d] = {part[d].begin + shift, part[d].end + shift};
+      }
+      ASSIGN_OR_RETURN(const RandomAccessFile* file, File(p.file));
+      RETURN_IF_ERROR(ReadPieceRegion(*file, FilePath(p.file), t.name, p, t.layout.dtype, part,
+                                      dst, dst_extents, at));
+      covered += NumElements(part);
+    }
+    if (covered != NumElements(region)) {
+      return DataLossError("checkpoint '" + dir_ + "': tensor '" + t.name + "': its pieces cover " +
+                           std::to_string(covered) + " of the " +
+                           std::to_string(NumElements(region)) + " elements of " +
+                           ToString(region) + " (a piece is missing)");
+    }
+    return Status::Ok();
+  }
+
+ private:
+  std::string FilePath(uint32_t i) const { return JoinPath(dir_, manifest_.files[i].name); }
+
+  // Opens data files on first use and checks their header and size.
+  Result<const RandomAccessFile*> File(uint32_t i) const {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!files_[i]) {
+      const std::string path = FilePath(i);
+      if (!env_->FileExists(path)) {
+        return NotFoundError("checkpoint '" + dir_ + "': data file '" + path + "' is missing");
+      }
+      ASSIGN_OR_RETURN(auto file, env_->NewRandomAccessFile(path));
+      RETURN_IF_ERROR(CheckDataFileHeader(*file, path));
+      ASSIGN_OR_RETURN(uint64_t size, file->Size());
+      if (size != manifest_.files[i].size) {
+        return DataLossError("data file '" + path + "' has " + std::to_string(size) +
+                             " bytes, the manifest records " +
+                             std::to_string(manifest_.files[i].size) + " (truncated or replaced)");
+      }
+      files_[i] = std::move(file);
+    }
+    return files_[i].get();
+  }
+
+  Env* env_;
+  std::string dir_;
+  Manifest manifest_;
+  Strategy strategy_;
+  CheckpointMeta meta_;
+  mutable std::mutex mu_;
+  mutable std::vector<std::unique_ptr<RandomAccessFile>> files_;
+};
+
+class NativeWriter : public CheckpointWriter {
+ public:
+  NativeWriter(Env* env, std::string path, std::string tmp, Strategy strategy, CheckpointMeta meta,
+               NativeWriteOptions options)
+      : env_(env),
+        path_(std::move(path)),
+        tmp_(std::move(tmp)),
+        strategy_(std::move(strategy)),
+        meta_(std::move(meta)),
+        options_(options),
+        pieces_(strategy_.tensors().size()) {}
+
+  ~NativeWriter() override {
+    if (!committed_) Abort();
+  }
+
+  Status WritePiece(size_t index, int64_t shard_rank, const Box& box, const void* data) override {
+    if (index >= strategy_.tensors().size()) {
+      return InvalidArgumentError("checkpoint '" + path_ + "': no tensor #" + std::to_string(index));
+    }
+    const TensorStrategy& t = strategy_.tensors()[index];
+    if (IsEmpty(box) || !Contains(Box::FromShape(t.layout.shape), box)) {
+      return InvalidArgumentError("checkpoint '" + path_ + "': tensor '" + t.name + "': box " +
+                                  ToString(box) + " is empty or outside shape " +
+                                  ShapeToString(t.layout.shape));
+    }
+    const size_t size = static_cast<size_t>(NumElements(box) * DTypeSize(t.layout.dtype));
+    // Encoding and checksumming run outside any lock.
+    ASSIGN_OR_RETURN(StoredPiece stored, EncodeStoredPiece(data, size, box, t.layout.dtype,
+                                                           options_.codec, options_.level));
+    ASSIGN_OR_RETURN(Slot * slot, SlotFor(shard_rank));
+    PieceInfo info;
+    {
+      std::lock_guard<std::mutex> lock(slot->mu);
+      ASSIGN_OR_RETURN(info, slot->writer->Append(stored));
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    pieces_[index].push_back(std::move(info));
+    return Status::Ok();
+  }
+
+  Status Commit() override {
+    Manifest m;
+    m.step = meta_.step;
+    m.metadata = meta_.metadata;
+    m.created_by = meta_.created_by;
+    m.mesh = strategy_.mesh();
+    // Files in rank order; pieces renumbered to match.
+    std::vector<uint32_t> renumber(slots_.size());
+    uint32_t next = 0;
+    for (auto& [rank, slot] : slots_) {
+      ASSIGN_OR_RETURN(uint64_t size, slot->writer->Finish());
+      m.files.push_back({slot->name, size});
+      renumber[slot->index] = next++;
+    }
+    for (size_t i = 0; i < strategy_.tensors().size(); ++i) {
+      const TensorStrategy& ts = strategy_.tensors()[i];
+      TensorEntry t{ts.name, ts.layout, ts.mesh, std::move(pieces_[i])};
+      int64_t covered = 0;
+      for (PieceInfo& p : t.pieces) {
+        p.file = renumber[p.file];
+        covered += NumElements(p.box);
+      }
+      if (covered != NumElements(ts.layout)) {
+        return InternalError("checkpoint '" + path_ + "': tensor '" + ts.name + "': pieces cover " +
+                             std::to_string(covered) + " of " +
+                             std::to_string(NumElements(ts.layout)) + " elements");
+      }
+      std::sort(t.pieces.begin(), t.pieces.end(), [](const PieceInfo& a, const PieceInfo& b) {
+        return a.box.origin() < b.box.origin();
+      });
+      m.tensors.push_back(std::move(t));
+    }
+    RETURN_IF_ERROR(CommitManifest(env_, tmp_, m));
+    if (env_->FileExists(path_)) {
+      if (!options_.overwrite) {
+        return AlreadyExistsError("'" + path_ + "' already exists (pass --overwrite to replace it)");
+      }
+      const std::string old = tmp_ + "-old";
+      RETURN_IF_ERROR(env_->RenameFile(path_, old));
+      RETURN_IF_ERROR(env_->RenameFile(tmp_, path_));
+      RETURN_IF_ERROR(env_->SyncDir(Dirname(path_)));
+      committed_ = true;
+      return DeleteRecursively(env_, old);
+    }
+    RETURN_IF_ERROR(env_->RenameFile(tmp_, path_));
+    RETURN_IF_ERROR(env_->SyncDir(Dirname(path_)));
+    committed_ = true;
+    return Status::Ok();
+  }
+
+  void Abort() override {
+    slots_.clear();
+    if (env_->FileExists(tmp_)) (void)DeleteRecursively(env_, tmp_);
+  }
+
+ private:
+  struct Slot {
+    std::mutex mu;
+    std::unique_ptr<DataFileWriter> writer;
+    std::string name;
+    uint32_t index = 0;
+  };
+
+  Result<Slot*> SlotFor(int64_t rank) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto& slot = slots_[rank];
+    if (!slot) {
+      char name[32];
+      std::snprintf(name, sizeof(name), "data-%05lld.tsr", static_cast<long long>(rank));
+      auto s = std::make_unique<Slot>();
+      s->index = static_cast<uint32_t>(slots_.size() - 1);
+      s->name = name;
+      ASSIGN_OR_RETURN(s->writer, DataFileWriter::Create(env_, JoinPath(tmp_, name), s->index));
+      slot = std::move(s);
+    }
+    return slot.get();
+  }
+
+  Env* env_;
+  std::string path_, tmp_;
+  Strategy strategy_;
+  CheckpointMeta meta_;
+  NativeWriteOptions options_;
+  std::mutex mu_;
+  std::map<int64_t, std::unique_ptr<Slot>> slots_;
+  std::vector<std::vector<PieceInfo>> pieces_;
+  bool committed_ = false;
+};
+
+// `path` itself when it holds a manifest, else the checkpoint its `latest`
+// names.
+Result<std::string> ResolveCheckpointDir(Env* env, const std::string& path) {
+  if (env->FileExists(JoinPath(path, kManifestName))) return path;
+  if (env->FileExists(JoinPath(path, kLatestName))) {
+    ASSIGN_OR_RETURN(std::string name, ReadLatest(env, path));
+    return JoinPath(path, name);
+  }
+  return path;  // ReadManifest says what is wrong with it
+}
+
+}  // namespace
+
+bool IsNativeCheckpoint(Env* env, const std::string& path) {
+  return env->FileExists(JoinPath(path, kManifestName)) ||
+         env->FileExists(JoinPath(path, kLatestName));
+}
+
+Result<std::unique_ptr<CheckpointReader>> OpenNativeCheckpoint(Env* env, const std::string& path) {
+  ASSIGN_OR_RETURN(std::string dir, ResolveCheckpointDir(env, path));
+  ASSIGN_OR_RETURN(Manifest m, ReadManifest(env, dir));
+  Strategy strategy(m.mesh);
+  for (const TensorEntry& t : m.tensors) {
+    RETURN_IF_ERROR(strategy.Add({t.name, t.layout, t.mesh}).Annotate("checkpoint '" + dir + "'"));
+  }
+  return std::unique_ptr<CheckpointReader>(
+      new NativeReader(env, dir, std::move(m), std::move(strategy)));
+}
+
+Result<std::unique_ptr<CheckpointWriter>> CreateNativeCheckpoint(Env* env, const std::string& path,
+                                                                 Strategy strategy,
+                                                                 CheckpointMeta meta,
+                                                                 const NativeWriteOptions& options) {
+  if (path.empty()) return InvalidArgumentError("no output path given");
+  if (env->FileExists(path) && !options.overwrite) {
+    return AlreadyExistsError("'" + path + "' already exists (pass --overwrite to replace it)");
+  }
+  std::string clean = path;
+  while (clean.size() > 1 && clean.back() == '/') clean.pop_back();
+  const std::string tmp = clean + ".tmp-" + std::to_string(::getpid());
+  if (env->FileExists(tmp)) RETURN_IF_ERROR(DeleteRecursively(env, tmp));
+  RETURN_IF_ERROR(env->CreateDirs(tmp));
+  return std::unique_ptr<CheckpointWriter>(new NativeWriter(
+      env, clean, tmp, std::move(strategy), std::move(meta), options));
+}
+
+}  // namespace tessera

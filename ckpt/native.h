@@ -1,0 +1,37 @@
+// The native format (formats/native.md) behind the ckpt interfaces.
+#ifndef TESSERA_CKPT_NATIVE_H_
+#define TESSERA_CKPT_NATIVE_H_
+
+#include <memory>
+#include <string>
+
+#include "ckpt/checkpoint.h"
+#include "formats/manifest.h"
+
+namespace tessera {
+
+// Opens a committed checkpoint directory, or a checkpoint root holding a
+// `latest` pointer (then the checkpoint it names).
+Result<std::unique_ptr<CheckpointReader>> OpenNativeCheckpoint(Env* env, const std::string& path);
+
+// True when `path` looks like a native checkpoint or checkpoint root.
+bool IsNativeCheckpoint(Env* env, const std::string& path);
+
+struct NativeWriteOptions {
+  Codec codec = Codec::kRaw;
+  int level = 3;
+  // Replace an existing checkpoint at the path (only at commit time).
+  bool overwrite = false;
+};
+
+// Writes a checkpoint of `strategy`'s tensors at `path`: built in the
+// sibling directory `<path>.tmp-<pid>`, renamed to `path` by Commit. Data
+// file `data-<rank>.tsr` holds the pieces WritePiece gave for that rank.
+Result<std::unique_ptr<CheckpointWriter>> CreateNativeCheckpoint(Env* env, const std::string& path,
+                                                                 Strategy strategy,
+                                                                 CheckpointMeta meta,
+                                                                 const NativeWriteOptions& options);
+
+}  // namespace tessera
+
+#endif  // TESSERA_CKPT_NATIVE_H_

@@ -1,0 +1,137 @@
+#include "ckpt/verify.h"
+
+#include <algorithm>
+#include <map>
+#include <memory>
+#include <mutex>
+
+#include "core/thread_pool.h"
+#include "formats/native_files.h"
+
+namespace tessera {
+namespace {
+
+// Pieces of one tensor must be disjoint and cover it: overlaps are found
+// after sorting by the first dimension, so only pieces whose first
+// intervals overlap are compared.
+void CheckTiling(const TensorEntry& t, std::vector<VerifyProblem>* problems) {
+  std::vector<const PieceInfo*> sorted;
+  for (const PieceInfo& p : t.pieces) sorted.push_back(&p);
+  const int rank = t.layout.rank();
+  std::sort(sorted.begin(), sorted.end(), [&](const PieceInfo* a, const PieceInfo* b) {
+    return rank == 0 ? false : a->box[0].begin < b->box[0].begin;
+  });
+  int64_t covered = 0;
+  for (size_t i = 0; i < sorted.size(); ++i) {
+    covered += NumElements(sorted[i]->box);
+    for (size_t j = i + 1; j < sorted.size(); ++j) {
+      if (rank > 0 && sorted[j]->box[0].begin >= sorted[i]->box[0].end) break;
+      if (!IsEmpty(Intersect(sorted[i]->box, sorted[j]->box))) {
+        problems->push_back({"", t.name,
+                             "pieces " + ToString(sorted[i]->box) + " and " +
+                                 ToString(sorted[j]->box) + " overlap"});
+        return;
+      }
+    }
+  }
+  if (covered != NumElements(t.layout)) {
+    problems->push_back({"", t.name,
+                         "pieces cover " + std::to_string(covered) + " of " +
+                             std::to_string(NumElements(t.layout)) +
+                             " elements (a piece is missing)"});
+  }
+}
+
+}  // namespace
+
+Result<VerifyReport> VerifyNativeCheckpoint(Env* env, const std::string& path,
+                                            const VerifyOptions& options) {
+  std::string dir = path;
+  if (!env->FileExists(JoinPath(path, kManifestName)) &&
+      env->FileExists(JoinPath(path, kLatestName))) {
+    ASSIGN_OR_RETURN(std::string name, ReadLatest(env, path));
+    dir = JoinPath(path, name);
+  }
+  ASSIGN_OR_RETURN(Manifest m, ReadManifest(env, dir));
+  VerifyReport report;
+  report.path = dir;
+  report.files = static_cast<int64_t>(m.files.size());
+
+  // Files: present, the recorded size, a valid header.
+  std::vector<std::unique_ptr<RandomAccessFile>> files(m.files.size());
+  for (size_t f = 0; f < m.files.size(); ++f) {
+    const std::string fp = JoinPath(dir, m.files[f].name);
+    if (!env->FileExists(fp)) {
+      report.problems.push_back({fp, "", "data file is missing"});
+      continue;
+    }
+    auto file = env->NewRandomAccessFile(fp);
+    if (!file.ok()) {
+      report.problems.push_back({fp, "", file.status().message()});
+      continue;
+    }
+    auto size = (*file)->Size();
+    if (size.ok() && *size != m.files[f].size) {
+      report.problems.push_back({fp, "", "has " + std::to_string(*size) + " bytes, the manifest records " +
+                                             std::to_string(m.files[f].size)});
+    }
+    Status header = CheckDataFileHeader(**file, fp);
+    if (!header.ok()) {
+      report.problems.push_back({fp, "", header.message()});
+      continue;
+    }
+    files[f] = std::move(*file);
+  }
+
+  // Pieces: every checksum, in parallel; a piece in an unusable file is
+  // counted against its tensor once per file.
+  struct Job {
+    const TensorEntry* tensor;
+    const PieceInfo* piece;
+  };
+  std::vector<Job> jobs;
+  std::map<std::pair<std::string, uint32_t>, int64_t> unreadable;
+  int64_t total = 0;
+  for (const TensorEntry& t : m.tensors) {
+    CheckTiling(t, &report.problems);
+    for (const PieceInfo& p : t.pieces) {
+      if (!files[p.file]) {
+        ++unreadable[{t.name, p.file}];
+        continue;
+      }
+      jobs.push_back({&t, &p});
+      total += static_cast<int64_t>(p.length);
+    }
+  }
+  for (const auto& [key, n] : unreadable) {
+    report.problems.push_back({JoinPath(dir, m.files[key.second].name), key.first,
+                               std::to_string(n) + " piece(s) in this unusable file"});
+  }
+  std::mutex mu;
+  int64_t done = 0;
+  ThreadPool pool(options.threads);
+  Status s = pool.ParallelFor(static_cast<int64_t>(jobs.size()), [&](int64_t i) {
+    const Job& j = jobs[i];
+    const std::string fp = JoinPath(dir, m.files[j.piece->file].name);
+    Status ps = VerifyPiece(*files[j.piece->file], fp, j.tensor->name, *j.piece,
+                            j.tensor->layout.dtype);
+    std::lock_guard<std::mutex> lock(mu);
+    ++report.pieces;
+    if (ps.ok()) {
+      report.bytes += static_cast<int64_t>(j.piece->length);
+    } else {
+      report.problems.push_back({fp, j.tensor->name, ps.message()});
+    }
+    done += static_cast<int64_t>(j.piece->length);
+    if (options.progress) options.progress(done, total);
+    return Status::Ok();
+  });
+  RETURN_IF_ERROR(s);
+  std::sort(report.problems.begin(), report.problems.end(),
+            [](const VerifyProblem& a, const VerifyProblem& b) {
+              return std::tie(a.file, a.tensor, a.what) < std::tie(b.file, b.tensor, b.what);
+            });
+  return report;
+}
+
+}  // namespace tessera

@@ -1,0 +1,44 @@
+// Verify: recompute every checksum of a native checkpoint and check that
+// its pieces tile each tensor exactly once; report every problem by file
+// and tensor rather than stopping at the first.
+#ifndef TESSERA_CKPT_VERIFY_H_
+#define TESSERA_CKPT_VERIFY_H_
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "core/env.h"
+#include "core/status.h"
+
+namespace tessera {
+
+struct VerifyProblem {
+  std::string file;    // data file path, or empty
+  std::string tensor;  // tensor name, or empty
+  std::string what;
+};
+
+struct VerifyReport {
+  std::string path;  // the checkpoint directory checked
+  int64_t files = 0;
+  int64_t pieces = 0;
+  int64_t bytes = 0;  // stored bytes read and checked
+  std::vector<VerifyProblem> problems;
+  bool ok() const { return problems.empty(); }
+};
+
+struct VerifyOptions {
+  int threads = 0;
+  std::function<void(int64_t, int64_t)> progress;  // (bytes done, total)
+};
+
+// An unreadable manifest (missing, corrupt, future version) is an error;
+// everything else that is wrong is listed in the report.
+Result<VerifyReport> VerifyNativeCheckpoint(Env* env, const std::string& path,
+                                            const VerifyOptions& options);
+
+}  // namespace tessera
+
+#endif  // TESSERA_CKPT_VERIFY_H_

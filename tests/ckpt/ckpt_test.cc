@@ -1,0 +1,371 @@
+// The ckpt library end to end over real (in-memory and POSIX) files.
+#include <catch2/catch.hpp>
+#include <cstdio>
+#include <cstdlib>
+#include <nlohmann/json.hpp>
+
+#include "ckpt/diff.h"
+#include "ckpt/inspect.h"
+#include "ckpt/ops.h"
+#include "ckpt/verify.h"
+#include "formats/native_files.h"
+#include "tests/ckpt/memory_checkpoint.h"
+
+namespace tessera {
+namespace {
+
+using testing::MemoryCheckpoint;
+using testing::RandomModel;
+using testing::RandomStrategy;
+using testing::RequireSameContents;
+using testing::Uniform;
+
+WriteOptions Options(Codec codec, int64_t budget = kDefaultMemoryBudget, int threads = 2) {
+  WriteOptions o;
+  o.native.codec = codec;
+  o.native.level = 1;
+  o.transform.memory_budget = budget;
+  o.transform.threads = threads;
+  return o;
+}
+
+std::unique_ptr<CheckpointReader> Open(Env* env, const std::string& path) {
+  auto r = OpenCheckpoint(env, path);
+  INFO(r.status().ToString());
+  REQUIRE(r.ok());
+  return std::move(*r);
+}
+
+TEST_CASE("SplitBox tiles a box with slabs under the limit, in order") {
+  std::mt19937_64 rng(testing::TestSeed() + 30);
+  for (int iter = 0; iter < 300; ++iter) {
+    std::vector<int64_t> shape = testing::RandomShape(rng, 4, 20);
+    Box box = Box::FromShape(shape);
+    for (int d = 0; d < box.rank(); ++d) box[d].begin = std::min<int64_t>(box[d].end, Uniform(rng, 0, 3));
+    if (IsEmpty(box)) continue;
+    const int64_t es = Uniform(rng, 1, 8), limit = Uniform(rng, es, 400);
+    const std::vector<Box> slabs = SplitBox(box, es, limit);
+    int64_t total = 0;
+    for (size_t i = 0; i < slabs.size(); ++i) {
+      REQUIRE(Contains(box, slabs[i]));
+      REQUIRE((NumElements(slabs[i]) * es <= limit || NumElements(slabs[i]) == 1));
+      for (size_t j = i + 1; j < slabs.size(); ++j) REQUIRE(IsEmpty(Intersect(slabs[i], slabs[j])));
+      total += NumElements(slabs[i]);
+    }
+    REQUIRE(total == NumElements(box));
+  }
+}
+
+TEST_CASE("split -> reshard -> reshard -> merge is the identity, raw and zstd") {
+  std::mt19937_64 rng(testing::TestSeed() + 31);
+  auto env = NewMemEnv();
+  const int iterations = testing::TestIterations(12);
+  for (int iter = 0; iter < iterations; ++iter) {
+    const Codec codec = iter % 2 ? Codec::kZstd : Codec::kRaw;
+    // A small budget in some iterations forces tensors into several slabs.
+    const int64_t budget = iter % 3 == 0 ? (int64_t{400} << 10) : kDefaultMemoryBudget;
+    MemoryCheckpoint model = RandomModel(rng, static_cast<int>(Uniform(rng, 5, 25)), iter % 4 == 0);
+    const std::string base = "/ck" + std::to_string(iter);
+    INFO("iteration " << iter << " seed " << testing::TestSeed());
+    const Strategy a = RandomStrategy(rng, model, 8);
+    REQUIRE(WriteTransformed(env.get(), model, a, base + "/a", Options(codec, budget)).ok());
+    auto ra = Open(env.get(), base + "/a");
+    RequireSameContents(*ra, model);
+    const Strategy b = RandomStrategy(rng, model, 8);
+    REQUIRE(WriteTransformed(env.get(), *ra, b, base + "/b", Options(codec, budget, 3)).ok());
+    auto rb = Open(env.get(), base + "/b");
+    const Strategy c = RandomStrategy(rng, model, 6);
+    REQUIRE(WriteTransformed(env.get(), *rb, c, base + "/c", Options(Codec::kRaw, budget, 1)).ok());
+    auto rc = Open(env.get(), base + "/c");
+    REQUIRE(WriteTransformed(env.get(), *rc, MergedStrategy(rc->strategy()), base + "/m",
+                             Options(codec, budget))
+                .ok());
+    auto rm = Open(env.get(), base + "/m");
+    RequireSameContents(*rm, model);
+    // Layouts are recorded: b's reader reports b's layouts, the merge is whole.
+    for (size_t i = 0; i < b.tensors().size(); ++i) {
+      REQUIRE(rb->strategy().tensors()[i].layout == b.tensors()[i].layout);
+      REQUIRE(rm->strategy().tensors()[i].layout.dim_axes.empty());
+    }
+    REQUIRE(rm->meta().step == 42);
+    REQUIRE(rm->meta().metadata == model.meta().metadata);
+    auto report = VerifyNativeCheckpoint(env.get(), base + "/b", {});
+    REQUIRE(report.ok());
+    REQUIRE(report->ok());
+    REQUIRE_FALSE(env->FileExists(base + "/b.tmp-" + std::to_string(getpid())));
+  }
+}
+
+TEST_CASE("distributed reads: any sub-box of a sliced tensor, only verified bytes") {
+  std::mt19937_64 rng(testing::TestSeed() + 32);
+  auto env = NewMemEnv();
+  MemoryCheckpoint model = RandomModel(rng, 1, /*big=*/true);  // [611, 1097] f32, 2.6 MiB
+  Strategy s(*Mesh::Parse("tp=2"));
+  Layout l = model.strategy().tensors()[0].layout;
+  l.dim_axes = {{}, {"tp"}};  // column halves: row runs in each piece
+  REQUIRE(s.Add({"model.t0", l, {}}).ok());
+  REQUIRE(WriteTransformed(env.get(), model, s, "/ck", Options(Codec::kRaw)).ok());
+  auto r = Open(env.get(), "/ck");
+  const std::vector<int64_t> shape = l.shape;
+  for (int iter = 0; iter < 50; ++iter) {
+    Box region(2);
+    for (int d = 0; d < 2; ++d) {
+      const int64_t a = Uniform(rng, 0, shape[d] - 1), b = Uniform(rng, a + 1, shape[d]);
+      region[d] = {a, b};
+    }
+    // Into the middle of a larger buffer, as a rank's shard would be.
+    std::vector<int64_t> ext = {region[0].size() + 2, region[1].size() + 3};
+    Box at{{1, 1 + region[0].size()}, {2, 2 + region[1].size()}};
+    std::vector<uint8_t> got(ext[0] * ext[1] * 4, 0), want(got.size(), 0);
+    REQUIRE(r->ReadRegion(0, region, got.data(), ext, at).ok());
+    CopyBox(model.data(0).data(), shape, region, want.data(), ext, at, 4);
+    REQUIRE(got == want);
+  }
+  // Corrupt one byte near the end of the second file: reads of the first
+  // rows still succeed (their blocks verify), reads of the last rows fail
+  // naming the file and tensor.
+  auto m = ReadManifest(env.get(), "/ck");
+  REQUIRE(m.ok());
+  const PieceInfo& p = m->tensors[0].pieces.back();
+  REQUIRE(p.block_checksums.size() > 1);
+  const std::string file = JoinPath("/ck", m->files[p.file].name);
+  auto bytes = ReadFileToString(env.get(), file);
+  REQUIRE(bytes.ok());
+  (*bytes)[p.offset + p.length - 10] ^= 0x40;
+  REQUIRE(WriteFileAtomically(env.get(), file, *bytes).ok());
+  auto r2 = Open(env.get(), "/ck");
+  Box top{{0, 10}, {0, shape[1]}}, bottom{{shape[0] - 10, shape[0]}, {0, shape[1]}};
+  std::vector<uint8_t> buf(10 * shape[1] * 4);
+  REQUIRE(r2->ReadRegion(0, top, buf.data(), top.extents(), Box::FromShape(top.extents())).ok());
+  Status bad = r2->ReadRegion(0, bottom, buf.data(), bottom.extents(), Box::FromShape(bottom.extents()));
+  REQUIRE(bad.code() == StatusCode::kDataLoss);
+  CHECK_THAT(bad.message(), Catch::Contains(file) && Catch::Contains("model.t0") &&
+                                Catch::Contains("checksum"));
+}
+
+// A checkpoint on the real file system, for damage tests.
+struct Fixture {
+  std::string root;
+  std::unique_ptr<Env> unused;
+  MemoryCheckpoint model;
+  Fixture() {
+    char tmpl[] = "/tmp/tessera-ckpt-XXXXXX";
+    root = mkdtemp(tmpl);
+    std::mt19937_64 rng(testing::TestSeed() + 33);
+    model = RandomModel(rng, 10, true);
+    Strategy s = WithMesh(RandomStrategy(rng, model, 4), *Mesh::Parse("dp=2,tp=2")).value();
+    // Layouts over dp and tp so that there are several data files.
+    Strategy even(*Mesh::Parse("dp=2,tp=2"));
+    for (const TensorStrategy& t : model.strategy().tensors()) {
+      Layout l = t.layout;
+      if (l.rank() > 0) {
+        l.dim_axes.assign(l.rank(), {});
+        l.dim_axes[0] = {"tp"};
+      }
+      REQUIRE(even.Add({t.name, l, {}}).ok());
+    }
+    REQUIRE(WriteTransformed(Env::Default(), model, even, Dir(), Options(Codec::kRaw)).ok());
+  }
+  ~Fixture() { (void)DeleteRecursively(Env::Default(), root); }
+  std::string Dir() const { return root + "/ck"; }
+};
+
+TEST_CASE("verify reports flipped bytes, truncation and missing files by file and tensor") {
+  Fixture f;
+  Env* env = Env::Default();
+  auto clean = VerifyNativeCheckpoint(env, f.Dir(), {});
+  REQUIRE(clean.ok());
+  REQUIRE(clean->ok());
+  REQUIRE(clean->files == 2);
+  auto m = ReadManifest(env, f.Dir());
+  REQUIRE(m.ok());
+  const std::string f0 = JoinPath(f.Dir(), m->files[0].name);
+  const std::string f1 = JoinPath(f.Dir(), m->files[1].name);
+
+  SECTION("flipped byte") {
+    const PieceInfo& p = m->tensors[0].pieces[0];
+    auto bytes = ReadFileToString(env, JoinPath(f.Dir(), m->files[p.file].name));
+    (*bytes)[p.offset + p.length / 2] ^= 1;
+    REQUIRE(WriteFileAtomically(env, JoinPath(f.Dir(), m->files[p.file].name), *bytes).ok());
+    auto r = VerifyNativeCheckpoint(env, f.Dir(), {});
+    REQUIRE(r.ok());
+    REQUIRE(r->problems.size() == 1);
+    CHECK(r->problems[0].tensor == "model.t0");
+    CHECK_THAT(r->problems[0].what, Catch::Contains("checksum mismatch"));
+    // Reading it through the library fails the same way.
+    auto reader = Open(env, f.Dir());
+    std::vector<uint8_t> buf(f.model.data(0).size());
+    Status s = ReadTensor(*reader, 0, buf.data());
+    CHECK(s.code() == StatusCode::kDataLoss);
+    CHECK_THAT(s.message(), Catch::Contains("model.t0"));
+  }
+  SECTION("truncated data file") {
+    auto bytes = ReadFileToString(env, f1);
+    bytes->resize(bytes->size() - 5000);
+    REQUIRE(WriteFileAtomically(env, f1, *bytes).ok());
+    auto r = VerifyNativeCheckpoint(env, f.Dir(), {});
+    REQUIRE(r.ok());
+    REQUIRE_FALSE(r->ok());
+    CHECK(r->problems[0].file == f1);
+    auto reader = Open(env, f.Dir());
+    std::vector<uint8_t> buf(f.model.data(0).size());
+    Status s = ReadTensor(*reader, 0, buf.data());
+    CHECK_THAT(s.message(), Catch::Contains(f1) && Catch::Contains("truncated"));
+  }
+  SECTION("missing data file") {
+    REQUIRE(env->DeleteFile(f0).ok());
+    auto r = VerifyNativeCheckpoint(env, f.Dir(), {});
+    REQUIRE(r.ok());
+    REQUIRE_FALSE(r->ok());
+    CHECK(r->problems[0].file == f0);
+    CHECK_THAT(r->problems[0].what, Catch::Contains("missing"));
+    bool named_tensor = false;
+    for (const auto& p : r->problems) named_tensor |= p.tensor == "model.t0";
+    CHECK(named_tensor);
+  }
+  SECTION("manifest without one piece") {
+    Manifest copy = *m;
+    copy.tensors[0].pieces.pop_back();
+    REQUIRE(CommitManifest(env, f.Dir(), copy).ok());
+    auto r = VerifyNativeCheckpoint(env, f.Dir(), {});
+    REQUIRE(r.ok());
+    REQUIRE(r->problems.size() == 1);
+    CHECK_THAT(r->problems[0].what, Catch::Contains("a piece is missing"));
+    auto reader = Open(env, f.Dir());
+    std::vector<uint8_t> buf(f.model.data(0).size());
+    CHECK_THAT(ReadTensor(*reader, 0, buf.data()).message(), Catch::Contains("a piece is missing"));
+  }
+  SECTION("a manifest of a future version is refused, naming it") {
+    Manifest copy = *m;
+    copy.format_version = kNativeFormatVersion + 1;
+    REQUIRE(CommitManifest(env, f.Dir(), copy).ok());
+    auto r = VerifyNativeCheckpoint(env, f.Dir(), {});
+    REQUIRE_FALSE(r.ok());
+    CHECK_THAT(r.status().message(), Catch::Contains("manifest.pb") && Catch::Contains("version 2"));
+  }
+}
+
+TEST_CASE("bad strategies are named errors and leave no output") {
+  std::mt19937_64 rng(testing::TestSeed() + 34);
+  auto env = NewMemEnv();
+  MemoryCheckpoint model = RandomModel(rng, 4);
+  REQUIRE(env->CreateDirs("/out").ok());
+  SECTION("unknown tensor") {
+    Strategy s(*Mesh::Parse("tp=2"));
+    REQUIRE(s.Add({"no.such.tensor", Layout::Replicated({4}, DType::kF32), {}}).ok());
+    auto r = WriteTransformed(env.get(), model, s, "/out/x", Options(Codec::kRaw));
+    REQUIRE_FALSE(r.ok());
+    CHECK_THAT(r.status().message(), Catch::Contains("no.such.tensor"));
+  }
+  SECTION("shape mismatch") {
+    Strategy s(*Mesh::Parse("tp=2"));
+    const Layout& l = model.strategy().tensors()[1].layout;
+    std::vector<int64_t> shape = l.shape;
+    shape.push_back(3);
+    REQUIRE(s.Add({"model.t1", Layout::Replicated(shape, l.dtype), {}}).ok());
+    auto r = WriteTransformed(env.get(), model, s, "/out/x", Options(Codec::kRaw));
+    REQUIRE_FALSE(r.ok());
+    CHECK_THAT(r.status().message(), Catch::Contains("model.t1"));
+  }
+  auto children = env->GetChildren("/out");
+  REQUIRE(children.ok());
+  CHECK(children->empty());
+}
+
+TEST_CASE("an interrupted transform never leaves a complete-looking output") {
+  std::mt19937_64 rng(testing::TestSeed() + 35);
+  auto base = NewMemEnv();
+  MemoryCheckpoint model = RandomModel(rng, 8);
+  const Strategy s = RandomStrategy(rng, model, 4);
+  // Count the writes of a full run, then fail at each point in turn (with
+  // and without a crash afterwards).
+  FaultInjectionEnv probe(base.get());
+  REQUIRE(WriteTransformed(&probe, model, s, "/probe", Options(Codec::kRaw, kDefaultMemoryBudget, 1)).ok());
+  const int64_t writes = probe.writes_seen();
+  REQUIRE(writes > 5);
+  for (int64_t n = 1; n <= writes; ++n) {
+    INFO("failing write " << n << " of " << writes);
+    FaultInjectionEnv env(base.get());
+    const std::string out = "/out" + std::to_string(n);
+    env.FailNthWrite(n, /*sticky=*/true);
+    auto r = WriteTransformed(&env, model, s, out, Options(Codec::kRaw, kDefaultMemoryBudget, 1));
+    REQUIRE_FALSE(r.ok());
+    REQUIRE(env.SimulateCrash().ok());
+    REQUIRE_FALSE(base->FileExists(out));
+    auto opened = OpenCheckpoint(base.get(), out);
+    REQUIRE_FALSE(opened.ok());
+  }
+  // A crash at any moment after the last write: either no output, or a
+  // complete one.
+  FaultInjectionEnv env(base.get());
+  REQUIRE(WriteTransformed(&env, model, s, "/done", Options(Codec::kRaw)).ok());
+  REQUIRE(env.SimulateCrash().ok());
+  RequireSameContents(*Open(base.get(), "/done"), model);
+}
+
+TEST_CASE("diff: equal across layouts, differences counted with tolerances") {
+  std::mt19937_64 rng(testing::TestSeed() + 36);
+  auto env = NewMemEnv();
+  MemoryCheckpoint model;
+  std::vector<float> v(1000);
+  for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(i) * 0.5f;
+  std::vector<uint8_t> bytes(v.size() * 4);
+  std::memcpy(bytes.data(), v.data(), bytes.size());
+  model.Add("w", DType::kF32, {10, 100}, bytes);
+  model.Add("b", DType::kBF16, {3}, {0, 0x3f, 0, 0x40, 0x80, 0x3f});
+  const Strategy s = RandomStrategy(rng, model, 8);
+  REQUIRE(WriteTransformed(env.get(), model, s, "/a", Options(Codec::kZstd)).ok());
+  auto a = Open(env.get(), "/a");
+  auto same = DiffCheckpoints(*a, model, {});
+  REQUIRE(same.ok());
+  CHECK(same->ok());
+  // One element off by 0.25 (relative 0.25/100).
+  MemoryCheckpoint changed = model;
+  float x = v[200] + 0.25f;
+  std::memcpy(changed.mutable_data(0).data() + 800, &x, 4);
+  auto d = DiffCheckpoints(*a, changed, {});
+  REQUIRE(d.ok());
+  REQUIRE_FALSE(d->ok());
+  CHECK(d->tensors[0].differing == 1);
+  CHECK(d->tensors[0].max_abs == Approx(0.25));
+  CHECK(d->tensors[0].max_rel == Approx(0.25 / 100.25));
+  CHECK(d->tensors[1].ok());
+  DiffOptions loose;
+  loose.atol = 0.3;
+  CHECK(DiffCheckpoints(*a, changed, loose)->ok());
+  // A tensor only on one side.
+  MemoryCheckpoint fewer;
+  fewer.Add("w", DType::kF32, {10, 100}, bytes);
+  auto missing = DiffCheckpoints(*a, fewer, {});
+  REQUIRE(missing.ok());
+  CHECK(missing->tensors[1].problem == "missing in B");
+}
+
+TEST_CASE("inspect shows every tensor, as text and as JSON") {
+  std::mt19937_64 rng(testing::TestSeed() + 37);
+  auto env = NewMemEnv();
+  MemoryCheckpoint model = RandomModel(rng, 5);
+  Strategy s(*Mesh::Parse("dp=2,tp=2"));
+  for (const TensorStrategy& t : model.strategy().tensors()) {
+    Layout l = t.layout;
+    if (l.rank() > 0) {
+      l.dim_axes.assign(l.rank(), {});
+      l.dim_axes.back() = {"tp"};
+      l.opt_axes = {"dp"};
+    }
+    REQUIRE(s.Add({t.name, l, {}}).ok());
+  }
+  REQUIRE(WriteTransformed(env.get(), model, s, "/a", Options(Codec::kRaw)).ok());
+  auto a = Open(env.get(), "/a");
+  const std::string text = InspectText(*a);
+  CHECK_THAT(text, Catch::Contains("step        42") && Catch::Contains("[dp=2, tp=2]"));
+  for (const TensorStrategy& t : model.strategy().tensors()) CHECK_THAT(text, Catch::Contains(t.name));
+  auto j = nlohmann::json::parse(InspectJson(*a));
+  CHECK(j["tensors"].size() == 5);
+  CHECK(j["mesh"]["tp"] == 2);
+  CHECK(j["step"] == 42);
+  CHECK(PlacementString(s.tensors()[0].layout).find("opt [dp]") != std::string::npos);
+}
+
+}  // namespace
+}  // namespace tessera
