@@ -91,8 +91,8 @@ Result<DiffReport> DiffCheckpoints(const CheckpointReader& a, const CheckpointRe
   };
   std::vector<Job> jobs;
   ThreadPool pool(options.threads);
-  // Two slabs per worker in flight.
-  const int64_t slab = std::max<int64_t>(int64_t{64} << 10, options.memory_budget / (2 * pool.size()));
+  // Per worker: one slab of each side, plus what a reader stages.
+  const int64_t slab = std::max<int64_t>(int64_t{64} << 10, options.memory_budget / (4 * pool.size()));
   for (size_t ia = 0; ia < a.strategy().tensors().size(); ++ia) {
     const TensorStrategy& ta = a.strategy().tensors()[ia];
     TensorDiff d;

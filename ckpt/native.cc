@@ -1,6 +1,9 @@
 #include "ckpt/native.h"
 
+#include <signal.h>
 #include <unistd.h>
+
+#include <cerrno>
 
 #include <algorithm>
 #include <cstdio>
@@ -243,6 +246,23 @@ Result<std::string> ResolveCheckpointDir(Env* env, const std::string& path) {
   return path;  // ReadManifest says what is wrong with it
 }
 
+// Temporary outputs `<path>.tmp-<pid>` left by writers that died (killed,
+// crashed) are removed; a live writer's are left alone.
+void RemoveStaleTemporaries(Env* env, const std::string& path) {
+  const std::string dir = Dirname(path);
+  const std::string prefix = path.substr(path.rfind('/') == std::string::npos ? 0 : path.rfind('/') + 1) + ".tmp-";
+  auto children = env->GetChildren(dir);
+  if (!children.ok()) return;
+  for (const std::string& name : *children) {
+    if (name.rfind(prefix, 0) != 0) continue;
+    const std::string digits = name.substr(prefix.size());
+    if (digits.empty() || digits.find_first_not_of("0123456789") != std::string::npos) continue;
+    const pid_t pid = static_cast<pid_t>(std::stoll(digits));
+    if (pid == ::getpid() || ::kill(pid, 0) == 0 || errno != ESRCH) continue;
+    (void)DeleteRecursively(env, JoinPath(dir, name));
+  }
+}
+
 }  // namespace
 
 bool IsNativeCheckpoint(Env* env, const std::string& path) {
@@ -271,6 +291,7 @@ Result<std::unique_ptr<CheckpointWriter>> CreateNativeCheckpoint(Env* env, const
   }
   std::string clean = path;
   while (clean.size() > 1 && clean.back() == '/') clean.pop_back();
+  RemoveStaleTemporaries(env, clean);
   const std::string tmp = clean + ".tmp-" + std::to_string(::getpid());
   if (env->FileExists(tmp)) RETURN_IF_ERROR(DeleteRecursively(env, tmp));
   RETURN_IF_ERROR(env->CreateDirs(tmp));

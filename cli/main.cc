@@ -14,7 +14,11 @@ int main(int argc, char** argv) {
   CLI::App app{"ckpt: strategy-aware checkpoint tools (Tessera)"};
   app.require_subcommand(1);
   std::function<int()> run;
-  tessera::cli::AddPlanVerb(app, &run);
+  namespace cli = tessera::cli;
+  for (auto add : {cli::AddMergeVerb, cli::AddSplitVerb, cli::AddReshardVerb, cli::AddConvertVerb,
+                   cli::AddInspectVerb, cli::AddVerifyVerb, cli::AddDiffVerb, cli::AddPlanVerb}) {
+    add(app, &run);
+  }
 
   std::vector<const char*> cargv;
   for (const std::string& a : args) cargv.push_back(a.c_str());

@@ -22,6 +22,13 @@ inline int Report(const Status& status) {
 
 // Each returns the sub-command; `run` is set to the verb's action.
 CLI::App* AddPlanVerb(CLI::App& app, std::function<int()>* run);
+CLI::App* AddMergeVerb(CLI::App& app, std::function<int()>* run);
+CLI::App* AddSplitVerb(CLI::App& app, std::function<int()>* run);
+CLI::App* AddReshardVerb(CLI::App& app, std::function<int()>* run);
+CLI::App* AddConvertVerb(CLI::App& app, std::function<int()>* run);
+CLI::App* AddInspectVerb(CLI::App& app, std::function<int()>* run);
+CLI::App* AddVerifyVerb(CLI::App& app, std::function<int()>* run);
+CLI::App* AddDiffVerb(CLI::App& app, std::function<int()>* run);
 
 }  // namespace tessera::cli
 

@@ -323,14 +323,20 @@ Status FaultInjectionEnv::RenameFile(const std::string& from, const std::string&
   }
   RETURN_IF_ERROR(base_->RenameFile(from, to));
   std::lock_guard<std::mutex> lock(mu_);
-  MovePrefix(&synced_size_, from, to);  // a file, or every file of a directory
+  MoveTrackedLocked(from, to);
+  pending_renames_.push_back(std::move(r));
+  return Status::Ok();
+}
+
+// What is tracked about a file, or every file of a directory, follows it
+// through a rename.
+void FaultInjectionEnv::MoveTrackedLocked(const std::string& from, const std::string& to) {
+  MovePrefix(&synced_size_, from, to);
   std::map<std::string, bool> fresh;
   for (const std::string& f : new_files_) fresh[f] = true;
   MovePrefix(&fresh, from, to);
   new_files_.clear();
-  for (const auto& [f, unused] : fresh) new_files_.insert(f);
-  pending_renames_.push_back(std::move(r));
-  return Status::Ok();
+  for (const auto& kv : fresh) new_files_.insert(kv.first);
 }
 
 Status FaultInjectionEnv::DeleteFile(const std::string& path) {
@@ -360,7 +366,7 @@ Status FaultInjectionEnv::SimulateCrash() {
   for (auto it = pending_renames_.rbegin(); it != pending_renames_.rend(); ++it) {
     if (base_->FileExists(it->to)) {
       RETURN_IF_ERROR(base_->RenameFile(it->to, it->from));
-      MovePrefix(&synced_size_, it->to, it->from);
+      MoveTrackedLocked(it->to, it->from);
     }
     if (it->had_old_to) {
       ASSIGN_OR_RETURN(auto f, base_->NewWritableFile(it->to));

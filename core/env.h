@@ -121,6 +121,7 @@ class FaultInjectionEnv : public Env {
   friend class FaultWritableFile;
   Status BeforeWrite();
   void OnSynced(const std::string& path, uint64_t size);
+  void MoveTrackedLocked(const std::string& from, const std::string& to);
 
   struct PendingRename {
     std::string from, to;

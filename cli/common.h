@@ -1,0 +1,49 @@
+// What the transforming verbs share: I/O flags, progress on a terminal,
+// size parsing, and resolving the destination strategy.
+#ifndef TESSERA_CLI_COMMON_H_
+#define TESSERA_CLI_COMMON_H_
+
+#include <CLI/CLI.hpp>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "ckpt/ops.h"
+
+namespace tessera::cli {
+
+struct IoFlags {
+  int threads = 0;
+  std::string memory_budget = "256MiB";
+  std::string compress = "none";
+  bool quiet = false;
+  bool overwrite = false;
+};
+void AddIoFlags(CLI::App* cmd, IoFlags* flags, bool output);
+
+// "256MiB", "1G", "4096" -> bytes.
+Result<int64_t> ParseByteSize(const std::string& text);
+// "none", "zstd", "zstd:7".
+Status ParseCompress(const std::string& text, NativeWriteOptions* options);
+
+// A progress bar on stderr while it is a terminal (and not --quiet);
+// returns an empty function otherwise.
+std::function<void(int64_t, int64_t)> MakeProgress(const std::string& label, bool quiet);
+
+// Opens SRC; with --src-strategy, checks that it agrees with what the
+// checkpoint records.
+Result<std::unique_ptr<CheckpointReader>> OpenSource(const std::string& path,
+                                                     const std::string& src_strategy);
+
+// The destination: a strategy file, or the source's split axes on a new
+// mesh ("dp=2,tp=4").
+Result<Strategy> DestinationStrategy(const CheckpointReader& src, const std::string& strategy_file,
+                                     const std::string& mesh);
+
+// Runs the transform to `out`, prints a one-line summary unless quiet.
+int RunWrite(const CheckpointReader& src, const Strategy& dst, const std::string& out,
+             const IoFlags& flags, const std::string& verb);
+
+}  // namespace tessera::cli
+
+#endif  // TESSERA_CLI_COMMON_H_

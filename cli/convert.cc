@@ -1,0 +1,28 @@
+// ckpt convert: the same tensors and layouts, another encoding or format.
+#include "cli/common.h"
+#include "cli/verbs.h"
+
+namespace tessera::cli {
+
+CLI::App* AddConvertVerb(CLI::App& app, std::function<int()>* run) {
+  struct Args {
+    std::string src, out, format = "native";
+    IoFlags io;
+  };
+  auto a = std::make_shared<Args>();
+  CLI::App* cmd = app.add_subcommand("convert", "Rewrite a checkpoint in another format or codec");
+  cmd->add_option("src", a->src, "source checkpoint")->required();
+  cmd->add_option("-o,--output", a->out, "output checkpoint")->required();
+  cmd->add_option("--format", a->format, "output format")->check(CLI::IsMember({"native"}));
+  AddIoFlags(cmd, &a->io, true);
+  cmd->callback([a, run] {
+    *run = [a] {
+      auto src = OpenSource(a->src, "");
+      if (!src.ok()) return Report(src.status());
+      return RunWrite(**src, (*src)->strategy(), a->out, a->io, "convert");
+    };
+  });
+  return cmd;
+}
+
+}  // namespace tessera::cli

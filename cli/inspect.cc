@@ -1,0 +1,30 @@
+// ckpt inspect: what a checkpoint holds.
+#include <iostream>
+
+#include "ckpt/inspect.h"
+#include "cli/common.h"
+#include "cli/verbs.h"
+
+namespace tessera::cli {
+
+CLI::App* AddInspectVerb(CLI::App& app, std::function<int()>* run) {
+  struct Args {
+    std::string src;
+    bool json = false;
+  };
+  auto a = std::make_shared<Args>();
+  CLI::App* cmd = app.add_subcommand("inspect", "List a checkpoint's tensors and layouts");
+  cmd->add_option("src", a->src, "checkpoint")->required();
+  cmd->add_flag("--json", a->json, "machine-readable output");
+  cmd->callback([a, run] {
+    *run = [a] {
+      auto src = OpenSource(a->src, "");
+      if (!src.ok()) return Report(src.status());
+      std::cout << (a->json ? InspectJson(**src) : InspectText(**src));
+      return 0;
+    };
+  });
+  return cmd;
+}
+
+}  // namespace tessera::cli

@@ -1,0 +1,45 @@
+// ckpt verify: recompute every checksum; list what is missing or corrupt.
+#include <iostream>
+
+#include "ckpt/inspect.h"
+#include "ckpt/verify.h"
+#include "cli/common.h"
+#include "cli/verbs.h"
+
+namespace tessera::cli {
+
+CLI::App* AddVerifyVerb(CLI::App& app, std::function<int()>* run) {
+  struct Args {
+    std::string src;
+    IoFlags io;
+  };
+  auto a = std::make_shared<Args>();
+  CLI::App* cmd = app.add_subcommand("verify", "Check every piece of a checkpoint");
+  cmd->add_option("src", a->src, "checkpoint")->required();
+  AddIoFlags(cmd, &a->io, false);
+  cmd->callback([a, run] {
+    *run = [a] {
+      VerifyOptions o;
+      o.threads = a->io.threads;
+      o.progress = MakeProgress("verify", a->io.quiet);
+      auto r = VerifyNativeCheckpoint(Env::Default(), a->src, o);
+      if (!r.ok()) return Report(r.status());
+      for (const VerifyProblem& p : r->problems) {
+        std::cerr << "ckpt: ";
+        if (!p.file.empty() && p.what.find(p.file) == std::string::npos) std::cerr << p.file << ": ";
+        if (!p.tensor.empty() && p.what.find(p.tensor) == std::string::npos) {
+          std::cerr << "tensor '" << p.tensor << "': ";
+        }
+        std::cerr << p.what << "\n";
+      }
+      if (!a->io.quiet) {
+        std::cout << r->path << ": " << r->files << " files, " << r->pieces << " pieces, "
+                  << HumanBytes(r->bytes) << " verified, " << r->problems.size() << " problems\n";
+      }
+      return r->ok() ? 0 : 1;
+    };
+  });
+  return cmd;
+}
+
+}  // namespace tessera::cli

@@ -1,0 +1,166 @@
+#!/usr/bin/env bash
+# End-to-end tests of the ckpt verbs through the real binary, real files and
+# real processes: round trips, exit codes, named errors, no half-written
+# output, and a reshard killed with SIGKILL at random moments.
+# Usage: ckpt_cli_test.sh CKPT MAKE_CHECKPOINT
+set -u
+ckpt=$(realpath "$1")
+make=$(realpath "$2")
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+cd "$work"
+fails=0 passes=0
+check() {  # check NAME COMMAND...
+  local name=$1; shift
+  if "$@"; then echo "ok   $name"; passes=$((passes + 1)); else echo "FAIL $name"; fails=$((fails + 1)); fi
+}
+run() {  # run CMD...: output in $work/out, exit status in $rc
+  "$@" >"$work/out" 2>&1
+  rc=$?
+}
+no_output() {  # nothing named $1 or $1.tmp-* is left
+  ! ls -d "$1" "$1".tmp-* >/dev/null 2>&1
+}
+small="--layers 2 --embed 64 --vocab 1000 --context 64"
+
+# --- round trips -------------------------------------------------------------
+run "$make" -o a $small --mesh dp=2,tp=4 --zero --optimizer
+check "make a sliced dp=2,tp=4 checkpoint" test $rc -eq 0
+run "$ckpt" merge a -o full --quiet
+check "merge exits 0 and is quiet" test $rc -eq 0 -a ! -s out
+run "$make" -o direct $small --mesh dp=2,tp=4 --zero --optimizer --merged
+run "$ckpt" diff full direct
+check "merge equals the model written whole" test $rc -eq 0
+check "diff reports the count" grep -q "^84 tensors compared, 0 differ" out
+
+run "$ckpt" reshard a -o b --mesh dp=1,tp=2 --compress zstd:5 --threads 3 --memory-budget 64KiB
+check "reshard to tp=2 with zstd and a tiny budget" test $rc -eq 0
+check "reshard prints a summary" grep -q "^reshard: wrote b: 84 tensors" out
+run "$ckpt" inspect b
+check "inspect shows the new mesh" grep -q "mesh        \[dp=1, tp=2\] (2 ranks)" out
+check "inspect shows a layout row" grep -Eq "^h.1.mlp.c_fc.weight +f32 +\[64, 256\] +split \[-, tp\]" out
+run "$ckpt" inspect b --json
+check "inspect --json is JSON" python3 -c "import json,sys; j=json.load(open('out')); assert len(j['tensors'])==84 and j['mesh']=={'dp':1,'tp':2}"
+"$ckpt" inspect a --json >a.json
+python3 - a.json >strategy.json <<'PY'
+import json, sys
+j = json.load(open(sys.argv[1]))
+# The destination strategy: everything split on its last dimension over 4 ranks.
+t = {x["name"]: {"shape": x["shape"], "dtype": x["dtype"],
+                 "split": [None] * (len(x["shape"]) - 1) + ["tp"] if x["shape"] else []}
+     for x in j["tensors"]}
+print(json.dumps({"mesh": {"axes": ["tp"], "shape": [4]}, "tensors": t}))
+PY
+run "$ckpt" split full -o s --strategy strategy.json
+check "split by a strategy file" test $rc -eq 0
+run "$ckpt" inspect s --json
+check "split records the strategy's layouts" python3 -c "import json; j=json.load(open('out')); assert all(x['dim_axes'][-1]==['tp'] for x in j['tensors'] if x['shape'])"
+ln -s "$ckpt" ckpt-merge; ln -s "$ckpt" ckpt-reshard; ln -s "$ckpt" ckpt-split
+run ./ckpt-reshard b -o c --strategy strategy.json -q
+check "ckpt-reshard alias" test $rc -eq 0
+run ./ckpt-merge c -o cm -q
+run "$ckpt" diff cm full
+check "a -> b -> c -> merge equals the merge of a" test $rc -eq 0
+run ./ckpt-split full -o s2 --dst-strategy strategy.json -q
+run "$ckpt" diff s s2 --quiet
+check "ckpt-split alias, same contents" test $rc -eq 0
+run "$ckpt" convert b -o bz --compress zstd -q
+run "$ckpt" diff b bz
+check "convert keeps contents" test $rc -eq 0
+check "convert keeps layouts" python3 -c "
+import json, subprocess
+def layouts(p):
+    j = json.loads(subprocess.check_output(['$ckpt', 'inspect', p, '--json']))
+    return [(t['name'], t['dtype'], t['shape'], t['dim_axes'], t['opt_axes']) for t in j['tensors']], j['mesh']
+assert layouts('b') == layouts('bz')"
+run "$ckpt" verify b
+check "verify a good checkpoint exits 0" test $rc -eq 0
+check "verify reports what it checked" grep -q "0 problems" out
+
+# --- differences and bad input ----------------------------------------------
+run "$make" -o other $small --mesh dp=2,tp=4 --zero --optimizer --merged --seed 2
+run "$ckpt" diff full other
+check "diff of different values exits 1" test $rc -eq 1
+check "diff names a differing tensor" grep -q "^wte: 64000 of 64000 elements differ" out
+run "$ckpt" diff full other --atol 1
+check "diff within --atol exits 0" test $rc -eq 0
+
+cp -r b bad && f=$(ls bad/data-*.tsr | head -1)
+python3 -c "
+import sys; p=sys.argv[1]; b=bytearray(open(p,'rb').read()); b[4096+100]^=1; open(p,'wb').write(b)" "$f"
+run "$ckpt" verify bad
+check "flipped byte: verify exits 1" test $rc -eq 1
+check "flipped byte: file and tensor named" grep -q "$f': tensor '.*checksum mismatch" out
+run "$ckpt" merge bad -o bad-out
+check "flipped byte: merge exits 1 naming the file" grep -q "ckpt: .*$f" out
+check "flipped byte: no output left" no_output bad-out
+
+cp -r b trunc && f=$(ls trunc/data-*.tsr | tail -1) && truncate -s -5000 "$f"
+run "$ckpt" reshard trunc -o trunc-out --mesh dp=1,tp=1
+check "truncated data file exits 1" test $rc -eq 1
+check "truncated data file is named" grep -q "$f.*truncated" out
+check "truncated: no output left" no_output trunc-out
+run "$ckpt" verify trunc
+check "verify names the truncated file" grep -q "$f" out
+
+cp -r b gone && rm gone/data-00001.tsr
+run "$ckpt" merge gone -o gone-out
+check "missing data file is named" grep -q "gone/data-00001.tsr' is missing" out
+check "missing data file: no output left" no_output gone-out
+
+mkdir incomplete && cp b/data-* incomplete/
+run "$ckpt" inspect incomplete
+check "a directory without manifest is refused" grep -q "incomplete (no manifest.pb)" out
+
+cat >unknown.json <<'JSON'
+{"mesh": {"axes": ["tp"], "shape": [2]},
+ "tensors": {"h.9.attn.c_attn.weight": {"shape": [64, 192], "split": [null, "tp"]}}}
+JSON
+run "$ckpt" reshard a -o u --strategy unknown.json
+check "strategy naming an unknown tensor exits 1" test $rc -eq 1
+check "the unknown tensor is named" grep -q "h.9.attn.c_attn.weight" out
+check "unknown tensor: no output left" no_output u
+cat >shape.json <<'JSON'
+{"mesh": {"axes": ["tp"], "shape": [2]},
+ "tensors": {"h.0.attn.c_attn.weight": {"shape": [64, 96], "split": [null, "tp"]}}}
+JSON
+run "$ckpt" reshard a -o u --strategy shape.json
+check "a shape mismatch names the tensor" grep -q "h.0.attn.c_attn.weight" out
+check "shape mismatch: no output left" no_output u
+run "$ckpt" reshard a -o b --mesh dp=1,tp=2
+check "an existing output is refused" grep -q "'b' already exists" out
+run "$ckpt" reshard a -o b --mesh dp=2,tp=1 --overwrite -q
+check "--overwrite replaces it" bash -c "'$ckpt' inspect b | grep -q 'dp=2, tp=1'"
+run "$ckpt" reshard a -o x --mesh dp=2,tp=2 --memory-budget lots
+check "a bad --memory-budget exits 1" grep -q "'lots' is not a size" out
+run "$ckpt" reshard a -o x --mesh dp=2,tp=2 --compress lz4
+check "a bad --compress is named" grep -q "lz4" out
+run "$ckpt" reshard a
+check "missing -o is a usage error (exit 2)" test $rc -eq 2
+
+# --- SIGKILL at random moments -------------------------------------------------
+run "$make" -o big --size 160MiB --mesh dp=2,tp=4 --zero --embed 512 --vocab 8192
+run "$ckpt" merge big -o big-full -q
+interrupted=0
+for delay in 0.02 0.05 0.08 0.12 0.16 0.2 0.3 0.4 0.7 1.5; do
+  rm -rf k k.tmp-*
+  "$ckpt" reshard big -o k --mesh dp=1,tp=2 --threads 1 -q &
+  pid=$!
+  sleep $delay
+  kill -9 $pid 2>/dev/null
+  wait $pid 2>/dev/null
+  if ls -d k.tmp-* >/dev/null 2>&1; then interrupted=$((interrupted + 1)); fi
+  if [ -e k ]; then
+    # Whatever looks complete must be complete.
+    "$ckpt" verify k -q && "$ckpt" diff k big-full -q || { echo "killed after $delay s: k is broken"; fails=$((fails + 1)); }
+  fi
+done
+check "some kills landed mid-write ($interrupted of 10), the others left a complete k" test $interrupted -gt 0
+rm -rf k; run "$ckpt" reshard big -o k --mesh dp=1,tp=2 -q
+check "a rerun after kills succeeds" test $rc -eq 0
+run "$ckpt" diff k big-full -q
+check "the rerun's output is right" test $rc -eq 0
+check "the rerun removed the killed runs' temporaries" bash -c '! ls -d k.tmp-* 2>/dev/null'
+
+echo "$passes passed, $fails failed"
+test $fails -eq 0
