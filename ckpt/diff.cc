@@ -6,6 +6,7 @@
 #include <memory>
 #include <mutex>
 
+#include "core/buffer.h"
 #include "core/thread_pool.h"
 
 namespace tessera {
@@ -130,7 +131,9 @@ Result<DiffReport> DiffCheckpoints(const CheckpointReader& a, const CheckpointRe
     const int64_t n = NumElements(j.box);
     const std::vector<int64_t> ext = j.box.extents();
     const Box whole = Box::FromShape(ext);
-    std::unique_ptr<char[]> x(new char[n * DTypeSize(dtype)]), y(new char[n * DTypeSize(dtype)]);
+    const std::string what = "tensor '" + report.tensors[j.diff].name + "' " + ToString(j.box);
+    ASSIGN_OR_RETURN(auto x, AllocateBytes(n * DTypeSize(dtype), what));
+    ASSIGN_OR_RETURN(auto y, AllocateBytes(n * DTypeSize(dtype), what));
     RETURN_IF_ERROR(a.ReadRegion(j.ia, j.box, x.get(), ext, whole));
     RETURN_IF_ERROR(b.ReadRegion(j.ib, j.box, y.get(), ext, whole));
     const Partial p = Compare(x.get(), y.get(), n, dtype, options);

@@ -6,6 +6,7 @@
 #include <memory>
 #include <mutex>
 
+#include "core/buffer.h"
 #include "core/thread_pool.h"
 #include "transform/reshard_plan.h"
 
@@ -120,7 +121,7 @@ Result<TransformStats> Transform(const CheckpointReader& src, const Strategy& ds
     const Item& item = items[k];
     const TensorStrategy& t = dst.tensors()[item.tensor];
     const int64_t bytes = NumElements(item.box) * DTypeSize(t.layout.dtype);
-    std::unique_ptr<char[]> buf(new char[std::max<int64_t>(bytes, 1)]);
+    ASSIGN_OR_RETURN(auto buf, AllocateBytes(bytes, "tensor '" + t.name + "' " + ToString(item.box)));
     const std::vector<int64_t> extents = item.box.extents();
     RETURN_IF_ERROR(
         src.ReadRegion(item.tensor, item.box, buf.get(), extents, Box::FromShape(extents)));

@@ -13,6 +13,7 @@ std::string_view StatusCodeName(StatusCode code) {
     case StatusCode::kFailedPrecondition: return "FailedPrecondition";
     case StatusCode::kUnimplemented: return "Unimplemented";
     case StatusCode::kIOError: return "IOError";
+    case StatusCode::kResourceExhausted: return "ResourceExhausted";
     case StatusCode::kInternal: return "Internal";
   }
   return "Unknown";
@@ -42,6 +43,9 @@ Status DataLossError(std::string m) { return {StatusCode::kDataLoss, std::move(m
 Status FailedPreconditionError(std::string m) { return {StatusCode::kFailedPrecondition, std::move(m)}; }
 Status UnimplementedError(std::string m) { return {StatusCode::kUnimplemented, std::move(m)}; }
 Status IOError(std::string m) { return {StatusCode::kIOError, std::move(m)}; }
+Status ResourceExhaustedError(std::string m) {
+  return {StatusCode::kResourceExhausted, std::move(m)};
+}
 Status InternalError(std::string m) { return {StatusCode::kInternal, std::move(m)}; }
 
 }  // namespace tessera

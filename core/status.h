@@ -22,6 +22,7 @@ enum class StatusCode {
   kFailedPrecondition,
   kUnimplemented,
   kIOError,          // the operating system refused
+  kResourceExhausted,  // out of memory for a size a file asked for
   kInternal,
 };
 
@@ -63,6 +64,7 @@ Status DataLossError(std::string message);
 Status FailedPreconditionError(std::string message);
 Status UnimplementedError(std::string message);
 Status IOError(std::string message);
+Status ResourceExhaustedError(std::string message);
 Status InternalError(std::string message);
 
 // Result<T>: a value or a non-OK Status.

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <memory>
 
+#include "core/buffer.h"
 #include "core/checksum.h"
 #include "formats/codec.h"
 
@@ -128,9 +129,9 @@ Status ReadPiece(const RandomAccessFile& file, const std::string& path, const st
       "file '" + path + "': tensor '" + tensor + "' piece " + ToString(piece.box);
   // Raw pieces land directly in the caller's buffer; encoded ones are staged.
   if (piece.codec == Codec::kRaw) return ReadStored(file, piece, raw, ctx);
-  std::string stored(piece.length, '\0');
-  RETURN_IF_ERROR(ReadStored(file, piece, stored.data(), ctx));
-  return DecodePiece(stored.data(), stored.size(), piece.codec, dtype, raw, piece.raw_length, ctx);
+  ASSIGN_OR_RETURN(auto stored, AllocateBytes(piece.length, ctx));
+  RETURN_IF_ERROR(ReadStored(file, piece, stored.get(), ctx));
+  return DecodePiece(stored.get(), piece.length, piece.codec, dtype, raw, piece.raw_length, ctx);
 }
 
 namespace {
@@ -213,7 +214,7 @@ Status ReadPieceRegion(const RandomAccessFile& file, const std::string& path,
   if (whole_dst) return ReadPiece(file, path, tensor, piece, dtype, dst);
   if (piece.codec != Codec::kRaw || piece.block_checksums.empty()) {
     // Encoded or small: the whole piece, then the region out of it.
-    std::unique_ptr<char[]> raw(new char[piece.raw_length]);
+    ASSIGN_OR_RETURN(auto raw, AllocateBytes(piece.raw_length, PieceContext(path, tensor, piece)));
     RETURN_IF_ERROR(ReadPiece(file, path, tensor, piece, dtype, raw.get()));
     CopyBox(raw.get(), piece_ext, rel, dst, dst_extents, dst_box, es);
     return Status::Ok();
@@ -260,7 +261,7 @@ Status VerifyPiece(const RandomAccessFile& file, const std::string& path,
                    const std::string& tensor, const PieceInfo& piece, DType dtype) {
   const std::string ctx = PieceContext(path, tensor, piece);
   if (piece.codec != Codec::kRaw || piece.block_checksums.empty()) {
-    std::unique_ptr<char[]> raw(new char[std::max<uint64_t>(piece.raw_length, 1)]);
+    ASSIGN_OR_RETURN(auto raw, AllocateBytes(piece.raw_length, ctx));
     return ReadPiece(file, path, tensor, piece, dtype, raw.get());
   }
   std::unique_ptr<char[]> window(new char[kReadWindowBlocks * kChecksumBlock]);

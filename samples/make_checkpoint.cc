@@ -4,6 +4,7 @@
 //   make_checkpoint -o DIR [--mesh dp=2,tp=4] [--zero] [--optimizer]
 //                   [--layers 12 --embed 768 --vocab 50304 --context 1024]
 //                   [--size 1GiB] [--seed 1] [--compress zstd:3] [--merged]
+//                   [--strategy-out FILE]   (the strategy as JSON; alone: no checkpoint)
 #include <CLI/CLI.hpp>
 #include <cstdio>
 
@@ -41,12 +42,13 @@ Status AddOptimizerStates(Strategy* s) {
 int main(int argc, char** argv) {
   using namespace tessera;
   CLI::App app{"make_checkpoint: a synthetic GPT-2-shaped checkpoint"};
-  std::string out, mesh_text = "dp=2,tp=4", size_text, compress = "none";
+  std::string out, strategy_out, mesh_text = "dp=2,tp=4", size_text, compress = "none";
   samples::GptShape shape;
   bool zero = false, optimizer = false, merged = false;
   uint64_t seed = 1;
   int threads = 0;
-  app.add_option("-o,--output", out, "output checkpoint directory")->required();
+  app.add_option("-o,--output", out, "output checkpoint directory");
+  app.add_option("--strategy-out", strategy_out, "also write the strategy (JSON) here");
   app.add_option("--mesh", mesh_text, "mesh of the strategy (axes pp, dp, tp)");
   app.add_flag("--zero", zero, "shard every tensor over dp (ZeRO)");
   app.add_flag("--optimizer", optimizer, "add Adam moments beside every parameter");
@@ -78,6 +80,12 @@ int main(int argc, char** argv) {
     Status s = AddOptimizerStates(&*strategy);
     if (!s.ok()) return Fail(s);
   }
+  if (!strategy_out.empty()) {
+    Status s = SaveStrategyFile(Env::Default(), strategy_out, *strategy);
+    if (!s.ok()) return Fail(s);
+    if (out.empty()) return 0;
+  }
+  if (out.empty()) return Fail(InvalidArgumentError("give -o DIR and/or --strategy-out FILE"));
   samples::SyntheticCheckpoint source(*strategy, seed, /*step=*/1000);
   WriteOptions o;
   o.transform.threads = threads;

@@ -12,7 +12,10 @@ TESSERA_PACKAGES=(
   libhdf5-dev libzstd-dev libcli11-dev
   libopenmpi-dev openmpi-bin
   catch2 libopenblas-dev libxxhash-dev nlohmann-json3-dev
+  python3
 )
+# The benchmarks' peers (scripts/bench only).
+TESSERA_BENCH_PACKAGES=(python3-torch python3-numpy time)
 
 tessera_install() {
   local missing=()

@@ -40,9 +40,9 @@ run "$ckpt" inspect b
 check "inspect shows the new mesh" grep -q "mesh        \[dp=1, tp=2\] (2 ranks)" out
 check "inspect shows a layout row" grep -Eq "^h.1.mlp.c_fc.weight +f32 +\[64, 256\] +split \[-, tp\]" out
 run "$ckpt" inspect b --json
-check "inspect --json is JSON" python3 -c "import json,sys; j=json.load(open('out')); assert len(j['tensors'])==84 and j['mesh']=={'dp':1,'tp':2}"
+check "inspect --json is JSON" /usr/bin/python3 -c "import json,sys; j=json.load(open('out')); assert len(j['tensors'])==84 and j['mesh']=={'dp':1,'tp':2}"
 "$ckpt" inspect a --json >a.json
-python3 - a.json >strategy.json <<'PY'
+/usr/bin/python3 - a.json >strategy.json <<'PY'
 import json, sys
 j = json.load(open(sys.argv[1]))
 # The destination strategy: everything split on its last dimension over 4 ranks.
@@ -54,7 +54,7 @@ PY
 run "$ckpt" split full -o s --strategy strategy.json
 check "split by a strategy file" test $rc -eq 0
 run "$ckpt" inspect s --json
-check "split records the strategy's layouts" python3 -c "import json; j=json.load(open('out')); assert all(x['dim_axes'][-1]==['tp'] for x in j['tensors'] if x['shape'])"
+check "split records the strategy's layouts" /usr/bin/python3 -c "import json; j=json.load(open('out')); assert all(x['dim_axes'][-1]==['tp'] for x in j['tensors'] if x['shape'])"
 ln -s "$ckpt" ckpt-merge; ln -s "$ckpt" ckpt-reshard; ln -s "$ckpt" ckpt-split
 run ./ckpt-reshard b -o c --strategy strategy.json -q
 check "ckpt-reshard alias" test $rc -eq 0
@@ -67,7 +67,7 @@ check "ckpt-split alias, same contents" test $rc -eq 0
 run "$ckpt" convert b -o bz --compress zstd -q
 run "$ckpt" diff b bz
 check "convert keeps contents" test $rc -eq 0
-check "convert keeps layouts" python3 -c "
+check "convert keeps layouts" /usr/bin/python3 -c "
 import json, subprocess
 def layouts(p):
     j = json.loads(subprocess.check_output(['$ckpt', 'inspect', p, '--json']))
@@ -86,7 +86,7 @@ run "$ckpt" diff full other --atol 1
 check "diff within --atol exits 0" test $rc -eq 0
 
 cp -r b bad && f=$(ls bad/data-*.tsr | head -1)
-python3 -c "
+/usr/bin/python3 -c "
 import sys; p=sys.argv[1]; b=bytearray(open(p,'rb').read()); b[4096+100]^=1; open(p,'wb').write(b)" "$f"
 run "$ckpt" verify bad
 check "flipped byte: verify exits 1" test $rc -eq 1
