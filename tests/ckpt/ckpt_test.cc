@@ -153,7 +153,6 @@ struct Fixture {
     root = mkdtemp(tmpl);
     std::mt19937_64 rng(testing::TestSeed() + 33);
     model = RandomModel(rng, 10, true);
-    Strategy s = WithMesh(RandomStrategy(rng, model, 4), *Mesh::Parse("dp=2,tp=2")).value();
     // Layouts over dp and tp so that there are several data files.
     Strategy even(*Mesh::Parse("dp=2,tp=2"));
     for (const TensorStrategy& t : model.strategy().tensors()) {
