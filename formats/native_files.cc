@@ -42,9 +42,6 @@ Result<std::unique_ptr<DataFileWriter>> DataFileWriter::Create(Env* env, const s
 Result<StoredPiece> EncodeStoredPiece(const void* raw, size_t size, const Box& box, DType dtype,
                                       Codec codec, int level) {
   StoredPiece p;
-  p.box = box;
-  p.codec = codec;
-  p.raw_length = size;
   if (codec == Codec::kRaw) {
     p.data = static_cast<const char*>(raw);
     p.size = size;
@@ -53,10 +50,15 @@ Result<StoredPiece> EncodeStoredPiece(const void* raw, size_t size, const Box& b
     p.data = p.owned.data();
     p.size = p.owned.size();
   }
-  p.checksum = Xxh3(p.data, p.size);
+  PieceInfo& info = p.info;
+  info.box = box;
+  info.codec = codec;
+  info.raw_length = size;
+  info.checksum = Xxh3(p.data, p.size);
   if (codec == Codec::kRaw && p.size > kChecksumBlock) {
     for (uint64_t off = 0; off < p.size; off += kChecksumBlock) {
-      p.block_checksums.push_back(Xxh3(p.data + off, std::min<uint64_t>(kChecksumBlock, p.size - off)));
+      info.block_checksums.push_back(
+          Xxh3(p.data + off, std::min<uint64_t>(kChecksumBlock, p.size - off)));
     }
   }
   return p;
@@ -70,15 +72,10 @@ Result<PieceInfo> DataFileWriter::Append(const void* raw, size_t size, const Box
 
 Result<PieceInfo> DataFileWriter::Append(const StoredPiece& stored) {
   static const char kZeros[kPieceAlignment] = {};
-  PieceInfo p;
+  PieceInfo p = stored.info;
   p.file = index_;
   p.offset = size_;
   p.length = stored.size;
-  p.box = stored.box;
-  p.codec = stored.codec;
-  p.raw_length = stored.raw_length;
-  p.checksum = stored.checksum;
-  p.block_checksums = stored.block_checksums;
   const uint64_t padding = (kPieceAlignment - stored.size % kPieceAlignment) % kPieceAlignment;
   Status s = file_->Append(stored.data, stored.size);
   if (s.ok() && padding > 0) s = file_->Append(kZeros, padding);

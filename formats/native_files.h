@@ -23,11 +23,8 @@ struct StoredPiece {
   std::string owned;
   const char* data = nullptr;
   size_t size = 0;
-  Box box;
-  Codec codec = Codec::kRaw;
-  uint64_t raw_length = 0;
-  uint64_t checksum = 0;
-  std::vector<uint64_t> block_checksums;
+  // Everything but the file, offset and length, which Append fills in.
+  PieceInfo info;
 };
 Result<StoredPiece> EncodeStoredPiece(const void* raw, size_t size, const Box& box, DType dtype,
                                       Codec codec, int level);
