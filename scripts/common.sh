@@ -38,3 +38,14 @@ tessera_build() {
     "${launcher[@]}" "$@" >/dev/null
   cmake --build "$BUILD_DIR" -j "$(nproc)"
 }
+
+# The code that parses untrusted bytes (formats/, ckpt/) and its tests,
+# built again with ASan + UBSan (any finding fails the run).
+SANITIZE_DIR=${TESSERA_SANITIZE_DIR:-$TESSERA_ROOT/build-asan}
+tessera_build_sanitized() {
+  local launcher=()
+  command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
+  cmake -S "$TESSERA_ROOT" -B "$SANITIZE_DIR" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DTESSERA_SANITIZE=ON "${launcher[@]}" >/dev/null
+  cmake --build "$SANITIZE_DIR" -j "$(nproc)" --target "$@"
+}
