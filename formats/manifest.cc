@@ -147,6 +147,14 @@ Result<Manifest> ParseManifest(std::string_view bytes, const std::string& path) 
         return DataLossError(pctx + " records " + std::to_string(pc.raw_length) +
                              " raw bytes, which does not match its box");
       }
+      // A zstd block holds at most 128 KiB and costs at least 4 bytes (an
+      // RLE block), so no frame expands more than 32768-fold; a piece that
+      // claims more is hostile or corrupt and is refused before a reader
+      // allocates its raw bytes.
+      if (pc.codec == Codec::kZstd && pc.raw_length / 32768 > pc.length) {
+        return DataLossError(pctx + " claims " + std::to_string(pc.raw_length) + " raw bytes from " +
+                             std::to_string(pc.length) + " stored: more than zstd can expand");
+      }
       if (pc.codec == Codec::kRaw && pc.length != pc.raw_length) {
         return DataLossError(pctx + " is raw but stores " + std::to_string(pc.length) + " of " +
                              std::to_string(pc.raw_length) + " bytes");

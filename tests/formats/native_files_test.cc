@@ -189,6 +189,27 @@ TEST_CASE("corrupt, truncated and future inputs give named errors") {
     REQUIRE_FALSE(m.ok());
     CHECK(m.status().message().find("past the end of file") != std::string::npos);
   }
+  SECTION("a compressed piece claiming more than zstd can expand to") {
+    // A hostile manifest: 100 stored bytes that would decode to 4 GiB. It
+    // is refused before anything is allocated.
+    Manifest bad = w.manifest;
+    TensorEntry huge;
+    huge.name = "huge";
+    huge.layout = Layout::Replicated({int64_t{1} << 20, 1024}, DType::kF32);
+    PieceInfo p;
+    p.box = Box::FromShape(huge.layout.shape);
+    p.offset = 4096;
+    p.length = 100;
+    p.codec = Codec::kZstd;
+    p.raw_length = uint64_t{4} << 30;
+    huge.pieces.push_back(p);
+    bad.tensors.push_back(huge);
+    REQUIRE(CommitManifest(env.get(), "/ck", bad).ok());
+    auto m = ReadManifest(env.get(), "/ck");
+    REQUIRE_FALSE(m.ok());
+    CHECK(m.status().message().find("tensor 'huge'") != std::string::npos);
+    CHECK(m.status().message().find("more than zstd can expand") != std::string::npos);
+  }
 }
 
 TEST_CASE("commit protocol: a crash before the manifest or before latest's sync keeps the old state") {
