@@ -114,13 +114,17 @@ std::string Normalize(std::string_view path) {
   return p;
 }
 
+bool AtOrUnder(const std::string& path, const std::string& dir) {
+  return path == dir || path.rfind(dir + "/", 0) == 0;
+}
+
 // Renames every key that is `from` or lies under `from`/ to the same place
 // under `to` (a directory rename).
 template <typename Map>
 void MovePrefix(Map* m, const std::string& from, const std::string& to) {
   Map moved;
   for (auto it = m->begin(); it != m->end();) {
-    if (it->first == from || it->first.rfind(from + "/", 0) == 0) {
+    if (AtOrUnder(it->first, from)) {
       moved.emplace(to + it->first.substr(from.size()), std::move(it->second));
       it = m->erase(it);
     } else {
@@ -128,6 +132,20 @@ void MovePrefix(Map* m, const std::string& from, const std::string& to) {
     }
   }
   for (auto& kv : moved) (*m)[kv.first] = std::move(kv.second);
+}
+
+// The same for a set of paths.
+void MovePrefix(std::set<std::string>* paths, const std::string& from, const std::string& to) {
+  std::vector<std::string> moved;
+  for (auto it = paths->begin(); it != paths->end();) {
+    if (AtOrUnder(*it, from)) {
+      moved.push_back(to + it->substr(from.size()));
+      it = paths->erase(it);
+    } else {
+      ++it;
+    }
+  }
+  paths->insert(moved.begin(), moved.end());
 }
 
 class MemEnvImpl : public Env {
@@ -217,11 +235,7 @@ class MemEnvImpl : public Env {
       return IOError("rename to '" + to + "': directory not empty");
     }
     MovePrefix(&files_, from, to);
-    std::map<std::string, bool> dirs;
-    for (const std::string& d : dirs_) dirs[d] = true;
-    MovePrefix(&dirs, from, to);
-    dirs_.clear();
-    for (const auto& [d, unused] : dirs) dirs_.insert(d);
+    MovePrefix(&dirs_, from, to);
     return Status::Ok();
   }
   bool ParentExistsLocked(const std::string& p) const {
@@ -332,11 +346,7 @@ Status FaultInjectionEnv::RenameFile(const std::string& from, const std::string&
 // through a rename.
 void FaultInjectionEnv::MoveTrackedLocked(const std::string& from, const std::string& to) {
   MovePrefix(&synced_size_, from, to);
-  std::map<std::string, bool> fresh;
-  for (const std::string& f : new_files_) fresh[f] = true;
-  MovePrefix(&fresh, from, to);
-  new_files_.clear();
-  for (const auto& kv : fresh) new_files_.insert(kv.first);
+  MovePrefix(&new_files_, from, to);
 }
 
 Status FaultInjectionEnv::DeleteFile(const std::string& path) {
