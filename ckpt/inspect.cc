@@ -1,24 +1,12 @@
 #include "ckpt/inspect.h"
 
+#include "core/byte_size.h"
+
 #include <algorithm>
-#include <cstdio>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
 namespace tessera {
-
-std::string HumanBytes(int64_t bytes) {
-  static const char* kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  double v = static_cast<double>(bytes);
-  int u = 0;
-  while (v >= 1024 && u < 4) {
-    v /= 1024;
-    ++u;
-  }
-  char buf[32];
-  std::snprintf(buf, sizeof(buf), u == 0 ? "%.0f %s" : "%.1f %s", v, kUnits[u]);
-  return buf;
-}
 
 std::string PlacementString(const Layout& layout) {
   std::string out;

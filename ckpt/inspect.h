@@ -15,8 +15,6 @@ std::string InspectText(const CheckpointReader& reader);
 std::string InspectJson(const CheckpointReader& reader);
 // "split [-, tp] opt [dp] stage pp=1", or "replicated".
 std::string PlacementString(const Layout& layout);
-// 1536 -> "1.5 KiB".
-std::string HumanBytes(int64_t bytes);
 
 }  // namespace tessera
 

@@ -179,21 +179,18 @@ class NativeWriter : public CheckpointWriter {
       m.tensors.push_back(std::move(t));
     }
     RETURN_IF_ERROR(CommitManifest(env_, tmp_, m));
+    std::string replaced;  // an existing checkpoint moved aside by --overwrite
     if (env_->FileExists(path_)) {
       if (!options_.overwrite) {
         return AlreadyExistsError("'" + path_ + "' already exists (pass --overwrite to replace it)");
       }
-      const std::string old = tmp_ + "-old";
-      RETURN_IF_ERROR(env_->RenameFile(path_, old));
-      RETURN_IF_ERROR(env_->RenameFile(tmp_, path_));
-      RETURN_IF_ERROR(env_->SyncDir(Dirname(path_)));
-      committed_ = true;
-      return DeleteRecursively(env_, old);
+      replaced = tmp_ + "-old";
+      RETURN_IF_ERROR(env_->RenameFile(path_, replaced));
     }
     RETURN_IF_ERROR(env_->RenameFile(tmp_, path_));
     RETURN_IF_ERROR(env_->SyncDir(Dirname(path_)));
     committed_ = true;
-    return Status::Ok();
+    return replaced.empty() ? Status::Ok() : DeleteRecursively(env_, replaced);
   }
 
   void Abort() override {
@@ -235,17 +232,6 @@ class NativeWriter : public CheckpointWriter {
   bool committed_ = false;
 };
 
-// `path` itself when it holds a manifest, else the checkpoint its `latest`
-// names.
-Result<std::string> ResolveCheckpointDir(Env* env, const std::string& path) {
-  if (env->FileExists(JoinPath(path, kManifestName))) return path;
-  if (env->FileExists(JoinPath(path, kLatestName))) {
-    ASSIGN_OR_RETURN(std::string name, ReadLatest(env, path));
-    return JoinPath(path, name);
-  }
-  return path;  // ReadManifest says what is wrong with it
-}
-
 // Temporary outputs `<path>.tmp-<pid>` left by writers that died (killed,
 // crashed) are removed; a live writer's are left alone.
 void RemoveStaleTemporaries(Env* env, const std::string& path) {
@@ -264,11 +250,6 @@ void RemoveStaleTemporaries(Env* env, const std::string& path) {
 }
 
 }  // namespace
-
-bool IsNativeCheckpoint(Env* env, const std::string& path) {
-  return env->FileExists(JoinPath(path, kManifestName)) ||
-         env->FileExists(JoinPath(path, kLatestName));
-}
 
 Result<std::unique_ptr<CheckpointReader>> OpenNativeCheckpoint(Env* env, const std::string& path) {
   ASSIGN_OR_RETURN(std::string dir, ResolveCheckpointDir(env, path));
@@ -297,6 +278,30 @@ Result<std::unique_ptr<CheckpointWriter>> CreateNativeCheckpoint(Env* env, const
   RETURN_IF_ERROR(env->CreateDirs(tmp));
   return std::unique_ptr<CheckpointWriter>(new NativeWriter(
       env, clean, tmp, std::move(strategy), std::move(meta), options));
+}
+
+Status ParseCompression(const std::string& text, NativeWriteOptions* o) {
+  if (text == "none" || text == "raw") {
+    o->codec = Codec::kRaw;
+    return Status::Ok();
+  }
+  if (text.rfind("zstd", 0) == 0) {
+    o->codec = Codec::kZstd;
+    o->level = 3;
+    if (text.size() > 4) {
+      if (text[4] != ':') return InvalidArgumentError("compression '" + text + "': use zstd:LEVEL");
+      try {
+        o->level = std::stoi(text.substr(5));
+      } catch (...) {
+        return InvalidArgumentError("compression '" + text + "': the level is not a number");
+      }
+      if (o->level < 1 || o->level > 19) {
+        return InvalidArgumentError("compression '" + text + "': zstd levels run from 1 to 19");
+      }
+    }
+    return Status::Ok();
+  }
+  return InvalidArgumentError("compression '" + text + "': use none, zstd or zstd:LEVEL");
 }
 
 }  // namespace tessera

@@ -14,15 +14,15 @@ namespace tessera {
 // `latest` pointer (then the checkpoint it names).
 Result<std::unique_ptr<CheckpointReader>> OpenNativeCheckpoint(Env* env, const std::string& path);
 
-// True when `path` looks like a native checkpoint or checkpoint root.
-bool IsNativeCheckpoint(Env* env, const std::string& path);
-
 struct NativeWriteOptions {
   Codec codec = Codec::kRaw;
   int level = 3;
   // Replace an existing checkpoint at the path (only at commit time).
   bool overwrite = false;
 };
+
+// "none" (or "raw"), "zstd", "zstd:LEVEL" (1 to 19) into `options`.
+Status ParseCompression(const std::string& text, NativeWriteOptions* options);
 
 // Writes a checkpoint of `strategy`'s tensors at `path`: built in the
 // sibling directory `<path>.tmp-<pid>`, renamed to `path` by Commit. Data

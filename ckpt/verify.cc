@@ -46,12 +46,7 @@ void CheckTiling(const TensorEntry& t, std::vector<VerifyProblem>* problems) {
 
 Result<VerifyReport> VerifyNativeCheckpoint(Env* env, const std::string& path,
                                             const VerifyOptions& options) {
-  std::string dir = path;
-  if (!env->FileExists(JoinPath(path, kManifestName)) &&
-      env->FileExists(JoinPath(path, kLatestName))) {
-    ASSIGN_OR_RETURN(std::string name, ReadLatest(env, path));
-    dir = JoinPath(path, name);
-  }
+  ASSIGN_OR_RETURN(const std::string dir, ResolveCheckpointDir(env, path));
   ASSIGN_OR_RETURN(Manifest m, ReadManifest(env, dir));
   VerifyReport report;
   report.path = dir;

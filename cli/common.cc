@@ -6,7 +6,7 @@
 #include <cstdio>
 #include <iostream>
 
-#include "ckpt/inspect.h"
+#include "core/byte_size.h"
 #include "cli/verbs.h"
 
 namespace tessera::cli {
@@ -20,50 +20,6 @@ void AddIoFlags(CLI::App* cmd, IoFlags* f, bool output) {
     cmd->add_option("--compress", f->compress, "none, zstd or zstd:LEVEL (1-19)");
     cmd->add_flag("--overwrite", f->overwrite, "replace an existing output checkpoint");
   }
-}
-
-Result<int64_t> ParseByteSize(const std::string& text) {
-  size_t pos = 0;
-  double value = 0;
-  try {
-    value = std::stod(text, &pos);
-  } catch (...) {
-    return InvalidArgumentError("'" + text + "' is not a size (e.g. 256MiB)");
-  }
-  std::string unit = text.substr(pos);
-  for (char& c : unit) c = static_cast<char>(std::tolower(c));
-  int shift = -1;
-  if (unit.empty() || unit == "b") shift = 0;
-  if (unit == "k" || unit == "kb" || unit == "kib") shift = 10;
-  if (unit == "m" || unit == "mb" || unit == "mib") shift = 20;
-  if (unit == "g" || unit == "gb" || unit == "gib") shift = 30;
-  if (unit == "t" || unit == "tb" || unit == "tib") shift = 40;
-  if (shift < 0 || value <= 0) return InvalidArgumentError("'" + text + "' is not a size (e.g. 256MiB)");
-  return static_cast<int64_t>(value * static_cast<double>(int64_t{1} << shift));
-}
-
-Status ParseCompress(const std::string& text, NativeWriteOptions* o) {
-  if (text == "none" || text == "raw") {
-    o->codec = Codec::kRaw;
-    return Status::Ok();
-  }
-  if (text.rfind("zstd", 0) == 0) {
-    o->codec = Codec::kZstd;
-    o->level = 3;
-    if (text.size() > 4) {
-      if (text[4] != ':') return InvalidArgumentError("--compress '" + text + "': use zstd:LEVEL");
-      try {
-        o->level = std::stoi(text.substr(5));
-      } catch (...) {
-        return InvalidArgumentError("--compress '" + text + "': the level is not a number");
-      }
-      if (o->level < 1 || o->level > 19) {
-        return InvalidArgumentError("--compress '" + text + "': zstd levels run from 1 to 19");
-      }
-    }
-    return Status::Ok();
-  }
-  return InvalidArgumentError("--compress '" + text + "': use none, zstd or zstd:LEVEL");
 }
 
 std::function<void(int64_t, int64_t)> MakeProgress(const std::string& label, bool quiet) {
@@ -122,7 +78,7 @@ Result<Strategy> DestinationStrategy(const CheckpointReader& src, const std::str
 int RunWrite(const CheckpointReader& src, const Strategy& dst, const std::string& out,
              const IoFlags& flags, const std::string& verb) {
   WriteOptions o;
-  Status s = ParseCompress(flags.compress, &o.native);
+  Status s = ParseCompression(flags.compress, &o.native).Annotate("--compress");
   if (!s.ok()) return Report(s);
   o.native.overwrite = flags.overwrite;
   auto budget = ParseByteSize(flags.memory_budget);

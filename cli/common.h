@@ -9,6 +9,7 @@
 #include <string>
 
 #include "ckpt/ops.h"
+#include "core/byte_size.h"
 
 namespace tessera::cli {
 
@@ -20,11 +21,6 @@ struct IoFlags {
   bool overwrite = false;
 };
 void AddIoFlags(CLI::App* cmd, IoFlags* flags, bool output);
-
-// "256MiB", "1G", "4096" -> bytes.
-Result<int64_t> ParseByteSize(const std::string& text);
-// "none", "zstd", "zstd:7".
-Status ParseCompress(const std::string& text, NativeWriteOptions* options);
 
 // A progress bar on stderr while it is a terminal (and not --quiet);
 // returns an empty function otherwise.

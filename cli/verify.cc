@@ -1,7 +1,7 @@
 // ckpt verify: recompute every checksum; list what is missing or corrupt.
 #include <iostream>
 
-#include "ckpt/inspect.h"
+#include "core/byte_size.h"
 #include "ckpt/verify.h"
 #include "cli/common.h"
 #include "cli/verbs.h"

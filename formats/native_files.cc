@@ -107,6 +107,11 @@ Status CheckDataFileHeader(const RandomAccessFile& file, const std::string& path
 
 namespace {
 
+// Errors about one piece start with this.
+std::string PieceContext(const std::string& path, const std::string& tensor, const PieceInfo& p) {
+  return "file '" + path + "': tensor '" + tensor + "' piece " + ToString(p.box);
+}
+
 // Reads the stored bytes of `piece` into `dst` and checks their checksum.
 Status ReadStored(const RandomAccessFile& file, const PieceInfo& piece, void* dst,
                   const std::string& ctx) {
@@ -122,8 +127,7 @@ Status ReadStored(const RandomAccessFile& file, const PieceInfo& piece, void* ds
 
 Status ReadPiece(const RandomAccessFile& file, const std::string& path, const std::string& tensor,
                  const PieceInfo& piece, DType dtype, void* raw) {
-  const std::string ctx =
-      "file '" + path + "': tensor '" + tensor + "' piece " + ToString(piece.box);
+  const std::string ctx = PieceContext(path, tensor, piece);
   // Raw pieces land directly in the caller's buffer; encoded ones are staged.
   if (piece.codec == Codec::kRaw) return ReadStored(file, piece, raw, ctx);
   ASSIGN_OR_RETURN(auto stored, AllocateBytes(piece.length, ctx));
@@ -175,10 +179,6 @@ std::vector<Run> RunsOf(const std::vector<int64_t>& piece_ext, const Box& rel,
 }
 
 constexpr uint64_t kReadWindowBlocks = 4;  // a partial read stages at most 4 MiB
-
-std::string PieceContext(const std::string& path, const std::string& tensor, const PieceInfo& p) {
-  return "file '" + path + "': tensor '" + tensor + "' piece " + ToString(p.box);
-}
 
 // Reads blocks [first, last) of a raw piece into `buf` and checks each one.
 Status ReadBlocks(const RandomAccessFile& file, const PieceInfo& piece, uint64_t first,
@@ -299,6 +299,15 @@ Result<std::string> ReadLatest(Env* env, const std::string& root) {
     return DataLossError("'" + JoinPath(root, kLatestName) + "' does not name a checkpoint");
   }
   return text;
+}
+
+Result<std::string> ResolveCheckpointDir(Env* env, const std::string& path) {
+  if (env->FileExists(JoinPath(path, kManifestName))) return path;
+  if (env->FileExists(JoinPath(path, kLatestName))) {
+    ASSIGN_OR_RETURN(std::string name, ReadLatest(env, path));
+    return JoinPath(path, name);
+  }
+  return path;
 }
 
 }  // namespace tessera

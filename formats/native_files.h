@@ -86,6 +86,9 @@ Result<Manifest> ReadManifest(Env* env, const std::string& dir);
 // Step 3: `root`/latest names checkpoint `name` (a directory in `root`).
 Status SetLatest(Env* env, const std::string& root, const std::string& name);
 Result<std::string> ReadLatest(Env* env, const std::string& root);
+// `path` itself when it holds a manifest, else the checkpoint that its
+// `latest` names, else `path` (ReadManifest then says what is wrong).
+Result<std::string> ResolveCheckpointDir(Env* env, const std::string& path);
 
 }  // namespace tessera
 

@@ -8,8 +8,8 @@
 #include <CLI/CLI.hpp>
 #include <cstdio>
 
-#include "ckpt/inspect.h"
 #include "ckpt/ops.h"
+#include "core/byte_size.h"
 #include "samples/gpt_strategy.h"
 #include "samples/synthetic_checkpoint.h"
 
@@ -66,13 +66,11 @@ int main(int argc, char** argv) {
   auto mesh = Mesh::Parse(mesh_text);
   if (!mesh.ok()) return Fail(mesh.status());
   if (!size_text.empty()) {
-    double target = std::stod(size_text);
-    const std::string unit = size_text.substr(size_text.find_first_not_of("0123456789."));
-    if (unit == "GiB" || unit == "G") target *= 1 << 30;
-    if (unit == "MiB" || unit == "M") target *= 1 << 20;
+    auto target = ParseByteSize(size_text);
+    if (!target.ok()) return Fail(target.status().Annotate("--size"));
     const double per_layer = 12.0 * shape.embed * shape.embed * 4 * (optimizer ? 3 : 1);
     const double fixed = (shape.vocab + shape.context) * shape.embed * 4.0 * (optimizer ? 3 : 1);
-    shape.layers = std::max<int64_t>(1, static_cast<int64_t>((target - fixed) / per_layer + 0.5));
+    shape.layers = std::max<int64_t>(1, static_cast<int64_t>((*target - fixed) / per_layer + 0.5));
   }
   auto strategy = samples::GptStrategy(shape, *mesh, zero);
   if (!strategy.ok()) return Fail(strategy.status());
@@ -89,10 +87,8 @@ int main(int argc, char** argv) {
   samples::SyntheticCheckpoint source(*strategy, seed, /*step=*/1000);
   WriteOptions o;
   o.transform.threads = threads;
-  if (compress != "none") {
-    o.native.codec = Codec::kZstd;
-    if (compress.size() > 5) o.native.level = std::stoi(compress.substr(5));
-  }
+  Status parsed = ParseCompression(compress, &o.native);
+  if (!parsed.ok()) return Fail(parsed.Annotate("--compress"));
   const Strategy target = merged ? MergedStrategy(*strategy) : *strategy;
   auto stats = WriteTransformed(Env::Default(), source, target, out, o);
   if (!stats.ok()) return Fail(stats.status());

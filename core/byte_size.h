@@ -1,0 +1,19 @@
+// Byte counts as people write and read them.
+#ifndef TESSERA_CORE_BYTE_SIZE_H_
+#define TESSERA_CORE_BYTE_SIZE_H_
+
+#include <cstdint>
+#include <string>
+
+#include "core/status.h"
+
+namespace tessera {
+
+// "256MiB", "1G", "1.5gb", "4096" -> bytes (binary units, case-insensitive).
+Result<int64_t> ParseByteSize(const std::string& text);
+// 1536 -> "1.5 KiB".
+std::string HumanBytes(int64_t bytes);
+
+}  // namespace tessera
+
+#endif  // TESSERA_CORE_BYTE_SIZE_H_
