@@ -107,7 +107,7 @@ Result<DiffReport> DiffCheckpoints(const CheckpointReader& a, const CheckpointRe
                   ShapeToString(tb->layout.shape);
     } else {
       d.elements = NumElements(ta.layout);
-      ASSIGN_OR_RETURN(size_t ib, FindTensor(b, ta.name));
+      const size_t ib = static_cast<size_t>(tb - b.strategy().tensors().data());
       if (d.elements > 0) {
         for (const Box& box : SplitBox(Box::FromShape(ta.layout.shape), DTypeSize(ta.layout.dtype), slab)) {
           jobs.push_back({report.tensors.size(), ia, ib, box});
