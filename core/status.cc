@@ -14,6 +14,8 @@ std::string_view StatusCodeName(StatusCode code) {
     case StatusCode::kUnimplemented: return "Unimplemented";
     case StatusCode::kIOError: return "IOError";
     case StatusCode::kResourceExhausted: return "ResourceExhausted";
+    case StatusCode::kDeadlineExceeded: return "DeadlineExceeded";
+    case StatusCode::kAborted: return "Aborted";
     case StatusCode::kInternal: return "Internal";
   }
   return "Unknown";
@@ -46,6 +48,10 @@ Status IOError(std::string m) { return {StatusCode::kIOError, std::move(m)}; }
 Status ResourceExhaustedError(std::string m) {
   return {StatusCode::kResourceExhausted, std::move(m)};
 }
+Status DeadlineExceededError(std::string m) {
+  return {StatusCode::kDeadlineExceeded, std::move(m)};
+}
+Status AbortedError(std::string m) { return {StatusCode::kAborted, std::move(m)}; }
 Status InternalError(std::string m) { return {StatusCode::kInternal, std::move(m)}; }
 
 }  // namespace tessera

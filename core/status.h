@@ -23,6 +23,8 @@ enum class StatusCode {
   kUnimplemented,
   kIOError,          // the operating system refused
   kResourceExhausted,  // out of memory for a size a file asked for
+  kDeadlineExceeded,   // a collective or wait did not complete in time
+  kAborted,            // a peer left (died or failed) and took the group down
   kInternal,
 };
 
@@ -65,6 +67,8 @@ Status FailedPreconditionError(std::string message);
 Status UnimplementedError(std::string message);
 Status IOError(std::string message);
 Status ResourceExhaustedError(std::string message);
+Status DeadlineExceededError(std::string message);
+Status AbortedError(std::string message);
 Status InternalError(std::string message);
 
 // Result<T>: a value or a non-OK Status.

@@ -1,0 +1,150 @@
+// Communicator: the collectives and point-to-point messages every parallel
+// strategy of the runtime is built from. Three backends implement it: Open
+// MPI (mpi.h), in-process ranks as threads (inprocess.h) and NCCL on GPUs
+// (nccl.h). Buffers are host memory except for NCCL, where they are device
+// memory.
+//
+// Conventions, the same for every backend:
+//  - Counts are in elements of `dtype`, never bytes.
+//  - Every rank of the communicator must call a collective with matching
+//    arguments (same op, count, dtype, root). A mismatch is reported as
+//    InvalidArgument naming the ranks and their arguments (always in-process;
+//    under MPI when CommOptions::check is set), otherwise it is caught by the
+//    timeout. Collectives never hang forever: each takes at most
+//    CommOptions::timeout, then fails (in-process, NCCL) or aborts the job
+//    with the rank and collective named (MPI, which cannot cancel a
+//    collective).
+//  - The "V" variants pack the per-rank blocks contiguously in rank order;
+//    `counts[r]` is the number of elements of rank r.
+//  - send == recv is allowed where noted (in-place).
+//  - Reductions: sum, max, min, avg over numeric dtypes. f16 and bf16 are
+//    accumulated in f32 and rounded once. bool: sum and max are logical or,
+//    min is logical and; avg is rejected. Integer avg truncates toward zero.
+//    With the in-process backend, and with MPI when CommOptions::deterministic
+//    is set, each element is the left fold over ranks in rank order
+//    (((x0 + x1) + x2) + ...), so the two backends agree bit for bit; plain
+//    MPI uses the library's algorithm (faster, order not specified).
+#ifndef TESSERA_RUNTIME_COMM_COMMUNICATOR_H_
+#define TESSERA_RUNTIME_COMM_COMMUNICATOR_H_
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include "core/dtype.h"
+#include "core/status.h"
+
+namespace tessera {
+
+enum class ReduceOp : uint8_t { kSum, kMax, kMin, kAvg };
+
+std::string_view ReduceOpName(ReduceOp op);
+Result<ReduceOp> ParseReduceOp(std::string_view name);
+
+struct CommOptions {
+  // The longest any collective or wait may take.
+  std::chrono::milliseconds timeout{std::chrono::minutes(5)};
+  // MPI: verify before each collective that all ranks pass matching
+  // arguments (one extra small allreduce). In-process always checks; NCCL
+  // checks through its bootstrap communicator only at creation.
+  bool check = false;
+  // MPI: reduce floating-point data in rank order (bitwise equal to the
+  // in-process backend) instead of MPI's own order.
+  bool deterministic = false;
+  // MPI: called from the watchdog thread with the error just before the job
+  // is aborted after a timeout (say, to print it). Must not call MPI.
+  std::function<void(const Status&)> on_timeout;
+};
+
+// A pending non-blocking send or receive. Move-only; Wait() once.
+class Request {
+ public:
+  class Impl {
+   public:
+    virtual ~Impl() = default;
+    virtual Status Wait() = 0;
+  };
+  Request() = default;
+  explicit Request(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+  bool pending() const { return impl_ != nullptr; }
+  // Blocks until the operation completes (or fails or times out).
+  Status Wait();
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+// Waits for every request (all of them, even after a failure) and returns
+// the first error.
+Status WaitAll(std::span<Request> requests);
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  // "mpi", "inprocess" or "nccl".
+  virtual std::string_view backend() const = 0;
+  // A label used in error messages ("world", "tp", "dp+tp", ...).
+  const std::string& name() const { return name_; }
+  void set_name(std::string name) { name_ = std::move(name); }
+
+  virtual Status Barrier() = 0;
+  virtual Status Broadcast(void* buf, int64_t count, DType dtype, int root) = 0;
+  // In-place allowed.
+  virtual Status AllReduce(const void* send, void* recv, int64_t count, DType dtype,
+                           ReduceOp op) = 0;
+  // recv holds size() * count elements, rank r's block at r * count.
+  virtual Status AllGather(const void* send, int64_t count, void* recv, DType dtype) = 0;
+  // count == counts[rank()].
+  virtual Status AllGatherV(const void* send, int64_t count, void* recv,
+                            std::span<const int64_t> counts, DType dtype) = 0;
+  // send holds size() * recv_count elements; rank r receives the reduction
+  // of block r.
+  virtual Status ReduceScatter(const void* send, void* recv, int64_t recv_count,
+                               DType dtype, ReduceOp op) = 0;
+  // recv (at root only) holds size() * count elements.
+  virtual Status Gather(const void* send, int64_t count, void* recv, DType dtype,
+                        int root) = 0;
+  virtual Status GatherV(const void* send, int64_t count, void* recv,
+                         std::span<const int64_t> counts, DType dtype, int root) = 0;
+  // send (at root only) holds size() * count elements.
+  virtual Status Scatter(const void* send, void* recv, int64_t count, DType dtype,
+                         int root) = 0;
+  virtual Status ScatterV(const void* send, std::span<const int64_t> counts, void* recv,
+                          int64_t count, DType dtype, int root) = 0;
+  // send and recv hold size() * count elements; block j of send goes to
+  // rank j, block i of recv came from rank i.
+  virtual Status AllToAll(const void* send, void* recv, int64_t count, DType dtype) = 0;
+  virtual Status AllToAllV(const void* send, std::span<const int64_t> send_counts,
+                           void* recv, std::span<const int64_t> recv_counts,
+                           DType dtype) = 0;
+
+  // Tagged point-to-point (tag >= 0). Counts must match exactly. Send may
+  // return before the receiver posted its receive, or may wait for it: code
+  // that needs both directions at once uses ISend/IRecv.
+  virtual Status Send(const void* buf, int64_t count, DType dtype, int peer, int tag) = 0;
+  virtual Status Recv(void* buf, int64_t count, DType dtype, int peer, int tag) = 0;
+  virtual Result<Request> ISend(const void* buf, int64_t count, DType dtype, int peer,
+                                int tag) = 0;
+  virtual Result<Request> IRecv(void* buf, int64_t count, DType dtype, int peer,
+                                int tag) = 0;
+
+  // Collective: ranks passing the same color form a new communicator,
+  // ordered by (key, old rank). A negative color joins none: the result is
+  // then nullptr.
+  virtual Result<std::unique_ptr<Communicator>> Split(int color, int key) = 0;
+
+ protected:
+  std::string name_ = "world";
+};
+
+}  // namespace tessera
+
+#endif  // TESSERA_RUNTIME_COMM_COMMUNICATOR_H_

@@ -1,0 +1,31 @@
+// Element-wise reductions shared by the backends: the rank-order left fold
+// the in-process backend (and deterministic MPI) computes, and the final
+// divide of an average.
+#ifndef TESSERA_RUNTIME_COMM_REDUCE_H_
+#define TESSERA_RUNTIME_COMM_REDUCE_H_
+
+#include <cstdint>
+#include <span>
+
+#include "core/dtype.h"
+#include "core/status.h"
+#include "runtime/comm/communicator.h"
+
+namespace tessera {
+
+// InvalidArgument when `op` is not defined on `dtype` (avg of bool).
+Status CheckReduction(DType dtype, ReduceOp op);
+
+// out[i] = fold(inputs[0][i], inputs[1][i], ...) left to right, for i in
+// [0, count). `out` may be one of the inputs. f16/bf16 accumulate in f32 and
+// round once; avg divides the sum by inputs.size() at the end.
+void ReduceRankOrder(DType dtype, ReduceOp op, std::span<const void* const> inputs,
+                     void* out, int64_t count);
+
+// buf[i] /= n, for a buffer that holds sums (the second half of an average
+// computed as a sum by a library).
+void DivideInPlace(DType dtype, void* buf, int64_t count, int n);
+
+}  // namespace tessera
+
+#endif  // TESSERA_RUNTIME_COMM_REDUCE_H_
