@@ -39,6 +39,18 @@ tessera_build() {
   cmake --build "$BUILD_DIR" -j "$(nproc)"
 }
 
+# The NCCL backend, built where CUDA and NCCL are installed
+# (/usr/local/cuda): the communication layer and its NCCL test only.
+NCCL_DIR=${TESSERA_NCCL_DIR:-$TESSERA_ROOT/build-nccl}
+tessera_has_nccl() { [ -f "${CUDA_HOME:-/usr/local/cuda}/include/nccl.h" ]; }
+tessera_build_nccl() {
+  local launcher=()
+  command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
+  cmake -S "$TESSERA_ROOT" -B "$NCCL_DIR" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DTESSERA_WITH_NCCL=ON "${launcher[@]}" >/dev/null
+  cmake --build "$NCCL_DIR" -j "$(nproc)" --target comm_nccl_test
+}
+
 # The code that parses untrusted bytes (formats/, ckpt/) and its tests,
 # built again with ASan + UBSan (any finding fails the run).
 SANITIZE_DIR=${TESSERA_SANITIZE_DIR:-$TESSERA_ROOT/build-asan}

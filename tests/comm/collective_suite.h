@@ -19,6 +19,8 @@ struct SuiteOptions {
   // The backend reports mismatched collective arguments (in-process, MPI
   // with CommOptions::check).
   bool reports_mismatch = true;
+  // The backend reduces i16/u16 (NCCL does not).
+  bool reduces_16bit_ints = true;
 };
 
 // Runs every collective over every dtype, several counts and roots, the
