@@ -1,6 +1,7 @@
 #include "runtime/comm/inprocess.h"
 
 #include <algorithm>
+#include <atomic>
 #include <condition_variable>
 #include <cstring>
 #include <list>
@@ -82,13 +83,33 @@ struct Group {
   std::vector<Slot> slots;
   std::vector<bool> arrived_mask;
   int arrived = 0, departed = 0;
-  int64_t enter_generation = 0, exit_generation = 0;
+  // Bumped (release) by the last rank to arrive / to leave; waiters spin on
+  // them before sleeping on the condition variable.
+  std::atomic<int64_t> enter_generation{0}, exit_generation{0};
   Status round_status;
   std::vector<std::pair<std::shared_ptr<Group>, int>> split_result;
   // Point-to-point, by destination rank.
   std::vector<std::list<Message>> inbox;
   std::vector<std::list<PostedRecv>> posted;
+
+  std::span<const CollectiveArgs> ArgsOfRound() {
+    round_args.resize(slots.size());
+    for (size_t i = 0; i < slots.size(); ++i) round_args[i] = slots[i].args;
+    return round_args;
+  }
+  std::vector<CollectiveArgs> round_args;
 };
+
+// Waits briefly for `gen` to move past `seen`, without sleeping: peers
+// usually arrive within microseconds, far sooner than a futex wake-up.
+// Yields after the first spins so oversubscribed ranks still progress.
+bool SpinUntilChanged(const std::atomic<int64_t>& gen, int64_t seen) {
+  for (int i = 0; i < 2000; ++i) {
+    if (gen.load(std::memory_order_acquire) != seen) return true;
+    if (i >= 64) std::this_thread::yield();
+  }
+  return gen.load(std::memory_order_acquire) != seen;
+}
 
 class InProcessCommunicator;
 
@@ -328,11 +349,9 @@ class InProcessCommunicator : public Communicator {
     if (!w.aborted.ok()) return w.aborted;
     g.slots[rank_] = slot;
     g.arrived_mask[rank_] = true;
-    const int64_t generation = g.enter_generation;
+    const int64_t generation = g.enter_generation.load(std::memory_order_relaxed);
     if (++g.arrived == size()) {
-      std::vector<CollectiveArgs> args(size());
-      for (int i = 0; i < size(); ++i) args[i] = g.slots[i].args;
-      g.round_status = CheckAgreement(args, name_);
+      g.round_status = CheckAgreement(g.ArgsOfRound(), name_);
       if (g.round_status.ok() && slot.args.kind == CollectiveKind::kAllToAll) {
         std::vector<std::vector<int64_t>> sends, recvs;
         for (const Slot& sl : g.slots) {
@@ -344,46 +363,58 @@ class InProcessCommunicator : public Communicator {
       if (g.round_status.ok() && slot.args.kind == CollectiveKind::kSplit) MakeSplit(g);
       g.arrived = 0;
       std::fill(g.arrived_mask.begin(), g.arrived_mask.end(), false);
-      ++g.enter_generation;
+      g.enter_generation.store(generation + 1, std::memory_order_release);
       w.cv.notify_all();
+      lock.unlock();
     } else {
-      const auto deadline = Clock::now() + w.options.timeout;
-      while (g.enter_generation == generation) {
-        if (!w.aborted.ok()) return w.aborted;
-        const std::string gone = Missing(/*finished_only=*/true);
-        if (!gone.empty()) {
-          Status s = AbortedError(Where() + ": " + std::string(KindName(slot.args.kind)) +
-                                  ": rank(s) " + gone + " already finished");
-          w.aborted = s;
-          w.cv.notify_all();
-          return s;
+      lock.unlock();
+      if (!SpinUntilChanged(g.enter_generation, generation)) {
+        lock.lock();
+        const auto deadline = Clock::now() + w.options.timeout;
+        while (g.enter_generation.load(std::memory_order_acquire) == generation) {
+          if (!w.aborted.ok()) return w.aborted;
+          const std::string gone = Missing(/*finished_only=*/true);
+          if (!gone.empty()) {
+            Status s = AbortedError(Where() + ": " + std::string(KindName(slot.args.kind)) +
+                                    ": rank(s) " + gone + " already finished");
+            w.aborted = s;
+            w.cv.notify_all();
+            return s;
+          }
+          if (w.cv.wait_until(lock, deadline) == std::cv_status::timeout &&
+              g.enter_generation.load(std::memory_order_acquire) == generation) {
+            Status s = DeadlineExceededError(
+                Where() + ": " + std::string(KindName(slot.args.kind)) + " of " +
+                std::to_string(slot.args.count) + " " + std::string(DTypeName(slot.args.dtype)) +
+                " waited " + FormatDuration(w.options.timeout) + " for rank(s) " +
+                Missing(false));
+            w.aborted = s;
+            w.cv.notify_all();
+            return s;
+          }
         }
-        if (w.cv.wait_until(lock, deadline) == std::cv_status::timeout &&
-            g.enter_generation == generation) {
-          Status s = DeadlineExceededError(
-              Where() + ": " + std::string(KindName(slot.args.kind)) + " of " +
-              std::to_string(slot.args.count) + " " + std::string(DTypeName(slot.args.dtype)) +
-              " waited " + FormatDuration(w.options.timeout) + " for rank(s) " +
-              Missing(false));
-          w.aborted = s;
-          w.cv.notify_all();
-          return s;
-        }
+        lock.unlock();
       }
     }
-    Status status = g.round_status;
-    lock.unlock();
+    // Published by the last arrival before its release store.
+    const Status status = g.round_status;
     if (status.ok()) body(g.slots, rank_);
     // Everyone has arrived, so everyone gets here without blocking: this
     // wait needs no timeout.
     lock.lock();
-    const int64_t exit_generation = g.exit_generation;
+    const int64_t exit_generation = g.exit_generation.load(std::memory_order_relaxed);
     if (++g.departed == size()) {
       g.departed = 0;
-      ++g.exit_generation;
+      g.exit_generation.store(exit_generation + 1, std::memory_order_release);
       w.cv.notify_all();
     } else {
-      w.cv.wait(lock, [&] { return g.exit_generation != exit_generation; });
+      lock.unlock();
+      if (!SpinUntilChanged(g.exit_generation, exit_generation)) {
+        lock.lock();
+        w.cv.wait(lock, [&] {
+          return g.exit_generation.load(std::memory_order_acquire) != exit_generation;
+        });
+      }
     }
     return status.ok() ? status : status.Annotate(Where());
   }
