@@ -10,7 +10,9 @@
 // TESSERA_RANK / TESSERA_WORLD_SIZE, if also set, must agree with it. The
 // table is what a launcher other than mpirun (a scheduler, a shell loop)
 // uses to bootstrap NCCL: rank 0 listens on TESSERA_MASTER and hands out
-// NCCL's unique id (rendezvous.h). It carries addresses only, never tensors.
+// NCCL's unique id (rendezvous.h, CreateNcclCommunicatorFromTable). It
+// carries bootstrap bytes only, never tensors. Multi-host MPI jobs need no
+// table: mpirun --host a,b (or a hostfile) starts and numbers the ranks.
 #ifndef TESSERA_RUNTIME_COMM_LAUNCH_H_
 #define TESSERA_RUNTIME_COMM_LAUNCH_H_
 

@@ -10,6 +10,7 @@
 
 #include "runtime/comm/comm_util.h"
 #include "runtime/comm/reduce.h"
+#include "runtime/comm/rendezvous.h"
 
 namespace tessera {
 namespace {
@@ -353,24 +354,51 @@ class NcclCommunicator : public Communicator {
   bool aborted_ = false;
 };
 
+Result<std::unique_ptr<Communicator>> JoinNccl(const ncclUniqueId& id, int rank, int size,
+                                               int device, const CommOptions& options,
+                                               const std::string& name) {
+  const std::string where = "rank " + std::to_string(rank) + " (nccl, device " +
+                            std::to_string(device) + ")";
+  RETURN_IF_ERROR(CudaOk(cudaSetDevice(device), where));
+  ncclComm_t comm = nullptr;
+  RETURN_IF_ERROR(NcclOk(ncclCommInitRank(&comm, size, id, rank), where + ": ncclCommInitRank"));
+  auto out = std::make_unique<NcclCommunicator>(comm, device, rank, size, options, name);
+  RETURN_IF_ERROR(out->Init());
+  return std::unique_ptr<Communicator>(std::move(out));
+}
+
 }  // namespace
 
 Result<std::unique_ptr<Communicator>> CreateNcclCommunicator(Communicator& bootstrap, int device,
                                                              const CommOptions& options) {
-  const std::string where = "rank " + std::to_string(bootstrap.rank()) + " (nccl, device " +
-                            std::to_string(device) + ")";
   ncclUniqueId id;
   std::memset(&id, 0, sizeof(id));
-  if (bootstrap.rank() == 0) RETURN_IF_ERROR(NcclOk(ncclGetUniqueId(&id), where));
+  if (bootstrap.rank() == 0) {
+    RETURN_IF_ERROR(NcclOk(ncclGetUniqueId(&id), "rank 0 (nccl): ncclGetUniqueId"));
+  }
   RETURN_IF_ERROR(bootstrap.Broadcast(&id, sizeof(id), DType::kU8, 0));
-  RETURN_IF_ERROR(CudaOk(cudaSetDevice(device), where));
-  ncclComm_t comm = nullptr;
-  RETURN_IF_ERROR(NcclOk(ncclCommInitRank(&comm, bootstrap.size(), id, bootstrap.rank()),
-                         where + ": ncclCommInitRank"));
-  auto out = std::make_unique<NcclCommunicator>(comm, device, bootstrap.rank(), bootstrap.size(),
-                                                options, bootstrap.name());
-  RETURN_IF_ERROR(out->Init());
-  return std::unique_ptr<Communicator>(std::move(out));
+  return JoinNccl(id, bootstrap.rank(), bootstrap.size(), device, options, bootstrap.name());
+}
+
+Result<std::unique_ptr<Communicator>> CreateNcclCommunicatorFromTable(
+    const RankTable& table, int device, const CommOptions& options) {
+  ncclUniqueId id;
+  std::memset(&id, 0, sizeof(id));
+  if (table.rank == 0) {
+    RETURN_IF_ERROR(NcclOk(ncclGetUniqueId(&id), "rank 0 (nccl): ncclGetUniqueId"));
+  }
+  const std::string mine = table.rank == 0 ? std::string(reinterpret_cast<const char*>(&id),
+                                                         sizeof(id))
+                                           : std::string();
+  ASSIGN_OR_RETURN(std::vector<std::string> blobs,
+                   RendezvousAllGather(table, mine, options.timeout));
+  if (blobs[0].size() != sizeof(id)) {
+    return DataLossError("rank " + std::to_string(table.rank) +
+                         " (nccl): rendezvous gave a unique id of " +
+                         std::to_string(blobs[0].size()) + " bytes");
+  }
+  std::memcpy(&id, blobs[0].data(), sizeof(id));
+  return JoinNccl(id, table.rank, table.world_size, device, options, "world");
 }
 
 int CudaDeviceCount() {

@@ -29,6 +29,13 @@ Result<std::unique_ptr<Communicator>> CreateNcclCommunicator(Communicator& boots
                                                              int device,
                                                              const CommOptions& options = {});
 
+// The same without MPI: rank and world size from the rank table (launch.h,
+// RankTableFromEnv) and the unique id handed out by rank 0 through the TCP
+// rendezvous at TESSERA_MASTER (rendezvous.h).
+struct RankTable;
+Result<std::unique_ptr<Communicator>> CreateNcclCommunicatorFromTable(
+    const RankTable& table, int device, const CommOptions& options = {});
+
 // The number of CUDA devices this process sees (0 when there is no driver).
 int CudaDeviceCount();
 

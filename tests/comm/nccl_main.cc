@@ -4,11 +4,14 @@
 // NCCL call. Exits 77 (CTest: skipped) when no CUDA device is visible.
 //   comm_nccl_test          bootstrap through an in-process world of 1
 //   comm_nccl_test mpi      bootstrap through MPI (under mpirun)
+//   comm_nccl_test table    the rank table from TESSERA_RANK/WORLD_SIZE/MASTER
+//                           (defaults: rank 0 of 1) and the TCP rendezvous
 #include <cstdio>
 #include <numeric>
 #include <string>
 
 #include "runtime/comm/inprocess.h"
+#include "runtime/comm/launch.h"
 #include "runtime/comm/mpi.h"
 #include "runtime/comm/nccl.h"
 #include "tests/comm/collective_suite.h"
@@ -130,9 +133,7 @@ class HostStaging : public Communicator {
   std::unique_ptr<Communicator> c_;
 };
 
-int RunSuite(Communicator& bootstrap) {
-  const int device = bootstrap.rank() % CudaDeviceCount();
-  auto nccl = CreateNcclCommunicator(bootstrap, device, {.timeout = std::chrono::seconds(60)});
+int RunSuite(Result<std::unique_ptr<Communicator>> nccl, int device) {
   if (!nccl.ok()) {
     std::fprintf(stderr, "%s\n", nccl.status().ToString().c_str());
     return 1;
@@ -160,13 +161,28 @@ int main(int argc, char** argv) {
     std::printf("no CUDA device visible: skipped\n");
     return 77;
   }
-  const bool mpi = argc > 1 && std::string(argv[1]) == "mpi";
-  if (mpi) {
+  const std::string mode = argc > 1 ? argv[1] : "";
+  const CommOptions options{.timeout = std::chrono::seconds(60)};
+  if (mode == "mpi") {
     auto world = CreateMpiWorld();
     if (!world.ok()) return 1;
-    return RunSuite(**world);
+    const int device = (*world)->rank() % CudaDeviceCount();
+    return RunSuite(CreateNcclCommunicator(**world, device, options), device);
+  }
+  if (mode == "table") {
+    if (getenv("TESSERA_RANK") == nullptr) {
+      setenv("TESSERA_RANK", "0", 1);
+      setenv("TESSERA_WORLD_SIZE", "1", 1);
+    }
+    auto table = RankTableFromEnv();
+    if (!table.ok()) {
+      std::fprintf(stderr, "%s\n", table.status().ToString().c_str());
+      return 1;
+    }
+    const int device = table->rank % CudaDeviceCount();
+    return RunSuite(CreateNcclCommunicatorFromTable(*table, device, options), device);
   }
   auto world = CreateInProcessWorld(1);
   if (!world.ok()) return 1;
-  return RunSuite(*(*world)[0]);
+  return RunSuite(CreateNcclCommunicator(*(*world)[0], 0, options), 0);
 }

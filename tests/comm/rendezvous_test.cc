@@ -1,0 +1,80 @@
+// The TCP rendezvous over loopback: ranks as threads with their own rank
+// tables, as separate processes would have.
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <thread>
+
+#include <catch2/catch.hpp>
+
+#include "runtime/comm/rendezvous.h"
+
+namespace tessera {
+namespace {
+
+using std::chrono::milliseconds;
+
+int FreePort() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  socklen_t len = sizeof(addr);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  close(fd);
+  return ntohs(addr.sin_port);
+}
+
+// Runs ranks[i] on its own thread with its own table; returns the results.
+std::vector<Result<std::vector<std::string>>> Meet(const std::vector<int>& ranks, int world,
+                                                   int port, milliseconds timeout) {
+  std::vector<Result<std::vector<std::string>>> out(ranks.size(),
+                                                    InternalError("not run"));
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    threads.emplace_back([&, i] {
+      RankTable t{ranks[i], world, "localhost", port, "test"};
+      out[i] = RendezvousAllGather(t, "blob of rank " + std::to_string(ranks[i]), timeout);
+    });
+  }
+  for (auto& t : threads) t.join();
+  return out;
+}
+
+TEST_CASE("rendezvous: every rank gets every blob in rank order") {
+  const int port = FreePort();
+  // Rank 0 last: the others retry until it listens.
+  const auto results = Meet({3, 1, 2, 0}, 4, port, std::chrono::seconds(20));
+  for (const auto& r : results) {
+    REQUIRE(r.ok());
+    REQUIRE(r->size() == 4);
+    for (int k = 0; k < 4; ++k) CHECK((*r)[k] == "blob of rank " + std::to_string(k));
+  }
+  RankTable alone{0, 1, "", 0, "test"};
+  CHECK(RendezvousAllGather(alone, "x", milliseconds(10)).value() ==
+        std::vector<std::string>{"x"});
+}
+
+TEST_CASE("rendezvous: a rank that never comes is named") {
+  const auto results = Meet({0, 1}, 3, FreePort(), milliseconds(700));
+  REQUIRE_FALSE(results[0].ok());
+  CHECK(results[0].status().code() == StatusCode::kDeadlineExceeded);
+  CHECK_THAT(results[0].status().message(), Catch::Contains("rank(s) 2 did not connect"));
+  CHECK_FALSE(results[1].ok());
+}
+
+TEST_CASE("rendezvous: duplicate ranks and bad tables are refused") {
+  const auto results = Meet({0, 1, 1}, 3, FreePort(), std::chrono::seconds(5));
+  REQUIRE_FALSE(results[0].ok());
+  CHECK_THAT(results[0].status().message(), Catch::Contains("rank 1 connected twice"));
+  RankTable no_master{1, 2, "", 0, "test"};
+  CHECK_THAT(RendezvousAllGather(no_master, "", milliseconds(10)).status().message(),
+             Catch::Contains("TESSERA_MASTER"));
+  RankTable big{0, 2, "localhost", 1, "test"};
+  CHECK_FALSE(RendezvousAllGather(big, std::string(100000, 'x'), milliseconds(10)).ok());
+}
+
+}  // namespace
+}  // namespace tessera
