@@ -1,5 +1,7 @@
 #include "runtime/comm/communicator.h"
 
+#include <vector>
+
 namespace tessera {
 
 Status Request::Wait() {
@@ -17,6 +19,23 @@ Status WaitAll(std::span<Request> requests) {
     if (first.ok() && !s.ok()) first = std::move(s);
   }
   return first;
+}
+
+Status Communicator::AllGather(const void* send, int64_t count, void* recv, DType dtype) {
+  return AllGatherV(send, count, recv, std::vector<int64_t>(size(), count), dtype);
+}
+
+Status Communicator::Gather(const void* send, int64_t count, void* recv, DType dtype, int root) {
+  return GatherV(send, count, recv, std::vector<int64_t>(size(), count), dtype, root);
+}
+
+Status Communicator::Scatter(const void* send, void* recv, int64_t count, DType dtype, int root) {
+  return ScatterV(send, std::vector<int64_t>(size(), count), recv, count, dtype, root);
+}
+
+Status Communicator::AllToAll(const void* send, void* recv, int64_t count, DType dtype) {
+  const std::vector<int64_t> counts(size(), count);
+  return AllToAllV(send, counts, recv, counts, dtype);
 }
 
 }  // namespace tessera

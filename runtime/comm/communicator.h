@@ -101,7 +101,9 @@ class Communicator {
   virtual Status AllReduce(const void* send, void* recv, int64_t count, DType dtype,
                            ReduceOp op) = 0;
   // recv holds size() * count elements, rank r's block at r * count.
-  virtual Status AllGather(const void* send, int64_t count, void* recv, DType dtype) = 0;
+  // (The uniform collectives default to their "V" forms; backends override
+  // them where the library has a faster uniform call.)
+  virtual Status AllGather(const void* send, int64_t count, void* recv, DType dtype);
   // count == counts[rank()].
   virtual Status AllGatherV(const void* send, int64_t count, void* recv,
                             std::span<const int64_t> counts, DType dtype) = 0;
@@ -110,18 +112,16 @@ class Communicator {
   virtual Status ReduceScatter(const void* send, void* recv, int64_t recv_count,
                                DType dtype, ReduceOp op) = 0;
   // recv (at root only) holds size() * count elements.
-  virtual Status Gather(const void* send, int64_t count, void* recv, DType dtype,
-                        int root) = 0;
+  virtual Status Gather(const void* send, int64_t count, void* recv, DType dtype, int root);
   virtual Status GatherV(const void* send, int64_t count, void* recv,
                          std::span<const int64_t> counts, DType dtype, int root) = 0;
   // send (at root only) holds size() * count elements.
-  virtual Status Scatter(const void* send, void* recv, int64_t count, DType dtype,
-                         int root) = 0;
+  virtual Status Scatter(const void* send, void* recv, int64_t count, DType dtype, int root);
   virtual Status ScatterV(const void* send, std::span<const int64_t> counts, void* recv,
                           int64_t count, DType dtype, int root) = 0;
   // send and recv hold size() * count elements; block j of send goes to
   // rank j, block i of recv came from rank i.
-  virtual Status AllToAll(const void* send, void* recv, int64_t count, DType dtype) = 0;
+  virtual Status AllToAll(const void* send, void* recv, int64_t count, DType dtype);
   virtual Status AllToAllV(const void* send, std::span<const int64_t> send_counts,
                            void* recv, std::span<const int64_t> recv_counts,
                            DType dtype) = 0;

@@ -177,11 +177,6 @@ class InProcessCommunicator : public Communicator {
     });
   }
 
-  Status AllGather(const void* send, int64_t count, void* recv, DType dtype) override {
-    std::vector<int64_t> counts(size(), count);
-    return AllGatherV(send, count, recv, counts, dtype);
-  }
-
   Status AllGatherV(const void* send, int64_t count, void* recv,
                     std::span<const int64_t> counts, DType dtype) override {
     RETURN_IF_ERROR(CheckCounts("allgather", counts, size(), rank_, count));
@@ -215,11 +210,6 @@ class InProcessCommunicator : public Communicator {
     });
   }
 
-  Status Gather(const void* send, int64_t count, void* recv, DType dtype, int root) override {
-    std::vector<int64_t> counts(size(), count);
-    return GatherV(send, count, recv, counts, dtype, root);
-  }
-
   Status GatherV(const void* send, int64_t count, void* recv, std::span<const int64_t> counts,
                  DType dtype, int root) override {
     RETURN_IF_ERROR(CheckCounts("gather", counts, size(), rank_, count));
@@ -239,11 +229,6 @@ class InProcessCommunicator : public Communicator {
     });
   }
 
-  Status Scatter(const void* send, void* recv, int64_t count, DType dtype, int root) override {
-    std::vector<int64_t> counts(size(), count);
-    return ScatterV(send, counts, recv, count, dtype, root);
-  }
-
   Status ScatterV(const void* send, std::span<const int64_t> counts, void* recv, int64_t count,
                   DType dtype, int root) override {
     RETURN_IF_ERROR(CheckCounts("scatter", counts, size(), rank_, count));
@@ -255,11 +240,6 @@ class InProcessCommunicator : public Communicator {
       const int64_t offset = std::accumulate(counts.begin(), counts.begin() + r, int64_t{0});
       Copy(recv, At(all[root].send, offset, DTypeSize(dtype)), count, dtype);
     });
-  }
-
-  Status AllToAll(const void* send, void* recv, int64_t count, DType dtype) override {
-    std::vector<int64_t> counts(size(), count);
-    return AllToAllV(send, counts, recv, counts, dtype);
   }
 
   Status AllToAllV(const void* send, std::span<const int64_t> send_counts, void* recv,

@@ -318,10 +318,6 @@ class MpiCommunicator : public Communicator {
     return Status::Ok();
   }
 
-  Status Gather(const void* send, int64_t count, void* recv, DType dtype, int root) override {
-    return GatherV(send, count, recv, std::vector<int64_t>(size_, count), dtype, root);
-  }
-
   Status GatherV(const void* send, int64_t count, void* recv, std::span<const int64_t> counts,
                  DType dtype, int root) override {
     RETURN_IF_ERROR(CheckCounts("gather", counts, size_, rank_, count));
@@ -335,10 +331,6 @@ class MpiCommunicator : public Communicator {
                           d.data(), MpiType(dtype), root, comm_), args);
   }
 
-  Status Scatter(const void* send, void* recv, int64_t count, DType dtype, int root) override {
-    return ScatterV(send, std::vector<int64_t>(size_, count), recv, count, dtype, root);
-  }
-
   Status ScatterV(const void* send, std::span<const int64_t> counts, void* recv, int64_t count,
                   DType dtype, int root) override {
     RETURN_IF_ERROR(CheckCounts("scatter", counts, size_, rank_, count));
@@ -350,11 +342,6 @@ class MpiCommunicator : public Communicator {
     const auto c = ToInts(counts), d = Displacements(counts);
     return Ok(MPI_Scatterv(send, c.data(), d.data(), MpiType(dtype), recv,
                            static_cast<int>(count), MpiType(dtype), root, comm_), args);
-  }
-
-  Status AllToAll(const void* send, void* recv, int64_t count, DType dtype) override {
-    const std::vector<int64_t> counts(size_, count);
-    return AllToAllV(send, counts, recv, counts, dtype);
   }
 
   Status AllToAllV(const void* send, std::span<const int64_t> send_counts, void* recv,

@@ -136,10 +136,6 @@ class NcclCommunicator : public Communicator {
     });
   }
 
-  Status Gather(const void* send, int64_t count, void* recv, DType dtype, int root) override {
-    return GatherV(send, count, recv, std::vector<int64_t>(size_, count), dtype, root);
-  }
-
   Status GatherV(const void* send, int64_t count, void* recv, std::span<const int64_t> counts,
                  DType dtype, int root) override {
     RETURN_IF_ERROR(CheckCounts("gather", counts, size_, rank_, count));
@@ -156,10 +152,6 @@ class NcclCommunicator : public Communicator {
       }
       return ncclSuccess;
     });
-  }
-
-  Status Scatter(const void* send, void* recv, int64_t count, DType dtype, int root) override {
-    return ScatterV(send, std::vector<int64_t>(size_, count), recv, count, dtype, root);
   }
 
   Status ScatterV(const void* send, std::span<const int64_t> counts, void* recv, int64_t count,
@@ -179,11 +171,6 @@ class NcclCommunicator : public Communicator {
       }
       return ncclSuccess;
     });
-  }
-
-  Status AllToAll(const void* send, void* recv, int64_t count, DType dtype) override {
-    const std::vector<int64_t> counts(size_, count);
-    return AllToAllV(send, counts, recv, counts, dtype);
   }
 
   Status AllToAllV(const void* send, std::span<const int64_t> send_counts, void* recv,

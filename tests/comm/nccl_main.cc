@@ -65,9 +65,6 @@ class HostStaging : public Communicator {
     RETURN_IF_ERROR(c_->ReduceScatter(s.data(), r.data(), count, d, op));
     return r.CopyToHost(recv, count * DTypeSize(d));
   }
-  Status Gather(const void* send, int64_t count, void* recv, DType d, int root) override {
-    return GatherV(send, count, recv, std::vector<int64_t>(size(), count), d, root);
-  }
   Status GatherV(const void* send, int64_t count, void* recv, std::span<const int64_t> counts,
                  DType d, int root) override {
     const int64_t total = Sum(counts);
@@ -76,19 +73,12 @@ class HostStaging : public Communicator {
     RETURN_IF_ERROR(c_->GatherV(s.data(), count, r.data(), counts, d, root));
     return rank() == root ? r.CopyToHost(recv, total * DTypeSize(d)) : Status::Ok();
   }
-  Status Scatter(const void* send, void* recv, int64_t count, DType d, int root) override {
-    return ScatterV(send, std::vector<int64_t>(size(), count), recv, count, d, root);
-  }
   Status ScatterV(const void* send, std::span<const int64_t> counts, void* recv, int64_t count,
                   DType d, int root) override {
     ASSIGN_OR_RETURN(DeviceBuffer s, Up(rank() == root ? send : nullptr, Sum(counts), d));
     ASSIGN_OR_RETURN(DeviceBuffer r, Up(nullptr, count, d));
     RETURN_IF_ERROR(c_->ScatterV(s.data(), counts, r.data(), count, d, root));
     return r.CopyToHost(recv, count * DTypeSize(d));
-  }
-  Status AllToAll(const void* send, void* recv, int64_t count, DType d) override {
-    const std::vector<int64_t> counts(size(), count);
-    return AllToAllV(send, counts, recv, counts, d);
   }
   Status AllToAllV(const void* send, std::span<const int64_t> sc, void* recv,
                    std::span<const int64_t> rc, DType d) override {
