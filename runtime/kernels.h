@@ -1,0 +1,70 @@
+// CPU kernels of a GPT-2 style transformer, each with an explicit forward
+// and backward (llm.c style): plain functions over contiguous f32 buffers,
+// the shape of every buffer in a comment. Backward functions ACCUMULATE
+// into their gradient outputs (+=), so a step zeroes gradients once and
+// layers sharing a weight (the tied embedding) simply add up.
+//
+// Matrices follow GPT-2's Conv1D layout: a linear layer's weight is
+// [in, out] and y = x @ W + b, so Hugging Face GPT-2 tensors map directly.
+// Matrix products go to OpenBLAS sgemm.
+#ifndef TESSERA_RUNTIME_KERNELS_H_
+#define TESSERA_RUNTIME_KERNELS_H_
+
+#include <cstdint>
+
+namespace tessera::kernels {
+
+// out[b,t,:] = wte[inp[b,t],:] + wpe[t,:]
+// out: [B,T,C], inp: [B,T], wte: [V,C], wpe: [maxT,C]
+void EncoderForward(float* out, const int32_t* inp, const float* wte, const float* wpe, int B,
+                    int T, int C);
+// dwte: [V,C], dwpe: [maxT,C], dout: [B,T,C]
+void EncoderBackward(float* dwte, float* dwpe, const float* dout, const int32_t* inp, int B, int T,
+                     int C);
+
+// out = (inp - mean) * rstd * weight + bias over the last dimension, eps 1e-5.
+// out, inp: [N,C]; mean, rstd: [N] (saved for backward); weight, bias: [C]
+void LayerNormForward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
+                      const float* bias, int N, int C);
+// dinp: [N,C] (+=), dweight, dbias: [C] (+=)
+void LayerNormBackward(float* dinp, float* dweight, float* dbias, const float* dout,
+                       const float* inp, const float* weight, const float* mean, const float* rstd,
+                       int N, int C);
+
+// out[N,OC] = inp[N,C] @ weight[C,OC] + bias[OC] (bias may be null)
+void MatmulForward(float* out, const float* inp, const float* weight, const float* bias, int N,
+                   int C, int OC);
+// dinp[N,C] += dout @ weight^T; dweight[C,OC] += inp^T @ dout; dbias[OC] += sum over N
+// (dinp or dbias may be null)
+void MatmulBackward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                    const float* weight, int N, int C, int OC);
+
+// Causal multi-head self-attention. qkv: [B,T,3C] (q, k, v side by side),
+// out: [B,T,C], att: [B,NH,T,T] softmax weights (saved for backward; entries
+// above the diagonal are 0). Scale 1/sqrt(C/NH).
+void AttentionForward(float* out, float* att, const float* qkv, int B, int T, int C, int NH);
+// dqkv: [B,T,3C] (+=); scratch: [T,T] floats
+void AttentionBackward(float* dqkv, const float* dout, const float* qkv, const float* att,
+                       float* scratch, int B, int T, int C, int NH);
+
+// GELU, tanh approximation (GPT-2's). out, inp: [N]
+void GeluForward(float* out, const float* inp, int64_t N);
+// dinp[N] += gelu'(inp) * dout
+void GeluBackward(float* dinp, const float* inp, const float* dout, int64_t N);
+
+// out = a + b. [N]
+void ResidualForward(float* out, const float* a, const float* b, int64_t N);
+// da += dout, db += dout
+void ResidualBackward(float* da, float* db, const float* dout, int64_t N);
+
+// Softmax over V of logits [N,V] into probs [N,V], and the mean over N of
+// -log probs[n, targets[n]]. Returns that mean loss.
+float SoftmaxCrossEntropyForward(float* probs, const float* logits, const int32_t* targets, int N,
+                                 int V);
+// dlogits[N,V] += (probs - onehot(targets)) * dloss / N
+void SoftmaxCrossEntropyBackward(float* dlogits, const float* probs, const int32_t* targets,
+                                 float dloss, int N, int V);
+
+}  // namespace tessera::kernels
+
+#endif  // TESSERA_RUNTIME_KERNELS_H_

@@ -1,0 +1,211 @@
+// Every kernel's backward against central finite differences of its
+// forward (in double, through a random linear functional of the output),
+// plus forward values checked directly where they have a closed form.
+#include "runtime/kernels.h"
+
+#include <cmath>
+#include <functional>
+#include <random>
+#include <vector>
+
+#include <catch2/catch.hpp>
+
+namespace tessera::kernels {
+namespace {
+
+using Vec = std::vector<float>;
+
+Vec Random(size_t n, std::mt19937& rng, float scale = 1.0f) {
+  std::normal_distribution<float> dist(0.0f, scale);
+  Vec v(n);
+  for (float& x : v) x = dist(rng);
+  return v;
+}
+
+double Dot(const Vec& a, const Vec& b) {
+  double s = 0;
+  for (size_t i = 0; i < a.size(); ++i) s += static_cast<double>(a[i]) * b[i];
+  return s;
+}
+
+// Compares analytic[i] with (loss(x+h) - loss(x-h)) / 2h for every element
+// of `param` (small tensors only).
+void CheckGradient(const char* what, Vec& param, const Vec& analytic,
+                   const std::function<double()>& loss, double tol = 2e-2) {
+  REQUIRE(param.size() == analytic.size());
+  double max_err = 0;
+  size_t worst = 0;
+  for (size_t i = 0; i < param.size(); ++i) {
+    const float saved = param[i];
+    const float h = 1e-2f * std::max(1.0f, std::fabs(saved));
+    param[i] = saved + h;
+    const double up = loss();
+    param[i] = saved - h;
+    const double down = loss();
+    param[i] = saved;
+    const double numeric = (up - down) / (2.0 * h);
+    const double err = std::fabs(numeric - analytic[i]) / std::max(1.0, std::fabs(numeric));
+    if (err > max_err) {
+      max_err = err;
+      worst = i;
+    }
+  }
+  INFO(what << ": worst element " << worst << " analytic " << analytic[worst]);
+  CHECK(max_err < tol);
+}
+
+TEST_CASE("matmul forward equals the naive product; backward matches finite differences") {
+  std::mt19937 rng(1);
+  const int N = 5, C = 7, OC = 3;
+  Vec x = Random(N * C, rng), w = Random(C * OC, rng), b = Random(OC, rng), r = Random(N * OC, rng);
+  Vec out(N * OC);
+  MatmulForward(out.data(), x.data(), w.data(), b.data(), N, C, OC);
+  for (int n = 0; n < N; ++n) {
+    for (int o = 0; o < OC; ++o) {
+      double s = b[o];
+      for (int c = 0; c < C; ++c) s += static_cast<double>(x[n * C + c]) * w[c * OC + o];
+      REQUIRE(out[n * OC + o] == Approx(s).epsilon(1e-5));
+    }
+  }
+  auto loss = [&] {
+    Vec o(N * OC);
+    MatmulForward(o.data(), x.data(), w.data(), b.data(), N, C, OC);
+    return Dot(o, r);
+  };
+  Vec dx(N * C, 0.0f), dw(C * OC, 0.0f), db(OC, 0.0f);
+  MatmulBackward(dx.data(), dw.data(), db.data(), r.data(), x.data(), w.data(), N, C, OC);
+  CheckGradient("dinp", x, dx, loss);
+  CheckGradient("dweight", w, dw, loss);
+  CheckGradient("dbias", b, db, loss);
+}
+
+TEST_CASE("layernorm normalises each row; backward matches finite differences") {
+  std::mt19937 rng(2);
+  const int N = 4, C = 8;
+  Vec x = Random(N * C, rng, 2.0f), w = Random(C, rng), b = Random(C, rng), r = Random(N * C, rng);
+  Vec out(N * C), mean(N), rstd(N);
+  Vec ones(C, 1.0f), zeros(C, 0.0f);
+  LayerNormForward(out.data(), mean.data(), rstd.data(), x.data(), ones.data(), zeros.data(), N, C);
+  for (int n = 0; n < N; ++n) {
+    double m = 0, v = 0;
+    for (int c = 0; c < C; ++c) m += out[n * C + c];
+    for (int c = 0; c < C; ++c) v += out[n * C + c] * out[n * C + c];
+    CHECK(m / C == Approx(0).margin(1e-6));
+    CHECK(v / C == Approx(1).epsilon(1e-4));
+  }
+  auto loss = [&] {
+    Vec o(N * C), m(N), s(N);
+    LayerNormForward(o.data(), m.data(), s.data(), x.data(), w.data(), b.data(), N, C);
+    return Dot(o, r);
+  };
+  LayerNormForward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C);
+  Vec dx(N * C, 0.0f), dw(C, 0.0f), db(C, 0.0f);
+  LayerNormBackward(dx.data(), dw.data(), db.data(), r.data(), x.data(), w.data(), mean.data(),
+                    rstd.data(), N, C);
+  CheckGradient("dinp", x, dx, loss);
+  CheckGradient("dweight", w, dw, loss);
+  CheckGradient("dbias", b, db, loss);
+}
+
+TEST_CASE("causal attention: rows sum to one, no weight on the future, exact gradients") {
+  std::mt19937 rng(3);
+  const int B = 2, T = 5, C = 8, NH = 2;
+  Vec qkv = Random(B * T * 3 * C, rng), r = Random(B * T * C, rng);
+  Vec out(B * T * C), att(B * NH * T * T), scratch(T * T);
+  AttentionForward(out.data(), att.data(), qkv.data(), B, T, C, NH);
+  for (int bh = 0; bh < B * NH; ++bh) {
+    for (int t = 0; t < T; ++t) {
+      double s = 0;
+      for (int u = 0; u < T; ++u) {
+        const float a = att[(bh * T + t) * T + u];
+        if (u > t) REQUIRE(a == 0.0f);
+        s += a;
+      }
+      REQUIRE(s == Approx(1.0).epsilon(1e-5));
+    }
+  }
+  // The first position attends only to itself: its output is its own v.
+  for (int h = 0; h < NH; ++h) {
+    for (int i = 0; i < C / NH; ++i) {
+      CHECK(out[h * (C / NH) + i] == Approx(qkv[2 * C + h * (C / NH) + i]));
+    }
+  }
+  auto loss = [&] {
+    Vec o(B * T * C), a(B * NH * T * T);
+    AttentionForward(o.data(), a.data(), qkv.data(), B, T, C, NH);
+    return Dot(o, r);
+  };
+  Vec dqkv(qkv.size(), 0.0f);
+  AttentionBackward(dqkv.data(), r.data(), qkv.data(), att.data(), scratch.data(), B, T, C, NH);
+  CheckGradient("dqkv", qkv, dqkv, loss);
+}
+
+TEST_CASE("gelu, residual and encoder: values and gradients") {
+  std::mt19937 rng(4);
+  Vec x = Random(50, rng, 2.0f), r = Random(50, rng);
+  Vec out(50);
+  GeluForward(out.data(), x.data(), 50);
+  for (int i = 0; i < 50; ++i) {  // close to the exact erf GELU
+    CHECK(out[i] == Approx(0.5 * x[i] * (1 + std::erf(x[i] / std::sqrt(2.0)))).margin(2e-3));
+  }
+  auto gelu_loss = [&] {
+    Vec o(50);
+    GeluForward(o.data(), x.data(), 50);
+    return Dot(o, r);
+  };
+  Vec dx(50, 0.0f);
+  GeluBackward(dx.data(), x.data(), r.data(), 50);
+  CheckGradient("gelu", x, dx, gelu_loss);
+
+  Vec a = Random(10, rng), b = Random(10, rng), da(10, 0.0f), db(10, 1.0f), sum(10);
+  ResidualForward(sum.data(), a.data(), b.data(), 10);
+  ResidualBackward(da.data(), db.data(), r.data(), 10);
+  for (int i = 0; i < 10; ++i) {
+    CHECK(sum[i] == a[i] + b[i]);
+    CHECK(da[i] == r[i]);
+    CHECK(db[i] == 1.0f + r[i]);  // accumulates
+  }
+
+  const int B = 2, T = 3, C = 4, V = 5;
+  const std::vector<int32_t> tokens = {1, 4, 1, 0, 2, 4};
+  Vec wte = Random(V * C, rng), wpe = Random(T * C, rng), ro = Random(B * T * C, rng);
+  auto enc_loss = [&] {
+    Vec o(B * T * C);
+    EncoderForward(o.data(), tokens.data(), wte.data(), wpe.data(), B, T, C);
+    return Dot(o, ro);
+  };
+  Vec dwte(V * C, 0.0f), dwpe(T * C, 0.0f);
+  EncoderBackward(dwte.data(), dwpe.data(), ro.data(), tokens.data(), B, T, C);
+  CheckGradient("dwte", wte, dwte, enc_loss, 1e-3);
+  CheckGradient("dwpe", wpe, dwpe, enc_loss, 1e-3);
+  for (int c = 0; c < C; ++c) CHECK(dwte[3 * C + c] == 0.0f);  // token 3 never appears
+}
+
+TEST_CASE("softmax cross-entropy: the loss of uniform logits is log V; exact gradients") {
+  std::mt19937 rng(5);
+  const int N = 3, V = 7;
+  const std::vector<int32_t> targets = {0, 6, 3};
+  Vec zeros(N * V, 0.0f), probs(N * V);
+  CHECK(SoftmaxCrossEntropyForward(probs.data(), zeros.data(), targets.data(), N, V) ==
+        Approx(std::log(7.0)));
+  // Huge logits do not overflow: the loss stays finite and exact.
+  Vec big(N * V, 0.0f);
+  big[0] = 1000.0f;  // row 0, target 0: loss ~0
+  big[V + 0] = 1000.0f;  // row 1, target 6: loss ~1000
+  const float l = SoftmaxCrossEntropyForward(probs.data(), big.data(), targets.data(), N, V);
+  CHECK(l == Approx((0.0 + 1000.0 + std::log(7.0)) / 3).epsilon(1e-4));
+
+  Vec logits = Random(N * V, rng, 2.0f);
+  auto loss = [&] {
+    Vec p(N * V);
+    return static_cast<double>(
+        SoftmaxCrossEntropyForward(p.data(), logits.data(), targets.data(), N, V));
+  };
+  SoftmaxCrossEntropyForward(probs.data(), logits.data(), targets.data(), N, V);
+  Vec dlogits(N * V, 0.0f);
+  SoftmaxCrossEntropyBackward(dlogits.data(), probs.data(), targets.data(), 1.0f, N, V);
+  CheckGradient("dlogits", logits, dlogits, loss);
+}
+
+}  // namespace
+}  // namespace tessera::kernels
