@@ -108,6 +108,20 @@ void MatmulBackward(float* dinp, float* dweight, float* dbias, const float* dout
   }
 }
 
+void MatmulTransposedForward(float* out, const float* inp, const float* weight, int N, int C,
+                             int OC) {
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, OC, C, 1.0f, inp, C, weight, C, 0.0f,
+              out, OC);
+}
+
+void MatmulTransposedBackward(float* dinp, float* dweight, const float* dout, const float* inp,
+                              const float* weight, int N, int C, int OC) {
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, C, OC, 1.0f, dout, OC, weight, C,
+              1.0f, dinp, C);
+  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f,
+              dweight, C);
+}
+
 void AttentionForward(float* out, float* att, const float* qkv, int B, int T, int C, int NH) {
   const int hs = C / NH;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));

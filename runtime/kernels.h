@@ -39,6 +39,14 @@ void MatmulForward(float* out, const float* inp, const float* weight, const floa
 void MatmulBackward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                     const float* weight, int N, int C, int OC);
 
+// The tied output projection: out[N,OC] = inp[N,C] @ weight[OC,C]^T (the
+// token embedding used as the output layer).
+void MatmulTransposedForward(float* out, const float* inp, const float* weight, int N, int C,
+                             int OC);
+// dinp[N,C] += dout @ weight; dweight[OC,C] += dout^T @ inp
+void MatmulTransposedBackward(float* dinp, float* dweight, const float* dout, const float* inp,
+                              const float* weight, int N, int C, int OC);
+
 // Causal multi-head self-attention. qkv: [B,T,3C] (q, k, v side by side),
 // out: [B,T,C], att: [B,NH,T,T] softmax weights (saved for backward; entries
 // above the diagonal are 0). Scale 1/sqrt(C/NH).

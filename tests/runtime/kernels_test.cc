@@ -79,6 +79,26 @@ TEST_CASE("matmul forward equals the naive product; backward matches finite diff
   CheckGradient("dbias", b, db, loss);
 }
 
+TEST_CASE("the tied (transposed) product and its gradients") {
+  std::mt19937 rng(6);
+  const int N = 4, C = 6, OC = 5;
+  Vec x = Random(N * C, rng), w = Random(OC * C, rng), r = Random(N * OC, rng);
+  auto loss = [&] {
+    Vec o(N * OC);
+    MatmulTransposedForward(o.data(), x.data(), w.data(), N, C, OC);
+    return Dot(o, r);
+  };
+  Vec o(N * OC);
+  MatmulTransposedForward(o.data(), x.data(), w.data(), N, C, OC);
+  double s = 0;
+  for (int c = 0; c < C; ++c) s += static_cast<double>(x[1 * C + c]) * w[2 * C + c];
+  CHECK(o[1 * OC + 2] == Approx(s).epsilon(1e-5));
+  Vec dx(N * C, 0.0f), dw(OC * C, 0.0f);
+  MatmulTransposedBackward(dx.data(), dw.data(), r.data(), x.data(), w.data(), N, C, OC);
+  CheckGradient("dinp", x, dx, loss);
+  CheckGradient("dweight", w, dw, loss);
+}
+
 TEST_CASE("layernorm normalises each row; backward matches finite differences") {
   std::mt19937 rng(2);
   const int N = 4, C = 8;

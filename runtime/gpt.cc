@@ -1,0 +1,289 @@
+#include "runtime/gpt.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "runtime/kernels.h"
+
+namespace tessera {
+
+namespace k = kernels;
+
+Status GptConfig::Validate() const {
+  if (layers < 1 || heads < 1 || embed < 1 || context < 1 || vocab < 1) {
+    return InvalidArgumentError("GPT config: layers, heads, embed, context and vocab must be >= 1");
+  }
+  if (embed % heads != 0) {
+    return InvalidArgumentError("GPT config: embed " + std::to_string(embed) +
+                                " is not a multiple of heads " + std::to_string(heads));
+  }
+  return Status::Ok();
+}
+
+Result<Gpt> Gpt::Create(const GptConfig& config) {
+  RETURN_IF_ERROR(config.Validate());
+  Gpt g;
+  g.config_ = config;
+  const int64_t C = config.embed, V = config.vocab;
+  int64_t offset = 0;
+  auto add = [&](std::string name, std::vector<int64_t> shape) {
+    ParamInfo p{std::move(name), std::move(shape), offset, 1, false};
+    for (int64_t d : p.shape) p.numel *= d;
+    p.decay = p.shape.size() >= 2;
+    offset += p.numel;
+    g.params_.push_back(std::move(p));
+    return g.params_.back().offset;
+  };
+  g.wte_ = add("wte", {V, C});
+  g.wpe_ = add("wpe", {config.context, C});
+  for (int i = 0; i < config.layers; ++i) {
+    const std::string p = "h." + std::to_string(i) + ".";
+    Layer l;
+    l.ln1w = add(p + "ln_1.weight", {C});
+    l.ln1b = add(p + "ln_1.bias", {C});
+    l.qkvw = add(p + "attn.c_attn.weight", {C, 3 * C});
+    l.qkvb = add(p + "attn.c_attn.bias", {3 * C});
+    l.attprojw = add(p + "attn.c_proj.weight", {C, C});
+    l.attprojb = add(p + "attn.c_proj.bias", {C});
+    l.ln2w = add(p + "ln_2.weight", {C});
+    l.ln2b = add(p + "ln_2.bias", {C});
+    l.fcw = add(p + "mlp.c_fc.weight", {C, 4 * C});
+    l.fcb = add(p + "mlp.c_fc.bias", {4 * C});
+    l.fcprojw = add(p + "mlp.c_proj.weight", {4 * C, C});
+    l.fcprojb = add(p + "mlp.c_proj.bias", {C});
+    g.layers_.push_back(l);
+  }
+  g.lnfw_ = add("ln_f.weight", {C});
+  g.lnfb_ = add("ln_f.bias", {C});
+  g.weights_.assign(offset, 0.0f);
+  g.grads_.assign(offset, 0.0f);
+  g.m_.assign(offset, 0.0f);
+  g.v_.assign(offset, 0.0f);
+  return g;
+}
+
+const ParamInfo* Gpt::FindParam(const std::string& name) const {
+  for (const ParamInfo& p : params_) {
+    if (p.name == name) return &p;
+  }
+  return nullptr;
+}
+
+namespace {
+
+// splitmix64 and Box-Muller: the same numbers on every platform and library.
+struct Normal {
+  uint64_t state;
+  double Uniform() {
+    uint64_t z = (state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    z ^= z >> 31;
+    return (static_cast<double>(z >> 11) + 0.5) * (1.0 / 9007199254740992.0);  // (0, 1)
+  }
+  double Next() {
+    const double u1 = Uniform(), u2 = Uniform();
+    return std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2);
+  }
+};
+
+bool EndsWith(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+}  // namespace
+
+void Gpt::Init(uint64_t seed) {
+  const double residual_std = 0.02 / std::sqrt(2.0 * config_.layers);
+  for (const ParamInfo& p : params_) {
+    uint64_t name_hash = 1469598103934665603ull;  // FNV-1a: stable everywhere
+    for (unsigned char ch : p.name) name_hash = (name_hash ^ ch) * 1099511628211ull;
+    Normal rng{seed ^ name_hash};
+    float* w = P(p.offset);
+    double std = 0.02;
+    if (p.name == "wpe") std = 0.01;
+    if (EndsWith(p.name, "c_proj.weight")) std = residual_std;
+    if (p.shape.size() >= 2) {
+      for (int64_t i = 0; i < p.numel; ++i) w[i] = static_cast<float>(rng.Next() * std);
+    } else {
+      const float value = EndsWith(p.name, "ln_1.weight") || EndsWith(p.name, "ln_2.weight") ||
+                                  p.name == "ln_f.weight"
+                              ? 1.0f
+                              : 0.0f;
+      std::fill(w, w + p.numel, value);
+    }
+  }
+  std::fill(m_.begin(), m_.end(), 0.0f);
+  std::fill(v_.begin(), v_.end(), 0.0f);
+  step_ = 0;
+}
+
+void Gpt::Resize(Activations& a, int B, int T) const {
+  const int64_t N = static_cast<int64_t>(B) * T, C = config_.embed, L = config_.layers;
+  const int64_t NH = config_.heads, V = config_.vocab;
+  a.B = B;
+  a.T = T;
+  auto size = [](std::vector<float>& v, int64_t n) { v.assign(n, 0.0f); };
+  size(a.encoded, N * C);
+  size(a.ln1, L * N * C);
+  size(a.ln1_mean, L * N);
+  size(a.ln1_rstd, L * N);
+  size(a.qkv, L * N * 3 * C);
+  size(a.att, L * B * NH * T * T);
+  size(a.atty, L * N * C);
+  size(a.attproj, L * N * C);
+  size(a.residual2, L * N * C);
+  size(a.ln2, L * N * C);
+  size(a.ln2_mean, L * N);
+  size(a.ln2_rstd, L * N);
+  size(a.fch, L * N * 4 * C);
+  size(a.fch_gelu, L * N * 4 * C);
+  size(a.fcproj, L * N * C);
+  size(a.residual3, L * N * C);
+  size(a.lnf, N * C);
+  size(a.lnf_mean, N);
+  size(a.lnf_rstd, N);
+  size(a.logits, N * V);
+  size(a.probs, N * V);
+}
+
+Result<float> Gpt::Forward(const int32_t* tokens, const int32_t* targets, int B, int T) {
+  if (B < 1 || T < 1 || T > config_.context) {
+    return InvalidArgumentError("GPT forward: batch " + std::to_string(B) + " x sequence " +
+                                std::to_string(T) + " (context is " +
+                                std::to_string(config_.context) + ")");
+  }
+  const int64_t N = static_cast<int64_t>(B) * T;
+  for (int64_t i = 0; i < N; ++i) {
+    if (tokens[i] < 0 || tokens[i] >= config_.vocab ||
+        (targets != nullptr && (targets[i] < 0 || targets[i] >= config_.vocab))) {
+      return InvalidArgumentError("GPT forward: token at position " + std::to_string(i) +
+                                  " is outside the vocabulary of " +
+                                  std::to_string(config_.vocab));
+    }
+  }
+  if (acts_.B != B || acts_.T != T) Resize(acts_, B, T);
+  tokens_.assign(tokens, tokens + N);
+  has_targets_ = targets != nullptr;
+  if (has_targets_) targets_.assign(targets, targets + N);
+
+  const int C = config_.embed, NH = config_.heads, V = config_.vocab;
+  const int n = static_cast<int>(N);
+  Activations& a = acts_;
+  k::EncoderForward(a.encoded.data(), tokens, P(wte_), P(wpe_), B, T, C);  // [N,C]
+  const float* residual = a.encoded.data();
+  for (int l = 0; l < config_.layers; ++l) {
+    const Layer& w = layers_[l];
+    const int64_t nc = N * C;
+    float* ln1 = a.ln1.data() + l * nc;                     // [N,C]
+    float* ln1_mean = a.ln1_mean.data() + l * N;             // [N]
+    float* ln1_rstd = a.ln1_rstd.data() + l * N;             // [N]
+    float* qkv = a.qkv.data() + l * 3 * nc;                  // [N,3C]
+    float* att = a.att.data() + static_cast<int64_t>(l) * B * NH * T * T;  // [B,NH,T,T]
+    float* atty = a.atty.data() + l * nc;                    // [N,C]
+    float* attproj = a.attproj.data() + l * nc;              // [N,C]
+    float* residual2 = a.residual2.data() + l * nc;          // [N,C]
+    float* ln2 = a.ln2.data() + l * nc;                      // [N,C]
+    float* ln2_mean = a.ln2_mean.data() + l * N;             // [N]
+    float* ln2_rstd = a.ln2_rstd.data() + l * N;             // [N]
+    float* fch = a.fch.data() + l * 4 * nc;                  // [N,4C]
+    float* fch_gelu = a.fch_gelu.data() + l * 4 * nc;        // [N,4C]
+    float* fcproj = a.fcproj.data() + l * nc;                // [N,C]
+    float* residual3 = a.residual3.data() + l * nc;          // [N,C]
+
+    k::LayerNormForward(ln1, ln1_mean, ln1_rstd, residual, P(w.ln1w), P(w.ln1b), n, C);
+    k::MatmulForward(qkv, ln1, P(w.qkvw), P(w.qkvb), n, C, 3 * C);
+    k::AttentionForward(atty, att, qkv, B, T, C, NH);
+    k::MatmulForward(attproj, atty, P(w.attprojw), P(w.attprojb), n, C, C);
+    k::ResidualForward(residual2, residual, attproj, nc);
+    k::LayerNormForward(ln2, ln2_mean, ln2_rstd, residual2, P(w.ln2w), P(w.ln2b), n, C);
+    k::MatmulForward(fch, ln2, P(w.fcw), P(w.fcb), n, C, 4 * C);
+    k::GeluForward(fch_gelu, fch, 4 * nc);
+    k::MatmulForward(fcproj, fch_gelu, P(w.fcprojw), P(w.fcprojb), n, 4 * C, C);
+    k::ResidualForward(residual3, residual2, fcproj, nc);
+    residual = residual3;
+  }
+  k::LayerNormForward(a.lnf.data(), a.lnf_mean.data(), a.lnf_rstd.data(), residual, P(lnfw_),
+                      P(lnfb_), n, C);                                           // [N,C]
+  k::MatmulTransposedForward(a.logits.data(), a.lnf.data(), P(wte_), n, C, V);  // [N,V]
+  if (!has_targets_) return 0.0f;
+  return k::SoftmaxCrossEntropyForward(a.probs.data(), a.logits.data(), targets, n, V);
+}
+
+Status Gpt::Backward() {
+  if (!has_targets_ || acts_.B == 0) {
+    return FailedPreconditionError("GPT backward needs a forward with targets first");
+  }
+  const int B = acts_.B, T = acts_.T;
+  const int64_t N = static_cast<int64_t>(B) * T;
+  const int n = static_cast<int>(N);
+  const int C = config_.embed, NH = config_.heads, V = config_.vocab, L = config_.layers;
+  if (grad_acts_.B != B || grad_acts_.T != T) {
+    Resize(grad_acts_, B, T);
+  } else {
+    for (auto* v : {&grad_acts_.encoded, &grad_acts_.ln1, &grad_acts_.qkv, &grad_acts_.atty,
+                    &grad_acts_.attproj, &grad_acts_.residual2, &grad_acts_.ln2, &grad_acts_.fch,
+                    &grad_acts_.fch_gelu, &grad_acts_.fcproj, &grad_acts_.residual3,
+                    &grad_acts_.lnf, &grad_acts_.logits}) {
+      std::fill(v->begin(), v->end(), 0.0f);
+    }
+  }
+  const Activations& a = acts_;
+  Activations& d = grad_acts_;
+  std::vector<float> scratch(static_cast<size_t>(T) * T);
+
+  k::SoftmaxCrossEntropyBackward(d.logits.data(), a.probs.data(), targets_.data(), 1.0f, n, V);
+  k::MatmulTransposedBackward(d.lnf.data(), G(wte_), d.logits.data(), a.lnf.data(), P(wte_), n,
+                              C, V);
+  const int64_t nc = N * C;
+  const float* last = L > 0 ? a.residual3.data() + (L - 1) * nc : a.encoded.data();
+  float* dlast = L > 0 ? d.residual3.data() + (L - 1) * nc : d.encoded.data();
+  k::LayerNormBackward(dlast, G(lnfw_), G(lnfb_), d.lnf.data(), last, P(lnfw_),
+                       a.lnf_mean.data(), a.lnf_rstd.data(), n, C);
+  for (int l = L - 1; l >= 0; --l) {
+    const Layer& w = layers_[l];
+    const float* residual = l == 0 ? a.encoded.data() : a.residual3.data() + (l - 1) * nc;
+    float* dresidual = l == 0 ? d.encoded.data() : d.residual3.data() + (l - 1) * nc;
+    const float* att = a.att.data() + static_cast<int64_t>(l) * B * NH * T * T;
+    // residual3 = residual2 + fcproj
+    k::ResidualBackward(d.residual2.data() + l * nc, d.fcproj.data() + l * nc,
+                        d.residual3.data() + l * nc, nc);
+    k::MatmulBackward(d.fch_gelu.data() + l * 4 * nc, G(w.fcprojw), G(w.fcprojb),
+                      d.fcproj.data() + l * nc, a.fch_gelu.data() + l * 4 * nc, P(w.fcprojw), n,
+                      4 * C, C);
+    k::GeluBackward(d.fch.data() + l * 4 * nc, a.fch.data() + l * 4 * nc,
+                    d.fch_gelu.data() + l * 4 * nc, 4 * nc);
+    k::MatmulBackward(d.ln2.data() + l * nc, G(w.fcw), G(w.fcb), d.fch.data() + l * 4 * nc,
+                      a.ln2.data() + l * nc, P(w.fcw), n, C, 4 * C);
+    k::LayerNormBackward(d.residual2.data() + l * nc, G(w.ln2w), G(w.ln2b), d.ln2.data() + l * nc,
+                         a.residual2.data() + l * nc, P(w.ln2w), a.ln2_mean.data() + l * N,
+                         a.ln2_rstd.data() + l * N, n, C);
+    // residual2 = residual + attproj
+    k::ResidualBackward(dresidual, d.attproj.data() + l * nc, d.residual2.data() + l * nc, nc);
+    k::MatmulBackward(d.atty.data() + l * nc, G(w.attprojw), G(w.attprojb),
+                      d.attproj.data() + l * nc, a.atty.data() + l * nc, P(w.attprojw), n, C, C);
+    k::AttentionBackward(d.qkv.data() + l * 3 * nc, d.atty.data() + l * nc,
+                         a.qkv.data() + l * 3 * nc, att, scratch.data(), B, T, C, NH);
+    k::MatmulBackward(d.ln1.data() + l * nc, G(w.qkvw), G(w.qkvb), d.qkv.data() + l * 3 * nc,
+                      a.ln1.data() + l * nc, P(w.qkvw), n, C, 3 * C);
+    k::LayerNormBackward(dresidual, G(w.ln1w), G(w.ln1b), d.ln1.data() + l * nc, residual,
+                         P(w.ln1w), a.ln1_mean.data() + l * N, a.ln1_rstd.data() + l * N, n, C);
+  }
+  k::EncoderBackward(G(wte_), G(wpe_), d.encoded.data(), tokens_.data(), B, T, C);
+  return Status::Ok();
+}
+
+void Gpt::ZeroGrad() { std::fill(grads_.begin(), grads_.end(), 0.0f); }
+
+float Gpt::Update(const AdamWConfig& config, float max_norm) {
+  const double norm = std::sqrt(SquaredNorm(grads_.data(), num_params()));
+  if (max_norm > 0) Scale(grads_.data(), num_params(), ClipFactor(norm, max_norm));
+  ++step_;
+  for (const ParamInfo& p : params_) {
+    AdamWUpdate(P(p.offset), G(p.offset), m_.data() + p.offset, v_.data() + p.offset, p.numel,
+                step_, config, p.decay);
+  }
+  return static_cast<float>(norm);
+}
+
+}  // namespace tessera

@@ -1,0 +1,108 @@
+// A GPT-2 style model on the CPU kernels: learned position embeddings,
+// pre-LayerNorm blocks (attention, 4x MLP with tanh GELU), a final
+// LayerNorm, and the token embedding tied as the output layer. It reads top
+// to bottom (forward, then backward in reverse), llm.c style.
+//
+// Parameter names and shapes are stable checkpoint keys, the same as GPT-2's
+// (Conv1D weights [in, out]): wte [V,C], wpe [maxT,C], h.<i>.ln_1.weight,
+// h.<i>.ln_1.bias, h.<i>.attn.c_attn.weight [C,3C], .bias [3C],
+// h.<i>.attn.c_proj.weight [C,C], .bias, h.<i>.ln_2.*, h.<i>.mlp.c_fc.weight
+// [C,4C], .bias [4C], h.<i>.mlp.c_proj.weight [4C,C], .bias, ln_f.weight,
+// ln_f.bias. A Hugging Face GPT-2 checkpoint maps on by dropping its
+// "transformer." prefix ("wte.weight" -> "wte").
+#ifndef TESSERA_RUNTIME_GPT_H_
+#define TESSERA_RUNTIME_GPT_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+#include "runtime/optim.h"
+
+namespace tessera {
+
+struct GptConfig {
+  int layers = 4;
+  int heads = 4;
+  int embed = 256;    // C
+  int context = 256;  // the longest sequence (wpe rows)
+  int vocab = 4096;   // V
+  Status Validate() const;
+};
+
+struct ParamInfo {
+  std::string name;
+  std::vector<int64_t> shape;
+  int64_t offset = 0;  // into the flat parameter vector, in floats
+  int64_t numel = 0;
+  bool decay = false;  // matrices and embeddings take weight decay
+};
+
+class Gpt {
+ public:
+  static Result<Gpt> Create(const GptConfig& config);
+
+  const GptConfig& config() const { return config_; }
+  const std::vector<ParamInfo>& params() const { return params_; }
+  const ParamInfo* FindParam(const std::string& name) const;
+  int64_t num_params() const { return static_cast<int64_t>(weights_.size()); }
+
+  // All parameters, gradients and Adam moments as flat f32 vectors laid out
+  // as params() says.
+  std::vector<float>& weights() { return weights_; }
+  const std::vector<float>& weights() const { return weights_; }
+  std::vector<float>& grads() { return grads_; }
+  std::vector<float>& adam_m() { return m_; }
+  std::vector<float>& adam_v() { return v_; }
+  int64_t step() const { return step_; }
+  void set_step(int64_t step) { step_ = step; }
+
+  // GPT-2 initialisation from a seed: weights N(0, 0.02), the residual
+  // projections (attn.c_proj, mlp.c_proj) N(0, 0.02 / sqrt(2 * layers)),
+  // position embeddings N(0, 0.01), biases 0, LayerNorm gains 1.
+  void Init(uint64_t seed);
+
+  // tokens, targets: [B,T] (targets may be null: logits only). Returns the
+  // mean cross-entropy (0 without targets). T <= context.
+  Result<float> Forward(const int32_t* tokens, const int32_t* targets, int B, int T);
+  // Gradients of the last Forward's loss, accumulated into grads() (call
+  // ZeroGrad() first).
+  Status Backward();
+  void ZeroGrad();
+  // Clips the global gradient norm to max_norm (<= 0: no clipping) and
+  // applies AdamW. Returns the norm before clipping.
+  float Update(const AdamWConfig& config, float max_norm);
+
+  // The last Forward's logits [B,T,V] and probabilities.
+  const std::vector<float>& logits() const { return acts_.logits; }
+
+ private:
+  struct Activations {
+    int B = 0, T = 0;
+    std::vector<float> encoded, ln1, ln1_mean, ln1_rstd, qkv, att, atty, attproj, residual2, ln2,
+        ln2_mean, ln2_rstd, fch, fch_gelu, fcproj, residual3, lnf, lnf_mean, lnf_rstd, logits,
+        probs;
+  };
+  void Resize(Activations& a, int B, int T) const;
+  float* P(int64_t offset) { return weights_.data() + offset; }
+  float* G(int64_t offset) { return grads_.data() + offset; }
+
+  GptConfig config_;
+  std::vector<ParamInfo> params_;
+  // Offsets of each layer's 12 tensors, and of wte, wpe, ln_f.
+  struct Layer {
+    int64_t ln1w, ln1b, qkvw, qkvb, attprojw, attprojb, ln2w, ln2b, fcw, fcb, fcprojw, fcprojb;
+  };
+  std::vector<Layer> layers_;
+  int64_t wte_ = 0, wpe_ = 0, lnfw_ = 0, lnfb_ = 0;
+  std::vector<float> weights_, grads_, m_, v_;
+  int64_t step_ = 0;
+  Activations acts_, grad_acts_;
+  std::vector<int32_t> tokens_, targets_;
+  bool has_targets_ = false;
+};
+
+}  // namespace tessera
+
+#endif  // TESSERA_RUNTIME_GPT_H_
