@@ -12,10 +12,11 @@ TESSERA_PACKAGES=(
   libhdf5-dev libzstd-dev libcli11-dev
   libopenmpi-dev openmpi-bin
   catch2 libopenblas-dev libxxhash-dev nlohmann-json3-dev
-  python3
+  python3 python3-torch python3-numpy
 )
+# python3-torch and numpy: the numerical reference of the parity tests.
 # The benchmarks' peers (scripts/bench only).
-TESSERA_BENCH_PACKAGES=(python3-torch python3-numpy time)
+TESSERA_BENCH_PACKAGES=(time)
 
 tessera_install() {
   local missing=()
