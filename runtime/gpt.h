@@ -55,6 +55,8 @@ class Gpt {
   std::vector<float>& grads() { return grads_; }
   std::vector<float>& adam_m() { return m_; }
   std::vector<float>& adam_v() { return v_; }
+  const std::vector<float>& adam_m() const { return m_; }
+  const std::vector<float>& adam_v() const { return v_; }
   int64_t step() const { return step_; }
   void set_step(int64_t step) { step_ = step; }
 

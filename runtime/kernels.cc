@@ -8,6 +8,10 @@
 
 namespace tessera::kernels {
 
+void SetComputeThreads(int threads) {
+  openblas_set_num_threads(threads > 0 ? threads : openblas_get_num_procs());
+}
+
 void EncoderForward(float* out, const int32_t* inp, const float* wte, const float* wpe, int B,
                     int T, int C) {
   for (int b = 0; b < B; ++b) {

@@ -14,6 +14,9 @@
 
 namespace tessera::kernels {
 
+// The threads OpenBLAS uses for the matrix products (<= 0: all cores).
+void SetComputeThreads(int threads);
+
 // out[b,t,:] = wte[inp[b,t],:] + wpe[t,:]
 // out: [B,T,C], inp: [B,T], wte: [V,C], wpe: [maxT,C]
 void EncoderForward(float* out, const int32_t* inp, const float* wte, const float* wpe, int B,

@@ -1,0 +1,143 @@
+// Trains a GPT-2 style model on a text file, byte by byte (single process).
+//   train_gpt --data data/corpus.txt --steps 50 [--layers 4 --heads 4
+//             --embed 256 --context 256 --batch 8] [--save DIR --save-every N]
+//             [--resume] [--threads N]
+// Logs the loss and tokens/s of every step. With --save it writes native
+// checkpoints DIR/step-<N> (parameters, Adam moments, step, data position,
+// config) and keeps DIR/latest on the newest; --resume continues from
+// DIR/latest when there is one, bit for bit as if never stopped.
+#include <chrono>
+#include <cstdio>
+#include <string>
+
+#include <CLI/CLI.hpp>
+
+#include "ckpt/ops.h"
+#include "runtime/data.h"
+#include "runtime/gpt.h"
+#include "runtime/gpt_checkpoint.h"
+#include "runtime/kernels.h"
+
+using namespace tessera;
+
+namespace {
+
+std::string ConfigString(const GptConfig& c, int batch, int seq, uint64_t seed) {
+  return "layers=" + std::to_string(c.layers) + " heads=" + std::to_string(c.heads) +
+         " embed=" + std::to_string(c.embed) + " context=" + std::to_string(c.context) +
+         " vocab=" + std::to_string(c.vocab) + " batch=" + std::to_string(batch) +
+         " seq=" + std::to_string(seq) + " seed=" + std::to_string(seed);
+}
+
+int Fail(const Status& s) {
+  std::fprintf(stderr, "train_gpt: %s\n", s.ToString().c_str());
+  return 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"Train a GPT-2 style model on a text file (byte-level)"};
+  GptConfig config{.layers = 4, .heads = 4, .embed = 256, .context = 256, .vocab = kByteVocab};
+  std::string data = "data/corpus.txt", save;
+  int batch = 8, seq = 0, steps = 20, save_every = 0, threads = 0;
+  uint64_t seed = 1;
+  AdamWConfig adam{.lr = 3e-4f, .weight_decay = 0.1f};
+  float max_norm = 1.0f;
+  bool resume = false, quiet = false;
+  app.add_option("--data", data, "text file to train on")->check(CLI::ExistingFile);
+  app.add_option("--layers", config.layers)->check(CLI::PositiveNumber);
+  app.add_option("--heads", config.heads)->check(CLI::PositiveNumber);
+  app.add_option("--embed", config.embed)->check(CLI::PositiveNumber);
+  app.add_option("--context", config.context, "longest sequence")->check(CLI::PositiveNumber);
+  app.add_option("--batch", batch)->check(CLI::PositiveNumber);
+  app.add_option("--seq", seq, "sequence length (default: the context)");
+  app.add_option("--steps", steps, "train until this step")->check(CLI::NonNegativeNumber);
+  app.add_option("--lr", adam.lr);
+  app.add_option("--weight-decay", adam.weight_decay);
+  app.add_option("--max-norm", max_norm, "gradient clipping (0: none)");
+  app.add_option("--seed", seed, "initialisation and data order");
+  app.add_option("--threads", threads, "OpenBLAS threads (0: all cores)");
+  app.add_option("--save", save, "checkpoint directory");
+  app.add_option("--save-every", save_every, "save every N steps (and at the end)");
+  app.add_flag("--resume", resume, "continue from the --save directory's latest checkpoint");
+  app.add_flag("--quiet", quiet, "log only the summary");
+  CLI11_PARSE(app, argc, argv);
+  if (seq <= 0) seq = config.context;
+  if (resume && save.empty()) return Fail(InvalidArgumentError("--resume needs --save DIR"));
+  kernels::SetComputeThreads(threads);
+
+  Env* env = Env::Default();
+  auto model = Gpt::Create(config);
+  if (!model.ok()) return Fail(model.status());
+  if (seq > config.context) return Fail(InvalidArgumentError("--seq is longer than --context"));
+  auto tokens = TokenizeBytesFile(env, data);
+  if (!tokens.ok()) return Fail(tokens.status());
+  auto loader = TokenLoader::Create(std::move(*tokens), batch, seq, seed);
+  if (!loader.ok()) return Fail(loader.status().Annotate("data file '" + data + "'"));
+  const std::string config_text = ConfigString(config, batch, seq, seed);
+
+  model->Init(seed);
+  if (resume && env->FileExists(save + "/latest")) {
+    auto checkpoint = OpenCheckpoint(env, save);  // the config first, then the tensors
+    if (!checkpoint.ok()) return Fail(checkpoint.status());
+    const auto& saved = (*checkpoint)->meta().metadata;
+    const auto it = saved.find("config");
+    if (it == saved.end() || it->second != config_text) {
+      return Fail(InvalidArgumentError(
+          "checkpoint '" + (*checkpoint)->path() + "' was trained with '" +
+          (it == saved.end() ? std::string("?") : it->second) + "', not '" + config_text + "'"));
+    }
+    auto meta = LoadGpt(env, save, &*model);
+    if (!meta.ok()) return Fail(meta.status());
+    auto position = DataPosition::Parse(meta->metadata["data.position"]);
+    if (!position.ok()) return Fail(position.status());
+    if (Status s = loader->Restore(*position); !s.ok()) return Fail(s);
+    std::printf("resumed from step %lld (data position %s)\n",
+                static_cast<long long>(model->step()), position->ToString().c_str());
+  }
+  std::printf("model: %s, %lld parameters\n", config_text.c_str(),
+              static_cast<long long>(model->num_params()));
+
+  std::vector<int32_t> inputs(batch * seq), targets(batch * seq);
+  double total_seconds = 0;
+  int64_t timed_steps = 0;
+  float loss_value = 0;
+  while (model->step() < steps) {
+    const auto t0 = std::chrono::steady_clock::now();
+    loader->NextBatch(inputs.data(), targets.data());
+    auto loss = model->Forward(inputs.data(), targets.data(), batch, seq);
+    if (!loss.ok()) return Fail(loss.status());
+    model->ZeroGrad();
+    if (Status s = model->Backward(); !s.ok()) return Fail(s);
+    const float norm = model->Update(adam, max_norm);
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    loss_value = *loss;
+    if (model->step() > 1) {  // the first step warms caches and allocations
+      total_seconds += seconds;
+      ++timed_steps;
+    }
+    if (!quiet) {
+      std::printf("step %5lld/%d  loss %.9g  norm %.4f  %8.0f tok/s  %7.1f ms\n",
+                  static_cast<long long>(model->step()), steps, *loss, norm,
+                  batch * seq / seconds, seconds * 1e3);
+      std::fflush(stdout);
+    }
+    const bool last = model->step() == steps;
+    if (!save.empty() && ((save_every > 0 && model->step() % save_every == 0) || last)) {
+      const std::string name = "step-" + std::to_string(model->step());
+      Status s = SaveGpt(env, *model, save, name,
+                         {{"config", config_text},
+                          {"data.position", loader->position().ToString()}});
+      if (!s.ok()) return Fail(s);
+      if (!quiet) std::printf("saved %s/%s\n", save.c_str(), name.c_str());
+    }
+  }
+  if (timed_steps > 0) {
+    std::printf("done: step %lld, loss %.4f, %.0f tokens/s (mean of %lld steps after the first)\n",
+                static_cast<long long>(model->step()), loss_value,
+                batch * seq * timed_steps / total_seconds, static_cast<long long>(timed_steps));
+  }
+  return 0;
+}
