@@ -11,11 +11,31 @@
 #define TESSERA_RUNTIME_KERNELS_H_
 
 #include <cstdint>
+#include <functional>
+#include <string>
 
 namespace tessera::kernels {
 
-// The threads OpenBLAS uses for the matrix products (<= 0: all cores).
+// The threads the kernels use: OpenBLAS for the matrix products and a
+// pool for the element-wise kernels (<= 0: all cores). Results do not
+// depend on the count except through OpenBLAS's own blocking.
 void SetComputeThreads(int threads);
+
+// OpenBLAS 0.3.21 predates AMD Zen 4/5 and runs its Haswell (AVX2)
+// kernels there although the CPU has AVX-512; its SkylakeX kernels measured
+// 1.8x faster sgemm on the development machine (Zen 5). The core type is
+// read from OPENBLAS_CORETYPE when the library loads, so a program can only
+// switch by restarting itself: this returns the core to set ("SkylakeX"),
+// or "" when OpenBLAS already uses the best it has or the user chose one.
+std::string BetterBlasCore();
+std::string BlasCoreName();
+// A warning when OPENBLAS_CORETYPE forces AVX2 kernels on an AVX-512 CPU
+// (measured 1.8x slower sgemm there), else "".
+std::string BlasCoreAdvice();
+
+// Runs fn(begin, end) over [0, n) in chunks of `grain` on the compute pool.
+// Chunk boundaries depend on n and grain only, never on the thread count.
+void ParallelChunks(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn);
 
 // out[b,t,:] = wte[inp[b,t],:] + wpe[t,:]
 // out: [B,T,C], inp: [B,T], wte: [V,C], wpe: [maxT,C]

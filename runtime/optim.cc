@@ -2,6 +2,8 @@
 
 #include <cmath>
 
+#include "runtime/kernels.h"
+
 namespace tessera {
 
 void AdamWUpdate(float* param, const float* grad, float* m, float* v, int64_t n, int64_t step,
@@ -17,13 +19,15 @@ void AdamWUpdate(float* param, const float* grad, float* m, float* v, int64_t n,
                            : 1.0f;
   const float one_minus_b1 = static_cast<float>(1.0 - c.beta1);
   const float one_minus_b2 = static_cast<float>(1.0 - c.beta2);
-  for (int64_t i = 0; i < n; ++i) {
-    const float g = grad[i];
-    m[i] = m[i] * c.beta1 + g * one_minus_b1;
-    v[i] = v[i] * c.beta2 + one_minus_b2 * g * g;
-    const float denom = std::sqrt(v[i]) / bc2_sqrt + c.eps;
-    param[i] = param[i] * keep + neg_step_size * m[i] / denom;
-  }
+  kernels::ParallelChunks(n, 1 << 15, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const float g = grad[i];
+      m[i] = m[i] * c.beta1 + g * one_minus_b1;
+      v[i] = v[i] * c.beta2 + one_minus_b2 * g * g;
+      const float denom = std::sqrt(v[i]) / bc2_sqrt + c.eps;
+      param[i] = param[i] * keep + neg_step_size * m[i] / denom;
+    }
+  });
 }
 
 double SquaredNorm(const float* grad, int64_t n) {

@@ -6,6 +6,8 @@
 // checkpoints DIR/step-<N> (parameters, Adam moments, step, data position,
 // config) and keeps DIR/latest on the newest; --resume continues from
 // DIR/latest when there is one, bit for bit as if never stopped.
+#include <unistd.h>
+
 #include <chrono>
 #include <cstdio>
 #include <string>
@@ -37,6 +39,11 @@ int Fail(const Status& s) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // See BetterBlasCore: restart once with the faster OpenBLAS kernels.
+  if (const std::string core = kernels::BetterBlasCore(); !core.empty()) {
+    setenv("OPENBLAS_CORETYPE", core.c_str(), 1);
+    execv("/proc/self/exe", argv);  // on failure, go on with what we have
+  }
   CLI::App app{"Train a GPT-2 style model on a text file (byte-level)"};
   GptConfig config{.layers = 4, .heads = 4, .embed = 256, .context = 256, .vocab = kByteVocab};
   std::string data = "data/corpus.txt", save;
@@ -50,6 +57,8 @@ int main(int argc, char** argv) {
   app.add_option("--heads", config.heads)->check(CLI::PositiveNumber);
   app.add_option("--embed", config.embed)->check(CLI::PositiveNumber);
   app.add_option("--context", config.context, "longest sequence")->check(CLI::PositiveNumber);
+  app.add_option("--vocab", config.vocab, "vocabulary (>= 256; bytes use the first 256)")
+      ->check(CLI::Range(kByteVocab, 1 << 20));
   app.add_option("--batch", batch)->check(CLI::PositiveNumber);
   app.add_option("--seq", seq, "sequence length (default: the context)");
   app.add_option("--steps", steps, "train until this step")->check(CLI::NonNegativeNumber);
@@ -66,6 +75,9 @@ int main(int argc, char** argv) {
   if (seq <= 0) seq = config.context;
   if (resume && save.empty()) return Fail(InvalidArgumentError("--resume needs --save DIR"));
   kernels::SetComputeThreads(threads);
+  if (const std::string advice = kernels::BlasCoreAdvice(); !advice.empty() && !quiet) {
+    std::fprintf(stderr, "%s\n", advice.c_str());
+  }
 
   Env* env = Env::Default();
   auto model = Gpt::Create(config);
@@ -96,8 +108,8 @@ int main(int argc, char** argv) {
     std::printf("resumed from step %lld (data position %s)\n",
                 static_cast<long long>(model->step()), position->ToString().c_str());
   }
-  std::printf("model: %s, %lld parameters\n", config_text.c_str(),
-              static_cast<long long>(model->num_params()));
+  std::printf("model: %s, %lld parameters (OpenBLAS core %s)\n", config_text.c_str(),
+              static_cast<long long>(model->num_params()), kernels::BlasCoreName().c_str());
 
   std::vector<int32_t> inputs(batch * seq), targets(batch * seq);
   double total_seconds = 0;
@@ -135,9 +147,15 @@ int main(int argc, char** argv) {
     }
   }
   if (timed_steps > 0) {
-    std::printf("done: step %lld, loss %.4f, %.0f tokens/s (mean of %lld steps after the first)\n",
-                static_cast<long long>(model->step()), loss_value,
-                batch * seq * timed_steps / total_seconds, static_cast<long long>(timed_steps));
+    // Model FLOPs per token: 6 per parameter (forward + backward) plus the
+    // attention products, 12 * layers * seq * embed.
+    const double flops_per_token =
+        6.0 * model->num_params() + 12.0 * config.layers * seq * config.embed;
+    const double tokens_per_s = batch * seq * timed_steps / total_seconds;
+    std::printf("done: step %lld, loss %.4f, %.0f tokens/s, %.1f GFLOP/s "
+                "(mean of %lld steps after the first)\n",
+                static_cast<long long>(model->step()), loss_value, tokens_per_s,
+                tokens_per_s * flops_per_token / 1e9, static_cast<long long>(timed_steps));
   }
   return 0;
 }
