@@ -3,6 +3,7 @@
 #include <mpi.h>
 
 #include <algorithm>
+#include <atomic>
 #include <climits>
 #include <condition_variable>
 #include <cstdlib>
@@ -127,6 +128,33 @@ class MpiWorld {
     InFlight* next = nullptr;
   };
 
+  // A communicator's collective in flight. MPI orders the collectives of a
+  // communicator, so each has at most one: the calling thread only flips
+  // `seq` (odd while running; two atomic stores per call, no lock, no
+  // clock read) and the watchdog notes when it first saw each odd value.
+  struct CollectiveSlot {
+    std::atomic<uint64_t> seq{0};
+    CollectiveArgs args;  // written before seq turns odd
+    const void* comm = nullptr;
+    std::string (*where)(const void* comm) = nullptr;
+    uint64_t seen = 0;  // watchdog only
+    Clock::time_point seen_at;
+    CollectiveSlot* prev = nullptr;
+    CollectiveSlot* next = nullptr;
+  };
+  void Register(CollectiveSlot* s) {
+    std::lock_guard<std::mutex> lock(mu_);
+    s->next = slots_;
+    if (slots_ != nullptr) slots_->prev = s;
+    slots_ = s;
+  }
+  void Unregister(CollectiveSlot* s) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (s->prev != nullptr) s->prev->next = s->next;
+    if (s->next != nullptr) s->next->prev = s->prev;
+    if (slots_ == s) slots_ = s->next;
+  }
+
   explicit MpiWorld(CommOptions options) : options_(std::move(options)) {
     watchdog_ = std::thread([this] { Watch(); });
   }
@@ -162,25 +190,42 @@ class MpiWorld {
       cv_.wait_for(lock, period);
       const auto now = Clock::now();
       for (const InFlight* p = head_; p != nullptr; p = p->next) {
-        const InFlight& f = *p;
-        if (now - f.start < options_.timeout) continue;
-        const std::string what = f.p2p ? std::string(f.p2p) : DescribeArgs(f.args);
-        Status s = DeadlineExceededError(
-            f.where(f.comm) + ": " + what + " did not complete within " +
-            FormatDuration(options_.timeout) +
-            "; a peer died, is stuck, or called a different collective");
-        lock.unlock();
-        if (options_.on_timeout) options_.on_timeout(s);
-        MPI_Abort(MPI_COMM_WORLD, 70);
-        std::abort();  // MPI_Abort does not return; be sure
+        if (now - p->start >= options_.timeout) {
+          Fire(lock, p->where(p->comm), p->p2p ? std::string(p->p2p) : DescribeArgs(p->args));
+        }
+      }
+      for (CollectiveSlot* c = slots_; c != nullptr; c = c->next) {
+        const uint64_t seq = c->seq.load(std::memory_order_acquire);
+        if ((seq & 1) == 0) continue;
+        if (seq != c->seen) {  // a new call: its clock starts now (within a period)
+          c->seen = seq;
+          c->seen_at = now;
+          continue;
+        }
+        if (now - c->seen_at < options_.timeout) continue;
+        const std::string what = DescribeArgs(c->args);
+        if (c->seq.load(std::memory_order_acquire) != seq) continue;  // just finished
+        Fire(lock, c->where(c->comm), what);
       }
     }
+  }
+
+  [[noreturn]] void Fire(std::unique_lock<std::mutex>& lock, const std::string& where,
+                         const std::string& what) {
+    Status s = DeadlineExceededError(where + ": " + what + " did not complete within " +
+                                     FormatDuration(options_.timeout) +
+                                     "; a peer died, is stuck, or called a different collective");
+    lock.unlock();
+    if (options_.on_timeout) options_.on_timeout(s);
+    MPI_Abort(MPI_COMM_WORLD, 70);
+    std::abort();  // MPI_Abort does not return; be sure
   }
 
   CommOptions options_;
   std::mutex mu_;
   std::condition_variable cv_;
   InFlight* head_ = nullptr;
+  CollectiveSlot* slots_ = nullptr;
   bool stop_ = false;
   std::thread watchdog_;
 };
@@ -206,6 +251,23 @@ class Watched {
   MpiWorld::InFlight f_;
 };
 
+// Marks a collective in flight on the communicator's slot for its duration.
+class CollectiveWatch {
+ public:
+  CollectiveWatch(MpiWorld::CollectiveSlot& slot, const CollectiveArgs& args) : slot_(slot) {
+    slot_.args = args;
+    slot_.seq.store(slot_.seq.load(std::memory_order_relaxed) + 1, std::memory_order_release);
+  }
+  ~CollectiveWatch() {
+    slot_.seq.store(slot_.seq.load(std::memory_order_relaxed) + 1, std::memory_order_release);
+  }
+  CollectiveWatch(const CollectiveWatch&) = delete;
+  CollectiveWatch& operator=(const CollectiveWatch&) = delete;
+
+ private:
+  MpiWorld::CollectiveSlot& slot_;
+};
+
 std::vector<int> ToInts(std::span<const int64_t> v) { return {v.begin(), v.end()}; }
 std::vector<int> Displacements(std::span<const int64_t> counts) {
   std::vector<int> d(counts.size(), 0);
@@ -224,8 +286,12 @@ class MpiCommunicator : public Communicator {
     MPI_Comm_rank(MPI_COMM_WORLD, &world_rank_);
     MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
     set_name(std::move(name));
+    slot_.comm = this;
+    slot_.where = [](const void* c) { return static_cast<const MpiCommunicator*>(c)->Where(); };
+    world_->Register(&slot_);
   }
   ~MpiCommunicator() override {
+    world_->Unregister(&slot_);
     int finalized = 0;
     MPI_Finalized(&finalized);
     if (!finalized) MPI_Comm_free(&comm_);
@@ -238,14 +304,14 @@ class MpiCommunicator : public Communicator {
   Status Barrier() override {
     const CollectiveArgs args{CollectiveKind::kBarrier};
     RETURN_IF_ERROR(Check(args));
-    Watched w(*world_, this, &args);
+    CollectiveWatch w(slot_, args);
     return Ok(MPI_Barrier(comm_), args);
   }
 
   Status Broadcast(void* buf, int64_t count, DType dtype, int root) override {
     const CollectiveArgs args{CollectiveKind::kBroadcast, count, dtype, ReduceOp::kSum, root};
     RETURN_IF_ERROR(Check(args));
-    Watched w(*world_, this, &args);
+    CollectiveWatch w(slot_, args);
     return Chunked(count, dtype, [&](int64_t off, int n) {
       return MPI_Bcast(static_cast<char*>(buf) + off * DTypeSize(dtype), n, MpiType(dtype),
                        root, comm_);
@@ -260,7 +326,7 @@ class MpiCommunicator : public Communicator {
     if (world_->options().deterministic && IsFloatingPoint(dtype) && size_ > 1) {
       return DeterministicAllReduce(send, recv, count, dtype, op, args);
     }
-    Watched w(*world_, this, &args);
+    CollectiveWatch w(slot_, args);
     const int64_t esize = DTypeSize(dtype);
     RETURN_IF_ERROR(Chunked(count, dtype, [&](int64_t off, int n) {
       void* out = static_cast<char*>(recv) + off * esize;
@@ -278,7 +344,7 @@ class MpiCommunicator : public Communicator {
       RETURN_IF_ERROR(Check(VArgs(CollectiveKind::kAllGather,
                                   std::vector<int64_t>(size_, count), dtype)));
     }
-    Watched w(*world_, this, &args);
+    CollectiveWatch w(slot_, args);
     return Ok(MPI_Allgather(send, static_cast<int>(count), MpiType(dtype), recv,
                             static_cast<int>(count), MpiType(dtype), comm_), args);
   }
@@ -289,7 +355,7 @@ class MpiCommunicator : public Communicator {
     const CollectiveArgs args = VArgs(CollectiveKind::kAllGather, counts, dtype);
     RETURN_IF_ERROR(CheckFits(args.count, args));
     RETURN_IF_ERROR(Check(args));
-    Watched w(*world_, this, &args);
+    CollectiveWatch w(slot_, args);
     const auto c = ToInts(counts), d = Displacements(counts);
     return Ok(MPI_Allgatherv(send, static_cast<int>(count), MpiType(dtype), recv, c.data(),
                              d.data(), MpiType(dtype), comm_), args);
@@ -301,7 +367,7 @@ class MpiCommunicator : public Communicator {
     const CollectiveArgs args{CollectiveKind::kReduceScatter, recv_count, dtype, op};
     RETURN_IF_ERROR(CheckFits(recv_count * size_, args));
     RETURN_IF_ERROR(Check(args));
-    Watched w(*world_, this, &args);
+    CollectiveWatch w(slot_, args);
     if (world_->options().deterministic && IsFloatingPoint(dtype) && size_ > 1) {
       // Every rank's block r lands here; fold them in rank order.
       std::vector<char> blocks(recv_count * size_ * DTypeSize(dtype));
@@ -325,7 +391,7 @@ class MpiCommunicator : public Communicator {
     RETURN_IF_ERROR(CheckFits(args.count, args));
     RETURN_IF_ERROR(CheckRoot(root, args));
     RETURN_IF_ERROR(Check(args));
-    Watched w(*world_, this, &args);
+    CollectiveWatch w(slot_, args);
     const auto c = ToInts(counts), d = Displacements(counts);
     return Ok(MPI_Gatherv(send, static_cast<int>(count), MpiType(dtype), recv, c.data(),
                           d.data(), MpiType(dtype), root, comm_), args);
@@ -338,7 +404,7 @@ class MpiCommunicator : public Communicator {
     RETURN_IF_ERROR(CheckFits(args.count, args));
     RETURN_IF_ERROR(CheckRoot(root, args));
     RETURN_IF_ERROR(Check(args));
-    Watched w(*world_, this, &args);
+    CollectiveWatch w(slot_, args);
     const auto c = ToInts(counts), d = Displacements(counts);
     return Ok(MPI_Scatterv(send, c.data(), d.data(), MpiType(dtype), recv,
                            static_cast<int>(count), MpiType(dtype), root, comm_), args);
@@ -354,7 +420,7 @@ class MpiCommunicator : public Communicator {
     RETURN_IF_ERROR(CheckFits(std::max(total_send, total_recv), args));
     RETURN_IF_ERROR(Check(args));
     if (world_->options().check) RETURN_IF_ERROR(CheckAllToAll(send_counts, recv_counts));
-    Watched w(*world_, this, &args);
+    CollectiveWatch w(slot_, args);
     const auto sc = ToInts(send_counts), sd = Displacements(send_counts);
     const auto rc = ToInts(recv_counts), rd = Displacements(recv_counts);
     return Ok(MPI_Alltoallv(send, sc.data(), sd.data(), MpiType(dtype), recv, rc.data(),
@@ -386,7 +452,7 @@ class MpiCommunicator : public Communicator {
     RETURN_IF_ERROR(Check(args));
     MPI_Comm out = MPI_COMM_NULL;
     {
-      Watched w(*world_, this, &args);
+      CollectiveWatch w(slot_, args);
       RETURN_IF_ERROR(Ok(MPI_Comm_split(comm_, color < 0 ? MPI_UNDEFINED : color, key, &out),
                          args));
     }
@@ -485,7 +551,7 @@ class MpiCommunicator : public Communicator {
     std::vector<int64_t> all(6 * size_);
     {
       const CollectiveArgs check_args{CollectiveKind::kAllGather, 6, DType::kI64};
-      Watched w(*world_, this, &args);
+      CollectiveWatch w(slot_, args);
       RETURN_IF_ERROR(Ok(MPI_Allgather(mine, 6, MPI_INT64_T, all.data(), 6, MPI_INT64_T, comm_),
                          check_args));
     }
@@ -535,7 +601,7 @@ class MpiCommunicator : public Communicator {
   Status DeterministicAllReduce(const void* send, void* recv, int64_t count, DType dtype,
                                 ReduceOp op, const CollectiveArgs& args) {
     RETURN_IF_ERROR(CheckFits(count, args));
-    Watched w(*world_, this, &args);
+    CollectiveWatch w(slot_, args);
     const int64_t esize = DTypeSize(dtype);
     std::vector<int64_t> chunk(size_), from_each(size_);
     for (int r = 0; r < size_; ++r) chunk[r] = count * (r + 1) / size_ - count * r / size_;
@@ -551,6 +617,7 @@ class MpiCommunicator : public Communicator {
   }
 
   std::shared_ptr<MpiWorld> world_;
+  MpiWorld::CollectiveSlot slot_;
   MPI_Comm comm_;
   int rank_ = 0, size_ = 1, world_rank_ = 0;
 };

@@ -32,8 +32,8 @@ struct Case {
 };
 
 const Case kCases[] = {
-    {"allreduce", 4 << 10, 400, 9},     {"allgather", 4 << 10, 400, 9},
-    {"reduce_scatter", 4 << 10, 400, 9}, {"allreduce", 64 << 20, 2, 5},
+    {"allreduce", 4 << 10, 200, 41},    {"allgather", 4 << 10, 200, 41},
+    {"reduce_scatter", 4 << 10, 200, 41}, {"allreduce", 64 << 20, 2, 5},
     {"allgather", 64 << 20, 2, 5},      {"reduce_scatter", 64 << 20, 2, 5},
 };
 
