@@ -142,18 +142,8 @@ class MpiWorld {
     CollectiveSlot* prev = nullptr;
     CollectiveSlot* next = nullptr;
   };
-  void Register(CollectiveSlot* s) {
-    std::lock_guard<std::mutex> lock(mu_);
-    s->next = slots_;
-    if (slots_ != nullptr) slots_->prev = s;
-    slots_ = s;
-  }
-  void Unregister(CollectiveSlot* s) {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (s->prev != nullptr) s->prev->next = s->next;
-    if (s->next != nullptr) s->next->prev = s->prev;
-    if (slots_ == s) slots_ = s->next;
-  }
+  void Register(CollectiveSlot* s) { Link(slots_, s); }
+  void Unregister(CollectiveSlot* s) { Unlink(slots_, s); }
 
   explicit MpiWorld(CommOptions options) : options_(std::move(options)) {
     watchdog_ = std::thread([this] { Watch(); });
@@ -168,18 +158,8 @@ class MpiWorld {
   }
   const CommOptions& options() const { return options_; }
 
-  void Begin(InFlight* f) {
-    std::lock_guard<std::mutex> lock(mu_);
-    f->next = head_;
-    if (head_ != nullptr) head_->prev = f;
-    head_ = f;
-  }
-  void End(InFlight* f) {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (f->prev != nullptr) f->prev->next = f->next;
-    if (f->next != nullptr) f->next->prev = f->prev;
-    if (head_ == f) head_ = f->next;
-  }
+  void Begin(InFlight* f) { Link(head_, f); }
+  void End(InFlight* f) { Unlink(head_, f); }
 
  private:
   void Watch() {
@@ -208,6 +188,23 @@ class MpiWorld {
         Fire(lock, c->where(c->comm), what);
       }
     }
+  }
+
+  // Intrusive doubly linked lists under mu_: registering allocates nothing.
+  template <typename Node>
+  void Link(Node*& head, Node* n) {
+    std::lock_guard<std::mutex> lock(mu_);
+    n->prev = nullptr;
+    n->next = head;
+    if (head != nullptr) head->prev = n;
+    head = n;
+  }
+  template <typename Node>
+  void Unlink(Node*& head, Node* n) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (n->prev != nullptr) n->prev->next = n->next;
+    if (n->next != nullptr) n->next->prev = n->prev;
+    if (head == n) head = n->next;
   }
 
   [[noreturn]] void Fire(std::unique_lock<std::mutex>& lock, const std::string& where,
