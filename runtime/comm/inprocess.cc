@@ -30,10 +30,12 @@ struct World {
   Status aborted;              // non-OK once the world is down
   std::vector<bool> finished;  // by world rank: the rank's thread returned
 
-  void Abort(Status why) {
-    std::lock_guard<std::mutex> lock(mu);
+  // Takes the world down (the first reason wins) and wakes every waiter.
+  // Called with mu held; returns the reason the world is down.
+  Status AbortLocked(Status why) {
     if (aborted.ok()) aborted = std::move(why);
     cv.notify_all();
+    return aborted;
   }
 };
 
@@ -186,12 +188,7 @@ class InProcessCommunicator : public Communicator {
     s.recv = recv;
     s.counts = counts;
     return Run(s, [&](const std::vector<Slot>& all, int) {
-      const int64_t esize = DTypeSize(dtype);
-      int64_t offset = 0;
-      for (int i = 0; i < size(); ++i) {
-        Copy(At(recv, offset, esize), all[i].send, counts[i], dtype);
-        offset += counts[i];
-      }
+      Concatenate(all, counts, dtype, recv);
     });
   }
 
@@ -219,13 +216,7 @@ class InProcessCommunicator : public Communicator {
     s.recv = recv;
     s.counts = counts;
     return Run(s, [&](const std::vector<Slot>& all, int r) {
-      if (r != root) return;
-      const int64_t esize = DTypeSize(dtype);
-      int64_t offset = 0;
-      for (int i = 0; i < size(); ++i) {
-        Copy(At(recv, offset, esize), all[i].send, counts[i], dtype);
-        offset += counts[i];
-      }
+      if (r == root) Concatenate(all, counts, dtype, recv);
     });
   }
 
@@ -301,6 +292,15 @@ class InProcessCommunicator : public Communicator {
   static void Copy(void* dst, const void* src, int64_t count, DType dtype) {
     if (count > 0 && dst != src) std::memcpy(dst, src, count * DTypeSize(dtype));
   }
+  // recv = every rank's send block (counts[i] elements) in rank order.
+  static void Concatenate(const std::vector<Slot>& all, std::span<const int64_t> counts,
+                          DType dtype, void* recv) {
+    int64_t offset = 0;
+    for (size_t i = 0; i < all.size(); ++i) {
+      Copy(At(recv, offset, DTypeSize(dtype)), all[i].send, counts[i], dtype);
+      offset += counts[i];
+    }
+  }
 
   std::string Where() const {
     return "rank " + std::to_string(rank_) + " of '" + name_ + "' (inprocess, " +
@@ -355,22 +355,17 @@ class InProcessCommunicator : public Communicator {
           if (!w.aborted.ok()) return w.aborted;
           const std::string gone = Missing(/*finished_only=*/true);
           if (!gone.empty()) {
-            Status s = AbortedError(Where() + ": " + std::string(KindName(slot.args.kind)) +
-                                    ": rank(s) " + gone + " already finished");
-            w.aborted = s;
-            w.cv.notify_all();
-            return s;
+            return w.AbortLocked(AbortedError(Where() + ": " +
+                                              std::string(KindName(slot.args.kind)) +
+                                              ": rank(s) " + gone + " already finished"));
           }
           if (w.cv.wait_until(lock, deadline) == std::cv_status::timeout &&
               g.enter_generation.load(std::memory_order_acquire) == generation) {
-            Status s = DeadlineExceededError(
+            return w.AbortLocked(DeadlineExceededError(
                 Where() + ": " + std::string(KindName(slot.args.kind)) + " of " +
                 std::to_string(slot.args.count) + " " + std::string(DTypeName(slot.args.dtype)) +
                 " waited " + FormatDuration(w.options.timeout) + " for rank(s) " +
-                Missing(false));
-            w.aborted = s;
-            w.cv.notify_all();
-            return s;
+                Missing(false)));
           }
         }
         lock.unlock();
@@ -525,11 +520,9 @@ Status InProcessRequest::Wait() {
                           ": the sender already finished");
     }
     if (fail.ok() && Clock::now() >= deadline) {
-      fail = DeadlineExceededError("rank " + std::to_string(rank_) + ": " + what_ +
-                                   ": nothing arrived within " +
-                                   FormatDuration(w.options.timeout));
-      w.aborted = fail;
-      w.cv.notify_all();
+      fail = w.AbortLocked(DeadlineExceededError("rank " + std::to_string(rank_) + ": " + what_ +
+                                                 ": nothing arrived within " +
+                                                 FormatDuration(w.options.timeout)));
     }
     if (!fail.ok()) {  // withdraw the receive so nobody writes the buffer later
       for (auto& list : group_->posted) {
@@ -582,11 +575,12 @@ Status RunInProcess(int size, const std::function<Status(Communicator&)>& fn,
       Status s = fn(*made.comms[r]);
       std::lock_guard<std::mutex> lock(world.mu);
       world.finished[r] = true;
-      if (!s.ok() && world.aborted.ok()) {
-        world.aborted = AbortedError("rank " + std::to_string(r) + " failed: " + s.ToString());
+      if (!s.ok()) {
+        (void)world.AbortLocked(
+            AbortedError("rank " + std::to_string(r) + " failed: " + s.ToString()));
       }
       results[r] = std::move(s);
-      world.cv.notify_all();
+      world.cv.notify_all();  // peers waiting on this rank see it finished
     });
   }
   for (auto& t : threads) t.join();

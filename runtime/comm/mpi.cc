@@ -116,15 +116,14 @@ MPI_Op MpiOp(DType dtype, ReduceOp op) {
 // watchdog over calls in flight.
 class MpiWorld {
  public:
-  // A blocking call in progress. Cheap to register (no strings built):
-  // the message is only made if the call times out.
+  // A blocking point-to-point call in progress (collectives use the
+  // communicator's CollectiveSlot below).
   struct InFlight {
     Clock::time_point start;
     const void* comm;
     std::string (*where)(const void* comm);
-    CollectiveArgs args;
-    const char* p2p;  // non-null for point-to-point waits (owned by the caller)
-    InFlight* prev = nullptr;  // intrusive list: registering allocates nothing
+    const char* what;  // owned by the caller
+    InFlight* prev = nullptr;
     InFlight* next = nullptr;
   };
 
@@ -170,9 +169,7 @@ class MpiWorld {
       cv_.wait_for(lock, period);
       const auto now = Clock::now();
       for (const InFlight* p = head_; p != nullptr; p = p->next) {
-        if (now - p->start >= options_.timeout) {
-          Fire(lock, p->where(p->comm), p->p2p ? std::string(p->p2p) : DescribeArgs(p->args));
-        }
+        if (now - p->start >= options_.timeout) Fire(lock, p->where(p->comm), p->what);
       }
       for (CollectiveSlot* c = slots_; c != nullptr; c = c->next) {
         const uint64_t seq = c->seq.load(std::memory_order_acquire);
@@ -227,16 +224,15 @@ class MpiWorld {
   std::thread watchdog_;
 };
 
-// Registers a blocking MPI call with the watchdog for its duration.
+// Registers a blocking point-to-point call with the watchdog for its
+// duration.
 class Watched {
  public:
   template <typename Comm>
-  Watched(MpiWorld& world, const Comm* comm, const CollectiveArgs* args,
-          const char* p2p = nullptr)
+  Watched(MpiWorld& world, const Comm* comm, const std::string& what)
       : world_(world),
         f_{Clock::now(), comm,
-           [](const void* c) { return static_cast<const Comm*>(c)->Where(); },
-           args ? *args : CollectiveArgs{}, p2p} {
+           [](const void* c) { return static_cast<const Comm*>(c)->Where(); }, what.c_str()} {
     world_.Begin(&f_);
   }
   ~Watched() { world_.End(&f_); }
@@ -309,7 +305,7 @@ class MpiCommunicator : public Communicator {
     const CollectiveArgs args{CollectiveKind::kBroadcast, count, dtype, ReduceOp::kSum, root};
     RETURN_IF_ERROR(Check(args));
     CollectiveWatch w(slot_, args);
-    return Chunked(count, dtype, [&](int64_t off, int n) {
+    return Chunked(count, [&](int64_t off, int n) {
       return MPI_Bcast(static_cast<char*>(buf) + off * DTypeSize(dtype), n, MpiType(dtype),
                        root, comm_);
     }, args);
@@ -320,12 +316,12 @@ class MpiCommunicator : public Communicator {
     RETURN_IF_ERROR(CheckReduction(dtype, op));
     const CollectiveArgs args{CollectiveKind::kAllReduce, count, dtype, op};
     RETURN_IF_ERROR(Check(args));
-    if (world_->options().deterministic && IsFloatingPoint(dtype) && size_ > 1) {
+    if (FoldInRankOrder(dtype)) {
       return DeterministicAllReduce(send, recv, count, dtype, op, args);
     }
     CollectiveWatch w(slot_, args);
     const int64_t esize = DTypeSize(dtype);
-    RETURN_IF_ERROR(Chunked(count, dtype, [&](int64_t off, int n) {
+    RETURN_IF_ERROR(Chunked(count, [&](int64_t off, int n) {
       void* out = static_cast<char*>(recv) + off * esize;
       const void* in = send == recv ? MPI_IN_PLACE : static_cast<const char*>(send) + off * esize;
       return MPI_Allreduce(in, out, n, MpiType(dtype), MpiOp(dtype, op), comm_);
@@ -365,7 +361,7 @@ class MpiCommunicator : public Communicator {
     RETURN_IF_ERROR(CheckFits(recv_count * size_, args));
     RETURN_IF_ERROR(Check(args));
     CollectiveWatch w(slot_, args);
-    if (world_->options().deterministic && IsFloatingPoint(dtype) && size_ > 1) {
+    if (FoldInRankOrder(dtype)) {
       // Every rank's block r lands here; fold them in rank order.
       std::vector<char> blocks(recv_count * size_ * DTypeSize(dtype));
       RETURN_IF_ERROR(Ok(MPI_Alltoall(send, static_cast<int>(recv_count), MpiType(dtype),
@@ -427,7 +423,7 @@ class MpiCommunicator : public Communicator {
   Status Send(const void* buf, int64_t count, DType dtype, int peer, int tag) override {
     RETURN_IF_ERROR(CheckPeer(count, peer, tag));
     const std::string what = P2PWhat("send to", count, dtype, peer, tag);
-    Watched w(*world_, this, nullptr, what.c_str());
+    Watched w(*world_, this, what);
     return P2POk(MPI_Send(buf, static_cast<int>(count), MpiType(dtype), peer, tag, comm_), what);
   }
 
@@ -435,7 +431,7 @@ class MpiCommunicator : public Communicator {
     RETURN_IF_ERROR(CheckPeer(count, peer, tag));
     const std::string what = P2PWhat("receive from", count, dtype, peer, tag);
     MPI_Status st;
-    Watched w(*world_, this, nullptr, what.c_str());
+    Watched w(*world_, this, what);
     const int rc = MPI_Recv(buf, static_cast<int>(count), MpiType(dtype), peer, tag, comm_, &st);
     return CheckReceived(rc, st, count, dtype, what);
   }
@@ -467,6 +463,14 @@ class MpiCommunicator : public Communicator {
     return s + ")";
   }
 
+  Status P2POk(int rc, const std::string& what) const {
+    if (rc == MPI_SUCCESS) return Status::Ok();
+    int cls = 0;
+    MPI_Error_class(rc, &cls);
+    const std::string msg = Where() + ": " + what + ": " + ErrorString(rc);
+    return cls == MPI_ERR_TRUNCATE ? InvalidArgumentError(msg + " (the sender sent more)")
+                                   : IOError(msg);
+  }
   Status CheckReceived(int rc, const MPI_Status& st, int64_t count, DType dtype,
                        const std::string& what) {
     if (rc != MPI_SUCCESS) return P2POk(rc, what);
@@ -497,19 +501,10 @@ class MpiCommunicator : public Communicator {
     if (rc == MPI_SUCCESS) return Status::Ok();
     return IOError(Where() + ": " + DescribeArgs(args) + ": " + ErrorString(rc));
   }
-  Status P2POk(int rc, const std::string& what) const {
-    if (rc == MPI_SUCCESS) return Status::Ok();
-    int cls = 0;
-    MPI_Error_class(rc, &cls);
-    const std::string msg = Where() + ": " + what + ": " + ErrorString(rc);
-    return cls == MPI_ERR_TRUNCATE ? InvalidArgumentError(msg + " (the sender sent more)")
-                                   : IOError(msg);
-  }
-
   // MPI counts are int: a larger vector goes in chunks where the collective
   // allows it, else is refused.
   template <typename Fn>
-  Status Chunked(int64_t count, DType, Fn fn, const CollectiveArgs& args) const {
+  Status Chunked(int64_t count, Fn fn, const CollectiveArgs& args) const {
     constexpr int64_t kMax = INT_MAX / 2;
     int64_t off = 0;
     do {
@@ -586,6 +581,12 @@ class MpiCommunicator : public Communicator {
                                 " expects " + std::to_string(recv_counts[bad]));
   }
 
+  // CommOptions::deterministic: floating-point reductions take the
+  // in-process order (integers are exact in any order).
+  bool FoldInRankOrder(DType dtype) const {
+    return world_->options().deterministic && IsFloatingPoint(dtype) && size_ > 1;
+  }
+
   // blocks: size_ blocks of `count`, block i from rank i; folds them.
   void FoldBlocks(const char* blocks, int64_t count, DType dtype, ReduceOp op, void* out) const {
     std::vector<const void*> in(size_);
@@ -623,8 +624,8 @@ class MpiRequest : public Request::Impl {
  public:
   MpiRequest(MpiCommunicator* comm, MPI_Request req, std::string what, int64_t count,
              DType dtype, bool is_recv)
-      : comm_(comm), req_(req), what_(std::move(what)), where_(comm->Where()), count_(count),
-        dtype_(dtype), is_recv_(is_recv) {}
+      : comm_(comm), req_(req), what_(std::move(what)), count_(count), dtype_(dtype),
+        is_recv_(is_recv) {}
   ~MpiRequest() override {
     if (req_ != MPI_REQUEST_NULL) {  // never waited: do not leave MPI writing into freed memory
       MPI_Cancel(&req_);
@@ -635,21 +636,17 @@ class MpiRequest : public Request::Impl {
     MPI_Status st;
     int rc;
     {
-      Watched w(comm_->world(), comm_, nullptr, what_.c_str());
+      Watched w(comm_->world(), comm_, what_);
       rc = MPI_Wait(&req_, &st);
     }
-    if (!is_recv_) {
-      return rc == MPI_SUCCESS ? Status::Ok()
-                               : IOError(where_ + ": " + what_ + " failed");
-    }
-    return comm_->CheckReceived(rc, st, count_, dtype_, what_);
+    return is_recv_ ? comm_->CheckReceived(rc, st, count_, dtype_, what_)
+                    : comm_->P2POk(rc, what_);
   }
 
  private:
   MpiCommunicator* comm_;
   MPI_Request req_;
   std::string what_;
-  std::string where_;
   int64_t count_;
   DType dtype_;
   bool is_recv_;

@@ -308,25 +308,28 @@ class NcclCommunicator : public Communicator {
   template <typename Enqueue>
   Status Run(const CollectiveArgs& args, Enqueue enqueue) {
     if (aborted_) return AbortedError(Where() + ": the communicator was aborted after an error");
-    const std::string what = [&] { return Where() + ": " + DescribeArgs(args); }();
-    RETURN_IF_ERROR(CudaOk(cudaSetDevice(device_), what));
-    RETURN_IF_ERROR(NcclOk(enqueue(), what));
+    // The message is built only on failure: this is the path of every call.
+    auto what = [&] { return Where() + ": " + DescribeArgs(args); };
+    if (cudaError_t e = cudaSetDevice(device_); e != cudaSuccess) return CudaOk(e, what());
+    if (ncclResult_t r = enqueue(); r != ncclSuccess && r != ncclInProgress) {
+      return NcclOk(r, what());
+    }
     const auto deadline = Clock::now() + options_.timeout;
     while (true) {
       const cudaError_t q = cudaStreamQuery(stream_);
       if (q == cudaSuccess) return Status::Ok();
-      if (q != cudaErrorNotReady) return CudaOk(q, what);
+      if (q != cudaErrorNotReady) return CudaOk(q, what());
       ncclResult_t async = ncclSuccess;
       ncclCommGetAsyncError(comm_, &async);
       if (async != ncclSuccess && async != ncclInProgress) {
         aborted_ = true;
-        return NcclOk(async, what + " (a peer failed)");
+        return NcclOk(async, what() + " (a peer failed)");
       }
       if (Clock::now() >= deadline) {
         aborted_ = true;
         ncclCommAbort(comm_);
         comm_ = nullptr;
-        return DeadlineExceededError(what + " did not complete within " +
+        return DeadlineExceededError(what() + " did not complete within " +
                                      FormatDuration(options_.timeout));
       }
       std::this_thread::yield();
