@@ -118,33 +118,38 @@ void Gpt::Init(uint64_t seed) {
   step_ = 0;
 }
 
-void Gpt::Resize(Activations& a, int B, int T) const {
+template <typename F>
+void Gpt::ForEachBuffer(Activations& a, int B, int T, bool gradients, F f) const {
   const int64_t N = static_cast<int64_t>(B) * T, C = config_.embed, L = config_.layers;
   const int64_t NH = config_.heads, V = config_.vocab;
+  f(a.encoded, N * C);
+  f(a.ln1, L * N * C);
+  f(a.qkv, L * N * 3 * C);
+  f(a.atty, L * N * C);
+  f(a.attproj, L * N * C);
+  f(a.residual2, L * N * C);
+  f(a.ln2, L * N * C);
+  f(a.fch, L * N * 4 * C);
+  f(a.fch_gelu, L * N * 4 * C);
+  f(a.fcproj, L * N * C);
+  f(a.residual3, L * N * C);
+  f(a.lnf, N * C);
+  f(a.logits, N * V);
+  if (gradients) return;  // the rest are saved for backward and have no gradient
+  f(a.ln1_mean, L * N);
+  f(a.ln1_rstd, L * N);
+  f(a.att, L * B * NH * T * T);
+  f(a.ln2_mean, L * N);
+  f(a.ln2_rstd, L * N);
+  f(a.lnf_mean, N);
+  f(a.lnf_rstd, N);
+  f(a.probs, N * V);
+}
+
+void Gpt::Resize(Activations& a, int B, int T, bool gradients) const {
   a.B = B;
   a.T = T;
-  auto size = [](std::vector<float>& v, int64_t n) { v.assign(n, 0.0f); };
-  size(a.encoded, N * C);
-  size(a.ln1, L * N * C);
-  size(a.ln1_mean, L * N);
-  size(a.ln1_rstd, L * N);
-  size(a.qkv, L * N * 3 * C);
-  size(a.att, L * B * NH * T * T);
-  size(a.atty, L * N * C);
-  size(a.attproj, L * N * C);
-  size(a.residual2, L * N * C);
-  size(a.ln2, L * N * C);
-  size(a.ln2_mean, L * N);
-  size(a.ln2_rstd, L * N);
-  size(a.fch, L * N * 4 * C);
-  size(a.fch_gelu, L * N * 4 * C);
-  size(a.fcproj, L * N * C);
-  size(a.residual3, L * N * C);
-  size(a.lnf, N * C);
-  size(a.lnf_mean, N);
-  size(a.lnf_rstd, N);
-  size(a.logits, N * V);
-  size(a.probs, N * V);
+  ForEachBuffer(a, B, T, gradients, [](std::vector<float>& v, int64_t n) { v.assign(n, 0.0f); });
 }
 
 Result<float> Gpt::Forward(const int32_t* tokens, const int32_t* targets, int B, int T) {
@@ -162,7 +167,7 @@ Result<float> Gpt::Forward(const int32_t* tokens, const int32_t* targets, int B,
                                   std::to_string(config_.vocab));
     }
   }
-  if (acts_.B != B || acts_.T != T) Resize(acts_, B, T);
+  if (acts_.B != B || acts_.T != T) Resize(acts_, B, T, /*gradients=*/false);
   tokens_.assign(tokens, tokens + N);
   has_targets_ = targets != nullptr;
   if (has_targets_) targets_.assign(targets, targets + N);
@@ -219,14 +224,10 @@ Status Gpt::Backward() {
   const int n = static_cast<int>(N);
   const int C = config_.embed, NH = config_.heads, V = config_.vocab, L = config_.layers;
   if (grad_acts_.B != B || grad_acts_.T != T) {
-    Resize(grad_acts_, B, T);
-  } else {
-    for (auto* v : {&grad_acts_.encoded, &grad_acts_.ln1, &grad_acts_.qkv, &grad_acts_.atty,
-                    &grad_acts_.attproj, &grad_acts_.residual2, &grad_acts_.ln2, &grad_acts_.fch,
-                    &grad_acts_.fch_gelu, &grad_acts_.fcproj, &grad_acts_.residual3,
-                    &grad_acts_.lnf, &grad_acts_.logits}) {
-      std::fill(v->begin(), v->end(), 0.0f);
-    }
+    Resize(grad_acts_, B, T, /*gradients=*/true);
+  } else {  // the kernels accumulate: start every gradient buffer at zero
+    ForEachBuffer(grad_acts_, B, T, /*gradients=*/true,
+                  [](std::vector<float>& v, int64_t) { std::fill(v.begin(), v.end(), 0.0f); });
   }
   const Activations& a = acts_;
   Activations& d = grad_acts_;

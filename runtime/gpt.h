@@ -86,7 +86,12 @@ class Gpt {
         ln2_mean, ln2_rstd, fch, fch_gelu, fcproj, residual3, lnf, lnf_mean, lnf_rstd, logits,
         probs;
   };
-  void Resize(Activations& a, int B, int T) const;
+  // Every activation buffer with its size for [B,T]. With `gradients`, only
+  // those that have a gradient (the backward pass keeps no gradient of
+  // layernorm statistics, attention weights or probabilities).
+  template <typename F>
+  void ForEachBuffer(Activations& a, int B, int T, bool gradients, F f) const;
+  void Resize(Activations& a, int B, int T, bool gradients) const;
   float* P(int64_t offset) { return weights_.data() + offset; }
   float* G(int64_t offset) { return grads_.data() + offset; }
 

@@ -7,7 +7,6 @@
 #include <cmath>
 #include <cstdlib>
 #include <memory>
-#include <mutex>
 #include <vector>
 
 #include "core/thread_pool.h"
@@ -16,10 +15,7 @@ namespace tessera::kernels {
 
 namespace {
 
-std::mutex pool_mu;
 std::unique_ptr<ThreadPool> pool;  // null: run on the caller's thread
-
-}  // namespace
 
 // exp for the softmaxes and GELU: x = n ln2 + r with |r| <= ln2/2 (Cody-Waite
 // split of ln2), e^r by Cephes' degree-6 polynomial, 2^n through the
@@ -50,23 +46,22 @@ TESSERA_CLONES double ExpShifted(const float* in, float* out, int64_t n, float s
   return sum;
 }
 
-void SetComputeThreads(int threads) {
-  const int n = threads > 0 ? threads : openblas_get_num_procs();
-  openblas_set_num_threads(n);
-  std::lock_guard<std::mutex> lock(pool_mu);
-  pool = n > 1 ? std::make_unique<ThreadPool>(n) : nullptr;
-}
-
-std::string BlasCoreName() { return openblas_get_corename(); }
-
-namespace {
 bool HasAvx512() {
   return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
          __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") &&
          __builtin_cpu_supports("avx512cd");
 }
 bool Avx2Core(const std::string& core) { return core == "Haswell" || core == "Zen"; }
+
 }  // namespace
+
+void SetComputeThreads(int threads) {
+  const int n = threads > 0 ? threads : openblas_get_num_procs();
+  openblas_set_num_threads(n);
+  pool = n > 1 ? std::make_unique<ThreadPool>(n) : nullptr;
+}
+
+std::string BlasCoreName() { return openblas_get_corename(); }
 
 std::string BetterBlasCore() {
   if (std::getenv("OPENBLAS_CORETYPE") != nullptr) return "";
@@ -332,17 +327,17 @@ float SoftmaxCrossEntropyForward(float* probs, const float* logits, const int32_
   // the thread count.
   std::vector<double> row_loss(N);
   ParallelChunks(N, 16, [&](int64_t begin, int64_t end) {
-  for (int64_t n = begin; n < end; ++n) {
-    const float* l = logits + static_cast<int64_t>(n) * V;
-    float* p = probs + static_cast<int64_t>(n) * V;
-    float maxv = l[0];
-    for (int v = 1; v < V; ++v) maxv = std::max(maxv, l[v]);
-    const double sum = ExpShifted(l, p, V, maxv);
-    const float inv = static_cast<float>(1.0 / sum);
-    for (int v = 0; v < V; ++v) p[v] *= inv;
-    // -log softmax computed from the logits, exact even where probs underflow
-    row_loss[n] = std::log(sum) + maxv - l[targets[n]];
-  }
+    for (int64_t n = begin; n < end; ++n) {
+      const float* l = logits + n * V;
+      float* p = probs + n * V;
+      float maxv = l[0];
+      for (int v = 1; v < V; ++v) maxv = std::max(maxv, l[v]);
+      const double sum = ExpShifted(l, p, V, maxv);
+      const float inv = static_cast<float>(1.0 / sum);
+      for (int v = 0; v < V; ++v) p[v] *= inv;
+      // -log softmax computed from the logits, exact even where probs underflow
+      row_loss[n] = std::log(sum) + maxv - l[targets[n]];
+    }
   });
   double total = 0;
   for (double x : row_loss) total += x;

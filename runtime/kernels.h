@@ -18,7 +18,8 @@ namespace tessera::kernels {
 
 // The threads the kernels use: OpenBLAS for the matrix products and a
 // pool for the element-wise kernels (<= 0: all cores). Results do not
-// depend on the count except through OpenBLAS's own blocking.
+// depend on the count except through OpenBLAS's own blocking. Call it at
+// start-up, never while kernels run.
 void SetComputeThreads(int threads);
 
 // OpenBLAS 0.3.21 predates AMD Zen 4/5 and runs its Haswell (AVX2)
