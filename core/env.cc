@@ -31,10 +31,17 @@ Result<std::string> ReadFileToString(Env* env, const std::string& path) {
 }
 
 Status WriteFileAtomically(Env* env, const std::string& path, std::string_view data) {
+  return WriteFileAtomically(env, path, std::span<const std::string_view>(&data, 1));
+}
+
+Status WriteFileAtomically(Env* env, const std::string& path,
+                           std::span<const std::string_view> parts) {
   const std::string tmp = path + ".tmp";
   auto write_tmp = [&]() -> Status {
     ASSIGN_OR_RETURN(auto file, env->NewWritableFile(tmp));
-    RETURN_IF_ERROR(file->Append(data.data(), data.size()));
+    for (std::string_view part : parts) {
+      if (!part.empty()) RETURN_IF_ERROR(file->Append(part.data(), part.size()));
+    }
     RETURN_IF_ERROR(file->Sync());
     return file->Close();
   };

@@ -10,6 +10,7 @@
 #include <memory>
 #include <mutex>
 #include <set>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -74,6 +75,10 @@ Result<std::string> ReadFileToString(Env* env, const std::string& path);
 // never a mix, and after a crash the old one survives unless the rename was
 // made durable.
 Status WriteFileAtomically(Env* env, const std::string& path, std::string_view data);
+// The same for a file made of several byte ranges, written in order without
+// first joining them (a header and large tensors).
+Status WriteFileAtomically(Env* env, const std::string& path,
+                           std::span<const std::string_view> parts);
 // Deletes a directory tree (files and sub-directories).
 Status DeleteRecursively(Env* env, const std::string& path);
 

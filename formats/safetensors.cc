@@ -165,22 +165,13 @@ Status WriteSafetensors(Env* env, const std::string& path,
   }
   std::string text = header.dump();
   text.append((8 - text.size() % 8) % 8, ' ');  // the data starts 8-byte aligned
-  unsigned char len[8];
-  for (int i = 0; i < 8; ++i) len[i] = static_cast<unsigned char>(text.size() >> (8 * i));
-  const std::string tmp = path + ".tmp";
-  Status s = [&]() -> Status {
-    ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> out, env->NewWritableFile(tmp));
-    RETURN_IF_ERROR(out->Append(len, 8));
-    RETURN_IF_ERROR(out->Append(text.data(), text.size()));
-    for (size_t i = 0; i < tensors.size(); ++i) {
-      if (sizes[i] > 0) RETURN_IF_ERROR(out->Append(tensors[i].data, sizes[i]));
-    }
-    RETURN_IF_ERROR(out->Sync());
-    RETURN_IF_ERROR(out->Close());
-    return env->RenameFile(tmp, path);
-  }();
-  if (!s.ok()) (void)env->DeleteFile(tmp);
-  return s;
+  char len[8];
+  for (int i = 0; i < 8; ++i) len[i] = static_cast<char>(text.size() >> (8 * i));
+  std::vector<std::string_view> parts = {{len, 8}, text};
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    parts.emplace_back(static_cast<const char*>(tensors[i].data), sizes[i]);
+  }
+  return WriteFileAtomically(env, path, parts);
 }
 
 }  // namespace tessera

@@ -65,8 +65,9 @@ struct SafetensorsTensor {
   const void* data = nullptr;
 };
 
-// Writes a whole file at `path` through a temporary name, synced, renamed
-// into place when complete. Tensors are stored in the given order.
+// Writes a whole file at `path` with WriteFileAtomically (temporary name,
+// synced, renamed into place, directory synced). Tensors are stored in the
+// given order.
 Status WriteSafetensors(Env* env, const std::string& path,
                         const std::vector<SafetensorsTensor>& tensors,
                         const std::map<std::string, std::string>& metadata = {});

@@ -6,13 +6,9 @@
 namespace tessera {
 
 Result<std::vector<int32_t>> TokenizeBytesFile(Env* env, const std::string& path) {
-  ASSIGN_OR_RETURN(std::unique_ptr<RandomAccessFile> file, env->NewRandomAccessFile(path));
-  ASSIGN_OR_RETURN(uint64_t size, file->Size());
-  std::string bytes(size, '\0');
-  RETURN_IF_ERROR(file->Read(0, size, bytes.data()));
-  std::vector<int32_t> tokens(size);
-  for (uint64_t i = 0; i < size; ++i) tokens[i] = static_cast<unsigned char>(bytes[i]);
-  return tokens;
+  ASSIGN_OR_RETURN(std::string bytes, ReadFileToString(env, path));
+  return std::vector<int32_t>(reinterpret_cast<const unsigned char*>(bytes.data()),
+                              reinterpret_cast<const unsigned char*>(bytes.data()) + bytes.size());
 }
 
 std::string DataPosition::ToString() const {

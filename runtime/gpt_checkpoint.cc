@@ -1,7 +1,6 @@
 #include "runtime/gpt_checkpoint.h"
 
 #include "ckpt/native.h"
-#include "ckpt/ops.h"
 #include "formats/native_files.h"
 
 namespace tessera {
@@ -53,22 +52,21 @@ Status SaveGpt(Env* env, const Gpt& model, const std::string& root, const std::s
   return SetLatest(env, root, name);
 }
 
-Result<CheckpointMeta> LoadGpt(Env* env, const std::string& path, Gpt* model) {
-  ASSIGN_OR_RETURN(std::unique_ptr<CheckpointReader> reader, OpenCheckpoint(env, path));
+Status LoadGpt(const CheckpointReader& reader, Gpt* model) {
   for (const Entry& e : Entries(*model)) {
-    ASSIGN_OR_RETURN(size_t index, FindTensor(*reader, e.name));
-    const Layout& layout = reader->strategy().tensors()[index].layout;
+    ASSIGN_OR_RETURN(size_t index, FindTensor(reader, e.name));
+    const Layout& layout = reader.strategy().tensors()[index].layout;
     if (layout.shape != e.param->shape || layout.dtype != DType::kF32) {
-      return InvalidArgumentError("checkpoint '" + reader->path() + "': tensor '" + e.name +
+      return InvalidArgumentError("checkpoint '" + reader.path() + "': tensor '" + e.name +
                                   "' has another shape or dtype than the model's");
     }
     std::vector<float>& dst = e.which == 0   ? model->weights()
                               : e.which == 1 ? model->adam_m()
                                              : model->adam_v();
-    RETURN_IF_ERROR(ReadTensor(*reader, index, dst.data() + e.param->offset));
+    RETURN_IF_ERROR(ReadTensor(reader, index, dst.data() + e.param->offset));
   }
-  model->set_step(reader->meta().step);
-  return reader->meta();
+  model->set_step(reader.meta().step);
+  return Status::Ok();
 }
 
 }  // namespace tessera

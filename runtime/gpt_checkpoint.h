@@ -19,11 +19,11 @@ namespace tessera {
 Status SaveGpt(Env* env, const Gpt& model, const std::string& root, const std::string& name,
                const std::map<std::string, std::string>& metadata);
 
-// Loads parameters, moments and step from a checkpoint (a directory, or a
-// root with `latest`) into `model`, whose config must give the same names
-// and shapes; a missing tensor or another shape is an error naming it.
-// Returns the checkpoint's meta (step, metadata).
-Result<CheckpointMeta> LoadGpt(Env* env, const std::string& path, Gpt* model);
+// Loads parameters, moments and step from an open checkpoint (OpenCheckpoint
+// takes a directory, or a root with `latest`; check reader.meta() first) into
+// `model`, whose config must give the same names and shapes; a missing
+// tensor or another shape is an error naming it.
+Status LoadGpt(const CheckpointReader& reader, Gpt* model);
 
 }  // namespace tessera
 

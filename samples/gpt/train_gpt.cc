@@ -100,9 +100,9 @@ int main(int argc, char** argv) {
           "checkpoint '" + (*checkpoint)->path() + "' was trained with '" +
           (it == saved.end() ? std::string("?") : it->second) + "', not '" + config_text + "'"));
     }
-    auto meta = LoadGpt(env, save, &*model);
-    if (!meta.ok()) return Fail(meta.status());
-    auto position = DataPosition::Parse(meta->metadata["data.position"]);
+    if (Status s = LoadGpt(**checkpoint, &*model); !s.ok()) return Fail(s);
+    const auto pos = saved.find("data.position");
+    auto position = DataPosition::Parse(pos == saved.end() ? "" : pos->second);
     if (!position.ok()) return Fail(position.status());
     if (Status s = loader->Restore(*position); !s.ok()) return Fail(s);
     std::printf("resumed from step %lld (data position %s)\n",
