@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "core/checksum.h"
 #include "runtime/kernels.h"
 
 namespace tessera {
@@ -96,9 +97,7 @@ bool EndsWith(const std::string& s, const std::string& suffix) {
 void Gpt::Init(uint64_t seed) {
   const double residual_std = 0.02 / std::sqrt(2.0 * config_.layers);
   for (const ParamInfo& p : params_) {
-    uint64_t name_hash = 1469598103934665603ull;  // FNV-1a: stable everywhere
-    for (unsigned char ch : p.name) name_hash = (name_hash ^ ch) * 1099511628211ull;
-    Normal rng{seed ^ name_hash};
+    Normal rng{seed ^ Xxh3(p.name.data(), p.name.size())};  // XXH3: stable everywhere
     float* w = P(p.offset);
     double std = 0.02;
     if (p.name == "wpe") std = 0.01;

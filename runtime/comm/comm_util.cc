@@ -2,6 +2,8 @@
 
 #include <numeric>
 
+#include "core/checksum.h"
+
 namespace tessera {
 
 std::string_view KindName(CollectiveKind kind) {
@@ -43,14 +45,7 @@ CollectiveArgs VArgs(CollectiveKind kind, std::span<const int64_t> counts, DType
                      int root) {
   CollectiveArgs a{kind, std::accumulate(counts.begin(), counts.end(), int64_t{0}), dtype,
                    ReduceOp::kSum, root};
-  uint64_t h = 1469598103934665603ull;  // FNV-1a over the counts
-  for (int64_t c : counts) {
-    for (int i = 0; i < 8; ++i) {
-      h ^= static_cast<uint64_t>(c >> (8 * i)) & 0xff;
-      h *= 1099511628211ull;
-    }
-  }
-  a.counts_hash = h;
+  a.counts_hash = Xxh3(counts.data(), counts.size_bytes());
   return a;
 }
 
