@@ -3,6 +3,8 @@
 #include <charconv>
 #include <numeric>
 
+#include "core/random.h"
+
 namespace tessera {
 
 Result<std::vector<int32_t>> TokenizeBytesFile(Env* env, const std::string& path) {
@@ -49,14 +51,8 @@ void TokenLoader::Shuffle() {
   order_.resize(windows_);
   std::iota(order_.begin(), order_.end(), 0);
   uint64_t state = seed_ * 0x9e3779b97f4a7c15ull + static_cast<uint64_t>(position_.epoch) + 1;
-  auto next = [&] {  // splitmix64: the same order on every platform
-    uint64_t z = (state += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-  };
-  for (int64_t i = windows_ - 1; i > 0; --i) {
-    std::swap(order_[i], order_[next() % static_cast<uint64_t>(i + 1)]);
+  for (int64_t i = windows_ - 1; i > 0; --i) {  // the same order on every platform
+    std::swap(order_[i], order_[SplitMix64(state) % static_cast<uint64_t>(i + 1)]);
   }
 }
 

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "core/checksum.h"
+#include "core/random.h"
 #include "runtime/kernels.h"
 
 namespace tessera {
@@ -76,10 +77,7 @@ namespace {
 struct Normal {
   uint64_t state;
   double Uniform() {
-    uint64_t z = (state += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    z ^= z >> 31;
+    const uint64_t z = SplitMix64(state);
     return (static_cast<double>(z >> 11) + 0.5) * (1.0 / 9007199254740992.0);  // (0, 1)
   }
   double Next() {

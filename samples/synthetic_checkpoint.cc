@@ -3,17 +3,10 @@
 #include <cstring>
 
 #include "core/checksum.h"
+#include "core/random.h"
 
 namespace tessera::samples {
 namespace {
-
-uint64_t Mix(uint64_t x) {  // splitmix64's finaliser
-  x ^= x >> 30;
-  x *= 0xbf58476d1ce4e5b9ULL;
-  x ^= x >> 27;
-  x *= 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
 
 // Bytes of one element: floats in [-0.02, 0.02) like an initialised
 // model; other types take the hash's low bytes.
@@ -45,7 +38,7 @@ SyntheticCheckpoint::SyntheticCheckpoint(Strategy strategy, uint64_t seed, int64
   meta_.step = step;
   meta_.metadata["synthetic_seed"] = std::to_string(seed);
   for (const TensorStrategy& t : strategy_.tensors()) {
-    keys_.push_back(Mix(seed ^ Xxh3(t.name.data(), t.name.size())));
+    keys_.push_back(Mix64(seed ^ Xxh3(t.name.data(), t.name.size())));
   }
 }
 
@@ -71,7 +64,7 @@ Status SyntheticCheckpoint::ReadRegion(size_t index, const Box& region, void* ds
       local = local * dst_extents[rank - 1] + dst_box[rank - 1].begin;
     }
     for (int64_t j = 0; j < row; ++j) {
-      Element(Mix(keys_[index] + static_cast<uint64_t>(global + j)), l.dtype, out + (local + j) * es);
+      Element(Mix64(keys_[index] + static_cast<uint64_t>(global + j)), l.dtype, out + (local + j) * es);
     }
     int d = rank - 2;
     while (d >= 0 && ++idx[d] == region[d].size()) idx[d--] = 0;
