@@ -116,7 +116,7 @@ void Gpt::Init(uint64_t seed) {
 }
 
 template <typename F>
-void Gpt::ForEachBuffer(Activations& a, int B, int T, bool gradients, F f) const {
+void Gpt::ForEachBuffer(Activations& a, int B, int T, F f) const {
   const int64_t N = static_cast<int64_t>(B) * T, C = config_.embed, L = config_.layers;
   const int64_t NH = config_.heads, V = config_.vocab;
   f(a.encoded, N * C);
@@ -132,7 +132,6 @@ void Gpt::ForEachBuffer(Activations& a, int B, int T, bool gradients, F f) const
   f(a.residual3, L * N * C);
   f(a.lnf, N * C);
   f(a.logits, N * V);
-  if (gradients) return;  // the rest are saved for backward and have no gradient
   f(a.ln1_mean, L * N);
   f(a.ln1_rstd, L * N);
   f(a.att, L * B * NH * T * T);
@@ -143,10 +142,20 @@ void Gpt::ForEachBuffer(Activations& a, int B, int T, bool gradients, F f) const
   f(a.probs, N * V);
 }
 
-void Gpt::Resize(Activations& a, int B, int T, bool gradients) const {
+void Gpt::Resize(Activations& a, int B, int T) const {
   a.B = B;
   a.T = T;
-  ForEachBuffer(a, B, T, gradients, [](std::vector<float>& v, int64_t n) { v.assign(n, 0.0f); });
+  ForEachBuffer(a, B, T, [](std::vector<float>& v, int64_t n) { v.assign(n, 0.0f); });
+}
+
+void Gpt::Resize(Gradients& d, int B, int T) const {
+  d.B = B;
+  d.T = T;
+  const int64_t nc = static_cast<int64_t>(B) * T * config_.embed;
+  for (auto [v, n] : {std::pair{&d.residual, nc}, {&d.lnf, nc}, {&d.ln1, nc}, {&d.qkv, 3 * nc},
+                      {&d.atty, nc}, {&d.ln2, nc}, {&d.fch, 4 * nc}, {&d.fch_gelu, 4 * nc}}) {
+    v->assign(n, 0.0f);
+  }
 }
 
 Result<float> Gpt::Forward(const int32_t* tokens, const int32_t* targets, int B, int T) {
@@ -164,7 +173,7 @@ Result<float> Gpt::Forward(const int32_t* tokens, const int32_t* targets, int B,
                                   std::to_string(config_.vocab));
     }
   }
-  if (acts_.B != B || acts_.T != T) Resize(acts_, B, T, /*gradients=*/false);
+  if (acts_.B != B || acts_.T != T) Resize(acts_, B, T);
   tokens_.assign(tokens, tokens + N);
   has_targets_ = targets != nullptr;
   if (has_targets_) targets_.assign(targets, targets + N);
@@ -216,58 +225,51 @@ Status Gpt::Backward() {
   if (!has_targets_ || acts_.B == 0) {
     return FailedPreconditionError("GPT backward needs a forward with targets first");
   }
+  has_targets_ = false;  // the probabilities become the logits' gradient below
   const int B = acts_.B, T = acts_.T;
   const int64_t N = static_cast<int64_t>(B) * T;
   const int n = static_cast<int>(N);
   const int C = config_.embed, NH = config_.heads, V = config_.vocab, L = config_.layers;
-  if (grad_acts_.B != B || grad_acts_.T != T) {
-    Resize(grad_acts_, B, T, /*gradients=*/true);
-  } else {  // the kernels accumulate: start every gradient buffer at zero
-    ForEachBuffer(grad_acts_, B, T, /*gradients=*/true,
-                  [](std::vector<float>& v, int64_t) { std::fill(v.begin(), v.end(), 0.0f); });
-  }
-  const Activations& a = acts_;
-  Activations& d = grad_acts_;
-  std::vector<float> scratch(static_cast<size_t>(T) * T);
-
-  k::SoftmaxCrossEntropyBackward(d.logits.data(), a.probs.data(), targets_.data(), 1.0f, n, V);
-  k::MatmulTransposedBackward(d.lnf.data(), G(wte_), d.logits.data(), a.lnf.data(), P(wte_), n,
-                              C, V);
+  if (grad_acts_.B != B || grad_acts_.T != T) Resize(grad_acts_, B, T);
+  scratch_.resize(static_cast<size_t>(T) * T);
+  Activations& a = acts_;
+  Gradients& d = grad_acts_;
   const int64_t nc = N * C;
+
+  // The residual stream's gradient accumulates in d.residual from the top:
+  // each layernorm adds its input gradient, and every residual add passes
+  // it unchanged to both of its inputs (so the branch outputs read it as is).
+  float* dlogits = a.probs.data();
+  k::SoftmaxCrossEntropyBackward(dlogits, a.probs.data(), targets_.data(), 1.0f, n, V);
+  k::MatmulTransposedBackward(d.lnf.data(), G(wte_), dlogits, a.lnf.data(), P(wte_), n, C, V);
+  std::fill(d.residual.begin(), d.residual.end(), 0.0f);
   const float* last = L > 0 ? a.residual3.data() + (L - 1) * nc : a.encoded.data();
-  float* dlast = L > 0 ? d.residual3.data() + (L - 1) * nc : d.encoded.data();
-  k::LayerNormBackward(dlast, G(lnfw_), G(lnfb_), d.lnf.data(), last, P(lnfw_),
+  k::LayerNormBackward(d.residual.data(), G(lnfw_), G(lnfb_), d.lnf.data(), last, P(lnfw_),
                        a.lnf_mean.data(), a.lnf_rstd.data(), n, C);
+  float* dres = d.residual.data();
   for (int l = L - 1; l >= 0; --l) {
     const Layer& w = layers_[l];
     const float* residual = l == 0 ? a.encoded.data() : a.residual3.data() + (l - 1) * nc;
-    float* dresidual = l == 0 ? d.encoded.data() : d.residual3.data() + (l - 1) * nc;
     const float* att = a.att.data() + static_cast<int64_t>(l) * B * NH * T * T;
-    // residual3 = residual2 + fcproj
-    k::ResidualBackward(d.residual2.data() + l * nc, d.fcproj.data() + l * nc,
-                        d.residual3.data() + l * nc, nc);
-    k::MatmulBackward(d.fch_gelu.data() + l * 4 * nc, G(w.fcprojw), G(w.fcprojb),
-                      d.fcproj.data() + l * nc, a.fch_gelu.data() + l * 4 * nc, P(w.fcprojw), n,
-                      4 * C, C);
-    k::GeluBackward(d.fch.data() + l * 4 * nc, a.fch.data() + l * 4 * nc,
-                    d.fch_gelu.data() + l * 4 * nc, 4 * nc);
-    k::MatmulBackward(d.ln2.data() + l * nc, G(w.fcw), G(w.fcb), d.fch.data() + l * 4 * nc,
-                      a.ln2.data() + l * nc, P(w.fcw), n, C, 4 * C);
-    k::LayerNormBackward(d.residual2.data() + l * nc, G(w.ln2w), G(w.ln2b), d.ln2.data() + l * nc,
-                         a.residual2.data() + l * nc, P(w.ln2w), a.ln2_mean.data() + l * N,
-                         a.ln2_rstd.data() + l * N, n, C);
-    // residual2 = residual + attproj
-    k::ResidualBackward(dresidual, d.attproj.data() + l * nc, d.residual2.data() + l * nc, nc);
-    k::MatmulBackward(d.atty.data() + l * nc, G(w.attprojw), G(w.attprojb),
-                      d.attproj.data() + l * nc, a.atty.data() + l * nc, P(w.attprojw), n, C, C);
-    k::AttentionBackward(d.qkv.data() + l * 3 * nc, d.atty.data() + l * nc,
-                         a.qkv.data() + l * 3 * nc, att, scratch.data(), B, T, C, NH);
-    k::MatmulBackward(d.ln1.data() + l * nc, G(w.qkvw), G(w.qkvb), d.qkv.data() + l * 3 * nc,
-                      a.ln1.data() + l * nc, P(w.qkvw), n, C, 3 * C);
-    k::LayerNormBackward(dresidual, G(w.ln1w), G(w.ln1b), d.ln1.data() + l * nc, residual,
-                         P(w.ln1w), a.ln1_mean.data() + l * N, a.ln1_rstd.data() + l * N, n, C);
+    // residual3 = residual2 + fcproj: dfcproj = dres
+    k::MatmulBackward(d.fch_gelu.data(), G(w.fcprojw), G(w.fcprojb), dres,
+                      a.fch_gelu.data() + l * 4 * nc, P(w.fcprojw), n, 4 * C, C);
+    k::GeluBackward(d.fch.data(), a.fch.data() + l * 4 * nc, d.fch_gelu.data(), 4 * nc);
+    k::MatmulBackward(d.ln2.data(), G(w.fcw), G(w.fcb), d.fch.data(), a.ln2.data() + l * nc,
+                      P(w.fcw), n, C, 4 * C);
+    k::LayerNormBackward(dres, G(w.ln2w), G(w.ln2b), d.ln2.data(), a.residual2.data() + l * nc,
+                         P(w.ln2w), a.ln2_mean.data() + l * N, a.ln2_rstd.data() + l * N, n, C);
+    // residual2 = residual + attproj: dattproj = dres
+    k::MatmulBackward(d.atty.data(), G(w.attprojw), G(w.attprojb), dres, a.atty.data() + l * nc,
+                      P(w.attprojw), n, C, C);
+    k::AttentionBackward(d.qkv.data(), d.atty.data(), a.qkv.data() + l * 3 * nc, att,
+                         scratch_.data(), B, T, C, NH);
+    k::MatmulBackward(d.ln1.data(), G(w.qkvw), G(w.qkvb), d.qkv.data(), a.ln1.data() + l * nc,
+                      P(w.qkvw), n, C, 3 * C);
+    k::LayerNormBackward(dres, G(w.ln1w), G(w.ln1b), d.ln1.data(), residual, P(w.ln1w),
+                         a.ln1_mean.data() + l * N, a.ln1_rstd.data() + l * N, n, C);
   }
-  k::EncoderBackward(G(wte_), G(wpe_), d.encoded.data(), tokens_.data(), B, T, C);
+  k::EncoderBackward(G(wte_), G(wpe_), dres, tokens_.data(), B, T, C);
   return Status::Ok();
 }
 

@@ -69,7 +69,8 @@ class Gpt {
   // mean cross-entropy (0 without targets). T <= context.
   Result<float> Forward(const int32_t* tokens, const int32_t* targets, int B, int T);
   // Gradients of the last Forward's loss, accumulated into grads() (call
-  // ZeroGrad() first).
+  // ZeroGrad() first). Once per Forward: it reuses the forward's
+  // probabilities as its own buffer.
   Status Backward();
   void ZeroGrad();
   // Clips the global gradient norm to max_norm (<= 0: no clipping) and
@@ -86,12 +87,18 @@ class Gpt {
         ln2_mean, ln2_rstd, fch, fch_gelu, fcproj, residual3, lnf, lnf_mean, lnf_rstd, logits,
         probs;
   };
-  // Every activation buffer with its size for [B,T]. With `gradients`, only
-  // those that have a gradient (the backward pass keeps no gradient of
-  // layernorm statistics, attention weights or probabilities).
+  // The backward pass's activation gradients: the residual stream's, and
+  // one layer's worth of the rest, reused layer after layer (each is
+  // written before it is read, so nothing is zeroed between steps).
+  struct Gradients {
+    int B = 0, T = 0;
+    std::vector<float> residual, lnf, ln1, qkv, atty, ln2, fch, fch_gelu;
+  };
+  // Every activation buffer with its size for [B,T].
   template <typename F>
-  void ForEachBuffer(Activations& a, int B, int T, bool gradients, F f) const;
-  void Resize(Activations& a, int B, int T, bool gradients) const;
+  void ForEachBuffer(Activations& a, int B, int T, F f) const;
+  void Resize(Activations& a, int B, int T) const;
+  void Resize(Gradients& d, int B, int T) const;
   float* P(int64_t offset) { return weights_.data() + offset; }
   float* G(int64_t offset) { return grads_.data() + offset; }
 
@@ -105,7 +112,9 @@ class Gpt {
   int64_t wte_ = 0, wpe_ = 0, lnfw_ = 0, lnfb_ = 0;
   std::vector<float> weights_, grads_, m_, v_;
   int64_t step_ = 0;
-  Activations acts_, grad_acts_;
+  Activations acts_;
+  Gradients grad_acts_;
+  std::vector<float> scratch_;  // attention backward: [T,T]
   std::vector<int32_t> tokens_, targets_;
   bool has_targets_ = false;
 };

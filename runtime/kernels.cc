@@ -173,9 +173,9 @@ void MatmulForward(float* out, const float* inp, const float* weight, const floa
 
 void MatmulBackward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                     const float* weight, int N, int C, int OC) {
-  if (dinp != nullptr) {  // [N,C] += [N,OC] @ [C,OC]^T
+  if (dinp != nullptr) {  // [N,C] = [N,OC] @ [C,OC]^T
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, C, OC, 1.0f, dout, OC, weight, OC,
-                1.0f, dinp, C);
+                0.0f, dinp, C);
   }
   // [C,OC] += [N,C]^T @ [N,OC]
   cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, C, OC, N, 1.0f, inp, C, dout, OC, 1.0f,
@@ -197,7 +197,7 @@ void MatmulTransposedForward(float* out, const float* inp, const float* weight, 
 void MatmulTransposedBackward(float* dinp, float* dweight, const float* dout, const float* inp,
                               const float* weight, int N, int C, int OC) {
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, C, OC, 1.0f, dout, OC, weight, C,
-              1.0f, dinp, C);
+              0.0f, dinp, C);
   cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f,
               dweight, C);
 }
@@ -248,10 +248,10 @@ void AttentionBackward(float* dqkv, const float* dout, const float* qkv, const f
       float* dv = dq + 2 * C;
       const float* a = att + (static_cast<int64_t>(b) * NH + h) * T * T;
       const float* d = dout + static_cast<int64_t>(b) * T * C + h * hs;  // [T,hs], ld C
-      // datt = dout @ v^T ; dv += att^T @ dout
+      // datt = dout @ v^T ; dv = att^T @ dout
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hs, 1.0f, d, C, v, row, 0.0f,
                   datt, T);
-      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hs, T, 1.0f, a, T, d, C, 1.0f, dv,
+      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hs, T, 1.0f, a, T, d, C, 0.0f, dv,
                   row);
       // softmax backward in place: dpre = att * (datt - sum(att * datt)) * scale
       for (int t = 0; t < T; ++t) {
@@ -262,10 +262,10 @@ void AttentionBackward(float* dqkv, const float* dout, const float* qkv, const f
         for (int u = 0; u <= t; ++u) dr[u] = ar[u] * (dr[u] - dot) * scale;
         for (int u = t + 1; u < T; ++u) dr[u] = 0.0f;
       }
-      // dq += dpre @ k ; dk += dpre^T @ q
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hs, T, 1.0f, datt, T, k, row, 1.0f,
+      // dq = dpre @ k ; dk = dpre^T @ q
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hs, T, 1.0f, datt, T, k, row, 0.0f,
                   dq, row);
-      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hs, T, 1.0f, datt, T, q, row, 1.0f,
+      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hs, T, 1.0f, datt, T, q, row, 0.0f,
                   dk, row);
     }
   }
@@ -294,7 +294,7 @@ TESSERA_CLONES void GeluBackwardRange(float* dinp, const float* inp, const float
     const float sech2 = 1.0f - th * th;
     const float grad =
         0.5f * (1.0f + th) + 0.5f * x * sech2 * kGeluScale * (1.0f + 3.0f * 0.044715f * x * x);
-    dinp[i] += grad * dout[i];
+    dinp[i] = grad * dout[i];
   }
 }
 }  // namespace
@@ -312,13 +312,6 @@ void GeluBackward(float* dinp, const float* inp, const float* dout, int64_t N) {
 
 void ResidualForward(float* out, const float* a, const float* b, int64_t N) {
   for (int64_t i = 0; i < N; ++i) out[i] = a[i] + b[i];
-}
-
-void ResidualBackward(float* da, float* db, const float* dout, int64_t N) {
-  for (int64_t i = 0; i < N; ++i) {
-    da[i] += dout[i];
-    db[i] += dout[i];
-  }
 }
 
 float SoftmaxCrossEntropyForward(float* probs, const float* logits, const int32_t* targets, int N,
@@ -351,7 +344,9 @@ void SoftmaxCrossEntropyBackward(float* dlogits, const float* probs, const int32
     for (int64_t n = begin; n < end; ++n) {
       float* d = dlogits + n * V;
       const float* p = probs + n * V;
-      for (int v = 0; v < V; ++v) d[v] += (p[v] - (v == targets[n] ? 1.0f : 0.0f)) * g;
+      const int32_t target = targets[n];
+      for (int v = 0; v < V; ++v) d[v] = p[v] * g;  // may be in place (dlogits == probs)
+      d[target] -= g;
     }
   });
 }

@@ -1,8 +1,12 @@
 // CPU kernels of a GPT-2 style transformer, each with an explicit forward
 // and backward (llm.c style): plain functions over contiguous f32 buffers,
-// the shape of every buffer in a comment. Backward functions ACCUMULATE
-// into their gradient outputs (+=), so a step zeroes gradients once and
-// layers sharing a weight (the tied embedding) simply add up.
+// the shape of every buffer in a comment. Backward functions WRITE the
+// gradient of their input activation (=: nothing needs zeroing between
+// steps) and ACCUMULATE into parameter gradients (+=, so a step zeroes them
+// once and layers sharing a weight, the tied embedding, simply add up).
+// LayerNormBackward is the exception: its input gradient also accumulates,
+// because in a pre-LayerNorm transformer that input is the residual stream,
+// whose gradient is the sum of the branch and the skip connection.
 //
 // Matrices follow GPT-2's Conv1D layout: a linear layer's weight is
 // [in, out] and y = x @ W + b, so Hugging Face GPT-2 tensors map directly.
@@ -42,7 +46,7 @@ void ParallelChunks(int64_t n, int64_t grain, const std::function<void(int64_t, 
 // out: [B,T,C], inp: [B,T], wte: [V,C], wpe: [maxT,C]
 void EncoderForward(float* out, const int32_t* inp, const float* wte, const float* wpe, int B,
                     int T, int C);
-// dwte: [V,C], dwpe: [maxT,C], dout: [B,T,C]
+// dwte: [V,C] (+=), dwpe: [maxT,C] (+=), dout: [B,T,C]
 void EncoderBackward(float* dwte, float* dwpe, const float* dout, const int32_t* inp, int B, int T,
                      int C);
 
@@ -58,7 +62,7 @@ void LayerNormBackward(float* dinp, float* dweight, float* dbias, const float* d
 // out[N,OC] = inp[N,C] @ weight[C,OC] + bias[OC] (bias may be null)
 void MatmulForward(float* out, const float* inp, const float* weight, const float* bias, int N,
                    int C, int OC);
-// dinp[N,C] += dout @ weight^T; dweight[C,OC] += inp^T @ dout; dbias[OC] += sum over N
+// dinp[N,C] = dout @ weight^T; dweight[C,OC] += inp^T @ dout; dbias[OC] += sum over N
 // (dinp or dbias may be null)
 void MatmulBackward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                     const float* weight, int N, int C, int OC);
@@ -67,7 +71,7 @@ void MatmulBackward(float* dinp, float* dweight, float* dbias, const float* dout
 // token embedding used as the output layer).
 void MatmulTransposedForward(float* out, const float* inp, const float* weight, int N, int C,
                              int OC);
-// dinp[N,C] += dout @ weight; dweight[OC,C] += dout^T @ inp
+// dinp[N,C] = dout @ weight; dweight[OC,C] += dout^T @ inp
 void MatmulTransposedBackward(float* dinp, float* dweight, const float* dout, const float* inp,
                               const float* weight, int N, int C, int OC);
 
@@ -75,25 +79,24 @@ void MatmulTransposedBackward(float* dinp, float* dweight, const float* dout, co
 // out: [B,T,C], att: [B,NH,T,T] softmax weights (saved for backward; entries
 // above the diagonal are 0). Scale 1/sqrt(C/NH).
 void AttentionForward(float* out, float* att, const float* qkv, int B, int T, int C, int NH);
-// dqkv: [B,T,3C] (+=); scratch: [T,T] floats
+// dqkv: [B,T,3C] (=); scratch: [T,T] floats
 void AttentionBackward(float* dqkv, const float* dout, const float* qkv, const float* att,
                        float* scratch, int B, int T, int C, int NH);
 
 // GELU, tanh approximation (GPT-2's). out, inp: [N]
 void GeluForward(float* out, const float* inp, int64_t N);
-// dinp[N] += gelu'(inp) * dout
+// dinp[N] = gelu'(inp) * dout
 void GeluBackward(float* dinp, const float* inp, const float* dout, int64_t N);
 
-// out = a + b. [N]
+// out = a + b. [N] Its backward is no kernel: both inputs' gradient is
+// dout, which the model passes on without copying.
 void ResidualForward(float* out, const float* a, const float* b, int64_t N);
-// da += dout, db += dout
-void ResidualBackward(float* da, float* db, const float* dout, int64_t N);
 
 // Softmax over V of logits [N,V] into probs [N,V], and the mean over N of
 // -log probs[n, targets[n]]. Returns that mean loss.
 float SoftmaxCrossEntropyForward(float* probs, const float* logits, const int32_t* targets, int N,
                                  int V);
-// dlogits[N,V] += (probs - onehot(targets)) * dloss / N
+// dlogits[N,V] = (probs - onehot(targets)) * dloss / N; dlogits may be probs.
 void SoftmaxCrossEntropyBackward(float* dlogits, const float* probs, const int32_t* targets,
                                  float dloss, int N, int V);
 

@@ -72,11 +72,17 @@ TEST_CASE("matmul forward equals the naive product; backward matches finite diff
     MatmulForward(o.data(), x.data(), w.data(), b.data(), N, C, OC);
     return Dot(o, r);
   };
-  Vec dx(N * C, 0.0f), dw(C * OC, 0.0f), db(OC, 0.0f);
+  // Input gradients are written (the sentinel must vanish); parameter
+  // gradients accumulate (checked from zero here, on top of 1 below).
+  Vec dx(N * C, 123.0f), dw(C * OC, 0.0f), db(OC, 0.0f);
   MatmulBackward(dx.data(), dw.data(), db.data(), r.data(), x.data(), w.data(), N, C, OC);
   CheckGradient("dinp", x, dx, loss);
   CheckGradient("dweight", w, dw, loss);
   CheckGradient("dbias", b, db, loss);
+  Vec dw1(C * OC, 1.0f), db1(OC, 1.0f);
+  MatmulBackward(nullptr, dw1.data(), db1.data(), r.data(), x.data(), w.data(), N, C, OC);
+  for (size_t i = 0; i < dw.size(); ++i) CHECK(dw1[i] == Approx(1.0f + dw[i]));
+  for (size_t i = 0; i < db.size(); ++i) CHECK(db1[i] == Approx(1.0f + db[i]));
 }
 
 TEST_CASE("the tied (transposed) product and its gradients") {
@@ -93,7 +99,7 @@ TEST_CASE("the tied (transposed) product and its gradients") {
   double s = 0;
   for (int c = 0; c < C; ++c) s += static_cast<double>(x[1 * C + c]) * w[2 * C + c];
   CHECK(o[1 * OC + 2] == Approx(s).epsilon(1e-5));
-  Vec dx(N * C, 0.0f), dw(OC * C, 0.0f);
+  Vec dx(N * C, 123.0f), dw(OC * C, 0.0f);
   MatmulTransposedBackward(dx.data(), dw.data(), r.data(), x.data(), w.data(), N, C, OC);
   CheckGradient("dinp", x, dx, loss);
   CheckGradient("dweight", w, dw, loss);
@@ -119,9 +125,11 @@ TEST_CASE("layernorm normalises each row; backward matches finite differences") 
     return Dot(o, r);
   };
   LayerNormForward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C);
-  Vec dx(N * C, 0.0f), dw(C, 0.0f), db(C, 0.0f);
+  // The input gradient accumulates too (the residual stream's).
+  Vec dx(N * C, 0.5f), dw(C, 0.0f), db(C, 0.0f);
   LayerNormBackward(dx.data(), dw.data(), db.data(), r.data(), x.data(), w.data(), mean.data(),
                     rstd.data(), N, C);
+  for (float& g : dx) g -= 0.5f;
   CheckGradient("dinp", x, dx, loss);
   CheckGradient("dweight", w, dw, loss);
   CheckGradient("dbias", b, db, loss);
@@ -155,7 +163,7 @@ TEST_CASE("causal attention: rows sum to one, no weight on the future, exact gra
     AttentionForward(o.data(), a.data(), qkv.data(), B, T, C, NH);
     return Dot(o, r);
   };
-  Vec dqkv(qkv.size(), 0.0f);
+  Vec dqkv(qkv.size(), 123.0f);
   AttentionBackward(dqkv.data(), r.data(), qkv.data(), att.data(), scratch.data(), B, T, C, NH);
   CheckGradient("dqkv", qkv, dqkv, loss);
 }
@@ -173,18 +181,13 @@ TEST_CASE("gelu, residual and encoder: values and gradients") {
     GeluForward(o.data(), x.data(), 50);
     return Dot(o, r);
   };
-  Vec dx(50, 0.0f);
+  Vec dx(50, 123.0f);
   GeluBackward(dx.data(), x.data(), r.data(), 50);
   CheckGradient("gelu", x, dx, gelu_loss);
 
-  Vec a = Random(10, rng), b = Random(10, rng), da(10, 0.0f), db(10, 1.0f), sum(10);
+  Vec a = Random(10, rng), b = Random(10, rng), sum(10);
   ResidualForward(sum.data(), a.data(), b.data(), 10);
-  ResidualBackward(da.data(), db.data(), r.data(), 10);
-  for (int i = 0; i < 10; ++i) {
-    CHECK(sum[i] == a[i] + b[i]);
-    CHECK(da[i] == r[i]);
-    CHECK(db[i] == 1.0f + r[i]);  // accumulates
-  }
+  for (int i = 0; i < 10; ++i) CHECK(sum[i] == a[i] + b[i]);
 
   const int B = 2, T = 3, C = 4, V = 5;
   const std::vector<int32_t> tokens = {1, 4, 1, 0, 2, 4};
@@ -222,9 +225,12 @@ TEST_CASE("softmax cross-entropy: the loss of uniform logits is log V; exact gra
         SoftmaxCrossEntropyForward(p.data(), logits.data(), targets.data(), N, V));
   };
   SoftmaxCrossEntropyForward(probs.data(), logits.data(), targets.data(), N, V);
-  Vec dlogits(N * V, 0.0f);
+  Vec dlogits(N * V, 123.0f);
   SoftmaxCrossEntropyBackward(dlogits.data(), probs.data(), targets.data(), 1.0f, N, V);
   CheckGradient("dlogits", logits, dlogits, loss);
+  // In place over the probabilities (as the model does it): the same values.
+  SoftmaxCrossEntropyBackward(probs.data(), probs.data(), targets.data(), 1.0f, N, V);
+  for (size_t i = 0; i < probs.size(); ++i) CHECK(probs[i] == dlogits[i]);
 }
 
 }  // namespace
