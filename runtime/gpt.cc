@@ -231,7 +231,6 @@ Status Gpt::Backward() {
   const int n = static_cast<int>(N);
   const int C = config_.embed, NH = config_.heads, V = config_.vocab, L = config_.layers;
   if (grad_acts_.B != B || grad_acts_.T != T) Resize(grad_acts_, B, T);
-  scratch_.resize(static_cast<size_t>(T) * T);
   Activations& a = acts_;
   Gradients& d = grad_acts_;
   const int64_t nc = N * C;
@@ -262,8 +261,8 @@ Status Gpt::Backward() {
     // residual2 = residual + attproj: dattproj = dres
     k::MatmulBackward(d.atty.data(), G(w.attprojw), G(w.attprojb), dres, a.atty.data() + l * nc,
                       P(w.attprojw), n, C, C);
-    k::AttentionBackward(d.qkv.data(), d.atty.data(), a.qkv.data() + l * 3 * nc, att,
-                         scratch_.data(), B, T, C, NH);
+    k::AttentionBackward(d.qkv.data(), d.atty.data(), a.qkv.data() + l * 3 * nc, att, B, T,
+                         C, NH);
     k::MatmulBackward(d.ln1.data(), G(w.qkvw), G(w.qkvb), d.qkv.data(), a.ln1.data() + l * nc,
                       P(w.qkvw), n, C, 3 * C);
     k::LayerNormBackward(dres, G(w.ln1w), G(w.ln1b), d.ln1.data(), residual, P(w.ln1w),

@@ -114,7 +114,6 @@ class Gpt {
   int64_t step_ = 0;
   Activations acts_;
   Gradients grad_acts_;
-  std::vector<float> scratch_;  // attention backward: [T,T]
   std::vector<int32_t> tokens_, targets_;
   bool has_targets_ = false;
 };

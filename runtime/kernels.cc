@@ -115,49 +115,70 @@ void EncoderBackward(float* dwte, float* dwpe, const float* dout, const int32_t*
   }
 }
 
+namespace {
+constexpr int64_t kNormRows = 64;  // rows per chunk of the layernorm kernels
+}  // namespace
+
 void LayerNormForward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
                       const float* bias, int N, int C) {
   constexpr float kEps = 1e-5f;
-  for (int n = 0; n < N; ++n) {
-    const float* x = inp + static_cast<int64_t>(n) * C;
-    float m = 0;
-    for (int c = 0; c < C; ++c) m += x[c];
-    m /= C;
-    float v = 0;
-    for (int c = 0; c < C; ++c) v += (x[c] - m) * (x[c] - m);
-    v /= C;
-    const float s = 1.0f / std::sqrt(v + kEps);
-    float* o = out + static_cast<int64_t>(n) * C;
-    for (int c = 0; c < C; ++c) o[c] = (x[c] - m) * s * weight[c] + bias[c];
-    mean[n] = m;
-    rstd[n] = s;
-  }
+  ParallelChunks(N, kNormRows, [&](int64_t begin, int64_t end) {
+    for (int64_t n = begin; n < end; ++n) {
+      const float* x = inp + n * C;
+      float m = 0;
+      for (int c = 0; c < C; ++c) m += x[c];
+      m /= C;
+      float v = 0;
+      for (int c = 0; c < C; ++c) v += (x[c] - m) * (x[c] - m);
+      v /= C;
+      const float s = 1.0f / std::sqrt(v + kEps);
+      float* o = out + n * C;
+      for (int c = 0; c < C; ++c) o[c] = (x[c] - m) * s * weight[c] + bias[c];
+      mean[n] = m;
+      rstd[n] = s;
+    }
+  });
 }
 
 void LayerNormBackward(float* dinp, float* dweight, float* dbias, const float* dout,
                        const float* inp, const float* weight, const float* mean, const float* rstd,
                        int N, int C) {
-  for (int n = 0; n < N; ++n) {
-    const float* d = dout + static_cast<int64_t>(n) * C;
-    const float* x = inp + static_cast<int64_t>(n) * C;
-    float* dx = dinp + static_cast<int64_t>(n) * C;
-    const float m = mean[n], s = rstd[n];
-    // dnorm = dout * weight; dx = s * (dnorm - mean(dnorm) - norm * mean(dnorm * norm))
-    float dnorm_mean = 0, dnorm_norm_mean = 0;
-    for (int c = 0; c < C; ++c) {
-      const float norm = (x[c] - m) * s;
-      const float dnorm = weight[c] * d[c];
-      dnorm_mean += dnorm;
-      dnorm_norm_mean += dnorm * norm;
+  // Each chunk of rows sums its own dweight/dbias; the chunks are then
+  // added in order, so the bits do not depend on the thread count.
+  const int64_t chunks = (N + kNormRows - 1) / kNormRows;
+  std::vector<float> partial(static_cast<size_t>(chunks) * 2 * C, 0.0f);
+  ParallelChunks(N, kNormRows, [&](int64_t begin, int64_t end) {
+    float* pw = partial.data() + begin / kNormRows * 2 * C;
+    float* pb = pw + C;
+    for (int64_t n = begin; n < end; ++n) {
+      const float* d = dout + n * C;
+      const float* x = inp + n * C;
+      float* dx = dinp + n * C;
+      const float m = mean[n], s = rstd[n];
+      // dnorm = dout * weight; dx = s * (dnorm - mean(dnorm) - norm * mean(dnorm * norm))
+      float dnorm_mean = 0, dnorm_norm_mean = 0;
+      for (int c = 0; c < C; ++c) {
+        const float norm = (x[c] - m) * s;
+        const float dnorm = weight[c] * d[c];
+        dnorm_mean += dnorm;
+        dnorm_norm_mean += dnorm * norm;
+      }
+      dnorm_mean /= C;
+      dnorm_norm_mean /= C;
+      for (int c = 0; c < C; ++c) {
+        const float norm = (x[c] - m) * s;
+        const float dnorm = weight[c] * d[c];
+        pb[c] += d[c];
+        pw[c] += norm * d[c];
+        dx[c] += (dnorm - dnorm_mean - norm * dnorm_norm_mean) * s;
+      }
     }
-    dnorm_mean /= C;
-    dnorm_norm_mean /= C;
+  });
+  for (int64_t chunk = 0; chunk < chunks; ++chunk) {
+    const float* pw = partial.data() + chunk * 2 * C;
     for (int c = 0; c < C; ++c) {
-      const float norm = (x[c] - m) * s;
-      const float dnorm = weight[c] * d[c];
-      dbias[c] += d[c];
-      dweight[c] += norm * d[c];
-      dx[c] += (dnorm - dnorm_mean - norm * dnorm_norm_mean) * s;
+      dweight[c] += pw[c];
+      dbias[c] += pw[C + c];
     }
   }
 }
@@ -202,73 +223,111 @@ void MatmulTransposedBackward(float* dinp, float* dweight, const float* dout, co
               dweight, C);
 }
 
+namespace {
+
+// Runs fn(i) for i in [0, n) on the compute pool with OpenBLAS limited to
+// the calling thread, for many small independent products (one per
+// attention head) that parallelise better side by side than one by one.
+void ParallelSmallProducts(int64_t n, const std::function<void(int64_t)>& fn) {
+  if (pool == nullptr) {
+    for (int64_t i = 0; i < n; ++i) fn(i);
+    return;
+  }
+  openblas_set_num_threads(1);
+  ParallelChunks(n, 1, [&](int64_t begin, int64_t) { fn(begin); });
+  openblas_set_num_threads(static_cast<int>(pool->size()));
+}
+
+// Causal attention skips the masked upper triangle in blocks of query rows:
+// rows [i0, i1) only see keys [0, i1).
+constexpr int kAttentionBlock = 64;
+
+}  // namespace
+
 void AttentionForward(float* out, float* att, const float* qkv, int B, int T, int C, int NH) {
   const int hs = C / NH;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
   const int64_t row = 3 * static_cast<int64_t>(C);
-  for (int b = 0; b < B; ++b) {
-    for (int h = 0; h < NH; ++h) {
-      const float* q = qkv + b * T * row + h * hs;  // [T,hs], leading dim 3C
-      const float* k = q + C;
-      const float* v = q + 2 * C;
-      float* a = att + (static_cast<int64_t>(b) * NH + h) * T * T;  // [T,T]
-      // scores = scale * q @ k^T
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hs, scale, q, row, k, row, 0.0f,
-                  a, T);
+  ParallelSmallProducts(static_cast<int64_t>(B) * NH, [&](int64_t bh) {
+    const int64_t b = bh / NH, h = bh % NH;
+    const float* q = qkv + b * T * row + h * hs;  // [T,hs], leading dim 3C
+    const float* k = q + C;
+    const float* v = q + 2 * C;
+    float* a = att + bh * T * T;  // [T,T]
+    float* o = out + b * T * C + h * hs;  // [T,hs], leading dim C
+    for (int i0 = 0; i0 < T; i0 += kAttentionBlock) {
+      const int i1 = std::min(T, i0 + kAttentionBlock), rows = i1 - i0;
+      float* ab = a + static_cast<int64_t>(i0) * T;
+      // scores[i0:i1, 0:i1] = scale * q[i0:i1] @ k[0:i1]^T
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, i1, hs, scale, q + i0 * row, row,
+                  k, row, 0.0f, ab, T);
       // causal softmax per row: positions > t get weight 0
-      for (int t = 0; t < T; ++t) {
+      for (int t = i0; t < i1; ++t) {
         float* r = a + static_cast<int64_t>(t) * T;
         float maxv = r[0];
         for (int u = 1; u <= t; ++u) maxv = std::max(maxv, r[u]);
         const float sum = static_cast<float>(ExpShifted(r, r, t + 1, maxv));
         const float inv = 1.0f / sum;
         for (int u = 0; u <= t; ++u) r[u] *= inv;
-        for (int u = t + 1; u < T; ++u) r[u] = 0.0f;
+        std::fill(r + t + 1, r + T, 0.0f);
       }
-      // out[:, h] = att @ v
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hs, T, 1.0f, a, T, v, row, 0.0f,
-                  out + static_cast<int64_t>(b) * T * C + h * hs, C);
+      // out[i0:i1] = att[i0:i1, 0:i1] @ v[0:i1]
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, hs, i1, 1.0f, ab, T, v, row,
+                  0.0f, o + static_cast<int64_t>(i0) * C, C);
     }
-  }
+  });
 }
 
-void AttentionBackward(float* dqkv, const float* dout, const float* qkv, const float* att,
-                       float* scratch, int B, int T, int C, int NH) {
+void AttentionBackward(float* dqkv, const float* dout, const float* qkv, const float* att, int B,
+                       int T, int C, int NH) {
   const int hs = C / NH;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
   const int64_t row = 3 * static_cast<int64_t>(C);
-  float* datt = scratch;  // [T,T]
-  for (int b = 0; b < B; ++b) {
-    for (int h = 0; h < NH; ++h) {
-      const float* q = qkv + b * T * row + h * hs;
-      const float* k = q + C;
-      const float* v = q + 2 * C;
-      float* dq = dqkv + b * T * row + h * hs;
-      float* dk = dq + C;
-      float* dv = dq + 2 * C;
-      const float* a = att + (static_cast<int64_t>(b) * NH + h) * T * T;
-      const float* d = dout + static_cast<int64_t>(b) * T * C + h * hs;  // [T,hs], ld C
-      // datt = dout @ v^T ; dv = att^T @ dout
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hs, 1.0f, d, C, v, row, 0.0f,
-                  datt, T);
-      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hs, T, 1.0f, a, T, d, C, 0.0f, dv,
-                  row);
+  ParallelSmallProducts(static_cast<int64_t>(B) * NH, [&](int64_t bh) {
+    thread_local std::vector<float> scratch;
+    scratch.resize(static_cast<size_t>(T) * T);
+    float* datt = scratch.data();  // [T,T]
+    const int64_t b = bh / NH, h = bh % NH;
+    const float* q = qkv + b * T * row + h * hs;
+    const float* k = q + C;
+    const float* v = q + 2 * C;
+    float* dq = dqkv + b * T * row + h * hs;
+    float* dk = dq + C;
+    float* dv = dq + 2 * C;
+    const float* a = att + bh * T * T;
+    const float* d = dout + b * T * C + h * hs;  // [T,hs], ld C
+    for (int i0 = 0; i0 < T; i0 += kAttentionBlock) {
+      const int i1 = std::min(T, i0 + kAttentionBlock), rows = i1 - i0;
+      float* db = datt + static_cast<int64_t>(i0) * T;
+      // datt[i0:i1, 0:i1] = dout[i0:i1] @ v[0:i1]^T
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, i1, hs, 1.0f,
+                  d + static_cast<int64_t>(i0) * C, C, v, row, 0.0f, db, T);
       // softmax backward in place: dpre = att * (datt - sum(att * datt)) * scale
-      for (int t = 0; t < T; ++t) {
+      for (int t = i0; t < i1; ++t) {
         const float* ar = a + static_cast<int64_t>(t) * T;
         float* dr = datt + static_cast<int64_t>(t) * T;
         float dot = 0;
         for (int u = 0; u <= t; ++u) dot += ar[u] * dr[u];
         for (int u = 0; u <= t; ++u) dr[u] = ar[u] * (dr[u] - dot) * scale;
-        for (int u = t + 1; u < T; ++u) dr[u] = 0.0f;
+        std::fill(dr + t + 1, dr + i1, 0.0f);
       }
-      // dq = dpre @ k ; dk = dpre^T @ q
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hs, T, 1.0f, datt, T, k, row, 0.0f,
-                  dq, row);
-      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hs, T, 1.0f, datt, T, q, row, 0.0f,
-                  dk, row);
+      // dq[i0:i1] = dpre[i0:i1, 0:i1] @ k[0:i1]
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, hs, i1, 1.0f, db, T, k, row,
+                  0.0f, dq + i0 * row, row);
     }
-  }
+    // Key block j gets contributions from query rows t >= j0 only.
+    for (int j0 = 0; j0 < T; j0 += kAttentionBlock) {
+      const int j1 = std::min(T, j0 + kAttentionBlock), keys = j1 - j0, below = T - j0;
+      // dv[j0:j1] = att[j0:T, j0:j1]^T @ dout[j0:T]
+      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, keys, hs, below, 1.0f,
+                  a + static_cast<int64_t>(j0) * T + j0, T, d + static_cast<int64_t>(j0) * C, C,
+                  0.0f, dv + j0 * row, row);
+      // dk[j0:j1] = dpre[j0:T, j0:j1]^T @ q[j0:T]
+      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, keys, hs, below, 1.0f,
+                  datt + static_cast<int64_t>(j0) * T + j0, T, q + j0 * row, row, 0.0f,
+                  dk + j0 * row, row);
+    }
+  });
 }
 
 namespace {

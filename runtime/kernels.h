@@ -77,11 +77,13 @@ void MatmulTransposedBackward(float* dinp, float* dweight, const float* dout, co
 
 // Causal multi-head self-attention. qkv: [B,T,3C] (q, k, v side by side),
 // out: [B,T,C], att: [B,NH,T,T] softmax weights (saved for backward; entries
-// above the diagonal are 0). Scale 1/sqrt(C/NH).
+// above the diagonal are 0). Scale 1/sqrt(C/NH). The products skip the
+// masked triangle in blocks of 64 query rows, and heads run side by side on
+// the compute pool (each with single-threaded OpenBLAS).
 void AttentionForward(float* out, float* att, const float* qkv, int B, int T, int C, int NH);
-// dqkv: [B,T,3C] (=); scratch: [T,T] floats
-void AttentionBackward(float* dqkv, const float* dout, const float* qkv, const float* att,
-                       float* scratch, int B, int T, int C, int NH);
+// dqkv: [B,T,3C] (=)
+void AttentionBackward(float* dqkv, const float* dout, const float* qkv, const float* att, int B,
+                       int T, int C, int NH);
 
 // GELU, tanh approximation (GPT-2's). out, inp: [N]
 void GeluForward(float* out, const float* inp, int64_t N);

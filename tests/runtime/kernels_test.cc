@@ -28,14 +28,14 @@ double Dot(const Vec& a, const Vec& b) {
   return s;
 }
 
-// Compares analytic[i] with (loss(x+h) - loss(x-h)) / 2h for every element
-// of `param` (small tensors only).
+// Compares analytic[i] with (loss(x+h) - loss(x-h)) / 2h for every
+// `stride`-th element of `param`.
 void CheckGradient(const char* what, Vec& param, const Vec& analytic,
-                   const std::function<double()>& loss, double tol = 2e-2) {
+                   const std::function<double()>& loss, double tol = 2e-2, size_t stride = 1) {
   REQUIRE(param.size() == analytic.size());
   double max_err = 0;
   size_t worst = 0;
-  for (size_t i = 0; i < param.size(); ++i) {
+  for (size_t i = 0; i < param.size(); i += stride) {
     const float saved = param[i];
     const float h = 1e-2f * std::max(1.0f, std::fabs(saved));
     param[i] = saved + h;
@@ -139,7 +139,7 @@ TEST_CASE("causal attention: rows sum to one, no weight on the future, exact gra
   std::mt19937 rng(3);
   const int B = 2, T = 5, C = 8, NH = 2;
   Vec qkv = Random(B * T * 3 * C, rng), r = Random(B * T * C, rng);
-  Vec out(B * T * C), att(B * NH * T * T), scratch(T * T);
+  Vec out(B * T * C), att(B * NH * T * T);
   AttentionForward(out.data(), att.data(), qkv.data(), B, T, C, NH);
   for (int bh = 0; bh < B * NH; ++bh) {
     for (int t = 0; t < T; ++t) {
@@ -164,8 +164,52 @@ TEST_CASE("causal attention: rows sum to one, no weight on the future, exact gra
     return Dot(o, r);
   };
   Vec dqkv(qkv.size(), 123.0f);
-  AttentionBackward(dqkv.data(), r.data(), qkv.data(), att.data(), scratch.data(), B, T, C, NH);
+  AttentionBackward(dqkv.data(), r.data(), qkv.data(), att.data(), B, T, C, NH);
   CheckGradient("dqkv", qkv, dqkv, loss);
+}
+
+TEST_CASE("blocked causal attention: several blocks, the same bits on 1 and 2 threads") {
+  std::mt19937 rng(7);
+  const int B = 2, T = 150, C = 16, NH = 2;  // blocks of 64 rows: 64, 64, 22
+  Vec qkv = Random(B * T * 3 * C, rng), r = Random(B * T * C, rng);
+  auto run = [&](int threads, Vec& out, Vec& att, Vec& dqkv) {
+    SetComputeThreads(threads);
+    out.assign(B * T * C, 0.0f);
+    att.assign(B * NH * T * T, 7.0f);  // must be overwritten, zeros included
+    dqkv.assign(qkv.size(), 123.0f);
+    AttentionForward(out.data(), att.data(), qkv.data(), B, T, C, NH);
+    AttentionBackward(dqkv.data(), r.data(), qkv.data(), att.data(), B, T, C, NH);
+  };
+  Vec out1, att1, dqkv1, out2, att2, dqkv2;
+  run(2, out2, att2, dqkv2);
+  run(1, out1, att1, dqkv1);
+  CHECK(out1 == out2);
+  CHECK(att1 == att2);
+  CHECK(dqkv1 == dqkv2);
+  // The last row of the last head: naive softmax(q k^T) v in double.
+  const int hs = C / NH, b = 1, h = 1, t = T - 1;
+  const float* q = qkv.data() + (b * T + t) * 3 * C + h * hs;
+  std::vector<double> w(T);
+  double maxv = -1e300, sum = 0;
+  for (int u = 0; u < T; ++u) {
+    const float* k = qkv.data() + (b * T + u) * 3 * C + C + h * hs;
+    double dot = 0;
+    for (int i = 0; i < hs; ++i) dot += static_cast<double>(q[i]) * k[i];
+    w[u] = dot / std::sqrt(static_cast<double>(hs));
+    maxv = std::max(maxv, w[u]);
+  }
+  for (double& x : w) sum += (x = std::exp(x - maxv));
+  for (int i = 0; i < hs; ++i) {
+    double o = 0;
+    for (int u = 0; u < T; ++u) o += w[u] / sum * qkv[(b * T + u) * 3 * C + 2 * C + h * hs + i];
+    CHECK(out1[(b * T + t) * C + h * hs + i] == Approx(o).epsilon(1e-4));
+  }
+  auto loss = [&] {
+    Vec o(B * T * C), a(B * NH * T * T);
+    AttentionForward(o.data(), a.data(), qkv.data(), B, T, C, NH);
+    return Dot(o, r);
+  };
+  CheckGradient("dqkv", qkv, dqkv1, loss, 2e-2, 61);
 }
 
 TEST_CASE("gelu, residual and encoder: values and gradients") {
