@@ -35,6 +35,12 @@ std::string_view DTypeName(DType dtype);
 Result<DType> ParseDType(std::string_view name);
 bool IsFloatingPoint(DType dtype);
 
+// Converts n floating-point values (f32, f16, bf16, f64) from one dtype to
+// another: widening is exact; narrowing rounds to nearest even (f64 -> f32
+// as the hardware does, f32 -> f16/bf16 as core/half.h). src and dst must
+// not overlap unless they are the same buffer of the same dtype.
+Status ConvertFloats(DType from, const void* src, DType to, void* dst, int64_t n);
+
 }  // namespace tessera
 
 #endif  // TESSERA_CORE_DTYPE_H_

@@ -1,16 +1,158 @@
 #include "runtime/data.h"
 
+#include <algorithm>
+#include <bit>
 #include <charconv>
+#include <cstring>
 #include <numeric>
 
 #include "core/random.h"
 
 namespace tessera {
+namespace {
 
-Result<std::vector<int32_t>> TokenizeBytesFile(Env* env, const std::string& path) {
+static_assert(std::endian::native == std::endian::little, "token files are little-endian");
+
+class MemorySource : public TokenSource {
+ public:
+  MemorySource(std::vector<int32_t> tokens, std::string description)
+      : tokens_(std::move(tokens)), description_(std::move(description)) {}
+  int64_t size() const override { return static_cast<int64_t>(tokens_.size()); }
+  Status Read(int64_t begin, int64_t n, int32_t* out) const override {
+    if (begin < 0 || n < 0 || begin > size() - n) {
+      return OutOfRangeError(description_ + ": tokens [" + std::to_string(begin) + ", " +
+                             std::to_string(begin + n) + ") of " + std::to_string(size()));
+    }
+    std::copy_n(tokens_.data() + begin, n, out);
+    return Status::Ok();
+  }
+  std::string Describe() const override { return description_; }
+
+ private:
+  std::vector<int32_t> tokens_;
+  std::string description_;
+};
+
+class FileSource : public TokenSource {
+ public:
+  FileSource(std::unique_ptr<RandomAccessFile> file, std::string path, int width, int64_t count)
+      : file_(std::move(file)), path_(std::move(path)), width_(width), count_(count) {}
+  int64_t size() const override { return count_; }
+  Status Read(int64_t begin, int64_t n, int32_t* out) const override {
+    if (begin < 0 || n < 0 || begin > count_ - n) {
+      return OutOfRangeError(Describe() + ": tokens [" + std::to_string(begin) + ", " +
+                             std::to_string(begin + n) + ") of " + std::to_string(count_));
+    }
+    const uint64_t offset = kTokenFileHeaderBytes + static_cast<uint64_t>(begin) * width_;
+    if (width_ == 4) {
+      RETURN_IF_ERROR(file_->Read(offset, n * 4, out));
+      for (int64_t i = 0; i < n; ++i) {
+        if (out[i] < 0) {  // a uint32 token beyond int32
+          return DataLossError(Describe() + ": token " + std::to_string(begin + i) + " is " +
+                               std::to_string(static_cast<uint32_t>(out[i])) +
+                               ", beyond any vocabulary this runtime supports");
+        }
+      }
+      return Status::Ok();
+    }
+    std::vector<uint16_t> narrow(n);  // per call: sources may be shared by threads
+    RETURN_IF_ERROR(file_->Read(offset, n * 2, narrow.data()));
+    std::copy_n(narrow.data(), n, out);
+    return Status::Ok();
+  }
+  std::string Describe() const override {
+    return "token file '" + path_ + "' (" + (width_ == 2 ? "uint16" : "uint32") + ")";
+  }
+
+ private:
+  std::unique_ptr<RandomAccessFile> file_;
+  std::string path_;
+  int width_;
+  int64_t count_;
+};
+
+// The token width a header announces, 0 when the bytes are no token file
+// header, or an error when they claim to be one and are inconsistent.
+Result<int> TokenFileWidth(const std::string& path, const int32_t* header, uint64_t file_size) {
+  if (header[0] != kTokenFileMagic) return 0;
+  const int width = header[1] == 1 ? 2 : header[1] == 2 ? 4 : 0;
+  if (width == 0) {
+    return InvalidArgumentError("token file '" + path + "': unknown version " +
+                                std::to_string(header[1]) + " (1: uint16, 2: uint32)");
+  }
+  const uint64_t count = static_cast<uint32_t>(header[2]);
+  const uint64_t expected = kTokenFileHeaderBytes + count * width;
+  if (header[2] < 0 || expected != file_size) {
+    return DataLossError("token file '" + path + "': the header announces " +
+                         std::to_string(header[2]) + " tokens (" + std::to_string(expected) +
+                         " bytes) but the file has " + std::to_string(file_size) + " bytes");
+  }
+  return width;
+}
+
+}  // namespace
+
+std::unique_ptr<TokenSource> MemoryTokens(std::vector<int32_t> tokens, std::string description) {
+  return std::make_unique<MemorySource>(std::move(tokens), std::move(description));
+}
+
+Result<std::unique_ptr<TokenSource>> OpenTokenFile(Env* env, const std::string& path) {
+  ASSIGN_OR_RETURN(std::unique_ptr<RandomAccessFile> file, env->NewRandomAccessFile(path));
+  ASSIGN_OR_RETURN(uint64_t size, file->Size());
+  int32_t header[256] = {};
+  if (size < static_cast<uint64_t>(kTokenFileHeaderBytes)) {
+    return DataLossError("token file '" + path + "' has " + std::to_string(size) +
+                         " bytes: shorter than the 1024-byte header");
+  }
+  RETURN_IF_ERROR(file->Read(0, sizeof(header), header));
+  ASSIGN_OR_RETURN(int width, TokenFileWidth(path, header, size));
+  if (width == 0) {
+    return InvalidArgumentError("'" + path + "' is not a token file: its first int32 is " +
+                                std::to_string(header[0]) + ", not the magic " +
+                                std::to_string(kTokenFileMagic));
+  }
+  return std::unique_ptr<TokenSource>(
+      std::make_unique<FileSource>(std::move(file), path, width, header[2]));
+}
+
+Result<std::unique_ptr<TokenSource>> OpenTokens(Env* env, const std::string& path) {
+  ASSIGN_OR_RETURN(std::unique_ptr<RandomAccessFile> file, env->NewRandomAccessFile(path));
+  ASSIGN_OR_RETURN(uint64_t size, file->Size());
+  if (size >= static_cast<uint64_t>(kTokenFileHeaderBytes)) {
+    int32_t header[256];
+    RETURN_IF_ERROR(file->Read(0, sizeof(header), header));
+    if (header[0] == kTokenFileMagic) return OpenTokenFile(env, path);
+  }
   ASSIGN_OR_RETURN(std::string bytes, ReadFileToString(env, path));
-  return std::vector<int32_t>(reinterpret_cast<const unsigned char*>(bytes.data()),
-                              reinterpret_cast<const unsigned char*>(bytes.data()) + bytes.size());
+  const auto* b = reinterpret_cast<const unsigned char*>(bytes.data());
+  return MemoryTokens(std::vector<int32_t>(b, b + bytes.size()), "text file '" + path + "'");
+}
+
+Status WriteTokenFile(Env* env, const std::string& path, std::span<const int32_t> tokens) {
+  if (tokens.size() > static_cast<size_t>(INT32_MAX)) {
+    return InvalidArgumentError("token file '" + path + "': " + std::to_string(tokens.size()) +
+                                " tokens exceed the header's int32 count");
+  }
+  int32_t max_token = 0;
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    if (tokens[i] < 0) {
+      return InvalidArgumentError("token file '" + path + "': token " + std::to_string(i) +
+                                  " is negative");
+    }
+    max_token = std::max(max_token, tokens[i]);
+  }
+  const bool narrow = max_token < 65536;
+  int32_t header[256] = {kTokenFileMagic, narrow ? 1 : 2, static_cast<int32_t>(tokens.size())};
+  std::string body;
+  if (narrow) {
+    std::vector<uint16_t> t(tokens.begin(), tokens.end());
+    body.assign(reinterpret_cast<const char*>(t.data()), t.size() * 2);
+  } else {
+    body.assign(reinterpret_cast<const char*>(tokens.data()), tokens.size() * 4);
+  }
+  const std::string_view parts[] = {
+      {reinterpret_cast<const char*>(header), sizeof(header)}, body};
+  return WriteFileAtomically(env, path, parts);
 }
 
 std::string DataPosition::ToString() const {
@@ -30,21 +172,29 @@ Result<DataPosition> DataPosition::Parse(const std::string& text) {
   return p;
 }
 
-Result<TokenLoader> TokenLoader::Create(std::vector<int32_t> tokens, int B, int T, uint64_t seed) {
+Result<TokenLoader> TokenLoader::Create(std::shared_ptr<const TokenSource> source, int B, int T,
+                                        uint64_t seed) {
   if (B < 1 || T < 1) return InvalidArgumentError("batch and sequence length must be >= 1");
   TokenLoader l;
-  l.windows_ = tokens.size() > static_cast<size_t>(T) ? (tokens.size() - 1) / T : 0;
+  const int64_t n = source->size();
+  l.windows_ = n > T ? (n - 1) / T : 0;
   if (l.windows_ < B) {
-    return InvalidArgumentError("the data has " + std::to_string(tokens.size()) +
+    return InvalidArgumentError(source->Describe() + " has " + std::to_string(n) +
                                 " tokens: fewer than one batch of " + std::to_string(B) + " x " +
                                 std::to_string(T + 1));
   }
-  l.tokens_ = std::move(tokens);
+  l.source_ = std::move(source);
   l.B_ = B;
   l.T_ = T;
   l.seed_ = seed;
+  l.window_.resize(static_cast<size_t>(T) + 1);
   l.Shuffle();
   return l;
+}
+
+Result<TokenLoader> TokenLoader::Create(std::vector<int32_t> tokens, int B, int T,
+                                        uint64_t seed) {
+  return Create(MemoryTokens(std::move(tokens), "token list"), B, T, seed);
 }
 
 void TokenLoader::Shuffle() {
@@ -56,17 +206,19 @@ void TokenLoader::Shuffle() {
   }
 }
 
-void TokenLoader::NextBatch(int32_t* inputs, int32_t* targets) {
+Status TokenLoader::NextBatch(int32_t* inputs, int32_t* targets) {
   for (int b = 0; b < B_; ++b) {
     if (position_.index >= windows_) {
       ++position_.epoch;
       position_.index = 0;
       Shuffle();
     }
-    const int32_t* w = tokens_.data() + order_[position_.index++] * T_;
-    std::copy(w, w + T_, inputs + b * T_);
-    std::copy(w + 1, w + T_ + 1, targets + b * T_);
+    RETURN_IF_ERROR(source_->Read(order_[position_.index] * T_, T_ + 1, window_.data()));
+    ++position_.index;
+    std::copy(window_.begin(), window_.end() - 1, inputs + b * T_);
+    std::copy(window_.begin() + 1, window_.end(), targets + b * T_);
   }
+  return Status::Ok();
 }
 
 Status TokenLoader::Restore(const DataPosition& position) {

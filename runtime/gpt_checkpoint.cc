@@ -2,6 +2,7 @@
 
 #include "ckpt/native.h"
 #include "formats/native_files.h"
+#include "runtime/tensor.h"
 
 namespace tessera {
 namespace {
@@ -14,9 +15,10 @@ struct Entry {
   int which;  // 0 weights, 1 exp_avg, 2 exp_avg_sq
 };
 
-std::vector<Entry> Entries(const Gpt& model) {
+std::vector<Entry> Entries(const Gpt& model, bool optimizer_state = true) {
   std::vector<Entry> out;
   for (const ParamInfo& p : model.params()) out.push_back({p.name, &p, 0});
+  if (!optimizer_state) return out;
   for (const ParamInfo& p : model.params()) {
     out.push_back({"optimizer." + p.name + ".exp_avg", &p, 1});
     out.push_back({"optimizer." + p.name + ".exp_avg_sq", &p, 2});
@@ -27,11 +29,17 @@ std::vector<Entry> Entries(const Gpt& model) {
 }  // namespace
 
 Status SaveGpt(Env* env, const Gpt& model, const std::string& root, const std::string& name,
-               const std::map<std::string, std::string>& metadata) {
+               const std::map<std::string, std::string>& metadata,
+               const SaveGptOptions& options) {
+  if (!IsFloatingPoint(options.weights_dtype)) {
+    return InvalidArgumentError("GPT weights cannot be saved as " +
+                                std::string(DTypeName(options.weights_dtype)));
+  }
   Strategy strategy;
-  const std::vector<Entry> entries = Entries(model);
+  const std::vector<Entry> entries = Entries(model, options.optimizer_state);
   for (const Entry& e : entries) {
-    RETURN_IF_ERROR(strategy.Add({e.name, Layout::Replicated(e.param->shape, DType::kF32)}));
+    const DType dtype = e.which == 0 ? options.weights_dtype : DType::kF32;
+    RETURN_IF_ERROR(strategy.Add({e.name, Layout::Replicated(e.param->shape, dtype)}));
   }
   CheckpointMeta meta;
   meta.step = model.step();
@@ -45,27 +53,54 @@ Status SaveGpt(Env* env, const Gpt& model, const std::string& root, const std::s
     const std::vector<float>& src = e.which == 0   ? model.weights()
                                     : e.which == 1 ? model.adam_m()
                                                    : model.adam_v();
-    RETURN_IF_ERROR(writer->WritePiece(i, 0, Box::FromShape(e.param->shape),
-                                       src.data() + e.param->offset));
+    const float* values = src.data() + e.param->offset;
+    if (e.which == 0 && options.weights_dtype != DType::kF32) {
+      ASSIGN_OR_RETURN(Tensor t, Tensor::FromF32({values, static_cast<size_t>(e.param->numel)},
+                                                 e.param->shape, options.weights_dtype));
+      RETURN_IF_ERROR(writer->WritePiece(i, 0, Box::FromShape(e.param->shape), t.bytes()));
+      continue;
+    }
+    RETURN_IF_ERROR(writer->WritePiece(i, 0, Box::FromShape(e.param->shape), values));
   }
   RETURN_IF_ERROR(writer->Commit());
   return SetLatest(env, root, name);
 }
 
 Status LoadGpt(const CheckpointReader& reader, Gpt* model) {
-  for (const Entry& e : Entries(*model)) {
+  // An export has no optimizer state at all; a checkpoint with only some of
+  // it is damaged and fails below on the first missing tensor.
+  bool optimizer_state = false;
+  for (const TensorStrategy& t : reader.strategy().tensors()) {
+    optimizer_state = optimizer_state || t.name.starts_with("optimizer.");
+  }
+  for (const Entry& e : Entries(*model, optimizer_state)) {
     ASSIGN_OR_RETURN(size_t index, FindTensor(reader, e.name));
     const Layout& layout = reader.strategy().tensors()[index].layout;
-    if (layout.shape != e.param->shape || layout.dtype != DType::kF32) {
-      return InvalidArgumentError("checkpoint '" + reader.path() + "': tensor '" + e.name +
-                                  "' has another shape or dtype than the model's");
+    if (layout.shape != e.param->shape || !IsFloatingPoint(layout.dtype)) {
+      return InvalidArgumentError("checkpoint '" + reader.path() + "': tensor '" + e.name + "' is " +
+                                  std::string(DTypeName(layout.dtype)) +
+                                  ShapeToString(layout.shape) + ", the model's is f32" +
+                                  ShapeToString(e.param->shape));
     }
     std::vector<float>& dst = e.which == 0   ? model->weights()
                               : e.which == 1 ? model->adam_m()
                                              : model->adam_v();
-    RETURN_IF_ERROR(ReadTensor(reader, index, dst.data() + e.param->offset));
+    float* values = dst.data() + e.param->offset;
+    if (layout.dtype == DType::kF32) {
+      RETURN_IF_ERROR(ReadTensor(reader, index, values));
+      continue;
+    }
+    ASSIGN_OR_RETURN(Tensor t, Tensor::Zeros(layout.dtype, layout.shape));
+    RETURN_IF_ERROR(ReadTensor(reader, index, t.bytes()));
+    RETURN_IF_ERROR(t.CopyToF32({values, static_cast<size_t>(e.param->numel)}));
   }
-  model->set_step(reader.meta().step);
+  if (optimizer_state) {
+    model->set_step(reader.meta().step);
+  } else {
+    std::fill(model->adam_m().begin(), model->adam_m().end(), 0.0f);
+    std::fill(model->adam_v().begin(), model->adam_v().end(), 0.0f);
+    model->set_step(0);
+  }
   return Status::Ok();
 }
 

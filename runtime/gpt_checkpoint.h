@@ -14,15 +14,27 @@
 
 namespace tessera {
 
+struct SaveGptOptions {
+  // The dtype parameters are stored in (f32, bf16, f16, f64): narrower ones
+  // round to nearest even and suit exports, not resuming.
+  DType weights_dtype = DType::kF32;
+  // false: parameters only (an export); the Adam moments are left out.
+  bool optimizer_state = true;
+};
+
 // Writes a complete checkpoint at `root`/`name` (atomic: built aside,
 // renamed into place), then points `root`/latest at it.
 Status SaveGpt(Env* env, const Gpt& model, const std::string& root, const std::string& name,
-               const std::map<std::string, std::string>& metadata);
+               const std::map<std::string, std::string>& metadata,
+               const SaveGptOptions& options = {});
 
 // Loads parameters, moments and step from an open checkpoint (OpenCheckpoint
 // takes a directory, or a root with `latest`; check reader.meta() first) into
 // `model`, whose config must give the same names and shapes; a missing
-// tensor or another shape is an error naming it.
+// tensor or another shape is an error naming it. Tensors stored in f16,
+// bf16 or f64 are widened (or rounded) to f32. A checkpoint without any
+// optimizer state (an export) loads the parameters and starts the optimizer
+// afresh: zero moments, step 0.
 Status LoadGpt(const CheckpointReader& reader, Gpt* model);
 
 }  // namespace tessera

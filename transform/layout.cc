@@ -17,12 +17,6 @@ std::string JoinAxes(const std::vector<std::string>& axes) {
 
 }  // namespace
 
-std::string ShapeToString(const std::vector<int64_t>& shape) {
-  std::string s = "[";
-  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
-  return s + "]";
-}
-
 Layout Layout::Replicated(std::vector<int64_t> shape, DType dtype) {
   Layout l;
   l.shape = std::move(shape);
@@ -50,24 +44,7 @@ Status ValidateLayout(const Layout& layout, const Mesh& mesh) {
     return InvalidArgumentError("rank " + std::to_string(layout.rank()) +
                                 " exceeds the supported " + std::to_string(kMaxRank));
   }
-  int64_t elements = 1;
-  for (int d = 0; d < layout.rank(); ++d) {
-    const int64_t n = layout.shape[d];
-    if (n < 0) {
-      return InvalidArgumentError("shape " + ShapeToString(layout.shape) + " has negative dimension " +
-                                  std::to_string(d));
-    }
-    if (n > 0 && elements > std::numeric_limits<int64_t>::max() / n) {
-      return InvalidArgumentError("shape " + ShapeToString(layout.shape) +
-                                  " overflows a 64-bit element count");
-    }
-    elements *= n;
-  }
-  if (elements > std::numeric_limits<int64_t>::max() / DTypeSize(layout.dtype)) {
-    return InvalidArgumentError("shape " + ShapeToString(layout.shape) + " of " +
-                                std::string(DTypeName(layout.dtype)) +
-                                " overflows a 64-bit byte count");
-  }
+  RETURN_IF_ERROR(ShapeElements(layout.shape, layout.dtype).status());
   if (!layout.dim_axes.empty() && static_cast<int>(layout.dim_axes.size()) != layout.rank()) {
     return InvalidArgumentError("split lists " + std::to_string(layout.dim_axes.size()) +
                                 " dimensions but shape " + ShapeToString(layout.shape) + " has " +

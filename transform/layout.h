@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "core/dtype.h"
+#include "core/shape.h"
 #include "core/status.h"
 #include "transform/box.h"
 #include "transform/mesh.h"
@@ -53,8 +54,6 @@ Status ValidateLayout(const Layout& layout, const Mesh& mesh);
 // Elements and bytes of the whole tensor (valid layouts only).
 int64_t NumElements(const Layout& layout);
 int64_t ByteSize(const Layout& layout);
-// "[768, 3072]".
-std::string ShapeToString(const std::vector<int64_t>& shape);
 // "shape [768, 3072] f32 split [-, tp] opt [dp] stage pp=1".
 std::string ToString(const Layout& layout);
 

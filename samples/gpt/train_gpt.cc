@@ -52,7 +52,9 @@ int main(int argc, char** argv) {
   AdamWConfig adam{.lr = 3e-4f, .weight_decay = 0.1f};
   float max_norm = 1.0f;
   bool resume = false, quiet = false;
-  app.add_option("--data", data, "text file to train on")->check(CLI::ExistingFile);
+  app.add_option("--data", data,
+                 "text file (one token per byte) or token file (llm.c's uint16/uint32 .bin)")
+      ->check(CLI::ExistingFile);
   app.add_option("--layers", config.layers)->check(CLI::PositiveNumber);
   app.add_option("--heads", config.heads)->check(CLI::PositiveNumber);
   app.add_option("--embed", config.embed)->check(CLI::PositiveNumber);
@@ -70,6 +72,11 @@ int main(int argc, char** argv) {
   app.add_option("--save", save, "checkpoint directory");
   app.add_option("--save-every", save_every, "save every N steps (and at the end)");
   app.add_flag("--resume", resume, "continue from the --save directory's latest checkpoint");
+  std::string export_dir, export_dtype = "f32";
+  app.add_option("--export", export_dir,
+                 "at the end, write the weights alone (no optimizer state) as a checkpoint here");
+  app.add_option("--export-dtype", export_dtype, "dtype of the exported weights")
+      ->check(CLI::IsMember({"f32", "bf16", "f16"}));
   app.add_flag("--quiet", quiet, "log only the summary");
   CLI11_PARSE(app, argc, argv);
   if (seq <= 0) seq = config.context;
@@ -83,10 +90,10 @@ int main(int argc, char** argv) {
   auto model = Gpt::Create(config);
   if (!model.ok()) return Fail(model.status());
   if (seq > config.context) return Fail(InvalidArgumentError("--seq is longer than --context"));
-  auto tokens = TokenizeBytesFile(env, data);
+  auto tokens = OpenTokens(env, data);
   if (!tokens.ok()) return Fail(tokens.status());
   auto loader = TokenLoader::Create(std::move(*tokens), batch, seq, seed);
-  if (!loader.ok()) return Fail(loader.status().Annotate("data file '" + data + "'"));
+  if (!loader.ok()) return Fail(loader.status());
   const std::string config_text = ConfigString(config, batch, seq, seed);
 
   model->Init(seed);
@@ -117,7 +124,7 @@ int main(int argc, char** argv) {
   float loss_value = 0;
   while (model->step() < steps) {
     const auto t0 = std::chrono::steady_clock::now();
-    loader->NextBatch(inputs.data(), targets.data());
+    if (Status s = loader->NextBatch(inputs.data(), targets.data()); !s.ok()) return Fail(s);
     auto loss = model->Forward(inputs.data(), targets.data(), batch, seq);
     if (!loss.ok()) return Fail(loss.status());
     model->ZeroGrad();
@@ -144,6 +151,17 @@ int main(int argc, char** argv) {
                           {"data.position", loader->position().ToString()}});
       if (!s.ok()) return Fail(s);
       if (!quiet) std::printf("saved %s/%s\n", save.c_str(), name.c_str());
+    }
+  }
+  if (!export_dir.empty()) {
+    const SaveGptOptions options{.weights_dtype = *ParseDType(export_dtype),
+                                 .optimizer_state = false};
+    const std::string name = "step-" + std::to_string(model->step());
+    Status s = SaveGpt(env, *model, export_dir, name, {{"config", config_text}}, options);
+    if (!s.ok()) return Fail(s);
+    if (!quiet) {
+      std::printf("exported %s weights to %s/%s\n", export_dtype.c_str(), export_dir.c_str(),
+                  name.c_str());
     }
   }
   if (timed_steps > 0) {

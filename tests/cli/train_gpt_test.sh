@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # train_gpt end to end: the loss falls, a run stopped and resumed from its
-# checkpoint reproduces the uninterrupted run bit for bit, and bad input
-# fails with the file or setting named.
-# Usage: train_gpt_test.sh TRAIN_GPT CORPUS
+# checkpoint reproduces the uninterrupted run bit for bit, a token file
+# written by numpy (llm.c's layout) trains exactly as the text it holds, a
+# bf16 export is what ckpt reads, and bad input fails with the file or
+# setting named.
+# Usage: train_gpt_test.sh TRAIN_GPT CORPUS CKPT
 set -uo pipefail
 BIN=$1
 CORPUS=$2
+CKPT=$3
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
 fail=0
@@ -31,6 +34,29 @@ check "resume runs" grep -q "resumed from step 12" "$WORK/b.log"
 cat <(losses "$WORK/a.log") <(losses "$WORK/b.log") >"$WORK/resumed.txt"
 check "resumed losses equal the uninterrupted run's bit for bit" \
   diff <(losses "$WORK/full.log") "$WORK/resumed.txt"
+
+# The corpus as a uint16 token file, written independently of our code.
+/usr/bin/python3 - "$CORPUS" "$WORK/corpus.bin" <<'PY'
+import sys, numpy as np
+tokens = np.frombuffer(open(sys.argv[1], "rb").read(), dtype=np.uint8).astype(np.uint16)
+header = np.zeros(256, dtype=np.int32)
+header[:3] = [20240520, 1, len(tokens)]
+with open(sys.argv[2], "wb") as f:
+    f.write(header.tobytes())
+    f.write(tokens.tobytes())
+PY
+"$BIN" "${SMALL[@]/$CORPUS/$WORK/corpus.bin}" --steps 30 --export "$WORK/export" \
+  --export-dtype bf16 >"$WORK/tokens.log" 2>&1
+check "a token file trains exactly as its text" diff <(losses "$WORK/full.log") <(losses "$WORK/tokens.log")
+check "export written" grep -q "exported bf16 weights to $WORK/export/step-30" "$WORK/tokens.log"
+info=$("$CKPT" inspect "$WORK/export/step-30" 2>&1)
+check "the export holds bf16 weights and no optimizer state" \
+  bash -c 'grep -q "bf16" <<<"$1" && ! grep -q "optimizer\." <<<"$1"' _ "$info"
+check "the export verifies" "$CKPT" verify "$WORK/export/step-30" --quiet
+head -c 1030 "$WORK/corpus.bin" >"$WORK/cut.bin"
+out=$("$BIN" "${SMALL[@]/$CORPUS/$WORK/cut.bin}" --steps 1 2>&1)
+check "a truncated token file is named with its sizes" \
+  grep -q "cut.bin.*announces.*tokens.*has 1030 bytes" <<<"$out"
 
 out=$("$BIN" --data "$CORPUS" --layers 3 --heads 2 --embed 32 --context 32 --batch 4 \
   --steps 14 --save "$WORK/ck" --resume 2>&1)
