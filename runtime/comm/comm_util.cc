@@ -49,6 +49,12 @@ CollectiveArgs VArgs(CollectiveKind kind, std::span<const int64_t> counts, DType
   return a;
 }
 
+Status CheckCount(const CollectiveArgs& args, std::string_view comm_name) {
+  if (args.count >= 0) return Status::Ok();
+  return InvalidArgumentError(std::string(KindName(args.kind)) + " on '" + std::string(comm_name) +
+                              "': negative count " + std::to_string(args.count));
+}
+
 Status CheckAgreement(std::span<const CollectiveArgs> by_rank, std::string_view comm_name) {
   const int n = static_cast<int>(by_rank.size());
   bool same = true;

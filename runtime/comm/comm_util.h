@@ -33,6 +33,9 @@ struct CollectiveArgs {
   uint64_t counts_hash = 0;
 };
 std::string DescribeArgs(const CollectiveArgs& args);
+// A negative element count is refused before anything moves (every rank
+// checks its own call, so this needs no agreement round).
+Status CheckCount(const CollectiveArgs& args, std::string_view comm_name);
 
 // Builds the args of a V-collective from its per-rank counts.
 CollectiveArgs VArgs(CollectiveKind kind, std::span<const int64_t> counts, DType dtype,

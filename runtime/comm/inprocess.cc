@@ -323,6 +323,7 @@ class InProcessCommunicator : public Communicator {
   // and waits until every rank is done reading the others' buffers.
   template <typename Body>
   Status Run(Slot slot, Body body) {
+    RETURN_IF_ERROR(CheckCount(slot.args, name_));
     Group& g = *group_;
     World& w = *g.world;
     std::unique_lock<std::mutex> lock(w.mu);

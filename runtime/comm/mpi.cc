@@ -536,6 +536,7 @@ class MpiCommunicator : public Communicator {
 
   // With CommOptions::check: every rank shares its arguments first.
   Status Check(const CollectiveArgs& args) {
+    RETURN_IF_ERROR(CheckCount(args, name_));
     if (!world_->options().check) return Status::Ok();
     int64_t mine[6] = {static_cast<int64_t>(args.kind), args.count,
                        static_cast<int64_t>(args.dtype), static_cast<int64_t>(args.op),

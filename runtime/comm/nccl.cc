@@ -307,6 +307,7 @@ class NcclCommunicator : public Communicator {
   // the deadline.
   template <typename Enqueue>
   Status Run(const CollectiveArgs& args, Enqueue enqueue) {
+    RETURN_IF_ERROR(CheckCount(args, name_));
     if (aborted_) return AbortedError(Where() + ": the communicator was aborted after an error");
     // The message is built only on failure: this is the path of every call.
     auto what = [&] { return Where() + ": " + DescribeArgs(args); };

@@ -494,6 +494,19 @@ class Suite {
   }
 
   bool Mismatch() {
+    // Every backend refuses a negative count locally, before any exchange.
+    float one = 1.0f;
+    Status negative = c_.AllReduce(&one, &one, -3, DType::kF32, ReduceOp::kSum);
+    if (negative.code() != StatusCode::kInvalidArgument ||
+        negative.message().find("negative count -3") == std::string::npos) {
+      Fail("allreduce of -3 elements: " + negative.ToString());
+      return false;
+    }
+    negative = c_.ReduceScatter(&one, &one, -1, DType::kF32, ReduceOp::kSum);
+    if (negative.code() != StatusCode::kInvalidArgument) {
+      Fail("reduce-scatter of -1 elements: " + negative.ToString());
+      return false;
+    }
     if (!o_.reports_mismatch || n_ == 1) return true;
     std::vector<float> buf(16, 1.0f);
     const int64_t count = r_ == 0 ? 10 : 11;
