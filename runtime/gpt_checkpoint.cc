@@ -73,6 +73,10 @@ Status LoadGpt(const CheckpointReader& reader, Gpt* model) {
   for (const TensorStrategy& t : reader.strategy().tensors()) {
     optimizer_state = optimizer_state || t.name.starts_with("optimizer.");
   }
+  if (optimizer_state) {  // a ZeRO trainer may have released them
+    model->adam_m().resize(model->num_params());
+    model->adam_v().resize(model->num_params());
+  }
   for (const Entry& e : Entries(*model, optimizer_state)) {
     ASSIGN_OR_RETURN(size_t index, FindTensor(reader, e.name));
     const Layout& layout = reader.strategy().tensors()[index].layout;

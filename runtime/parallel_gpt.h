@@ -1,0 +1,116 @@
+// Training a GPT over a mesh of ranks. Built so far: data parallelism with
+// gradient buckets, and ZeRO-1 (optimizer states sharded over dp). Every
+// rank runs the same program with its own Communicator (in-process threads
+// or MPI processes, runtime/comm/launch.h).
+//
+// Data parallel: every rank is given the same global batch [B, T] and takes
+// its rows [r B/dp, (r+1) B/dp). Gradients are averaged over dp in buckets
+// of about `bucket_bytes` (one collective per bucket instead of one per
+// tensor), so every rank applies the same update and the replicas stay
+// bitwise identical. The loss is the mean over the global batch, as a
+// single process computes it.
+//
+// ZeRO-1 (`zero = 1`): each rank keeps the Adam moments of its dp-th of
+// every tensor (dimension 0 cut as torch.chunk cuts it: the layout's
+// `opt_axes = [dp]`, exactly what a checkpoint records). Gradients are
+// reduce-scattered per bucket instead of all-reduced, the norm for clipping
+// is summed over the shards, each rank updates its own rows, and the new
+// parameters are all-gathered.
+//
+// Tensor and pipeline parallelism (tp, pp > 1) are refused for now.
+#ifndef TESSERA_RUNTIME_PARALLEL_GPT_H_
+#define TESSERA_RUNTIME_PARALLEL_GPT_H_
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "runtime/comm/communicator.h"
+#include "runtime/comm/mesh_comms.h"
+#include "runtime/gpt.h"
+#include "transform/strategy.h"
+
+namespace tessera {
+
+struct ParallelConfig {
+  int dp = 1, tp = 1, pp = 1;
+  int zero = 0;  // 0: every dp rank holds the whole optimizer state; 1: ZeRO-1
+  int64_t bucket_bytes = int64_t{25} << 20;
+  // The mesh "pp=P,dp=D,tp=T" (ranks row-major: tp fastest).
+  Result<Mesh> MakeMesh() const;
+  Status Validate(int world_size) const;
+};
+
+class ParallelGpt {
+ public:
+  // Collective over `world` (its size must be dp * tp * pp), which must
+  // outlive the result.
+  static Result<std::unique_ptr<ParallelGpt>> Create(const GptConfig& config,
+                                                     const ParallelConfig& parallel,
+                                                     Communicator& world);
+
+  const ParallelConfig& parallel() const { return parallel_; }
+  const MeshCommunicators& comms() const { return comms_; }
+  // This rank's replica: all parameters under data parallelism. Under
+  // ZeRO-1 its adam_m/adam_v are empty between GatherOptimizerState calls;
+  // the shards live here.
+  Gpt& model() { return model_; }
+  const Gpt& model() const { return model_; }
+  int64_t step() const { return model_.step(); }
+
+  // GPT-2 initialisation, the same on every rank.
+  void Init(uint64_t seed);
+
+  // One training step on the global batch (the same tokens on every rank).
+  // B must be a multiple of dp. Returns the global mean loss; `norm` (if
+  // not null) receives the gradient norm before clipping.
+  Result<float> Step(const int32_t* tokens, const int32_t* targets, int B, int T,
+                     const AdamWConfig& adam, float max_norm, float* norm);
+
+  // The layout of every parameter and optimizer state on the mesh, named as
+  // checkpoints name them ("wte", "optimizer.wte.exp_avg", ...).
+  Result<Strategy> strategy() const;
+
+  // Collective. Under ZeRO-1, assembles the whole Adam moments into
+  // model().adam_m/adam_v on every rank (for a merged save); a no-op
+  // otherwise.
+  Status GatherOptimizerState();
+  // After the model's moments were loaded or gathered: keeps this rank's
+  // shard under ZeRO-1 and frees the rest (local, not collective).
+  void ShardOptimizerState();
+
+ private:
+  // Where this rank's ZeRO shard of one parameter lies.
+  struct Shard {
+    const ParamInfo* param;
+    int64_t begin = 0;  // first element of the shard in the parameter
+    std::vector<int64_t> counts;  // elements of each dp rank's shard
+    int64_t offset = 0;  // of this rank's shard in shard_m_/shard_v_
+  };
+  struct Bucket {
+    std::vector<size_t> params;  // indices into model_.params(), in order
+    int64_t begin = 0, end = 0;  // the flat range they cover (contiguous)
+    std::vector<int64_t> counts;  // ZeRO: elements per dp rank over the bucket
+    int64_t max_count = 0;
+  };
+
+  ParallelGpt(Gpt model, ParallelConfig parallel, MeshCommunicators comms)
+      : model_(std::move(model)), parallel_(parallel), comms_(std::move(comms)) {}
+  Status Build();
+  Status ReduceGradients();
+  Result<double> ShardedSquaredNorm();
+  Status ShardedUpdate(const AdamWConfig& adam, float clip);
+
+  Gpt model_;
+  ParallelConfig parallel_;
+  MeshCommunicators comms_;
+  Communicator* dp_ = nullptr;
+  int dp_rank_ = 0;
+  std::vector<Bucket> buckets_;
+  std::vector<Shard> shards_;  // ZeRO: one per parameter
+  std::vector<float> shard_m_, shard_v_, send_, recv_;
+};
+
+}  // namespace tessera
+
+#endif  // TESSERA_RUNTIME_PARALLEL_GPT_H_
