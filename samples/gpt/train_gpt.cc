@@ -1,24 +1,32 @@
-// Trains a GPT-2 style model on a text file, byte by byte (single process).
+// Trains a GPT-2 style model on a text file (byte by byte) or a token file,
+// on one rank or data-parallel over several:
 //   train_gpt --data data/corpus.txt --steps 50 [--layers 4 --heads 4
 //             --embed 256 --context 256 --batch 8] [--save DIR --save-every N]
-//             [--resume] [--threads N]
-// Logs the loss and tokens/s of every step. With --save it writes native
-// checkpoints DIR/step-<N> (parameters, Adam moments, step, data position,
-// config) and keeps DIR/latest on the newest; --resume continues from
-// DIR/latest when there is one, bit for bit as if never stopped.
+//             [--resume] [--threads N] [--export DIR --export-dtype bf16]
+//   train_gpt --ranks 4 [--dp 4] [--zero 1] ...   (4 ranks as threads)
+//   mpirun -np 4 train_gpt [--dp 4] [--zero 1] ... (4 processes)
+// Logs the loss and tokens/s of every step (rank 0). With --save it writes
+// native checkpoints DIR/step-<N> (parameters, Adam moments, step, data
+// position, config) and keeps DIR/latest on the newest; --resume continues
+// from DIR/latest when there is one, bit for bit as if never stopped on the
+// same ranks, and on any other number of data-parallel ranks.
 #include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
 #include <string>
+#include <thread>
 
 #include <CLI/CLI.hpp>
 
 #include "ckpt/ops.h"
+#include "runtime/comm/launch.h"
+#include "runtime/comm/mpi.h"
 #include "runtime/data.h"
 #include "runtime/gpt.h"
 #include "runtime/gpt_checkpoint.h"
 #include "runtime/kernels.h"
+#include "runtime/parallel_gpt.h"
 
 using namespace tessera;
 
@@ -36,6 +44,136 @@ int Fail(const Status& s) {
   return 1;
 }
 
+struct Options {
+  GptConfig config;
+  std::string data, save, export_dir, export_dtype;
+  int batch = 8, seq = 0, steps = 20, save_every = 0;
+  uint64_t seed = 1;
+  AdamWConfig adam;
+  float max_norm = 1.0f;
+  bool resume = false, quiet = false;
+  ParallelConfig parallel;
+};
+
+// The whole run on one rank; rank 0 talks.
+Status Train(const Options& o, Communicator& world) {
+  const bool talk = world.rank() == 0 && !o.quiet;
+  const bool first = world.rank() == 0;
+  Env* env = Env::Default();
+  ParallelConfig parallel = o.parallel;
+  if (parallel.dp == 0) parallel.dp = world.size() / (parallel.tp * parallel.pp);
+  ASSIGN_OR_RETURN(std::unique_ptr<ParallelGpt> trainer,
+                   ParallelGpt::Create(o.config, parallel, world));
+  if (o.batch % parallel.dp != 0) {
+    return InvalidArgumentError("--batch " + std::to_string(o.batch) +
+                                " is not a multiple of dp " + std::to_string(parallel.dp));
+  }
+  ASSIGN_OR_RETURN(std::unique_ptr<TokenSource> tokens, OpenTokens(env, o.data));
+  ASSIGN_OR_RETURN(TokenLoader loader, TokenLoader::Create(std::move(tokens), o.batch, o.seq,
+                                                           o.seed));
+  const std::string config_text = ConfigString(o.config, o.batch, o.seq, o.seed);
+  Gpt& model = trainer->model();
+
+  trainer->Init(o.seed);
+  if (o.resume && env->FileExists(o.save + "/latest")) {
+    // Every rank reads the checkpoint (the config first, then the tensors).
+    ASSIGN_OR_RETURN(std::unique_ptr<CheckpointReader> checkpoint, OpenCheckpoint(env, o.save));
+    const auto& saved = checkpoint->meta().metadata;
+    const auto it = saved.find("config");
+    if (it == saved.end() || it->second != config_text) {
+      return InvalidArgumentError(
+          "checkpoint '" + checkpoint->path() + "' was trained with '" +
+          (it == saved.end() ? std::string("?") : it->second) + "', not '" + config_text + "'");
+    }
+    RETURN_IF_ERROR(LoadGpt(*checkpoint, &model));
+    trainer->ShardOptimizerState();
+    const auto pos = saved.find("data.position");
+    ASSIGN_OR_RETURN(DataPosition position,
+                     DataPosition::Parse(pos == saved.end() ? "" : pos->second));
+    RETURN_IF_ERROR(loader.Restore(position));
+    if (talk) {
+      std::printf("resumed from step %lld (data position %s)\n",
+                  static_cast<long long>(model.step()), position.ToString().c_str());
+    }
+  }
+  if (const std::string advice = kernels::BlasCoreAdvice(); !advice.empty() && talk) {
+    std::fprintf(stderr, "%s\n", advice.c_str());
+  }
+  if (talk) {
+    std::printf("model: %s, %lld parameters (OpenBLAS core %s)\n", config_text.c_str(),
+                static_cast<long long>(model.num_params()), kernels::BlasCoreName().c_str());
+    if (world.size() > 1) {
+      std::printf("ranks: %d (%s), dp=%d zero=%d, buckets of %lld KiB\n", world.size(),
+                  std::string(world.backend()).c_str(), parallel.dp, parallel.zero,
+                  static_cast<long long>(parallel.bucket_bytes >> 10));
+    }
+  }
+
+  std::vector<int32_t> inputs(o.batch * o.seq), targets(o.batch * o.seq);
+  double total_seconds = 0;
+  int64_t timed_steps = 0;
+  float loss_value = 0;
+  while (model.step() < o.steps) {
+    const auto t0 = std::chrono::steady_clock::now();
+    RETURN_IF_ERROR(loader.NextBatch(inputs.data(), targets.data()));
+    float norm = 0;
+    ASSIGN_OR_RETURN(float loss, trainer->Step(inputs.data(), targets.data(), o.batch, o.seq,
+                                               o.adam, o.max_norm, &norm));
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    loss_value = loss;
+    if (model.step() > 1) {  // the first step warms caches and allocations
+      total_seconds += seconds;
+      ++timed_steps;
+    }
+    if (talk) {
+      std::printf("step %5lld/%d  loss %.9g  norm %.4f  %8.0f tok/s  %7.1f ms\n",
+                  static_cast<long long>(model.step()), o.steps, loss, norm,
+                  o.batch * o.seq / seconds, seconds * 1e3);
+      std::fflush(stdout);
+    }
+    const bool last = model.step() == o.steps;
+    if (!o.save.empty() && ((o.save_every > 0 && model.step() % o.save_every == 0) || last)) {
+      // A merged save: the moments are gathered, rank 0 writes.
+      RETURN_IF_ERROR(trainer->GatherOptimizerState());
+      const std::string name = "step-" + std::to_string(model.step());
+      Status saved = Status::Ok();
+      if (first) {
+        saved = SaveGpt(env, model, o.save, name,
+                        {{"config", config_text}, {"data.position", loader.position().ToString()}});
+      }
+      trainer->ShardOptimizerState();
+      int ok = saved.ok() ? 1 : 0;  // every rank learns whether rank 0 managed
+      RETURN_IF_ERROR(world.Broadcast(&ok, 1, DType::kI32, 0));
+      if (!saved.ok()) return saved;
+      if (ok == 0) return AbortedError("rank 0 failed to save " + name);
+      if (talk) std::printf("saved %s/%s\n", o.save.c_str(), name.c_str());
+    }
+  }
+  if (!o.export_dir.empty() && first) {
+    const SaveGptOptions options{.weights_dtype = *ParseDType(o.export_dtype),
+                                 .optimizer_state = false};
+    const std::string name = "step-" + std::to_string(model.step());
+    RETURN_IF_ERROR(SaveGpt(env, model, o.export_dir, name, {{"config", config_text}}, options));
+    if (talk) {
+      std::printf("exported %s weights to %s/%s\n", o.export_dtype.c_str(),
+                  o.export_dir.c_str(), name.c_str());
+    }
+  }
+  if (timed_steps > 0 && first) {
+    // Model FLOPs per token: 6 per parameter (forward + backward) plus the
+    // attention products, 12 * layers * seq * embed.
+    const double flops_per_token =
+        6.0 * model.num_params() + 12.0 * o.config.layers * o.seq * o.config.embed;
+    const double tokens_per_s = o.batch * o.seq * timed_steps / total_seconds;
+    std::printf("done: step %lld, loss %.4f, %.0f tokens/s, %.1f GFLOP/s "
+                "(mean of %lld steps after the first)\n",
+                static_cast<long long>(model.step()), loss_value, tokens_per_s,
+                tokens_per_s * flops_per_token / 1e9, static_cast<long long>(timed_steps));
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -44,136 +182,72 @@ int main(int argc, char** argv) {
     setenv("OPENBLAS_CORETYPE", core.c_str(), 1);
     execv("/proc/self/exe", argv);  // on failure, go on with what we have
   }
-  CLI::App app{"Train a GPT-2 style model on a text file (byte-level)"};
-  GptConfig config{.layers = 4, .heads = 4, .embed = 256, .context = 256, .vocab = kByteVocab};
-  std::string data = "data/corpus.txt", save;
-  int batch = 8, seq = 0, steps = 20, save_every = 0, threads = 0;
-  uint64_t seed = 1;
-  AdamWConfig adam{.lr = 3e-4f, .weight_decay = 0.1f};
-  float max_norm = 1.0f;
-  bool resume = false, quiet = false;
-  app.add_option("--data", data,
+  CLI::App app{"Train a GPT-2 style model on a text or token file, on one or more ranks"};
+  Options o;
+  o.config = {.layers = 4, .heads = 4, .embed = 256, .context = 256, .vocab = kByteVocab};
+  o.data = "data/corpus.txt";
+  o.export_dtype = "f32";
+  o.adam = {.lr = 3e-4f, .weight_decay = 0.1f};
+  o.parallel.dp = 0;  // all ranks
+  int threads = -1, ranks = 0;
+  double bucket_mib = 25;
+  app.add_option("--data", o.data,
                  "text file (one token per byte) or token file (llm.c's uint16/uint32 .bin)")
       ->check(CLI::ExistingFile);
-  app.add_option("--layers", config.layers)->check(CLI::PositiveNumber);
-  app.add_option("--heads", config.heads)->check(CLI::PositiveNumber);
-  app.add_option("--embed", config.embed)->check(CLI::PositiveNumber);
-  app.add_option("--context", config.context, "longest sequence")->check(CLI::PositiveNumber);
-  app.add_option("--vocab", config.vocab, "vocabulary (>= 256; bytes use the first 256)")
+  app.add_option("--layers", o.config.layers)->check(CLI::PositiveNumber);
+  app.add_option("--heads", o.config.heads)->check(CLI::PositiveNumber);
+  app.add_option("--embed", o.config.embed)->check(CLI::PositiveNumber);
+  app.add_option("--context", o.config.context, "longest sequence")->check(CLI::PositiveNumber);
+  app.add_option("--vocab", o.config.vocab, "vocabulary (>= 256; bytes use the first 256)")
       ->check(CLI::Range(kByteVocab, 1 << 20));
-  app.add_option("--batch", batch)->check(CLI::PositiveNumber);
-  app.add_option("--seq", seq, "sequence length (default: the context)");
-  app.add_option("--steps", steps, "train until this step")->check(CLI::NonNegativeNumber);
-  app.add_option("--lr", adam.lr);
-  app.add_option("--weight-decay", adam.weight_decay);
-  app.add_option("--max-norm", max_norm, "gradient clipping (0: none)");
-  app.add_option("--seed", seed, "initialisation and data order");
-  app.add_option("--threads", threads, "OpenBLAS threads (0: all cores)");
-  app.add_option("--save", save, "checkpoint directory");
-  app.add_option("--save-every", save_every, "save every N steps (and at the end)");
-  app.add_flag("--resume", resume, "continue from the --save directory's latest checkpoint");
-  std::string export_dir, export_dtype = "f32";
-  app.add_option("--export", export_dir,
+  app.add_option("--batch", o.batch, "global batch (split over dp)")->check(CLI::PositiveNumber);
+  app.add_option("--seq", o.seq, "sequence length (default: the context)");
+  app.add_option("--steps", o.steps, "train until this step")->check(CLI::NonNegativeNumber);
+  app.add_option("--lr", o.adam.lr);
+  app.add_option("--weight-decay", o.adam.weight_decay);
+  app.add_option("--max-norm", o.max_norm, "gradient clipping (0: none)");
+  app.add_option("--seed", o.seed, "initialisation and data order");
+  app.add_option("--threads", threads,
+                 "compute threads per rank (default: all cores on one rank, 1 with several)");
+  app.add_option("--ranks", ranks, "ranks as threads of this process (not under mpirun)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--dp", o.parallel.dp, "data-parallel ranks (default: all)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--zero", o.parallel.zero, "1: shard the optimizer states over dp (ZeRO-1)")
+      ->check(CLI::Range(0, 1));
+  app.add_option("--bucket-mib", bucket_mib, "gradient bucket size for the dp reduction")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--save", o.save, "checkpoint directory");
+  app.add_option("--save-every", o.save_every, "save every N steps (and at the end)");
+  app.add_flag("--resume", o.resume, "continue from the --save directory's latest checkpoint");
+  app.add_option("--export", o.export_dir,
                  "at the end, write the weights alone (no optimizer state) as a checkpoint here");
-  app.add_option("--export-dtype", export_dtype, "dtype of the exported weights")
+  app.add_option("--export-dtype", o.export_dtype, "dtype of the exported weights")
       ->check(CLI::IsMember({"f32", "bf16", "f16"}));
-  app.add_flag("--quiet", quiet, "log only the summary");
+  app.add_flag("--quiet", o.quiet, "log only the summary");
   CLI11_PARSE(app, argc, argv);
-  if (seq <= 0) seq = config.context;
-  if (resume && save.empty()) return Fail(InvalidArgumentError("--resume needs --save DIR"));
-  kernels::SetComputeThreads(threads);
-  if (const std::string advice = kernels::BlasCoreAdvice(); !advice.empty() && !quiet) {
-    std::fprintf(stderr, "%s\n", advice.c_str());
+  if (o.seq <= 0) o.seq = o.config.context;
+  if (o.seq > o.config.context) {
+    return Fail(InvalidArgumentError("--seq is longer than --context"));
   }
+  if (o.resume && o.save.empty()) return Fail(InvalidArgumentError("--resume needs --save DIR"));
+  o.parallel.bucket_bytes = static_cast<int64_t>(bucket_mib * (1 << 20));
 
-  Env* env = Env::Default();
-  auto model = Gpt::Create(config);
-  if (!model.ok()) return Fail(model.status());
-  if (seq > config.context) return Fail(InvalidArgumentError("--seq is longer than --context"));
-  auto tokens = OpenTokens(env, data);
-  if (!tokens.ok()) return Fail(tokens.status());
-  auto loader = TokenLoader::Create(std::move(*tokens), batch, seq, seed);
-  if (!loader.ok()) return Fail(loader.status());
-  const std::string config_text = ConfigString(config, batch, seq, seed);
-
-  model->Init(seed);
-  if (resume && env->FileExists(save + "/latest")) {
-    auto checkpoint = OpenCheckpoint(env, save);  // the config first, then the tensors
-    if (!checkpoint.ok()) return Fail(checkpoint.status());
-    const auto& saved = (*checkpoint)->meta().metadata;
-    const auto it = saved.find("config");
-    if (it == saved.end() || it->second != config_text) {
-      return Fail(InvalidArgumentError(
-          "checkpoint '" + (*checkpoint)->path() + "' was trained with '" +
-          (it == saved.end() ? std::string("?") : it->second) + "', not '" + config_text + "'"));
-    }
-    if (Status s = LoadGpt(**checkpoint, &*model); !s.ok()) return Fail(s);
-    const auto pos = saved.find("data.position");
-    auto position = DataPosition::Parse(pos == saved.end() ? "" : pos->second);
-    if (!position.ok()) return Fail(position.status());
-    if (Status s = loader->Restore(*position); !s.ok()) return Fail(s);
-    std::printf("resumed from step %lld (data position %s)\n",
-                static_cast<long long>(model->step()), position->ToString().c_str());
+  LaunchOptions launch;
+  launch.ranks = ranks;
+  if (LaunchedByMpirun() && ranks > 0) {
+    return Fail(InvalidArgumentError("--ranks starts threads; under mpirun use -np instead"));
   }
-  std::printf("model: %s, %lld parameters (OpenBLAS core %s)\n", config_text.c_str(),
-              static_cast<long long>(model->num_params()), kernels::BlasCoreName().c_str());
-
-  std::vector<int32_t> inputs(batch * seq), targets(batch * seq);
-  double total_seconds = 0;
-  int64_t timed_steps = 0;
-  float loss_value = 0;
-  while (model->step() < steps) {
-    const auto t0 = std::chrono::steady_clock::now();
-    if (Status s = loader->NextBatch(inputs.data(), targets.data()); !s.ok()) return Fail(s);
-    auto loss = model->Forward(inputs.data(), targets.data(), batch, seq);
-    if (!loss.ok()) return Fail(loss.status());
-    model->ZeroGrad();
-    if (Status s = model->Backward(); !s.ok()) return Fail(s);
-    const float norm = model->Update(adam, max_norm);
-    const double seconds =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    loss_value = *loss;
-    if (model->step() > 1) {  // the first step warms caches and allocations
-      total_seconds += seconds;
-      ++timed_steps;
-    }
-    if (!quiet) {
-      std::printf("step %5lld/%d  loss %.9g  norm %.4f  %8.0f tok/s  %7.1f ms\n",
-                  static_cast<long long>(model->step()), steps, *loss, norm,
-                  batch * seq / seconds, seconds * 1e3);
-      std::fflush(stdout);
-    }
-    const bool last = model->step() == steps;
-    if (!save.empty() && ((save_every > 0 && model->step() % save_every == 0) || last)) {
-      const std::string name = "step-" + std::to_string(model->step());
-      Status s = SaveGpt(env, *model, save, name,
-                         {{"config", config_text},
-                          {"data.position", loader->position().ToString()}});
-      if (!s.ok()) return Fail(s);
-      if (!quiet) std::printf("saved %s/%s\n", save.c_str(), name.c_str());
-    }
+  if (ranks > 1 && threads > 1) {
+    // The kernels' pool and OpenBLAS's thread count are per process.
+    return Fail(InvalidArgumentError("--threads above 1 needs one rank per process (mpirun)"));
   }
-  if (!export_dir.empty()) {
-    const SaveGptOptions options{.weights_dtype = *ParseDType(export_dtype),
-                                 .optimizer_state = false};
-    const std::string name = "step-" + std::to_string(model->step());
-    Status s = SaveGpt(env, *model, export_dir, name, {{"config", config_text}}, options);
-    if (!s.ok()) return Fail(s);
-    if (!quiet) {
-      std::printf("exported %s weights to %s/%s\n", export_dtype.c_str(), export_dir.c_str(),
-                  name.c_str());
-    }
-  }
-  if (timed_steps > 0) {
-    // Model FLOPs per token: 6 per parameter (forward + backward) plus the
-    // attention products, 12 * layers * seq * embed.
-    const double flops_per_token =
-        6.0 * model->num_params() + 12.0 * config.layers * seq * config.embed;
-    const double tokens_per_s = batch * seq * timed_steps / total_seconds;
-    std::printf("done: step %lld, loss %.4f, %.0f tokens/s, %.1f GFLOP/s "
-                "(mean of %lld steps after the first)\n",
-                static_cast<long long>(model->step()), loss_value, tokens_per_s,
-                tokens_per_s * flops_per_token / 1e9, static_cast<long long>(timed_steps));
+  // Several ranks share the cores: one compute thread each unless told.
+  const bool several = ranks > 1 || LaunchedByMpirun();
+  kernels::SetComputeThreads(threads >= 0 ? threads : several ? 1 : 0);
+  if (Status s = LaunchRanks(launch, [&](Communicator& world) { return Train(o, world); });
+      !s.ok()) {
+    return Fail(s);
   }
   return 0;
 }

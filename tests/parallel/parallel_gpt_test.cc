@@ -123,7 +123,7 @@ TEST_CASE("data parallel and ZeRO-1 reproduce the single-process run") {
   }
 }
 
-TEST_CASE("parallel GPT: layouts are queryable; bad configurations are refused") {
+TEST_CASE("parallel GPT: layouts are queryable, bad configurations are refused") {
   const Status s = RunInProcess(2, [&](Communicator& world) -> Status {
     ASSIGN_OR_RETURN(auto p, ParallelGpt::Create(kConfig, {.dp = 2, .zero = 1}, world));
     ASSIGN_OR_RETURN(Strategy strategy, p->strategy());

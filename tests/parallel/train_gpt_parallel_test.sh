@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# train_gpt on several ranks: data parallel (with and without ZeRO-1) as
+# threads (--ranks) and as processes (mpirun) gives the single-process loss
+# curve within 1e-5 relative per step; a checkpoint saved on one layout
+# resumes on another (2 ranks with ZeRO-1 -> 1 rank, 1 rank -> 2 MPI
+# processes) and continues the curve; bad settings are named.
+# Usage: train_gpt_parallel_test.sh TRAIN_GPT CORPUS MPIRUN
+set -uo pipefail
+BIN=$1
+CORPUS=$2
+MPIRUN=("$3" --allow-run-as-root --oversubscribe)
+WORK=$(mktemp -d)
+trap 'rm -rf "$WORK"' EXIT
+fail=0
+check() {  # description, command...
+  local what=$1
+  shift
+  if "$@"; then echo "ok   $what"; else echo "FAIL $what"; fail=1; fi
+}
+SMALL=(--data "$CORPUS" --layers 2 --heads 2 --embed 32 --context 32 --batch 8 --lr 1e-3 --max-norm 0.5)
+losses() { grep '^step' "$1" | awk '{split($2, s, "/"); print s[1], $4}'; }
+# Same steps, every loss within 1e-5 relative.
+close() {
+  paste -d' ' <(losses "$1") <(losses "$2") | awk '
+    { n++; if ($1 != $3) bad = 1; d = $2 - $4; if (d < 0) d = -d;
+      if (d > 1e-5 * $4) { bad = 1; print "step " $1 ": " $2 " vs " $4 } }
+    END { exit bad || n != '"${3:-30}"' }'
+}
+
+"$BIN" "${SMALL[@]}" --steps 30 >"$WORK/one.log" 2>&1
+check "single-process reference" test $? -eq 0
+for setting in "--ranks 2" "--ranks 2 --zero 1" "--ranks 4 --zero 1 --bucket-mib 0.01"; do
+  # shellcheck disable=SC2086
+  "$BIN" "${SMALL[@]}" --steps 30 $setting >"$WORK/par.log" 2>&1
+  check "$setting: the single-process losses" close "$WORK/par.log" "$WORK/one.log"
+done
+"${MPIRUN[@]}" -np 2 "$BIN" "${SMALL[@]}" --steps 30 --zero 1 >"$WORK/mpi.log" 2>&1
+check "mpirun -np 2 --zero 1: the single-process losses" close "$WORK/mpi.log" "$WORK/one.log"
+check "mpirun run says its ranks" grep -q "ranks: 2 (mpi), dp=2 zero=1" "$WORK/mpi.log"
+
+# 2 ranks with ZeRO-1 save at 12; one rank resumes to 30.
+"$BIN" "${SMALL[@]}" --steps 12 --ranks 2 --zero 1 --save "$WORK/ck" >"$WORK/a.log" 2>&1
+"$BIN" "${SMALL[@]}" --steps 30 --save "$WORK/ck" --resume >"$WORK/b.log" 2>&1
+check "resume on 1 rank from a 2-rank ZeRO checkpoint" grep -q "resumed from step 12" "$WORK/b.log"
+cat "$WORK/a.log" "$WORK/b.log" >"$WORK/ab.log"
+check "... continues the loss curve" close "$WORK/ab.log" "$WORK/one.log"
+# One rank saves at 12; two MPI processes with ZeRO-1 resume.
+"$BIN" "${SMALL[@]}" --steps 12 --save "$WORK/ck2" >"$WORK/c.log" 2>&1
+"${MPIRUN[@]}" -np 2 "$BIN" "${SMALL[@]}" --steps 30 --zero 1 --save "$WORK/ck2" --resume \
+  >"$WORK/d.log" 2>&1
+cat "$WORK/c.log" "$WORK/d.log" >"$WORK/cd.log"
+check "resume on 2 MPI ranks with ZeRO-1 from a 1-rank checkpoint" close "$WORK/cd.log" "$WORK/one.log"
+
+out=$("$BIN" --data "$CORPUS" --layers 1 --heads 2 --embed 32 --context 32 --batch 3 --steps 1 \
+  --ranks 2 2>&1)
+check "a batch that dp does not divide is named" grep -q "batch 3 is not a multiple of dp 2" <<<"$out"
+out=$("$BIN" "${SMALL[@]}" --steps 1 --ranks 2 --dp 4 2>&1)
+check "dp that is not the rank count is named" grep -q "is not the 2 ranks started" <<<"$out"
+out=$("$BIN" "${SMALL[@]}" --steps 1 --ranks 2 --threads 2 2>&1)
+check "threads per in-process rank are refused" grep -q "one rank per process" <<<"$out"
+exit $fail
