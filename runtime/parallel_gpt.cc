@@ -1,11 +1,28 @@
 #include "runtime/parallel_gpt.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 
 #include "runtime/optim.h"
 
 namespace tessera {
+namespace {
+
+// Adds the seconds of its lifetime to a counter.
+class Timed {
+ public:
+  explicit Timed(double* total) : total_(total), start_(std::chrono::steady_clock::now()) {}
+  ~Timed() {
+    *total_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+  }
+
+ private:
+  double* total_;
+  std::chrono::steady_clock::time_point start_;
+};
+
+}  // namespace
 
 Result<Mesh> ParallelConfig::MakeMesh() const {
   return Mesh::Create({"pp", "dp", "tp"}, {pp, dp, tp});
@@ -105,6 +122,7 @@ void ParallelGpt::Init(uint64_t seed) {
 }
 
 Status ParallelGpt::ReduceGradients() {
+  Timed timed(&comm_seconds_);
   float* grads = model_.grads().data();
   const int dp = parallel_.dp;
   for (const Bucket& b : buckets_) {
@@ -143,6 +161,7 @@ Result<double> ParallelGpt::ShardedSquaredNorm() {
   for (const Shard& s : shards_) {
     sum += SquaredNorm(model_.grads().data() + s.param->offset + s.begin, s.counts[dp_rank_]);
   }
+  Timed timed(&comm_seconds_);
   RETURN_IF_ERROR(dp_->AllReduce(&sum, &sum, 1, DType::kF64, ReduceOp::kSum));
   return sum;
 }
@@ -159,6 +178,7 @@ Status ParallelGpt::ShardedUpdate(const AdamWConfig& adam, float clip) {
                 shard_v_.data() + s.offset, n, model_.step(), adam, s.param->decay);
   }
   // Everyone's new rows to everyone, bucket by bucket.
+  Timed timed(&comm_seconds_);
   const int dp = parallel_.dp;
   for (const Bucket& b : buckets_) {
     float* out = send_.data();
@@ -196,7 +216,10 @@ Result<float> ParallelGpt::Step(const int32_t* tokens, const int32_t* targets, i
   RETURN_IF_ERROR(model_.Backward());
   RETURN_IF_ERROR(ReduceGradients());
   double loss = local_loss;
-  RETURN_IF_ERROR(dp_->AllReduce(&loss, &loss, 1, DType::kF64, ReduceOp::kAvg));
+  {
+    Timed timed(&comm_seconds_);
+    RETURN_IF_ERROR(dp_->AllReduce(&loss, &loss, 1, DType::kF64, ReduceOp::kAvg));
+  }
   if (parallel_.zero == 0) {
     const float n = model_.Update(adam, max_norm);
     if (norm != nullptr) *norm = n;

@@ -67,6 +67,10 @@ class ParallelGpt {
   Result<float> Step(const int32_t* tokens, const int32_t* targets, int B, int T,
                      const AdamWConfig& adam, float max_norm, float* norm);
 
+  // Seconds this rank has spent in the dp collectives of Step (reductions,
+  // the loss, the norm, ZeRO's gathers), for the communication share.
+  double comm_seconds() const { return comm_seconds_; }
+
   // The layout of every parameter and optimizer state on the mesh, named as
   // checkpoints name them ("wte", "optimizer.wte.exp_avg", ...).
   Result<Strategy> strategy() const;
@@ -109,6 +113,7 @@ class ParallelGpt {
   std::vector<Bucket> buckets_;
   std::vector<Shard> shards_;  // ZeRO: one per parameter
   std::vector<float> shard_m_, shard_v_, send_, recv_;
+  double comm_seconds_ = 0;
 };
 
 }  // namespace tessera

@@ -110,7 +110,7 @@ Status Train(const Options& o, Communicator& world) {
   }
 
   std::vector<int32_t> inputs(o.batch * o.seq), targets(o.batch * o.seq);
-  double total_seconds = 0;
+  double total_seconds = 0, comm_at_first = 0;
   int64_t timed_steps = 0;
   float loss_value = 0;
   while (model.step() < o.steps) {
@@ -125,6 +125,8 @@ Status Train(const Options& o, Communicator& world) {
     if (model.step() > 1) {  // the first step warms caches and allocations
       total_seconds += seconds;
       ++timed_steps;
+    } else {
+      comm_at_first = trainer->comm_seconds();
     }
     if (talk) {
       std::printf("step %5lld/%d  loss %.9g  norm %.4f  %8.0f tok/s  %7.1f ms\n",
@@ -170,6 +172,10 @@ Status Train(const Options& o, Communicator& world) {
                 "(mean of %lld steps after the first)\n",
                 static_cast<long long>(model.step()), loss_value, tokens_per_s,
                 tokens_per_s * flops_per_token / 1e9, static_cast<long long>(timed_steps));
+    if (world.size() > 1) {
+      std::printf("communication: %.1f%% of the step time on rank 0\n",
+                  100.0 * (trainer->comm_seconds() - comm_at_first) / total_seconds);
+    }
   }
   return Status::Ok();
 }

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Data-parallel training on 2 ranks: train_gpt --ranks 2 (threads) and
+# under mpirun -np 2 (processes), with and without ZeRO-1, beside the
+# single-process figure (2 compute threads) and beside PyTorch DDP (gloo, 2
+# processes of 1 thread) on the same model and global batch, with the
+# share of the step our ranks spend in communication.
+# Usage: gpt_dp_bench.sh TRAIN_GPT TORCH_DDP_SCRIPT TORCH_SCRIPT CORPUS MPIRUN
+set -euo pipefail
+TRAIN=$1 DDP=$2 TORCH=$3 CORPUS=$4 MPIRUN=$5
+MODEL=(--layers 4 --heads 4 --embed 256 --context 256 --seq 256 --batch 8 --vocab 4096)
+STEPS=8
+ours() {  # launcher words... -- extra train_gpt flags...
+  local out
+  out=$(env -u OPENBLAS_CORETYPE "$@" 2>&1)
+  echo "$(awk '/^done/ {print $6}' <<<"$out") $(awk '/^communication/ {print $2}' <<<"$out")"
+}
+single=$(ours "$TRAIN" --data "$CORPUS" --quiet --threads 2 --steps $STEPS "${MODEL[@]}")
+threads=$(ours "$TRAIN" --data "$CORPUS" --quiet --ranks 2 --steps $STEPS "${MODEL[@]}")
+threads_zero=$(ours "$TRAIN" --data "$CORPUS" --quiet --ranks 2 --zero 1 --steps $STEPS "${MODEL[@]}")
+mpi=$(ours "$MPIRUN" --allow-run-as-root --oversubscribe -np 2 "$TRAIN" --data "$CORPUS" \
+  --quiet --steps $STEPS "${MODEL[@]}")
+torch1=$(env -u OPENBLAS_CORETYPE /usr/bin/python3 "$TORCH" 4 4 256 256 8 4096 2 $STEPS | awk '{print $2}')
+ddp=$(env -u OPENBLAS_CORETYPE /usr/bin/python3 "$DDP" 4 4 256 256 8 4096 2 $STEPS | awk '{print $2}')
+printf "%-46s %10s %8s %9s\n" "L4 C256 H4 T256 B8 V4096, 2 cores" "tokens/s" "comm" "vs DDP"
+row() { printf "%-46s %10s %8s %8.2fx\n" "$1" "$2" "${3:--}" "$(awk "BEGIN{print $2 / $ddp}")"; }
+row "tessera, 1 rank, 2 threads" ${single}
+row "tessera dp2, --ranks 2 (threads)" ${threads}
+row "tessera dp2 zero1, --ranks 2 (threads)" ${threads_zero}
+row "tessera dp2, mpirun -np 2" ${mpi}
+row "PyTorch, 1 process, 2 threads" "$torch1"
+row "PyTorch DDP, gloo, 2 processes" "$ddp"
