@@ -13,27 +13,16 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "parity"))
-from gpt_parity import forward  # noqa: E402
+from gpt_parity import forward, init_params  # noqa: E402
 
 
 class Gpt(torch.nn.Module):
     def __init__(self, L, C, T, V):
         super().__init__()
         torch.manual_seed(1)
-        shapes = {"wte": (V, C), "wpe": (T, C)}
-        for i in range(L):
-            for name, shape in [("ln_1.weight", (C,)), ("ln_1.bias", (C,)),
-                                ("attn.c_attn.weight", (C, 3 * C)), ("attn.c_attn.bias", (3 * C,)),
-                                ("attn.c_proj.weight", (C, C)), ("attn.c_proj.bias", (C,)),
-                                ("ln_2.weight", (C,)), ("ln_2.bias", (C,)),
-                                ("mlp.c_fc.weight", (C, 4 * C)), ("mlp.c_fc.bias", (4 * C,)),
-                                ("mlp.c_proj.weight", (4 * C, C)), ("mlp.c_proj.bias", (C,))]:
-                shapes[f"h.{i}.{name}"] = shape
-        shapes["ln_f.weight"], shapes["ln_f.bias"] = (C,), (C,)
-        self.names = list(shapes)
-        self.params = torch.nn.ParameterList(
-            [torch.nn.Parameter(torch.randn(*s) * 0.02 if len(s) == 2 else torch.zeros(s))
-             for s in shapes.values()])
+        p = init_params(L, C, T, V)
+        self.names = list(p)
+        self.params = torch.nn.ParameterList([torch.nn.Parameter(v) for v in p.values()])
 
     def forward(self, idx, targets, cfg):
         p = dict(zip(self.names, self.params))

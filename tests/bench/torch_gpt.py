@@ -3,7 +3,6 @@
 model (the functional GPT-2 of tests/parity/gpt_parity.py), batch, sequence,
 threads, AdamW with clipping, on random tokens.
 Usage: torch_gpt.py LAYERS HEADS EMBED SEQ BATCH VOCAB THREADS STEPS"""
-import math
 import os
 import sys
 import time
@@ -11,26 +10,14 @@ import time
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "parity"))
-from gpt_parity import forward  # noqa: E402
+from gpt_parity import forward, init_params  # noqa: E402
 
 
 def main():
     L, NH, C, T, B, V, threads, steps = map(int, sys.argv[1:9])
     torch.set_num_threads(threads)
     torch.manual_seed(1)
-    p = {"wte": torch.randn(V, C) * 0.02, "wpe": torch.randn(T, C) * 0.01}
-    for i in range(L):
-        h = f"h.{i}."
-        for name, shape in [("ln_1.weight", (C,)), ("ln_1.bias", (C,)),
-                            ("attn.c_attn.weight", (C, 3 * C)), ("attn.c_attn.bias", (3 * C,)),
-                            ("attn.c_proj.weight", (C, C)), ("attn.c_proj.bias", (C,)),
-                            ("ln_2.weight", (C,)), ("ln_2.bias", (C,)),
-                            ("mlp.c_fc.weight", (C, 4 * C)), ("mlp.c_fc.bias", (4 * C,)),
-                            ("mlp.c_proj.weight", (4 * C, C)), ("mlp.c_proj.bias", (C,))]:
-            p[h + name] = torch.randn(*shape) * 0.02 if len(shape) == 2 else (
-                torch.ones(shape) if name.endswith("ln_1.weight") or name.endswith("ln_2.weight")
-                else torch.zeros(shape))
-    p["ln_f.weight"], p["ln_f.bias"] = torch.ones(C), torch.zeros(C)
+    p = init_params(L, C, T, V)
     for v in p.values():
         v.requires_grad_(True)
     opt = torch.optim.AdamW(list(p.values()), lr=3e-4, weight_decay=0.1)

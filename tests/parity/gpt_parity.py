@@ -51,6 +51,25 @@ def write_safetensors(path, tensors):
             f.write(c)
 
 
+def init_params(L, C, T, V):
+    """GPT-2's parameters in checkpoint order with a GPT-2-like init (for the
+    benchmarks; the parity test reads its weights from the C++ side)."""
+    p = {"wte": torch.randn(V, C) * 0.02, "wpe": torch.randn(T, C) * 0.01}
+    for i in range(L):
+        h = f"h.{i}."
+        for name, shape in [("ln_1.weight", (C,)), ("ln_1.bias", (C,)),
+                            ("attn.c_attn.weight", (C, 3 * C)), ("attn.c_attn.bias", (3 * C,)),
+                            ("attn.c_proj.weight", (C, C)), ("attn.c_proj.bias", (C,)),
+                            ("ln_2.weight", (C,)), ("ln_2.bias", (C,)),
+                            ("mlp.c_fc.weight", (C, 4 * C)), ("mlp.c_fc.bias", (4 * C,)),
+                            ("mlp.c_proj.weight", (4 * C, C)), ("mlp.c_proj.bias", (C,))]:
+            p[h + name] = torch.randn(*shape) * 0.02 if len(shape) == 2 else (
+                torch.ones(shape) if name.endswith("ln_1.weight") or name.endswith("ln_2.weight")
+                else torch.zeros(shape))
+    p["ln_f.weight"], p["ln_f.bias"] = torch.ones(C), torch.zeros(C)
+    return p
+
+
 def forward(p, idx, targets, cfg):
     L, NH, C = cfg["layers"], cfg["heads"], cfg["embed"]
     B, T = idx.shape
