@@ -69,8 +69,11 @@ Status ParallelGpt::Build() {
       layout.opt_axes = {"dp"};
       ASSIGN_OR_RETURN(ShardGrid grid, ShardGrid::Create(comms_.mesh(), layout));
       const int64_t row = p.numel / std::max<int64_t>(1, p.shape[0]);
-      Shard s{&p, grid.pieces(0)[dp_rank_].begin * row, {}, offset};
-      for (int r = 0; r < dp; ++r) s.counts.push_back(grid.pieces(0)[r].size() * row);
+      Shard s{&p, grid.pieces(0)[dp_rank_].begin * row, {}, {}, offset};
+      for (int r = 0; r < dp; ++r) {
+        s.starts.push_back(grid.pieces(0)[r].begin * row);
+        s.counts.push_back(grid.pieces(0)[r].size() * row);
+      }
       offset += s.counts[dp_rank_];
       shards_.push_back(std::move(s));
     }
@@ -137,9 +140,7 @@ Status ParallelGpt::ReduceGradients() {
       float* out = send_.data() + r * b.max_count;
       for (size_t i : b.params) {
         const Shard& s = shards_[i];
-        int64_t begin = 0;
-        for (int q = 0; q < r; ++q) begin += s.counts[q];
-        const float* g = grads + s.param->offset + begin;
+        const float* g = grads + s.param->offset + s.starts[r];
         out = std::copy(g, g + s.counts[r], out);
       }
       std::fill(out, send_.data() + (r + 1) * b.max_count, 0.0f);
@@ -192,9 +193,7 @@ Status ParallelGpt::ShardedUpdate(const AdamWConfig& adam, float clip) {
       const float* in = recv_.data() + r * b.max_count;
       for (size_t i : b.params) {
         const Shard& s = shards_[i];
-        int64_t begin = 0;
-        for (int q = 0; q < r; ++q) begin += s.counts[q];
-        std::copy(in, in + s.counts[r], weights + s.param->offset + begin);
+        std::copy(in, in + s.counts[r], weights + s.param->offset + s.starts[r]);
         in += s.counts[r];
       }
     }

@@ -87,8 +87,8 @@ class ParallelGpt {
   // Where this rank's ZeRO shard of one parameter lies.
   struct Shard {
     const ParamInfo* param;
-    int64_t begin = 0;  // first element of the shard in the parameter
-    std::vector<int64_t> counts;  // elements of each dp rank's shard
+    int64_t begin = 0;  // first element of this rank's shard in the parameter
+    std::vector<int64_t> starts, counts;  // each dp rank's first element and count
     int64_t offset = 0;  // of this rank's shard in shard_m_/shard_v_
   };
   struct Bucket {
