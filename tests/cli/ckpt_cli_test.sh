@@ -8,12 +8,8 @@ ckpt=$(realpath "$1")
 make=$(realpath "$2")
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
+source "$(dirname "$0")/../lib.sh"
 cd "$work"
-fails=0 passes=0
-check() {  # check NAME COMMAND...
-  local name=$1; shift
-  if "$@"; then echo "ok   $name"; passes=$((passes + 1)); else echo "FAIL $name"; fails=$((fails + 1)); fi
-}
 run() {  # run CMD...: output in $work/out, exit status in $rc
   "$@" >"$work/out" 2>&1
   rc=$?

@@ -7,11 +7,7 @@ ckpt=$(realpath "$1")
 demo=$(realpath "$2")
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-fails=0
-check() {  # check NAME CONDITION...
-  local name=$1; shift
-  if "$@"; then echo "ok   $name"; else echo "FAIL $name"; fails=$((fails + 1)); fi
-}
+source "$(dirname "$0")/../lib.sh"
 
 "$demo" "$work" --src dp=2,tp=4 --dst pp=2,dp=1,tp=2 >"$work/demo.out" 2>&1
 check "reshard_demo verifies every shard" grep -q "equal the model bit for bit" "$work/demo.out"
@@ -54,5 +50,5 @@ check "mesh lacking an axis names the tensor" grep -q "tensor 'wte'" "$work/out"
 rc=$?
 check "usage error exits 2" test $rc -eq 2
 
-echo "$(( 14 - fails )) passed, $fails failed"
+echo "$passes passed, $fails failed"
 test $fails -eq 0

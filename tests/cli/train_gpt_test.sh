@@ -11,19 +11,13 @@ CORPUS=$2
 CKPT=$3
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
-fail=0
-check() {  # description, command...
-  local what=$1
-  shift
-  if "$@"; then echo "ok   $what"; else echo "FAIL $what"; fail=1; fi
-}
+source "$(dirname "$0")/../lib.sh"
 SMALL=(--data "$CORPUS" --layers 2 --heads 2 --embed 32 --context 32 --batch 4 --lr 1e-3)
-losses() { grep '^step' "$1" | awk '{split($2, s, "/"); print s[1], $4}'; }
 
 "$BIN" "${SMALL[@]}" --steps 30 >"$WORK/full.log" 2>&1
 check "uninterrupted run" test $? -eq 0
-first=$(losses "$WORK/full.log" | head -1 | cut -d' ' -f2)
-last=$(losses "$WORK/full.log" | tail -1 | cut -d' ' -f2)
+first=$(train_losses "$WORK/full.log" | head -1 | cut -d' ' -f2)
+last=$(train_losses "$WORK/full.log" | tail -1 | cut -d' ' -f2)
 check "loss falls ($first -> $last)" awk "BEGIN{exit !($last < $first - 0.5)}"
 
 "$BIN" "${SMALL[@]}" --steps 12 --save "$WORK/ck" --save-every 5 >"$WORK/a.log" 2>&1
@@ -31,9 +25,9 @@ check "first part saves" test -f "$WORK/ck/step-12/manifest.pb" -a -f "$WORK/ck/
 check "latest names step-12" grep -qx "step-12" "$WORK/ck/latest"
 "$BIN" "${SMALL[@]}" --steps 30 --save "$WORK/ck" --resume >"$WORK/b.log" 2>&1
 check "resume runs" grep -q "resumed from step 12" "$WORK/b.log"
-cat <(losses "$WORK/a.log") <(losses "$WORK/b.log") >"$WORK/resumed.txt"
+cat <(train_losses "$WORK/a.log") <(train_losses "$WORK/b.log") >"$WORK/resumed.txt"
 check "resumed losses equal the uninterrupted run's bit for bit" \
-  diff <(losses "$WORK/full.log") "$WORK/resumed.txt"
+  diff <(train_losses "$WORK/full.log") "$WORK/resumed.txt"
 
 # The corpus as a uint16 token file, written independently of our code.
 /usr/bin/python3 - "$CORPUS" "$WORK/corpus.bin" <<'PY'
@@ -47,7 +41,7 @@ with open(sys.argv[2], "wb") as f:
 PY
 "$BIN" "${SMALL[@]/$CORPUS/$WORK/corpus.bin}" --steps 30 --export "$WORK/export" \
   --export-dtype bf16 >"$WORK/tokens.log" 2>&1
-check "a token file trains exactly as its text" diff <(losses "$WORK/full.log") <(losses "$WORK/tokens.log")
+check "a token file trains exactly as its text" diff <(train_losses "$WORK/full.log") <(train_losses "$WORK/tokens.log")
 check "export written" grep -q "exported bf16 weights to $WORK/export/step-30" "$WORK/tokens.log"
 info=$("$CKPT" inspect "$WORK/export/step-30" 2>&1)
 check "the export holds bf16 weights and no optimizer state" \
@@ -69,4 +63,4 @@ out=$("$BIN" "${SMALL[@]/$CORPUS/$WORK/tiny.txt}" --steps 1 2>&1)
 check "too little data is named" grep -q "tiny.txt.*fewer than one batch" <<<"$out"
 out=$("$BIN" --data "$CORPUS" --layers 1 --heads 3 --embed 32 --steps 1 2>&1)
 check "embed not a multiple of heads is refused" grep -q "not a multiple of heads" <<<"$out"
-exit $fail
+test $fails -eq 0

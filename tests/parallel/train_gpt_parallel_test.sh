@@ -11,17 +11,11 @@ CORPUS=$2
 MPIRUN=("$3" --allow-run-as-root --oversubscribe)
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
-fail=0
-check() {  # description, command...
-  local what=$1
-  shift
-  if "$@"; then echo "ok   $what"; else echo "FAIL $what"; fail=1; fi
-}
+source "$(dirname "$0")/../lib.sh"
 SMALL=(--data "$CORPUS" --layers 2 --heads 2 --embed 32 --context 32 --batch 8 --lr 1e-3 --max-norm 0.5)
-losses() { grep '^step' "$1" | awk '{split($2, s, "/"); print s[1], $4}'; }
 # Same steps, every loss within 1e-5 relative.
 close() {
-  paste -d' ' <(losses "$1") <(losses "$2") | awk '
+  paste -d' ' <(train_losses "$1") <(train_losses "$2") | awk '
     { n++; if ($1 != $3) bad = 1; d = $2 - $4; if (d < 0) d = -d;
       if (d > 1e-5 * $4) { bad = 1; print "step " $1 ": " $2 " vs " $4 } }
     END { exit bad || n != '"${3:-30}"' }'
@@ -58,4 +52,4 @@ out=$("$BIN" "${SMALL[@]}" --steps 1 --ranks 2 --dp 4 2>&1)
 check "dp that is not the rank count is named" grep -q "is not the 2 ranks started" <<<"$out"
 out=$("$BIN" "${SMALL[@]}" --steps 1 --ranks 2 --threads 2 2>&1)
 check "threads per in-process rank are refused" grep -q "one rank per process" <<<"$out"
-exit $fail
+test $fails -eq 0
