@@ -13,16 +13,19 @@ namespace {
 
 static_assert(std::endian::native == std::endian::little, "token files are little-endian");
 
+Status CheckRange(const TokenSource& source, int64_t begin, int64_t n) {
+  if (begin >= 0 && n >= 0 && begin <= source.size() - n) return Status::Ok();
+  return OutOfRangeError(source.Describe() + ": tokens [" + std::to_string(begin) + ", " +
+                         std::to_string(begin + n) + ") of " + std::to_string(source.size()));
+}
+
 class MemorySource : public TokenSource {
  public:
   MemorySource(std::vector<int32_t> tokens, std::string description)
       : tokens_(std::move(tokens)), description_(std::move(description)) {}
   int64_t size() const override { return static_cast<int64_t>(tokens_.size()); }
   Status Read(int64_t begin, int64_t n, int32_t* out) const override {
-    if (begin < 0 || n < 0 || begin > size() - n) {
-      return OutOfRangeError(description_ + ": tokens [" + std::to_string(begin) + ", " +
-                             std::to_string(begin + n) + ") of " + std::to_string(size()));
-    }
+    RETURN_IF_ERROR(CheckRange(*this, begin, n));
     std::copy_n(tokens_.data() + begin, n, out);
     return Status::Ok();
   }
@@ -39,10 +42,7 @@ class FileSource : public TokenSource {
       : file_(std::move(file)), path_(std::move(path)), width_(width), count_(count) {}
   int64_t size() const override { return count_; }
   Status Read(int64_t begin, int64_t n, int32_t* out) const override {
-    if (begin < 0 || n < 0 || begin > count_ - n) {
-      return OutOfRangeError(Describe() + ": tokens [" + std::to_string(begin) + ", " +
-                             std::to_string(begin + n) + ") of " + std::to_string(count_));
-    }
+    RETURN_IF_ERROR(CheckRange(*this, begin, n));
     const uint64_t offset = kTokenFileHeaderBytes + static_cast<uint64_t>(begin) * width_;
     if (width_ == 4) {
       RETURN_IF_ERROR(file_->Read(offset, n * 4, out));

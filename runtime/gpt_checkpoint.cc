@@ -15,6 +15,12 @@ struct Entry {
   int which;  // 0 weights, 1 exp_avg, 2 exp_avg_sq
 };
 
+// The flat vector an entry's floats live in.
+template <typename G>
+auto& Values(G& model, int which) {
+  return which == 0 ? model.weights() : which == 1 ? model.adam_m() : model.adam_v();
+}
+
 std::vector<Entry> Entries(const Gpt& model, bool optimizer_state = true) {
   std::vector<Entry> out;
   for (const ParamInfo& p : model.params()) out.push_back({p.name, &p, 0});
@@ -50,10 +56,7 @@ Status SaveGpt(Env* env, const Gpt& model, const std::string& root, const std::s
                    CreateNativeCheckpoint(env, root + "/" + name, strategy, meta, {}));
   for (size_t i = 0; i < entries.size(); ++i) {
     const Entry& e = entries[i];
-    const std::vector<float>& src = e.which == 0   ? model.weights()
-                                    : e.which == 1 ? model.adam_m()
-                                                   : model.adam_v();
-    const float* values = src.data() + e.param->offset;
+    const float* values = Values(model, e.which).data() + e.param->offset;
     if (e.which == 0 && options.weights_dtype != DType::kF32) {
       ASSIGN_OR_RETURN(Tensor t, Tensor::FromF32({values, static_cast<size_t>(e.param->numel)},
                                                  e.param->shape, options.weights_dtype));
@@ -86,10 +89,7 @@ Status LoadGpt(const CheckpointReader& reader, Gpt* model) {
                                   ShapeToString(layout.shape) + ", the model's is f32" +
                                   ShapeToString(e.param->shape));
     }
-    std::vector<float>& dst = e.which == 0   ? model->weights()
-                              : e.which == 1 ? model->adam_m()
-                                             : model->adam_v();
-    float* values = dst.data() + e.param->offset;
+    float* values = Values(*model, e.which).data() + e.param->offset;
     if (layout.dtype == DType::kF32) {
       RETURN_IF_ERROR(ReadTensor(reader, index, values));
       continue;

@@ -35,22 +35,22 @@ const float* Tensor::f32() const {
   return dtype_ == DType::kF32 ? reinterpret_cast<const float*>(storage_.data()) : nullptr;
 }
 
+Status Tensor::CheckRange(int64_t offset, int64_t n) const {
+  if (offset >= 0 && offset <= numel_ && n <= numel_ - offset) return Status::Ok();
+  return OutOfRangeError("elements [" + std::to_string(offset) + ", " +
+                         std::to_string(offset + n) + ") of tensor " + Describe());
+}
+
 Status Tensor::CopyToF32(std::span<float> out, int64_t offset) const {
   const int64_t n = static_cast<int64_t>(out.size());
-  if (offset < 0 || offset > numel_ || n > numel_ - offset) {
-    return OutOfRangeError("elements [" + std::to_string(offset) + ", " +
-                           std::to_string(offset + n) + ") of tensor " + Describe());
-  }
+  RETURN_IF_ERROR(CheckRange(offset, n));
   return ConvertFloats(dtype_, storage_.data() + offset * DTypeSize(dtype_), DType::kF32,
                        out.data(), n);
 }
 
 Status Tensor::AssignF32(std::span<const float> in, int64_t offset) {
   const int64_t n = static_cast<int64_t>(in.size());
-  if (offset < 0 || offset > numel_ || n > numel_ - offset) {
-    return OutOfRangeError("elements [" + std::to_string(offset) + ", " +
-                           std::to_string(offset + n) + ") of tensor " + Describe());
-  }
+  RETURN_IF_ERROR(CheckRange(offset, n));
   return ConvertFloats(DType::kF32, in.data(), dtype_,
                        storage_.data() + offset * DTypeSize(dtype_), n);
 }

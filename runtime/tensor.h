@@ -62,6 +62,10 @@ class Tensor {
   bool operator==(const Tensor& other) const = default;
 
  private:
+  // OutOfRange naming the elements and this tensor unless [offset,
+  // offset + n) lies within it.
+  Status CheckRange(int64_t offset, int64_t n) const;
+
   DType dtype_ = DType::kF32;
   std::vector<int64_t> shape_;
   int64_t numel_ = 0;
