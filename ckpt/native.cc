@@ -1,14 +1,10 @@
 #include "ckpt/native.h"
 
-#include <signal.h>
-#include <unistd.h>
-
-#include <cerrno>
-
 #include <algorithm>
 #include <cstdio>
 #include <mutex>
 
+#include "ckpt/output.h"
 #include "formats/native_files.h"
 
 namespace tessera {
@@ -107,11 +103,12 @@ class NativeReader : public CheckpointReader {
 
 class NativeWriter : public CheckpointWriter {
  public:
-  NativeWriter(Env* env, std::string path, std::string tmp, Strategy strategy, CheckpointMeta meta,
+  NativeWriter(Env* env, OutputPaths out, Strategy strategy, CheckpointMeta meta,
                NativeWriteOptions options)
       : env_(env),
-        path_(std::move(path)),
-        tmp_(std::move(tmp)),
+        out_(std::move(out)),
+        path_(out_.path),
+        tmp_(out_.tmp),
         strategy_(std::move(strategy)),
         meta_(std::move(meta)),
         options_(options),
@@ -179,23 +176,14 @@ class NativeWriter : public CheckpointWriter {
       m.tensors.push_back(std::move(t));
     }
     RETURN_IF_ERROR(CommitManifest(env_, tmp_, m));
-    std::string replaced;  // an existing checkpoint moved aside by --overwrite
-    if (env_->FileExists(path_)) {
-      if (!options_.overwrite) {
-        return AlreadyExistsError("'" + path_ + "' already exists (pass --overwrite to replace it)");
-      }
-      replaced = tmp_ + "-old";
-      RETURN_IF_ERROR(env_->RenameFile(path_, replaced));
-    }
-    RETURN_IF_ERROR(env_->RenameFile(tmp_, path_));
-    RETURN_IF_ERROR(env_->SyncDir(Dirname(path_)));
+    RETURN_IF_ERROR(CommitOutput(env_, out_, options_.overwrite));
     committed_ = true;
-    return replaced.empty() ? Status::Ok() : DeleteRecursively(env_, replaced);
+    return Status::Ok();
   }
 
   void Abort() override {
     slots_.clear();
-    if (env_->FileExists(tmp_)) (void)DeleteRecursively(env_, tmp_);
+    RemoveOutput(env_, out_);
   }
 
  private:
@@ -222,6 +210,7 @@ class NativeWriter : public CheckpointWriter {
   }
 
   Env* env_;
+  OutputPaths out_;
   std::string path_, tmp_;
   Strategy strategy_;
   CheckpointMeta meta_;
@@ -231,23 +220,6 @@ class NativeWriter : public CheckpointWriter {
   std::vector<std::vector<PieceInfo>> pieces_;
   bool committed_ = false;
 };
-
-// Temporary outputs `<path>.tmp-<pid>` left by writers that died (killed,
-// crashed) are removed; a live writer's are left alone.
-void RemoveStaleTemporaries(Env* env, const std::string& path) {
-  const std::string dir = Dirname(path);
-  const std::string prefix = path.substr(path.rfind('/') == std::string::npos ? 0 : path.rfind('/') + 1) + ".tmp-";
-  auto children = env->GetChildren(dir);
-  if (!children.ok()) return;
-  for (const std::string& name : *children) {
-    if (name.rfind(prefix, 0) != 0) continue;
-    const std::string digits = name.substr(prefix.size());
-    if (digits.empty() || digits.find_first_not_of("0123456789") != std::string::npos) continue;
-    const pid_t pid = static_cast<pid_t>(std::stoll(digits));
-    if (pid == ::getpid() || ::kill(pid, 0) == 0 || errno != ESRCH) continue;
-    (void)DeleteRecursively(env, JoinPath(dir, name));
-  }
-}
 
 }  // namespace
 
@@ -266,18 +238,9 @@ Result<std::unique_ptr<CheckpointWriter>> CreateNativeCheckpoint(Env* env, const
                                                                  Strategy strategy,
                                                                  CheckpointMeta meta,
                                                                  const NativeWriteOptions& options) {
-  if (path.empty()) return InvalidArgumentError("no output path given");
-  if (env->FileExists(path) && !options.overwrite) {
-    return AlreadyExistsError("'" + path + "' already exists (pass --overwrite to replace it)");
-  }
-  std::string clean = path;
-  while (clean.size() > 1 && clean.back() == '/') clean.pop_back();
-  RemoveStaleTemporaries(env, clean);
-  const std::string tmp = clean + ".tmp-" + std::to_string(::getpid());
-  if (env->FileExists(tmp)) RETURN_IF_ERROR(DeleteRecursively(env, tmp));
-  RETURN_IF_ERROR(env->CreateDirs(tmp));
-  return std::unique_ptr<CheckpointWriter>(new NativeWriter(
-      env, clean, tmp, std::move(strategy), std::move(meta), options));
+  ASSIGN_OR_RETURN(OutputPaths out, PrepareOutput(env, path, options.overwrite, true));
+  return std::unique_ptr<CheckpointWriter>(
+      new NativeWriter(env, std::move(out), std::move(strategy), std::move(meta), options));
 }
 
 Status ParseCompression(const std::string& text, NativeWriteOptions* o) {

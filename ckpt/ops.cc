@@ -1,21 +1,99 @@
 #include "ckpt/ops.h"
 
+#include "ckpt/hdf5_ckpt.h"
+#include "ckpt/safetensors_ckpt.h"
+
 namespace tessera {
 
-Result<std::unique_ptr<CheckpointReader>> OpenCheckpoint(Env* env, const std::string& path) {
+Result<Format> ParseFormat(const std::string& name) {
+  if (name == "native") return Format::kNative;
+  if (name == "safetensors") return Format::kSafetensors;
+  if (name == "mindspore") return Format::kMindSpore;
+  if (name == "hdf5") return Format::kHdf5;
+  return InvalidArgumentError("format '" + name + "': use native, safetensors, mindspore or hdf5");
+}
+
+std::string_view FormatName(Format format) {
+  switch (format) {
+    case Format::kNative: return "native";
+    case Format::kSafetensors: return "safetensors";
+    case Format::kMindSpore: return "mindspore";
+    case Format::kHdf5: return "hdf5";
+  }
+  return "?";
+}
+
+Result<std::unique_ptr<CheckpointReader>> OpenCheckpoint(Env* env, const std::string& path,
+                                                         const OpenOptions& options) {
   if (!env->FileExists(path)) return NotFoundError("'" + path + "' does not exist");
-  if (env->IsDirectory(path)) return OpenNativeCheckpoint(env, path);
-  return InvalidArgumentError("'" + path + "' is not a checkpoint this Tessera can read");
+  if (env->IsDirectory(path)) {
+    if (env->FileExists(JoinPath(path, "manifest.pb")) || env->FileExists(JoinPath(path, "latest"))) {
+      return OpenNativeCheckpoint(env, path);
+    }
+    if (IsSafetensorsCheckpoint(env, path)) return OpenSafetensorsCheckpoint(env, path);
+    if (IsMindSporeCheckpoint(env, path)) {
+      return OpenMindSporeCheckpoint(env, path, options.mindspore_strategy);
+    }
+    // Let the native reader say what is missing (an incomplete checkpoint).
+    return OpenNativeCheckpoint(env, path);
+  }
+  if (IsHdf5Checkpoint(path)) return OpenHdf5Checkpoint(path);
+  if (IsSafetensorsCheckpoint(env, path)) return OpenSafetensorsCheckpoint(env, path);
+  {
+    ASSIGN_OR_RETURN(auto file, env->NewRandomAccessFile(path));
+    if (LooksLikeMindSporeCkpt(*file)) {
+      return OpenMindSporeCheckpoint(env, path, options.mindspore_strategy);
+    }
+  }
+  return InvalidArgumentError("'" + path +
+                              "' is not a checkpoint this Tessera can read (native directory, "
+                              "safetensors, MindSpore .ckpt or HDF5)");
 }
 
 Result<TransformStats> WriteTransformed(Env* env, const CheckpointReader& src, const Strategy& dst,
                                         const std::string& out_path, const WriteOptions& options) {
+  if (options.format != Format::kNative && options.native.codec != Codec::kRaw) {
+    return InvalidArgumentError("compression is a native-format option; " +
+                                std::string(FormatName(options.format)) + " stores raw bytes");
+  }
+  if (options.format != Format::kSafetensors && options.max_shard_size > 0) {
+    return InvalidArgumentError("--max-shard-size applies to safetensors output only");
+  }
   ASSIGN_OR_RETURN(Strategy complete, CompleteStrategy(src.strategy(), dst));
   CheckpointMeta meta = src.meta();
   meta.created_by = "tessera ckpt";
-  ASSIGN_OR_RETURN(auto writer, CreateNativeCheckpoint(env, out_path, complete, std::move(meta),
-                                                       options.native));
-  auto stats = Transform(src, complete, *writer, options.transform);
+  std::unique_ptr<CheckpointWriter> writer;
+  // The layout the data moves in: whole tensors for the formats that store
+  // them whole (the recorded strategy is metadata there).
+  Strategy flow = complete;
+  switch (options.format) {
+    case Format::kNative: {
+      ASSIGN_OR_RETURN(writer, CreateNativeCheckpoint(env, out_path, complete, std::move(meta),
+                                                      options.native));
+      break;
+    }
+    case Format::kSafetensors: {
+      SafetensorsWriteOptions o;
+      o.max_shard_size = options.max_shard_size;
+      o.overwrite = options.native.overwrite;
+      ASSIGN_OR_RETURN(writer, CreateSafetensorsCheckpoint(env, out_path, complete, meta, o));
+      flow = MergedStrategy(complete);
+      break;
+    }
+    case Format::kHdf5: {
+      ASSIGN_OR_RETURN(writer, CreateHdf5Checkpoint(env, out_path, complete, meta,
+                                                    options.native.overwrite));
+      flow = MergedStrategy(complete);
+      break;
+    }
+    case Format::kMindSpore: {
+      MindSporeWriteOptions o = options.mindspore;
+      o.overwrite = options.native.overwrite;
+      ASSIGN_OR_RETURN(writer, CreateMindSporeCheckpoint(env, out_path, complete, o));
+      break;
+    }
+  }
+  auto stats = Transform(src, flow, *writer, options.transform);
   if (!stats.ok()) {
     writer->Abort();
     return stats.status();

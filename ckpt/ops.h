@@ -1,5 +1,6 @@
-// File-to-file operations the CLI and trainers call: open any checkpoint,
-// and write one under a new strategy with an atomic commit.
+// File-to-file operations the CLI and trainers call: open any checkpoint in
+// any format, and write one under a new strategy in any format, with an
+// atomic commit.
 #ifndef TESSERA_CKPT_OPS_H_
 #define TESSERA_CKPT_OPS_H_
 
@@ -7,23 +8,44 @@
 #include <string>
 
 #include "ckpt/checkpoint.h"
+#include "ckpt/mindspore.h"
 #include "ckpt/native.h"
 #include "ckpt/transform.h"
 
 namespace tessera {
 
-// Opens a checkpoint, recognising its format from its content.
-Result<std::unique_ptr<CheckpointReader>> OpenCheckpoint(Env* env, const std::string& path);
+enum class Format { kNative, kSafetensors, kMindSpore, kHdf5 };
+
+// "native", "safetensors", "mindspore", "hdf5".
+Result<Format> ParseFormat(const std::string& name);
+std::string_view FormatName(Format format);
+
+struct OpenOptions {
+  // A MindSpore strategy file or directory of stage files, for a MindSpore
+  // distributed checkpoint directory.
+  std::string mindspore_strategy;
+};
+
+// Opens a checkpoint, recognising its format from its content (a native
+// directory, a safetensors file/index/directory, a MindSpore .ckpt or
+// rank_<r>/ directory, an HDF5 file), never from its name.
+Result<std::unique_ptr<CheckpointReader>> OpenCheckpoint(Env* env, const std::string& path,
+                                                         const OpenOptions& options = {});
 
 struct WriteOptions {
-  NativeWriteOptions native;
+  Format format = Format::kNative;
+  NativeWriteOptions native;       // codec (native only) and overwrite (all)
+  int64_t max_shard_size = 0;      // safetensors: shard the output
+  MindSporeWriteOptions mindspore;  // prefix, record size
   TransformOptions transform;
 };
 
-// Writes every tensor of `src` under `dst` (completed with CompleteStrategy
-// by the caller or not: tensors `dst` leaves out stay whole) to `out_path`,
+// Writes every tensor of `src` under `dst` (completed with CompleteStrategy:
+// tensors `dst` leaves out stay whole) to `out_path` in `options.format`,
 // committed atomically; on any failure nothing is left at `out_path` and
-// the temporary directory is removed.
+// the temporary output is removed. safetensors and HDF5 store whole tensors
+// and record `dst` as metadata; MindSpore writes one file per rank of `dst`
+// (or one file when `out_path` ends in ".ckpt").
 Result<TransformStats> WriteTransformed(Env* env, const CheckpointReader& src, const Strategy& dst,
                                         const std::string& out_path, const WriteOptions& options);
 

@@ -1,4 +1,6 @@
 #include "ckpt/verify.h"
+#include "core/buffer.h"
+#include "ckpt/transform.h"
 
 #include <algorithm>
 #include <map>
@@ -127,6 +129,32 @@ Result<VerifyReport> VerifyNativeCheckpoint(Env* env, const std::string& path,
               return std::tie(a.file, a.tensor, a.what) < std::tie(b.file, b.tensor, b.what);
             });
   return report;
+}
+
+Result<int64_t> ReadEverything(const CheckpointReader& reader, int threads) {
+  struct Item {
+    size_t tensor;
+    Box box;
+  };
+  std::vector<Item> items;
+  int64_t total = 0;
+  for (size_t i = 0; i < reader.strategy().tensors().size(); ++i) {
+    const Layout& l = reader.strategy().tensors()[i].layout;
+    for (const Box& b : SplitBox(Box::FromShape(l.shape), DTypeSize(l.dtype), int64_t{64} << 20)) {
+      items.push_back({i, b});
+      total += NumElements(b) * DTypeSize(l.dtype);
+    }
+  }
+  ThreadPool pool(threads);
+  RETURN_IF_ERROR(pool.ParallelFor(static_cast<int64_t>(items.size()), [&](int64_t k) -> Status {
+    const Item& it = items[k];
+    const TensorStrategy& t = reader.strategy().tensors()[it.tensor];
+    ASSIGN_OR_RETURN(auto buf, AllocateBytes(NumElements(it.box) * DTypeSize(t.layout.dtype),
+                                             "tensor '" + t.name + "'"));
+    const std::vector<int64_t> ext = it.box.extents();
+    return reader.ReadRegion(it.tensor, it.box, buf.get(), ext, Box::FromShape(ext));
+  }));
+  return total;
 }
 
 }  // namespace tessera

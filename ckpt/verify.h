@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "ckpt/checkpoint.h"
 #include "core/env.h"
 #include "core/status.h"
 
@@ -36,6 +37,11 @@ struct VerifyOptions {
 
 // An unreadable manifest (missing, corrupt, future version) is an error;
 // everything else that is wrong is listed in the report.
+// Reads every byte of every tensor of any checkpoint (in slabs of at most
+// 64 MiB, on `threads` threads), so that the format's own checks run over
+// all of it; returns the bytes read. Errors name the tensor.
+Result<int64_t> ReadEverything(const CheckpointReader& reader, int threads);
+
 Result<VerifyReport> VerifyNativeCheckpoint(Env* env, const std::string& path,
                                             const VerifyOptions& options);
 

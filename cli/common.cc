@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <cctype>
 #include <chrono>
 #include <cstdio>
 #include <iostream>
@@ -17,8 +18,17 @@ void AddIoFlags(CLI::App* cmd, IoFlags* f, bool output) {
                   "tensor bytes held in memory at once, e.g. 256MiB, 1GiB");
   cmd->add_flag("--quiet,-q", f->quiet, "no progress bar, no summary");
   if (output) {
-    cmd->add_option("--compress", f->compress, "none, zstd or zstd:LEVEL (1-19)");
+    cmd->add_option("--compress", f->compress, "none, zstd or zstd:LEVEL (1-19), native only");
     cmd->add_flag("--overwrite", f->overwrite, "replace an existing output checkpoint");
+    cmd->add_option("--format", f->format, "output format")
+        ->check(CLI::IsMember({"native", "safetensors", "mindspore", "hdf5"}));
+    cmd->add_option("--max-shard-size", f->max_shard_size,
+                    "safetensors: shards of at most this size (e.g. 2GB) plus "
+                    "model.safetensors.index.json");
+    cmd->add_option("--prefix", f->prefix,
+                    "mindspore: rank files are rank_<r>/<prefix><r>.ckpt");
+    cmd->add_option("--save-mindspore-strategy", f->save_mindspore_strategy,
+                    "also write the output's strategy as a MindSpore strategy file");
   }
 }
 
@@ -42,11 +52,50 @@ std::function<void(int64_t, int64_t)> MakeProgress(const std::string& label, boo
   };
 }
 
+namespace {
+
+// Hugging Face's sizes: "5GB" is 5 * 10^9 bytes, "5GiB" 5 * 2^30.
+Result<int64_t> ParseShardSize(const std::string& text) {
+  std::string t = text;
+  for (char& c : t) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  static const std::pair<const char*, int64_t> kDecimal[] = {
+      {"kb", 1000}, {"mb", 1000 * 1000}, {"gb", 1000 * 1000 * 1000}};
+  for (const auto& [unit, scale] : kDecimal) {
+    if (t.size() > 2 && t.compare(t.size() - 2, 2, unit) == 0 && t[t.size() - 3] != 'i') {
+      try {
+        size_t used = 0;
+        const double v = std::stod(t.substr(0, t.size() - 2), &used);
+        if (used == t.size() - 2 && v >= 0) return static_cast<int64_t>(v * scale);
+      } catch (...) {
+      }
+      return InvalidArgumentError("size '" + text + "' is not a number with a unit");
+    }
+  }
+  return ParseByteSize(text);
+}
+
+bool IsMindSporeStrategy(const std::string& path) {
+  Env* env = Env::Default();
+  return env->IsDirectory(path) || IsMindSporeStrategyFile(env, path);
+}
+
+}  // namespace
+
 Result<std::unique_ptr<CheckpointReader>> OpenSource(const std::string& path,
                                                      const std::string& src_strategy) {
-  ASSIGN_OR_RETURN(auto reader, OpenCheckpoint(Env::Default(), path));
-  if (src_strategy.empty()) return reader;
-  ASSIGN_OR_RETURN(Strategy given, LoadStrategyFile(Env::Default(), src_strategy));
+  Env* env = Env::Default();
+  OpenOptions options;
+  const bool mindspore = !src_strategy.empty() && IsMindSporeStrategy(src_strategy);
+  if (mindspore) options.mindspore_strategy = src_strategy;
+  ASSIGN_OR_RETURN(auto reader, OpenCheckpoint(env, path, options));
+  if (src_strategy.empty() || (mindspore && reader->format() == "mindspore")) return reader;
+  Strategy given;
+  if (mindspore) {
+    ASSIGN_OR_RETURN(auto files, ReadMindSporeStrategies(env, src_strategy));
+    ASSIGN_OR_RETURN(given, MindSporeToStrategy(files, reader->strategy()));
+  } else {
+    ASSIGN_OR_RETURN(given, LoadStrategyFile(env, src_strategy));
+  }
   const Strategy& recorded = reader->strategy();
   for (const TensorStrategy& t : given.tensors()) {
     const TensorStrategy* r = recorded.Find(t.name);
@@ -69,6 +118,10 @@ Result<Strategy> DestinationStrategy(const CheckpointReader& src, const std::str
   if (!file.empty() && !mesh.empty()) {
     return InvalidArgumentError("give either --strategy or --mesh, not both");
   }
+  if (!file.empty() && IsMindSporeStrategy(file)) {
+    ASSIGN_OR_RETURN(auto files, ReadMindSporeStrategies(Env::Default(), file));
+    return MindSporeToStrategy(files, src.strategy());
+  }
   if (!file.empty()) return LoadStrategyFile(Env::Default(), file);
   if (mesh.empty()) return InvalidArgumentError("give --strategy FILE or --mesh axis=size,...");
   ASSIGN_OR_RETURN(Mesh m, Mesh::Parse(mesh));
@@ -81,6 +134,25 @@ int RunWrite(const CheckpointReader& src, const Strategy& dst, const std::string
   Status s = ParseCompression(flags.compress, &o.native).Annotate("--compress");
   if (!s.ok()) return Report(s);
   o.native.overwrite = flags.overwrite;
+  auto format = ParseFormat(flags.format);
+  if (!format.ok()) return Report(format.status());
+  o.format = *format;
+  if (!flags.max_shard_size.empty()) {
+    auto shard = ParseShardSize(flags.max_shard_size);
+    if (!shard.ok()) return Report(shard.status().Annotate("--max-shard-size"));
+    if (*shard <= 0) return Report(InvalidArgumentError("--max-shard-size must be positive"));
+    o.max_shard_size = *shard;
+  }
+  o.mindspore.prefix = flags.prefix;
+  if (!flags.save_mindspore_strategy.empty()) {
+    // Checked before any data moves: MindSpore must be able to express it.
+    auto complete = CompleteStrategy(src.strategy(), dst);
+    if (!complete.ok()) return Report(complete.status());
+    auto ms = StrategyToMindSpore(*complete);
+    if (!ms.ok()) return Report(ms.status().Annotate("--save-mindspore-strategy"));
+    Status w = WriteMindSporeStrategy(Env::Default(), flags.save_mindspore_strategy, *ms);
+    if (!w.ok()) return Report(w);
+  }
   auto budget = ParseByteSize(flags.memory_budget);
   if (!budget.ok()) return Report(budget.status());
   o.transform.memory_budget = *budget;

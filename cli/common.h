@@ -19,6 +19,10 @@ struct IoFlags {
   std::string compress = "none";
   bool quiet = false;
   bool overwrite = false;
+  std::string format = "native";
+  std::string max_shard_size;      // safetensors
+  std::string prefix = "checkpoint_";  // MindSpore rank files
+  std::string save_mindspore_strategy;
 };
 void AddIoFlags(CLI::App* cmd, IoFlags* flags, bool output);
 
@@ -26,7 +30,9 @@ void AddIoFlags(CLI::App* cmd, IoFlags* flags, bool output);
 // returns an empty function otherwise.
 std::function<void(int64_t, int64_t)> MakeProgress(const std::string& label, bool quiet);
 
-// Opens SRC; with --src-strategy, checks that it agrees with what the
+// Opens SRC (any format, recognised by content). --src-strategy is either
+// the strategy of a MindSpore distributed checkpoint (a MindSpore strategy
+// file or directory of stage files), or checked against what the
 // checkpoint records.
 Result<std::unique_ptr<CheckpointReader>> OpenSource(const std::string& path,
                                                      const std::string& src_strategy);

@@ -6,18 +6,19 @@ namespace tessera::cli {
 
 CLI::App* AddConvertVerb(CLI::App& app, std::function<int()>* run) {
   struct Args {
-    std::string src, out, format = "native";
+    std::string src, out, src_strategy;
     IoFlags io;
   };
   auto a = std::make_shared<Args>();
   CLI::App* cmd = app.add_subcommand("convert", "Rewrite a checkpoint in another format or codec");
   cmd->add_option("src", a->src, "source checkpoint")->required();
   cmd->add_option("-o,--output", a->out, "output checkpoint")->required();
-  cmd->add_option("--format", a->format, "output format")->check(CLI::IsMember({"native"}));
+  cmd->add_option("--src-strategy", a->src_strategy,
+                  "strategy of a MindSpore distributed source (file or stage directory)");
   AddIoFlags(cmd, &a->io, true);
   cmd->callback([a, run] {
     *run = [a] {
-      auto src = OpenSource(a->src, "");
+      auto src = OpenSource(a->src, a->src_strategy);
       if (!src.ok()) return Report(src.status());
       return RunWrite(**src, (*src)->strategy(), a->out, a->io, "convert");
     };

@@ -9,16 +9,18 @@ namespace tessera::cli {
 
 CLI::App* AddInspectVerb(CLI::App& app, std::function<int()>* run) {
   struct Args {
-    std::string src;
+    std::string src, src_strategy;
     bool json = false;
   };
   auto a = std::make_shared<Args>();
   CLI::App* cmd = app.add_subcommand("inspect", "List a checkpoint's tensors and layouts");
   cmd->add_option("src", a->src, "checkpoint")->required();
+  cmd->add_option("--src-strategy", a->src_strategy,
+                  "strategy of a MindSpore distributed checkpoint (file or stage directory)");
   cmd->add_flag("--json", a->json, "machine-readable output");
   cmd->callback([a, run] {
     *run = [a] {
-      auto src = OpenSource(a->src, "");
+      auto src = OpenSource(a->src, a->src_strategy);
       if (!src.ok()) return Report(src.status());
       std::cout << (a->json ? InspectJson(**src) : InspectText(**src));
       return 0;

@@ -1,5 +1,7 @@
 #include "core/checksum.h"
 
+#include <array>
+
 #include <xxhash.h>
 
 #include <cstdio>
@@ -26,6 +28,22 @@ std::string ChecksumToHex(uint64_t checksum) {
   char buf[17];
   std::snprintf(buf, sizeof(buf), "%016llx", static_cast<unsigned long long>(checksum));
   return buf;
+}
+
+uint32_t Crc32(const void* data, size_t size, uint32_t crc) {
+  static const auto kTable = [] {
+    std::array<uint32_t, 256> t{};
+    for (uint32_t i = 0; i < 256; ++i) {
+      uint32_t c = i;
+      for (int k = 0; k < 8; ++k) c = (c & 1) ? 0xEDB88320u ^ (c >> 1) : c >> 1;
+      t[i] = c;
+    }
+    return t;
+  }();
+  const unsigned char* p = static_cast<const unsigned char*>(data);
+  crc = ~crc;
+  for (size_t i = 0; i < size; ++i) crc = kTable[(crc ^ p[i]) & 0xff] ^ (crc >> 8);
+  return ~crc;
 }
 
 }  // namespace tessera

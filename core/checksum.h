@@ -30,6 +30,10 @@ class Xxh3Hasher {
   std::unique_ptr<State> state_;
 };
 
+// CRC-32 (IEEE 802.3, zlib's and Python's binascii.crc32), continuing from
+// `crc` (the CRC of the bytes before, 0 at the start).
+uint32_t Crc32(const void* data, size_t size, uint32_t crc = 0);
+
 // 16 lowercase hex digits.
 std::string ChecksumToHex(uint64_t checksum);
 

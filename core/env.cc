@@ -83,6 +83,12 @@ class MemWritableFile : public WritableFile {
     file_->data.append(static_cast<const char*>(data), size);
     return Status::Ok();
   }
+  Status WriteAt(uint64_t offset, const void* data, size_t size) override {
+    std::lock_guard<std::mutex> lock(file_->mu);
+    if (file_->data.size() < offset + size) file_->data.resize(offset + size, '\0');
+    std::memcpy(file_->data.data() + offset, data, size);
+    return Status::Ok();
+  }
   Status Sync() override { return Status::Ok(); }
   Status Close() override { return Status::Ok(); }
 
@@ -281,11 +287,20 @@ class FaultWritableFile : public WritableFile {
   Status Append(const void* data, size_t size) override {
     RETURN_IF_ERROR(env_->BeforeWrite().Annotate("write '" + path_ + "'"));
     RETURN_IF_ERROR(base_->Append(data, size));
+    std::lock_guard<std::mutex> lock(mu_);
     size_ += size;
+    return Status::Ok();
+  }
+  Status WriteAt(uint64_t offset, const void* data, size_t size) override {
+    RETURN_IF_ERROR(env_->BeforeWrite().Annotate("write '" + path_ + "'"));
+    RETURN_IF_ERROR(base_->WriteAt(offset, data, size));
+    std::lock_guard<std::mutex> lock(mu_);
+    size_ = std::max<uint64_t>(size_, offset + size);
     return Status::Ok();
   }
   Status Sync() override {
     RETURN_IF_ERROR(base_->Sync());
+    std::lock_guard<std::mutex> lock(mu_);
     env_->OnSynced(path_, size_);
     return Status::Ok();
   }
@@ -295,6 +310,7 @@ class FaultWritableFile : public WritableFile {
   FaultInjectionEnv* env_;
   std::string path_;
   std::unique_ptr<WritableFile> base_;
+  std::mutex mu_;
   uint64_t size_ = 0;
 };
 

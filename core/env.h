@@ -23,6 +23,11 @@ class WritableFile {
  public:
   virtual ~WritableFile() = default;
   virtual Status Append(const void* data, size_t size) = 0;
+  // Writes `size` bytes at `offset` (pwrite), growing the file as needed;
+  // for formats whose layout is fixed before the data arrives (safetensors,
+  // MindSpore .ckpt). Thread-safe with other WriteAt calls; not to be mixed
+  // with concurrent Appends.
+  virtual Status WriteAt(uint64_t offset, const void* data, size_t size) = 0;
   // Makes everything appended so far durable.
   virtual Status Sync() = 0;
   virtual Status Close() = 0;

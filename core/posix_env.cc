@@ -38,6 +38,20 @@ class PosixWritableFile : public WritableFile {
     }
     return Status::Ok();
   }
+  Status WriteAt(uint64_t offset, const void* data, size_t size) override {
+    const char* p = static_cast<const char*>(data);
+    while (size > 0) {
+      ssize_t n = ::pwrite(fd_, p, size, static_cast<off_t>(offset));
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        return PosixError("write", path_, errno);
+      }
+      p += n;
+      offset += static_cast<uint64_t>(n);
+      size -= static_cast<size_t>(n);
+    }
+    return Status::Ok();
+  }
   Status Sync() override {
     if (::fdatasync(fd_) != 0) return PosixError("fdatasync", path_, errno);
     return Status::Ok();

@@ -137,47 +137,6 @@ Status ReadPiece(const RandomAccessFile& file, const std::string& path, const st
 
 namespace {
 
-// Element strides of a dense row-major buffer.
-std::vector<int64_t> Strides(const std::vector<int64_t>& extents) {
-  std::vector<int64_t> s(extents.size(), 1);
-  for (int d = static_cast<int>(extents.size()) - 2; d >= 0; --d) s[d] = s[d + 1] * extents[d + 1];
-  return s;
-}
-
-// A contiguous byte range of the piece and where it lands in `dst`.
-struct Run {
-  uint64_t src;
-  uint64_t dst;
-  uint64_t len;
-};
-
-// The runs of `rel` (relative to the piece) in source order: the longest
-// stretches contiguous both in the piece and in the destination buffer.
-std::vector<Run> RunsOf(const std::vector<int64_t>& piece_ext, const Box& rel,
-                        const std::vector<int64_t>& dst_ext, const Box& dst_box, int64_t es) {
-  const int rank = rel.rank();
-  if (rank == 0) return {{0, 0, static_cast<uint64_t>(es)}};
-  // Dimensions after k are whole in both buffers, so one run spans them.
-  int k = rank - 1;
-  while (k > 0 && rel[k].size() == piece_ext[k] && dst_box[k].size() == dst_ext[k]) --k;
-  const std::vector<int64_t> ss = Strides(piece_ext), ds = Strides(dst_ext);
-  const uint64_t len = static_cast<uint64_t>(rel[k].size() * ss[k] * es);
-  std::vector<Run> runs;
-  std::vector<int64_t> idx(k, 0);
-  while (true) {
-    int64_t so = rel[k].begin * ss[k], doff = dst_box[k].begin * ds[k];
-    for (int d = 0; d < k; ++d) {
-      so += (rel[d].begin + idx[d]) * ss[d];
-      doff += (dst_box[d].begin + idx[d]) * ds[d];
-    }
-    runs.push_back({static_cast<uint64_t>(so * es), static_cast<uint64_t>(doff * es), len});
-    int d = k - 1;
-    while (d >= 0 && ++idx[d] == rel[d].size()) idx[d--] = 0;
-    if (d < 0) break;
-  }
-  return runs;
-}
-
 constexpr uint64_t kReadWindowBlocks = 4;  // a partial read stages at most 4 MiB
 
 // Reads blocks [first, last) of a raw piece into `buf` and checks each one.
@@ -219,10 +178,10 @@ Status ReadPieceRegion(const RandomAccessFile& file, const std::string& path,
   // Raw with block checksums: read only the blocks the region touches, a
   // window of consecutive touched blocks at a time.
   const std::string ctx = PieceContext(path, tensor, piece);
-  const std::vector<Run> runs = RunsOf(piece_ext, rel, dst_extents, dst_box, es);
+  const std::vector<ByteRun> runs = ByteRuns(piece_ext, rel, dst_extents, dst_box, es);
   // Runs ascend in the piece, so the touched blocks come out sorted.
   std::vector<uint64_t> touched;
-  for (const Run& r : runs) {
+  for (const ByteRun& r : runs) {
     for (uint64_t blk = r.src / kChecksumBlock; blk <= (r.src + r.len - 1) / kChecksumBlock; ++blk) {
       if (touched.empty() || touched.back() < blk) touched.push_back(blk);
     }
@@ -231,7 +190,7 @@ Status ReadPieceRegion(const RandomAccessFile& file, const std::string& path,
   char* out = static_cast<char*>(dst);
   uint64_t win_first = 0, win_last = 0;  // blocks [win_first, win_last) are in `window`
   size_t next = 0;                       // first entry of `touched` not yet read
-  for (const Run& r : runs) {
+  for (const ByteRun& r : runs) {
     uint64_t pos = r.src;
     const uint64_t end = r.src + r.len;
     while (pos < end) {

@@ -143,33 +143,47 @@ Status SafetensorsFile::Read(const SafetensorsEntry& e, uint64_t offset, uint64_
   return file_->Read(data_start_ + e.begin + offset, size, dst);
 }
 
+Result<std::string> SafetensorsHeader(const std::vector<SafetensorsEntry>& entries,
+                                      const std::map<std::string, std::string>& metadata) {
+  nlohmann::ordered_json header = nlohmann::ordered_json::object();
+  if (!metadata.empty()) header["__metadata__"] = metadata;
+  for (const SafetensorsEntry& e : entries) {
+    if (e.name == "__metadata__" || header.contains(e.name)) {
+      return InvalidArgumentError("safetensors: tensor name '" + e.name +
+                                  "' is reserved or repeated");
+    }
+    header[e.name] = {{"dtype", SafetensorsDTypeName(e.dtype)},
+                      {"shape", e.shape},
+                      {"data_offsets", {e.begin, e.end}}};
+  }
+  std::string text;
+  try {
+    text = header.dump();
+  } catch (const nlohmann::json::exception& e) {
+    return InvalidArgumentError(std::string("safetensors: header: ") + e.what());
+  }
+  text.append((8 - text.size() % 8) % 8, ' ');  // the data starts 8-byte aligned
+  std::string out(8, '\0');
+  for (int i = 0; i < 8; ++i) out[i] = static_cast<char>(static_cast<uint64_t>(text.size()) >> (8 * i));
+  return out + text;
+}
+
 Status WriteSafetensors(Env* env, const std::string& path,
                         const std::vector<SafetensorsTensor>& tensors,
                         const std::map<std::string, std::string>& metadata) {
-  nlohmann::ordered_json header = nlohmann::ordered_json::object();
-  if (!metadata.empty()) header["__metadata__"] = metadata;
+  std::vector<SafetensorsEntry> entries;
   uint64_t offset = 0;
-  std::vector<uint64_t> sizes;
   for (const SafetensorsTensor& t : tensors) {
-    if (t.name == "__metadata__" || header.contains(t.name)) {
-      return InvalidArgumentError("safetensors file '" + path + "': tensor name '" + t.name +
-                                  "' is reserved or repeated");
-    }
     uint64_t n = static_cast<uint64_t>(DTypeSize(t.dtype));
     for (int64_t d : t.shape) n *= static_cast<uint64_t>(d);
-    header[t.name] = {{"dtype", SafetensorsDTypeName(t.dtype)},
-                      {"shape", t.shape},
-                      {"data_offsets", {offset, offset + n}}};
-    sizes.push_back(n);
+    entries.push_back({t.name, t.dtype, t.shape, offset, offset + n});
     offset += n;
   }
-  std::string text = header.dump();
-  text.append((8 - text.size() % 8) % 8, ' ');  // the data starts 8-byte aligned
-  char len[8];
-  for (int i = 0; i < 8; ++i) len[i] = static_cast<char>(text.size() >> (8 * i));
-  std::vector<std::string_view> parts = {{len, 8}, text};
+  auto header = SafetensorsHeader(entries, metadata);
+  if (!header.ok()) return header.status().Annotate("safetensors file '" + path + "'");
+  std::vector<std::string_view> parts = {*header};
   for (size_t i = 0; i < tensors.size(); ++i) {
-    parts.emplace_back(static_cast<const char*>(tensors[i].data), sizes[i]);
+    parts.emplace_back(static_cast<const char*>(tensors[i].data), entries[i].end - entries[i].begin);
   }
   return WriteFileAtomically(env, path, parts);
 }

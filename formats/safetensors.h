@@ -46,6 +46,9 @@ class SafetensorsFile {
   const std::vector<SafetensorsEntry>& entries() const { return entries_; }
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
   const SafetensorsEntry* Find(const std::string& name) const;
+  // Where the data section starts in the file (tensor offsets are relative
+  // to it).
+  uint64_t data_offset() const { return data_start_; }
   // `size` bytes at `offset` within the tensor's bytes.
   Status Read(const SafetensorsEntry& e, uint64_t offset, uint64_t size, void* dst) const;
 
@@ -56,6 +59,13 @@ class SafetensorsFile {
   std::vector<SafetensorsEntry> entries_;
   std::map<std::string, std::string> metadata_;
 };
+
+// The bytes before the data section: the 8-byte length and the JSON header
+// (padded with spaces so that the data starts 8-byte aligned, as the
+// reference writer does), for entries whose offsets are already assigned.
+// Names must be unique and not "__metadata__".
+Result<std::string> SafetensorsHeader(const std::vector<SafetensorsEntry>& entries,
+                                      const std::map<std::string, std::string>& metadata);
 
 // One tensor to write: its bytes are `data` (dtype size x shape elements).
 struct SafetensorsTensor {

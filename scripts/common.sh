@@ -12,7 +12,7 @@ TESSERA_PACKAGES=(
   libhdf5-dev libzstd-dev libcli11-dev
   libopenmpi-dev openmpi-bin
   catch2 libopenblas-dev libxxhash-dev nlohmann-json3-dev
-  python3 python3-torch python3-numpy
+  python3 python3-torch python3-numpy python3-h5py python3-protobuf
 )
 # python3-torch and numpy: the numerical reference of the parity tests.
 # The benchmarks' peers (scripts/bench only).

@@ -151,4 +151,36 @@ void CopyBox(const void* src, const std::vector<int64_t>& src_extents, const Box
   }
 }
 
+std::vector<ByteRun> ByteRuns(const std::vector<int64_t>& src_ext, const Box& rel,
+                              const std::vector<int64_t>& dst_ext, const Box& dst_box,
+                              int64_t es) {
+  const int rank = rel.rank();
+  if (rank == 0) return {{0, 0, static_cast<uint64_t>(es)}};
+  if (IsEmpty(rel)) return {};
+  // Dimensions after k are whole in both buffers, so one run spans them.
+  int k = rank - 1;
+  while (k > 0 && rel[k].size() == src_ext[k] && dst_box[k].size() == dst_ext[k]) --k;
+  auto strides = [](const std::vector<int64_t>& ext) {
+    std::vector<int64_t> s(ext.size(), 1);
+    for (int d = static_cast<int>(ext.size()) - 2; d >= 0; --d) s[d] = s[d + 1] * ext[d + 1];
+    return s;
+  };
+  const std::vector<int64_t> ss = strides(src_ext), ds = strides(dst_ext);
+  const uint64_t len = static_cast<uint64_t>(rel[k].size() * ss[k] * es);
+  std::vector<ByteRun> runs;
+  std::vector<int64_t> idx(k, 0);
+  while (true) {
+    int64_t so = rel[k].begin * ss[k], doff = dst_box[k].begin * ds[k];
+    for (int d = 0; d < k; ++d) {
+      so += (rel[d].begin + idx[d]) * ss[d];
+      doff += (dst_box[d].begin + idx[d]) * ds[d];
+    }
+    runs.push_back({static_cast<uint64_t>(so * es), static_cast<uint64_t>(doff * es), len});
+    int d = k - 1;
+    while (d >= 0 && ++idx[d] == rel[d].size()) idx[d--] = 0;
+    if (d < 0) break;
+  }
+  return runs;
+}
+
 }  // namespace tessera

@@ -75,6 +75,22 @@ void CopyBox(const void* src, const std::vector<int64_t>& src_extents, const Box
              void* dst, const std::vector<int64_t>& dst_extents, const Box& dst_box,
              int64_t element_size);
 
+// A byte range contiguous both in a source buffer and in a destination
+// buffer: `len` bytes at `src` land at `dst`.
+struct ByteRun {
+  uint64_t src = 0;
+  uint64_t dst = 0;
+  uint64_t len = 0;
+};
+
+// The runs that copy `src_box` of a dense row-major buffer of shape
+// `src_extents` to `dst_box` of one of shape `dst_extents` (same box
+// extents), in ascending source order, each as long as both layouts allow.
+// An empty box has no runs.
+std::vector<ByteRun> ByteRuns(const std::vector<int64_t>& src_extents, const Box& src_box,
+                              const std::vector<int64_t>& dst_extents, const Box& dst_box,
+                              int64_t element_size);
+
 }  // namespace tessera
 
 #endif  // TESSERA_TRANSFORM_BOX_H_

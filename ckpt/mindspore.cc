@@ -1,0 +1,424 @@
+#include "ckpt/mindspore.h"
+
+#include <algorithm>
+#include <map>
+
+#include "ckpt/dense.h"
+#include "transform/mindspore_layout.h"
+
+namespace tessera {
+namespace {
+
+constexpr char kRankDirPrefix[] = "rank_";
+
+struct Entry {
+  const MindSporeParam* param = nullptr;
+  PipelinePlacement placement;
+};
+
+// Name -> parameter and stage, over all stage files.
+Result<std::map<std::string, Entry>> IndexParams(const std::vector<MindSporeStrategyFile>& files) {
+  std::map<std::string, Entry> by_name;
+  const int64_t n = static_cast<int64_t>(files.size());
+  std::vector<bool> seen(n, false);
+  for (const MindSporeStrategyFile& f : files) {
+    const int64_t stage = n == 1 ? 0 : f.current_stage;
+    if (stage < 0 || stage >= n || seen[stage]) {
+      return InvalidArgumentError("MindSpore strategies: " + std::to_string(n) +
+                                  " stage files, but one says current_stage " +
+                                  std::to_string(f.current_stage) + " (stages must be 0.." +
+                                  std::to_string(n - 1) + ", once each)");
+    }
+    seen[stage] = true;
+    for (const MindSporeParam& p : f.params) {
+      if (!by_name.emplace(p.name, Entry{&p, {stage, n}}).second && n == 1) {
+        return InvalidArgumentError("MindSpore strategy: parameter '" + p.name + "' appears twice");
+      }
+    }
+  }
+  return by_name;
+}
+
+// The parameter a tensor follows: itself, or for "<state>.<param>" the
+// parameter (optimizer states mirror their parameter's layout).
+const Entry* Follow(const std::map<std::string, Entry>& params, const std::string& name) {
+  auto it = params.find(name);
+  if (it != params.end()) return &it->second;
+  const size_t dot = name.find('.');
+  if (dot == std::string::npos) return nullptr;
+  it = params.find(name.substr(dot + 1));
+  return it == params.end() ? nullptr : &it->second;
+}
+
+int64_t DevicesPerStage(const std::vector<MindSporeStrategyFile>& files) {
+  for (const MindSporeStrategyFile& f : files) {
+    for (const MindSporeParam& p : f.params) {
+      int64_t n = 1;
+      for (int64_t d : p.layout.dev_matrix) n *= d;
+      return n;
+    }
+  }
+  return 1;
+}
+
+// The global shape of a parameter whose slice on `rank` has `local` dims:
+// the local dims times each dimension's device-axis sizes, and dimension 0
+// times the optimizer-shard count when the slices say so.
+Result<std::vector<int64_t>> GlobalShape(const std::string& name, const Entry& e, DType dtype,
+                                         const std::vector<int64_t>& local, int64_t rank) {
+  if (!e.param->shape.empty()) return e.param->shape;
+  const MindSporeLayout& ms = e.param->layout;
+  std::vector<int64_t> g = local;
+  const int n = static_cast<int>(ms.dev_matrix.size());
+  if (ms.tensor_map.size() != g.size()) {
+    return InvalidArgumentError("tensor '" + name + "': the strategy's tensor_map has " +
+                                std::to_string(ms.tensor_map.size()) + " entries, the slice " +
+                                std::to_string(g.size()) + " dimensions");
+  }
+  for (size_t d = 0; d < g.size(); ++d) {
+    for (int64_t k : ms.tensor_map[d]) {
+      if (k >= 0 && k < n) g[d] *= ms.dev_matrix[n - 1 - k];
+    }
+  }
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    auto ml = FromMindSpore(ms, g, dtype, e.placement);
+    if (!ml.ok()) return ml.status().Annotate("tensor '" + name + "'");
+    ASSIGN_OR_RETURN(std::optional<Box> box, ShardOf(ml->layout, ml->mesh, rank));
+    if (box && box->extents() == local) return g;
+    const int opt = ml->mesh.FindAxis("opt");
+    if (attempt > 0 || opt < 0 || g.empty()) break;
+    g[0] *= ml->mesh.axis_size(opt);
+  }
+  return DataLossError("tensor '" + name + "': rank " + std::to_string(rank) + " holds a slice " +
+                       ShapeToString(local) + " that its strategy cannot produce");
+}
+
+// A rank's records, grouped by tag (a tag's records are consecutive).
+struct Stored {
+  std::string tag;
+  DType dtype = DType::kF32;
+  std::vector<int64_t> dims;  // as recorded ([0] for a scalar)
+  std::vector<DenseSegment> segments;
+  uint64_t bytes = 0;
+};
+
+Result<std::vector<Stored>> GroupRecords(const MindSporeFile& f, uint32_t file_index,
+                                         const std::string& path) {
+  std::vector<Stored> out;
+  std::map<std::string, bool> done;
+  for (const MindSporeRecord& r : f.records) {
+    if (r.type == "str") continue;  // append_dict strings: not tensors
+    if (!out.empty() && out.back().tag == r.tag) {
+      if (r.dims != out.back().dims || r.type != MindSporeDTypeName(out.back().dtype)) {
+        return DataLossError("MindSpore checkpoint '" + path + "': the records of tensor '" + r.tag +
+                             "' disagree on dims or type");
+      }
+      out.back().segments.push_back({file_index, r.content_offset, r.content_size});
+      out.back().bytes += r.content_size;
+      continue;
+    }
+    if (done.count(r.tag)) {
+      return DataLossError("MindSpore checkpoint '" + path + "': tensor '" + r.tag +
+                           "' appears twice");
+    }
+    done[r.tag] = true;
+    auto dtype = ParseMindSporeDType(r.type);
+    if (!dtype.ok()) {
+      return DataLossError("MindSpore checkpoint '" + path + "': tensor '" + r.tag + "': " +
+                           dtype.status().message());
+    }
+    out.push_back({r.tag, *dtype, r.dims, {{file_index, r.content_offset, r.content_size}},
+                   r.content_size});
+  }
+  return out;
+}
+
+// The shape a record's dims stand for: [0] with one element's bytes is a
+// scalar. Checks the bytes against the shape.
+Result<std::vector<int64_t>> LocalShape(const Stored& s, const std::string& path) {
+  std::vector<int64_t> shape = s.dims;
+  const uint64_t es = static_cast<uint64_t>(DTypeSize(s.dtype));
+  if (shape == std::vector<int64_t>{0} && s.bytes == es) shape.clear();
+  uint64_t n = 1;
+  for (int64_t d : shape) {
+    if (d != 0 && n > (uint64_t{1} << 60) / static_cast<uint64_t>(d)) {
+      return DataLossError("MindSpore checkpoint '" + path + "': tensor '" + s.tag +
+                           "': dims overflow");
+    }
+    n *= static_cast<uint64_t>(d);
+  }
+  if (n * es != s.bytes) {
+    return DataLossError("MindSpore checkpoint '" + path + "': tensor '" + s.tag + "' has " +
+                         std::to_string(s.bytes) + " bytes of content for " +
+                         std::string(DTypeName(s.dtype)) + ShapeToString(shape) + " (" +
+                         std::to_string(n * es) + " expected)");
+  }
+  return shape;
+}
+
+bool EndsWith(const std::string& s, const std::string& tail) {
+  return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
+}
+
+// rank -> the .ckpt file of rank_<rank>/.
+Result<std::map<int64_t, std::string>> RankFiles(Env* env, const std::string& dir) {
+  ASSIGN_OR_RETURN(std::vector<std::string> children, env->GetChildren(dir));
+  std::map<int64_t, std::string> out;
+  for (const std::string& c : children) {
+    if (c.rfind(kRankDirPrefix, 0) != 0) continue;
+    const std::string digits = c.substr(sizeof(kRankDirPrefix) - 1);
+    if (digits.empty() || digits.size() > 9 || digits.find_first_not_of("0123456789") != std::string::npos) {
+      continue;
+    }
+    const std::string sub = JoinPath(dir, c);
+    if (!env->IsDirectory(sub)) continue;
+    ASSIGN_OR_RETURN(std::vector<std::string> files, env->GetChildren(sub));
+    std::vector<std::string> ckpts;
+    for (const std::string& f : files) {
+      if (EndsWith(f, ".ckpt")) ckpts.push_back(f);
+    }
+    if (ckpts.size() != 1) {
+      return InvalidArgumentError("MindSpore checkpoint '" + dir + "': '" + sub + "' holds " +
+                                  std::to_string(ckpts.size()) +
+                                  " .ckpt files (one per rank expected)");
+    }
+    out[std::stoll(digits)] = JoinPath(sub, ckpts[0]);
+  }
+  if (out.empty()) {
+    return NotFoundError("MindSpore checkpoint '" + dir + "': no rank_<r>/ directories");
+  }
+  int64_t expect = 0;
+  for (const auto& [rank, file] : out) {
+    if (rank != expect++) {
+      return NotFoundError("MindSpore checkpoint '" + dir + "': rank_" + std::to_string(expect - 1) +
+                           "/ is missing");
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+Result<std::vector<MindSporeStrategyFile>> ReadMindSporeStrategies(Env* env,
+                                                                   const std::string& path) {
+  std::vector<MindSporeStrategyFile> out;
+  if (!env->IsDirectory(path)) {
+    ASSIGN_OR_RETURN(MindSporeStrategyFile f, ReadMindSporeStrategy(env, path));
+    out.push_back(std::move(f));
+    return out;
+  }
+  ASSIGN_OR_RETURN(std::vector<std::string> children, env->GetChildren(path));
+  for (const std::string& c : children) {
+    const std::string p = JoinPath(path, c);
+    if (env->IsDirectory(p)) continue;
+    ASSIGN_OR_RETURN(MindSporeStrategyFile f, ReadMindSporeStrategy(env, p));
+    out.push_back(std::move(f));
+  }
+  if (out.empty()) return NotFoundError("MindSpore strategy directory '" + path + "' is empty");
+  return out;
+}
+
+Result<Strategy> MindSporeToStrategy(const std::vector<MindSporeStrategyFile>& files,
+                                     const Strategy& tensors) {
+  ASSIGN_OR_RETURN(auto params, IndexParams(files));
+  const int64_t world = DevicesPerStage(files) * static_cast<int64_t>(files.size());
+  ASSIGN_OR_RETURN(Mesh mesh, Mesh::Create({"rank"}, {world}));
+  Strategy out(mesh);
+  for (const TensorStrategy& t : tensors.tensors()) {
+    const Entry* e = Follow(params, t.name);
+    if (e != nullptr && e->param->layout.tensor_map.size() == t.layout.shape.size() &&
+        (e->param->shape.empty() || e->param->shape == t.layout.shape || params.count(t.name))) {
+      auto ml = FromMindSpore(e->param->layout, t.layout.shape, t.layout.dtype, e->placement);
+      if (!ml.ok()) return ml.status().Annotate("MindSpore strategy: tensor '" + t.name + "'");
+      if (ml->mesh.world_size() != world) {
+        return InvalidArgumentError("MindSpore strategy: tensor '" + t.name + "' is laid out on " +
+                                    std::to_string(ml->mesh.world_size()) + " devices, others on " +
+                                    std::to_string(world));
+      }
+      RETURN_IF_ERROR(out.Add({t.name, ml->layout, ml->mesh}));
+    } else {
+      RETURN_IF_ERROR(out.Add({t.name, Layout::Replicated(t.layout.shape, t.layout.dtype), {}}));
+    }
+  }
+  return out;
+}
+
+Result<MindSporeStrategyFile> StrategyToMindSpore(const Strategy& strategy) {
+  MindSporeStrategyFile out;
+  for (const TensorStrategy& t : strategy.tensors()) {
+    auto ms = ToMindSpore(strategy.MeshOf(t), t.layout);
+    if (!ms.ok()) return ms.status().Annotate("tensor '" + t.name + "'");
+    if (!t.layout.stage_axis.empty()) {
+      return InvalidArgumentError("tensor '" + t.name +
+                                  "': pipeline stages are written as one strategy file per stage, "
+                                  "which Tessera does not write");
+    }
+    out.params.push_back({t.name, std::move(*ms), t.layout.shape, 0});
+  }
+  return out;
+}
+
+Result<std::unique_ptr<CheckpointReader>> OpenMindSporeCheckpoint(Env* env,
+                                                                  const std::string& path,
+                                                                  const std::string& strategy_path) {
+  std::map<int64_t, std::string> rank_files;
+  if (env->IsDirectory(path)) {
+    ASSIGN_OR_RETURN(rank_files, RankFiles(env, path));
+  } else {
+    rank_files[0] = path;
+  }
+  if (rank_files.size() > 1 && strategy_path.empty()) {
+    return InvalidArgumentError("MindSpore checkpoint '" + path + "' has " +
+                                std::to_string(rank_files.size()) +
+                                " ranks: give its strategy file (--src-strategy)");
+  }
+  DenseCheckpoint c;
+  c.path = path;
+  c.format = "mindspore";
+  std::vector<std::vector<Stored>> stored;  // per rank
+  for (const auto& [rank, file] : rank_files) {
+    ASSIGN_OR_RETURN(auto f, env->NewRandomAccessFile(file));
+    ASSIGN_OR_RETURN(MindSporeFile scanned, ScanMindSporeCkpt(*f, file));
+    ASSIGN_OR_RETURN(auto groups, GroupRecords(scanned, static_cast<uint32_t>(c.files.size()), file));
+    c.files.push_back(file);
+    stored.push_back(std::move(groups));
+  }
+  // Every tensor once, in order of first appearance, with a rank holding it.
+  Strategy tensors(*Mesh::Create({"r"}, {1}));
+  std::map<std::string, std::pair<int64_t, std::vector<int64_t>>> first;  // rank, local shape
+  for (size_t r = 0; r < stored.size(); ++r) {
+    for (const Stored& s : stored[r]) {
+      ASSIGN_OR_RETURN(std::vector<int64_t> local, LocalShape(s, c.files[r]));
+      if (first.count(s.tag)) continue;
+      first[s.tag] = {static_cast<int64_t>(r), local};
+      RETURN_IF_ERROR(tensors.Add({s.tag, Layout::Replicated(local, s.dtype), {}}));
+    }
+  }
+  if (strategy_path.empty()) {
+    c.strategy = std::move(tensors);
+  } else {
+    ASSIGN_OR_RETURN(auto files, ReadMindSporeStrategies(env, strategy_path));
+    ASSIGN_OR_RETURN(auto params, IndexParams(files));
+    const int64_t world = DevicesPerStage(files) * static_cast<int64_t>(files.size());
+    if (world != static_cast<int64_t>(rank_files.size())) {
+      return InvalidArgumentError("MindSpore checkpoint '" + path + "' has " +
+                                  std::to_string(rank_files.size()) + " ranks, strategy '" +
+                                  strategy_path + "' describes " + std::to_string(world));
+    }
+    Strategy global(*Mesh::Create({"r"}, {1}));
+    for (const TensorStrategy& t : tensors.tensors()) {
+      const Entry* e = Follow(params, t.name);
+      std::vector<int64_t> shape = t.layout.shape;
+      if (e != nullptr && e->param->layout.tensor_map.size() == shape.size()) {
+        ASSIGN_OR_RETURN(shape, GlobalShape(t.name, *e, t.layout.dtype, first[t.name].second,
+                                            first[t.name].first));
+      }
+      RETURN_IF_ERROR(global.Add({t.name, Layout::Replicated(shape, t.layout.dtype), {}}));
+    }
+    ASSIGN_OR_RETURN(c.strategy, MindSporeToStrategy(files, global));
+  }
+  c.blocks.resize(c.strategy.tensors().size());
+  std::map<std::string, size_t> index;
+  for (size_t i = 0; i < c.strategy.tensors().size(); ++i) index[c.strategy.tensors()[i].name] = i;
+  for (size_t r = 0; r < stored.size(); ++r) {
+    for (Stored& s : stored[r]) {
+      const size_t i = index[s.tag];
+      const TensorStrategy& t = c.strategy.tensors()[i];
+      ASSIGN_OR_RETURN(std::optional<Box> box,
+                       ShardOf(t.layout, c.strategy.MeshOf(t), static_cast<int64_t>(r)));
+      ASSIGN_OR_RETURN(std::vector<int64_t> local, LocalShape(s, c.files[r]));
+      if (!box || box->extents() != local || s.dtype != t.layout.dtype) {
+        return DataLossError("MindSpore checkpoint '" + path + "': rank " + std::to_string(r) +
+                             " stores tensor '" + s.tag + "' as " + std::string(DTypeName(s.dtype)) +
+                             ShapeToString(local) + ", its strategy gives that rank " +
+                             (box ? ToString(*box) : std::string("no slice")));
+      }
+      c.blocks[i].push_back({s.segments[0].file, s.segments[0].offset, *box, std::move(s.segments)});
+    }
+  }
+  return OpenDenseCheckpoint(env, std::move(c));
+}
+
+Result<std::unique_ptr<CheckpointWriter>> CreateMindSporeCheckpoint(
+    Env* env, const std::string& path, const Strategy& strategy,
+    const MindSporeWriteOptions& options) {
+  if (options.chunk_bytes == 0) return InvalidArgumentError("MindSpore output: chunk size 0");
+  if (options.prefix.find('/') != std::string::npos) {
+    return InvalidArgumentError("MindSpore output: prefix '" + options.prefix + "' contains '/'");
+  }
+  const bool single = EndsWith(path, ".ckpt");
+  int64_t world = 1;
+  for (const TensorStrategy& t : strategy.tensors()) {
+    const Mesh& mesh = strategy.MeshOf(t);
+    world = std::max(world, mesh.world_size());
+    if (single && t.layout != Layout::Replicated(t.layout.shape, t.layout.dtype)) {
+      return InvalidArgumentError("output '" + path + "' is one .ckpt file of whole tensors, but "
+                                  "tensor '" + t.name + "' is laid out " + ToString(t.layout) +
+                                  " (write a directory, or merge)");
+    }
+    if (!single) {
+      auto ms = ToMindSpore(mesh, t.layout);
+      if (!ms.ok()) return ms.status().Annotate("MindSpore output '" + path + "': tensor '" + t.name + "'");
+    }
+  }
+  if (single) world = 1;
+  DensePlan plan;
+  plan.directory = !single;
+  plan.blocks.resize(strategy.tensors().size());
+  for (int64_t r = 0; r < world; ++r) {
+    DenseFilePlan file;
+    if (!single) {
+      const std::string rank = std::to_string(r);
+      file.name = kRankDirPrefix + rank + "/" + options.prefix + rank + ".ckpt";
+    }
+    const uint32_t f = static_cast<uint32_t>(plan.files.size());
+    uint64_t pos = 0;
+    for (size_t i = 0; i < strategy.tensors().size(); ++i) {
+      const TensorStrategy& t = strategy.tensors()[i];
+      const Mesh& mesh = strategy.MeshOf(t);
+      std::optional<Box> box = Box::FromShape(t.layout.shape);
+      if (!single) {
+        if (r >= mesh.world_size()) continue;
+        ASSIGN_OR_RETURN(box, ShardOf(t.layout, mesh, r));
+      }
+      if (!box) continue;  // not on this rank's pipeline stage
+      const std::vector<int64_t> dims = MindSporeDims(box->extents());
+      const std::string_view type = MindSporeDTypeName(t.layout.dtype);
+      const uint64_t bytes = static_cast<uint64_t>(NumElements(*box) * DTypeSize(t.layout.dtype));
+      DenseBlock block{f, 0, *box, {}};
+      uint64_t done = 0;
+      do {  // records of at most chunk_bytes (one, possibly empty, for small tensors)
+        const uint64_t n = std::min(options.chunk_bytes, bytes - done);
+        std::string header = MindSporeRecordHeader(t.name, dims, type, n);
+        file.fixed.push_back({pos, header});
+        pos += header.size();
+        block.segments.push_back({f, pos, n});
+        pos += n;
+        done += n;
+      } while (done < bytes);
+      plan.blocks[i].push_back(std::move(block));
+    }
+    file.size = pos;
+    plan.files.push_back(std::move(file));
+  }
+  return CreateDenseCheckpoint(env, path, strategy, std::move(plan), options.overwrite);
+}
+
+bool IsMindSporeCheckpoint(Env* env, const std::string& path) {
+  std::string file = path;
+  if (env->IsDirectory(path)) {
+    // rank_0/ with a .ckpt: the reader names whatever else is wrong.
+    const std::string rank0 = JoinPath(path, std::string(kRankDirPrefix) + "0");
+    auto files = env->GetChildren(rank0);
+    if (!files.ok()) return false;
+    file.clear();
+    for (const std::string& f : *files) {
+      if (EndsWith(f, ".ckpt")) file = JoinPath(rank0, f);
+    }
+    if (file.empty()) return false;
+  }
+  auto f = env->NewRandomAccessFile(file);
+  return f.ok() && LooksLikeMindSporeCkpt(**f);
+}
+
+}  // namespace tessera

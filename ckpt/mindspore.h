@@ -1,0 +1,65 @@
+// MindSpore checkpoints behind the checkpoint interfaces: a single .ckpt
+// file (merged: whole tensors), or a distributed checkpoint directory
+// `rank_<r>/<prefix><r>.ckpt` whose slices follow a MindSpore strategy file
+// (one file, or a directory of per-stage files for pipeline parallelism,
+// merged as merge_pipeline_strategys does).
+//
+// Layouts come from transform/mindspore_layout.h. A tensor the strategy
+// does not name is whole on every rank, except an optimizer state
+// "<prefix>.<param>" (adam_m.w, adam_v.w, accu_grads.w, ...) of a named
+// parameter with the same local shapes, which follows that parameter.
+#ifndef TESSERA_CKPT_MINDSPORE_H_
+#define TESSERA_CKPT_MINDSPORE_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ckpt/checkpoint.h"
+#include "formats/mindspore_ckpt.h"
+#include "formats/mindspore_strategy.h"
+
+namespace tessera {
+
+// Reads a strategy file, or every file of a directory (pipeline stages,
+// each file's current_stage is its stage).
+Result<std::vector<MindSporeStrategyFile>> ReadMindSporeStrategies(Env* env,
+                                                                   const std::string& path);
+
+// The layouts of `tensors` (names, shapes and dtypes, in their order) under
+// MindSpore strategy files.
+Result<Strategy> MindSporeToStrategy(const std::vector<MindSporeStrategyFile>& files,
+                                     const Strategy& tensors);
+
+// The MindSpore form of a strategy (one stage file; pipeline stages are not
+// written in this form). Fails naming a tensor MindSpore cannot express.
+Result<MindSporeStrategyFile> StrategyToMindSpore(const Strategy& strategy);
+
+// Opens a .ckpt file or a distributed directory. `strategy` (a strategy
+// file or directory) is required for a directory of several ranks.
+Result<std::unique_ptr<CheckpointReader>> OpenMindSporeCheckpoint(Env* env,
+                                                                  const std::string& path,
+                                                                  const std::string& strategy);
+
+struct MindSporeWriteOptions {
+  std::string prefix = "checkpoint_";
+  uint64_t chunk_bytes = kMindSporeChunkBytes;  // bytes per record of a large tensor
+  bool overwrite = false;
+};
+
+// A path ending in ".ckpt" is one file of whole tensors (the strategy must
+// hold every tensor whole); any other path is a directory with
+// rank_<r>/<prefix><r>.ckpt for every rank of the strategy, each holding
+// that rank's slice of every tensor it holds, in strategy order, as
+// transform_checkpoints writes.
+Result<std::unique_ptr<CheckpointWriter>> CreateMindSporeCheckpoint(
+    Env* env, const std::string& path, const Strategy& strategy,
+    const MindSporeWriteOptions& options);
+
+// By content: a .ckpt file, or a directory with rank_0/ holding one.
+bool IsMindSporeCheckpoint(Env* env, const std::string& path);
+
+}  // namespace tessera
+
+#endif  // TESSERA_CKPT_MINDSPORE_H_

@@ -1,0 +1,312 @@
+#include "ckpt/safetensors_ckpt.h"
+
+#include <cstdio>
+#include <map>
+
+#include <nlohmann/json.hpp>
+
+#include "ckpt/dense.h"
+#include "formats/safetensors.h"
+
+namespace tessera {
+namespace {
+
+constexpr uint64_t kMaxIndexBytes = uint64_t{64} << 20;
+constexpr char kStrategyKey[] = "tessera.strategy";
+constexpr char kStepKey[] = "tessera.step";
+constexpr char kCreatedByKey[] = "tessera.created_by";
+constexpr char kMetaKey[] = "tessera.meta.";
+constexpr char kMetaHexKey[] = "tessera.meta_hex.";
+
+bool Printable(const std::string& s) {
+  for (unsigned char c : s) {
+    if ((c < 0x20 || c > 0x7e) && c != '\n' && c != '\t') return false;
+  }
+  return true;
+}
+
+std::string ToHex(const std::string& s) {
+  static const char* kDigits = "0123456789abcdef";
+  std::string out;
+  for (unsigned char c : s) {
+    out.push_back(kDigits[c >> 4]);
+    out.push_back(kDigits[c & 15]);
+  }
+  return out;
+}
+
+Result<std::string> FromHex(const std::string& s) {
+  if (s.size() % 2 != 0) return InvalidArgumentError("odd number of hex digits");
+  auto digit = [](char c) -> int {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    return -1;
+  };
+  std::string out;
+  for (size_t i = 0; i < s.size(); i += 2) {
+    const int hi = digit(s[i]), lo = digit(s[i + 1]);
+    if (hi < 0 || lo < 0) return InvalidArgumentError("not lowercase hex");
+    out.push_back(static_cast<char>(hi * 16 + lo));
+  }
+  return out;
+}
+
+std::map<std::string, std::string> MetadataOf(const Strategy& strategy, const CheckpointMeta& meta) {
+  std::map<std::string, std::string> m;
+  m["format"] = "pt";
+  m[kStrategyKey] = StrategyToJson(strategy);
+  m[kStepKey] = std::to_string(meta.step);
+  if (!meta.created_by.empty() && Printable(meta.created_by)) m[kCreatedByKey] = meta.created_by;
+  for (const auto& [key, value] : meta.metadata) {
+    if (Printable(value)) {
+      m[kMetaKey + key] = value;
+    } else {
+      m[kMetaHexKey + key] = ToHex(value);
+    }
+  }
+  return m;
+}
+
+Status ParseMetadata(const std::string& path, const std::map<std::string, std::string>& m,
+                     CheckpointMeta* meta) {
+  for (const auto& [key, value] : m) {
+    if (key == kStepKey) {
+      try {
+        meta->step = std::stoll(value);
+      } catch (...) {
+        return DataLossError("safetensors checkpoint '" + path + "': " + key + " '" + value +
+                             "' is not a number");
+      }
+    } else if (key == kCreatedByKey) {
+      meta->created_by = value;
+    } else if (key.rfind(kMetaHexKey, 0) == 0) {
+      auto bytes = FromHex(value);
+      if (!bytes.ok()) {
+        return DataLossError("safetensors checkpoint '" + path + "': " + key + ": " +
+                             bytes.status().message());
+      }
+      meta->metadata[key.substr(sizeof(kMetaHexKey) - 1)] = *bytes;
+    } else if (key.rfind(kMetaKey, 0) == 0) {
+      meta->metadata[key.substr(sizeof(kMetaKey) - 1)] = value;
+    }
+  }
+  return Status::Ok();
+}
+
+// The shard files an index names, with the file of each tensor.
+struct IndexFile {
+  std::vector<std::string> files;          // in first-mention order
+  std::map<std::string, std::string> map;  // tensor -> file name
+};
+
+Result<IndexFile> ReadIndex(Env* env, const std::string& path) {
+  auto bad = [&](const std::string& what) {
+    return DataLossError("safetensors index '" + path + "': " + what);
+  };
+  ASSIGN_OR_RETURN(uint64_t size, env->GetFileSize(path));
+  if (size > kMaxIndexBytes) return bad("larger than " + std::to_string(kMaxIndexBytes) + " bytes");
+  ASSIGN_OR_RETURN(std::string text, ReadFileToString(env, path));
+  nlohmann::ordered_json j = nlohmann::ordered_json::parse(text, nullptr, false);
+  if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object()) {
+    return bad("not a JSON object with a \"weight_map\" object");
+  }
+  IndexFile index;
+  for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it) {
+    if (!it.value().is_string()) return bad("the file of tensor '" + it.key() + "' is not a string");
+    const std::string file = it.value().get<std::string>();
+    if (file.empty() || file.find('/') != std::string::npos || file == "." || file == "..") {
+      return bad("tensor '" + it.key() + "' names file '" + file +
+                 "', which is not a plain file name beside the index");
+    }
+    if (!index.map.emplace(it.key(), file).second) return bad("tensor '" + it.key() + "' repeats");
+    bool known = false;
+    for (const std::string& f : index.files) known = known || f == file;
+    if (!known) index.files.push_back(file);
+  }
+  return index;
+}
+
+bool EndsWith(const std::string& s, const std::string& tail) {
+  return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
+}
+
+}  // namespace
+
+bool IsSafetensorsCheckpoint(Env* env, const std::string& path) {
+  if (env->IsDirectory(path)) {
+    return env->FileExists(JoinPath(path, kSafetensorsIndexName)) ||
+           env->FileExists(JoinPath(path, "model.safetensors"));
+  }
+  auto file = env->NewRandomAccessFile(path);
+  if (!file.ok()) return false;
+  auto size = (*file)->Size();
+  if (!size.ok()) return false;
+  if (EndsWith(path, ".index.json")) return true;
+  if (*size < 10) return false;
+  unsigned char head[9];
+  if (!(*file)->Read(0, 9, head).ok()) return false;
+  uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = (n << 8) | head[i];
+  // The reader names what is wrong with a bad length.
+  return head[8] == '{' && n >= 2;
+}
+
+Result<std::unique_ptr<CheckpointReader>> OpenSafetensorsCheckpoint(Env* env,
+                                                                    const std::string& path) {
+  // The files, and which tensors each must hold (empty: all of its own).
+  std::vector<std::string> paths;
+  IndexFile index;
+  std::string index_path;
+  if (env->IsDirectory(path)) {
+    if (env->FileExists(JoinPath(path, kSafetensorsIndexName))) {
+      index_path = JoinPath(path, kSafetensorsIndexName);
+    } else {
+      paths.push_back(JoinPath(path, "model.safetensors"));
+    }
+  } else if (EndsWith(path, ".index.json")) {
+    index_path = path;
+  } else {
+    paths.push_back(path);
+  }
+  if (!index_path.empty()) {
+    ASSIGN_OR_RETURN(index, ReadIndex(env, index_path));
+    for (const std::string& f : index.files) paths.push_back(JoinPath(Dirname(index_path), f));
+  }
+
+  DenseCheckpoint c;
+  c.path = path;
+  c.format = "safetensors";
+  c.files = paths;
+  struct Found {
+    SafetensorsEntry entry;
+    uint32_t file;
+    uint64_t offset;
+  };
+  std::vector<Found> found;  // file order
+  std::map<std::string, size_t> by_name;
+  std::map<std::string, std::string> metadata;
+  for (uint32_t f = 0; f < paths.size(); ++f) {
+    if (!env->FileExists(paths[f])) {
+      return NotFoundError("safetensors checkpoint '" + path + "': file '" + paths[f] +
+                           "' is missing");
+    }
+    ASSIGN_OR_RETURN(SafetensorsFile file, SafetensorsFile::Open(env, paths[f]));
+    if (f == 0) metadata = file.metadata();
+    for (const SafetensorsEntry& e : file.entries()) {
+      if (!index_path.empty()) {
+        auto it = index.map.find(e.name);
+        if (it == index.map.end() || JoinPath(Dirname(index_path), it->second) != paths[f]) {
+          continue;  // the index maps it elsewhere (or not at all): not ours here
+        }
+      }
+      if (!by_name.emplace(e.name, found.size()).second) {
+        return DataLossError("safetensors checkpoint '" + path + "': tensor '" + e.name +
+                             "' is stored twice");
+      }
+      found.push_back({e, f, file.data_offset() + e.begin});
+    }
+  }
+  for (const auto& [name, file] : index.map) {
+    if (by_name.count(name) == 0) {
+      return DataLossError("safetensors index '" + index_path + "' maps tensor '" + name +
+                           "' to '" + file + "', which does not hold it");
+    }
+  }
+  RETURN_IF_ERROR(ParseMetadata(path, metadata, &c.meta));
+
+  // The recorded strategy when there is one and it matches the files.
+  auto recorded = metadata.count(kStrategyKey) ? ParseStrategyJson(metadata[kStrategyKey])
+                                               : Result<Strategy>(NotFoundError(""));
+  if (recorded.ok() && recorded->tensors().size() == found.size()) {
+    for (const TensorStrategy& t : recorded->tensors()) {
+      auto it = by_name.find(t.name);
+      if (it == by_name.end()) {
+        return DataLossError("safetensors checkpoint '" + path + "': its strategy names tensor '" +
+                             t.name + "', which no file holds");
+      }
+      const SafetensorsEntry& e = found[it->second].entry;
+      if (e.shape != t.layout.shape || e.dtype != t.layout.dtype) {
+        return DataLossError("safetensors checkpoint '" + path + "': tensor '" + t.name +
+                             "' is stored as " + std::string(DTypeName(e.dtype)) +
+                             ShapeToString(e.shape) + ", its strategy says " +
+                             ToString(t.layout));
+      }
+      const Found& at = found[it->second];
+      c.blocks.push_back({{at.file, at.offset, Box::FromShape(e.shape)}});
+    }
+    c.strategy = std::move(*recorded);
+  } else {
+    c.strategy = Strategy(*Mesh::Create({"r"}, {1}));
+    for (const Found& at : found) {
+      RETURN_IF_ERROR(c.strategy.Add({at.entry.name, Layout::Replicated(at.entry.shape, at.entry.dtype), {}})
+                          .Annotate("safetensors checkpoint '" + path + "'"));
+      c.blocks.push_back({{at.file, at.offset, Box::FromShape(at.entry.shape)}});
+    }
+  }
+  return OpenDenseCheckpoint(env, std::move(c));
+}
+
+Result<std::unique_ptr<CheckpointWriter>> CreateSafetensorsCheckpoint(
+    Env* env, const std::string& path, const Strategy& strategy, const CheckpointMeta& meta,
+    const SafetensorsWriteOptions& options) {
+  const std::vector<TensorStrategy>& tensors = strategy.tensors();
+  // Shards: tensors in order, a new shard when the next would overflow.
+  std::vector<size_t> shard_of(tensors.size(), 0);
+  size_t shards = 1;
+  if (options.max_shard_size > 0) {
+    int64_t used = 0;
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      const int64_t bytes = ByteSize(tensors[i].layout);
+      if (used > 0 && used + bytes > options.max_shard_size) {
+        ++shards;
+        used = 0;
+      }
+      used += bytes;
+      shard_of[i] = shards - 1;
+    }
+  }
+  const bool directory = options.max_shard_size > 0;
+  auto shard_name = [&](size_t s) {
+    if (shards == 1) return std::string("model.safetensors");
+    char name[64];
+    std::snprintf(name, sizeof(name), "model-%05zu-of-%05zu.safetensors", s + 1, shards);
+    return std::string(name);
+  };
+  const std::map<std::string, std::string> metadata = MetadataOf(strategy, meta);
+  DensePlan plan;
+  plan.directory = directory;
+  std::vector<std::vector<SafetensorsEntry>> entries(shards);
+  std::vector<std::vector<size_t>> members(shards);
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    std::vector<SafetensorsEntry>& e = entries[shard_of[i]];
+    const uint64_t begin = e.empty() ? 0 : e.back().end;
+    e.push_back({tensors[i].name, tensors[i].layout.dtype, tensors[i].layout.shape, begin,
+                 begin + static_cast<uint64_t>(ByteSize(tensors[i].layout))});
+    members[shard_of[i]].push_back(i);
+  }
+  plan.blocks.resize(tensors.size());
+  nlohmann::ordered_json weight_map = nlohmann::ordered_json::object();
+  int64_t total = 0;
+  for (size_t s = 0; s < shards; ++s) {
+    auto header = SafetensorsHeader(entries[s], metadata);
+    if (!header.ok()) return header.status().Annotate("output '" + path + "'");
+    const uint64_t data = entries[s].empty() ? 0 : entries[s].back().end;
+    plan.files.push_back({directory ? shard_name(s) : "", header->size() + data, {{0, *header}}});
+    for (size_t k = 0; k < members[s].size(); ++k) {
+      const size_t i = members[s][k];
+      plan.blocks[i].push_back({static_cast<uint32_t>(s), header->size() + entries[s][k].begin,
+                                Box::FromShape(tensors[i].layout.shape)});
+      weight_map[tensors[i].name] = shard_name(s);
+      total += ByteSize(tensors[i].layout);
+    }
+  }
+  if (directory && shards > 1) {
+    nlohmann::ordered_json index = {{"metadata", {{"total_size", total}}},
+                                    {"weight_map", weight_map}};
+    const std::string text = index.dump(2) + "\n";
+    plan.files.push_back({kSafetensorsIndexName, text.size(), {{0, text}}});
+  }
+  return CreateDenseCheckpoint(env, path, strategy, std::move(plan), options.overwrite);
+}
+
+}  // namespace tessera

@@ -1,0 +1,65 @@
+// MindSpore .ckpt files (formats/mindspore_checkpoint.proto), read and
+// written at the protobuf wire level so that tensor bytes are addressed in
+// place: scanning a file reads its framing, never its tensor contents.
+//
+// What MindSpore writes (mindspore/train/serialization.py, _exec_save):
+// one `Checkpoint { Value { tag, TensorProto { dims..., tensor_type,
+// tensor_content } } }` per record, fields in number order, dims unpacked;
+// a scalar has dims [0]; a tensor of more than 512 MiB is cut into records
+// of 512 MiB of bytes with the same tag and the full dims; optionally the
+// trailer "crc_num" + 10-byte big-endian CRC-32 of everything before.
+#ifndef TESSERA_FORMATS_MINDSPORE_CKPT_H_
+#define TESSERA_FORMATS_MINDSPORE_CKPT_H_
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/dtype.h"
+#include "core/env.h"
+#include "core/status.h"
+
+namespace tessera {
+
+inline constexpr uint64_t kMindSporeChunkBytes = uint64_t{512} << 20;
+
+// "Float32" <-> kF32, "BFloat16", "Int64", "UInt8", "Bool", ...
+std::string_view MindSporeDTypeName(DType dtype);
+Result<DType> ParseMindSporeDType(std::string_view name);
+
+// One record of a file.
+struct MindSporeRecord {
+  std::string tag;
+  std::vector<int64_t> dims;
+  std::string type;
+  uint64_t content_offset = 0;  // in the file
+  uint64_t content_size = 0;
+};
+
+struct MindSporeFile {
+  std::vector<MindSporeRecord> records;  // file order
+  bool has_crc = false;
+};
+
+// Parses the framing of a .ckpt file. Every length is checked against the
+// file before it is used; strings (tag, type) are capped at 64 KiB; map
+// tensors and encrypted files are refused by name. With a CRC trailer the
+// CRC is verified (reading the file once).
+Result<MindSporeFile> ScanMindSporeCkpt(const RandomAccessFile& file, const std::string& path);
+
+// Whether the first bytes look like a .ckpt record (field 1, a Value with a
+// tag first).
+bool LooksLikeMindSporeCkpt(const RandomAccessFile& file);
+
+// The bytes of one record up to its tensor content, which must follow
+// immediately (`content_size` bytes).
+std::string MindSporeRecordHeader(std::string_view tag, const std::vector<int64_t>& dims,
+                                  std::string_view type, uint64_t content_size);
+
+// The dims MindSpore records for a shape: [0] for a scalar.
+std::vector<int64_t> MindSporeDims(const std::vector<int64_t>& shape);
+
+}  // namespace tessera
+
+#endif  // TESSERA_FORMATS_MINDSPORE_CKPT_H_

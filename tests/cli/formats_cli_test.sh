@@ -1,0 +1,219 @@
+#!/usr/bin/env bash
+# Interop formats end to end through the ckpt binary: every format pair
+# round-trips bit-exact, sliced layouts survive MindSpore's per-rank files
+# and safetensors/HDF5 metadata, independent readers (h5py, Python protobuf
+# with MindSpore's .proto, a safetensors reader written from the spec) see
+# the same arrays, and hostile files are named errors, never crashes.
+# Usage: formats_cli_test.sh CKPT MAKE_CHECKPOINT PROTO_DIR
+set -u
+ckpt=$(realpath "$1")
+make=$(realpath "$2")
+protos=$(realpath "$3")
+py=/usr/bin/python3
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+source "$(dirname "$0")/../lib.sh"
+cd "$work"
+run() {  # run CMD...: output in $work/out, exit status in $rc
+  "$@" >"$work/out" 2>&1
+  rc=$?
+}
+fails_naming() {  # fails_naming WHAT TEXT CMD...: exit 1, TEXT in the message
+  local what=$1 text=$2
+  shift 2
+  run "$@"
+  check "$what" test $rc -eq 1
+  check "$what: names '$text'" grep -qF -- "$text" out
+}
+small="--layers 2 --embed 64 --vocab 1000 --context 64"
+
+run "$make" -o zero $small --mesh dp=2,tp=4 --zero --optimizer
+run "$make" -o nz $small --mesh dp=2,tp=2 --optimizer
+check "sliced sources" test $rc -eq 0
+"$ckpt" merge zero -o full -q
+"$ckpt" merge nz -o nzfull -q
+
+# --- every format pair, bit-exact -------------------------------------------
+"$ckpt" convert zero -o z.safetensors --format safetensors -q
+"$ckpt" convert zero -o z.h5 --format hdf5 -q
+"$ckpt" merge zero -o z.ckpt --format mindspore -q
+for f in z.safetensors z.h5 z.ckpt; do
+  run "$ckpt" diff "$f" full
+  check "$f equals the merged native checkpoint" test $rc -eq 0
+  for g in safetensors hdf5 mindspore native; do
+    out="$f.to.$g"
+    [ $g = mindspore ] && out="$out.ckpt"
+    run "$ckpt" merge "$f" -o "$out" --format $g -q
+    run "$ckpt" diff "$out" full
+    check "$f -> $g is bit-exact" test $rc -eq 0
+  done
+done
+
+# --- layouts survive ----------------------------------------------------------
+"$ckpt" inspect zero --json >a.json
+"$ckpt" inspect z.safetensors --json >b.json
+"$ckpt" inspect z.h5 --json >c.json
+same_layouts() {  # same_layouts A.json B.json: same mesh, step and per-tensor layouts
+  $py -c "import json,sys; a,b=(json.load(open(f)) for f in sys.argv[1:]); k=lambda j:(j['mesh'],j['step'],[(t['name'],t['shape'],t['dtype'],t['layout']) for t in j['tensors']]); assert k(a)==k(b), (k(a)[:2], k(b)[:2])" "$@"
+}
+check "safetensors __metadata__ keeps the sliced strategy" same_layouts a.json b.json
+run "$ckpt" convert z.safetensors -o back -q
+"$ckpt" inspect back --json >d.json
+check "native -> safetensors -> native keeps mesh and layouts" same_layouts a.json d.json
+check "HDF5 attributes keep the strategy" same_layouts a.json c.json
+
+# --- MindSpore distributed directories ----------------------------------------
+run "$ckpt" convert nz -o ms --format mindspore --save-mindspore-strategy ms.strategy -q
+check "sliced -> rank_<r>/checkpoint_<r>.ckpt" test $rc -eq 0 -a -f ms/rank_3/checkpoint_3.ckpt
+fails_naming "a several-rank directory needs its strategy" "--src-strategy" "$ckpt" merge ms -o x
+run "$ckpt" merge ms --src-strategy ms.strategy -o ms.merged -q
+run "$ckpt" diff ms.merged nzfull
+check "MindSpore slices merge to the original" test $rc -eq 0
+run "$ckpt" reshard nzfull -o ms2 --format mindspore --dst-strategy ms.strategy --prefix net_ -q
+check "split by a MindSpore strategy writes the same rank files" cmp ms2/rank_2/net_2.ckpt ms/rank_2/checkpoint_2.ckpt
+run "$ckpt" reshard ms --src-strategy ms.strategy -o ms.tp4 --mesh m0=4,m1=1 --format mindspore -q
+check "MindSpore reshard to 4-way splits" test $rc -eq 0 -a -f ms.tp4/rank_3/checkpoint_3.ckpt
+fails_naming "ZeRO over dp outermost is not MindSpore's rank order" "MindSpore's rank order" \
+  "$ckpt" convert zero -o bad --format mindspore
+check "no output after a refused write" test ! -e bad
+
+# --- Hugging Face shards --------------------------------------------------------
+run "$ckpt" merge zero -o hf --format safetensors --max-shard-size 300KB -q
+check "sharded into model-0000i-of-0000N files" test -f hf/model.safetensors.index.json -a -f hf/model-00001-of-00009.safetensors -a -f hf/model-00009-of-00009.safetensors
+run "$ckpt" diff hf full
+check "the index reads back bit-exact" test $rc -eq 0
+check "index total_size and weight_map" $py - <<'PY'
+import json, os
+j = json.load(open("hf/model.safetensors.index.json"))
+assert j["metadata"]["total_size"] == sum(4 * __import__("math").prod(t["shape"]) for t in json.load(open("a.json"))["tensors"])
+assert len(j["weight_map"]) == 84 and all(os.path.exists("hf/" + f) for f in j["weight_map"].values())
+for f in set(j["weight_map"].values()):
+    assert os.path.getsize("hf/" + f) <= 300000 + 65536, f
+PY
+
+# --- independent readers ---------------------------------------------------------
+protoc --python_out=. -I"$protos" "$protos/mindspore_checkpoint.proto"
+check "h5py, Python protobuf and a spec reader agree" $py - <<'PY'
+import json, struct, h5py, numpy as np
+import mindspore_checkpoint_pb2 as pb
+# safetensors, from the spec: u64 header length, JSON header, packed data.
+raw = open("z.safetensors", "rb").read()
+n = struct.unpack("<Q", raw[:8])[0]
+header = json.loads(raw[8:8 + n])
+assert (8 + n) % 8 == 0
+st = {}
+for name, v in header.items():
+    if name == "__metadata__":
+        assert v["format"] == "pt" and "tessera.strategy" in v
+        continue
+    b, e = v["data_offsets"]
+    st[name] = np.frombuffer(raw[8 + n + b:8 + n + e], dtype=np.float32).reshape(v["shape"])
+# MindSpore .ckpt with MindSpore's .proto
+c = pb.Checkpoint()
+c.ParseFromString(open("z.ckpt", "rb").read())
+ms = {}
+for v in c.value:
+    assert v.tensor.tensor_type == "Float32"
+    dims = list(v.tensor.dims)
+    ms[v.tag] = np.frombuffer(v.tensor.tensor_content, dtype=np.float32).reshape(dims if dims != [0] else [])
+with h5py.File("z.h5", "r") as h:
+    assert len(st) == len(ms) == 84
+    for name, a in st.items():
+        assert np.array_equal(a, ms[name], equal_nan=True), name
+        assert np.array_equal(a, h[name][()], equal_nan=True), name
+# One rank file of the distributed directory: rank 1 holds its slices.
+c = pb.Checkpoint()
+c.ParseFromString(open("ms/rank_1/checkpoint_1.ckpt", "rb").read())
+assert len(c.value) == 84
+PY
+# Every dtype, written by a safetensors writer made from the spec.
+$py - <<'PY'
+import json, struct, numpy as np
+rng = np.random.default_rng(1)
+t = {
+    "f16": rng.standard_normal((3, 5)).astype(np.float16),
+    "f64": rng.standard_normal((4,)),
+    "i8": rng.integers(-100, 100, (2, 3), dtype=np.int8),
+    "u16": rng.integers(0, 60000, (7,), dtype=np.uint16),
+    "i64": rng.integers(-2**40, 2**40, (2, 2), dtype=np.int64),
+    "bool": rng.integers(0, 2, (5,)).astype(np.bool_),
+    "scalar": np.array(3.5, dtype=np.float32),
+}
+bf16 = (rng.standard_normal((6, 4)).astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
+names = {"f16": "F16", "f64": "F64", "i8": "I8", "u16": "U16", "i64": "I64", "bool": "BOOL", "scalar": "F32"}
+header, blobs, off = {}, [], 0
+for k, a in list(t.items()) + [("bf16", bf16)]:
+    b = a.tobytes()
+    header[k] = {"dtype": names.get(k, "BF16"), "shape": list(a.shape), "data_offsets": [off, off + len(b)]}
+    blobs.append(b); off += len(b)
+h = json.dumps(header).encode(); h += b" " * ((8 - len(h) % 8) % 8)
+open("mixed.safetensors", "wb").write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
+np.save("bf16.npy", bf16)
+PY
+for g in hdf5 mindspore native safetensors; do
+  out="mixed.$g"; [ $g = mindspore ] && out="mixed.ckpt"
+  run "$ckpt" convert mixed.safetensors -o "$out" --format $g -q
+  run "$ckpt" diff "$out" mixed.safetensors
+  check "every dtype through $g is bit-exact" test $rc -eq 0
+done
+check "h5py reads f16, f64, ints, bool, scalars, and bf16 as its exact f32" $py - <<'PY'
+import h5py, json, struct, numpy as np
+raw = open("mixed.safetensors", "rb").read()
+n = struct.unpack("<Q", raw[:8])[0]
+hdr = json.loads(raw[8:8 + n])
+np_types = {"F16": np.float16, "F64": np.float64, "I8": np.int8, "U16": np.uint16, "I64": np.int64, "BOOL": np.bool_, "F32": np.float32}
+with h5py.File("mixed.hdf5", "r") as h:
+    for k, v in hdr.items():
+        b, e = v["data_offsets"]
+        if v["dtype"] == "BF16":
+            bits = np.frombuffer(raw[8 + n + b:8 + n + e], dtype=np.uint16).reshape(v["shape"])
+            assert h[k].attrs["tessera.dtype"] == b"bf16"
+            assert np.array_equal(h[k][()], (bits.astype(np.uint32) << 16).view(np.float32)), k
+            continue
+        a = np.frombuffer(raw[8 + n + b:8 + n + e], dtype=np_types[v["dtype"]]).reshape(v["shape"])
+        got = h[k][()]
+        assert got.dtype == a.dtype and np.array_equal(got, a), (k, got.dtype, a.dtype)
+PY
+
+# --- hostile and damaged inputs: named errors, no crash -------------------------------
+$py - <<'PY'
+import struct
+raw = open("z.safetensors", "rb").read()
+open("trunc.safetensors", "wb").write(raw[:len(raw) // 2])
+open("huge.safetensors", "wb").write(struct.pack("<Q", 2**62) + b"{}")
+n = struct.unpack("<Q", raw[:8])[0]
+open("overlap.safetensors", "wb").write(struct.pack("<Q", 96) + b'{"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16]},"b":{"dtype":"F32","shape":[4],"data_offsets":[8,24]}}'.ljust(96) + bytes(24))
+ck = open("z.ckpt", "rb").read()
+open("trunc.ckpt", "wb").write(ck[:len(ck) - 1000])
+open("badlen.ckpt", "wb").write(b"\x0a\xff\xff\xff\xff\xff\xff\xff\xff\x7f\x0a\x01a")
+import binascii
+crc = binascii.crc32(ck)
+open("crc.ckpt", "wb").write(ck + b"crc_num" + crc.to_bytes(10, "big"))
+bad = bytearray(ck); bad[len(bad) // 2] ^= 0xff
+open("badcrc.ckpt", "wb").write(bytes(bad) + b"crc_num" + crc.to_bytes(10, "big"))
+h5 = open("z.h5", "rb").read()
+open("trunc.h5", "wb").write(h5[:4096])
+PY
+fails_naming "truncated safetensors" "trunc.safetensors" "$ckpt" verify trunc.safetensors
+fails_naming "a 2^62-byte safetensors header" "exceeds the limit" "$ckpt" inspect huge.safetensors
+fails_naming "overlapping safetensors tensors" "overlap" "$ckpt" inspect overlap.safetensors
+fails_naming "truncated .ckpt" "trunc.ckpt" "$ckpt" verify trunc.ckpt
+fails_naming "a .ckpt record longer than the file" "runs past" "$ckpt" inspect badlen.ckpt
+run "$ckpt" diff crc.ckpt full
+check "a .ckpt with MindSpore's CRC trailer reads" test $rc -eq 0
+fails_naming "a .ckpt whose CRC does not match" "CRC-32" "$ckpt" verify badcrc.ckpt
+fails_naming "truncated HDF5" "trunc.h5" "$ckpt" verify trunc.h5
+mkdir evil && cp z.safetensors evil/model-1.safetensors
+echo '{"metadata":{},"weight_map":{"wte":"../z.safetensors"}}' >evil/model.safetensors.index.json
+fails_naming "an index naming a file outside its directory" "not a plain file name" "$ckpt" inspect evil
+echo '{"metadata":{},"weight_map":{"nope":"model-1.safetensors"}}' >evil/model.safetensors.index.json
+fails_naming "an index naming a tensor its file lacks" "nope" "$ckpt" inspect evil
+rm -rf ms.cut && cp -r ms ms.cut && rm -rf ms.cut/rank_2
+fails_naming "a distributed MindSpore checkpoint missing a rank" "rank_2" \
+  "$ckpt" merge ms.cut --src-strategy ms.strategy -o x
+fails_naming "--max-shard-size with another format" "safetensors output only" \
+  "$ckpt" merge zero -o x --format hdf5 --max-shard-size 1MB
+check "no output after refused writes" test ! -e x
+
+echo "$passes passed, $fails failed"
+[ $fails -eq 0 ]
