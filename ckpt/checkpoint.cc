@@ -2,6 +2,25 @@
 
 namespace tessera {
 
+Status CheckReadRegion(const TensorStrategy& t, const std::string& where, const Box& region) {
+  if (Contains(Box::FromShape(t.layout.shape), region)) return Status::Ok();
+  return OutOfRangeError(where + ": tensor '" + t.name + "': box " + ToString(region) +
+                         " lies outside shape " + ShapeToString(t.layout.shape));
+}
+
+Result<const TensorStrategy*> CheckWritePiece(const Strategy& strategy, const std::string& where,
+                                              size_t index, const Box& box) {
+  if (index >= strategy.tensors().size()) {
+    return InvalidArgumentError(where + ": no tensor #" + std::to_string(index));
+  }
+  const TensorStrategy& t = strategy.tensors()[index];
+  if (IsEmpty(box) || !Contains(Box::FromShape(t.layout.shape), box)) {
+    return InvalidArgumentError(where + ": tensor '" + t.name + "': box " + ToString(box) +
+                                " is empty or outside shape " + ShapeToString(t.layout.shape));
+  }
+  return &t;
+}
+
 Status ReadTensor(const CheckpointReader& reader, size_t index, void* dst) {
   const Layout& layout = reader.strategy().tensors()[index].layout;
   if (NumElements(layout) == 0) return Status::Ok();

@@ -63,6 +63,14 @@ class CheckpointWriter {
   virtual void Abort() = 0;
 };
 
+// The checks every format makes on its arguments, with errors that start
+// with `where` ("checkpoint 'x'", "output 'y'"): a region to read must lie
+// inside the tensor; a piece to write must name a tensor and be a non-empty
+// box inside it (then its tensor is returned).
+Status CheckReadRegion(const TensorStrategy& t, const std::string& where, const Box& region);
+Result<const TensorStrategy*> CheckWritePiece(const Strategy& strategy, const std::string& where,
+                                              size_t index, const Box& box);
+
 // Reads a whole tensor into `dst` (ByteSize of its layout).
 Status ReadTensor(const CheckpointReader& reader, size_t index, void* dst);
 // The index of tensor `name`, or NotFound naming it and the checkpoint.

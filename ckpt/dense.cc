@@ -52,11 +52,7 @@ class DenseReader : public CheckpointReader {
   Status ReadRegion(size_t index, const Box& region, void* dst,
                     const std::vector<int64_t>& dst_extents, const Box& dst_box) const override {
     const TensorStrategy& t = c_.strategy.tensors()[index];
-    if (!Contains(Box::FromShape(t.layout.shape), region)) {
-      return OutOfRangeError(c_.format + " checkpoint '" + c_.path + "': tensor '" + t.name +
-                             "': box " + ToString(region) + " lies outside shape " +
-                             ShapeToString(t.layout.shape));
-    }
+    RETURN_IF_ERROR(CheckReadRegion(t, c_.format + " checkpoint '" + c_.path + "'", region));
     const int64_t es = DTypeSize(t.layout.dtype);
     for (const DenseBlock& b : distinct_[index]) {
       const Box part = Intersect(b.box, region);
@@ -200,15 +196,9 @@ class DenseWriter : public CheckpointWriter {
 
   Status WritePiece(size_t index, int64_t /*shard_rank*/, const Box& box,
                     const void* data) override {
-    if (index >= strategy_.tensors().size()) {
-      return InvalidArgumentError("output '" + out_.path + "': no tensor #" + std::to_string(index));
-    }
-    const TensorStrategy& t = strategy_.tensors()[index];
-    if (IsEmpty(box) || !Contains(Box::FromShape(t.layout.shape), box)) {
-      return InvalidArgumentError("output '" + out_.path + "': tensor '" + t.name + "': box " +
-                                  ToString(box) + " is empty or outside shape " +
-                                  ShapeToString(t.layout.shape));
-    }
+    ASSIGN_OR_RETURN(const TensorStrategy* tp,
+                     CheckWritePiece(strategy_, "output '" + out_.path + "'", index, box));
+    const TensorStrategy& t = *tp;
     const int64_t es = DTypeSize(t.layout.dtype);
     const char* src = static_cast<const char*>(data);
     const std::vector<DenseBlock>& blocks = plan_.blocks[index];

@@ -57,11 +57,7 @@ class Hdf5Reader : public CheckpointReader {
   Status ReadRegion(size_t index, const Box& region, void* dst,
                     const std::vector<int64_t>& dst_extents, const Box& dst_box) const override {
     const TensorStrategy& t = strategy_.tensors()[index];
-    if (!Contains(Box::FromShape(t.layout.shape), region)) {
-      return OutOfRangeError("HDF5 checkpoint '" + path_ + "': tensor '" + t.name + "': box " +
-                             ToString(region) + " lies outside shape " +
-                             ShapeToString(t.layout.shape));
-    }
+    RETURN_IF_ERROR(CheckReadRegion(t, "HDF5 checkpoint '" + path_ + "'", region));
     if (IsEmpty(region) && region.rank() > 0) return Status::Ok();
     return file_.ReadBox(t.name, t.layout.dtype, region, dst, dst_extents, dst_box);
   }
@@ -83,16 +79,9 @@ class Hdf5Writer : public CheckpointWriter {
   }
 
   Status WritePiece(size_t index, int64_t, const Box& box, const void* data) override {
-    if (index >= strategy_.tensors().size()) {
-      return InvalidArgumentError("output '" + out_.path + "': no tensor #" + std::to_string(index));
-    }
-    const TensorStrategy& t = strategy_.tensors()[index];
-    if (IsEmpty(box) || !Contains(Box::FromShape(t.layout.shape), box)) {
-      return InvalidArgumentError("output '" + out_.path + "': tensor '" + t.name + "': box " +
-                                  ToString(box) + " is empty or outside shape " +
-                                  ShapeToString(t.layout.shape));
-    }
-    RETURN_IF_ERROR(file_->WriteBox(t.name, t.layout.dtype, box, data));
+    ASSIGN_OR_RETURN(const TensorStrategy* t,
+                     CheckWritePiece(strategy_, "output '" + out_.path + "'", index, box));
+    RETURN_IF_ERROR(file_->WriteBox(t->name, t->layout.dtype, box, data));
     std::lock_guard<std::mutex> lock(mu_);
     written_[index] += NumElements(box);
     return Status::Ok();

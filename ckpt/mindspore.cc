@@ -100,6 +100,7 @@ struct Stored {
   std::vector<int64_t> dims;  // as recorded ([0] for a scalar)
   std::vector<DenseSegment> segments;
   uint64_t bytes = 0;
+  std::vector<int64_t> local;  // the shape the dims stand for (LocalShape)
 };
 
 Result<std::vector<Stored>> GroupRecords(const MindSporeFile& f, uint32_t file_index,
@@ -287,11 +288,11 @@ Result<std::unique_ptr<CheckpointReader>> OpenMindSporeCheckpoint(Env* env,
   Strategy tensors(*Mesh::Create({"r"}, {1}));
   std::map<std::string, std::pair<int64_t, std::vector<int64_t>>> first;  // rank, local shape
   for (size_t r = 0; r < stored.size(); ++r) {
-    for (const Stored& s : stored[r]) {
-      ASSIGN_OR_RETURN(std::vector<int64_t> local, LocalShape(s, c.files[r]));
+    for (Stored& s : stored[r]) {
+      ASSIGN_OR_RETURN(s.local, LocalShape(s, c.files[r]));
       if (first.count(s.tag)) continue;
-      first[s.tag] = {static_cast<int64_t>(r), local};
-      RETURN_IF_ERROR(tensors.Add({s.tag, Layout::Replicated(local, s.dtype), {}}));
+      first[s.tag] = {static_cast<int64_t>(r), s.local};
+      RETURN_IF_ERROR(tensors.Add({s.tag, Layout::Replicated(s.local, s.dtype), {}}));
     }
   }
   if (strategy_path.empty()) {
@@ -326,7 +327,7 @@ Result<std::unique_ptr<CheckpointReader>> OpenMindSporeCheckpoint(Env* env,
       const TensorStrategy& t = c.strategy.tensors()[i];
       ASSIGN_OR_RETURN(std::optional<Box> box,
                        ShardOf(t.layout, c.strategy.MeshOf(t), static_cast<int64_t>(r)));
-      ASSIGN_OR_RETURN(std::vector<int64_t> local, LocalShape(s, c.files[r]));
+      const std::vector<int64_t>& local = s.local;
       if (!box || box->extents() != local || s.dtype != t.layout.dtype) {
         return DataLossError("MindSpore checkpoint '" + path + "': rank " + std::to_string(r) +
                              " stores tensor '" + s.tag + "' as " + std::string(DTypeName(s.dtype)) +

@@ -40,11 +40,7 @@ class NativeReader : public CheckpointReader {
   Status ReadRegion(size_t index, const Box& region, void* dst,
                     const std::vector<int64_t>& dst_extents, const Box& dst_box) const override {
     const TensorEntry& t = manifest_.tensors[index];
-    if (!Contains(Box::FromShape(t.layout.shape), region)) {
-      return OutOfRangeError("checkpoint '" + dir_ + "': tensor '" + t.name + "': box " +
-                             ToString(region) + " lies outside shape " +
-                             ShapeToString(t.layout.shape));
-    }
+    RETURN_IF_ERROR(CheckReadRegion(strategy_.tensors()[index], "checkpoint '" + dir_ + "'", region));
     int64_t covered = 0;
     for (const PieceInfo& p : t.pieces) {
       const Box part = Intersect(p.box, region);
@@ -119,15 +115,9 @@ class NativeWriter : public CheckpointWriter {
   }
 
   Status WritePiece(size_t index, int64_t shard_rank, const Box& box, const void* data) override {
-    if (index >= strategy_.tensors().size()) {
-      return InvalidArgumentError("checkpoint '" + path_ + "': no tensor #" + std::to_string(index));
-    }
-    const TensorStrategy& t = strategy_.tensors()[index];
-    if (IsEmpty(box) || !Contains(Box::FromShape(t.layout.shape), box)) {
-      return InvalidArgumentError("checkpoint '" + path_ + "': tensor '" + t.name + "': box " +
-                                  ToString(box) + " is empty or outside shape " +
-                                  ShapeToString(t.layout.shape));
-    }
+    ASSIGN_OR_RETURN(const TensorStrategy* tp,
+                     CheckWritePiece(strategy_, "checkpoint '" + path_ + "'", index, box));
+    const TensorStrategy& t = *tp;
     const size_t size = static_cast<size_t>(NumElements(box) * DTypeSize(t.layout.dtype));
     // Encoding and checksumming run outside any lock.
     ASSIGN_OR_RETURN(StoredPiece stored, EncodeStoredPiece(data, size, box, t.layout.dtype,

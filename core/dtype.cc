@@ -108,4 +108,18 @@ Status ConvertFloats(DType from, const void* src, DType to, void* dst, int64_t n
   return Status::Ok();
 }
 
+std::string_view DTypeNameIn(std::span<const DTypeNaming> table, DType dtype) {
+  for (const DTypeNaming& n : table) {
+    if (n.dtype == dtype) return n.name;
+  }
+  return "?";
+}
+
+std::optional<DType> DTypeNamedIn(std::span<const DTypeNaming> table, std::string_view name) {
+  for (const DTypeNaming& n : table) {
+    if (name == n.name) return n.dtype;
+  }
+  return std::nullopt;
+}
+
 }  // namespace tessera

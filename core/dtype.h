@@ -3,6 +3,8 @@
 #define TESSERA_CORE_DTYPE_H_
 
 #include <cstdint>
+#include <optional>
+#include <span>
 #include <string_view>
 
 #include "core/status.h"
@@ -34,6 +36,15 @@ std::string_view DTypeName(DType dtype);
 // Accepts the short names and the long ones ("float32", "bfloat16", "int64").
 Result<DType> ParseDType(std::string_view name);
 bool IsFloatingPoint(DType dtype);
+
+// Another format's names for dtypes ("F32", "Float32", ...): a table and
+// its two lookups ("?" / nullopt when absent).
+struct DTypeNaming {
+  DType dtype;
+  const char* name;
+};
+std::string_view DTypeNameIn(std::span<const DTypeNaming> table, DType dtype);
+std::optional<DType> DTypeNamedIn(std::span<const DTypeNaming> table, std::string_view name);
 
 // Converts n floating-point values (f32, f16, bf16, f64) from one dtype to
 // another: widening is exact; narrowing rounds to nearest even (f64 -> f32

@@ -107,18 +107,38 @@ Result<DType> DTypeOfFileType(hid_t t, const std::string& what) {
                               std::to_string(size) + " bytes)");
 }
 
-// A simple dataspace over `extents` with `box` selected.
-hid_t NewSelection(const std::vector<int64_t>& extents, const Box& box) {
-  if (extents.empty()) return H5Screate(H5S_SCALAR);
-  std::vector<hsize_t> dims(extents.begin(), extents.end());
-  hid_t s = H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr);
+// Selects `box` of a simple dataspace (a scalar one has nothing to select).
+void SelectBox(hid_t space, const Box& box) {
+  if (box.rank() == 0) return;
   std::vector<hsize_t> start, count;
   for (int d = 0; d < box.rank(); ++d) {
     start.push_back(static_cast<hsize_t>(box[d].begin));
     count.push_back(static_cast<hsize_t>(box[d].size()));
   }
-  H5Sselect_hyperslab(s, H5S_SELECT_SET, start.data(), nullptr, count.data(), nullptr);
+  H5Sselect_hyperslab(space, H5S_SELECT_SET, start.data(), nullptr, count.data(), nullptr);
+}
+
+// A dataspace over `extents` with `box` selected.
+hid_t NewSelection(const std::vector<int64_t>& extents, const Box& box) {
+  if (extents.empty()) return H5Screate(H5S_SCALAR);
+  std::vector<hsize_t> dims(extents.begin(), extents.end());
+  hid_t s = H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr);
+  SelectBox(s, box);
   return s;
+}
+
+// A fixed-length, null-padded string attribute: any bytes, read by h5py as
+// bytes.
+bool WriteStringAttribute(hid_t obj, const std::string& key, const std::string& value) {
+  const size_t size = std::max<size_t>(1, value.size());
+  Handle type(H5Tcopy(H5T_C_S1), H5Tclose);
+  H5Tset_size(type.get(), size);
+  H5Tset_strpad(type.get(), H5T_STR_NULLPAD);
+  Handle space(H5Screate(H5S_SCALAR), H5Sclose);
+  Handle a(H5Acreate2(obj, key.c_str(), type.get(), space.get(), H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
+  std::string padded = value;
+  padded.resize(size, '\0');
+  return a.ok() && H5Awrite(a.get(), type.get(), padded.data()) >= 0;
 }
 
 Result<std::string> ReadStringAttribute(hid_t obj, const std::string& key) {
@@ -218,14 +238,7 @@ Status Hdf5File::CreateDataset(const Hdf5Dataset& d, const std::vector<int64_t>&
   std::map<std::string, std::string> attrs = attributes;
   if (d.dtype == DType::kBF16) attrs[kDTypeAttr] = "bf16";
   for (const auto& [key, value] : attrs) {
-    Handle st(H5Tcopy(H5T_C_S1), H5Tclose);
-    H5Tset_size(st.get(), std::max<size_t>(1, value.size()));
-    H5Tset_strpad(st.get(), H5T_STR_NULLPAD);
-    Handle as(H5Screate(H5S_SCALAR), H5Sclose);
-    Handle a(H5Acreate2(ds.get(), key.c_str(), st.get(), as.get(), H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
-    std::string padded = value;
-    padded.resize(std::max<size_t>(1, value.size()), '\0');
-    if (!a.ok() || H5Awrite(a.get(), st.get(), padded.data()) < 0) {
+    if (!WriteStringAttribute(ds.get(), key, value)) {
       return Fail(path_, what + ": attribute '" + key + "' cannot be written");
     }
   }
@@ -269,14 +282,7 @@ Status Hdf5File::WriteBox(const std::string& name, DType dtype, const Box& box, 
   Handle ds(H5Dopen2(impl_->file, name.c_str(), H5P_DEFAULT), H5Dclose);
   if (!ds.ok()) return Fail(path_, "dataset '" + name + "' is missing");
   Handle fspace(H5Dget_space(ds.get()), H5Sclose);
-  if (box.rank() > 0) {
-    std::vector<hsize_t> start, count;
-    for (int d = 0; d < box.rank(); ++d) {
-      start.push_back(static_cast<hsize_t>(box[d].begin));
-      count.push_back(static_cast<hsize_t>(box[d].size()));
-    }
-    H5Sselect_hyperslab(fspace.get(), H5S_SELECT_SET, start.data(), nullptr, count.data(), nullptr);
-  }
+  SelectBox(fspace.get(), box);
   const std::vector<int64_t> ext = box.extents();
   Handle mspace(NewSelection(ext, Box::FromShape(ext)), H5Sclose);
   Handle mtype(NewMemoryType(dtype), H5Tclose);
@@ -293,14 +299,7 @@ Status Hdf5File::ReadBox(const std::string& name, DType dtype, const Box& region
   Handle ds(H5Dopen2(impl_->file, name.c_str(), H5P_DEFAULT), H5Dclose);
   if (!ds.ok()) return DataLossError("HDF5 file '" + path_ + "': dataset '" + name + "' is missing");
   Handle fspace(H5Dget_space(ds.get()), H5Sclose);
-  if (region.rank() > 0) {
-    std::vector<hsize_t> start, count;
-    for (int d = 0; d < region.rank(); ++d) {
-      start.push_back(static_cast<hsize_t>(region[d].begin));
-      count.push_back(static_cast<hsize_t>(region[d].size()));
-    }
-    H5Sselect_hyperslab(fspace.get(), H5S_SELECT_SET, start.data(), nullptr, count.data(), nullptr);
-  }
+  SelectBox(fspace.get(), region);
   Handle mspace(NewSelection(dst_extents, dst_box), H5Sclose);
   Handle mtype(NewMemoryType(dtype), H5Tclose);
   if (H5Dread(ds.get(), mtype.get(), mspace.get(), fspace.get(), H5P_DEFAULT, dst) < 0) {
@@ -313,14 +312,7 @@ Status Hdf5File::ReadBox(const std::string& name, DType dtype, const Box& region
 Status Hdf5File::SetRootAttribute(const std::string& key, const std::string& value) {
   Quiet();
   std::lock_guard<std::mutex> lock(impl_->mu);
-  Handle st(H5Tcopy(H5T_C_S1), H5Tclose);
-  H5Tset_size(st.get(), std::max<size_t>(1, value.size()));
-  H5Tset_strpad(st.get(), H5T_STR_NULLPAD);
-  Handle as(H5Screate(H5S_SCALAR), H5Sclose);
-  Handle a(H5Acreate2(impl_->file, key.c_str(), st.get(), as.get(), H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
-  std::string padded = value;
-  padded.resize(std::max<size_t>(1, value.size()), '\0');
-  if (!a.ok() || H5Awrite(a.get(), st.get(), padded.data()) < 0) {
+  if (!WriteStringAttribute(impl_->file, key, value)) {
     return Fail(path_, "attribute '" + key + "' cannot be written");
   }
   return Status::Ok();

@@ -9,11 +9,7 @@
 namespace tessera {
 namespace {
 
-struct NameOf {
-  DType dtype;
-  const char* name;
-};
-constexpr NameOf kNames[] = {
+constexpr DTypeNaming kNames[] = {
     {DType::kF32, "Float32"}, {DType::kF16, "Float16"}, {DType::kBF16, "BFloat16"},
     {DType::kF64, "Float64"}, {DType::kI8, "Int8"},     {DType::kU8, "UInt8"},
     {DType::kI16, "Int16"},   {DType::kU16, "UInt16"},  {DType::kI32, "Int32"},
@@ -196,17 +192,10 @@ Status ParseValue(Cursor& c, uint64_t end, MindSporeRecord* r) {
 
 }  // namespace
 
-std::string_view MindSporeDTypeName(DType dtype) {
-  for (const NameOf& n : kNames) {
-    if (n.dtype == dtype) return n.name;
-  }
-  return "?";
-}
+std::string_view MindSporeDTypeName(DType dtype) { return DTypeNameIn(kNames, dtype); }
 
 Result<DType> ParseMindSporeDType(std::string_view name) {
-  for (const NameOf& n : kNames) {
-    if (name == n.name) return n.dtype;
-  }
+  if (auto dtype = DTypeNamedIn(kNames, name)) return *dtype;
   return InvalidArgumentError("unsupported MindSpore tensor type '" + std::string(name) + "'");
 }
 

@@ -8,11 +8,7 @@
 namespace tessera {
 namespace {
 
-struct NameOf {
-  DType dtype;
-  const char* name;
-};
-constexpr NameOf kNames[] = {
+constexpr DTypeNaming kNames[] = {
     {DType::kF32, "F32"}, {DType::kF16, "F16"}, {DType::kBF16, "BF16"}, {DType::kF64, "F64"},
     {DType::kI8, "I8"},   {DType::kU8, "U8"},   {DType::kI16, "I16"},   {DType::kU16, "U16"},
     {DType::kI32, "I32"}, {DType::kU32, "U32"}, {DType::kI64, "I64"},   {DType::kU64, "U64"},
@@ -25,17 +21,10 @@ Status Bad(const std::string& path, const std::string& what) {
 
 }  // namespace
 
-std::string_view SafetensorsDTypeName(DType dtype) {
-  for (const NameOf& n : kNames) {
-    if (n.dtype == dtype) return n.name;
-  }
-  return "?";
-}
+std::string_view SafetensorsDTypeName(DType dtype) { return DTypeNameIn(kNames, dtype); }
 
 Result<DType> ParseSafetensorsDType(std::string_view name) {
-  for (const NameOf& n : kNames) {
-    if (name == n.name) return n.dtype;
-  }
+  if (auto dtype = DTypeNamedIn(kNames, name)) return *dtype;
   return InvalidArgumentError("unsupported safetensors dtype '" + std::string(name) + "'");
 }
 

@@ -14,5 +14,10 @@ check() {
     fails=$((fails + 1))
   fi
 }
+# run CMD...: output in $work/out, exit status in $rc (scripts set $work).
+run() {
+  "$@" >"$work/out" 2>&1
+  rc=$?
+}
 # The "step loss" pairs of a train_gpt log.
 train_losses() { grep '^step' "$1" | awk '{split($2, s, "/"); print s[1], $4}'; }

@@ -10,10 +10,6 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 source "$(dirname "$0")/../lib.sh"
 cd "$work"
-run() {  # run CMD...: output in $work/out, exit status in $rc
-  "$@" >"$work/out" 2>&1
-  rc=$?
-}
 no_output() {  # nothing named $1 or $1.tmp-* is left
   ! ls -d "$1" "$1".tmp-* >/dev/null 2>&1
 }

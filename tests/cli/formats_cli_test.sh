@@ -14,10 +14,6 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 source "$(dirname "$0")/../lib.sh"
 cd "$work"
-run() {  # run CMD...: output in $work/out, exit status in $rc
-  "$@" >"$work/out" 2>&1
-  rc=$?
-}
 fails_naming() {  # fails_naming WHAT TEXT CMD...: exit 1, TEXT in the message
   local what=$1 text=$2
   shift 2
