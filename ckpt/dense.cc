@@ -191,6 +191,7 @@ class DenseWriter : public CheckpointWriter {
       }
       files_.push_back(std::move(file));
     }
+    file_mu_ = std::vector<std::mutex>(files_.size());
     return Status::Ok();
   }
 
@@ -210,6 +211,7 @@ class DenseWriter : public CheckpointWriter {
            ByteRuns(box.extents(), RelativeTo(part, box), b.box.extents(), RelativeTo(part, b.box), es)) {
         RETURN_IF_ERROR(ForEachSegment(b, r.dst, r.len,
                                        [&](uint32_t f, uint64_t at_file, uint64_t pos, uint64_t n) {
+                                         std::lock_guard<std::mutex> lock(file_mu_[f]);
                                          return files_[f]->WriteAt(at_file, src + r.src + (pos - r.dst), n);
                                        })
                             .Annotate("output '" + out_.path + "': tensor '" + t.name + "'"));
@@ -272,6 +274,7 @@ class DenseWriter : public CheckpointWriter {
   DensePlan plan_;
   bool overwrite_;
   std::vector<std::unique_ptr<WritableFile>> files_;
+  std::vector<std::mutex> file_mu_;
   std::mutex mu_;
   std::vector<std::vector<int64_t>> written_;
   bool committed_ = false;

@@ -113,6 +113,7 @@ Result<TransformStats> Transform(const CheckpointReader& src, const Strategy& ds
   stats.tensors = static_cast<int64_t>(plan.tensors.size());
   stats.pieces = static_cast<int64_t>(items.size());
 
+  BufferPool buffers;
   std::mutex progress_mu;
   int64_t done = 0;
   const int64_t total = stats.bytes;
@@ -121,7 +122,7 @@ Result<TransformStats> Transform(const CheckpointReader& src, const Strategy& ds
     const Item& item = items[k];
     const TensorStrategy& t = dst.tensors()[item.tensor];
     const int64_t bytes = NumElements(item.box) * DTypeSize(t.layout.dtype);
-    ASSIGN_OR_RETURN(auto buf, AllocateBytes(bytes, "tensor '" + t.name + "' " + ToString(item.box)));
+    ASSIGN_OR_RETURN(auto buf, buffers.Get(bytes, "tensor '" + t.name + "' " + ToString(item.box)));
     const std::vector<int64_t> extents = item.box.extents();
     RETURN_IF_ERROR(
         src.ReadRegion(item.tensor, item.box, buf.get(), extents, Box::FromShape(extents)));

@@ -186,15 +186,30 @@ Status ReadPieceRegion(const RandomAccessFile& file, const std::string& path,
       if (touched.empty() || touched.back() < blk) touched.push_back(blk);
     }
   }
-  std::unique_ptr<char[]> window(new char[kReadWindowBlocks * kChecksumBlock]);
+  std::unique_ptr<char[]> window;  // staged blocks, allocated on first use
   char* out = static_cast<char*>(dst);
+  const uint64_t nblocks = piece.block_checksums.size();
   uint64_t win_first = 0, win_last = 0;  // blocks [win_first, win_last) are in `window`
   size_t next = 0;                       // first entry of `touched` not yet read
   for (const ByteRun& r : runs) {
     uint64_t pos = r.src;
     const uint64_t end = r.src + r.len;
     while (pos < end) {
-      if (pos / kChecksumBlock >= win_last) {
+      const uint64_t blk = pos / kChecksumBlock;
+      if (pos % kChecksumBlock == 0 && blk >= win_last) {
+        // Whole blocks inside the run go straight to the destination and are
+        // checked there: no staging copy for contiguous regions.
+        uint64_t last = blk;
+        while (last < nblocks && std::min((last + 1) * kChecksumBlock, piece.length) <= end) ++last;
+        if (last > blk) {
+          RETURN_IF_ERROR(ReadBlocks(file, piece, blk, last, out + r.dst + (pos - r.src), ctx));
+          while (next < touched.size() && touched[next] < last) ++next;
+          pos = std::min(last * kChecksumBlock, piece.length);
+          continue;
+        }
+      }
+      if (blk >= win_last) {
+        if (!window) window.reset(new char[kReadWindowBlocks * kChecksumBlock]);
         // The next window: consecutive touched blocks, at most a few.
         win_first = touched[next];
         win_last = win_first + 1;
