@@ -22,10 +22,27 @@ Status GptConfig::Validate() const {
   return Status::Ok();
 }
 
-Result<Gpt> Gpt::Create(const GptConfig& config) {
+Result<std::vector<ParamInfo>> Gpt::Params(const GptConfig& config, const GptStage& stage) {
+  ASSIGN_OR_RETURN(Gpt g, Create(config, stage, /*allocate=*/false));
+  return std::move(g.params_);
+}
+
+Result<Gpt> Gpt::Create(const GptConfig& config, const GptStage& stage) {
+  return Create(config, stage, /*allocate=*/true);
+}
+
+Result<Gpt> Gpt::Create(const GptConfig& config, const GptStage& stage, bool allocate) {
   RETURN_IF_ERROR(config.Validate());
   Gpt g;
   g.config_ = config;
+  g.stage_ = stage;
+  if (g.stage_.last_layer < 0) g.stage_.last_layer = config.layers;
+  if (g.stage_.first_layer < 0 || g.stage_.first_layer > g.stage_.last_layer ||
+      g.stage_.last_layer > config.layers) {
+    return InvalidArgumentError("GPT stage: layers [" + std::to_string(stage.first_layer) + ", " +
+                                std::to_string(g.stage_.last_layer) + ") are not inside the " +
+                                std::to_string(config.layers) + " layers");
+  }
   const int64_t C = config.embed, V = config.vocab;
   int64_t offset = 0;
   auto add = [&](std::string name, std::vector<int64_t> shape) {
@@ -36,9 +53,11 @@ Result<Gpt> Gpt::Create(const GptConfig& config) {
     g.params_.push_back(std::move(p));
     return g.params_.back().offset;
   };
-  g.wte_ = add("wte", {V, C});
-  g.wpe_ = add("wpe", {config.context, C});
-  for (int i = 0; i < config.layers; ++i) {
+  if (stage.first) {
+    g.wte_ = add("wte", {V, C});
+    g.wpe_ = add("wpe", {config.context, C});
+  }
+  for (int i = g.stage_.first_layer; i < g.stage_.last_layer; ++i) {
     const std::string p = "h." + std::to_string(i) + ".";
     Layer l;
     l.ln1w = add(p + "ln_1.weight", {C});
@@ -55,12 +74,20 @@ Result<Gpt> Gpt::Create(const GptConfig& config) {
     l.fcprojb = add(p + "mlp.c_proj.bias", {C});
     g.layers_.push_back(l);
   }
-  g.lnfw_ = add("ln_f.weight", {C});
-  g.lnfb_ = add("ln_f.bias", {C});
-  g.weights_.assign(offset, 0.0f);
-  g.grads_.assign(offset, 0.0f);
-  g.m_.assign(offset, 0.0f);
-  g.v_.assign(offset, 0.0f);
+  if (stage.last) {
+    g.lnfw_ = add("ln_f.weight", {C});
+    g.lnfb_ = add("ln_f.bias", {C});
+    if (!stage.first) {
+      g.wte_ = add("wte", {V, C});
+      g.params_.back().tied_copy = true;
+    }
+  }
+  if (allocate) {
+    g.weights_.assign(offset, 0.0f);
+    g.grads_.assign(offset, 0.0f);
+    g.m_.assign(offset, 0.0f);
+    g.v_.assign(offset, 0.0f);
+  }
   return g;
 }
 
@@ -117,7 +144,9 @@ void Gpt::Init(uint64_t seed) {
 
 template <typename F>
 void Gpt::ForEachBuffer(Activations& a, int B, int T, F f) const {
-  const int64_t N = static_cast<int64_t>(B) * T, C = config_.embed, L = config_.layers;
+  const int64_t N = static_cast<int64_t>(B) * T, C = config_.embed;
+  const int64_t L = static_cast<int64_t>(layers_.size());
+  const int64_t head = stage_.last ? 1 : 0;  // the final LayerNorm and logits
   const int64_t NH = config_.heads, V = config_.vocab;
   f(a.encoded, N * C);
   f(a.ln1, L * N * C);
@@ -130,16 +159,16 @@ void Gpt::ForEachBuffer(Activations& a, int B, int T, F f) const {
   f(a.fch_gelu, L * N * 4 * C);
   f(a.fcproj, L * N * C);
   f(a.residual3, L * N * C);
-  f(a.lnf, N * C);
-  f(a.logits, N * V);
+  f(a.lnf, head * N * C);
+  f(a.logits, head * N * V);
   f(a.ln1_mean, L * N);
   f(a.ln1_rstd, L * N);
   f(a.att, L * B * NH * T * T);
   f(a.ln2_mean, L * N);
   f(a.ln2_rstd, L * N);
-  f(a.lnf_mean, N);
-  f(a.lnf_rstd, N);
-  f(a.probs, N * V);
+  f(a.lnf_mean, head * N);
+  f(a.lnf_rstd, head * N);
+  f(a.probs, head * N * V);
 }
 
 void Gpt::Resize(Activations& a, int B, int T) const {
@@ -159,31 +188,64 @@ void Gpt::Resize(Gradients& d, int B, int T) const {
 }
 
 Result<float> Gpt::Forward(const int32_t* tokens, const int32_t* targets, int B, int T) {
+  if (!stage_.first || !stage_.last) {
+    return FailedPreconditionError("GPT forward: this model is one pipeline stage (ForwardStage)");
+  }
+  return ForwardStage(0, tokens, nullptr, targets, B, T);
+}
+
+Status Gpt::Backward() {
+  if (!stage_.first || !stage_.last) {
+    return FailedPreconditionError("GPT backward: this model is one pipeline stage (BackwardStage)");
+  }
+  return BackwardStage(0, nullptr, 1.0f);
+}
+
+void Gpt::SetSlots(int n) { slots_.resize(std::max(1, n)); }
+
+const float* Gpt::StageOutput(int slot) const {
+  const Activations& a = slots_[slot];
+  const int64_t nc = static_cast<int64_t>(a.B) * a.T * config_.embed;
+  const int nl = static_cast<int>(layers_.size());
+  return nl == 0 ? a.encoded.data() : a.residual3.data() + (nl - 1) * nc;
+}
+
+Result<float> Gpt::ForwardStage(int slot, const int32_t* tokens, const float* x,
+                                const int32_t* targets, int B, int T) {
+  if (slot < 0 || slot >= slots()) {
+    return InvalidArgumentError("GPT forward: slot " + std::to_string(slot) + " of " +
+                                std::to_string(slots()));
+  }
   if (B < 1 || T < 1 || T > config_.context) {
     return InvalidArgumentError("GPT forward: batch " + std::to_string(B) + " x sequence " +
                                 std::to_string(T) + " (context is " +
                                 std::to_string(config_.context) + ")");
   }
   const int64_t N = static_cast<int64_t>(B) * T;
+  const bool check_tokens = stage_.first, check_targets = stage_.last && targets != nullptr;
   for (int64_t i = 0; i < N; ++i) {
-    if (tokens[i] < 0 || tokens[i] >= config_.vocab ||
-        (targets != nullptr && (targets[i] < 0 || targets[i] >= config_.vocab))) {
+    if ((check_tokens && (tokens[i] < 0 || tokens[i] >= config_.vocab)) ||
+        (check_targets && (targets[i] < 0 || targets[i] >= config_.vocab))) {
       return InvalidArgumentError("GPT forward: token at position " + std::to_string(i) +
                                   " is outside the vocabulary of " +
                                   std::to_string(config_.vocab));
     }
   }
-  if (acts_.B != B || acts_.T != T) Resize(acts_, B, T);
-  tokens_.assign(tokens, tokens + N);
-  has_targets_ = targets != nullptr;
-  if (has_targets_) targets_.assign(targets, targets + N);
+  Activations& a = slots_[slot];
+  if (a.B != B || a.T != T) Resize(a, B, T);
+  if (stage_.first) a.tokens.assign(tokens, tokens + N);
+  a.has_targets = stage_.last && targets != nullptr;
+  if (a.has_targets) a.targets.assign(targets, targets + N);
 
   const int C = config_.embed, NH = config_.heads, V = config_.vocab;
   const int n = static_cast<int>(N);
-  Activations& a = acts_;
-  k::EncoderForward(a.encoded.data(), tokens, P(wte_), P(wpe_), B, T, C);  // [N,C]
+  if (stage_.first) {
+    k::EncoderForward(a.encoded.data(), tokens, P(wte_), P(wpe_), B, T, C);  // [N,C]
+  } else {
+    std::copy(x, x + N * C, a.encoded.begin());  // the previous stage's output
+  }
   const float* residual = a.encoded.data();
-  for (int l = 0; l < config_.layers; ++l) {
+  for (size_t l = 0; l < layers_.size(); ++l) {
     const Layer& w = layers_[l];
     const int64_t nc = N * C;
     float* ln1 = a.ln1.data() + l * nc;                     // [N,C]
@@ -214,37 +276,47 @@ Result<float> Gpt::Forward(const int32_t* tokens, const int32_t* targets, int B,
     k::ResidualForward(residual3, residual2, fcproj, nc);
     residual = residual3;
   }
+  if (!stage_.last) return 0.0f;
   k::LayerNormForward(a.lnf.data(), a.lnf_mean.data(), a.lnf_rstd.data(), residual, P(lnfw_),
                       P(lnfb_), n, C);                                           // [N,C]
   k::MatmulTransposedForward(a.logits.data(), a.lnf.data(), P(wte_), n, C, V);  // [N,V]
-  if (!has_targets_) return 0.0f;
+  if (!a.has_targets) return 0.0f;
   return k::SoftmaxCrossEntropyForward(a.probs.data(), a.logits.data(), targets, n, V);
 }
 
-Status Gpt::Backward() {
-  if (!has_targets_ || acts_.B == 0) {
+Status Gpt::BackwardStage(int slot, const float* dy, float dloss) {
+  if (slot < 0 || slot >= slots()) {
+    return InvalidArgumentError("GPT backward: slot " + std::to_string(slot) + " of " +
+                                std::to_string(slots()));
+  }
+  Activations& a = slots_[slot];
+  if (a.B == 0 || (stage_.last && !a.has_targets)) {
     return FailedPreconditionError("GPT backward needs a forward with targets first");
   }
-  has_targets_ = false;  // the probabilities become the logits' gradient below
-  const int B = acts_.B, T = acts_.T;
+  a.has_targets = false;  // the probabilities become the logits' gradient below
+  const int B = a.B, T = a.T;
   const int64_t N = static_cast<int64_t>(B) * T;
   const int n = static_cast<int>(N);
-  const int C = config_.embed, NH = config_.heads, V = config_.vocab, L = config_.layers;
+  const int C = config_.embed, NH = config_.heads, V = config_.vocab;
+  const int L = static_cast<int>(layers_.size());
   if (grad_acts_.B != B || grad_acts_.T != T) Resize(grad_acts_, B, T);
-  Activations& a = acts_;
   Gradients& d = grad_acts_;
   const int64_t nc = N * C;
 
   // The residual stream's gradient accumulates in d.residual from the top:
   // each layernorm adds its input gradient, and every residual add passes
   // it unchanged to both of its inputs (so the branch outputs read it as is).
-  float* dlogits = a.probs.data();
-  k::SoftmaxCrossEntropyBackward(dlogits, a.probs.data(), targets_.data(), 1.0f, n, V);
-  k::MatmulTransposedBackward(d.lnf.data(), G(wte_), dlogits, a.lnf.data(), P(wte_), n, C, V);
-  std::fill(d.residual.begin(), d.residual.end(), 0.0f);
-  const float* last = L > 0 ? a.residual3.data() + (L - 1) * nc : a.encoded.data();
-  k::LayerNormBackward(d.residual.data(), G(lnfw_), G(lnfb_), d.lnf.data(), last, P(lnfw_),
-                       a.lnf_mean.data(), a.lnf_rstd.data(), n, C);
+  if (stage_.last) {
+    float* dlogits = a.probs.data();
+    k::SoftmaxCrossEntropyBackward(dlogits, a.probs.data(), a.targets.data(), dloss, n, V);
+    k::MatmulTransposedBackward(d.lnf.data(), G(wte_), dlogits, a.lnf.data(), P(wte_), n, C, V);
+    std::fill(d.residual.begin(), d.residual.end(), 0.0f);
+    const float* last = L > 0 ? a.residual3.data() + (L - 1) * nc : a.encoded.data();
+    k::LayerNormBackward(d.residual.data(), G(lnfw_), G(lnfb_), d.lnf.data(), last, P(lnfw_),
+                         a.lnf_mean.data(), a.lnf_rstd.data(), n, C);
+  } else {
+    std::copy(dy, dy + nc, d.residual.begin());
+  }
   float* dres = d.residual.data();
   for (int l = L - 1; l >= 0; --l) {
     const Layer& w = layers_[l];
@@ -268,21 +340,33 @@ Status Gpt::Backward() {
     k::LayerNormBackward(dres, G(w.ln1w), G(w.ln1b), d.ln1.data(), residual, P(w.ln1w),
                          a.ln1_mean.data() + l * N, a.ln1_rstd.data() + l * N, n, C);
   }
-  k::EncoderBackward(G(wte_), G(wpe_), dres, tokens_.data(), B, T, C);
+  if (stage_.first) k::EncoderBackward(G(wte_), G(wpe_), dres, a.tokens.data(), B, T, C);
   return Status::Ok();
 }
 
 void Gpt::ZeroGrad() { std::fill(grads_.begin(), grads_.end(), 0.0f); }
 
 float Gpt::Update(const AdamWConfig& config, float max_norm) {
-  const double norm = std::sqrt(SquaredNorm(grads_.data(), num_params()));
-  if (max_norm > 0) Scale(grads_.data(), num_params(), ClipFactor(norm, max_norm));
+  const double norm = std::sqrt(GradSquaredNorm());
+  ApplyUpdate(config, max_norm > 0 ? ClipFactor(norm, max_norm) : 1.0f);
+  return static_cast<float>(norm);
+}
+
+double Gpt::GradSquaredNorm() const {
+  double sum = 0;
+  for (const ParamInfo& p : params_) {
+    if (!p.tied_copy) sum += SquaredNorm(grads_.data() + p.offset, p.numel);
+  }
+  return sum;
+}
+
+void Gpt::ApplyUpdate(const AdamWConfig& config, float clip) {
+  if (clip != 1.0f) Scale(grads_.data(), num_params(), clip);
   ++step_;
   for (const ParamInfo& p : params_) {
     AdamWUpdate(P(p.offset), G(p.offset), m_.data() + p.offset, v_.data() + p.offset, p.numel,
                 step_, config, p.decay);
   }
-  return static_cast<float>(norm);
 }
 
 }  // namespace tessera

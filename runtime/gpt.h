@@ -31,17 +31,33 @@ struct GptConfig {
   Status Validate() const;
 };
 
+// The part of the model one pipeline stage holds: the blocks
+// [first_layer, last_layer), the embeddings (wte, wpe) on the first stage,
+// and ln_f with the output projection on the last. The output projection is
+// tied to wte, so a last stage that is not also the first holds a copy of
+// wte (ParamInfo::tied_copy) which the pipeline keeps equal to the first
+// stage's by summing their gradients.
+struct GptStage {
+  int first_layer = 0;
+  int last_layer = -1;  // exclusive; -1: every layer
+  bool first = true;    // holds the embeddings, reads tokens
+  bool last = true;     // holds ln_f, computes the logits and the loss
+};
+
 struct ParamInfo {
   std::string name;
   std::vector<int64_t> shape;
   int64_t offset = 0;  // into the flat parameter vector, in floats
   int64_t numel = 0;
   bool decay = false;  // matrices and embeddings take weight decay
+  bool tied_copy = false;  // the last stage's copy of wte (not checkpointed)
 };
 
 class Gpt {
  public:
-  static Result<Gpt> Create(const GptConfig& config);
+  static Result<Gpt> Create(const GptConfig& config, const GptStage& stage = {});
+  // The parameters a stage holds, in order, without allocating them.
+  static Result<std::vector<ParamInfo>> Params(const GptConfig& config, const GptStage& stage = {});
 
   const GptConfig& config() const { return config_; }
   const std::vector<ParamInfo>& params() const { return params_; }
@@ -65,8 +81,10 @@ class Gpt {
   // position embeddings N(0, 0.01), biases 0, LayerNorm gains 1.
   void Init(uint64_t seed);
 
+  const GptStage& stage() const { return stage_; }
+
   // tokens, targets: [B,T] (targets may be null: logits only). Returns the
-  // mean cross-entropy (0 without targets). T <= context.
+  // mean cross-entropy (0 without targets). T <= context. Whole model only.
   Result<float> Forward(const int32_t* tokens, const int32_t* targets, int B, int T);
   // Gradients of the last Forward's loss, accumulated into grads() (call
   // ZeroGrad() first). Once per Forward: it reuses the forward's
@@ -76,13 +94,39 @@ class Gpt {
   // Clips the global gradient norm to max_norm (<= 0: no clipping) and
   // applies AdamW. Returns the norm before clipping.
   float Update(const AdamWConfig& config, float max_norm);
+  // Scales the gradients by `clip` and applies AdamW (the norm computed by
+  // the caller, e.g. over every stage).
+  void ApplyUpdate(const AdamWConfig& config, float clip);
+  // The squared gradient norm of the parameters this model owns (a tied
+  // copy is counted where its original lives), accumulated in double.
+  double GradSquaredNorm() const;
+
+  // Pipeline stages run several micro-batches at once, each in its own
+  // activation slot (slot 0 is the one Forward uses).
+  void SetSlots(int n);
+  int slots() const { return static_cast<int>(slots_.size()); }
+  // The forward of one micro-batch in `slot`: the first stage reads
+  // `tokens` [B,T], the others `x` [B,T,C] (the previous stage's output).
+  // The last stage returns the mean cross-entropy against `targets` (0
+  // without targets); the others leave their output in StageOutput(slot).
+  Result<float> ForwardStage(int slot, const int32_t* tokens, const float* x,
+                             const int32_t* targets, int B, int T);
+  const float* StageOutput(int slot) const;
+  // The backward of slot's forward, accumulated into grads(): the last
+  // stage starts from its loss scaled by `dloss` (1/M for M micro-batches),
+  // the others from `dy` [B,T,C], the gradient of their output. A stage
+  // that is not first leaves the gradient of its input in InputGradient().
+  Status BackwardStage(int slot, const float* dy, float dloss);
+  const float* InputGradient() const { return grad_acts_.residual.data(); }
 
   // The last Forward's logits [B,T,V] and probabilities.
-  const std::vector<float>& logits() const { return acts_.logits; }
+  const std::vector<float>& logits() const { return slots_[0].logits; }
 
  private:
   struct Activations {
     int B = 0, T = 0;
+    std::vector<int32_t> tokens, targets;
+    bool has_targets = false;
     std::vector<float> encoded, ln1, ln1_mean, ln1_rstd, qkv, att, atty, attproj, residual2, ln2,
         ln2_mean, ln2_rstd, fch, fch_gelu, fcproj, residual3, lnf, lnf_mean, lnf_rstd, logits,
         probs;
@@ -99,12 +143,15 @@ class Gpt {
   void ForEachBuffer(Activations& a, int B, int T, F f) const;
   void Resize(Activations& a, int B, int T) const;
   void Resize(Gradients& d, int B, int T) const;
+  static Result<Gpt> Create(const GptConfig& config, const GptStage& stage, bool allocate);
   float* P(int64_t offset) { return weights_.data() + offset; }
   float* G(int64_t offset) { return grads_.data() + offset; }
 
   GptConfig config_;
+  GptStage stage_;
   std::vector<ParamInfo> params_;
-  // Offsets of each layer's 12 tensors, and of wte, wpe, ln_f.
+  // Offsets of each of this stage's layers' 12 tensors, and of wte, wpe,
+  // ln_f (where held).
   struct Layer {
     int64_t ln1w, ln1b, qkvw, qkvb, attprojw, attprojb, ln2w, ln2b, fcw, fcb, fcprojw, fcprojb;
   };
@@ -112,10 +159,8 @@ class Gpt {
   int64_t wte_ = 0, wpe_ = 0, lnfw_ = 0, lnfb_ = 0;
   std::vector<float> weights_, grads_, m_, v_;
   int64_t step_ = 0;
-  Activations acts_;
+  std::vector<Activations> slots_ = std::vector<Activations>(1);
   Gradients grad_acts_;
-  std::vector<int32_t> tokens_, targets_;
-  bool has_targets_ = false;
 };
 
 }  // namespace tessera
