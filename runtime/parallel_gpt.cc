@@ -35,10 +35,9 @@ Status ParallelConfig::Validate(int world_size) const {
                                 " x pp " + std::to_string(pp) + " is not the " +
                                 std::to_string(world_size) + " ranks started");
   }
-  if (tp > 1 || pp > 1) {
-    return UnimplementedError("tensor and pipeline parallelism (tp, pp > 1) are not built yet");
-  }
+  if (tp > 1) return UnimplementedError("tensor parallelism (tp > 1) is not built yet");
   if (zero != 0 && zero != 1) return InvalidArgumentError("zero must be 0 or 1");
+  if (micro_batches < 0) return InvalidArgumentError("micro_batches must be >= 0");
   if (bucket_bytes < 4) return InvalidArgumentError("the bucket size must be >= 4 bytes");
   return Status::Ok();
 }
@@ -47,17 +46,39 @@ Result<std::unique_ptr<ParallelGpt>> ParallelGpt::Create(const GptConfig& config
                                                          const ParallelConfig& parallel,
                                                          Communicator& world) {
   RETURN_IF_ERROR(parallel.Validate(world.size()));
-  ASSIGN_OR_RETURN(Gpt model, Gpt::Create(config));
+  if (config.layers < parallel.pp) {
+    return InvalidArgumentError("pp " + std::to_string(parallel.pp) + " stages need at least " +
+                                std::to_string(parallel.pp) + " layers; the model has " +
+                                std::to_string(config.layers));
+  }
   ASSIGN_OR_RETURN(Mesh mesh, parallel.MakeMesh());
   ASSIGN_OR_RETURN(MeshCommunicators comms, MeshCommunicators::Create(world, mesh));
+  const int stage = static_cast<int>(comms.coordinate("pp"));
+  ASSIGN_OR_RETURN(Gpt model, Gpt::Create(config, StageOf(config, parallel.pp, stage)));
   std::unique_ptr<ParallelGpt> p(new ParallelGpt(std::move(model), parallel, std::move(comms)));
   RETURN_IF_ERROR(p->Build());
   return p;
 }
 
+GptStage ParallelGpt::StageOf(const GptConfig& config, int pp, int s) {
+  const int64_t L = config.layers;
+  return {static_cast<int>(s * L / pp), static_cast<int>((s + 1) * L / pp), s == 0, s == pp - 1};
+}
+
 Status ParallelGpt::Build() {
   ASSIGN_OR_RETURN(dp_, comms_.Along("dp"));
+  ASSIGN_OR_RETURN(pp_, comms_.Along("pp"));
   dp_rank_ = dp_->rank();
+  stage_ = pp_->rank();
+  const int pp = parallel_.pp;
+  micro_batches_ = parallel_.micro_batches > 0 ? parallel_.micro_batches : pp;
+  // 1F1B keeps at most pp - stage micro-batches in flight on a stage.
+  model_.SetSlots(std::min(micro_batches_, pp - stage_));
+  if (pp > 1) {
+    const bool ends = stage_ == 0 || stage_ == pp - 1;
+    const int64_t dp_tp = comms_.coordinate("dp") * parallel_.tp + comms_.coordinate("tp");
+    ASSIGN_OR_RETURN(tied_, comms_.world().Split(ends ? static_cast<int>(dp_tp) : -1, stage_));
+  }
   const int dp = parallel_.dp;
   const std::vector<ParamInfo>& params = model_.params();
   // ZeRO shards: dimension 0 of every parameter cut over dp as the
@@ -160,6 +181,7 @@ Status ParallelGpt::ReduceGradients() {
 Result<double> ParallelGpt::ShardedSquaredNorm() {
   double sum = 0;
   for (const Shard& s : shards_) {
+    if (s.param->tied_copy) continue;  // counted on the first stage
     sum += SquaredNorm(model_.grads().data() + s.param->offset + s.begin, s.counts[dp_rank_]);
   }
   Timed timed(&comm_seconds_);
@@ -201,6 +223,79 @@ Status ParallelGpt::ShardedUpdate(const AdamWConfig& adam, float clip) {
   return Status::Ok();
 }
 
+Result<double> ParallelGpt::RunPipeline(const int32_t* tokens, const int32_t* targets, int rows,
+                                        int T) {
+  const int P = parallel_.pp, s = stage_, M = micro_batches_;
+  const int mb = rows / M;
+  const int64_t n = static_cast<int64_t>(mb) * T * model_.config().embed;
+  const int prev = comms_.Prev("pp"), next = comms_.Next("pp");
+  const int slots = model_.slots();
+  const float dloss = 1.0f / static_cast<float>(M);
+  if (s > 0) recv_x_.resize(n);
+  if (s < P - 1) recv_dy_.resize(n);
+  if (s > 0) send_dx_.assign(M, std::vector<float>(n));
+  std::vector<Request> slot_send(slots), dx_send(M);
+  double loss = 0;
+  // Tags: 2i carries micro-batch i's activations forward, 2i + 1 their
+  // gradient back.
+  auto forward = [&](int i) -> Status {
+    const int slot = i % slots;
+    const int64_t at = static_cast<int64_t>(i) * mb * T;
+    if (s > 0) {
+      Timed timed(&comm_seconds_);
+      RETURN_IF_ERROR(pp_->Recv(recv_x_.data(), n, DType::kF32, prev, 2 * i));
+    }
+    if (slot_send[slot].pending()) {  // the slot's last output has left
+      Timed timed(&comm_seconds_);
+      RETURN_IF_ERROR(slot_send[slot].Wait());
+    }
+    ASSIGN_OR_RETURN(float l, model_.ForwardStage(slot, tokens + at, recv_x_.data(), targets + at,
+                                                  mb, T));
+    loss += l;
+    if (s < P - 1) {
+      ASSIGN_OR_RETURN(slot_send[slot],
+                       pp_->ISend(model_.StageOutput(slot), n, DType::kF32, next, 2 * i));
+    }
+    return Status::Ok();
+  };
+  auto backward = [&](int j) -> Status {
+    if (s < P - 1) {
+      Timed timed(&comm_seconds_);
+      RETURN_IF_ERROR(pp_->Recv(recv_dy_.data(), n, DType::kF32, next, 2 * j + 1));
+    }
+    RETURN_IF_ERROR(model_.BackwardStage(j % slots, recv_dy_.data(), dloss));
+    if (s > 0) {
+      std::copy(model_.InputGradient(), model_.InputGradient() + n, send_dx_[j].begin());
+      ASSIGN_OR_RETURN(dx_send[j], pp_->ISend(send_dx_[j].data(), n, DType::kF32, prev, 2 * j + 1));
+    }
+    return Status::Ok();
+  };
+  const int warmup = std::min(P - s - 1, M);
+  Status status;
+  for (int i = 0; i < warmup && status.ok(); ++i) status = forward(i);
+  for (int j = 0; j < M - warmup && status.ok(); ++j) {
+    status = forward(warmup + j);
+    if (status.ok()) status = backward(j);
+  }
+  for (int j = M - warmup; j < M && status.ok(); ++j) status = backward(j);
+  Timed timed(&comm_seconds_);
+  const Status sends = WaitAll(slot_send);
+  const Status dxs = WaitAll(dx_send);
+  RETURN_IF_ERROR(status);
+  RETURN_IF_ERROR(sends);
+  RETURN_IF_ERROR(dxs);
+  return loss;
+}
+
+Status ParallelGpt::ReduceTiedEmbedding() {
+  if (tied_ == nullptr) return Status::Ok();
+  const ParamInfo* wte = model_.FindParam("wte");
+  if (wte == nullptr) return InternalError("a first or last pipeline stage without wte");
+  Timed timed(&comm_seconds_);
+  float* g = model_.grads().data() + wte->offset;
+  return tied_->AllReduce(g, g, wte->numel, DType::kF32, ReduceOp::kSum);
+}
+
 Result<float> ParallelGpt::Step(const int32_t* tokens, const int32_t* targets, int B, int T,
                                 const AdamWConfig& adam, float max_norm, float* norm) {
   const int dp = parallel_.dp;
@@ -209,36 +304,69 @@ Result<float> ParallelGpt::Step(const int32_t* tokens, const int32_t* targets, i
                                 std::to_string(dp));
   }
   const int local = B / dp;
+  if (local % micro_batches_ != 0) {
+    return InvalidArgumentError("the " + std::to_string(local) + " rows of a dp rank are not a " +
+                                "multiple of the " + std::to_string(micro_batches_) +
+                                " micro-batches");
+  }
   const int64_t first = static_cast<int64_t>(dp_rank_) * local * T;
-  ASSIGN_OR_RETURN(float local_loss, model_.Forward(tokens + first, targets + first, local, T));
   model_.ZeroGrad();
-  RETURN_IF_ERROR(model_.Backward());
+  ASSIGN_OR_RETURN(double loss, RunPipeline(tokens + first, targets + first, local, T));
+  loss /= micro_batches_;  // the mean over this rank's rows (last stage; 0 elsewhere)
+  RETURN_IF_ERROR(ReduceTiedEmbedding());
   RETURN_IF_ERROR(ReduceGradients());
-  double loss = local_loss;
+  double squared = 0;
+  if (parallel_.zero == 1) {
+    ASSIGN_OR_RETURN(squared, ShardedSquaredNorm());
+  } else {
+    squared = model_.GradSquaredNorm();  // the same on every dp replica
+  }
   {
     Timed timed(&comm_seconds_);
     RETURN_IF_ERROR(dp_->AllReduce(&loss, &loss, 1, DType::kF64, ReduceOp::kAvg));
+    if (parallel_.pp > 1) {
+      double both[2] = {loss, squared};  // only the last stage has a loss
+      RETURN_IF_ERROR(pp_->AllReduce(both, both, 2, DType::kF64, ReduceOp::kSum));
+      loss = both[0];
+      squared = both[1];
+    }
   }
-  if (parallel_.zero == 0) {
-    const float n = model_.Update(adam, max_norm);
-    if (norm != nullptr) *norm = n;
-    return static_cast<float>(loss);
-  }
-  ASSIGN_OR_RETURN(double squared, ShardedSquaredNorm());
   const double total = std::sqrt(squared);
   if (norm != nullptr) *norm = static_cast<float>(total);
-  RETURN_IF_ERROR(ShardedUpdate(adam, max_norm > 0 ? ClipFactor(total, max_norm) : 1.0f));
+  const float clip = max_norm > 0 ? ClipFactor(total, max_norm) : 1.0f;
+  if (parallel_.zero == 0) {
+    model_.ApplyUpdate(adam, clip);
+  } else {
+    RETURN_IF_ERROR(ShardedUpdate(adam, clip));
+  }
   return static_cast<float>(loss);
 }
 
 Result<Strategy> ParallelGpt::strategy() const {
-  Strategy strategy(comms_.mesh());
-  for (const ParamInfo& p : model_.params()) {
-    RETURN_IF_ERROR(strategy.Add({p.name, Layout::Replicated(p.shape, DType::kF32)}));
+  // Every stage's parameters (the tied copy is not a tensor of its own),
+  // each on its stage of the pp axis when there are several.
+  const int pp = parallel_.pp;
+  std::vector<std::pair<ParamInfo, int>> all;
+  for (int s = 0; s < pp; ++s) {
+    ASSIGN_OR_RETURN(std::vector<ParamInfo> params,
+                     Gpt::Params(model_.config(), StageOf(model_.config(), pp, s)));
+    for (ParamInfo& p : params) {
+      if (!p.tied_copy) all.emplace_back(std::move(p), s);
+    }
   }
-  for (const ParamInfo& p : model_.params()) {
+  auto layout_of = [&](const ParamInfo& p, int s, bool optimizer) {
     Layout layout = Layout::Replicated(p.shape, DType::kF32);
-    if (parallel_.zero == 1) layout.opt_axes = {"dp"};
+    if (optimizer && parallel_.zero == 1) layout.opt_axes = {"dp"};
+    if (pp > 1) {
+      layout.stage_axis = "pp";
+      layout.stage = s;
+    }
+    return layout;
+  };
+  Strategy strategy(comms_.mesh());
+  for (const auto& [p, s] : all) RETURN_IF_ERROR(strategy.Add({p.name, layout_of(p, s, false)}));
+  for (const auto& [p, s] : all) {
+    const Layout layout = layout_of(p, s, true);
     RETURN_IF_ERROR(strategy.Add({"optimizer." + p.name + ".exp_avg", layout}));
     RETURN_IF_ERROR(strategy.Add({"optimizer." + p.name + ".exp_avg_sq", layout}));
   }
@@ -257,6 +385,54 @@ Status ParallelGpt::GatherOptimizerState() {
                                     DType::kF32));
     RETURN_IF_ERROR(dp_->AllGatherV(shard_v_.data() + s.offset, s.counts[dp_rank_], v, s.counts,
                                     DType::kF32));
+  }
+  return Status::Ok();
+}
+
+Status ParallelGpt::GatherModel(Gpt* full) {
+  Communicator& world = comms_.world();
+  const int pp = parallel_.pp;
+  const int per_stage = parallel_.dp * parallel_.tp;  // stage s's first rank is s * per_stage
+  const bool representative = comms_.coordinate("dp") == 0 && comms_.coordinate("tp") == 0;
+  const int64_t n = model_.num_params();
+  if (world.rank() != 0) {
+    if (!representative) return Status::Ok();
+    for (const std::vector<float>* v : {&model_.weights(), &model_.adam_m(), &model_.adam_v()}) {
+      RETURN_IF_ERROR(world.Send(v->data(), n, DType::kF32, 0, 0));
+    }
+    return Status::Ok();
+  }
+  ASSIGN_OR_RETURN(*full, Gpt::Create(model_.config()));
+  full->set_step(model_.step());
+  for (int s = 0; s < pp; ++s) {
+    const GptStage stage = StageOf(model_.config(), pp, s);
+    ASSIGN_OR_RETURN(std::vector<ParamInfo> params, Gpt::Params(model_.config(), stage));
+    int64_t count = 0;
+    for (const ParamInfo& p : params) count += p.numel;
+    std::vector<float> w, m, v;
+    if (s == 0) {
+      w = model_.weights();
+      m = model_.adam_m();
+      v = model_.adam_v();
+    } else {
+      for (std::vector<float>* x : {&w, &m, &v}) {
+        x->resize(count);
+        RETURN_IF_ERROR(world.Recv(x->data(), count, DType::kF32, s * per_stage, 0));
+      }
+    }
+    if (m.size() != static_cast<size_t>(count) || v.size() != static_cast<size_t>(count)) {
+      return FailedPreconditionError("GatherModel needs GatherOptimizerState first");
+    }
+    for (const ParamInfo& p : params) {
+      if (p.tied_copy) continue;
+      const ParamInfo* to = full->FindParam(p.name);
+      if (to == nullptr) return InternalError("stage parameter '" + p.name + "' not in the model");
+      for (auto [from, into] : {std::pair{&w, &full->weights()}, {&m, &full->adam_m()},
+                                {&v, &full->adam_v()}}) {
+        std::copy(from->begin() + p.offset, from->begin() + p.offset + p.numel,
+                  into->begin() + to->offset);
+      }
+    }
   }
   return Status::Ok();
 }

@@ -17,7 +17,19 @@
 // is summed over the shards, each rank updates its own rows, and the new
 // parameters are all-gathered.
 //
-// Tensor and pipeline parallelism (tp, pp > 1) are refused for now.
+// Pipeline parallel (pp > 1): the blocks are cut into pp consecutive
+// stages (stage s holds layers [s L / pp, (s+1) L / pp)); the first stage
+// also holds the embeddings, the last ln_f and the output projection with a
+// copy of the tied wte, whose gradient is summed with the first stage's so
+// both stay equal. Each dp rank's rows are cut into `micro_batches`
+// micro-batches run in the 1F1B schedule (warm-up forwards, then one
+// forward and one backward alternately, then the remaining backwards);
+// activations go forward and their gradients back with tagged non-blocking
+// sends. The loss, the gradient norm for clipping and the update equal the
+// single-process step's: the loss gradient of each micro-batch is scaled by
+// 1/micro_batches.
+//
+// Tensor parallelism (tp > 1) is refused for now.
 #ifndef TESSERA_RUNTIME_PARALLEL_GPT_H_
 #define TESSERA_RUNTIME_PARALLEL_GPT_H_
 
@@ -35,6 +47,7 @@ namespace tessera {
 struct ParallelConfig {
   int dp = 1, tp = 1, pp = 1;
   int zero = 0;  // 0: every dp rank holds the whole optimizer state; 1: ZeRO-1
+  int micro_batches = 0;  // per step and dp rank under pp > 1 (0: pp)
   int64_t bucket_bytes = int64_t{25} << 20;
   // The mesh "pp=P,dp=D,tp=T" (ranks row-major: tp fastest).
   Result<Mesh> MakeMesh() const;
@@ -50,8 +63,13 @@ class ParallelGpt {
                                                      Communicator& world);
 
   const ParallelConfig& parallel() const { return parallel_; }
+  // This rank's pipeline stage (its pp coordinate) and the layers it holds.
+  int stage() const { return stage_; }
+  int micro_batches() const { return micro_batches_; }
+  // The stage `s` of `pp` for a model of `config`.
+  static GptStage StageOf(const GptConfig& config, int pp, int s);
   const MeshCommunicators& comms() const { return comms_; }
-  // This rank's replica: all parameters under data parallelism. Under
+  // This rank's replica of its stage's parameters. Under
   // ZeRO-1 its adam_m/adam_v are empty between GatherOptimizerState calls;
   // the shards live here.
   Gpt& model() { return model_; }
@@ -67,8 +85,9 @@ class ParallelGpt {
   Result<float> Step(const int32_t* tokens, const int32_t* targets, int B, int T,
                      const AdamWConfig& adam, float max_norm, float* norm);
 
-  // Seconds this rank has spent in the dp collectives of Step (reductions,
-  // the loss, the norm, ZeRO's gathers), for the communication share.
+  // Seconds this rank has spent in the collectives of Step (reductions,
+  // the loss, the norm, ZeRO's gathers) and waiting for pipeline
+  // neighbours, for the communication share.
   double comm_seconds() const { return comm_seconds_; }
 
   // The layout of every parameter and optimizer state on the mesh, named as
@@ -79,6 +98,11 @@ class ParallelGpt {
   // model().adam_m/adam_v on every rank (for a merged save); a no-op
   // otherwise.
   Status GatherOptimizerState();
+  // Collective, after GatherOptimizerState: the whole model (every stage's
+  // parameters and moments, and the step) assembled into `*full` on world
+  // rank 0, for a merged save; `full` is ignored on the other ranks. With
+  // one stage, rank 0's model is copied.
+  Status GatherModel(Gpt* full);
   // After the model's moments were loaded or gathered: keeps this rank's
   // shard under ZeRO-1 and frees the rest (local, not collective).
   void ShardOptimizerState();
@@ -101,6 +125,11 @@ class ParallelGpt {
   ParallelGpt(Gpt model, ParallelConfig parallel, MeshCommunicators comms)
       : model_(std::move(model)), parallel_(parallel), comms_(std::move(comms)) {}
   Status Build();
+  // Forward and backward of this rank's rows [first row, + rows) in
+  // micro-batches (1F1B over the stages); returns the sum of the
+  // micro-batches' mean losses on the last stage, 0 elsewhere.
+  Result<double> RunPipeline(const int32_t* tokens, const int32_t* targets, int rows, int T);
+  Status ReduceTiedEmbedding();
   Status ReduceGradients();
   Result<double> ShardedSquaredNorm();
   Status ShardedUpdate(const AdamWConfig& adam, float clip);
@@ -109,7 +138,16 @@ class ParallelGpt {
   ParallelConfig parallel_;
   MeshCommunicators comms_;
   Communicator* dp_ = nullptr;
+  Communicator* pp_ = nullptr;
   int dp_rank_ = 0;
+  int stage_ = 0;
+  int micro_batches_ = 1;
+  // First and last stage ranks of the same dp and tp coordinates: they
+  // sum the tied embedding's gradient (null elsewhere and when pp = 1).
+  std::unique_ptr<Communicator> tied_;
+  std::vector<float> recv_x_, recv_dy_;              // one micro-batch's [b,T,C]
+  std::vector<std::vector<float>> send_dx_;          // per micro-batch
+
   std::vector<Bucket> buckets_;
   std::vector<Shard> shards_;  // ZeRO: one per parameter
   std::vector<float> shard_m_, shard_v_, send_, recv_;

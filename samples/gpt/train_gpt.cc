@@ -1,15 +1,18 @@
 // Trains a GPT-2 style model on a text file (byte by byte) or a token file,
-// on one rank or data-parallel over several:
+// on one rank or over a pp x dp mesh of several (pipeline stages, data
+// parallel, ZeRO-1):
 //   train_gpt --data data/corpus.txt --steps 50 [--layers 4 --heads 4
 //             --embed 256 --context 256 --batch 8] [--save DIR --save-every N]
 //             [--resume] [--threads N] [--export DIR --export-dtype bf16]
-//   train_gpt --ranks 4 [--dp 4] [--zero 1] ...   (4 ranks as threads)
-//   mpirun -np 4 train_gpt [--dp 4] [--zero 1] ... (4 processes)
+//   train_gpt --ranks 4 [--dp 2 --pp 2 --micro-batches 4] [--zero 1] ...
+//                                          (4 ranks as threads)
+//   mpirun -np 4 train_gpt [--pp 2] [--zero 1] ...   (4 processes)
 // Logs the loss and tokens/s of every step (rank 0). With --save it writes
 // native checkpoints DIR/step-<N> (parameters, Adam moments, step, data
 // position, config) and keeps DIR/latest on the newest; --resume continues
 // from DIR/latest when there is one, bit for bit as if never stopped on the
-// same ranks, and on any other number of data-parallel ranks.
+// same ranks, and on any other mesh (the save is merged: under --pp rank 0
+// gathers every stage's tensors).
 #include <unistd.h>
 
 #include <chrono>
@@ -106,6 +109,10 @@ Status Train(const Options& o, Communicator& world) {
       std::printf("ranks: %d (%s), dp=%d zero=%d, buckets of %lld KiB\n", world.size(),
                   std::string(world.backend()).c_str(), parallel.dp, parallel.zero,
                   static_cast<long long>(parallel.bucket_bytes >> 10));
+      if (parallel.pp > 1) {
+        std::printf("pipeline: pp=%d stages, %d micro-batches per dp rank (1F1B)\n",
+                    parallel.pp, trainer->micro_batches());
+      }
     }
   }
 
@@ -139,9 +146,11 @@ Status Train(const Options& o, Communicator& world) {
       // A merged save: the moments are gathered, rank 0 writes.
       RETURN_IF_ERROR(trainer->GatherOptimizerState());
       const std::string name = "step-" + std::to_string(model.step());
-      Status saved = Status::Ok();
-      if (first) {
-        saved = SaveGpt(env, model, o.save, name,
+      // Under pp, rank 0 assembles every stage's tensors first.
+      Gpt full;
+      Status saved = parallel.pp > 1 ? trainer->GatherModel(&full) : Status::Ok();
+      if (first && saved.ok()) {
+        saved = SaveGpt(env, parallel.pp > 1 ? full : model, o.save, name,
                         {{"config", config_text}, {"data.position", loader.position().ToString()}});
       }
       trainer->ShardOptimizerState();
@@ -152,11 +161,17 @@ Status Train(const Options& o, Communicator& world) {
       if (talk) std::printf("saved %s/%s\n", o.save.c_str(), name.c_str());
     }
   }
+  Gpt full;
+  if (!o.export_dir.empty() && parallel.pp > 1) {
+    RETURN_IF_ERROR(trainer->GatherOptimizerState());
+    RETURN_IF_ERROR(trainer->GatherModel(&full));
+  }
   if (!o.export_dir.empty() && first) {
     const SaveGptOptions options{.weights_dtype = *ParseDType(o.export_dtype),
                                  .optimizer_state = false};
     const std::string name = "step-" + std::to_string(model.step());
-    RETURN_IF_ERROR(SaveGpt(env, model, o.export_dir, name, {{"config", config_text}}, options));
+    RETURN_IF_ERROR(SaveGpt(env, parallel.pp > 1 ? full : model, o.export_dir, name,
+                            {{"config", config_text}}, options));
     if (talk) {
       std::printf("exported %s weights to %s/%s\n", o.export_dtype.c_str(),
                   o.export_dir.c_str(), name.c_str());
@@ -165,8 +180,11 @@ Status Train(const Options& o, Communicator& world) {
   if (timed_steps > 0 && first) {
     // Model FLOPs per token: 6 per parameter (forward + backward) plus the
     // attention products, 12 * layers * seq * embed.
+    ASSIGN_OR_RETURN(std::vector<ParamInfo> all, Gpt::Params(o.config));
+    int64_t num_params = 0;
+    for (const ParamInfo& p : all) num_params += p.numel;
     const double flops_per_token =
-        6.0 * model.num_params() + 12.0 * o.config.layers * o.seq * o.config.embed;
+        6.0 * num_params + 12.0 * o.config.layers * o.seq * o.config.embed;
     const double tokens_per_s = o.batch * o.seq * timed_steps / total_seconds;
     std::printf("done: step %lld, loss %.4f, %.0f tokens/s, %.1f GFLOP/s "
                 "(mean of %lld steps after the first)\n",
@@ -217,7 +235,14 @@ int main(int argc, char** argv) {
                  "compute threads per rank (default: all cores on one rank, 1 with several)");
   app.add_option("--ranks", ranks, "ranks as threads of this process (not under mpirun)")
       ->check(CLI::PositiveNumber);
-  app.add_option("--dp", o.parallel.dp, "data-parallel ranks (default: all)")
+  app.add_option("--dp", o.parallel.dp, "data-parallel ranks (default: ranks / (pp tp))")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--pp", o.parallel.pp, "pipeline stages (consecutive blocks of layers)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--tp", o.parallel.tp, "tensor-parallel ranks (not built yet: 1)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--micro-batches", o.parallel.micro_batches,
+                 "micro-batches per step and dp rank under --pp (default: pp)")
       ->check(CLI::PositiveNumber);
   app.add_option("--zero", o.parallel.zero, "1: shard the optimizer states over dp (ZeRO-1)")
       ->check(CLI::Range(0, 1));

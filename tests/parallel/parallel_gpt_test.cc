@@ -1,11 +1,13 @@
-// Data parallelism and ZeRO-1 against the single-process reference: the same
-// initial weights and global batches for 20 steps must give the same losses
-// (1e-5 relative per step) and final parameters (1e-5 relative norm), every
-// replica must end bitwise identical, and the optimizer-state layouts are
-// the ones a checkpoint records.
+// Data, pipeline and optimizer parallelism against the single-process
+// reference: the same initial weights and global batches for 20 steps must
+// give the same losses (1e-5 relative per step) and final parameters (1e-5
+// relative norm), every replica of a tensor (and the last stage's copy of
+// the tied embedding) must end bitwise identical, and the layouts are the
+// ones a checkpoint records.
 #include "runtime/parallel_gpt.h"
 
 #include <cmath>
+#include <map>
 #include <mutex>
 #include <random>
 
@@ -17,7 +19,7 @@
 namespace tessera {
 namespace {
 
-const GptConfig kConfig{.layers = 2, .heads = 2, .embed = 16, .context = 16, .vocab = 64};
+const GptConfig kConfig{.layers = 4, .heads = 2, .embed = 16, .context = 16, .vocab = 64};
 constexpr int kB = 8, kT = 16, kSteps = 20;
 const AdamWConfig kAdam{.lr = 3e-3f, .weight_decay = 0.1f};
 constexpr float kMaxNorm = 0.5f;  // small enough that clipping happens
@@ -64,9 +66,15 @@ double RelativeNorm(const std::vector<float>& a, const std::vector<float>& b) {
   return std::sqrt(diff / ref);
 }
 
+// A tensor's final values on every rank that holds it, by name; the last
+// stage's tied copy of wte under "wte (tied copy)".
+struct Held {
+  std::vector<float> w, m, v;
+};
+
 Run Parallel(const ParallelConfig& config, int ranks) {
   Run run;
-  std::vector<std::vector<float>> finals(ranks);
+  std::multimap<std::string, Held> held;
   std::mutex mu;
   const Status s = RunInProcess(ranks, [&](Communicator& world) -> Status {
     ASSIGN_OR_RETURN(std::unique_ptr<ParallelGpt> p, ParallelGpt::Create(kConfig, config, world));
@@ -82,17 +90,37 @@ Run Parallel(const ParallelConfig& config, int ranks) {
       }
     }
     RETURN_IF_ERROR(p->GatherOptimizerState());
+    const Gpt& g = p->model();
     std::lock_guard<std::mutex> lock(mu);
-    finals[world.rank()] = p->model().weights();
-    if (world.rank() == 0) {
-      run.weights = p->model().weights();
-      run.m = p->model().adam_m();
-      run.v = p->model().adam_v();
+    for (const ParamInfo& info : g.params()) {
+      auto cut = [&](const std::vector<float>& v) {
+        return std::vector<float>(v.begin() + info.offset, v.begin() + info.offset + info.numel);
+      };
+      held.emplace(info.tied_copy ? info.name + " (tied copy)" : info.name,
+                   Held{cut(g.weights()), cut(g.adam_m()), cut(g.adam_v())});
     }
     return Status::Ok();
   });
   REQUIRE(s.ok());
-  for (int r = 1; r < ranks; ++r) CHECK(finals[r] == finals[0]);  // replicas identical
+  // Every parameter, assembled in the single-process order.
+  auto whole = Gpt::Create(kConfig);
+  for (const ParamInfo& info : whole->params()) {
+    auto [begin, end] = held.equal_range(info.name);
+    REQUIRE(begin != end);
+    for (auto it = begin; it != end; ++it) {  // replicas identical
+      INFO(info.name);
+      CHECK(it->second.w == begin->second.w);
+      CHECK(it->second.m == begin->second.m);
+    }
+    if (config.pp > 1 && info.name == "wte") {
+      auto copy = held.equal_range("wte (tied copy)");
+      REQUIRE(copy.first != copy.second);
+      for (auto it = copy.first; it != copy.second; ++it) CHECK(it->second.w == begin->second.w);
+    }
+    run.weights.insert(run.weights.end(), begin->second.w.begin(), begin->second.w.end());
+    run.m.insert(run.m.end(), begin->second.m.begin(), begin->second.m.end());
+    run.v.insert(run.v.end(), begin->second.v.begin(), begin->second.v.end());
+  }
   return run;
 }
 
@@ -123,6 +151,26 @@ TEST_CASE("data parallel and ZeRO-1 reproduce the single-process run") {
   }
 }
 
+TEST_CASE("pipeline parallel (1F1B), with dp and ZeRO-1, reproduces the single-process run") {
+  kernels::SetComputeThreads(1);
+  const Run reference = Reference();
+  struct Config {
+    int pp, dp, zero, micro;
+  };
+  // micro 0: as many micro-batches as stages; 8 / dp: one row each.
+  for (const Config c : {Config{2, 1, 0, 0}, Config{2, 1, 1, 0}, Config{2, 1, 0, 8},
+                         Config{4, 1, 0, 0}, Config{4, 1, 0, 2}, Config{2, 2, 0, 0},
+                         Config{2, 2, 1, 4}, Config{4, 2, 1, 0}}) {
+    DYNAMIC_SECTION("pp" << c.pp << " dp" << c.dp << " zero" << c.zero << " micro-batches "
+                         << c.micro) {
+      Compare(Parallel({.dp = c.dp, .pp = c.pp, .zero = c.zero, .micro_batches = c.micro,
+                        .bucket_bytes = 4096},
+                       c.pp * c.dp),
+              reference);
+    }
+  }
+}
+
 TEST_CASE("parallel GPT: layouts are queryable, bad configurations are refused") {
   const Status s = RunInProcess(2, [&](Communicator& world) -> Status {
     ASSIGN_OR_RETURN(auto p, ParallelGpt::Create(kConfig, {.dp = 2, .zero = 1}, world));
@@ -144,6 +192,39 @@ TEST_CASE("parallel GPT: layouts are queryable, bad configurations are refused")
     return Status::Ok();
   });
   CHECK(s.ok());
+  // Under pp every tensor lives on its stage of the pp axis: the stages'
+  // parameter lists together are the model's, wte once (the last stage's
+  // tied copy is not a tensor of its own).
+  const Status staged = RunInProcess(4, [&](Communicator& world) -> Status {
+    ASSIGN_OR_RETURN(auto p, ParallelGpt::Create(kConfig, {.dp = 2, .pp = 2, .zero = 1}, world));
+    ASSIGN_OR_RETURN(Strategy strategy, p->strategy());
+    auto expect = [&](const std::string& name, int stage) -> Status {
+      const TensorStrategy* t = strategy.Find(name);
+      if (t == nullptr) return InternalError(name + " missing");
+      if (t->layout.stage_axis != "pp" || t->layout.stage != stage) {
+        return InternalError(name + ": " + ToString(t->layout));
+      }
+      return Status::Ok();
+    };
+    RETURN_IF_ERROR(expect("wte", 0));
+    RETURN_IF_ERROR(expect("h.1.mlp.c_fc.weight", 0));
+    RETURN_IF_ERROR(expect("h.2.ln_1.weight", 1));
+    RETURN_IF_ERROR(expect("ln_f.bias", 1));
+    RETURN_IF_ERROR(expect("optimizer.h.3.attn.c_attn.weight.exp_avg_sq", 1));
+    auto whole = Gpt::Create(kConfig);
+    if (strategy.tensors().size() != 3 * whole->params().size()) {
+      return InternalError(std::to_string(strategy.tensors().size()) + " tensors");
+    }
+    const int stage = p->stage();
+    const bool has_copy = p->model().params().back().tied_copy;
+    if (stage != world.rank() / 2 || has_copy != (stage == 1)) {
+      return InternalError("rank " + std::to_string(world.rank()) + " on stage " +
+                           std::to_string(stage));
+    }
+    return Status::Ok();
+  });
+  INFO(staged.ToString());
+  CHECK(staged.ok());
   const Status wrong = RunInProcess(2, [&](Communicator& world) -> Status {
     return ParallelGpt::Create(kConfig, {.dp = 4}, world).status();
   });

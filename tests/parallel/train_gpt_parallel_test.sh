@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# train_gpt on several ranks: data parallel (with and without ZeRO-1) as
-# threads (--ranks) and as processes (mpirun) gives the single-process loss
-# curve within 1e-5 relative per step; a checkpoint saved on one layout
-# resumes on another (2 ranks with ZeRO-1 -> 1 rank, 1 rank -> 2 MPI
-# processes) and continues the curve; bad settings are named.
+# train_gpt on several ranks: data and pipeline parallel (with and without
+# ZeRO-1) as threads (--ranks) and as processes (mpirun) gives the
+# single-process loss curve within 1e-5 relative per step; a checkpoint
+# saved on one layout resumes on another (2 ranks with ZeRO-1 -> 1 rank,
+# 1 rank -> 2 MPI processes, pp2 -> 1 rank, 1 rank -> pp2 under mpirun) and
+# continues the curve; bad settings are named.
 # Usage: train_gpt_parallel_test.sh TRAIN_GPT CORPUS MPIRUN
 set -uo pipefail
 BIN=$1
@@ -23,7 +24,8 @@ close() {
 
 "$BIN" "${SMALL[@]}" --steps 30 >"$WORK/one.log" 2>&1
 check "single-process reference" test $? -eq 0
-for setting in "--ranks 2" "--ranks 2 --zero 1" "--ranks 4 --zero 1 --bucket-mib 0.01"; do
+for setting in "--ranks 2" "--ranks 2 --zero 1" "--ranks 4 --zero 1 --bucket-mib 0.01" \
+  "--ranks 2 --pp 2" "--ranks 4 --pp 2 --zero 1 --micro-batches 4"; do
   # shellcheck disable=SC2086
   "$BIN" "${SMALL[@]}" --steps 30 $setting >"$WORK/par.log" 2>&1
   check "$setting: the single-process losses" close "$WORK/par.log" "$WORK/one.log"
@@ -31,6 +33,10 @@ done
 "${MPIRUN[@]}" -np 2 "$BIN" "${SMALL[@]}" --steps 30 --zero 1 >"$WORK/mpi.log" 2>&1
 check "mpirun -np 2 --zero 1: the single-process losses" close "$WORK/mpi.log" "$WORK/one.log"
 check "mpirun run says its ranks" grep -q "ranks: 2 (mpi), dp=2 zero=1" "$WORK/mpi.log"
+"${MPIRUN[@]}" -np 4 "$BIN" "${SMALL[@]}" --steps 30 --pp 2 --zero 1 >"$WORK/mpipp.log" 2>&1
+check "mpirun -np 4 --pp 2 --zero 1 (dp2 x pp2): the single-process losses" \
+  close "$WORK/mpipp.log" "$WORK/one.log"
+check "... and says its pipeline" grep -q "pipeline: pp=2 stages, 2 micro-batches" "$WORK/mpipp.log"
 
 # 2 ranks with ZeRO-1 save at 12; one rank resumes to 30.
 "$BIN" "${SMALL[@]}" --steps 12 --ranks 2 --zero 1 --save "$WORK/ck" >"$WORK/a.log" 2>&1
@@ -45,11 +51,28 @@ check "... continues the loss curve" close "$WORK/ab.log" "$WORK/one.log"
 cat "$WORK/c.log" "$WORK/d.log" >"$WORK/cd.log"
 check "resume on 2 MPI ranks with ZeRO-1 from a 1-rank checkpoint" close "$WORK/cd.log" "$WORK/one.log"
 
+# Pipeline: 2 stages save at 12 (rank 0 gathers both stages); one rank
+# resumes. And back: one rank's checkpoint resumed on 2 MPI stages.
+"$BIN" "${SMALL[@]}" --steps 12 --ranks 2 --pp 2 --save "$WORK/ck3" >"$WORK/e.log" 2>&1
+"$BIN" "${SMALL[@]}" --steps 30 --save "$WORK/ck3" --resume >"$WORK/f.log" 2>&1
+cat "$WORK/e.log" "$WORK/f.log" >"$WORK/ef.log"
+check "resume on 1 rank from a pp2 checkpoint continues the curve" close "$WORK/ef.log" "$WORK/one.log"
+"$BIN" "${SMALL[@]}" --steps 12 --save "$WORK/ck4" >"$WORK/h.log" 2>&1
+"${MPIRUN[@]}" -np 2 "$BIN" "${SMALL[@]}" --steps 30 --pp 2 --save "$WORK/ck4" --resume \
+  >"$WORK/g.log" 2>&1
+cat "$WORK/h.log" "$WORK/g.log" >"$WORK/cg.log"
+check "resume on 2 MPI pipeline stages from a 1-rank checkpoint" close "$WORK/cg.log" "$WORK/one.log"
+
 out=$("$BIN" --data "$CORPUS" --layers 1 --heads 2 --embed 32 --context 32 --batch 3 --steps 1 \
   --ranks 2 2>&1)
 check "a batch that dp does not divide is named" grep -q "batch 3 is not a multiple of dp 2" <<<"$out"
 out=$("$BIN" "${SMALL[@]}" --steps 1 --ranks 2 --dp 4 2>&1)
 check "dp that is not the rank count is named" grep -q "is not the 2 ranks started" <<<"$out"
+out=$("$BIN" "${SMALL[@]}" --steps 1 --ranks 4 --pp 4 2>&1)
+check "more stages than layers are named" grep -q "pp 4 stages need at least 4 layers" <<<"$out"
+out=$("$BIN" "${SMALL[@]}" --steps 1 --ranks 2 --pp 2 --micro-batches 3 2>&1)
+check "micro-batches that do not divide the rows are named" \
+  grep -q "8 rows of a dp rank are not a multiple of the 3 micro-batches" <<<"$out"
 out=$("$BIN" "${SMALL[@]}" --steps 1 --ranks 2 --threads 2 2>&1)
 check "threads per in-process rank are refused" grep -q "one rank per process" <<<"$out"
 test $fails -eq 0
