@@ -81,8 +81,14 @@ Result<MindSporeStrategyFile> ReadMindSporeStrategy(Env* env, const std::string&
     if (j.is_discarded()) return Bad(path, "not valid JSON");
     return FromJson(path, j);
   }
+  // ParsePartial and our own check of the required fields: ParseFromString
+  // would have libprotobuf log the missing ones to stderr.
   mindspore::straspb::ParallelStrategyMap m;
-  if (!m.ParseFromString(bytes)) return Bad(path, "not a ParallelStrategyMap message");
+  if (!m.ParsePartialFromString(bytes)) return Bad(path, "not a ParallelStrategyMap message");
+  if (!m.IsInitialized()) {
+    return Bad(path, "a ParallelStrategyMap without its required fields (" +
+                         m.InitializationErrorString() + ")");
+  }
   return FromProto(path, m);
 }
 
@@ -124,7 +130,7 @@ bool IsMindSporeStrategyFile(Env* env, const std::string& path) {
     return bytes->find("\"parallel_layout_item\"") != std::string::npos;
   }
   mindspore::straspb::ParallelStrategyMap m;
-  return m.ParseFromString(*bytes);
+  return m.ParsePartialFromString(*bytes) && m.IsInitialized();
 }
 
 }  // namespace tessera
