@@ -271,7 +271,7 @@ Result<std::unique_ptr<CheckpointReader>> OpenMindSporeCheckpoint(Env* env,
   if (rank_files.size() > 1 && strategy_path.empty()) {
     return InvalidArgumentError("MindSpore checkpoint '" + path + "' has " +
                                 std::to_string(rank_files.size()) +
-                                " ranks: give its strategy file (--src-strategy)");
+                                " ranks: give its strategy file");
   }
   DenseCheckpoint c;
   c.path = path;

@@ -12,6 +12,12 @@
 
 namespace tessera::cli {
 
+void AddSourceStrategyFlag(CLI::App* cmd, std::string* value, const std::string& flag) {
+  cmd->add_option(flag, *value,
+                  "the source's strategy: a MindSpore strategy file or stage directory (needed "
+                  "for a MindSpore distributed directory), or a Tessera strategy to check against");
+}
+
 void AddIoFlags(CLI::App* cmd, IoFlags* f, bool output) {
   cmd->add_option("--threads,-j", f->threads, "worker threads (default: one per core)");
   cmd->add_option("--memory-budget", f->memory_budget,
@@ -82,12 +88,18 @@ bool IsMindSporeStrategy(const std::string& path) {
 }  // namespace
 
 Result<std::unique_ptr<CheckpointReader>> OpenSource(const std::string& path,
-                                                     const std::string& src_strategy) {
+                                                     const std::string& src_strategy,
+                                                     const std::string& flag) {
   Env* env = Env::Default();
   OpenOptions options;
   const bool mindspore = !src_strategy.empty() && IsMindSporeStrategy(src_strategy);
   if (mindspore) options.mindspore_strategy = src_strategy;
-  ASSIGN_OR_RETURN(auto reader, OpenCheckpoint(env, path, options));
+  auto opened = OpenCheckpoint(env, path, options);
+  if (!opened.ok() && src_strategy.empty() && opened.status().code() == StatusCode::kInvalidArgument &&
+      opened.status().message().ends_with("give its strategy file")) {
+    return InvalidArgumentError(opened.status().message() + " (" + flag + ")");
+  }
+  ASSIGN_OR_RETURN(auto reader, std::move(opened));
   if (src_strategy.empty() || (mindspore && reader->format() == "mindspore")) return reader;
   Strategy given;
   if (mindspore) {

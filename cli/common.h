@@ -25,6 +25,10 @@ struct IoFlags {
   std::string save_mindspore_strategy;
 };
 void AddIoFlags(CLI::App* cmd, IoFlags* flags, bool output);
+// --src-strategy (or another flag name): the strategy of a MindSpore
+// distributed source, or a Tessera strategy the source is checked against.
+void AddSourceStrategyFlag(CLI::App* cmd, std::string* value,
+                           const std::string& flag = "--src-strategy");
 
 // A progress bar on stderr while it is a terminal (and not --quiet);
 // returns an empty function otherwise.
@@ -33,9 +37,10 @@ std::function<void(int64_t, int64_t)> MakeProgress(const std::string& label, boo
 // Opens SRC (any format, recognised by content). --src-strategy is either
 // the strategy of a MindSpore distributed checkpoint (a MindSpore strategy
 // file or directory of stage files), or checked against what the
-// checkpoint records.
+// checkpoint records. `flag` names the option in errors.
 Result<std::unique_ptr<CheckpointReader>> OpenSource(const std::string& path,
-                                                     const std::string& src_strategy);
+                                                     const std::string& src_strategy,
+                                                     const std::string& flag = "--src-strategy");
 
 // The destination: a strategy file, or the source's split axes on a new
 // mesh ("dp=2,tp=4").

@@ -13,8 +13,7 @@ CLI::App* AddConvertVerb(CLI::App& app, std::function<int()>* run) {
   CLI::App* cmd = app.add_subcommand("convert", "Rewrite a checkpoint in another format or codec");
   cmd->add_option("src", a->src, "source checkpoint")->required();
   cmd->add_option("-o,--output", a->out, "output checkpoint")->required();
-  cmd->add_option("--src-strategy", a->src_strategy,
-                  "strategy of a MindSpore distributed source (file or stage directory)");
+  AddSourceStrategyFlag(cmd, &a->src_strategy);
   AddIoFlags(cmd, &a->io, true);
   cmd->callback([a, run] {
     *run = [a] {

@@ -9,7 +9,7 @@ namespace tessera::cli {
 
 CLI::App* AddDiffVerb(CLI::App& app, std::function<int()>* run) {
   struct Args {
-    std::string a, b;
+    std::string a, b, a_strategy, b_strategy;
     DiffOptions o;
     IoFlags io;
     bool all = false;
@@ -21,12 +21,14 @@ CLI::App* AddDiffVerb(CLI::App& app, std::function<int()>* run) {
   cmd->add_option("--atol", a->o.atol, "absolute tolerance (default 0: bit-identical)");
   cmd->add_option("--rtol", a->o.rtol, "relative tolerance");
   cmd->add_flag("--all", a->all, "list equal tensors too");
+  AddSourceStrategyFlag(cmd, &a->a_strategy, "--a-strategy");
+  AddSourceStrategyFlag(cmd, &a->b_strategy, "--b-strategy");
   AddIoFlags(cmd, &a->io, false);
   cmd->callback([a, run] {
     *run = [a] {
-      auto ra = OpenSource(a->a, "");
+      auto ra = OpenSource(a->a, a->a_strategy, "--a-strategy");
       if (!ra.ok()) return Report(ra.status());
-      auto rb = OpenSource(a->b, "");
+      auto rb = OpenSource(a->b, a->b_strategy, "--b-strategy");
       if (!rb.ok()) return Report(rb.status());
       a->o.threads = a->io.threads;
       auto budget = ParseByteSize(a->io.memory_budget);

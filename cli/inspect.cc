@@ -15,8 +15,7 @@ CLI::App* AddInspectVerb(CLI::App& app, std::function<int()>* run) {
   auto a = std::make_shared<Args>();
   CLI::App* cmd = app.add_subcommand("inspect", "List a checkpoint's tensors and layouts");
   cmd->add_option("src", a->src, "checkpoint")->required();
-  cmd->add_option("--src-strategy", a->src_strategy,
-                  "strategy of a MindSpore distributed checkpoint (file or stage directory)");
+  AddSourceStrategyFlag(cmd, &a->src_strategy);
   cmd->add_flag("--json", a->json, "machine-readable output");
   cmd->callback([a, run] {
     *run = [a] {

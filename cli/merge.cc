@@ -13,7 +13,7 @@ CLI::App* AddMergeVerb(CLI::App& app, std::function<int()>* run) {
   CLI::App* cmd = app.add_subcommand("merge", "Merge a sliced checkpoint into full tensors");
   cmd->add_option("src", a->src, "source checkpoint")->required();
   cmd->add_option("-o,--output", a->out, "output checkpoint directory")->required();
-  cmd->add_option("--src-strategy", a->src_strategy, "check the source against this strategy");
+  AddSourceStrategyFlag(cmd, &a->src_strategy);
   AddIoFlags(cmd, &a->io, true);
   cmd->callback([a, run] {
     *run = [a] {

@@ -15,7 +15,7 @@ CLI::App* AddReshardVerb(CLI::App& app, std::function<int()>* run) {
   cmd->add_option("-o,--output", a->out, "output checkpoint directory")->required();
   cmd->add_option("--strategy,--dst-strategy", a->strategy, "destination strategy (JSON)");
   cmd->add_option("--mesh", a->mesh, "the source's split axes on this mesh, e.g. dp=2,tp=4");
-  cmd->add_option("--src-strategy", a->src_strategy, "check the source against this strategy");
+  AddSourceStrategyFlag(cmd, &a->src_strategy);
   AddIoFlags(cmd, &a->io, true);
   cmd->callback([a, run] {
     *run = [a] {

@@ -12,8 +12,7 @@ CLI::App* AddSplitVerb(CLI::App& app, std::function<int()>* run) {
   auto a = std::make_shared<Args>();
   CLI::App* cmd = app.add_subcommand("split", "Slice a checkpoint by a strategy");
   cmd->add_option("src", a->src, "source checkpoint")->required();
-  cmd->add_option("--src-strategy", a->src_strategy,
-                  "strategy of a MindSpore distributed source (file or stage directory)");
+  AddSourceStrategyFlag(cmd, &a->src_strategy);
   cmd->add_option("-o,--output", a->out, "output checkpoint directory")->required();
   cmd->add_option("--strategy,--dst-strategy", a->strategy, "destination strategy (JSON)")
       ->required();

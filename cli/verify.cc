@@ -16,8 +16,7 @@ CLI::App* AddVerifyVerb(CLI::App& app, std::function<int()>* run) {
   auto a = std::make_shared<Args>();
   CLI::App* cmd = app.add_subcommand("verify", "Check every piece of a checkpoint");
   cmd->add_option("src", a->src, "checkpoint")->required();
-  cmd->add_option("--src-strategy", a->src_strategy,
-                  "strategy of a MindSpore distributed checkpoint (file or stage directory)");
+  AddSourceStrategyFlag(cmd, &a->src_strategy);
   AddIoFlags(cmd, &a->io, false);
   cmd->callback([a, run] {
     *run = [a] {

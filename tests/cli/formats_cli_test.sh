@@ -65,6 +65,10 @@ fails_naming "a several-rank directory needs its strategy" "--src-strategy" "$ck
 run "$ckpt" merge ms --src-strategy ms.strategy -o ms.merged -q
 run "$ckpt" diff ms.merged nzfull
 check "MindSpore slices merge to the original" test $rc -eq 0
+run "$ckpt" diff ms nz --a-strategy ms.strategy -q
+check "diff reads a MindSpore directory with --a-strategy" test $rc -eq 0
+fails_naming "diff of a several-rank directory without its strategy names the flag" \
+  "(--a-strategy)" "$ckpt" diff ms nz
 run "$ckpt" reshard nzfull -o ms2 --format mindspore --dst-strategy ms.strategy --prefix net_ -q
 check "split by a MindSpore strategy writes the same rank files" cmp ms2/rank_2/net_2.ckpt ms/rank_2/checkpoint_2.ckpt
 run "$ckpt" reshard ms --src-strategy ms.strategy -o ms.tp4 --mesh m0=4,m1=1 --format mindspore -q
