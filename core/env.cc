@@ -86,7 +86,7 @@ class MemWritableFile : public WritableFile {
   Status WriteAt(uint64_t offset, const void* data, size_t size) override {
     std::lock_guard<std::mutex> lock(file_->mu);
     if (file_->data.size() < offset + size) file_->data.resize(offset + size, '\0');
-    std::memcpy(file_->data.data() + offset, data, size);
+    if (size > 0) std::memcpy(file_->data.data() + offset, data, size);  // data may be null then
     return Status::Ok();
   }
   Status Sync() override { return Status::Ok(); }
@@ -108,7 +108,7 @@ class MemRandomAccessFile : public RandomAccessFile {
                            " past its end (" + std::to_string(file_->data.size()) +
                            " bytes)");
     }
-    std::memcpy(dst, file_->data.data() + offset, size);
+    if (size > 0) std::memcpy(dst, file_->data.data() + offset, size);  // dst may be null then
     return Status::Ok();
   }
   Result<uint64_t> Size() const override {

@@ -75,7 +75,10 @@ Status Train(const Options& o, Communicator& world) {
   ASSIGN_OR_RETURN(TokenLoader loader, TokenLoader::Create(std::move(tokens), o.batch, o.seq,
                                                            o.seed));
   const std::string config_text = ConfigString(o.config, o.batch, o.seq, o.seed);
-  Gpt& model = trainer->model();
+  Gpt& model = trainer->model();  // this rank's stage
+  ASSIGN_OR_RETURN(std::vector<ParamInfo> all_params, Gpt::Params(o.config));
+  int64_t num_params = 0;  // of the whole model, every stage
+  for (const ParamInfo& p : all_params) num_params += p.numel;
 
   trainer->Init(o.seed);
   if (o.resume && env->FileExists(o.save + "/latest")) {
@@ -104,7 +107,7 @@ Status Train(const Options& o, Communicator& world) {
   }
   if (talk) {
     std::printf("model: %s, %lld parameters (OpenBLAS core %s)\n", config_text.c_str(),
-                static_cast<long long>(model.num_params()), kernels::BlasCoreName().c_str());
+                static_cast<long long>(num_params), kernels::BlasCoreName().c_str());
     if (world.size() > 1) {
       std::printf("ranks: %d (%s), dp=%d zero=%d, buckets of %lld KiB\n", world.size(),
                   std::string(world.backend()).c_str(), parallel.dp, parallel.zero,
@@ -180,9 +183,6 @@ Status Train(const Options& o, Communicator& world) {
   if (timed_steps > 0 && first) {
     // Model FLOPs per token: 6 per parameter (forward + backward) plus the
     // attention products, 12 * layers * seq * embed.
-    ASSIGN_OR_RETURN(std::vector<ParamInfo> all, Gpt::Params(o.config));
-    int64_t num_params = 0;
-    for (const ParamInfo& p : all) num_params += p.numel;
     const double flops_per_token =
         6.0 * num_params + 12.0 * o.config.layers * o.seq * o.config.embed;
     const double tokens_per_s = o.batch * o.seq * timed_steps / total_seconds;
