@@ -2,6 +2,17 @@
 
 namespace tessera {
 
+Status CheckNoViews(const Strategy& strategy, const std::string& where) {
+  for (const TensorStrategy& t : strategy.tensors()) {
+    if (!t.layout.view.empty()) {
+      return UnimplementedError(where + ": tensor '" + t.name + "' is laid out over view " +
+                                ShapeToString(t.layout.view) +
+                                ", which checkpoint formats cannot store yet");
+    }
+  }
+  return Status::Ok();
+}
+
 Status CheckReadRegion(const TensorStrategy& t, const std::string& where, const Box& region) {
   if (Contains(Box::FromShape(t.layout.shape), region)) return Status::Ok();
   return OutOfRangeError(where + ": tensor '" + t.name + "': box " + ToString(region) +

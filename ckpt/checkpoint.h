@@ -71,6 +71,11 @@ Status CheckReadRegion(const TensorStrategy& t, const std::string& where, const 
 Result<const TensorStrategy*> CheckWritePiece(const Strategy& strategy, const std::string& where,
                                               size_t index, const Box& box);
 
+// Layouts over a view (Layout::view, the tensor-parallel fused-qkv layout)
+// are planned by transform/ but not yet stored by any format: writers
+// refuse them, naming the tensor.
+Status CheckNoViews(const Strategy& strategy, const std::string& where);
+
 // Reads a whole tensor into `dst` (ByteSize of its layout).
 Status ReadTensor(const CheckpointReader& reader, size_t index, void* dst);
 // The index of tensor `name`, or NotFound naming it and the checkpoint.

@@ -2,11 +2,52 @@
 
 #include <limits>
 #include <map>
+#include <optional>
 
 namespace tessera {
 namespace {
 
 const std::vector<std::string> kNoAxes;
+
+// Nested torch.chunk of [0, size): `counts` pieces per level, outermost
+// first.
+std::vector<Interval> NestedPieces(int64_t size, const std::vector<int64_t>& counts) {
+  std::vector<Interval> pieces = {{0, size}};
+  for (int64_t n : counts) {
+    std::vector<Interval> next;
+    next.reserve(pieces.size() * n);
+    for (const Interval& p : pieces) {
+      for (int64_t i = 0; i < n; ++i) next.push_back(ChunkOf(p, n, i));
+    }
+    pieces = std::move(next);
+  }
+  return pieces;
+}
+
+// For each dimension of `coarse`, the range [first, last) of the dimensions
+// of `fine` it is cut into (trailing 1s of `fine` join the last range), or
+// nothing when `fine` does not refine `coarse`.
+std::optional<std::vector<std::pair<int, int>>> Groups(const std::vector<int64_t>& fine,
+                                                       const std::vector<int64_t>& coarse) {
+  std::vector<std::pair<int, int>> groups;
+  const int n = static_cast<int>(fine.size());
+  int k = 0;
+  for (int64_t c : coarse) {
+    const int first = k;
+    int64_t prod = 1;
+    do {
+      if (k == n || fine[k] <= 0) return std::nullopt;
+      prod *= fine[k++];
+    } while (prod < c);
+    if (prod != c) return std::nullopt;
+    groups.emplace_back(first, k);
+  }
+  for (; k < n; ++k) {
+    if (fine[k] != 1 || groups.empty()) return std::nullopt;
+    groups.back().second = k + 1;
+  }
+  return groups;
+}
 
 std::string JoinAxes(const std::vector<std::string>& axes) {
   if (axes.empty()) return "-";
@@ -29,7 +70,8 @@ const std::vector<std::string>& Layout::AxesOf(int d) const {
 }
 
 bool Layout::operator==(const Layout& o) const {
-  if (shape != o.shape || dtype != o.dtype || opt_axes != o.opt_axes ||
+  if (shape != o.shape || split_shape() != o.split_shape() || dtype != o.dtype ||
+      opt_axes != o.opt_axes ||
       stage_axis != o.stage_axis || (!stage_axis.empty() && stage != o.stage)) {
     return false;
   }
@@ -45,9 +87,21 @@ Status ValidateLayout(const Layout& layout, const Mesh& mesh) {
                                 " exceeds the supported " + std::to_string(kMaxRank));
   }
   RETURN_IF_ERROR(ShapeElements(layout.shape, layout.dtype).status());
+  if (!layout.view.empty()) {
+    RETURN_IF_ERROR(ShapeElements(layout.view, layout.dtype).status());
+    bool zero = layout.shape.empty();
+    for (int64_t d : layout.shape) zero = zero || d == 0;
+    if (zero || !RefinesShape(layout.view, layout.shape)) {
+      return InvalidArgumentError("view " + ShapeToString(layout.view) +
+                                  " does not cut the dimensions of shape " +
+                                  ShapeToString(layout.shape) +
+                                  " into consecutive dimensions (no zero sizes, no scalars)");
+    }
+  }
   if (!layout.dim_axes.empty() && static_cast<int>(layout.dim_axes.size()) != layout.rank()) {
     return InvalidArgumentError("split lists " + std::to_string(layout.dim_axes.size()) +
-                                " dimensions but shape " + ShapeToString(layout.shape) + " has " +
+                                " dimensions but " + (layout.view.empty() ? "shape " : "view ") +
+                                ShapeToString(layout.split_shape()) + " has " +
                                 std::to_string(layout.rank()));
   }
   std::map<std::string, std::string> used;  // axis -> where it was used
@@ -92,7 +146,9 @@ int64_t NumElements(const Layout& layout) {
 int64_t ByteSize(const Layout& layout) { return NumElements(layout) * DTypeSize(layout.dtype); }
 
 std::string ToString(const Layout& layout) {
-  std::string s = "shape " + ShapeToString(layout.shape) + " " + std::string(DTypeName(layout.dtype));
+  std::string s = "shape " + ShapeToString(layout.shape);
+  if (!layout.view.empty()) s += " view " + ShapeToString(layout.view);
+  s += " " + std::string(DTypeName(layout.dtype));
   bool split = false;
   for (int d = 0; d < layout.rank(); ++d) split |= !layout.AxesOf(d).empty();
   if (split) {
@@ -105,6 +161,50 @@ std::string ToString(const Layout& layout) {
     s += " stage " + layout.stage_axis + "=" + std::to_string(layout.stage);
   }
   return s;
+}
+
+bool RefinesShape(const std::vector<int64_t>& fine, const std::vector<int64_t>& coarse) {
+  return Groups(fine, coarse).has_value();
+}
+
+Result<Layout> LayoutInView(const Layout& layout, const Mesh& mesh,
+                            const std::vector<int64_t>& view) {
+  RETURN_IF_ERROR(ValidateLayout(layout, mesh));
+  const std::vector<int64_t>& coarse = layout.split_shape();
+  const auto groups = Groups(view, coarse);
+  if (!groups || layout.shape.empty()) {
+    return InvalidArgumentError("view " + ShapeToString(view) + " does not refine " +
+                                ShapeToString(coarse));
+  }
+  Layout out = layout;
+  out.view = view == layout.shape ? std::vector<int64_t>{} : view;
+  out.dim_axes.assign(view.size(), {});
+  for (int d = 0; d < static_cast<int>(coarse.size()); ++d) {
+    const auto [first, last] = (*groups)[d];
+    out.dim_axes[first] = layout.AxesOf(d);
+    std::vector<std::string> axes = layout.AxesOf(d);
+    if (d == 0) axes.insert(axes.end(), layout.opt_axes.begin(), layout.opt_axes.end());
+    if (axes.empty()) continue;
+    std::vector<int64_t> counts;
+    for (const std::string& a : axes) counts.push_back(mesh.axis_size(mesh.FindAxis(a)));
+    int64_t inner = 1;
+    for (int k = first + 1; k < last; ++k) inner *= view[k];
+    const std::vector<Interval> want = NestedPieces(coarse[d], counts);
+    const std::vector<Interval> got = NestedPieces(view[first], counts);
+    for (size_t i = 0; i < want.size(); ++i) {
+      if (got[i].begin * inner != want[i].begin || got[i].end * inner != want[i].end) {
+        return InvalidArgumentError(
+            "layout " + ToString(layout) + " cannot be expressed over view " +
+            ShapeToString(view) + ": the pieces of dimension " + std::to_string(d) +
+            " are cut inside the view's blocks of " + std::to_string(inner));
+      }
+    }
+  }
+  bool split = false;
+  for (const auto& a : out.dim_axes) split = split || !a.empty();
+  if (!split) out.dim_axes.clear();
+  RETURN_IF_ERROR(ValidateLayout(out, mesh));
+  return out;
 }
 
 // ---------------------------------------------------------------------------
@@ -124,18 +224,9 @@ Result<ShardGrid> ShardGrid::Create(const Mesh& mesh, const Layout& layout) {
     if (d == 0) {
       for (const std::string& a : layout.opt_axes) g.split_axes_[d].push_back(mesh.FindAxis(a));
     }
-    // Nested torch.chunk, outermost axis first.
-    std::vector<Interval> pieces = {{0, layout.shape[d]}};
-    for (int axis : g.split_axes_[d]) {
-      const int64_t n = mesh.axis_size(axis);
-      std::vector<Interval> next;
-      next.reserve(pieces.size() * n);
-      for (const Interval& p : pieces) {
-        for (int64_t i = 0; i < n; ++i) next.push_back(ChunkOf(p, n, i));
-      }
-      pieces = std::move(next);
-    }
-    g.pieces_[d] = std::move(pieces);
+    std::vector<int64_t> counts;
+    for (int axis : g.split_axes_[d]) counts.push_back(mesh.axis_size(axis));
+    g.pieces_[d] = NestedPieces(layout.split_shape()[d], counts);
   }
   for (int d = rank - 1; d >= 0; --d) {
     if (d + 1 < rank) {

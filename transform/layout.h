@@ -6,7 +6,16 @@
 // pieces, and so on (the same rule as a DTensor sharded twice on one
 // dimension). Mesh axes used by no dimension hold replicas.
 //
-// Two extras:
+// A layout may split a *view* of the tensor instead of its shape: the same
+// elements in the same row-major order, each dimension of `shape` cut into
+// consecutive view dimensions. GPT-2's fused c_attn.weight [C, 3C] (q | k |
+// v side by side) viewed as [C, 3, C] and split [-, -, tp] gives each tp
+// rank the columns of its heads in q, k and v alike: its shard is the view
+// box [C, 3, C/tp], dense as the rank's [C, 3C/tp] matrix (q_r | k_r | v_r),
+// Megatron's layout. Boxes (ShardOf, ReplicaGroups, plans) are then in view
+// coordinates.
+//
+// Three extras:
 //  - optimizer sharding (ZeRO / MindSpore's parallel optimizer): `opt_axes`,
 //    replica axes that further split dimension 0 of each model-parallel
 //    piece, nested inside the dimension's own axes;
@@ -31,7 +40,10 @@ namespace tessera {
 struct Layout {
   std::vector<int64_t> shape;
   DType dtype = DType::kF32;
-  // One entry per dimension of `shape`, or empty when nothing is split.
+  // Empty, or the view the splits apply to (see above).
+  std::vector<int64_t> view;
+  // One entry per dimension of the split shape, or empty when nothing is
+  // split.
   std::vector<std::vector<std::string>> dim_axes;
   std::vector<std::string> opt_axes;
   std::string stage_axis;  // empty: held on every stage
@@ -40,7 +52,9 @@ struct Layout {
   // Not split anywhere: every rank holds the whole tensor.
   static Layout Replicated(std::vector<int64_t> shape, DType dtype);
 
-  int rank() const { return static_cast<int>(shape.size()); }
+  // The shape the splits apply to (and boxes are in): the view, or shape.
+  const std::vector<int64_t>& split_shape() const { return view.empty() ? shape : view; }
+  int rank() const { return static_cast<int>(split_shape().size()); }
   // The axes splitting dimension d (empty if none).
   const std::vector<std::string>& AxesOf(int d) const;
 
@@ -49,13 +63,27 @@ struct Layout {
 };
 
 // Checks the layout against the mesh: dims >= 0, rank <= kMaxRank, byte size
-// fits in int64, every axis exists, no axis used twice, stage in range.
+// fits in int64, a view that refines the shape (no zero sizes then), every
+// axis exists, no axis used twice, stage in range.
 Status ValidateLayout(const Layout& layout, const Mesh& mesh);
 // Elements and bytes of the whole tensor (valid layouts only).
 int64_t NumElements(const Layout& layout);
 int64_t ByteSize(const Layout& layout);
-// "shape [768, 3072] f32 split [-, tp] opt [dp] stage pp=1".
+// "shape [768, 3072] f32 split [-, tp] opt [dp] stage pp=1"; a view shows
+// as "shape [768, 2304] view [768, 3, 768] f32 split [-, -, tp]".
 std::string ToString(const Layout& layout);
+
+// Whether `fine` cuts every dimension of `coarse` into consecutive
+// dimensions (equal shapes included). Both without zero sizes.
+bool RefinesShape(const std::vector<int64_t>& fine, const std::vector<int64_t>& coarse);
+
+// The same placement expressed over the finer split shape `view` (which
+// must refine layout.split_shape()): each dimension's axes move to the
+// first of the view dimensions it is cut into. Fails, naming the
+// dimension, when the pieces would not be the same (a split whose cuts fall
+// inside a view dimension's blocks, e.g. [C, 3C] split in 2 over [C, 3, C]).
+Result<Layout> LayoutInView(const Layout& layout, const Mesh& mesh,
+                            const std::vector<int64_t>& view);
 
 // A layout resolved against a mesh, for answering many ShardOf questions
 // quickly. Each dimension is cut into an ordered list of pieces; a rank's

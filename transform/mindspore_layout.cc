@@ -110,6 +110,10 @@ Result<MeshLayout> FromMindSpore(const MindSporeLayout& ms, const std::vector<in
 
 Result<MindSporeLayout> ToMindSpore(const Mesh& mesh, const Layout& layout) {
   RETURN_IF_ERROR(ValidateLayout(layout, mesh));
+  if (!layout.view.empty()) {
+    return UnimplementedError("layout " + ToString(layout) +
+                              ": MindSpore strategies split a tensor's own dimensions, not a view");
+  }
   // dev_matrix: the mesh without the stage axis.
   std::vector<int> dev_axes;
   MindSporeLayout ms;

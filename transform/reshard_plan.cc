@@ -32,9 +32,24 @@ Result<TensorPlan> PlanTensorReshard(const std::string& name, const Mesh& src_me
                                 " in the destination (a reshard never casts; convert the "
                                 "dtype explicitly)");
   }
-  auto src_grid_or = ShardGrid::Create(src_mesh, src);
+  Layout src_l = src, dst_l = dst;
+  if (src.split_shape() != dst.split_shape()) {
+    Result<Layout> moved = InvalidArgumentError(
+        "the source splits " + ShapeToString(src.split_shape()) +
+        " and the destination " + ShapeToString(dst.split_shape()) +
+        ", and neither view refines the other");
+    const bool to_dst = RefinesShape(dst.split_shape(), src.split_shape());
+    if (to_dst) {
+      moved = LayoutInView(src, src_mesh, dst.split_shape());
+    } else if (RefinesShape(src.split_shape(), dst.split_shape())) {
+      moved = LayoutInView(dst, dst_mesh, src.split_shape());
+    }
+    if (!moved.ok()) return moved.status().Annotate(context);
+    (to_dst ? src_l : dst_l) = std::move(moved).value();
+  }
+  auto src_grid_or = ShardGrid::Create(src_mesh, src_l);
   if (!src_grid_or.ok()) return src_grid_or.status().Annotate(context + " (source)");
-  auto dst_grid_or = ShardGrid::Create(dst_mesh, dst);
+  auto dst_grid_or = ShardGrid::Create(dst_mesh, dst_l);
   if (!dst_grid_or.ok()) return dst_grid_or.status().Annotate(context + " (destination)");
   const ShardGrid& sg = *src_grid_or;
   const ShardGrid& dg = *dst_grid_or;
@@ -54,7 +69,9 @@ Result<TensorPlan> PlanTensorReshard(const std::string& name, const Mesh& src_me
   plan.name = name;
   plan.dtype = src.dtype;
   plan.shape = src.shape;
-  const int rank = src.rank();
+  plan.src_layout = src_l;
+  plan.dst_layout = dst_l;
+  const int rank = src_l.rank();
   const int64_t esize = DTypeSize(src.dtype);
   std::vector<bool> planned_piece(options.one_per_replica_group ? dg.num_pieces() : 0, false);
 

@@ -37,6 +37,10 @@ struct TensorPlan {
   std::string name;
   DType dtype = DType::kF32;
   std::vector<int64_t> shape;
+  // The layouts as planned: when source and destination split different
+  // views of the tensor (Layout::view), both expressed over the finer one,
+  // whose coordinates every box of the plan is in.
+  Layout src_layout, dst_layout;
   std::vector<ShardPlan> shards;  // ascending dst_rank; empty shards omitted
 };
 
@@ -56,7 +60,10 @@ struct PlanOptions {
   bool one_per_replica_group = false;
 };
 
-// Plans one tensor. `src_load` (indexed by source rank, grown as needed)
+// Plans one tensor. Layouts over different views are planned over the
+// finer view when one refines the other and both can be expressed over it
+// (LayoutInView); otherwise the error names the tensor and both views.
+// `src_load` (indexed by source rank, grown as needed)
 // carries the bytes already assigned to each source, so that choices among
 // replicas balance over many tensors. Shapes must match, and so must dtypes:
 // a dtype change is an explicit cast step, never part of a reshard.
@@ -66,7 +73,8 @@ Result<TensorPlan> PlanTensorReshard(const std::string& name, const Mesh& src_me
 
 // Executes one tensor's plan between dense row-major buffers in memory:
 // `src_data(rank)` is the source rank's shard, `dst_data(plan shard)` the
-// destination shard's buffer. `src_grid` is the source layout on its mesh.
+// destination shard's buffer. `src_grid` is plan.src_layout on the source
+// mesh (a shard's bytes are the same whichever view describes it).
 void ExecuteTensorPlan(const TensorPlan& plan, const ShardGrid& src_grid,
                        const std::function<const void*(int64_t src_rank)>& src_data,
                        const std::function<void*(const ShardPlan& shard)>& dst_data);

@@ -67,6 +67,7 @@ Result<Strategy> ParseImpl(const Json& root) {
     ts.layout.dtype = *dtype;
     if (!t.contains("shape")) return fail(InvalidArgumentError("has no \"shape\""));
     ts.layout.shape = t.at("shape").get<std::vector<int64_t>>();
+    if (t.contains("view")) ts.layout.view = t.at("view").get<std::vector<int64_t>>();
     if (t.contains("split")) {
       const Json& split = t.at("split");
       if (!split.is_array()) return fail(InvalidArgumentError("\"split\" must be a list"));
@@ -137,6 +138,7 @@ std::string StrategyToJson(const Strategy& strategy) {
     Json j;
     j["dtype"] = DTypeName(t.layout.dtype);
     j["shape"] = t.layout.shape;
+    if (!t.layout.view.empty()) j["view"] = t.layout.view;
     bool split = false;
     for (int d = 0; d < t.layout.rank(); ++d) split |= !t.layout.AxesOf(d).empty();
     if (split) {

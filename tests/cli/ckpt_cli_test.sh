@@ -119,6 +119,15 @@ JSON
 run "$ckpt" reshard a -o u --strategy shape.json
 check "a shape mismatch names the tensor" grep -q "h.0.attn.c_attn.weight" out
 check "shape mismatch: no output left" no_output u
+cat >view.json <<'JSON'
+{"mesh": {"axes": ["tp"], "shape": [2]},
+ "tensors": {"h.0.attn.c_attn.weight": {"shape": [64, 192], "view": [64, 3, 64],
+                                        "split": [null, null, "tp"]}}}
+JSON
+run "$ckpt" reshard a -o u --strategy view.json
+check "a layout over a view (tp by heads) is refused by name for now" \
+  grep -q "tensor 'h.0.attn.c_attn.weight' is laid out over view \[64, 3, 64\]" out
+check "view: no output left" no_output u
 run "$ckpt" reshard a -o b --mesh dp=1,tp=2
 check "an existing output is refused" grep -q "'b' already exists" out
 run "$ckpt" reshard a -o b --mesh dp=2,tp=1 --overwrite -q
