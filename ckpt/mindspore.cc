@@ -16,27 +16,51 @@ struct Entry {
   PipelinePlacement placement;
 };
 
-// Name -> parameter and stage, over all stage files.
-Result<std::map<std::string, Entry>> IndexParams(const std::vector<MindSporeStrategyFile>& files) {
-  std::map<std::string, Entry> by_name;
-  const int64_t n = static_cast<int64_t>(files.size());
-  std::vector<bool> seen(n, false);
+// Name -> parameter and pipeline stage over all strategy files, as
+// merge_pipeline_strategys sees them: a file's stage is that of its first
+// strategy item, and a file of a stage already seen is skipped (every rank
+// of a stage writes the same file); a merged file's "<stage>-" prefixes give
+// each parameter its stage. A parameter on several stages (a shared
+// embedding) is read from the lowest. Every stage 0..n-1 must be present.
+struct ParamIndex {
+  std::map<std::string, Entry> params;
+  int64_t stages = 1;
+};
+
+Result<ParamIndex> IndexParams(const std::vector<MindSporeStrategyFile>& files) {
+  ParamIndex index;
+  std::map<int64_t, bool> seen;
+  const bool pipeline = files.size() > 1 || (files.size() == 1 && files[0].merged_pipeline);
   for (const MindSporeStrategyFile& f : files) {
-    const int64_t stage = n == 1 ? 0 : f.current_stage;
-    if (stage < 0 || stage >= n || seen[stage]) {
-      return InvalidArgumentError("MindSpore strategies: " + std::to_string(n) +
-                                  " stage files, but one says current_stage " +
-                                  std::to_string(f.current_stage) + " (stages must be 0.." +
-                                  std::to_string(n - 1) + ", once each)");
+    if (!f.merged_pipeline) {
+      const int64_t stage = pipeline ? f.stage : 0;
+      if (seen.count(stage)) continue;
+      seen[stage] = true;
     }
-    seen[stage] = true;
     for (const MindSporeParam& p : f.params) {
-      if (!by_name.emplace(p.name, Entry{&p, {stage, n}}).second && n == 1) {
-        return InvalidArgumentError("MindSpore strategy: parameter '" + p.name + "' appears twice");
+      const int64_t stage = pipeline ? p.stage : 0;
+      if (stage < 0) return InvalidArgumentError("MindSpore strategy: negative stage");
+      seen[stage] = true;
+      auto [it, inserted] = index.params.emplace(p.name, Entry{&p, {stage, 1}});
+      if (!inserted) {
+        if (!pipeline) {
+          return InvalidArgumentError("MindSpore strategy: parameter '" + p.name +
+                                      "' appears twice");
+        }
+        if (stage < it->second.placement.stage) it->second = Entry{&p, {stage, 1}};
       }
     }
   }
-  return by_name;
+  index.stages = seen.empty() ? 1 : seen.rbegin()->first + 1;
+  if (static_cast<int64_t>(seen.size()) != index.stages) {
+    std::string have;
+    for (const auto& [stage, _] : seen) have += (have.empty() ? "" : ", ") + std::to_string(stage);
+    return InvalidArgumentError("MindSpore strategies: pipeline stages " + have +
+                                " found, but not every stage 0.." +
+                                std::to_string(index.stages - 1));
+  }
+  for (auto& [_, e] : index.params) e.placement.num_stages = index.stages;
+  return index;
 }
 
 // The parameter a tensor follows: itself, or for "<state>.<param>" the
@@ -221,8 +245,9 @@ Result<std::vector<MindSporeStrategyFile>> ReadMindSporeStrategies(Env* env,
 
 Result<Strategy> MindSporeToStrategy(const std::vector<MindSporeStrategyFile>& files,
                                      const Strategy& tensors) {
-  ASSIGN_OR_RETURN(auto params, IndexParams(files));
-  const int64_t world = DevicesPerStage(files) * static_cast<int64_t>(files.size());
+  ASSIGN_OR_RETURN(ParamIndex index, IndexParams(files));
+  const auto& params = index.params;
+  const int64_t world = DevicesPerStage(files) * index.stages;
   ASSIGN_OR_RETURN(Mesh mesh, Mesh::Create({"rank"}, {world}));
   Strategy out(mesh);
   for (const TensorStrategy& t : tensors.tensors()) {
@@ -246,15 +271,22 @@ Result<Strategy> MindSporeToStrategy(const std::vector<MindSporeStrategyFile>& f
 
 Result<MindSporeStrategyFile> StrategyToMindSpore(const Strategy& strategy) {
   MindSporeStrategyFile out;
+  bool staged = false, unstaged = false;
   for (const TensorStrategy& t : strategy.tensors()) {
     auto ms = ToMindSpore(strategy.MeshOf(t), t.layout);
     if (!ms.ok()) return ms.status().Annotate("tensor '" + t.name + "'");
-    if (!t.layout.stage_axis.empty()) {
-      return InvalidArgumentError("tensor '" + t.name +
-                                  "': pipeline stages are written as one strategy file per stage, "
-                                  "which Tessera does not write");
+    (t.layout.stage_axis.empty() ? unstaged : staged) = true;
+    if (staged && unstaged) {
+      return InvalidArgumentError("tensor '" + t.name + "': MindSpore places every parameter of "
+                                  "a pipeline on a stage, but this strategy mixes staged and "
+                                  "unstaged tensors");
     }
-    out.params.push_back({t.name, std::move(*ms), t.layout.shape, 0});
+    out.params.push_back({t.name, std::move(*ms), t.layout.shape, 0, t.layout.stage});
+  }
+  if (staged) {
+    // What merge_pipeline_strategys writes: "<stage>-<name>", current_stage 1.
+    out.merged_pipeline = true;
+    out.current_stage = 1;
   }
   return out;
 }
@@ -299,8 +331,9 @@ Result<std::unique_ptr<CheckpointReader>> OpenMindSporeCheckpoint(Env* env,
     c.strategy = std::move(tensors);
   } else {
     ASSIGN_OR_RETURN(auto files, ReadMindSporeStrategies(env, strategy_path));
-    ASSIGN_OR_RETURN(auto params, IndexParams(files));
-    const int64_t world = DevicesPerStage(files) * static_cast<int64_t>(files.size());
+    ASSIGN_OR_RETURN(ParamIndex index, IndexParams(files));
+    const auto& params = index.params;
+    const int64_t world = DevicesPerStage(files) * index.stages;
     if (world != static_cast<int64_t>(rank_files.size())) {
       return InvalidArgumentError("MindSpore checkpoint '" + path + "' has " +
                                   std::to_string(rank_files.size()) + " ranks, strategy '" +

@@ -13,10 +13,39 @@ Status Bad(const std::string& path, const std::string& what) {
   return DataLossError("MindSpore strategy file '" + path + "': " + what);
 }
 
+// "3-h.0.w" -> stage 3, "h.0.w" (merge_pipeline_strategys' naming); other
+// names are left as they are.
+bool SplitStagePrefix(std::string* name, int64_t* stage) {
+  const size_t dash = name->find('-');
+  if (dash == 0 || dash == std::string::npos || dash > 9) return false;
+  for (size_t i = 0; i < dash; ++i) {
+    if ((*name)[i] < '0' || (*name)[i] > '9') return false;
+  }
+  *stage = std::stoll(name->substr(0, dash));
+  name->erase(0, dash + 1);
+  return true;
+}
+
+// Stages and prefixes, once the file's items are read.
+void AssignStages(MindSporeStrategyFile* f) {
+  for (MindSporeParam& p : f->params) {
+    p.stage = f->stage;
+    if (SplitStagePrefix(&p.name, &p.stage)) f->merged_pipeline = true;
+  }
+}
+
 Result<MindSporeStrategyFile> FromJson(const std::string& path, const nlohmann::json& j) {
   MindSporeStrategyFile out;
   if (j.contains("current_stage") && j["current_stage"].is_number_integer()) {
     out.current_stage = j["current_stage"].get<int64_t>();
+  }
+  out.stage = out.current_stage;
+  if (j.contains("parallel_strategy_item") && j["parallel_strategy_item"].is_object() &&
+      !j["parallel_strategy_item"].empty()) {
+    const nlohmann::json& first = j["parallel_strategy_item"].begin().value();
+    if (first.is_object() && first.contains("stage") && first["stage"].is_number_integer()) {
+      out.stage = first["stage"].get<int64_t>();
+    }
   }
   if (!j.contains("parallel_layout_item") || !j["parallel_layout_item"].is_object()) {
     return Bad(path, "no \"parallel_layout_item\" object");
@@ -43,6 +72,7 @@ Result<MindSporeStrategyFile> FromJson(const std::string& path, const nlohmann::
     }
     out.params.push_back(std::move(p));
   }
+  AssignStages(&out);
   return out;
 }
 
@@ -50,6 +80,9 @@ Result<MindSporeStrategyFile> FromProto(const std::string& path,
                                         const mindspore::straspb::ParallelStrategyMap& m) {
   MindSporeStrategyFile out;
   out.current_stage = m.current_stage();
+  out.stage = m.parallel_strategy_item_size() > 0
+                  ? m.parallel_strategy_item(0).parallel_strategys().stage()
+                  : out.current_stage;
   for (const auto& item : m.parallel_layout_item()) {
     const auto& l = item.parallel_layouts();
     MindSporeParam p;
@@ -66,6 +99,7 @@ Result<MindSporeStrategyFile> FromProto(const std::string& path,
     p.layout.opt_weight_shard_size = l.opt_weight_shard_size();
     out.params.push_back(std::move(p));
   }
+  AssignStages(&out);
   return out;
 }
 
@@ -96,8 +130,22 @@ Status WriteMindSporeStrategy(Env* env, const std::string& path, const MindSpore
   mindspore::straspb::ParallelStrategyMap m;
   m.set_current_stage(static_cast<uint32_t>(s.current_stage));
   for (const MindSporeParam& p : s.params) {
+    const std::string name =
+        s.merged_pipeline ? std::to_string(p.stage) + "-" + p.name : p.name;
+    auto* strategy = m.add_parallel_strategy_item();
+    strategy->set_node_name(p.name);
+    strategy->mutable_parallel_strategys()->set_stage(static_cast<uint32_t>(p.stage));
+    auto* counts = strategy->mutable_parallel_strategys()->add_parallel_strategy();
+    for (const auto& axes : p.layout.tensor_map) {
+      int64_t n = 1;  // device-axis sizes, counted from the right of dev_matrix
+      for (int64_t k : axes) {
+        const int64_t at = static_cast<int64_t>(p.layout.dev_matrix.size()) - 1 - k;
+        if (k >= 0 && at >= 0) n *= p.layout.dev_matrix[at];
+      }
+      counts->add_dim(static_cast<uint32_t>(n));
+    }
     auto* item = m.add_parallel_layout_item();
-    item->set_param_name(p.name);
+    item->set_param_name(name);
     auto* l = item->mutable_parallel_layouts();
     auto* dm = l->add_dev_matrix();
     for (int64_t d : p.layout.dev_matrix) dm->add_dim(static_cast<uint32_t>(d));

@@ -126,6 +126,52 @@ c = pb.Checkpoint()
 c.ParseFromString(open("ms/rank_1/checkpoint_1.ckpt", "rb").read())
 assert len(c.value) == 84
 PY
+# Pipeline stages: the strategy is written as merge_pipeline_strategys
+# writes it ("<stage>-<name>", current_stage 1, strategy items carrying the
+# stage); it is also read as the per-rank files MindSpore saves (one per
+# rank, several of a stage), which merge_pipeline_strategys would merge.
+run "$make" -o pp --layers 2 --embed 64 --vocab 1000 --context 64 --mesh pp=2,dp=1,tp=2 --optimizer
+run "$ckpt" convert pp -o mspp --format mindspore --save-mindspore-strategy pp.strategy -q
+check "a pipeline checkpoint is written as MindSpore rank directories" test $rc -eq 0 -a -d mspp/rank_3
+run "$ckpt" merge mspp --src-strategy pp.strategy -o pp.back -q
+run "$ckpt" merge pp -o pp.full -q
+run "$ckpt" diff pp.back pp.full -q
+check "... and merges back with the merged pipeline strategy" test $rc -eq 0
+protoc --python_out=. -I"$protos" "$protos/mindspore_strategy.proto"
+check "the merged pipeline strategy has MindSpore's form; per-rank stage files are made" $py - <<'PY'
+import copy, os
+import mindspore_strategy_pb2 as pb
+m = pb.ParallelStrategyMap()
+m.ParseFromString(open("pp.strategy", "rb").read())
+assert m.current_stage == 1
+names = [i.param_name for i in m.parallel_layout_item]
+assert "0-wte" in names and "1-ln_f.weight" in names and "0-h.0.ln_1.weight" in names, names[:4]
+stages = {i.node_name: i.parallel_strategys.stage for i in m.parallel_strategy_item}
+assert stages["wte"] == 0 and stages["ln_f.weight"] == 1
+# What each rank of a 2-stage run saves: its stage's parameters, unprefixed.
+os.makedirs("ppdir", exist_ok=True)
+for rank in range(4):
+    stage = rank // 2
+    f = pb.ParallelStrategyMap()
+    f.current_stage = stage
+    for s, l in zip(m.parallel_strategy_item, m.parallel_layout_item):
+        if s.parallel_strategys.stage != stage:
+            continue
+        f.parallel_strategy_item.add().CopyFrom(s)
+        item = f.parallel_layout_item.add()
+        item.CopyFrom(l)
+        item.param_name = l.param_name.split("-", 1)[1]
+    open("ppdir/strategy%d.ckpt" % rank, "wb").write(f.SerializeToString())
+PY
+run "$ckpt" merge mspp --src-strategy ppdir -o pp.back2 -q
+run "$ckpt" diff pp.back2 pp.full -q
+check "per-rank stage strategy files (two per stage) read as one strategy" test $rc -eq 0
+rm ppdir/strategy0.ckpt ppdir/strategy1.ckpt
+fails_naming "a stage missing from the strategy directory is named" "not every stage 0..1" \
+  "$ckpt" merge mspp --src-strategy ppdir -o x
+fails_naming "one stage's strategy for 4 rank directories is refused" "describes 2" \
+  "$ckpt" merge mspp --src-strategy ppdir/strategy2.ckpt -o x
+
 # Every dtype, written by a safetensors writer made from the spec.
 $py - <<'PY'
 import json, struct, numpy as np
