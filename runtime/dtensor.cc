@@ -1,0 +1,144 @@
+#include "runtime/dtensor.h"
+
+#include <cstring>
+
+#include "transform/reshard_plan.h"
+
+namespace tessera {
+namespace {
+
+// The box `rank` holds under `layout` (nullopt: nothing).
+Result<std::optional<Box>> HeldBox(const Mesh& mesh, const Layout& layout, int64_t rank) {
+  ASSIGN_OR_RETURN(ShardGrid grid, ShardGrid::Create(mesh, layout));
+  return grid.ShardOf(rank);
+}
+
+}  // namespace
+
+Result<DTensor> DTensor::FromLocal(const Mesh& mesh, Layout layout, int64_t rank,
+                                   std::vector<char> local) {
+  if (rank < 0 || rank >= mesh.world_size()) {
+    return OutOfRangeError("rank " + std::to_string(rank) + " is outside mesh " + mesh.ToString());
+  }
+  ASSIGN_OR_RETURN(std::optional<Box> box, HeldBox(mesh, layout, rank));
+  DTensor t;
+  t.mesh_ = mesh;
+  t.rank_ = rank;
+  t.holds_ = box.has_value();
+  t.box_ = box ? *box : Box(layout.rank());
+  const int64_t bytes = t.holds_ ? NumElements(*box) * DTypeSize(layout.dtype) : 0;
+  if (static_cast<int64_t>(local.size()) != bytes) {
+    return InvalidArgumentError("rank " + std::to_string(rank) + " holds " +
+                                (t.holds_ ? ToString(*box) : std::string("nothing")) + " of " +
+                                ToString(layout) + ": " + std::to_string(bytes) +
+                                " bytes, given " + std::to_string(local.size()));
+  }
+  t.layout_ = std::move(layout);
+  t.local_ = std::move(local);
+  return t;
+}
+
+Result<DTensor> DTensor::FromFull(const Mesh& mesh, Layout layout, const void* full,
+                                  int64_t rank) {
+  if (rank < 0 || rank >= mesh.world_size()) {
+    return OutOfRangeError("rank " + std::to_string(rank) + " is outside mesh " + mesh.ToString());
+  }
+  ASSIGN_OR_RETURN(std::optional<Box> box, HeldBox(mesh, layout, rank));
+  std::vector<char> local;
+  if (box) {
+    const int64_t es = DTypeSize(layout.dtype);
+    local.resize(NumElements(*box) * es);
+    CopyBox(full, layout.split_shape(), *box, local.data(), box->extents(),
+            Box::FromShape(box->extents()), es);
+  }
+  return FromLocal(mesh, std::move(layout), rank, std::move(local));
+}
+
+Result<DTensor> Redistribute(const DTensor& t, const Mesh& target_mesh, const Layout& target,
+                             Communicator& comm, RedistributeStats* stats) {
+  const int64_t world = comm.size();
+  if (t.mesh().world_size() != world || target_mesh.world_size() != world) {
+    return InvalidArgumentError("redistribute over " + std::to_string(world) + " ranks: mesh " +
+                                t.mesh().ToString() + " -> " + target_mesh.ToString());
+  }
+  if (t.rank() != comm.rank()) {
+    return InvalidArgumentError("the tensor is rank " + std::to_string(t.rank()) +
+                                "'s shard, this is rank " + std::to_string(comm.rank()));
+  }
+  // Every rank plans the same (deterministic) copies; local pieces first.
+  std::vector<int64_t> load;
+  ASSIGN_OR_RETURN(TensorPlan plan,
+                   PlanTensorReshard("tensor", t.mesh(), t.layout(), target_mesh, target,
+                                     {.prefer_local = true}, &load));
+  const int64_t me = comm.rank();
+  const int64_t es = DTypeSize(target.dtype);
+  // The source shard in the plan's coordinates (the same bytes whatever the
+  // view: only its extents may differ).
+  ASSIGN_OR_RETURN(std::optional<Box> src_box, HeldBox(t.mesh(), plan.src_layout, me));
+  const std::vector<int64_t> src_ext = src_box ? src_box->extents() : std::vector<int64_t>{};
+  const char* src = t.local().data();
+
+  // Pack what others need from here: for each destination rank, its copies
+  // from this rank in plan order.
+  std::vector<int64_t> send_counts(world, 0), recv_counts(world, 0);
+  std::vector<char> send;
+  const ShardPlan* mine = nullptr;
+  RedistributeStats s;
+  for (const ShardPlan& sp : plan.shards) {
+    if (sp.dst_rank == me) mine = &sp;
+    for (const PieceCopy& c : sp.copies) {
+      const int64_t bytes = NumElements(c.src_box) * es;
+      if (sp.dst_rank == me) {
+        if (c.src_rank == me) {
+          s.local_bytes += bytes;
+        } else {
+          recv_counts[c.src_rank] += bytes;
+        }
+        continue;
+      }
+      if (c.src_rank != me) continue;
+      const size_t at = send.size();
+      send.resize(at + bytes);
+      CopyBox(src, src_ext, c.src_box, send.data() + at, c.src_box.extents(),
+              Box::FromShape(c.src_box.extents()), es);
+      send_counts[sp.dst_rank] += bytes;
+    }
+  }
+  int64_t total_recv = 0;
+  std::vector<int64_t> recv_at(world, 0);
+  for (int64_t r = 0; r < world; ++r) {
+    recv_at[r] = total_recv;
+    total_recv += recv_counts[r];
+  }
+  std::vector<char> recv(total_recv);
+  RETURN_IF_ERROR(comm.AllToAllV(send.data(), send_counts, recv.data(), recv_counts, DType::kU8)
+                      .Annotate("redistribute " + ToString(t.layout()) + " -> " +
+                                ToString(target)));
+  for (int64_t r = 0; r < world; ++r) {
+    s.sent_bytes += send_counts[r];
+    s.received_bytes += recv_counts[r];
+  }
+
+  // Unpack into this rank's destination shard, in the same order.
+  std::vector<char> out;
+  if (mine != nullptr) {
+    const std::vector<int64_t> dst_ext = mine->shard.extents();
+    out.resize(NumElements(mine->shard) * es);
+    for (const PieceCopy& c : mine->copies) {
+      if (c.src_rank == me) {
+        CopyBox(src, src_ext, c.src_box, out.data(), dst_ext, c.dst_box, es);
+        continue;
+      }
+      const char* from = recv.data() + recv_at[c.src_rank];
+      CopyBox(from, c.src_box.extents(), Box::FromShape(c.src_box.extents()), out.data(), dst_ext,
+              c.dst_box, es);
+      recv_at[c.src_rank] += NumElements(c.src_box) * es;
+    }
+  }
+  if (stats != nullptr) *stats = s;
+  // The result is described by the target layout as given; its bytes are
+  // the same in the plan's (possibly finer) view.
+  return DTensor::FromLocal(target_mesh, target, me, std::move(out));
+}
+
+}  // namespace tessera

@@ -1,0 +1,70 @@
+// Distributed tensors: a rank's local shard plus the Layout that says which
+// box of the global tensor it is, on a Mesh over the ranks of a
+// Communicator. Redistribute moves a tensor from one layout to another with
+// the planner the offline reshard uses (transform/PlanReshard, local pieces
+// preferred): every rank computes the same plan, copies what it keeps
+// locally, and exchanges the rest in one AllToAllV. Any pair of layouts
+// works: split <-> replicated (an all-gather), replicated -> split (local
+// slicing, no traffic), split on one dimension -> split on another (an
+// all-to-all), ZeRO shards, pipeline stages, views (the fused qkv split by
+// heads), meshes of other shapes over the same ranks.
+#ifndef TESSERA_RUNTIME_DTENSOR_H_
+#define TESSERA_RUNTIME_DTENSOR_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "core/status.h"
+#include "runtime/comm/communicator.h"
+#include "transform/layout.h"
+#include "transform/mesh.h"
+
+namespace tessera {
+
+class DTensor {
+ public:
+  // The shard of `full` (the whole tensor, row-major, layout.dtype) that
+  // `rank` holds: for tests and for loading from a whole tensor.
+  static Result<DTensor> FromFull(const Mesh& mesh, Layout layout, const void* full, int64_t rank);
+  // Adopts `local` as `rank`'s shard (its size must match the layout).
+  static Result<DTensor> FromLocal(const Mesh& mesh, Layout layout, int64_t rank,
+                                   std::vector<char> local);
+
+  const Mesh& mesh() const { return mesh_; }
+  const Layout& layout() const { return layout_; }
+  int64_t rank() const { return rank_; }
+  // The box of the global tensor (in the layout's split shape) held here,
+  // empty when this rank holds nothing (another pipeline stage, or a
+  // trailing empty torch.chunk piece).
+  const Box& box() const { return box_; }
+  bool holds() const { return holds_; }
+  // The shard, dense row-major over box().extents().
+  const std::vector<char>& local() const { return local_; }
+  std::vector<char>& local() { return local_; }
+
+ private:
+  Mesh mesh_;
+  Layout layout_;
+  int64_t rank_ = 0;
+  Box box_;
+  bool holds_ = false;
+  std::vector<char> local_;
+};
+
+struct RedistributeStats {
+  int64_t sent_bytes = 0, received_bytes = 0, local_bytes = 0;
+};
+
+// Collective over `comm`, whose ranks are the mesh's (same size; rank r is
+// mesh rank r). `target` is a layout of the same tensor, on `target_mesh`
+// (the same number of ranks). Errors name the layouts.
+Result<DTensor> Redistribute(const DTensor& t, const Mesh& target_mesh, const Layout& target,
+                             Communicator& comm, RedistributeStats* stats = nullptr);
+inline Result<DTensor> Redistribute(const DTensor& t, const Layout& target, Communicator& comm,
+                                    RedistributeStats* stats = nullptr) {
+  return Redistribute(t, t.mesh(), target, comm, stats);
+}
+
+}  // namespace tessera
+
+#endif  // TESSERA_RUNTIME_DTENSOR_H_

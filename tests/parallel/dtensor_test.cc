@@ -1,0 +1,141 @@
+// Redistribute against the definition: for random meshes and layouts of
+// random tensors (splits, ZeRO shards, pipeline stages, uneven chunks,
+// empty dimensions), every rank's redistributed shard equals the same box
+// cut out of the whole tensor; the layouts that need no traffic move none.
+#include "runtime/dtensor.h"
+
+#include <catch2/catch.hpp>
+#include <map>
+#include <mutex>
+#include <random>
+
+#include "runtime/comm/inprocess.h"
+#include "tests/transform/random_layout.h"
+
+namespace tessera {
+namespace {
+
+using testing::Uniform;
+
+// A mesh of exactly `world` ranks over 1 to 3 axes.
+Mesh MeshOf(std::mt19937_64& rng, int64_t world, std::vector<std::string> names) {
+  std::vector<int64_t> sizes;
+  int64_t left = world;
+  const int axes = static_cast<int>(Uniform(rng, 1, 3));
+  for (int i = 0; i + 1 < axes; ++i) {
+    std::vector<int64_t> divisors;
+    for (int64_t d = 1; d <= left; ++d) {
+      if (left % d == 0) divisors.push_back(d);
+    }
+    sizes.push_back(divisors[Uniform(rng, 0, static_cast<int64_t>(divisors.size()) - 1)]);
+    left /= sizes.back();
+  }
+  sizes.push_back(left);
+  std::shuffle(names.begin(), names.end(), rng);
+  names.resize(sizes.size());
+  return *Mesh::Create(names, sizes);
+}
+
+// Runs Redistribute on `world` in-process ranks and checks every shard.
+void Check(const Mesh& sm, const Layout& from, const Mesh& dm, const Layout& to,
+           const std::vector<char>& full, std::vector<RedistributeStats>* stats = nullptr) {
+  INFO(sm.ToString() << " " << ToString(from) << " -> " << dm.ToString() << " " << ToString(to));
+  const int world = static_cast<int>(sm.world_size());
+  std::mutex mu;
+  std::vector<RedistributeStats> got(world);
+  const Status s = RunInProcess(world, [&](Communicator& comm) -> Status {
+    ASSIGN_OR_RETURN(DTensor t, DTensor::FromFull(sm, from, full.data(), comm.rank()));
+    RedistributeStats st;
+    ASSIGN_OR_RETURN(DTensor r, Redistribute(t, dm, to, comm, &st));
+    ASSIGN_OR_RETURN(DTensor want, DTensor::FromFull(dm, to, full.data(), comm.rank()));
+    if (r.local() != want.local() || r.holds() != want.holds() || r.box() != want.box()) {
+      return InternalError("rank " + std::to_string(comm.rank()) + " got the wrong shard");
+    }
+    std::lock_guard<std::mutex> lock(mu);
+    got[comm.rank()] = st;
+    return Status::Ok();
+  });
+  INFO(s.ToString());
+  REQUIRE(s.ok());
+  if (stats != nullptr) *stats = got;
+}
+
+TEST_CASE("Redistribute: random layouts on random meshes reproduce the definition") {
+  std::mt19937_64 rng(testing::TestSeed() + 70);
+  for (int iter = 0; iter < 60; ++iter) {
+    const int64_t world = std::vector<int64_t>{1, 2, 3, 4, 6, 8}[Uniform(rng, 0, 5)];
+    const Mesh sm = MeshOf(rng, world, {"dp", "tp", "pp"});
+    const Mesh dm = MeshOf(rng, world, {"a", "b", "c"});
+    const DType dtype = std::vector<DType>{DType::kF32, DType::kBF16, DType::kI64, DType::kU8}[Uniform(rng, 0, 3)];
+    const std::vector<int64_t> shape = testing::RandomShape(rng, 3, 13);
+    const Layout from = testing::RandomLayout(rng, sm, shape, dtype);
+    const Layout to = testing::RandomLayout(rng, dm, shape, dtype);
+    std::vector<char> full(NumElements(from) * DTypeSize(dtype));
+    for (char& c : full) c = static_cast<char>(rng());
+    INFO("iteration " << iter);
+    Check(sm, from, dm, to, full);
+  }
+}
+
+TEST_CASE("Redistribute: traffic is what the layouts need") {
+  auto mesh = Mesh::Parse("dp=2,tp=2");
+  REQUIRE(mesh.ok());
+  const std::vector<int64_t> shape = {8, 12};
+  std::vector<char> full(8 * 12 * 4);
+  for (size_t i = 0; i < full.size(); ++i) full[i] = static_cast<char>(i * 7);
+  Layout whole = Layout::Replicated(shape, DType::kF32);
+  Layout cols = whole;
+  cols.dim_axes = {{}, {"tp"}};
+  Layout rows = whole;
+  rows.dim_axes = {{"tp"}, {}};
+  std::vector<RedistributeStats> st;
+  SECTION("replicated -> split: local slicing, nothing sent") {
+    Check(*mesh, whole, *mesh, cols, full, &st);
+    for (const auto& s : st) CHECK((s.sent_bytes == 0 && s.local_bytes == 8 * 6 * 4));
+  }
+  SECTION("split -> replicated: an all-gather over tp") {
+    Check(*mesh, cols, *mesh, whole, full, &st);
+    for (const auto& s : st) CHECK((s.sent_bytes == 8 * 6 * 4 && s.received_bytes == 8 * 6 * 4));
+  }
+  SECTION("columns -> rows: an all-to-all, half of each shard kept") {
+    Check(*mesh, cols, *mesh, rows, full, &st);
+    for (const auto& s : st) CHECK((s.local_bytes == 4 * 6 * 4 && s.sent_bytes == 4 * 6 * 4));
+  }
+  SECTION("the fused qkv: merged -> split by heads -> split by rows") {
+    Layout heads = Layout::Replicated({4, 12}, DType::kF32);
+    heads.view = {4, 3, 4};
+    heads.dim_axes = {{}, {}, {"tp"}};
+    std::vector<char> qkv(4 * 12 * 4);
+    for (size_t i = 0; i < qkv.size(); ++i) qkv[i] = static_cast<char>(i);
+    Check(*mesh, Layout::Replicated({4, 12}, DType::kF32), *mesh, heads, qkv, &st);
+    Layout qkv_rows = Layout::Replicated({4, 12}, DType::kF32);
+    qkv_rows.dim_axes = {{"dp"}, {}};
+    Check(*mesh, heads, *mesh, qkv_rows, qkv, &st);
+  }
+}
+
+TEST_CASE("Redistribute: mismatches are named") {
+  auto four = Mesh::Parse("tp=4");
+  auto two = Mesh::Parse("tp=2");
+  std::vector<char> full(16 * 4);
+  const Status s = RunInProcess(4, [&](Communicator& comm) -> Status {
+    ASSIGN_OR_RETURN(DTensor t, DTensor::FromFull(*four, Layout::Replicated({16}, DType::kF32),
+                                                  full.data(), comm.rank()));
+    auto bad = Redistribute(t, *two, Layout::Replicated({16}, DType::kF32), comm);
+    if (bad.ok() || bad.status().message().find("tp=2") == std::string::npos) {
+      return InternalError("a 2-rank target on 4 ranks was not refused: " + bad.status().ToString());
+    }
+    auto shape = Redistribute(t, Layout::Replicated({8}, DType::kF32), comm);
+    if (shape.ok() || shape.status().message().find("shape") == std::string::npos) {
+      return InternalError("another shape was not refused");
+    }
+    return Status::Ok();
+  });
+  CHECK(s.ok());
+  auto size = DTensor::FromLocal(*four, Layout::Replicated({16}, DType::kF32), 0, std::vector<char>(3));
+  REQUIRE_FALSE(size.ok());
+  CHECK_THAT(size.status().message(), Catch::Contains("64 bytes, given 3"));
+}
+
+}  // namespace
+}  // namespace tessera
