@@ -10,31 +10,12 @@
 #include <random>
 
 #include "runtime/comm/inprocess.h"
-#include "tests/transform/random_layout.h"
+#include "tests/parallel/dtensor_check.h"
 
 namespace tessera {
 namespace {
 
 using testing::Uniform;
-
-// A mesh of exactly `world` ranks over 1 to 3 axes.
-Mesh MeshOf(std::mt19937_64& rng, int64_t world, std::vector<std::string> names) {
-  std::vector<int64_t> sizes;
-  int64_t left = world;
-  const int axes = static_cast<int>(Uniform(rng, 1, 3));
-  for (int i = 0; i + 1 < axes; ++i) {
-    std::vector<int64_t> divisors;
-    for (int64_t d = 1; d <= left; ++d) {
-      if (left % d == 0) divisors.push_back(d);
-    }
-    sizes.push_back(divisors[Uniform(rng, 0, static_cast<int64_t>(divisors.size()) - 1)]);
-    left /= sizes.back();
-  }
-  sizes.push_back(left);
-  std::shuffle(names.begin(), names.end(), rng);
-  names.resize(sizes.size());
-  return *Mesh::Create(names, sizes);
-}
 
 // Runs Redistribute on `world` in-process ranks and checks every shard.
 void Check(const Mesh& sm, const Layout& from, const Mesh& dm, const Layout& to,
@@ -44,13 +25,8 @@ void Check(const Mesh& sm, const Layout& from, const Mesh& dm, const Layout& to,
   std::mutex mu;
   std::vector<RedistributeStats> got(world);
   const Status s = RunInProcess(world, [&](Communicator& comm) -> Status {
-    ASSIGN_OR_RETURN(DTensor t, DTensor::FromFull(sm, from, full.data(), comm.rank()));
     RedistributeStats st;
-    ASSIGN_OR_RETURN(DTensor r, Redistribute(t, dm, to, comm, &st));
-    ASSIGN_OR_RETURN(DTensor want, DTensor::FromFull(dm, to, full.data(), comm.rank()));
-    if (r.local() != want.local() || r.holds() != want.holds() || r.box() != want.box()) {
-      return InternalError("rank " + std::to_string(comm.rank()) + " got the wrong shard");
-    }
+    RETURN_IF_ERROR(testing::CheckRedistribute(comm, sm, from, dm, to, full, &st));
     std::lock_guard<std::mutex> lock(mu);
     got[comm.rank()] = st;
     return Status::Ok();
@@ -64,16 +40,9 @@ TEST_CASE("Redistribute: random layouts on random meshes reproduce the definitio
   std::mt19937_64 rng(testing::TestSeed() + 70);
   for (int iter = 0; iter < 60; ++iter) {
     const int64_t world = std::vector<int64_t>{1, 2, 3, 4, 6, 8}[Uniform(rng, 0, 5)];
-    const Mesh sm = MeshOf(rng, world, {"dp", "tp", "pp"});
-    const Mesh dm = MeshOf(rng, world, {"a", "b", "c"});
-    const DType dtype = std::vector<DType>{DType::kF32, DType::kBF16, DType::kI64, DType::kU8}[Uniform(rng, 0, 3)];
-    const std::vector<int64_t> shape = testing::RandomShape(rng, 3, 13);
-    const Layout from = testing::RandomLayout(rng, sm, shape, dtype);
-    const Layout to = testing::RandomLayout(rng, dm, shape, dtype);
-    std::vector<char> full(NumElements(from) * DTypeSize(dtype));
-    for (char& c : full) c = static_cast<char>(rng());
+    const testing::RedistributeCase c = testing::RandomRedistributeCase(rng, world);
     INFO("iteration " << iter);
-    Check(sm, from, dm, to, full);
+    Check(c.src_mesh, c.from, c.dst_mesh, c.to, c.full);
   }
 }
 

@@ -29,6 +29,25 @@ inline Mesh RandomMesh(std::mt19937_64& rng, int64_t max_world,
   }
 }
 
+// A mesh of exactly `world` ranks over 1 to 3 axes named from `names`.
+inline Mesh RandomMeshOfSize(std::mt19937_64& rng, int64_t world, std::vector<std::string> names) {
+  std::vector<int64_t> sizes;
+  int64_t left = world;
+  const int axes = static_cast<int>(Uniform(rng, 1, 3));
+  for (int i = 0; i + 1 < axes; ++i) {
+    std::vector<int64_t> divisors;
+    for (int64_t d = 1; d <= left; ++d) {
+      if (left % d == 0) divisors.push_back(d);
+    }
+    sizes.push_back(divisors[Uniform(rng, 0, static_cast<int64_t>(divisors.size()) - 1)]);
+    left /= sizes.back();
+  }
+  sizes.push_back(left);
+  std::shuffle(names.begin(), names.end(), rng);
+  names.resize(sizes.size());
+  return *Mesh::Create(names, sizes);
+}
+
 // Each mesh axis: unused, optimizer shard, pipeline stage, or one dimension's
 // split (in random order). `even` keeps every split dividing its dimension.
 inline Layout RandomLayout(std::mt19937_64& rng, const Mesh& mesh, std::vector<int64_t> shape,
