@@ -15,26 +15,32 @@ Result<std::optional<Box>> HeldBox(const Mesh& mesh, const Layout& layout, int64
 
 }  // namespace
 
-Result<DTensor> DTensor::FromLocal(const Mesh& mesh, Layout layout, int64_t rank,
-                                   std::vector<char> local) {
+Status DTensor::Reset(const Mesh& mesh, Layout layout, int64_t rank) {
   if (rank < 0 || rank >= mesh.world_size()) {
     return OutOfRangeError("rank " + std::to_string(rank) + " is outside mesh " + mesh.ToString());
   }
   ASSIGN_OR_RETURN(std::optional<Box> box, HeldBox(mesh, layout, rank));
+  mesh_ = mesh;
+  rank_ = rank;
+  holds_ = box.has_value();
+  box_ = box ? *box : Box(layout.rank());
+  local_.resize(holds_ ? NumElements(*box) * DTypeSize(layout.dtype) : 0);
+  layout_ = std::move(layout);
+  return Status::Ok();
+}
+
+Result<DTensor> DTensor::FromLocal(const Mesh& mesh, Layout layout, int64_t rank,
+                                   std::vector<char> local) {
   DTensor t;
-  t.mesh_ = mesh;
-  t.rank_ = rank;
-  t.holds_ = box.has_value();
-  t.box_ = box ? *box : Box(layout.rank());
-  const int64_t bytes = t.holds_ ? NumElements(*box) * DTypeSize(layout.dtype) : 0;
-  if (static_cast<int64_t>(local.size()) != bytes) {
-    return InvalidArgumentError("rank " + std::to_string(rank) + " holds " +
-                                (t.holds_ ? ToString(*box) : std::string("nothing")) + " of " +
-                                ToString(layout) + ": " + std::to_string(bytes) +
-                                " bytes, given " + std::to_string(local.size()));
-  }
-  t.layout_ = std::move(layout);
+  const size_t given = local.size();
   t.local_ = std::move(local);
+  RETURN_IF_ERROR(t.Reset(mesh, std::move(layout), rank));
+  if (t.local_.size() != given) {
+    return InvalidArgumentError("rank " + std::to_string(rank) + " holds " +
+                                (t.holds_ ? ToString(t.box_) : std::string("nothing")) + " of " +
+                                ToString(t.layout_) + ": " + std::to_string(t.local_.size()) +
+                                " bytes, given " + std::to_string(given));
+  }
   return t;
 }
 
@@ -54,8 +60,9 @@ Result<DTensor> DTensor::FromFull(const Mesh& mesh, Layout layout, const void* f
   return FromLocal(mesh, std::move(layout), rank, std::move(local));
 }
 
-Result<DTensor> Redistribute(const DTensor& t, const Mesh& target_mesh, const Layout& target,
-                             Communicator& comm, RedistributeStats* stats) {
+Status RedistributeInto(const DTensor& t, const Mesh& target_mesh, const Layout& target,
+                        Communicator& comm, DTensor* out, RedistributeStats* stats) {
+  if (out == &t) return InvalidArgumentError("redistribute: the output is the input");
   const int64_t world = comm.size();
   if (t.mesh().world_size() != world || target_mesh.world_size() != world) {
     return InvalidArgumentError("redistribute over " + std::to_string(world) + " ranks: mesh " +
@@ -81,7 +88,8 @@ Result<DTensor> Redistribute(const DTensor& t, const Mesh& target_mesh, const La
   // Pack what others need from here: for each destination rank, its copies
   // from this rank in plan order.
   std::vector<int64_t> send_counts(world, 0), recv_counts(world, 0);
-  std::vector<char> send;
+  thread_local std::vector<char> send, recv;  // kept between calls (see the header)
+  send.clear();
   const ShardPlan* mine = nullptr;
   RedistributeStats s;
   for (const ShardPlan& sp : plan.shards) {
@@ -110,7 +118,7 @@ Result<DTensor> Redistribute(const DTensor& t, const Mesh& target_mesh, const La
     recv_at[r] = total_recv;
     total_recv += recv_counts[r];
   }
-  std::vector<char> recv(total_recv);
+  recv.resize(total_recv);
   RETURN_IF_ERROR(comm.AllToAllV(send.data(), send_counts, recv.data(), recv_counts, DType::kU8)
                       .Annotate("redistribute " + ToString(t.layout()) + " -> " +
                                 ToString(target)));
@@ -119,26 +127,33 @@ Result<DTensor> Redistribute(const DTensor& t, const Mesh& target_mesh, const La
     s.received_bytes += recv_counts[r];
   }
 
-  // Unpack into this rank's destination shard, in the same order.
-  std::vector<char> out;
+  // Unpack into this rank's destination shard, in the same order. The
+  // result is described by the target layout as given; its bytes are the
+  // same in the plan's (possibly finer) view.
+  RETURN_IF_ERROR(out->Reset(target_mesh, target, me));
   if (mine != nullptr) {
     const std::vector<int64_t> dst_ext = mine->shard.extents();
-    out.resize(NumElements(mine->shard) * es);
+    char* dst = out->local().data();
     for (const PieceCopy& c : mine->copies) {
       if (c.src_rank == me) {
-        CopyBox(src, src_ext, c.src_box, out.data(), dst_ext, c.dst_box, es);
+        CopyBox(src, src_ext, c.src_box, dst, dst_ext, c.dst_box, es);
         continue;
       }
       const char* from = recv.data() + recv_at[c.src_rank];
-      CopyBox(from, c.src_box.extents(), Box::FromShape(c.src_box.extents()), out.data(), dst_ext,
+      CopyBox(from, c.src_box.extents(), Box::FromShape(c.src_box.extents()), dst, dst_ext,
               c.dst_box, es);
       recv_at[c.src_rank] += NumElements(c.src_box) * es;
     }
   }
   if (stats != nullptr) *stats = s;
-  // The result is described by the target layout as given; its bytes are
-  // the same in the plan's (possibly finer) view.
-  return DTensor::FromLocal(target_mesh, target, me, std::move(out));
+  return Status::Ok();
+}
+
+Result<DTensor> Redistribute(const DTensor& t, const Mesh& target_mesh, const Layout& target,
+                             Communicator& comm, RedistributeStats* stats) {
+  DTensor out;
+  RETURN_IF_ERROR(RedistributeInto(t, target_mesh, target, comm, &out, stats));
+  return out;
 }
 
 }  // namespace tessera

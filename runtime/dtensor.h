@@ -42,6 +42,10 @@ class DTensor {
   const std::vector<char>& local() const { return local_; }
   std::vector<char>& local() { return local_; }
 
+  // Re-describes this tensor as `rank`'s shard under `layout` and sizes
+  // local() for it, keeping its storage (no new allocation when it fits).
+  Status Reset(const Mesh& mesh, Layout layout, int64_t rank);
+
  private:
   Mesh mesh_;
   Layout layout_;
@@ -60,6 +64,12 @@ struct RedistributeStats {
 // (the same number of ranks). Errors name the layouts.
 Result<DTensor> Redistribute(const DTensor& t, const Mesh& target_mesh, const Layout& target,
                              Communicator& comm, RedistributeStats* stats = nullptr);
+// The same into `*out` (not `t`), reusing its storage: in a training loop
+// the same redistribution runs every step, and fresh buffers cost a page
+// fault per page. The exchange buffers are kept per thread for the same
+// reason.
+Status RedistributeInto(const DTensor& t, const Mesh& target_mesh, const Layout& target,
+                        Communicator& comm, DTensor* out, RedistributeStats* stats = nullptr);
 inline Result<DTensor> Redistribute(const DTensor& t, const Layout& target, Communicator& comm,
                                     RedistributeStats* stats = nullptr) {
   return Redistribute(t, t.mesh(), target, comm, stats);
