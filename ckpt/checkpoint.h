@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <map>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -72,9 +73,33 @@ Result<const TensorStrategy*> CheckWritePiece(const Strategy& strategy, const st
                                               size_t index, const Box& box);
 
 // Layouts over a view (Layout::view, the tensor-parallel fused-qkv layout)
-// are planned by transform/ but not yet stored by any format: writers
-// refuse them, naming the tensor.
+// are stored by the native format only; the other formats' writers refuse
+// them, naming the tensor.
 Status CheckNoViews(const Strategy& strategy, const std::string& where);
+
+// A box over `fine` (a shape refining `coarse`: the same elements in the
+// same order, each coarse dimension cut into consecutive fine ones) is a set
+// of boxes over `coarse`. Calls fn(coarse_box, extents, at) for each: the
+// part lies at box `at` of the box's dense buffer seen with `extents` (its
+// extents with each group of fine dimensions multiplied together, so a
+// buffer of coarse rank). Adjacent parts are merged.
+Status ForEachCoarsePart(
+    const Box& box, const std::vector<int64_t>& fine, const std::vector<int64_t>& coarse,
+    const std::function<Status(const Box& part, const std::vector<int64_t>& extents,
+                               const Box& at)>& fn);
+
+// Reads `region`, a box over `coords`, of tensor `index` into the dense
+// buffer `dst` (region's extents). `coords` is the reader's split shape or
+// a view refining it (a plan over a finer view than the checkpoint's); a
+// whole-tensor region may be over any shape of the tensor.
+Status ReadRegionOver(const CheckpointReader& reader, size_t index,
+                      const std::vector<int64_t>& coords, const Box& region, void* dst);
+// Writes a piece given over `coords` (the layout's split shape or a view
+// refining it) of a tensor laid out `layout` in the writer: over a finer
+// view, as the coarse boxes it consists of.
+Status WritePieceOver(CheckpointWriter& writer, const Layout& layout, size_t index,
+                      int64_t shard_rank, const std::vector<int64_t>& coords, const Box& box,
+                      const void* data);
 
 // Reads a whole tensor into `dst` (ByteSize of its layout).
 Status ReadTensor(const CheckpointReader& reader, size_t index, void* dst);

@@ -1,6 +1,7 @@
 #include "ckpt/diff.h"
 
 #include <algorithm>
+#include <limits>
 #include <cmath>
 #include <cstring>
 #include <memory>
@@ -89,6 +90,7 @@ Result<DiffReport> DiffCheckpoints(const CheckpointReader& a, const CheckpointRe
   struct Job {
     size_t diff, ia, ib;
     Box box;
+    std::vector<int64_t> coords;  // what `box` is over
   };
   std::vector<Job> jobs;
   ThreadPool pool(options.threads);
@@ -109,8 +111,16 @@ Result<DiffReport> DiffCheckpoints(const CheckpointReader& a, const CheckpointRe
       d.elements = NumElements(ta.layout);
       const size_t ib = static_cast<size_t>(tb - b.strategy().tensors().data());
       if (d.elements > 0) {
-        for (const Box& box : SplitBox(Box::FromShape(ta.layout.shape), DTypeSize(ta.layout.dtype), slab)) {
-          jobs.push_back({report.tensors.size(), ia, ib, box});
+        // Slabs over the finer of the two split shapes (views), which both
+        // readers can read; the whole tensor when neither refines the other.
+        const std::vector<int64_t>& ca = ta.layout.split_shape();
+        const std::vector<int64_t>& cb = tb->layout.split_shape();
+        const std::vector<int64_t> coords =
+            RefinesShape(ca, cb) ? ca : RefinesShape(cb, ca) ? cb : ta.layout.shape;
+        const bool whole = !RefinesShape(coords, ca) || !RefinesShape(coords, cb);
+        const int64_t limit = whole ? std::numeric_limits<int64_t>::max() : slab;
+        for (const Box& box : SplitBox(Box::FromShape(coords), DTypeSize(ta.layout.dtype), limit)) {
+          jobs.push_back({report.tensors.size(), ia, ib, box, coords});
         }
       }
     }
@@ -130,12 +140,11 @@ Result<DiffReport> DiffCheckpoints(const CheckpointReader& a, const CheckpointRe
     const DType dtype = a.strategy().tensors()[j.ia].layout.dtype;
     const int64_t n = NumElements(j.box);
     const std::vector<int64_t> ext = j.box.extents();
-    const Box whole = Box::FromShape(ext);
     const std::string what = "tensor '" + report.tensors[j.diff].name + "' " + ToString(j.box);
     ASSIGN_OR_RETURN(auto x, AllocateBytes(n * DTypeSize(dtype), what));
     ASSIGN_OR_RETURN(auto y, AllocateBytes(n * DTypeSize(dtype), what));
-    RETURN_IF_ERROR(a.ReadRegion(j.ia, j.box, x.get(), ext, whole));
-    RETURN_IF_ERROR(b.ReadRegion(j.ib, j.box, y.get(), ext, whole));
+    RETURN_IF_ERROR(ReadRegionOver(a, j.ia, j.coords, j.box, x.get()));
+    RETURN_IF_ERROR(ReadRegionOver(b, j.ib, j.coords, j.box, y.get()));
     const Partial p = Compare(x.get(), y.get(), n, dtype, options);
     std::lock_guard<std::mutex> lock(mu);
     TensorDiff& d = report.tensors[j.diff];

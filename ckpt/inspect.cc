@@ -9,11 +9,11 @@
 namespace tessera {
 
 std::string PlacementString(const Layout& layout) {
-  std::string out;
+  std::string out = layout.view.empty() ? "" : "view " + ShapeToString(layout.view);
   bool split = false;
   for (const auto& axes : layout.dim_axes) split = split || !axes.empty();
   if (split) {
-    out = "split [";
+    out += out.empty() ? "split [" : " split [";
     for (size_t d = 0; d < layout.dim_axes.size(); ++d) {
       if (d > 0) out += ", ";
       const auto& axes = layout.dim_axes[d];
@@ -104,6 +104,7 @@ std::string InspectJson(const CheckpointReader& r) {
     t["name"] = ts[i].name;
     t["dtype"] = std::string(DTypeName(l.dtype));
     t["shape"] = l.shape;
+    if (!l.view.empty()) t["view"] = l.view;
     t["dim_axes"] = l.dim_axes;
     t["opt_axes"] = l.opt_axes;
     if (!l.stage_axis.empty()) t["stage"] = {{"axis", l.stage_axis}, {"index", l.stage}};

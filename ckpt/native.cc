@@ -228,7 +228,6 @@ Result<std::unique_ptr<CheckpointWriter>> CreateNativeCheckpoint(Env* env, const
                                                                  Strategy strategy,
                                                                  CheckpointMeta meta,
                                                                  const NativeWriteOptions& options) {
-  RETURN_IF_ERROR(CheckNoViews(strategy, "checkpoint '" + path + "'"));
   ASSIGN_OR_RETURN(OutputPaths out, PrepareOutput(env, path, options.overwrite, true));
   return std::unique_ptr<CheckpointWriter>(
       new NativeWriter(env, std::move(out), std::move(strategy), std::move(meta), options));

@@ -60,7 +60,9 @@ Result<TransformStats> WriteTransformed(Env* env, const CheckpointReader& src, c
     return InvalidArgumentError("--max-shard-size applies to safetensors output only");
   }
   ASSIGN_OR_RETURN(Strategy complete, CompleteStrategy(src.strategy(), dst));
-  RETURN_IF_ERROR(CheckNoViews(complete, "output '" + out_path + "'"));
+  if (options.format != Format::kNative) {
+    RETURN_IF_ERROR(CheckNoViews(complete, "output '" + out_path + "'"));
+  }
   CheckpointMeta meta = src.meta();
   meta.created_by = "tessera ckpt";
   std::unique_ptr<CheckpointWriter> writer;

@@ -124,9 +124,12 @@ Result<TransformStats> Transform(const CheckpointReader& src, const Strategy& ds
     const int64_t bytes = NumElements(item.box) * DTypeSize(t.layout.dtype);
     ASSIGN_OR_RETURN(auto buf, buffers.Get(bytes, "tensor '" + t.name + "' " + ToString(item.box)));
     const std::vector<int64_t> extents = item.box.extents();
-    RETURN_IF_ERROR(
-        src.ReadRegion(item.tensor, item.box, buf.get(), extents, Box::FromShape(extents)));
-    RETURN_IF_ERROR(out.WritePiece(item.tensor, item.rank, item.box, buf.get()));
+    // The plan's boxes are over its coordinates (the finer view when the
+    // source and destination split different views of the tensor).
+    const std::vector<int64_t>& coords = plan.tensors[item.tensor].src_layout.split_shape();
+    RETURN_IF_ERROR(ReadRegionOver(src, item.tensor, coords, item.box, buf.get()));
+    RETURN_IF_ERROR(WritePieceOver(out, t.layout, item.tensor, item.rank, coords, item.box,
+                                   buf.get()));
     if (options.progress) {
       std::lock_guard<std::mutex> lock(progress_mu);
       done += bytes;

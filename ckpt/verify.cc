@@ -140,7 +140,7 @@ Result<int64_t> ReadEverything(const CheckpointReader& reader, int threads) {
   int64_t total = 0;
   for (size_t i = 0; i < reader.strategy().tensors().size(); ++i) {
     const Layout& l = reader.strategy().tensors()[i].layout;
-    for (const Box& b : SplitBox(Box::FromShape(l.shape), DTypeSize(l.dtype), int64_t{64} << 20)) {
+    for (const Box& b : SplitBox(Box::FromShape(l.split_shape()), DTypeSize(l.dtype), int64_t{64} << 20)) {
       items.push_back({i, b});
       total += NumElements(b) * DTypeSize(l.dtype);
     }

@@ -28,6 +28,7 @@ void ToProto(const Layout& l, native::LayoutProto* p) {
   for (const std::string& a : l.opt_axes) p->add_opt_axes(a);
   p->set_stage_axis(l.stage_axis);
   p->set_stage(l.stage);
+  for (int64_t v : l.view) p->add_view(v);
 }
 
 Result<Layout> FromProto(const native::LayoutProto& p) {
@@ -38,6 +39,7 @@ Result<Layout> FromProto(const native::LayoutProto& p) {
   l.opt_axes.assign(p.opt_axes().begin(), p.opt_axes().end());
   l.stage_axis = p.stage_axis();
   l.stage = p.stage();
+  l.view.assign(p.view().begin(), p.view().end());
   return l;
 }
 
@@ -115,7 +117,7 @@ Result<Manifest> ParseManifest(std::string_view bytes, const std::string& path) 
       t.mesh = *tm;
     }
     RETURN_IF_ERROR(ValidateLayout(t.layout, t.mesh ? *t.mesh : m.mesh).Annotate(tctx));
-    const Box whole = Box::FromShape(t.layout.shape);
+    const Box whole = Box::FromShape(t.layout.split_shape());  // piece boxes are over the view
     for (const auto& pp : tp.pieces()) {
       PieceInfo pc;
       if (pp.begin_size() != t.layout.rank() || pp.end_size() != t.layout.rank()) {

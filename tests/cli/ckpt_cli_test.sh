@@ -119,15 +119,49 @@ JSON
 run "$ckpt" reshard a -o u --strategy shape.json
 check "a shape mismatch names the tensor" grep -q "h.0.attn.c_attn.weight" out
 check "shape mismatch: no output left" no_output u
+cat >shape2.json <<'JSON'
+{"mesh": {"axes": ["tp"], "shape": [2]},
+ "tensors": {"h.0.attn.c_attn.weight": {"shape": [64, 192], "split": [null, "tp"]}}}
+JSON
 cat >view.json <<'JSON'
 {"mesh": {"axes": ["tp"], "shape": [2]},
  "tensors": {"h.0.attn.c_attn.weight": {"shape": [64, 192], "view": [64, 3, 64],
                                         "split": [null, null, "tp"]}}}
 JSON
+# The fused qkv split by heads: a layout over the view [C, 3, C], stored by
+# the native format, read back over any other layout.
 run "$ckpt" reshard a -o u --strategy view.json
-check "a layout over a view (tp by heads) is refused by name for now" \
+check "tp=4 columns of the fused qkv (cut inside q, k, v) cannot become heads: named" \
+  grep -q "h.0.attn.c_attn.weight.*cut inside the view's blocks of 64" out
+run "$ckpt" reshard full -o v --strategy view.json -q
+check "reshard to the fused qkv split by heads (a view)" test $rc -eq 0
+"$ckpt" inspect v >inspect-v.txt
+check "inspect shows the view" grep -q "c_attn.weight .*view \[64, 3, 64\] split \[-, -, tp\]" inspect-v.txt
+run "$ckpt" verify v -q
+check "the view checkpoint verifies" test $rc -eq 0
+run "$ckpt" diff v full -q
+check "... and holds the same tensors" test $rc -eq 0
+run "$ckpt" reshard v -o v4 --mesh tp=4 -q
+run "$ckpt" diff v4 full -q
+check "heads over tp=2 -> tp=4" test $rc -eq 0
+cat >cols3.json <<'JSON'
+{"mesh": {"axes": ["tp"], "shape": [3]},
+ "tensors": {"h.0.attn.c_attn.weight": {"shape": [64, 192], "split": [null, "tp"]}}}
+JSON
+run "$ckpt" reshard v -o v3 --strategy cols3.json -q
+run "$ckpt" diff v3 full -q
+check "heads -> q | k | v one per rank (cuts on the view's blocks)" test $rc -eq 0
+run "$ckpt" merge v -o vm --format safetensors -q
+run "$ckpt" diff vm full -q
+check "heads -> merged safetensors" test $rc -eq 0
+run "$ckpt" reshard v -o u --strategy shape2.json
+check "a split cutting inside q, k or v is refused, naming the tensor" \
+  grep -q "h.0.attn.c_attn.weight.*blocks of 64" out
+check "... with no output left" no_output u
+run "$ckpt" convert v -o u.safetensors --format safetensors
+check "a view cannot go into safetensors' recorded layouts: named" \
   grep -q "tensor 'h.0.attn.c_attn.weight' is laid out over view \[64, 3, 64\]" out
-check "view: no output left" no_output u
+check "... with no output left" no_output u.safetensors
 run "$ckpt" reshard a -o b --mesh dp=1,tp=2
 check "an existing output is refused" grep -q "'b' already exists" out
 run "$ckpt" reshard a -o b --mesh dp=2,tp=1 --overwrite -q
