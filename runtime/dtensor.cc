@@ -13,6 +13,35 @@ Result<std::optional<Box>> HeldBox(const Mesh& mesh, const Layout& layout, int64
   return grid.ShardOf(rank);
 }
 
+// When every rank holds the next block of whole rows of the source, in rank
+// order and once each, and every rank wants the whole tensor (FSDP's
+// unshard): each rank's bytes in the result, as AllGatherV places them.
+Result<std::optional<std::vector<int64_t>>> RowBlocksInRankOrder(const Mesh& mesh,
+                                                                 const Layout& from,
+                                                                 const Mesh& target_mesh,
+                                                                 const Layout& to) {
+  const std::optional<std::vector<int64_t>> none;
+  const std::vector<int64_t>& shape = from.split_shape();
+  if (shape.empty() || !to.stage_axis.empty() || !from.stage_axis.empty()) return none;
+  ASSIGN_OR_RETURN(ShardGrid target, ShardGrid::Create(target_mesh, to));
+  if (target.num_pieces() != 1) return none;  // not replicated
+  ASSIGN_OR_RETURN(ShardGrid grid, ShardGrid::Create(mesh, from));
+  const int64_t row = DTypeSize(from.dtype) * (NumElements(from) / std::max<int64_t>(1, shape[0]));
+  std::vector<int64_t> counts;
+  int64_t next = 0;
+  for (int64_t r = 0; r < mesh.world_size(); ++r) {
+    const std::optional<Box> b = grid.ShardOf(r);
+    if (!b || (*b)[0].begin != next) return none;
+    for (size_t d = 1; d < shape.size(); ++d) {
+      if ((*b)[d].size() != shape[d]) return none;
+    }
+    next = (*b)[0].end;
+    counts.push_back((*b)[0].size() * row);
+  }
+  if (next != shape[0]) return none;
+  return std::optional<std::vector<int64_t>>(std::move(counts));
+}
+
 }  // namespace
 
 Status DTensor::Reset(const Mesh& mesh, Layout layout, int64_t rank) {
@@ -71,6 +100,21 @@ Status RedistributeInto(const DTensor& t, const Mesh& target_mesh, const Layout&
   if (t.rank() != comm.rank()) {
     return InvalidArgumentError("the tensor is rank " + std::to_string(t.rank()) +
                                 "'s shard, this is rank " + std::to_string(comm.rank()));
+  }
+  // FSDP's unshard (row blocks in rank order -> replicated) is one
+  // AllGatherV straight into the result: no packing.
+  ASSIGN_OR_RETURN(auto blocks, RowBlocksInRankOrder(t.mesh(), t.layout(), target_mesh, target));
+  if (blocks && target.shape == t.layout().shape && target.dtype == t.layout().dtype) {
+    RETURN_IF_ERROR(out->Reset(target_mesh, target, comm.rank()));
+    RETURN_IF_ERROR(comm.AllGatherV(t.local().data(), (*blocks)[comm.rank()], out->local().data(),
+                                    *blocks, DType::kU8)
+                        .Annotate("redistribute " + ToString(t.layout()) + " -> " +
+                                  ToString(target)));
+    if (stats != nullptr) {
+      const int64_t mine = (*blocks)[comm.rank()];
+      *stats = {mine * (world - 1), static_cast<int64_t>(out->local().size()) - mine, mine};
+    }
+    return Status::Ok();
   }
   // Every rank plans the same (deterministic) copies; local pieces first.
   std::vector<int64_t> load;

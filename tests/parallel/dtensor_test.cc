@@ -66,6 +66,21 @@ TEST_CASE("Redistribute: traffic is what the layouts need") {
     Check(*mesh, cols, *mesh, whole, full, &st);
     for (const auto& s : st) CHECK((s.sent_bytes == 8 * 6 * 4 && s.received_bytes == 8 * 6 * 4));
   }
+  SECTION("rows in rank order -> replicated: one AllGatherV (FSDP's unshard)") {
+    auto four = Mesh::Parse("a=2,b=2");
+    Layout blocks = whole;
+    blocks.dim_axes = {{"a", "b"}, {}};  // rank r holds rows [2r, 2r + 2)
+    Check(*four, blocks, *four, whole, full, &st);
+    for (const auto& s : st) CHECK((s.sent_bytes == 3 * 2 * 12 * 4 && s.local_bytes == 2 * 12 * 4));
+    Layout uneven = Layout::Replicated({7, 12}, DType::kF32);  // chunks of 2, 2, 2, 1
+    uneven.dim_axes = {{"a", "b"}, {}};
+    Check(*four, uneven, *four, Layout::Replicated({7, 12}, DType::kF32),
+          std::vector<char>(full.begin(), full.begin() + 7 * 12 * 4), &st);
+    CHECK(st[3].local_bytes == 12 * 4);
+    // Replicas (rows over tp only, dp holding copies) take the general path.
+    Check(*mesh, rows, *mesh, whole, full, &st);
+    for (const auto& s : st) CHECK(s.local_bytes == 4 * 12 * 4);
+  }
   SECTION("columns -> rows: an all-to-all, half of each shard kept") {
     Check(*mesh, cols, *mesh, rows, full, &st);
     for (const auto& s : st) CHECK((s.local_bytes == 4 * 6 * 4 && s.sent_bytes == 4 * 6 * 4));
