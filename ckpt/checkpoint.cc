@@ -42,7 +42,8 @@ Status ForEachCoarsePart(
     const Box& box, const std::vector<int64_t>& fine, const std::vector<int64_t>& coarse,
     const std::function<Status(const Box& part, const std::vector<int64_t>& extents,
                                const Box& at)>& fn) {
-  if (!RefinesShape(fine, coarse)) {
+  const auto groups = RefinementGroups(fine, coarse);
+  if (!groups) {
     return InvalidArgumentError(ShapeToString(fine) + " does not refine " + ShapeToString(coarse));
   }
   if (IsEmpty(box) && box.rank() > 0) return Status::Ok();
@@ -53,15 +54,8 @@ Status ForEachCoarsePart(
   };
   std::vector<std::vector<Run>> runs(coarse.size());
   std::vector<int64_t> extents(coarse.size());
-  int k = 0;
   for (size_t d = 0; d < coarse.size(); ++d) {
-    const int first = k;
-    int64_t prod = 1;
-    do {
-      prod *= fine[k++];
-    } while (prod < coarse[d]);
-    while (d + 1 == coarse.size() && k < static_cast<int>(fine.size())) ++k;  // trailing 1s
-    const int last = k;  // the group is fine dimensions [first, last)
+    const auto [first, last] = (*groups)[d];  // the fine dimensions [first, last)
     extents[d] = 1;
     for (int j = first; j < last; ++j) extents[d] *= box[j].size();
     // Every index tuple of the group's outer dimensions, row-major.

@@ -24,31 +24,6 @@ std::vector<Interval> NestedPieces(int64_t size, const std::vector<int64_t>& cou
   return pieces;
 }
 
-// For each dimension of `coarse`, the range [first, last) of the dimensions
-// of `fine` it is cut into (trailing 1s of `fine` join the last range), or
-// nothing when `fine` does not refine `coarse`.
-std::optional<std::vector<std::pair<int, int>>> Groups(const std::vector<int64_t>& fine,
-                                                       const std::vector<int64_t>& coarse) {
-  std::vector<std::pair<int, int>> groups;
-  const int n = static_cast<int>(fine.size());
-  int k = 0;
-  for (int64_t c : coarse) {
-    const int first = k;
-    int64_t prod = 1;
-    do {
-      if (k == n || fine[k] <= 0) return std::nullopt;
-      prod *= fine[k++];
-    } while (prod < c);
-    if (prod != c) return std::nullopt;
-    groups.emplace_back(first, k);
-  }
-  for (; k < n; ++k) {
-    if (fine[k] != 1 || groups.empty()) return std::nullopt;
-    groups.back().second = k + 1;
-  }
-  return groups;
-}
-
 std::string JoinAxes(const std::vector<std::string>& axes) {
   if (axes.empty()) return "-";
   std::string s;
@@ -163,15 +138,37 @@ std::string ToString(const Layout& layout) {
   return s;
 }
 
+std::optional<std::vector<std::pair<int, int>>> RefinementGroups(const std::vector<int64_t>& fine,
+                                                       const std::vector<int64_t>& coarse) {
+  std::vector<std::pair<int, int>> groups;
+  const int n = static_cast<int>(fine.size());
+  int k = 0;
+  for (int64_t c : coarse) {
+    const int first = k;
+    int64_t prod = 1;
+    do {
+      if (k == n || fine[k] <= 0) return std::nullopt;
+      prod *= fine[k++];
+    } while (prod < c);
+    if (prod != c) return std::nullopt;
+    groups.emplace_back(first, k);
+  }
+  for (; k < n; ++k) {
+    if (fine[k] != 1 || groups.empty()) return std::nullopt;
+    groups.back().second = k + 1;
+  }
+  return groups;
+}
+
 bool RefinesShape(const std::vector<int64_t>& fine, const std::vector<int64_t>& coarse) {
-  return Groups(fine, coarse).has_value();
+  return RefinementGroups(fine, coarse).has_value();
 }
 
 Result<Layout> LayoutInView(const Layout& layout, const Mesh& mesh,
                             const std::vector<int64_t>& view) {
   RETURN_IF_ERROR(ValidateLayout(layout, mesh));
   const std::vector<int64_t>& coarse = layout.split_shape();
-  const auto groups = Groups(view, coarse);
+  const auto groups = RefinementGroups(view, coarse);
   if (!groups || layout.shape.empty()) {
     return InvalidArgumentError("view " + ShapeToString(view) + " does not refine " +
                                 ShapeToString(coarse));

@@ -27,6 +27,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/dtype.h"
@@ -76,6 +77,11 @@ std::string ToString(const Layout& layout);
 // Whether `fine` cuts every dimension of `coarse` into consecutive
 // dimensions (equal shapes included). Both without zero sizes.
 bool RefinesShape(const std::vector<int64_t>& fine, const std::vector<int64_t>& coarse);
+// For each dimension of `coarse`, the range [first, last) of the dimensions
+// of `fine` it is cut into (trailing 1s of `fine` join the last range), or
+// nothing when `fine` does not refine `coarse`.
+std::optional<std::vector<std::pair<int, int>>> RefinementGroups(
+    const std::vector<int64_t>& fine, const std::vector<int64_t>& coarse);
 
 // The same placement expressed over the finer split shape `view` (which
 // must refine layout.split_shape()): each dimension's axes move to the
