@@ -7,12 +7,6 @@
 namespace tessera {
 namespace {
 
-// The box `rank` holds under `layout` (nullopt: nothing).
-Result<std::optional<Box>> HeldBox(const Mesh& mesh, const Layout& layout, int64_t rank) {
-  ASSIGN_OR_RETURN(ShardGrid grid, ShardGrid::Create(mesh, layout));
-  return grid.ShardOf(rank);
-}
-
 // When every rank holds the next block of whole rows of the source, in rank
 // order and once each, and every rank wants the whole tensor (FSDP's
 // unshard): each rank's bytes in the result, as AllGatherV places them.
@@ -45,10 +39,7 @@ Result<std::optional<std::vector<int64_t>>> RowBlocksInRankOrder(const Mesh& mes
 }  // namespace
 
 Status DTensor::Reset(const Mesh& mesh, Layout layout, int64_t rank) {
-  if (rank < 0 || rank >= mesh.world_size()) {
-    return OutOfRangeError("rank " + std::to_string(rank) + " is outside mesh " + mesh.ToString());
-  }
-  ASSIGN_OR_RETURN(std::optional<Box> box, HeldBox(mesh, layout, rank));
+  ASSIGN_OR_RETURN(std::optional<Box> box, ShardOf(layout, mesh, rank));
   mesh_ = mesh;
   rank_ = rank;
   holds_ = box.has_value();
@@ -75,10 +66,7 @@ Result<DTensor> DTensor::FromLocal(const Mesh& mesh, Layout layout, int64_t rank
 
 Result<DTensor> DTensor::FromFull(const Mesh& mesh, Layout layout, const void* full,
                                   int64_t rank) {
-  if (rank < 0 || rank >= mesh.world_size()) {
-    return OutOfRangeError("rank " + std::to_string(rank) + " is outside mesh " + mesh.ToString());
-  }
-  ASSIGN_OR_RETURN(std::optional<Box> box, HeldBox(mesh, layout, rank));
+  ASSIGN_OR_RETURN(std::optional<Box> box, ShardOf(layout, mesh, rank));
   std::vector<char> local;
   if (box) {
     const int64_t es = DTypeSize(layout.dtype);
@@ -125,7 +113,7 @@ Status RedistributeInto(const DTensor& t, const Mesh& target_mesh, const Layout&
   const int64_t es = DTypeSize(target.dtype);
   // The source shard in the plan's coordinates (the same bytes whatever the
   // view: only its extents may differ).
-  ASSIGN_OR_RETURN(std::optional<Box> src_box, HeldBox(t.mesh(), plan.src_layout, me));
+  ASSIGN_OR_RETURN(std::optional<Box> src_box, ShardOf(plan.src_layout, t.mesh(), me));
   const std::vector<int64_t> src_ext = src_box ? src_box->extents() : std::vector<int64_t>{};
   const char* src = t.local().data();
 
