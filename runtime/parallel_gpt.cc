@@ -233,7 +233,10 @@ Result<double> ParallelGpt::RunPipeline(const int32_t* tokens, const int32_t* ta
   const float dloss = 1.0f / static_cast<float>(M);
   if (s > 0) recv_x_.resize(n);
   if (s < P - 1) recv_dy_.resize(n);
-  if (s > 0) send_dx_.assign(M, std::vector<float>(n));
+  if (s > 0) {  // kept between steps: the sizes change only with the batch shape
+    send_dx_.resize(M);
+    for (std::vector<float>& b : send_dx_) b.resize(n);
+  }
   std::vector<Request> slot_send(slots), dx_send(M);
   double loss = 0;
   // Tags: 2i carries micro-batch i's activations forward, 2i + 1 their
