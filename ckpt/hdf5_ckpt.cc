@@ -4,6 +4,7 @@
 #include <map>
 #include <mutex>
 
+#include "ckpt/meta_attributes.h"
 #include "ckpt/output.h"
 #include "formats/hdf5_file.h"
 #include "transform/layout.h"
@@ -12,10 +13,6 @@ namespace tessera {
 namespace {
 
 constexpr int64_t kMaxChunkBytes = int64_t{4} << 20;
-constexpr char kStrategyKey[] = "tessera.strategy";
-constexpr char kStepKey[] = "tessera.step";
-constexpr char kCreatedByKey[] = "tessera.created_by";
-constexpr char kMetaKey[] = "tessera.meta.";
 
 // The extents of the largest shard of the layout, then halved (outer
 // dimensions first) until a chunk holds at most kMaxChunkBytes.
@@ -129,24 +126,11 @@ Result<std::unique_ptr<CheckpointReader>> OpenHdf5Checkpoint(const std::string& 
   ASSIGN_OR_RETURN(std::vector<Hdf5Dataset> datasets, file.List());
   ASSIGN_OR_RETURN(auto attrs, file.RootAttributes());
   CheckpointMeta meta;
-  for (const auto& [key, value] : attrs) {
-    if (key == kStepKey) {
-      try {
-        meta.step = std::stoll(value);
-      } catch (...) {
-        return DataLossError("HDF5 checkpoint '" + path + "': tessera.step '" + value +
-                             "' is not a number");
-      }
-    } else if (key == kCreatedByKey) {
-      meta.created_by = value;
-    } else if (key.rfind(kMetaKey, 0) == 0) {
-      meta.metadata[key.substr(sizeof(kMetaKey) - 1)] = value;
-    }
-  }
+  RETURN_IF_ERROR(DecodeMetaAttributes("HDF5 checkpoint '" + path + "'", attrs, &meta));
   std::map<std::string, const Hdf5Dataset*> by_name;
   for (const Hdf5Dataset& d : datasets) by_name[d.name] = &d;
   Strategy strategy;
-  auto recorded = attrs.count(kStrategyKey) ? ParseStrategyJson(attrs[kStrategyKey])
+  auto recorded = attrs.count(kStrategyAttribute) ? ParseStrategyJson(attrs[kStrategyAttribute])
                                             : Result<Strategy>(NotFoundError(""));
   if (recorded.ok() && recorded->tensors().size() == datasets.size()) {
     for (const TensorStrategy& t : recorded->tensors()) {
@@ -191,11 +175,8 @@ Result<std::unique_ptr<CheckpointWriter>> CreateHdf5Checkpoint(Env* env, const s
                                    {{"tessera.layout", ToString(t.layout)}});
     if (!s.ok()) return fail(s);
   }
-  std::map<std::string, std::string> root = {{kStrategyKey, StrategyToJson(strategy)},
-                                             {kStepKey, std::to_string(meta.step)}};
-  if (!meta.created_by.empty()) root[kCreatedByKey] = meta.created_by;
-  for (const auto& [key, value] : meta.metadata) root[kMetaKey + key] = value;
-  for (const auto& [key, value] : root) {
+  // HDF5 attributes hold any bytes: nothing needs hex.
+  for (const auto& [key, value] : EncodeMetaAttributes(strategy, meta, /*text_only=*/false)) {
     Status s = file->SetRootAttribute(key, value);
     if (!s.ok()) return fail(s);
   }

@@ -6,91 +6,18 @@
 #include <nlohmann/json.hpp>
 
 #include "ckpt/dense.h"
+#include "ckpt/meta_attributes.h"
 #include "formats/safetensors.h"
 
 namespace tessera {
 namespace {
 
 constexpr uint64_t kMaxIndexBytes = uint64_t{64} << 20;
-constexpr char kStrategyKey[] = "tessera.strategy";
-constexpr char kStepKey[] = "tessera.step";
-constexpr char kCreatedByKey[] = "tessera.created_by";
-constexpr char kMetaKey[] = "tessera.meta.";
-constexpr char kMetaHexKey[] = "tessera.meta_hex.";
-
-bool Printable(const std::string& s) {
-  for (unsigned char c : s) {
-    if ((c < 0x20 || c > 0x7e) && c != '\n' && c != '\t') return false;
-  }
-  return true;
-}
-
-std::string ToHex(const std::string& s) {
-  static const char* kDigits = "0123456789abcdef";
-  std::string out;
-  for (unsigned char c : s) {
-    out.push_back(kDigits[c >> 4]);
-    out.push_back(kDigits[c & 15]);
-  }
-  return out;
-}
-
-Result<std::string> FromHex(const std::string& s) {
-  if (s.size() % 2 != 0) return InvalidArgumentError("odd number of hex digits");
-  auto digit = [](char c) -> int {
-    if (c >= '0' && c <= '9') return c - '0';
-    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-    return -1;
-  };
-  std::string out;
-  for (size_t i = 0; i < s.size(); i += 2) {
-    const int hi = digit(s[i]), lo = digit(s[i + 1]);
-    if (hi < 0 || lo < 0) return InvalidArgumentError("not lowercase hex");
-    out.push_back(static_cast<char>(hi * 16 + lo));
-  }
-  return out;
-}
 
 std::map<std::string, std::string> MetadataOf(const Strategy& strategy, const CheckpointMeta& meta) {
-  std::map<std::string, std::string> m;
+  std::map<std::string, std::string> m = EncodeMetaAttributes(strategy, meta, /*text_only=*/true);
   m["format"] = "pt";
-  m[kStrategyKey] = StrategyToJson(strategy);
-  m[kStepKey] = std::to_string(meta.step);
-  if (!meta.created_by.empty() && Printable(meta.created_by)) m[kCreatedByKey] = meta.created_by;
-  for (const auto& [key, value] : meta.metadata) {
-    if (Printable(value)) {
-      m[kMetaKey + key] = value;
-    } else {
-      m[kMetaHexKey + key] = ToHex(value);
-    }
-  }
   return m;
-}
-
-Status ParseMetadata(const std::string& path, const std::map<std::string, std::string>& m,
-                     CheckpointMeta* meta) {
-  for (const auto& [key, value] : m) {
-    if (key == kStepKey) {
-      try {
-        meta->step = std::stoll(value);
-      } catch (...) {
-        return DataLossError("safetensors checkpoint '" + path + "': " + key + " '" + value +
-                             "' is not a number");
-      }
-    } else if (key == kCreatedByKey) {
-      meta->created_by = value;
-    } else if (key.rfind(kMetaHexKey, 0) == 0) {
-      auto bytes = FromHex(value);
-      if (!bytes.ok()) {
-        return DataLossError("safetensors checkpoint '" + path + "': " + key + ": " +
-                             bytes.status().message());
-      }
-      meta->metadata[key.substr(sizeof(kMetaHexKey) - 1)] = *bytes;
-    } else if (key.rfind(kMetaKey, 0) == 0) {
-      meta->metadata[key.substr(sizeof(kMetaKey) - 1)] = value;
-    }
-  }
-  return Status::Ok();
 }
 
 // The shard files an index names, with the file of each tensor.
@@ -212,10 +139,10 @@ Result<std::unique_ptr<CheckpointReader>> OpenSafetensorsCheckpoint(Env* env,
                            "' to '" + file + "', which does not hold it");
     }
   }
-  RETURN_IF_ERROR(ParseMetadata(path, metadata, &c.meta));
+  RETURN_IF_ERROR(DecodeMetaAttributes("safetensors checkpoint '" + path + "'", metadata, &c.meta));
 
   // The recorded strategy when there is one and it matches the files.
-  auto recorded = metadata.count(kStrategyKey) ? ParseStrategyJson(metadata[kStrategyKey])
+  auto recorded = metadata.count(kStrategyAttribute) ? ParseStrategyJson(metadata[kStrategyAttribute])
                                                : Result<Strategy>(NotFoundError(""));
   if (recorded.ok() && recorded->tensors().size() == found.size()) {
     for (const TensorStrategy& t : recorded->tensors()) {
