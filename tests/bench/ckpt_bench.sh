@@ -9,11 +9,7 @@ ckpt=$(realpath "$1"); make=$(realpath "$2"); work=$3; shift 3
 here=$(dirname "$(realpath "$0")")
 py=/usr/bin/python3
 mkdir -p "$work"
-median() { sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
-timed() {  # timed OUT_PREFIX CMD...: wall seconds and peak RSS (KiB) of one run
-  /usr/bin/time -f "%e %M" -o "$work/time.txt" "$@" >/dev/null
-  cat "$work/time.txt"
-}
+source "$here/lib.sh"
 for size in "$@"; do
   src="$work/src-$size"
   rm -rf "$work"/*

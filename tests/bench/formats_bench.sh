@@ -15,11 +15,7 @@ py=/usr/bin/python3
 mkdir -p "$work"
 work=$(realpath "$work")
 rm -rf "${work:?}"/*
-median() { sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
-timed() {  # timed CMD...: wall seconds and peak RSS (KiB) of one run
-  /usr/bin/time -f "%e %M" -o "$work/time.txt" "$@" >/dev/null
-  cat "$work/time.txt"
-}
+source "$here/lib.sh"
 # race N NAME OUT CMD... [-- NAME OUT CMD...]...: N rounds; in each round
 # every contender runs once, in turn, after its output is removed and the
 # dirty pages flushed, so that all of them meet the same page-cache state
