@@ -38,30 +38,35 @@ check "mpirun -np 4 --pp 2 --zero 1 (dp2 x pp2): the single-process losses" \
   close "$WORK/mpipp.log" "$WORK/one.log"
 check "... and says its pipeline" grep -q "pipeline: pp=2 stages, 2 micro-batches" "$WORK/mpipp.log"
 
-# 2 ranks with ZeRO-1 save at 12; one rank resumes to 30.
-"$BIN" "${SMALL[@]}" --steps 12 --ranks 2 --zero 1 --save "$WORK/ck" >"$WORK/a.log" 2>&1
-"$BIN" "${SMALL[@]}" --steps 30 --save "$WORK/ck" --resume >"$WORK/b.log" 2>&1
-check "resume on 1 rank from a 2-rank ZeRO checkpoint" grep -q "resumed from step 12" "$WORK/b.log"
-cat "$WORK/a.log" "$WORK/b.log" >"$WORK/ab.log"
-check "... continues the loss curve" close "$WORK/ab.log" "$WORK/one.log"
-# One rank saves at 12; two MPI processes with ZeRO-1 resume.
-"$BIN" "${SMALL[@]}" --steps 12 --save "$WORK/ck2" >"$WORK/c.log" 2>&1
-"${MPIRUN[@]}" -np 2 "$BIN" "${SMALL[@]}" --steps 30 --zero 1 --save "$WORK/ck2" --resume \
-  >"$WORK/d.log" 2>&1
-cat "$WORK/c.log" "$WORK/d.log" >"$WORK/cd.log"
-check "resume on 2 MPI ranks with ZeRO-1 from a 1-rank checkpoint" close "$WORK/cd.log" "$WORK/one.log"
-
-# Pipeline: 2 stages save at 12 (rank 0 gathers both stages); one rank
-# resumes. And back: one rank's checkpoint resumed on 2 MPI stages.
-"$BIN" "${SMALL[@]}" --steps 12 --ranks 2 --pp 2 --save "$WORK/ck3" >"$WORK/e.log" 2>&1
-"$BIN" "${SMALL[@]}" --steps 30 --save "$WORK/ck3" --resume >"$WORK/f.log" 2>&1
-cat "$WORK/e.log" "$WORK/f.log" >"$WORK/ef.log"
-check "resume on 1 rank from a pp2 checkpoint continues the curve" close "$WORK/ef.log" "$WORK/one.log"
-"$BIN" "${SMALL[@]}" --steps 12 --save "$WORK/ck4" >"$WORK/h.log" 2>&1
-"${MPIRUN[@]}" -np 2 "$BIN" "${SMALL[@]}" --steps 30 --pp 2 --save "$WORK/ck4" --resume \
-  >"$WORK/g.log" 2>&1
-cat "$WORK/h.log" "$WORK/g.log" >"$WORK/cg.log"
-check "resume on 2 MPI pipeline stages from a 1-rank checkpoint" close "$WORK/cg.log" "$WORK/one.log"
+# resumed NAME DIR "SAVE FLAGS" "RESUME FLAGS": one run saves at step 12,
+# another resumes from it to 30; together they must give the
+# single-process curve. A flag list starting with "mpi" runs under
+# mpirun -np 2.
+train() {  # train LOG [mpi] FLAGS...
+  local log=$1 launch=()
+  shift
+  if [ "${1:-}" = mpi ]; then launch=("${MPIRUN[@]}" -np 2); shift; fi
+  "${launch[@]}" "$BIN" "${SMALL[@]}" "$@" >"$log" 2>&1
+}
+resumed() {
+  local dir="$WORK/$2"
+  # shellcheck disable=SC2086
+  train "$dir.save.log" $3 --steps 12 --save "$dir"
+  # shellcheck disable=SC2086
+  train "$dir.resume.log" $4 --steps 30 --save "$dir" --resume
+  cat "$dir.save.log" "$dir.resume.log" >"$dir.both.log"
+  check "$1" close "$dir.both.log" "$WORK/one.log"
+}
+# 2 ranks with ZeRO-1 save; one rank resumes.
+resumed "resume on 1 rank from a 2-rank ZeRO checkpoint continues the loss curve" ck \
+  "--ranks 2 --zero 1" ""
+check "... and says where it resumed" grep -q "resumed from step 12" "$WORK/ck.resume.log"
+# One rank saves; two MPI processes with ZeRO-1 resume.
+resumed "resume on 2 MPI ranks with ZeRO-1 from a 1-rank checkpoint" ck2 "" "mpi --zero 1"
+# Pipeline: 2 stages save (rank 0 gathers both stages); one rank resumes.
+# And back: one rank's checkpoint resumed on 2 MPI stages.
+resumed "resume on 1 rank from a pp2 checkpoint continues the curve" ck3 "--ranks 2 --pp 2" ""
+resumed "resume on 2 MPI pipeline stages from a 1-rank checkpoint" ck4 "" "mpi --pp 2"
 
 out=$("$BIN" --data "$CORPUS" --layers 1 --heads 2 --embed 32 --context 32 --batch 3 --steps 1 \
   --ranks 2 2>&1)
