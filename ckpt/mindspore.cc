@@ -291,9 +291,9 @@ Result<MindSporeStrategyFile> StrategyToMindSpore(const Strategy& strategy) {
   return out;
 }
 
-Result<std::unique_ptr<CheckpointReader>> OpenMindSporeCheckpoint(Env* env,
-                                                                  const std::string& path,
-                                                                  const std::string& strategy_path) {
+Result<std::unique_ptr<CheckpointReader>> OpenMindSporeCheckpoint(
+    Env* env, const std::string& path, const std::string& strategy_path,
+    const std::string& strategy_hint) {
   std::map<int64_t, std::string> rank_files;
   if (env->IsDirectory(path)) {
     ASSIGN_OR_RETURN(rank_files, RankFiles(env, path));
@@ -303,7 +303,8 @@ Result<std::unique_ptr<CheckpointReader>> OpenMindSporeCheckpoint(Env* env,
   if (rank_files.size() > 1 && strategy_path.empty()) {
     return InvalidArgumentError("MindSpore checkpoint '" + path + "' has " +
                                 std::to_string(rank_files.size()) +
-                                " ranks: give its strategy file");
+                                " ranks: give its strategy file" +
+                                (strategy_hint.empty() ? "" : " (" + strategy_hint + ")"));
   }
   DenseCheckpoint c;
   c.path = path;

@@ -37,10 +37,12 @@ Result<Strategy> MindSporeToStrategy(const std::vector<MindSporeStrategyFile>& f
 Result<MindSporeStrategyFile> StrategyToMindSpore(const Strategy& strategy);
 
 // Opens a .ckpt file or a distributed directory. `strategy` (a strategy
-// file or directory) is required for a directory of several ranks.
-Result<std::unique_ptr<CheckpointReader>> OpenMindSporeCheckpoint(Env* env,
-                                                                  const std::string& path,
-                                                                  const std::string& strategy);
+// file or directory) is required for a directory of several ranks; the
+// error without it ends with `(strategy_hint)` when one is given (how the
+// caller names that option).
+Result<std::unique_ptr<CheckpointReader>> OpenMindSporeCheckpoint(
+    Env* env, const std::string& path, const std::string& strategy,
+    const std::string& strategy_hint = "");
 
 struct MindSporeWriteOptions {
   std::string prefix = "checkpoint_";

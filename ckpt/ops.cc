@@ -32,7 +32,7 @@ Result<std::unique_ptr<CheckpointReader>> OpenCheckpoint(Env* env, const std::st
     }
     if (IsSafetensorsCheckpoint(env, path)) return OpenSafetensorsCheckpoint(env, path);
     if (IsMindSporeCheckpoint(env, path)) {
-      return OpenMindSporeCheckpoint(env, path, options.mindspore_strategy);
+      return OpenMindSporeCheckpoint(env, path, options.mindspore_strategy, options.strategy_hint);
     }
     // Let the native reader say what is missing (an incomplete checkpoint).
     return OpenNativeCheckpoint(env, path);
@@ -42,7 +42,7 @@ Result<std::unique_ptr<CheckpointReader>> OpenCheckpoint(Env* env, const std::st
   {
     ASSIGN_OR_RETURN(auto file, env->NewRandomAccessFile(path));
     if (LooksLikeMindSporeCkpt(*file)) {
-      return OpenMindSporeCheckpoint(env, path, options.mindspore_strategy);
+      return OpenMindSporeCheckpoint(env, path, options.mindspore_strategy, options.strategy_hint);
     }
   }
   return InvalidArgumentError("'" + path +

@@ -24,6 +24,9 @@ struct OpenOptions {
   // A MindSpore strategy file or directory of stage files, for a MindSpore
   // distributed checkpoint directory.
   std::string mindspore_strategy;
+  // How the caller names that option ("--src-strategy"), for the error
+  // when it is missing.
+  std::string strategy_hint;
 };
 
 // Opens a checkpoint, recognising its format from its content (a native

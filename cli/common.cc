@@ -94,12 +94,8 @@ Result<std::unique_ptr<CheckpointReader>> OpenSource(const std::string& path,
   OpenOptions options;
   const bool mindspore = !src_strategy.empty() && IsMindSporeStrategy(src_strategy);
   if (mindspore) options.mindspore_strategy = src_strategy;
-  auto opened = OpenCheckpoint(env, path, options);
-  if (!opened.ok() && src_strategy.empty() && opened.status().code() == StatusCode::kInvalidArgument &&
-      opened.status().message().ends_with("give its strategy file")) {
-    return InvalidArgumentError(opened.status().message() + " (" + flag + ")");
-  }
-  ASSIGN_OR_RETURN(auto reader, std::move(opened));
+  options.strategy_hint = flag;
+  ASSIGN_OR_RETURN(auto reader, OpenCheckpoint(env, path, options));
   if (src_strategy.empty() || (mindspore && reader->format() == "mindspore")) return reader;
   Strategy given;
   if (mindspore) {
