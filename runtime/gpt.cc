@@ -1,6 +1,7 @@
 #include "runtime/gpt.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 
 #include "core/checksum.h"
@@ -43,18 +44,52 @@ Result<Gpt> Gpt::Create(const GptConfig& config, const GptStage& stage, bool all
                                 std::to_string(g.stage_.last_layer) + ") are not inside the " +
                                 std::to_string(config.layers) + " layers");
   }
+  const int tp = stage.tp, r = stage.tp_rank;
+  if (tp < 1 || r < 0 || r >= tp) {
+    return InvalidArgumentError("GPT: tensor-parallel rank " + std::to_string(r) + " of " +
+                                std::to_string(tp));
+  }
+  if (config.heads % tp != 0) {
+    return InvalidArgumentError("GPT: " + std::to_string(config.heads) +
+                                " heads cannot be shared by tp " + std::to_string(tp) +
+                                " ranks (heads must be a multiple of tp)");
+  }
   const int64_t C = config.embed, V = config.vocab;
+  const Interval vocab = ChunkOf({0, V}, tp, r);
+  if (vocab.empty()) {
+    return InvalidArgumentError("GPT: a vocabulary of " + std::to_string(V) +
+                                " leaves tp rank " + std::to_string(r) + " of " +
+                                std::to_string(tp) + " no rows");
+  }
+  g.cl_ = static_cast<int>(C / tp);
+  g.nhl_ = config.heads / tp;
+  g.fl_ = static_cast<int>(4 * C / tp);
+  g.v0_ = vocab.begin;
+  g.vl_ = vocab.size();
   int64_t offset = 0;
-  auto add = [&](std::string name, std::vector<int64_t> shape) {
-    ParamInfo p{std::move(name), std::move(shape), offset, 1, false};
-    for (int64_t d : p.shape) p.numel *= d;
-    p.decay = p.shape.size() >= 2;
+  // `full`: the whole tensor; `view` (or {}): the shape its slice is a box
+  // of; `dim`: the dimension of that shape cut over tp (-1: none); `held`:
+  // the slice's shape as the kernels see it (default: the box's extents).
+  auto add = [&](std::string name, std::vector<int64_t> full, std::vector<int64_t> view = {},
+                 int dim = -1, std::vector<int64_t> held = {}) {
+    ParamInfo p;
+    p.name = std::move(name);
+    p.full_shape = std::move(full);
+    if (tp > 1) p.view = std::move(view);  // one rank: the plain shape says it all
+    p.tp_dim = tp > 1 ? dim : -1;
+    p.box = Box::FromShape(p.split_shape());
+    if (p.tp_dim >= 0) p.box[p.tp_dim] = ChunkOf(p.box[p.tp_dim], tp, r);
+    p.shape = p.view.empty() || held.empty() ? p.box.extents() : std::move(held);
+    p.numel = NumElements(p.box);
+    p.offset = offset;
+    p.decay = p.full_shape.size() >= 2;
     offset += p.numel;
     g.params_.push_back(std::move(p));
     return g.params_.back().offset;
   };
+  const int64_t cl = g.cl_;
   if (stage.first) {
-    g.wte_ = add("wte", {V, C});
+    g.wte_ = add("wte", {V, C}, {}, 0);
     g.wpe_ = add("wpe", {config.context, C});
   }
   for (int i = g.stage_.first_layer; i < g.stage_.last_layer; ++i) {
@@ -62,15 +97,16 @@ Result<Gpt> Gpt::Create(const GptConfig& config, const GptStage& stage, bool all
     Layer l;
     l.ln1w = add(p + "ln_1.weight", {C});
     l.ln1b = add(p + "ln_1.bias", {C});
-    l.qkvw = add(p + "attn.c_attn.weight", {C, 3 * C});
-    l.qkvb = add(p + "attn.c_attn.bias", {3 * C});
-    l.attprojw = add(p + "attn.c_proj.weight", {C, C});
+    // q | k | v side by side, each cut by heads: a box of [C, 3, C].
+    l.qkvw = add(p + "attn.c_attn.weight", {C, 3 * C}, {C, 3, C}, 2, {C, 3 * cl});
+    l.qkvb = add(p + "attn.c_attn.bias", {3 * C}, {3, C}, 1, {3 * cl});
+    l.attprojw = add(p + "attn.c_proj.weight", {C, C}, {}, 0);
     l.attprojb = add(p + "attn.c_proj.bias", {C});
     l.ln2w = add(p + "ln_2.weight", {C});
     l.ln2b = add(p + "ln_2.bias", {C});
-    l.fcw = add(p + "mlp.c_fc.weight", {C, 4 * C});
-    l.fcb = add(p + "mlp.c_fc.bias", {4 * C});
-    l.fcprojw = add(p + "mlp.c_proj.weight", {4 * C, C});
+    l.fcw = add(p + "mlp.c_fc.weight", {C, 4 * C}, {}, 1);
+    l.fcb = add(p + "mlp.c_fc.bias", {4 * C}, {}, 0);
+    l.fcprojw = add(p + "mlp.c_proj.weight", {4 * C, C}, {}, 0);
     l.fcprojb = add(p + "mlp.c_proj.bias", {C});
     g.layers_.push_back(l);
   }
@@ -78,7 +114,7 @@ Result<Gpt> Gpt::Create(const GptConfig& config, const GptStage& stage, bool all
     g.lnfw_ = add("ln_f.weight", {C});
     g.lnfb_ = add("ln_f.bias", {C});
     if (!stage.first) {
-      g.wte_ = add("wte", {V, C});
+      g.wte_ = add("wte", {V, C}, {}, 0);
       g.params_.back().tied_copy = true;
     }
   }
@@ -121,14 +157,22 @@ bool EndsWith(const std::string& s, const std::string& suffix) {
 
 void Gpt::Init(uint64_t seed) {
   const double residual_std = 0.02 / std::sqrt(2.0 * config_.layers);
+  std::vector<float> whole;
   for (const ParamInfo& p : params_) {
     Normal rng{seed ^ Xxh3(p.name.data(), p.name.size())};  // XXH3: stable everywhere
     float* w = P(p.offset);
     double std = 0.02;
     if (p.name == "wpe") std = 0.01;
     if (EndsWith(p.name, "c_proj.weight")) std = residual_std;
-    if (p.shape.size() >= 2) {
-      for (int64_t i = 0; i < p.numel; ++i) w[i] = static_cast<float>(rng.Next() * std);
+    if (p.full_shape.size() >= 2) {
+      // The whole tensor's numbers, of which this rank keeps its box.
+      const int64_t n = NumElements(Box::FromShape(p.full_shape));
+      float* out = p.numel == n ? w : (whole.resize(n), whole.data());
+      for (int64_t i = 0; i < n; ++i) out[i] = static_cast<float>(rng.Next() * std);
+      if (out != w) {
+        const std::vector<int64_t> extents = p.box.extents();
+        CopyBox(out, p.split_shape(), p.box, w, extents, Box::FromShape(extents), sizeof(float));
+      }
     } else {
       const float value = EndsWith(p.name, "ln_1.weight") || EndsWith(p.name, "ln_2.weight") ||
                                   p.name == "ln_f.weight"
@@ -142,48 +186,83 @@ void Gpt::Init(uint64_t seed) {
   step_ = 0;
 }
 
+Status Gpt::SetTensorParallel(Communicator* tp) {
+  if (tp == nullptr || tp->size() != stage_.tp || tp->rank() != stage_.tp_rank) {
+    return InvalidArgumentError("GPT: the tp communicator must have the model's " +
+                                std::to_string(stage_.tp) + " ranks with this one as rank " +
+                                std::to_string(stage_.tp_rank));
+  }
+  tp_comm_ = tp;
+  return Status::Ok();
+}
+
+Status Gpt::TpSum(float* x, int64_t n) {
+  if (stage_.tp == 1) return Status::Ok();
+  const auto start = std::chrono::steady_clock::now();
+  const Status s = tp_comm_->AllReduce(x, x, n, DType::kF32, ReduceOp::kSum);
+  comm_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return s;
+}
+
+Result<float> Gpt::ShardedLoss(Activations& a, int n) {
+  const int vl = static_cast<int>(vl_);
+  const auto start = std::chrono::steady_clock::now();
+  k::RowMax(a.max.data(), a.logits.data(), n, vl);
+  RETURN_IF_ERROR(tp_comm_->AllReduce(a.max.data(), a.max.data(), n, DType::kF32, ReduceOp::kMax));
+  k::ShardedExp(a.probs.data(), a.sums.data(), a.logits.data(), a.max.data(), a.targets.data(), n,
+                vl, v0_);
+  RETURN_IF_ERROR(tp_comm_->AllReduce(a.sums.data(), a.sums.data(), 2 * int64_t{n}, DType::kF64,
+                                      ReduceOp::kSum));
+  comm_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return k::ShardedNormalize(a.probs.data(), a.sums.data(), a.max.data(), n, vl);
+}
+
 template <typename F>
 void Gpt::ForEachBuffer(Activations& a, int B, int T, F f) const {
   const int64_t N = static_cast<int64_t>(B) * T, C = config_.embed;
   const int64_t L = static_cast<int64_t>(layers_.size());
   const int64_t head = stage_.last ? 1 : 0;  // the final LayerNorm and logits
-  const int64_t NH = config_.heads, V = config_.vocab;
+  const int64_t CL = cl_, NHL = nhl_, FL = fl_, VL = vl_;  // this tp rank's share
   f(a.encoded, N * C);
   f(a.ln1, L * N * C);
-  f(a.qkv, L * N * 3 * C);
-  f(a.atty, L * N * C);
+  f(a.qkv, L * N * 3 * CL);
+  f(a.atty, L * N * CL);
   f(a.attproj, L * N * C);
   f(a.residual2, L * N * C);
   f(a.ln2, L * N * C);
-  f(a.fch, L * N * 4 * C);
-  f(a.fch_gelu, L * N * 4 * C);
+  f(a.fch, L * N * FL);
+  f(a.fch_gelu, L * N * FL);
   f(a.fcproj, L * N * C);
   f(a.residual3, L * N * C);
   f(a.lnf, head * N * C);
-  f(a.logits, head * N * V);
+  f(a.logits, head * N * VL);
   f(a.ln1_mean, L * N);
   f(a.ln1_rstd, L * N);
-  f(a.att, L * B * NH * T * T);
+  f(a.att, L * B * NHL * T * T);
   f(a.ln2_mean, L * N);
   f(a.ln2_rstd, L * N);
   f(a.lnf_mean, head * N);
   f(a.lnf_rstd, head * N);
-  f(a.probs, head * N * V);
+  f(a.probs, head * N * VL);
+  f(a.max, (stage_.tp > 1 ? head : 0) * N);
 }
 
 void Gpt::Resize(Activations& a, int B, int T) const {
   a.B = B;
   a.T = T;
   ForEachBuffer(a, B, T, [](std::vector<float>& v, int64_t n) { v.assign(n, 0.0f); });
+  a.sums.assign(stage_.tp > 1 && stage_.last ? 2 * static_cast<int64_t>(B) * T : 0, 0.0);
 }
 
 void Gpt::Resize(Gradients& d, int B, int T) const {
   d.B = B;
   d.T = T;
-  const int64_t nc = static_cast<int64_t>(B) * T * config_.embed;
-  for (auto [v, n] : {std::pair{&d.residual, nc}, {&d.lnf, nc}, {&d.ln1, nc}, {&d.qkv, 3 * nc},
-                      {&d.atty, nc}, {&d.ln2, nc}, {&d.fch, 4 * nc}, {&d.fch_gelu, 4 * nc}}) {
-    v->assign(n, 0.0f);
+  const int64_t n = static_cast<int64_t>(B) * T, nc = n * config_.embed;
+  const int64_t ncl = n * cl_, nfl = n * fl_;
+  for (auto [v, size] : {std::pair{&d.residual, nc}, {&d.lnf, nc}, {&d.ln1, nc},
+                         {&d.qkv, 3 * ncl}, {&d.atty, ncl}, {&d.ln2, nc}, {&d.fch, nfl},
+                         {&d.fch_gelu, nfl}}) {
+    v->assign(size, 0.0f);
   }
 }
 
@@ -237,9 +316,18 @@ Result<float> Gpt::ForwardStage(int slot, const int32_t* tokens, const float* x,
   a.has_targets = stage_.last && targets != nullptr;
   if (a.has_targets) a.targets.assign(targets, targets + N);
 
-  const int C = config_.embed, NH = config_.heads, V = config_.vocab;
+  const int C = config_.embed, CL = cl_, NHL = nhl_, FL = fl_, VL = static_cast<int>(vl_);
   const int n = static_cast<int>(N);
-  if (stage_.first) {
+  const bool tp = stage_.tp > 1, lead = stage_.tp_rank == 0;  // lead: adds replicated biases
+  if (tp && tp_comm_ == nullptr) {
+    return FailedPreconditionError("GPT forward: tp " + std::to_string(stage_.tp) +
+                                   " needs SetTensorParallel first");
+  }
+  if (stage_.first && tp) {  // each rank embeds its vocabulary rows; one adds wpe
+    k::EncoderForward(a.encoded.data(), tokens, P(wte_), lead ? P(wpe_) : nullptr, B, T, C, v0_,
+                      vl_);
+    RETURN_IF_ERROR(TpSum(a.encoded.data(), N * C));
+  } else if (stage_.first) {
     k::EncoderForward(a.encoded.data(), tokens, P(wte_), P(wpe_), B, T, C);  // [N,C]
   } else {
     std::copy(x, x + N * C, a.encoded.begin());  // the previous stage's output
@@ -251,37 +339,41 @@ Result<float> Gpt::ForwardStage(int slot, const int32_t* tokens, const float* x,
     float* ln1 = a.ln1.data() + l * nc;                     // [N,C]
     float* ln1_mean = a.ln1_mean.data() + l * N;             // [N]
     float* ln1_rstd = a.ln1_rstd.data() + l * N;             // [N]
-    float* qkv = a.qkv.data() + l * 3 * nc;                  // [N,3C]
-    float* att = a.att.data() + static_cast<int64_t>(l) * B * NH * T * T;  // [B,NH,T,T]
-    float* atty = a.atty.data() + l * nc;                    // [N,C]
+    float* qkv = a.qkv.data() + l * 3 * N * CL;              // [N,3CL]
+    float* att = a.att.data() + static_cast<int64_t>(l) * B * NHL * T * T;  // [B,NHL,T,T]
+    float* atty = a.atty.data() + l * N * CL;                // [N,CL]
     float* attproj = a.attproj.data() + l * nc;              // [N,C]
     float* residual2 = a.residual2.data() + l * nc;          // [N,C]
     float* ln2 = a.ln2.data() + l * nc;                      // [N,C]
     float* ln2_mean = a.ln2_mean.data() + l * N;             // [N]
     float* ln2_rstd = a.ln2_rstd.data() + l * N;             // [N]
-    float* fch = a.fch.data() + l * 4 * nc;                  // [N,4C]
-    float* fch_gelu = a.fch_gelu.data() + l * 4 * nc;        // [N,4C]
+    float* fch = a.fch.data() + l * N * FL;                  // [N,FL]
+    float* fch_gelu = a.fch_gelu.data() + l * N * FL;        // [N,FL]
     float* fcproj = a.fcproj.data() + l * nc;                // [N,C]
     float* residual3 = a.residual3.data() + l * nc;          // [N,C]
 
     k::LayerNormForward(ln1, ln1_mean, ln1_rstd, residual, P(w.ln1w), P(w.ln1b), n, C);
-    k::MatmulForward(qkv, ln1, P(w.qkvw), P(w.qkvb), n, C, 3 * C);
-    k::AttentionForward(atty, att, qkv, B, T, C, NH);
-    k::MatmulForward(attproj, atty, P(w.attprojw), P(w.attprojb), n, C, C);
+    k::MatmulForward(qkv, ln1, P(w.qkvw), P(w.qkvb), n, C, 3 * CL);  // column-split
+    k::AttentionForward(atty, att, qkv, B, T, CL, NHL);               // this rank's heads
+    // Row-split: partial sums over this rank's heads, summed over tp.
+    k::MatmulForward(attproj, atty, P(w.attprojw), lead ? P(w.attprojb) : nullptr, n, CL, C);
+    RETURN_IF_ERROR(TpSum(attproj, nc));
     k::ResidualForward(residual2, residual, attproj, nc);
     k::LayerNormForward(ln2, ln2_mean, ln2_rstd, residual2, P(w.ln2w), P(w.ln2b), n, C);
-    k::MatmulForward(fch, ln2, P(w.fcw), P(w.fcb), n, C, 4 * C);
-    k::GeluForward(fch_gelu, fch, 4 * nc);
-    k::MatmulForward(fcproj, fch_gelu, P(w.fcprojw), P(w.fcprojb), n, 4 * C, C);
+    k::MatmulForward(fch, ln2, P(w.fcw), P(w.fcb), n, C, FL);
+    k::GeluForward(fch_gelu, fch, N * FL);
+    k::MatmulForward(fcproj, fch_gelu, P(w.fcprojw), lead ? P(w.fcprojb) : nullptr, n, FL, C);
+    RETURN_IF_ERROR(TpSum(fcproj, nc));
     k::ResidualForward(residual3, residual2, fcproj, nc);
     residual = residual3;
   }
   if (!stage_.last) return 0.0f;
   k::LayerNormForward(a.lnf.data(), a.lnf_mean.data(), a.lnf_rstd.data(), residual, P(lnfw_),
-                      P(lnfb_), n, C);                                           // [N,C]
-  k::MatmulTransposedForward(a.logits.data(), a.lnf.data(), P(wte_), n, C, V);  // [N,V]
+                      P(lnfb_), n, C);                                            // [N,C]
+  k::MatmulTransposedForward(a.logits.data(), a.lnf.data(), P(wte_), n, C, VL);  // [N,VL]
   if (!a.has_targets) return 0.0f;
-  return k::SoftmaxCrossEntropyForward(a.probs.data(), a.logits.data(), targets, n, V);
+  if (tp) return ShardedLoss(a, n);
+  return k::SoftmaxCrossEntropyForward(a.probs.data(), a.logits.data(), targets, n, VL);
 }
 
 Status Gpt::BackwardStage(int slot, const float* dy, float dloss) {
@@ -297,19 +389,23 @@ Status Gpt::BackwardStage(int slot, const float* dy, float dloss) {
   const int B = a.B, T = a.T;
   const int64_t N = static_cast<int64_t>(B) * T;
   const int n = static_cast<int>(N);
-  const int C = config_.embed, NH = config_.heads, V = config_.vocab;
+  const int C = config_.embed, CL = cl_, NHL = nhl_, FL = fl_, VL = static_cast<int>(vl_);
   const int L = static_cast<int>(layers_.size());
   if (grad_acts_.B != B || grad_acts_.T != T) Resize(grad_acts_, B, T);
   Gradients& d = grad_acts_;
-  const int64_t nc = N * C;
+  const int64_t nc = N * C, ncl = N * CL, nfl = N * FL;
 
   // The residual stream's gradient accumulates in d.residual from the top:
   // each layernorm adds its input gradient, and every residual add passes
   // it unchanged to both of its inputs (so the branch outputs read it as is).
+  // Under tp it is the same on every rank: the column-split layers' input
+  // gradients (partial over this rank's columns) are summed over tp before
+  // they reach it, and the row-split layers need no reduction backward.
   if (stage_.last) {
     float* dlogits = a.probs.data();
-    k::SoftmaxCrossEntropyBackward(dlogits, a.probs.data(), a.targets.data(), dloss, n, V);
-    k::MatmulTransposedBackward(d.lnf.data(), G(wte_), dlogits, a.lnf.data(), P(wte_), n, C, V);
+    k::SoftmaxCrossEntropyBackward(dlogits, a.probs.data(), a.targets.data(), dloss, n, VL, v0_);
+    k::MatmulTransposedBackward(d.lnf.data(), G(wte_), dlogits, a.lnf.data(), P(wte_), n, C, VL);
+    RETURN_IF_ERROR(TpSum(d.lnf.data(), nc));
     std::fill(d.residual.begin(), d.residual.end(), 0.0f);
     const float* last = L > 0 ? a.residual3.data() + (L - 1) * nc : a.encoded.data();
     k::LayerNormBackward(d.residual.data(), G(lnfw_), G(lnfb_), d.lnf.data(), last, P(lnfw_),
@@ -321,26 +417,31 @@ Status Gpt::BackwardStage(int slot, const float* dy, float dloss) {
   for (int l = L - 1; l >= 0; --l) {
     const Layer& w = layers_[l];
     const float* residual = l == 0 ? a.encoded.data() : a.residual3.data() + (l - 1) * nc;
-    const float* att = a.att.data() + static_cast<int64_t>(l) * B * NH * T * T;
+    const float* att = a.att.data() + static_cast<int64_t>(l) * B * NHL * T * T;
     // residual3 = residual2 + fcproj: dfcproj = dres
     k::MatmulBackward(d.fch_gelu.data(), G(w.fcprojw), G(w.fcprojb), dres,
-                      a.fch_gelu.data() + l * 4 * nc, P(w.fcprojw), n, 4 * C, C);
-    k::GeluBackward(d.fch.data(), a.fch.data() + l * 4 * nc, d.fch_gelu.data(), 4 * nc);
+                      a.fch_gelu.data() + l * nfl, P(w.fcprojw), n, FL, C);
+    k::GeluBackward(d.fch.data(), a.fch.data() + l * nfl, d.fch_gelu.data(), nfl);
     k::MatmulBackward(d.ln2.data(), G(w.fcw), G(w.fcb), d.fch.data(), a.ln2.data() + l * nc,
-                      P(w.fcw), n, C, 4 * C);
+                      P(w.fcw), n, C, FL);
+    RETURN_IF_ERROR(TpSum(d.ln2.data(), nc));
     k::LayerNormBackward(dres, G(w.ln2w), G(w.ln2b), d.ln2.data(), a.residual2.data() + l * nc,
                          P(w.ln2w), a.ln2_mean.data() + l * N, a.ln2_rstd.data() + l * N, n, C);
     // residual2 = residual + attproj: dattproj = dres
-    k::MatmulBackward(d.atty.data(), G(w.attprojw), G(w.attprojb), dres, a.atty.data() + l * nc,
-                      P(w.attprojw), n, C, C);
-    k::AttentionBackward(d.qkv.data(), d.atty.data(), a.qkv.data() + l * 3 * nc, att, B, T,
-                         C, NH);
+    k::MatmulBackward(d.atty.data(), G(w.attprojw), G(w.attprojb), dres, a.atty.data() + l * ncl,
+                      P(w.attprojw), n, CL, C);
+    k::AttentionBackward(d.qkv.data(), d.atty.data(), a.qkv.data() + l * 3 * ncl, att, B, T, CL,
+                         NHL);
     k::MatmulBackward(d.ln1.data(), G(w.qkvw), G(w.qkvb), d.qkv.data(), a.ln1.data() + l * nc,
-                      P(w.qkvw), n, C, 3 * C);
+                      P(w.qkvw), n, C, 3 * CL);
+    RETURN_IF_ERROR(TpSum(d.ln1.data(), nc));
     k::LayerNormBackward(dres, G(w.ln1w), G(w.ln1b), d.ln1.data(), residual, P(w.ln1w),
                          a.ln1_mean.data() + l * N, a.ln1_rstd.data() + l * N, n, C);
   }
-  if (stage_.first) k::EncoderBackward(G(wte_), G(wpe_), dres, a.tokens.data(), B, T, C);
+  if (stage_.first) {
+    k::EncoderBackward(G(wte_), G(wpe_), dres, a.tokens.data(), B, T, C, v0_,
+                       stage_.tp > 1 ? vl_ : -1);
+  }
   return Status::Ok();
 }
 
@@ -355,7 +456,9 @@ float Gpt::Update(const AdamWConfig& config, float max_norm) {
 double Gpt::GradSquaredNorm() const {
   double sum = 0;
   for (const ParamInfo& p : params_) {
-    if (!p.tied_copy) sum += SquaredNorm(grads_.data() + p.offset, p.numel);
+    if (!p.tied_copy && (p.tp_dim >= 0 || stage_.tp_rank == 0)) {
+      sum += SquaredNorm(grads_.data() + p.offset, p.numel);
+    }
   }
   return sum;
 }

@@ -18,7 +18,9 @@
 #include <vector>
 
 #include "core/status.h"
+#include "runtime/comm/communicator.h"
 #include "runtime/optim.h"
+#include "transform/box.h"
 
 namespace tessera {
 
@@ -31,26 +33,49 @@ struct GptConfig {
   Status Validate() const;
 };
 
-// The part of the model one pipeline stage holds: the blocks
-// [first_layer, last_layer), the embeddings (wte, wpe) on the first stage,
-// and ln_f with the output projection on the last. The output projection is
-// tied to wte, so a last stage that is not also the first holds a copy of
-// wte (ParamInfo::tied_copy) which the pipeline keeps equal to the first
-// stage's by summing their gradients.
+// The part of the model one rank holds.
+//
+// Its pipeline stage: the blocks [first_layer, last_layer), the embeddings
+// (wte, wpe) on the first stage, and ln_f with the output projection on the
+// last. The output projection is tied to wte, so a last stage that is not
+// also the first holds a copy of wte (ParamInfo::tied_copy) which the
+// pipeline keeps equal to the first stage's by summing their gradients.
+//
+// Its tensor-parallel slice (Megatron-LM's layout, tp > 1): rank tp_rank
+// of tp holds heads [r NH/tp, (r+1) NH/tp) of every attention (the q, k and
+// v columns of those heads in c_attn, the same rows of attn.c_proj), the
+// same share of the MLP's hidden units (c_fc's columns, mlp.c_proj's rows)
+// and of the vocabulary (wte's rows, the logits' columns). The residual
+// stream, LayerNorms, wpe and the row-split layers' biases are replicated.
+// Forward all-reduces the outputs of the row-split layers and the
+// embedding; backward all-reduces the input gradients of the column-split
+// ones and of the output projection; the loss is computed from reductions
+// of the sharded logits (vocab-parallel cross-entropy).
 struct GptStage {
   int first_layer = 0;
   int last_layer = -1;  // exclusive; -1: every layer
   bool first = true;    // holds the embeddings, reads tokens
   bool last = true;     // holds ln_f, computes the logits and the loss
+  int tp = 1;           // tensor-parallel ranks (heads must be a multiple)
+  int tp_rank = 0;
 };
 
 struct ParamInfo {
   std::string name;
-  std::vector<int64_t> shape;
+  std::vector<int64_t> shape;  // what this rank holds (its tp slice)
   int64_t offset = 0;  // into the flat parameter vector, in floats
   int64_t numel = 0;
   bool decay = false;  // matrices and embeddings take weight decay
   bool tied_copy = false;  // the last stage's copy of wte (not checkpointed)
+  // The whole tensor, and where this rank's slice lies in it: `box` over
+  // split_shape() (`view` when the slice is a box of a view, c_attn's
+  // [C, 3, C], else full_shape), dimension tp_dim cut over tp (-1: not
+  // cut, every tp rank holds it all). Exactly the checkpoint's layout.
+  std::vector<int64_t> full_shape;
+  std::vector<int64_t> view;
+  int tp_dim = -1;
+  Box box;
+  const std::vector<int64_t>& split_shape() const { return view.empty() ? full_shape : view; }
 };
 
 class Gpt {
@@ -78,10 +103,17 @@ class Gpt {
 
   // GPT-2 initialisation from a seed: weights N(0, 0.02), the residual
   // projections (attn.c_proj, mlp.c_proj) N(0, 0.02 / sqrt(2 * layers)),
-  // position embeddings N(0, 0.01), biases 0, LayerNorm gains 1.
+  // position embeddings N(0, 0.01), biases 0, LayerNorm gains 1. A tensor's
+  // numbers depend on its name only, so a tp slice or a stage holds exactly
+  // its part of the whole model's initialisation.
   void Init(uint64_t seed);
 
   const GptStage& stage() const { return stage_; }
+  // The tp group (size stage().tp, rank stage().tp_rank): needed before
+  // the forward when tp > 1; it must outlive its use.
+  Status SetTensorParallel(Communicator* tp);
+  // Seconds spent in the tensor-parallel reductions.
+  double comm_seconds() const { return comm_seconds_; }
 
   // tokens, targets: [B,T] (targets may be null: logits only). Returns the
   // mean cross-entropy (0 without targets). T <= context. Whole model only.
@@ -98,7 +130,9 @@ class Gpt {
   // the caller, e.g. over every stage).
   void ApplyUpdate(const AdamWConfig& config, float clip);
   // The squared gradient norm of the parameters this model owns (a tied
-  // copy is counted where its original lives), accumulated in double.
+  // copy is counted where its original lives, a tensor every tp rank holds
+  // on tp rank 0 only), accumulated in double: summed over the tp ranks
+  // (and stages) it is the whole model's.
   double GradSquaredNorm() const;
 
   // Pipeline stages run several micro-batches at once, each in its own
@@ -119,7 +153,7 @@ class Gpt {
   Status BackwardStage(int slot, const float* dy, float dloss);
   const float* InputGradient() const { return grad_acts_.residual.data(); }
 
-  // The last Forward's logits [B,T,V] and probabilities.
+  // The last Forward's logits [B,T,V] (this tp rank's columns).
   const std::vector<float>& logits() const { return slots_[0].logits; }
 
  private:
@@ -129,7 +163,8 @@ class Gpt {
     bool has_targets = false;
     std::vector<float> encoded, ln1, ln1_mean, ln1_rstd, qkv, att, atty, attproj, residual2, ln2,
         ln2_mean, ln2_rstd, fch, fch_gelu, fcproj, residual3, lnf, lnf_mean, lnf_rstd, logits,
-        probs;
+        probs, max;
+    std::vector<double> sums;  // vocab-parallel loss: [2N]
   };
   // The backward pass's activation gradients: the residual stream's, and
   // one layer's worth of the rest, reused layer after layer (each is
@@ -146,6 +181,10 @@ class Gpt {
   static Result<Gpt> Create(const GptConfig& config, const GptStage& stage, bool allocate);
   float* P(int64_t offset) { return weights_.data() + offset; }
   float* G(int64_t offset) { return grads_.data() + offset; }
+  // Sums `n` floats over the tp ranks in place (nothing when tp = 1).
+  Status TpSum(float* x, int64_t n);
+  // The vocab-parallel loss of slot `a`'s logits.
+  Result<float> ShardedLoss(Activations& a, int n);
 
   GptConfig config_;
   GptStage stage_;
@@ -157,6 +196,12 @@ class Gpt {
   };
   std::vector<Layer> layers_;
   int64_t wte_ = 0, wpe_ = 0, lnfw_ = 0, lnfb_ = 0;
+  // This rank's share: attention width C/tp (NH/tp heads), MLP width 4C/tp,
+  // vocabulary rows [v0_, v0_ + vl_).
+  int cl_ = 0, nhl_ = 0, fl_ = 0;
+  int64_t v0_ = 0, vl_ = 0;
+  Communicator* tp_comm_ = nullptr;
+  double comm_seconds_ = 0;
   std::vector<float> weights_, grads_, m_, v_;
   int64_t step_ = 0;
   std::vector<Activations> slots_ = std::vector<Activations>(1);

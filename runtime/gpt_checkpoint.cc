@@ -41,6 +41,9 @@ Status SaveGpt(Env* env, const Gpt& model, const std::string& root, const std::s
     return InvalidArgumentError("GPT weights cannot be saved as " +
                                 std::string(DTypeName(options.weights_dtype)));
   }
+  if (model.stage().tp > 1) {
+    return FailedPreconditionError("SaveGpt writes whole tensors: gather a tp slice first");
+  }
   Strategy strategy;
   const std::vector<Entry> entries = Entries(model, options.optimizer_state);
   for (const Entry& e : entries) {
@@ -83,20 +86,23 @@ Status LoadGpt(const CheckpointReader& reader, Gpt* model) {
   for (const Entry& e : Entries(*model, optimizer_state)) {
     ASSIGN_OR_RETURN(size_t index, FindTensor(reader, e.name));
     const Layout& layout = reader.strategy().tensors()[index].layout;
-    if (layout.shape != e.param->shape || !IsFloatingPoint(layout.dtype)) {
+    const ParamInfo& p = *e.param;
+    if (layout.shape != p.full_shape || !IsFloatingPoint(layout.dtype)) {
       return InvalidArgumentError("checkpoint '" + reader.path() + "': tensor '" + e.name + "' is " +
                                   std::string(DTypeName(layout.dtype)) +
                                   ShapeToString(layout.shape) + ", the model's is f32" +
-                                  ShapeToString(e.param->shape));
+                                  ShapeToString(p.full_shape));
     }
-    float* values = Values(*model, e.which).data() + e.param->offset;
+    // This rank's slice only (the whole tensor without tp): the reader
+    // reads just its byte ranges.
+    float* values = Values(*model, e.which).data() + p.offset;
     if (layout.dtype == DType::kF32) {
-      RETURN_IF_ERROR(ReadTensor(reader, index, values));
+      RETURN_IF_ERROR(ReadRegionOver(reader, index, p.split_shape(), p.box, values));
       continue;
     }
-    ASSIGN_OR_RETURN(Tensor t, Tensor::Zeros(layout.dtype, layout.shape));
-    RETURN_IF_ERROR(ReadTensor(reader, index, t.bytes()));
-    RETURN_IF_ERROR(t.CopyToF32({values, static_cast<size_t>(e.param->numel)}));
+    ASSIGN_OR_RETURN(Tensor t, Tensor::Zeros(layout.dtype, p.box.extents()));
+    RETURN_IF_ERROR(ReadRegionOver(reader, index, p.split_shape(), p.box, t.bytes()));
+    RETURN_IF_ERROR(t.CopyToF32({values, static_cast<size_t>(p.numel)}));
   }
   if (optimizer_state) {
     model->set_step(reader.meta().step);

@@ -22,8 +22,9 @@ struct SaveGptOptions {
   bool optimizer_state = true;
 };
 
-// Writes a complete checkpoint at `root`/`name` (atomic: built aside,
-// renamed into place), then points `root`/latest at it.
+// Writes a complete checkpoint of a whole model (not a tp slice: gather it
+// first) at `root`/`name` (atomic: built aside, renamed into place), then
+// points `root`/latest at it.
 Status SaveGpt(Env* env, const Gpt& model, const std::string& root, const std::string& name,
                const std::map<std::string, std::string>& metadata,
                const SaveGptOptions& options = {});
@@ -31,7 +32,9 @@ Status SaveGpt(Env* env, const Gpt& model, const std::string& root, const std::s
 // Loads parameters, moments and step from an open checkpoint (OpenCheckpoint
 // takes a directory, or a root with `latest`; check reader.meta() first) into
 // `model`, whose config must give the same names and shapes; a missing
-// tensor or another shape is an error naming it. Tensors stored in f16,
+// tensor or another shape is an error naming it. A pipeline stage or tp
+// slice reads only its own tensors and boxes, whatever layout they were
+// saved with (reshard on load). Tensors stored in f16,
 // bf16 or f64 are widened (or rounded) to f32. A checkpoint without any
 // optimizer state (an export) loads the parameters and starts the optimizer
 // afresh: zero moments, step 0.

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <limits>
 #include <cstdlib>
 #include <memory>
 #include <vector>
@@ -89,27 +90,40 @@ void ParallelChunks(int64_t n, int64_t grain, const std::function<void(int64_t, 
 }
 
 void EncoderForward(float* out, const int32_t* inp, const float* wte, const float* wpe, int B,
-                    int T, int C) {
+                    int T, int C, int64_t v0, int64_t V) {
   for (int b = 0; b < B; ++b) {
     for (int t = 0; t < T; ++t) {
       float* o = out + (static_cast<int64_t>(b) * T + t) * C;
-      const float* e = wte + static_cast<int64_t>(inp[b * T + t]) * C;
+      const int64_t row = inp[b * T + t] - v0;
+      const bool held = V < 0 || (row >= 0 && row < V);
+      const float* e = wte + row * C;
       const float* p = wpe + static_cast<int64_t>(t) * C;
-      for (int c = 0; c < C; ++c) o[c] = e[c] + p[c];
+      if (held && wpe != nullptr) {
+        for (int c = 0; c < C; ++c) o[c] = e[c] + p[c];
+      } else if (held) {
+        std::copy(e, e + C, o);
+      } else if (wpe != nullptr) {
+        std::copy(p, p + C, o);
+      } else {
+        std::fill(o, o + C, 0.0f);
+      }
     }
   }
 }
 
 void EncoderBackward(float* dwte, float* dwpe, const float* dout, const int32_t* inp, int B, int T,
-                     int C) {
+                     int C, int64_t v0, int64_t V) {
   for (int b = 0; b < B; ++b) {
     for (int t = 0; t < T; ++t) {
       const float* d = dout + (static_cast<int64_t>(b) * T + t) * C;
-      float* de = dwte + static_cast<int64_t>(inp[b * T + t]) * C;
-      float* dp = dwpe + static_cast<int64_t>(t) * C;
-      for (int c = 0; c < C; ++c) {
-        de[c] += d[c];
-        dp[c] += d[c];
+      const int64_t row = inp[b * T + t] - v0;
+      if (V < 0 || (row >= 0 && row < V)) {
+        float* de = dwte + row * C;
+        for (int c = 0; c < C; ++c) de[c] += d[c];
+      }
+      if (dwpe != nullptr) {
+        float* dp = dwpe + static_cast<int64_t>(t) * C;
+        for (int c = 0; c < C; ++c) dp[c] += d[c];
       }
     }
   }
@@ -397,17 +411,55 @@ float SoftmaxCrossEntropyForward(float* probs, const float* logits, const int32_
 }
 
 void SoftmaxCrossEntropyBackward(float* dlogits, const float* probs, const int32_t* targets,
-                                 float dloss, int N, int V) {
+                                 float dloss, int N, int V, int64_t v0) {
   const float g = dloss / N;
   ParallelChunks(N, 16, [&](int64_t begin, int64_t end) {
     for (int64_t n = begin; n < end; ++n) {
       float* d = dlogits + n * V;
       const float* p = probs + n * V;
-      const int32_t target = targets[n];
+      const int64_t target = targets[n] - v0;
       for (int v = 0; v < V; ++v) d[v] = p[v] * g;  // may be in place (dlogits == probs)
-      d[target] -= g;
+      if (target >= 0 && target < V) d[target] -= g;
     }
   });
+}
+
+void RowMax(float* max, const float* logits, int N, int V) {
+  ParallelChunks(N, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t n = begin; n < end; ++n) {
+      const float* l = logits + n * V;
+      float m = -std::numeric_limits<float>::infinity();
+      for (int v = 0; v < V; ++v) m = std::max(m, l[v]);
+      max[n] = m;
+    }
+  });
+}
+
+void ShardedExp(float* probs, double* sums, const float* logits, const float* max,
+                const int32_t* targets, int N, int V, int64_t v0) {
+  ParallelChunks(N, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t n = begin; n < end; ++n) {
+      const float* l = logits + n * V;
+      sums[n] = ExpShifted(l, probs + n * V, V, max[n]);
+      const int64_t target = targets[n] - v0;
+      sums[N + n] = target >= 0 && target < V ? l[target] : 0.0;
+    }
+  });
+}
+
+float ShardedNormalize(float* probs, const double* sums, const float* max, int N, int V) {
+  std::vector<double> row_loss(N);
+  ParallelChunks(N, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t n = begin; n < end; ++n) {
+      float* p = probs + n * V;
+      const float inv = static_cast<float>(1.0 / sums[n]);
+      for (int v = 0; v < V; ++v) p[v] *= inv;
+      row_loss[n] = std::log(sums[n]) + max[n] - sums[N + n];
+    }
+  });
+  double total = 0;
+  for (double x : row_loss) total += x;
+  return static_cast<float>(total / N);
 }
 
 }  // namespace tessera::kernels

@@ -44,11 +44,17 @@ void ParallelChunks(int64_t n, int64_t grain, const std::function<void(int64_t, 
 
 // out[b,t,:] = wte[inp[b,t],:] + wpe[t,:]
 // out: [B,T,C], inp: [B,T], wte: [V,C], wpe: [maxT,C]
+//
+// Vocabulary-parallel (tensor parallelism): wte holds rows [v0, v0 + V) of
+// the embedding only (V >= 0 given); a token outside them contributes 0,
+// and wpe may be null (added by one rank only), so the sum of every rank's
+// output is the whole embedding, bit for bit (one of the terms is nonzero).
 void EncoderForward(float* out, const int32_t* inp, const float* wte, const float* wpe, int B,
-                    int T, int C);
-// dwte: [V,C] (+=), dwpe: [maxT,C] (+=), dout: [B,T,C]
+                    int T, int C, int64_t v0 = 0, int64_t V = -1);
+// dwte: [V,C] (+=), dwpe: [maxT,C] (+=, may be null), dout: [B,T,C]; a
+// token outside [v0, v0 + V) adds nothing to dwte.
 void EncoderBackward(float* dwte, float* dwpe, const float* dout, const int32_t* inp, int B, int T,
-                     int C);
+                     int C, int64_t v0 = 0, int64_t V = -1);
 
 // out = (inp - mean) * rstd * weight + bias over the last dimension, eps 1e-5.
 // out, inp: [N,C]; mean, rstd: [N] (saved for backward); weight, bias: [C]
@@ -99,8 +105,23 @@ void ResidualForward(float* out, const float* a, const float* b, int64_t N);
 float SoftmaxCrossEntropyForward(float* probs, const float* logits, const int32_t* targets, int N,
                                  int V);
 // dlogits[N,V] = (probs - onehot(targets)) * dloss / N; dlogits may be probs.
+// Under a vocabulary split, probs and dlogits hold columns [v0, v0 + V).
 void SoftmaxCrossEntropyBackward(float* dlogits, const float* probs, const int32_t* targets,
-                                 float dloss, int N, int V);
+                                 float dloss, int N, int V, int64_t v0 = 0);
+
+// The cross-entropy of logits split over ranks by vocabulary (Megatron's
+// vocab-parallel loss) in three steps with a reduction between each:
+//   1. RowMax: each rank's row maxima of its columns -> all-reduce (max);
+//   2. ShardedExp: probs = exp(logits - max) and, per row, the sum of them
+//      (sums[n]) and the target's logit where this rank holds the target
+//      column (sums[N + n], else 0) -> all-reduce (sum) of sums [2N];
+//   3. ShardedNormalize: probs /= sum; returns the mean loss over N,
+//      mean(log(sum) + max - target logit), the same on every rank.
+// logits, probs: [N,V] (columns [v0, v0 + V)); max: [N]; sums: [2N].
+void RowMax(float* max, const float* logits, int N, int V);
+void ShardedExp(float* probs, double* sums, const float* logits, const float* max,
+                const int32_t* targets, int N, int V, int64_t v0);
+float ShardedNormalize(float* probs, const double* sums, const float* max, int N, int V);
 
 }  // namespace tessera::kernels
 

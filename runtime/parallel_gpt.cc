@@ -35,7 +35,6 @@ Status ParallelConfig::Validate(int world_size) const {
                                 " x pp " + std::to_string(pp) + " is not the " +
                                 std::to_string(world_size) + " ranks started");
   }
-  if (tp > 1) return UnimplementedError("tensor parallelism (tp > 1) is not built yet");
   if (zero != 0 && zero != 1) return InvalidArgumentError("zero must be 0 or 1");
   if (micro_batches < 0) return InvalidArgumentError("micro_batches must be >= 0");
   if (bucket_bytes < 4) return InvalidArgumentError("the bucket size must be >= 4 bytes");
@@ -54,20 +53,41 @@ Result<std::unique_ptr<ParallelGpt>> ParallelGpt::Create(const GptConfig& config
   ASSIGN_OR_RETURN(Mesh mesh, parallel.MakeMesh());
   ASSIGN_OR_RETURN(MeshCommunicators comms, MeshCommunicators::Create(world, mesh));
   const int stage = static_cast<int>(comms.coordinate("pp"));
-  ASSIGN_OR_RETURN(Gpt model, Gpt::Create(config, StageOf(config, parallel.pp, stage)));
+  const int tp_rank = static_cast<int>(comms.coordinate("tp"));
+  ASSIGN_OR_RETURN(Gpt model,
+                   Gpt::Create(config, StageOf(config, parallel.pp, stage, parallel.tp, tp_rank)));
   std::unique_ptr<ParallelGpt> p(new ParallelGpt(std::move(model), parallel, std::move(comms)));
   RETURN_IF_ERROR(p->Build());
   return p;
 }
 
-GptStage ParallelGpt::StageOf(const GptConfig& config, int pp, int s) {
+GptStage ParallelGpt::StageOf(const GptConfig& config, int pp, int s, int tp, int tp_rank) {
   const int64_t L = config.layers;
-  return {static_cast<int>(s * L / pp), static_cast<int>((s + 1) * L / pp), s == 0, s == pp - 1};
+  return {static_cast<int>(s * L / pp), static_cast<int>((s + 1) * L / pp), s == 0, s == pp - 1,
+          tp, tp_rank};
+}
+
+Layout ParallelGpt::LayoutOf(const ParamInfo& p, int stage, bool optimizer) const {
+  Layout layout = Layout::Replicated(p.full_shape, DType::kF32);
+  layout.view = p.view;
+  if (p.tp_dim >= 0) {
+    layout.dim_axes.assign(p.split_shape().size(), {});
+    layout.dim_axes[p.tp_dim] = {"tp"};
+  }
+  if (optimizer && parallel_.zero == 1) layout.opt_axes = {"dp"};
+  if (parallel_.pp > 1) {
+    layout.stage_axis = "pp";
+    layout.stage = stage;
+  }
+  return layout;
 }
 
 Status ParallelGpt::Build() {
   ASSIGN_OR_RETURN(dp_, comms_.Along("dp"));
   ASSIGN_OR_RETURN(pp_, comms_.Along("pp"));
+  ASSIGN_OR_RETURN(tp_, comms_.Along("tp"));
+  ASSIGN_OR_RETURN(tp_pp_, comms_.Along(std::vector<std::string>{"pp", "tp"}));
+  if (parallel_.tp > 1) RETURN_IF_ERROR(model_.SetTensorParallel(tp_));
   dp_rank_ = dp_->rank();
   stage_ = pp_->rank();
   const int pp = parallel_.pp;
@@ -81,20 +101,24 @@ Status ParallelGpt::Build() {
   }
   const int dp = parallel_.dp;
   const std::vector<ParamInfo>& params = model_.params();
-  // ZeRO shards: dimension 0 of every parameter cut over dp as the
-  // optimizer-state layout says (ShardGrid: the checkpoint's own rule).
+  // ZeRO shards: dimension 0 of every parameter's tp slice cut over dp, as
+  // the optimizer state's layout says (ShardGrid: the checkpoint's own rule).
   if (parallel_.zero == 1) {
     int64_t offset = 0;
+    std::vector<int64_t> coords = comms_.coordinates();
+    const int dp_axis = comms_.mesh().FindAxis("dp");
     for (const ParamInfo& p : params) {
-      Layout layout = Layout::Replicated(p.shape, DType::kF32);
-      layout.opt_axes = {"dp"};
-      ASSIGN_OR_RETURN(ShardGrid grid, ShardGrid::Create(comms_.mesh(), layout));
-      const int64_t row = p.numel / std::max<int64_t>(1, p.shape[0]);
-      Shard s{&p, grid.pieces(0)[dp_rank_].begin * row, {}, {}, offset};
+      ASSIGN_OR_RETURN(ShardGrid grid, ShardGrid::Create(comms_.mesh(), LayoutOf(p, stage_, true)));
+      const int64_t row = p.box[0].size() > 0 ? p.numel / p.box[0].size() : 0;
+      Shard s{&p, 0, {}, {}, offset};
       for (int r = 0; r < dp; ++r) {
-        s.starts.push_back(grid.pieces(0)[r].begin * row);
-        s.counts.push_back(grid.pieces(0)[r].size() * row);
+        coords[dp_axis] = r;
+        const std::optional<Box> box = grid.ShardOf(comms_.mesh().RankOf(coords));
+        if (!box.has_value()) return InternalError("no ZeRO shard of " + p.name);
+        s.starts.push_back(((*box)[0].begin - p.box[0].begin) * row);
+        s.counts.push_back(NumElements(*box));
       }
+      s.begin = s.starts[dp_rank_];
       offset += s.counts[dp_rank_];
       shards_.push_back(std::move(s));
     }
@@ -180,8 +204,10 @@ Status ParallelGpt::ReduceGradients() {
 
 Result<double> ParallelGpt::ShardedSquaredNorm() {
   double sum = 0;
+  const bool lead = comms_.coordinate("tp") == 0;
   for (const Shard& s : shards_) {
     if (s.param->tied_copy) continue;  // counted on the first stage
+    if (s.param->tp_dim < 0 && !lead) continue;  // counted on tp rank 0
     sum += SquaredNorm(model_.grads().data() + s.param->offset + s.begin, s.counts[dp_rank_]);
   }
   Timed timed(&comm_seconds_);
@@ -327,9 +353,11 @@ Result<float> ParallelGpt::Step(const int32_t* tokens, const int32_t* targets, i
   {
     Timed timed(&comm_seconds_);
     RETURN_IF_ERROR(dp_->AllReduce(&loss, &loss, 1, DType::kF64, ReduceOp::kAvg));
-    if (parallel_.pp > 1) {
-      double both[2] = {loss, squared};  // only the last stage has a loss
-      RETURN_IF_ERROR(pp_->AllReduce(both, both, 2, DType::kF64, ReduceOp::kSum));
+    if (parallel_.pp > 1 || parallel_.tp > 1) {
+      // Only the last stage has a loss, the same on every tp rank; each
+      // tp rank and stage holds its part of the squared norm.
+      double both[2] = {comms_.coordinate("tp") == 0 ? loss : 0.0, squared};
+      RETURN_IF_ERROR(tp_pp_->AllReduce(both, both, 2, DType::kF64, ReduceOp::kSum));
       loss = both[0];
       squared = both[1];
     }
@@ -352,24 +380,15 @@ Result<Strategy> ParallelGpt::strategy() const {
   std::vector<std::pair<ParamInfo, int>> all;
   for (int s = 0; s < pp; ++s) {
     ASSIGN_OR_RETURN(std::vector<ParamInfo> params,
-                     Gpt::Params(model_.config(), StageOf(model_.config(), pp, s)));
+                     Gpt::Params(model_.config(), StageOf(model_.config(), pp, s, parallel_.tp)));
     for (ParamInfo& p : params) {
       if (!p.tied_copy) all.emplace_back(std::move(p), s);
     }
   }
-  auto layout_of = [&](const ParamInfo& p, int s, bool optimizer) {
-    Layout layout = Layout::Replicated(p.shape, DType::kF32);
-    if (optimizer && parallel_.zero == 1) layout.opt_axes = {"dp"};
-    if (pp > 1) {
-      layout.stage_axis = "pp";
-      layout.stage = s;
-    }
-    return layout;
-  };
   Strategy strategy(comms_.mesh());
-  for (const auto& [p, s] : all) RETURN_IF_ERROR(strategy.Add({p.name, layout_of(p, s, false)}));
+  for (const auto& [p, s] : all) RETURN_IF_ERROR(strategy.Add({p.name, LayoutOf(p, s, false)}));
   for (const auto& [p, s] : all) {
-    const Layout layout = layout_of(p, s, true);
+    const Layout layout = LayoutOf(p, s, true);
     RETURN_IF_ERROR(strategy.Add({"optimizer." + p.name + ".exp_avg", layout}));
     RETURN_IF_ERROR(strategy.Add({"optimizer." + p.name + ".exp_avg_sq", layout}));
   }
@@ -394,9 +413,10 @@ Status ParallelGpt::GatherOptimizerState() {
 
 Status ParallelGpt::GatherModel(Gpt* full) {
   Communicator& world = comms_.world();
-  const int pp = parallel_.pp;
-  const int per_stage = parallel_.dp * parallel_.tp;  // stage s's first rank is s * per_stage
-  const bool representative = comms_.coordinate("dp") == 0 && comms_.coordinate("tp") == 0;
+  const int pp = parallel_.pp, tp = parallel_.tp;
+  // The dp-rank-0 replica of every (stage, tp rank) sends its slices; world
+  // rank 0 (stage 0, tp rank 0) places them into the whole model.
+  const bool representative = comms_.coordinate("dp") == 0;
   const int64_t n = model_.num_params();
   if (world.rank() != 0) {
     if (!representative) return Status::Ok();
@@ -407,33 +427,39 @@ Status ParallelGpt::GatherModel(Gpt* full) {
   }
   ASSIGN_OR_RETURN(*full, Gpt::Create(model_.config()));
   full->set_step(model_.step());
+  std::vector<int64_t> coords(3, 0);  // pp, dp, tp
   for (int s = 0; s < pp; ++s) {
-    const GptStage stage = StageOf(model_.config(), pp, s);
-    ASSIGN_OR_RETURN(std::vector<ParamInfo> params, Gpt::Params(model_.config(), stage));
-    int64_t count = 0;
-    for (const ParamInfo& p : params) count += p.numel;
-    std::vector<float> w, m, v;
-    if (s == 0) {
-      w = model_.weights();
-      m = model_.adam_m();
-      v = model_.adam_v();
-    } else {
-      for (std::vector<float>* x : {&w, &m, &v}) {
-        x->resize(count);
-        RETURN_IF_ERROR(world.Recv(x->data(), count, DType::kF32, s * per_stage, 0));
+    for (int t = 0; t < tp; ++t) {
+      ASSIGN_OR_RETURN(std::vector<ParamInfo> params,
+                       Gpt::Params(model_.config(), StageOf(model_.config(), pp, s, tp, t)));
+      int64_t count = 0;
+      for (const ParamInfo& p : params) count += p.numel;
+      std::vector<float> w, m, v;
+      if (s == 0 && t == 0) {
+        w = model_.weights();
+        m = model_.adam_m();
+        v = model_.adam_v();
+      } else {
+        coords = {s, 0, t};
+        const int from = static_cast<int>(comms_.mesh().RankOf(coords));
+        for (std::vector<float>* x : {&w, &m, &v}) {
+          x->resize(count);
+          RETURN_IF_ERROR(world.Recv(x->data(), count, DType::kF32, from, 0));
+        }
       }
-    }
-    if (m.size() != static_cast<size_t>(count) || v.size() != static_cast<size_t>(count)) {
-      return FailedPreconditionError("GatherModel needs GatherOptimizerState first");
-    }
-    for (const ParamInfo& p : params) {
-      if (p.tied_copy) continue;
-      const ParamInfo* to = full->FindParam(p.name);
-      if (to == nullptr) return InternalError("stage parameter '" + p.name + "' not in the model");
-      for (auto [from, into] : {std::pair{&w, &full->weights()}, {&m, &full->adam_m()},
-                                {&v, &full->adam_v()}}) {
-        std::copy(from->begin() + p.offset, from->begin() + p.offset + p.numel,
-                  into->begin() + to->offset);
+      if (m.size() != static_cast<size_t>(count) || v.size() != static_cast<size_t>(count)) {
+        return FailedPreconditionError("GatherModel needs GatherOptimizerState first");
+      }
+      for (const ParamInfo& p : params) {
+        if (p.tied_copy) continue;
+        const ParamInfo* to = full->FindParam(p.name);
+        if (to == nullptr) return InternalError("stage parameter '" + p.name + "' not in the model");
+        const std::vector<int64_t> extents = p.box.extents();
+        for (auto [from, into] : {std::pair{&w, &full->weights()}, {&m, &full->adam_m()},
+                                  {&v, &full->adam_v()}}) {
+          CopyBox(from->data() + p.offset, extents, Box::FromShape(extents),
+                  into->data() + to->offset, p.split_shape(), p.box, sizeof(float));
+        }
       }
     }
   }

@@ -1,5 +1,6 @@
-// Training a GPT over a mesh of ranks. Built so far: data parallelism with
-// gradient buckets, and ZeRO-1 (optimizer states sharded over dp). Every
+// Training a GPT over a pp x dp x tp mesh of ranks: data parallelism with
+// gradient buckets, ZeRO-1 (optimizer states sharded over dp), 1F1B
+// pipeline stages and Megatron tensor parallelism, in any combination. Every
 // rank runs the same program with its own Communicator (in-process threads
 // or MPI processes, runtime/comm/launch.h).
 //
@@ -29,7 +30,13 @@
 // single-process step's: the loss gradient of each micro-batch is scaled by
 // 1/micro_batches.
 //
-// Tensor parallelism (tp > 1) is refused for now.
+// Tensor parallel (tp > 1): Megatron-LM's layout, described at GptStage:
+// each tp rank holds its heads, its share of the MLP and of the
+// vocabulary; the tp group all-reduces inside the forward and backward
+// (runtime/gpt.cc). Replicated tensors (LayerNorms, wpe, the row-split
+// layers' biases) get the same gradient on every tp rank, so they stay
+// equal without a reduction. Under ZeRO-1 each tp slice is sharded over dp
+// further, as the optimizer state's layout (split over tp, opt [dp]) says.
 #ifndef TESSERA_RUNTIME_PARALLEL_GPT_H_
 #define TESSERA_RUNTIME_PARALLEL_GPT_H_
 
@@ -66,8 +73,8 @@ class ParallelGpt {
   // This rank's pipeline stage (its pp coordinate) and the layers it holds.
   int stage() const { return stage_; }
   int micro_batches() const { return micro_batches_; }
-  // The stage `s` of `pp` for a model of `config`.
-  static GptStage StageOf(const GptConfig& config, int pp, int s);
+  // The stage `s` of `pp` for a model of `config`, tp slice tp_rank of tp.
+  static GptStage StageOf(const GptConfig& config, int pp, int s, int tp = 1, int tp_rank = 0);
   const MeshCommunicators& comms() const { return comms_; }
   // This rank's replica of its stage's parameters. Under
   // ZeRO-1 its adam_m/adam_v are empty between GatherOptimizerState calls;
@@ -88,7 +95,7 @@ class ParallelGpt {
   // Seconds this rank has spent in the collectives of Step (reductions,
   // the loss, the norm, ZeRO's gathers) and waiting for pipeline
   // neighbours, for the communication share.
-  double comm_seconds() const { return comm_seconds_; }
+  double comm_seconds() const { return comm_seconds_ + model_.comm_seconds(); }
 
   // The layout of every parameter and optimizer state on the mesh, named as
   // checkpoints name them ("wte", "optimizer.wte.exp_avg", ...).
@@ -99,9 +106,9 @@ class ParallelGpt {
   // otherwise.
   Status GatherOptimizerState();
   // Collective, after GatherOptimizerState: the whole model (every stage's
-  // parameters and moments, and the step) assembled into `*full` on world
-  // rank 0, for a merged save; `full` is ignored on the other ranks. With
-  // one stage, rank 0's model is copied.
+  // and tp slice's parameters and moments, and the step) assembled into
+  // `*full` on world rank 0, for a merged save; `full` is ignored on the
+  // other ranks.
   Status GatherModel(Gpt* full);
   // After the model's moments were loaded or gathered: keeps this rank's
   // shard under ZeRO-1 and frees the rest (local, not collective).
@@ -125,6 +132,9 @@ class ParallelGpt {
   ParallelGpt(Gpt model, ParallelConfig parallel, MeshCommunicators comms)
       : model_(std::move(model)), parallel_(parallel), comms_(std::move(comms)) {}
   Status Build();
+  // The layout of parameter `p` (of a stage `stage`; its optimizer state's
+  // when `optimizer`) on the mesh: what strategy() records.
+  Layout LayoutOf(const ParamInfo& p, int stage, bool optimizer) const;
   // Forward and backward of this rank's rows [first row, + rows) in
   // micro-batches (1F1B over the stages); returns the sum of the
   // micro-batches' mean losses on the last stage, 0 elsewhere.
@@ -139,6 +149,8 @@ class ParallelGpt {
   MeshCommunicators comms_;
   Communicator* dp_ = nullptr;
   Communicator* pp_ = nullptr;
+  Communicator* tp_ = nullptr;
+  Communicator* tp_pp_ = nullptr;
   int dp_rank_ = 0;
   int stage_ = 0;
   int micro_batches_ = 1;

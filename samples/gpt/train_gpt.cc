@@ -1,18 +1,19 @@
 // Trains a GPT-2 style model on a text file (byte by byte) or a token file,
-// on one rank or over a pp x dp mesh of several (pipeline stages, data
-// parallel, ZeRO-1):
+// on one rank or over a pp x dp x tp mesh of several (pipeline stages, data
+// parallel, Megatron tensor parallel, ZeRO-1):
 //   train_gpt --data data/corpus.txt --steps 50 [--layers 4 --heads 4
 //             --embed 256 --context 256 --batch 8] [--save DIR --save-every N]
 //             [--resume] [--threads N] [--export DIR --export-dtype bf16]
-//   train_gpt --ranks 4 [--dp 2 --pp 2 --micro-batches 4] [--zero 1] ...
+//   train_gpt --ranks 4 [--dp 2 --tp 2 | --pp 2 --micro-batches 4] [--zero 1] ...
 //                                          (4 ranks as threads)
-//   mpirun -np 4 train_gpt [--pp 2] [--zero 1] ...   (4 processes)
+//   mpirun -np 4 train_gpt [--tp 2] [--pp 2] [--zero 1] ...   (4 processes)
 // Logs the loss and tokens/s of every step (rank 0). With --save it writes
 // native checkpoints DIR/step-<N> (parameters, Adam moments, step, data
 // position, config) and keeps DIR/latest on the newest; --resume continues
 // from DIR/latest when there is one, bit for bit as if never stopped on the
-// same ranks, and on any other mesh (the save is merged: under --pp rank 0
-// gathers every stage's tensors).
+// same ranks, and on any other mesh (the save is merged: under --pp or --tp
+// rank 0 gathers every stage's and slice's tensors; on resume each rank
+// reads only its own slices).
 #include <unistd.h>
 
 #include <chrono>
@@ -112,6 +113,9 @@ Status Train(const Options& o, Communicator& world) {
       std::printf("ranks: %d (%s), dp=%d zero=%d, buckets of %lld KiB\n", world.size(),
                   std::string(world.backend()).c_str(), parallel.dp, parallel.zero,
                   static_cast<long long>(parallel.bucket_bytes >> 10));
+      if (parallel.tp > 1) {
+        std::printf("tensor parallel: tp=%d (heads, MLP and vocabulary split)\n", parallel.tp);
+      }
       if (parallel.pp > 1) {
         std::printf("pipeline: pp=%d stages, %d micro-batches per dp rank (1F1B)\n",
                     parallel.pp, trainer->micro_batches());
@@ -119,6 +123,8 @@ Status Train(const Options& o, Communicator& world) {
     }
   }
 
+  // A rank holding part of the model gathers it to rank 0 for saving.
+  const bool gather = parallel.pp > 1 || parallel.tp > 1;
   std::vector<int32_t> inputs(o.batch * o.seq), targets(o.batch * o.seq);
   double total_seconds = 0, comm_at_first = 0;
   int64_t timed_steps = 0;
@@ -149,11 +155,11 @@ Status Train(const Options& o, Communicator& world) {
       // A merged save: the moments are gathered, rank 0 writes.
       RETURN_IF_ERROR(trainer->GatherOptimizerState());
       const std::string name = "step-" + std::to_string(model.step());
-      // Under pp, rank 0 assembles every stage's tensors first.
+      // Under pp or tp, rank 0 assembles every stage's and slice's tensors first.
       Gpt full;
-      Status saved = parallel.pp > 1 ? trainer->GatherModel(&full) : Status::Ok();
+      Status saved = gather ? trainer->GatherModel(&full) : Status::Ok();
       if (first && saved.ok()) {
-        saved = SaveGpt(env, parallel.pp > 1 ? full : model, o.save, name,
+        saved = SaveGpt(env, gather ? full : model, o.save, name,
                         {{"config", config_text}, {"data.position", loader.position().ToString()}});
       }
       trainer->ShardOptimizerState();
@@ -165,7 +171,7 @@ Status Train(const Options& o, Communicator& world) {
     }
   }
   Gpt full;
-  if (!o.export_dir.empty() && parallel.pp > 1) {
+  if (!o.export_dir.empty() && gather) {
     RETURN_IF_ERROR(trainer->GatherOptimizerState());
     RETURN_IF_ERROR(trainer->GatherModel(&full));
   }
@@ -173,7 +179,7 @@ Status Train(const Options& o, Communicator& world) {
     const SaveGptOptions options{.weights_dtype = *ParseDType(o.export_dtype),
                                  .optimizer_state = false};
     const std::string name = "step-" + std::to_string(model.step());
-    RETURN_IF_ERROR(SaveGpt(env, parallel.pp > 1 ? full : model, o.export_dir, name,
+    RETURN_IF_ERROR(SaveGpt(env, gather ? full : model, o.export_dir, name,
                             {{"config", config_text}}, options));
     if (talk) {
       std::printf("exported %s weights to %s/%s\n", o.export_dtype.c_str(),
@@ -239,7 +245,9 @@ int main(int argc, char** argv) {
       ->check(CLI::PositiveNumber);
   app.add_option("--pp", o.parallel.pp, "pipeline stages (consecutive blocks of layers)")
       ->check(CLI::PositiveNumber);
-  app.add_option("--tp", o.parallel.tp, "tensor-parallel ranks (not built yet: 1)")
+  app.add_option("--tp", o.parallel.tp,
+                 "tensor-parallel ranks (Megatron: heads, MLP and vocabulary split; "
+                 "a divisor of --heads)")
       ->check(CLI::PositiveNumber);
   app.add_option("--micro-batches", o.parallel.micro_batches,
                  "micro-batches per step and dp rank under --pp (default: pp)")

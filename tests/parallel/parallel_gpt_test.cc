@@ -1,9 +1,10 @@
-// Data, pipeline and optimizer parallelism against the single-process
+// Data, tensor, pipeline and optimizer parallelism against the single-process
 // reference: the same initial weights and global batches for 20 steps must
 // give the same losses (1e-5 relative per step) and final parameters (1e-5
 // relative norm), every replica of a tensor (and the last stage's copy of
 // the tied embedding) must end bitwise identical, and the layouts are the
-// ones a checkpoint records.
+// ones a checkpoint records. Tensor-parallel slices are put together by
+// the boxes their ParamInfo gives.
 #include "runtime/parallel_gpt.h"
 
 #include <cmath>
@@ -19,7 +20,7 @@
 namespace tessera {
 namespace {
 
-const GptConfig kConfig{.layers = 4, .heads = 2, .embed = 16, .context = 16, .vocab = 64};
+const GptConfig kConfig{.layers = 4, .heads = 4, .embed = 16, .context = 16, .vocab = 64};
 constexpr int kB = 8, kT = 16, kSteps = 20;
 const AdamWConfig kAdam{.lr = 3e-3f, .weight_decay = 0.1f};
 constexpr float kMaxNorm = 0.5f;  // small enough that clipping happens
@@ -66,9 +67,11 @@ double RelativeNorm(const std::vector<float>& a, const std::vector<float>& b) {
   return std::sqrt(diff / ref);
 }
 
-// A tensor's final values on every rank that holds it, by name; the last
-// stage's tied copy of wte under "wte (tied copy)".
+// A tensor's final values on every rank that holds it, by name, with the
+// box of the whole tensor they are; the last stage's tied copy of wte
+// under "wte (tied copy)".
 struct Held {
+  Box box;
   std::vector<float> w, m, v;
 };
 
@@ -97,29 +100,60 @@ Run Parallel(const ParallelConfig& config, int ranks) {
         return std::vector<float>(v.begin() + info.offset, v.begin() + info.offset + info.numel);
       };
       held.emplace(info.tied_copy ? info.name + " (tied copy)" : info.name,
-                   Held{cut(g.weights()), cut(g.adam_m()), cut(g.adam_v())});
+                   Held{info.box, cut(g.weights()), cut(g.adam_m()), cut(g.adam_v())});
     }
     return Status::Ok();
   });
   REQUIRE(s.ok());
-  // Every parameter, assembled in the single-process order.
+  // Every parameter, assembled in the single-process order from its
+  // slices; every copy of a slice (dp replicas, the tied copy) identical.
   auto whole = Gpt::Create(kConfig);
   for (const ParamInfo& info : whole->params()) {
+    INFO(info.name);
     auto [begin, end] = held.equal_range(info.name);
     REQUIRE(begin != end);
-    for (auto it = begin; it != end; ++it) {  // replicas identical
-      INFO(info.name);
-      CHECK(it->second.w == begin->second.w);
-      CHECK(it->second.m == begin->second.m);
+    const std::vector<int64_t> shape =
+        info.full_shape.size() == 2 && info.name.ends_with("c_attn.weight")
+            ? std::vector<int64_t>{info.full_shape[0], 3, info.full_shape[1] / 3}
+        : info.name.ends_with("c_attn.bias") ? std::vector<int64_t>{3, info.full_shape[0] / 3}
+                                              : info.full_shape;
+    std::vector<float> w(info.numel), m(info.numel), v(info.numel);
+    std::vector<const Held*> firsts;  // one per distinct box
+    int64_t covered = 0;
+    for (auto it = begin; it != end; ++it) {
+      const Held& h = it->second;
+      // A slice over the plain shape (tp = 1) is re-read over the view.
+      const Box box = h.box.rank() == static_cast<int>(shape.size()) ? h.box : Box::FromShape(shape);
+      const Held* first = nullptr;
+      for (const Held* f : firsts) {
+        if (f->box == h.box) first = f;
+      }
+      if (first != nullptr) {  // a replica
+        CHECK(h.w == first->w);
+        CHECK(h.m == first->m);
+        continue;
+      }
+      firsts.push_back(&h);
+      covered += NumElements(box);
+      const std::vector<int64_t> extents = box.extents();
+      for (auto [from, into] : {std::pair{&h.w, &w}, {&h.m, &m}, {&h.v, &v}}) {
+        CopyBox(from->data(), extents, Box::FromShape(extents), into->data(), shape, box,
+                sizeof(float));
+      }
     }
+    CHECK(covered == info.numel);
     if (config.pp > 1 && info.name == "wte") {
       auto copy = held.equal_range("wte (tied copy)");
       REQUIRE(copy.first != copy.second);
-      for (auto it = copy.first; it != copy.second; ++it) CHECK(it->second.w == begin->second.w);
+      for (auto it = copy.first; it != copy.second; ++it) {
+        for (const Held* f : firsts) {
+          if (f->box == it->second.box) CHECK(it->second.w == f->w);
+        }
+      }
     }
-    run.weights.insert(run.weights.end(), begin->second.w.begin(), begin->second.w.end());
-    run.m.insert(run.m.end(), begin->second.m.begin(), begin->second.m.end());
-    run.v.insert(run.v.end(), begin->second.v.begin(), begin->second.v.end());
+    run.weights.insert(run.weights.end(), w.begin(), w.end());
+    run.m.insert(run.m.end(), m.begin(), m.end());
+    run.v.insert(run.v.end(), v.begin(), v.end());
   }
   return run;
 }
@@ -166,6 +200,24 @@ TEST_CASE("pipeline parallel (1F1B), with dp and ZeRO-1, reproduces the single-p
       Compare(Parallel({.dp = c.dp, .pp = c.pp, .zero = c.zero, .micro_batches = c.micro,
                         .bucket_bytes = 4096},
                        c.pp * c.dp),
+              reference);
+    }
+  }
+}
+
+TEST_CASE("tensor parallel (Megatron), with dp, pp and ZeRO-1, reproduces the single-process run") {
+  kernels::SetComputeThreads(1);
+  const Run reference = Reference();
+  struct Config {
+    int tp, dp, pp, zero;
+  };
+  for (const Config c : {Config{2, 1, 1, 0}, Config{4, 1, 1, 0}, Config{2, 2, 1, 0},
+                         Config{2, 2, 1, 1}, Config{4, 2, 1, 1}, Config{2, 1, 2, 0},
+                         Config{2, 1, 2, 1}, Config{2, 2, 2, 0}, Config{2, 2, 2, 1},
+                         Config{4, 1, 2, 0}}) {
+    DYNAMIC_SECTION("tp" << c.tp << " dp" << c.dp << " pp" << c.pp << " zero" << c.zero) {
+      Compare(Parallel({.dp = c.dp, .tp = c.tp, .pp = c.pp, .zero = c.zero, .bucket_bytes = 4096},
+                       c.tp * c.dp * c.pp),
               reference);
     }
   }
@@ -225,10 +277,49 @@ TEST_CASE("parallel GPT: layouts are queryable, bad configurations are refused")
   });
   INFO(staged.ToString());
   CHECK(staged.ok());
+  // Under tp the strategy is Megatron's layout, and it says exactly which
+  // box of every tensor each rank holds.
+  const Status sliced = RunInProcess(8, [&](Communicator& world) -> Status {
+    ASSIGN_OR_RETURN(auto p,
+                     ParallelGpt::Create(kConfig, {.dp = 2, .tp = 2, .pp = 2, .zero = 1}, world));
+    ASSIGN_OR_RETURN(Strategy strategy, p->strategy());
+    auto expect = [&](const std::string& name, const std::string& layout) -> Status {
+      const TensorStrategy* t = strategy.Find(name);
+      if (t == nullptr) return InternalError(name + " missing");
+      if (ToString(t->layout) != layout) return InternalError(name + ": " + ToString(t->layout));
+      return Status::Ok();
+    };
+    RETURN_IF_ERROR(expect("wte", "shape [64, 16] f32 split [tp, -] stage pp=0"));
+    RETURN_IF_ERROR(expect("h.0.attn.c_attn.weight",
+                           "shape [16, 48] view [16, 3, 16] f32 split [-, -, tp] stage pp=0"));
+    RETURN_IF_ERROR(expect("h.3.attn.c_attn.bias", "shape [48] view [3, 16] f32 split [-, tp] stage pp=1"));
+    RETURN_IF_ERROR(expect("h.3.attn.c_proj.weight", "shape [16, 16] f32 split [tp, -] stage pp=1"));
+    RETURN_IF_ERROR(expect("h.3.attn.c_proj.bias", "shape [16] f32 stage pp=1"));
+    RETURN_IF_ERROR(expect("optimizer.h.1.mlp.c_fc.weight.exp_avg",
+                           "shape [16, 64] f32 split [-, tp] opt [dp] stage pp=0"));
+    for (const ParamInfo& info : p->model().params()) {
+      if (info.tied_copy) continue;
+      const TensorStrategy* t = strategy.Find(info.name);
+      if (t == nullptr) return InternalError(info.name + " missing");
+      ASSIGN_OR_RETURN(std::optional<Box> box, ShardOf(t->layout, strategy.mesh(), world.rank()));
+      if (!box.has_value() || *box != info.box) {
+        return InternalError(info.name + " on rank " + std::to_string(world.rank()) + ": holds " +
+                             ToString(info.box) + ", the strategy says " +
+                             (box ? ToString(*box) : std::string("nothing")));
+      }
+    }
+    return Status::Ok();
+  });
+  INFO(sliced.ToString());
+  CHECK(sliced.ok());
   const Status wrong = RunInProcess(2, [&](Communicator& world) -> Status {
     return ParallelGpt::Create(kConfig, {.dp = 4}, world).status();
   });
   CHECK_THAT(wrong.message(), Catch::Contains("is not the 2 ranks"));
+  const Status heads = RunInProcess(3, [&](Communicator& world) -> Status {
+    return ParallelGpt::Create(kConfig, {.tp = 3}, world).status();
+  });
+  CHECK_THAT(heads.message(), Catch::Contains("4 heads cannot be shared by tp 3"));
 }
 
 }  // namespace

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# train_gpt on several ranks: data and pipeline parallel (with and without
-# ZeRO-1) as threads (--ranks) and as processes (mpirun) gives the
+# train_gpt on several ranks: data, tensor and pipeline parallel (with and
+# without ZeRO-1) as threads (--ranks) and as processes (mpirun) gives the
 # single-process loss curve within 1e-5 relative per step; a checkpoint
 # saved on one layout resumes on another (2 ranks with ZeRO-1 -> 1 rank,
-# 1 rank -> 2 MPI processes, pp2 -> 1 rank, 1 rank -> pp2 under mpirun) and
+# 1 rank -> 2 MPI processes, pp2 -> 1 rank, 1 rank -> pp2 under mpirun,
+# dp2 x tp2 with ZeRO-1 -> tp2 under mpirun, tp2 x pp2 -> 1 rank) and
 # continues the curve; bad settings are named.
 # Usage: train_gpt_parallel_test.sh TRAIN_GPT CORPUS MPIRUN
 set -uo pipefail
@@ -25,7 +26,8 @@ close() {
 "$BIN" "${SMALL[@]}" --steps 30 >"$WORK/one.log" 2>&1
 check "single-process reference" test $? -eq 0
 for setting in "--ranks 2" "--ranks 2 --zero 1" "--ranks 4 --zero 1 --bucket-mib 0.01" \
-  "--ranks 2 --pp 2" "--ranks 4 --pp 2 --zero 1 --micro-batches 4"; do
+  "--ranks 2 --pp 2" "--ranks 4 --pp 2 --zero 1 --micro-batches 4" "--ranks 2 --tp 2" \
+  "--ranks 4 --tp 2 --pp 2 --zero 1"; do
   # shellcheck disable=SC2086
   "$BIN" "${SMALL[@]}" --steps 30 $setting >"$WORK/par.log" 2>&1
   check "$setting: the single-process losses" close "$WORK/par.log" "$WORK/one.log"
@@ -37,6 +39,11 @@ check "mpirun run says its ranks" grep -q "ranks: 2 (mpi), dp=2 zero=1" "$WORK/m
 check "mpirun -np 4 --pp 2 --zero 1 (dp2 x pp2): the single-process losses" \
   close "$WORK/mpipp.log" "$WORK/one.log"
 check "... and says its pipeline" grep -q "pipeline: pp=2 stages, 2 micro-batches" "$WORK/mpipp.log"
+"${MPIRUN[@]}" -np 4 "$BIN" "${SMALL[@]}" --steps 30 --dp 2 --tp 2 --pp 1 --zero 1 \
+  >"$WORK/mpitp.log" 2>&1
+check "mpirun -np 4 --dp 2 --tp 2 --pp 1 --zero 1: the single-process losses" \
+  close "$WORK/mpitp.log" "$WORK/one.log"
+check "... and says its tensor parallelism" grep -q "tensor parallel: tp=2" "$WORK/mpitp.log"
 
 # resumed NAME DIR "SAVE FLAGS" "RESUME FLAGS": one run saves at step 12,
 # another resumes from it to 30; together they must give the
@@ -67,6 +74,10 @@ resumed "resume on 2 MPI ranks with ZeRO-1 from a 1-rank checkpoint" ck2 "" "mpi
 # And back: one rank's checkpoint resumed on 2 MPI stages.
 resumed "resume on 1 rank from a pp2 checkpoint continues the curve" ck3 "--ranks 2 --pp 2" ""
 resumed "resume on 2 MPI pipeline stages from a 1-rank checkpoint" ck4 "" "mpi --pp 2"
+# Tensor parallel: rank 0 gathers the slices; each resuming rank reads its own.
+resumed "resume on 2 MPI tp ranks from a dp2 x tp2 ZeRO-1 checkpoint" ck5 \
+  "--ranks 4 --dp 2 --tp 2 --zero 1" "mpi --tp 2"
+resumed "resume on 1 rank from a tp2 x pp2 checkpoint" ck6 "--ranks 4 --tp 2 --pp 2" ""
 
 out=$("$BIN" --data "$CORPUS" --layers 1 --heads 2 --embed 32 --context 32 --batch 3 --steps 1 \
   --ranks 2 2>&1)
@@ -78,6 +89,9 @@ check "more stages than layers are named" grep -q "pp 4 stages need at least 4 l
 out=$("$BIN" "${SMALL[@]}" --steps 1 --ranks 2 --pp 2 --micro-batches 3 2>&1)
 check "micro-batches that do not divide the rows are named" \
   grep -q "8 rows of a dp rank are not a multiple of the 3 micro-batches" <<<"$out"
+out=$("$BIN" "${SMALL[@]}" --steps 1 --ranks 4 --tp 4 2>&1)
+check "tp that does not divide the heads is named" \
+  grep -q "2 heads cannot be shared by tp 4 ranks" <<<"$out"
 out=$("$BIN" "${SMALL[@]}" --steps 1 --ranks 2 --threads 2 2>&1)
 check "threads per in-process rank are refused" grep -q "one rank per process" <<<"$out"
 test $fails -eq 0
