@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Data- and pipeline-parallel training on 2 ranks: train_gpt --ranks 2
-# (threads) and under mpirun -np 2 (processes), dp2 with and without ZeRO-1
-# and pp2 (1F1B, 2 and 8 micro-batches), beside the
+# Data-, tensor- and pipeline-parallel training on 2 ranks: train_gpt
+# --ranks 2 (threads) and under mpirun -np 2 (processes), dp2 with and
+# without ZeRO-1, tp2 (Megatron) and pp2 (1F1B, 2 and 8 micro-batches),
+# beside the
 # single-process figure (2 compute threads) and beside PyTorch DDP (gloo, 2
 # processes of 1 thread) on the same model and global batch, with the
 # share of the step our ranks spend in communication.
@@ -24,6 +25,9 @@ pp=$(ours "$TRAIN" --data "$CORPUS" --quiet --ranks 2 --pp 2 --steps $STEPS "${M
 pp8=$(ours "$TRAIN" --data "$CORPUS" --quiet --ranks 2 --pp 2 --micro-batches 8 --steps $STEPS "${MODEL[@]}")
 mpipp=$(ours "$MPIRUN" --allow-run-as-root --oversubscribe -np 2 "$TRAIN" --data "$CORPUS" \
   --quiet --pp 2 --micro-batches 8 --steps $STEPS "${MODEL[@]}")
+tp=$(ours "$TRAIN" --data "$CORPUS" --quiet --ranks 2 --tp 2 --steps $STEPS "${MODEL[@]}")
+mpitp=$(ours "$MPIRUN" --allow-run-as-root --oversubscribe -np 2 "$TRAIN" --data "$CORPUS" \
+  --quiet --tp 2 --steps $STEPS "${MODEL[@]}")
 torch1=$(env -u OPENBLAS_CORETYPE /usr/bin/python3 "$TORCH" 4 4 256 256 8 4096 2 $STEPS | awk '{print $2}')
 ddp=$(env -u OPENBLAS_CORETYPE /usr/bin/python3 "$DDP" 4 4 256 256 8 4096 2 $STEPS | awk '{print $2}')
 printf "%-46s %10s %8s %9s\n" "L4 C256 H4 T256 B8 V4096, 2 cores" "tokens/s" "comm" "vs DDP"
@@ -35,5 +39,7 @@ row "tessera dp2, mpirun -np 2" ${mpi}
 row "tessera pp2, 2 micro-batches, --ranks 2" ${pp}
 row "tessera pp2, 8 micro-batches, --ranks 2" ${pp8}
 row "tessera pp2, 8 micro-batches, mpirun -np 2" ${mpipp}
+row "tessera tp2, --ranks 2 (threads)" ${tp}
+row "tessera tp2, mpirun -np 2" ${mpitp}
 row "PyTorch, 1 process, 2 threads" "$torch1"
 row "PyTorch DDP, gloo, 2 processes" "$ddp"
