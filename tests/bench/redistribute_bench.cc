@@ -3,7 +3,13 @@
 // unpacking cost on top of the bytes moved:
 //   rows split over the ranks -> replicated   beside AllGather
 //   columns split -> rows split               beside AllToAll (equal blocks)
-// of a 64 MiB f32 matrix [4096, 4096].
+// of a 64 MiB f32 matrix [4096, 4096]; and ParallelMatMul (runtime/
+// parallel_ops.h), forward and backward of x [2048, 1024] @ w [1024, 1024],
+// beside the same products and collectives written out by hand (what
+// runtime/gpt.cc does for its tensor-parallel layers):
+//   row-parallel ((-,r),(r,-))               beside sgemm + AllReduce
+//   column-parallel ((-,-),(-,r)), x arriving cut by rows
+//                                            beside AllGather + sgemm
 //   redistribute_bench inprocess N
 //   mpirun -np N redistribute_bench mpi
 // Median of 5 timed calls each (after one warm-up), slowest rank.
@@ -18,6 +24,9 @@
 #include "runtime/comm/inprocess.h"
 #include "runtime/comm/mpi.h"
 #include "runtime/dtensor.h"
+#include "runtime/comm/mesh_comms.h"
+#include "runtime/kernels.h"
+#include "runtime/parallel_ops.h"
 
 using namespace tessera;
 
@@ -39,6 +48,76 @@ Result<double> Time(Communicator& comm, const std::function<Status()>& fn) {
   }
   std::sort(times.begin(), times.end());
   return times[2];
+}
+
+// ParallelMatMul forward + backward beside the hand-written equivalent.
+Status MatMuls(Communicator& comm, const Mesh& mesh) {
+  constexpr int64_t M = 2048, K = 1024, N = 1024;
+  const int p = comm.size();
+  ASSIGN_OR_RETURN(MeshCommunicators comms, MeshCommunicators::Create(comm, mesh));
+  ASSIGN_OR_RETURN(MatMulStrategy row_s, MatMulStrategy::Parse("((-,r),(r,-))"));
+  ASSIGN_OR_RETURN(MatMulStrategy col_s, MatMulStrategy::Parse("((-,-),(-,r))"));
+  ASSIGN_OR_RETURN(ParallelMatMul row, ParallelMatMul::Create(comms, row_s, M, K, N));
+  ASSIGN_OR_RETURN(ParallelMatMul col, ParallelMatMul::Create(comms, col_s, M, K, N));
+  const int64_t kl = K / p, nl = N / p, ml = M / p;
+  std::vector<float> w(kl * N, 0.01f), dw(kl * N, 0.0f), wc(K * nl, 0.01f), dwc(K * nl, 0.0f);
+  // x as each operator receives it: its own columns (row), cut by rows (column).
+  std::vector<char> xr(M * kl * 4), xc(ml * K * 4), dyr(M * N * 4), dyc(M * nl * 4);
+  for (auto* v : {&xr, &xc, &dyr, &dyc}) {
+    for (size_t i = 0; i < v->size() / 4; ++i) reinterpret_cast<float*>(v->data())[i] = 0.5f;
+  }
+  Layout x_rows = Layout::Replicated({M, K}, DType::kF32);
+  x_rows.dim_axes = {{"r"}, {}};
+  ASSIGN_OR_RETURN(DTensor x1, DTensor::FromLocal(mesh, row.x_layout(), comm.rank(), xr));
+  ASSIGN_OR_RETURN(DTensor dy1, DTensor::FromLocal(mesh, row.y_layout(), comm.rank(), dyr));
+  ASSIGN_OR_RETURN(DTensor x2, DTensor::FromLocal(mesh, x_rows, comm.rank(), xc));
+  ASSIGN_OR_RETURN(DTensor dy2, DTensor::FromLocal(mesh, col.y_layout(), comm.rank(), dyc));
+  DTensor y, dx;
+  std::vector<float> out(M * N), xfull(M * K), dxl(M * kl), dxf(M * K), part(M * kl);
+  auto f = [](std::vector<char>& v) { return reinterpret_cast<float*>(v.data()); };
+  struct Case {
+    const char* what;
+    std::function<Status()> ours, peer;
+    const char* peer_name;
+  };
+  const Case cases[] = {
+      {"row ((-,r),(r,-))",
+       [&]() -> Status {
+         RETURN_IF_ERROR(row.Forward(x1, w.data(), &y));
+         return row.Backward(x1, w.data(), dy1, &dx, dw.data());
+       },
+       [&]() -> Status {
+         kernels::MatmulForward(out.data(), f(xr), w.data(), nullptr, M, kl, N);
+         RETURN_IF_ERROR(comm.AllReduce(out.data(), out.data(), M * N, DType::kF32, ReduceOp::kSum));
+         kernels::MatmulBackward(dxl.data(), dw.data(), nullptr, f(dyr), f(xr), w.data(), M, kl, N);
+         return Status::Ok();
+       },
+       "sgemm+AllReduce"},
+      {"column, x by rows",
+       [&]() -> Status {
+         RETURN_IF_ERROR(col.Forward(x2, wc.data(), &y));
+         return col.Backward(x2, wc.data(), dy2, &dx, dwc.data());
+       },
+       [&]() -> Status {
+         RETURN_IF_ERROR(comm.AllGather(xc.data(), ml * K, xfull.data(), DType::kF32));
+         kernels::MatmulForward(out.data(), xfull.data(), wc.data(), nullptr, M, K, nl);
+         kernels::MatmulBackward(dxf.data(), dwc.data(), nullptr, f(dyc), xfull.data(), wc.data(),
+                                 M, K, nl);
+         RETURN_IF_ERROR(comm.AllReduce(dxf.data(), dxf.data(), M * K, DType::kF32, ReduceOp::kSum));
+         return Status::Ok();
+       },
+       "AllGather+sgemm"},
+  };
+  for (const Case& c : cases) {
+    ASSIGN_OR_RETURN(double ours, Time(comm, c.ours));
+    ASSIGN_OR_RETURN(double peer, Time(comm, c.peer));
+    if (comm.rank() == 0) {
+      std::printf("  MatMul %-19s %d ranks (%s): fwd+bwd %8.2f ms   %-15s %8.2f ms   ratio %.2fx\n",
+                  c.what, p, std::string(comm.backend()).c_str(), ours * 1e3, c.peer_name,
+                  peer * 1e3, ours / peer);
+    }
+  }
+  return Status::Ok();
 }
 
 Status Run(Communicator& comm) {
@@ -75,7 +154,7 @@ Status Run(Communicator& comm) {
                   peer * 1e3, ours / peer);
     }
   }
-  return Status::Ok();
+  return MatMuls(comm, mesh);
 }
 
 }  // namespace
