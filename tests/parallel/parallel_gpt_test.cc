@@ -194,7 +194,7 @@ TEST_CASE("pipeline parallel (1F1B), with dp and ZeRO-1, reproduces the single-p
   // micro 0: as many micro-batches as stages; 8 / dp: one row each.
   for (const Config c : {Config{2, 1, 0, 0}, Config{2, 1, 1, 0}, Config{2, 1, 0, 8},
                          Config{4, 1, 0, 0}, Config{4, 1, 0, 2}, Config{2, 2, 0, 0},
-                         Config{2, 2, 1, 4}, Config{4, 2, 1, 0}}) {
+                         Config{2, 2, 1, 4}, Config{4, 2, 1, 0}, Config{4, 1, 1, 0}}) {
     DYNAMIC_SECTION("pp" << c.pp << " dp" << c.dp << " zero" << c.zero << " micro-batches "
                          << c.micro) {
       Compare(Parallel({.dp = c.dp, .pp = c.pp, .zero = c.zero, .micro_batches = c.micro,
@@ -211,7 +211,10 @@ TEST_CASE("tensor parallel (Megatron), with dp, pp and ZeRO-1, reproduces the si
   struct Config {
     int tp, dp, pp, zero;
   };
-  for (const Config c : {Config{2, 1, 1, 0}, Config{4, 1, 1, 0}, Config{2, 2, 1, 0},
+  // Every configuration of the issue's list with and without ZeRO-1 (over
+  // dp = 1 it runs the sharded update on whole tensors).
+  for (const Config c : {Config{2, 1, 1, 0}, Config{2, 1, 1, 1}, Config{4, 1, 1, 0},
+                         Config{4, 1, 1, 1}, Config{2, 2, 1, 0},
                          Config{2, 2, 1, 1}, Config{4, 2, 1, 1}, Config{2, 1, 2, 0},
                          Config{2, 1, 2, 1}, Config{2, 2, 2, 0}, Config{2, 2, 2, 1},
                          Config{4, 1, 2, 0}}) {
