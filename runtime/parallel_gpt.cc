@@ -466,6 +466,50 @@ Status ParallelGpt::GatherModel(Gpt* full) {
   return Status::Ok();
 }
 
+Status ParallelGpt::WriteSliced(SlicedCheckpointWriter& writer, const Strategy& strategy) const {
+  ASSIGN_OR_RETURN(std::vector<PieceToWrite> pieces,
+                   PiecesToWrite(strategy, comms_.world().rank()));
+  const std::vector<ParamInfo>& params = model_.params();
+  for (const PieceToWrite& piece : pieces) {
+    const std::string& tensor = strategy.tensors()[piece.tensor].name;
+    std::string name = tensor;
+    int which = 0;  // 0 weights, 1 exp_avg, 2 exp_avg_sq
+    if (name.starts_with("optimizer.")) {
+      for (auto [suffix, w] : {std::pair{".exp_avg_sq", 2}, {".exp_avg", 1}}) {
+        const std::string_view sv(suffix);
+        if (which == 0 && name.ends_with(sv)) {
+          which = w;
+          name = name.substr(10, name.size() - 10 - sv.size());
+        }
+      }
+    }
+    const ParamInfo* p = model_.FindParam(name);
+    if (p == nullptr || p->tied_copy) {
+      return InternalError("sliced save: rank " + std::to_string(comms_.world().rank()) +
+                           " holds no '" + tensor + "'");
+    }
+    const float* data = nullptr;
+    int64_t count = p->numel;
+    if (which == 0 || parallel_.zero == 0) {
+      const std::vector<float>& v =
+          which == 0 ? model_.weights() : which == 1 ? model_.adam_m() : model_.adam_v();
+      data = v.data() + p->offset;
+      if (piece.box != p->box) count = -1;
+    } else {
+      const Shard& s = shards_[p - params.data()];
+      data = (which == 1 ? shard_m_ : shard_v_).data() + s.offset;
+      count = s.counts[dp_rank_];
+    }
+    if (count != NumElements(piece.box)) {
+      return InternalError("sliced save: '" + tensor + "' " + ToString(piece.box) +
+                           " is not what rank " + std::to_string(comms_.world().rank()) +
+                           " holds");
+    }
+    RETURN_IF_ERROR(writer.WritePiece(piece.tensor, piece.box, data));
+  }
+  return Status::Ok();
+}
+
 void ParallelGpt::ShardOptimizerState() {
   if (parallel_.zero == 0) return;
   for (const Shard& s : shards_) {

@@ -47,6 +47,7 @@
 #include "runtime/comm/communicator.h"
 #include "runtime/comm/mesh_comms.h"
 #include "runtime/gpt.h"
+#include "runtime/sliced_checkpoint.h"
 #include "transform/strategy.h"
 
 namespace tessera {
@@ -110,6 +111,11 @@ class ParallelGpt {
   // `*full` on world rank 0, for a merged save; `full` is ignored on the
   // other ranks.
   Status GatherModel(Gpt* full);
+  // A sliced save (not collective; the writer's Commit is): writes the
+  // pieces PiecesToWrite(strategy(), rank) gives this rank, parameters
+  // from its tp slice and moments from its ZeRO shard, so nothing is
+  // gathered and every piece is written once.
+  Status WriteSliced(SlicedCheckpointWriter& writer, const Strategy& strategy) const;
   // After the model's moments were loaded or gathered: keeps this rank's
   // shard under ZeRO-1 and frees the rest (local, not collective).
   void ShardOptimizerState();

@@ -24,6 +24,7 @@
 #include <CLI/CLI.hpp>
 
 #include "ckpt/ops.h"
+#include "formats/native_files.h"
 #include "runtime/comm/launch.h"
 #include "runtime/comm/mpi.h"
 #include "runtime/data.h"
@@ -50,7 +51,7 @@ int Fail(const Status& s) {
 
 struct Options {
   GptConfig config;
-  std::string data, save, export_dir, export_dtype;
+  std::string data, save, export_dir, export_dtype, save_mode = "merged";
   int batch = 8, seq = 0, steps = 20, save_every = 0;
   uint64_t seed = 1;
   AdamWConfig adam;
@@ -152,16 +153,36 @@ Status Train(const Options& o, Communicator& world) {
     }
     const bool last = model.step() == o.steps;
     if (!o.save.empty() && ((o.save_every > 0 && model.step() % o.save_every == 0) || last)) {
+      const std::string name = "step-" + std::to_string(model.step());
+      const std::map<std::string, std::string> metadata = {
+          {"config", config_text}, {"data.position", loader.position().ToString()}};
+      if (o.save_mode == "sliced") {
+        // Every rank writes its own pieces (replicas take turns); nothing
+        // is gathered. Rank 0 commits, then points `latest` at it.
+        ASSIGN_OR_RETURN(Strategy strategy, trainer->strategy());
+        RETURN_IF_ERROR(env->CreateDirs(o.save));
+        ASSIGN_OR_RETURN(std::unique_ptr<SlicedCheckpointWriter> writer,
+                         SlicedCheckpointWriter::Create(
+                             env, world, o.save + "/" + name, strategy,
+                             {model.step(), metadata, "tessera train_gpt (sliced)"}));
+        const Status wrote = trainer->WriteSliced(*writer, strategy);
+        const Status committed = writer->Commit();  // collective: every rank gets here
+        RETURN_IF_ERROR(wrote);
+        RETURN_IF_ERROR(committed);
+        Status latest = first ? SetLatest(env, o.save, name) : Status::Ok();
+        int ok = latest.ok() ? 1 : 0;
+        RETURN_IF_ERROR(world.Broadcast(&ok, 1, DType::kI32, 0));
+        RETURN_IF_ERROR(latest);
+        if (ok == 0) return AbortedError("rank 0 failed to point latest at " + name);
+        if (talk) std::printf("saved %s/%s (sliced over %d ranks)\n", o.save.c_str(), name.c_str(), world.size());
+        continue;
+      }
       // A merged save: the moments are gathered, rank 0 writes.
       RETURN_IF_ERROR(trainer->GatherOptimizerState());
-      const std::string name = "step-" + std::to_string(model.step());
       // Under pp or tp, rank 0 assembles every stage's and slice's tensors first.
       Gpt full;
       Status saved = gather ? trainer->GatherModel(&full) : Status::Ok();
-      if (first && saved.ok()) {
-        saved = SaveGpt(env, gather ? full : model, o.save, name,
-                        {{"config", config_text}, {"data.position", loader.position().ToString()}});
-      }
+      if (first && saved.ok()) saved = SaveGpt(env, gather ? full : model, o.save, name, metadata);
       trainer->ShardOptimizerState();
       int ok = saved.ok() ? 1 : 0;  // every rank learns whether rank 0 managed
       RETURN_IF_ERROR(world.Broadcast(&ok, 1, DType::kI32, 0));
@@ -258,6 +279,10 @@ int main(int argc, char** argv) {
       ->check(CLI::PositiveNumber);
   app.add_option("--save", o.save, "checkpoint directory");
   app.add_option("--save-every", o.save_every, "save every N steps (and at the end)");
+  app.add_option("--save-mode", o.save_mode,
+                 "merged: rank 0 gathers and writes whole tensors; sliced: every rank writes "
+                 "its own pieces (replicas take turns), nothing is gathered")
+      ->check(CLI::IsMember({"merged", "sliced"}));
   app.add_flag("--resume", o.resume, "continue from the --save directory's latest checkpoint");
   app.add_option("--export", o.export_dir,
                  "at the end, write the weights alone (no optimizer state) as a checkpoint here");

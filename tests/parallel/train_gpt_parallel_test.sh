@@ -4,12 +4,16 @@
 # single-process loss curve within 1e-5 relative per step; a checkpoint
 # saved on one layout resumes on another (2 ranks with ZeRO-1 -> 1 rank,
 # 1 rank -> 2 MPI processes, pp2 -> 1 rank, 1 rank -> pp2 under mpirun,
-# dp2 x tp2 with ZeRO-1 -> tp2 under mpirun, tp2 x pp2 -> 1 rank) and
-# continues the curve; bad settings are named.
-# Usage: train_gpt_parallel_test.sh TRAIN_GPT CORPUS MPIRUN
+# dp2 x tp2 with ZeRO-1 -> tp2 under mpirun, tp2 x pp2 -> 1 rank; sliced
+# saves, where every rank writes its own pieces: dp2 x tp2 x pp2 with
+# ZeRO-1 -> 1 rank, tp2 under mpirun -> dp2 x pp2) and continues the
+# curve; a sliced save verifies and equals the merged one; bad settings are
+# named.
+# Usage: train_gpt_parallel_test.sh TRAIN_GPT CORPUS MPIRUN CKPT
 set -uo pipefail
 BIN=$1
 CORPUS=$2
+CKPT=$4
 MPIRUN=("$3" --allow-run-as-root --oversubscribe)
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
@@ -78,6 +82,19 @@ resumed "resume on 2 MPI pipeline stages from a 1-rank checkpoint" ck4 "" "mpi -
 resumed "resume on 2 MPI tp ranks from a dp2 x tp2 ZeRO-1 checkpoint" ck5 \
   "--ranks 4 --dp 2 --tp 2 --zero 1" "mpi --tp 2"
 resumed "resume on 1 rank from a tp2 x pp2 checkpoint" ck6 "--ranks 4 --tp 2 --pp 2" ""
+# Sliced saves: every rank writes its own pieces; any mesh resumes.
+resumed "resume on 1 rank from a sliced dp2 x tp2 x pp2 ZeRO-1 checkpoint" ck7 \
+  "--ranks 8 --dp 2 --tp 2 --pp 2 --zero 1 --save-mode sliced" ""
+check "... whose 8 data files are there" test "$(ls "$WORK"/ck7/step-12/data-*.tsr | wc -l)" -eq 8
+resumed "resume on dp2 x pp2 from a sliced save of 2 MPI tp ranks" ck8 \
+  "mpi --tp 2 --save-mode sliced" "--ranks 4 --pp 2 --zero 1 --save-mode sliced"
+# The sliced and the merged save of the same state hold the same numbers.
+train "$WORK/m.log" --ranks 4 --dp 2 --tp 2 --zero 1 --steps 6 --save "$WORK/merged"
+train "$WORK/s.log" --ranks 4 --dp 2 --tp 2 --zero 1 --steps 6 --save "$WORK/sliced" --save-mode sliced
+"$CKPT" verify "$WORK/sliced" >"$WORK/verify.log" 2>&1
+check "ckpt verify passes on a sliced save" test $? -eq 0
+"$CKPT" diff "$WORK/merged/step-6" "$WORK/sliced/step-6" >"$WORK/diff.log" 2>&1
+check "a sliced save equals the merged save of the same run (ckpt diff)" test $? -eq 0
 
 out=$("$BIN" --data "$CORPUS" --layers 1 --heads 2 --embed 32 --context 32 --batch 3 --steps 1 \
   --ranks 2 2>&1)
