@@ -1,0 +1,97 @@
+// Saving from training: a GPT-2 124M model (L12 C768 H12 V50257, 1.5 GiB of
+// weights and Adam moments) trained on 4 in-process ranks (dp2 x tp2,
+// ZeRO-1), saved
+//   sliced: every rank writes its own pieces (SlicedCheckpointWriter), and
+//   merged: moments and slices gathered on rank 0, which writes alone
+//           (GatherOptimizerState + GatherModel + SaveGpt),
+// each through commit and fsync. Prints the median of 3 saves of each
+// (every save into a fresh directory, the previous removed and the page
+// cache written back first), and leaves the last sliced save in DIR for the
+// script to copy with cp (the floor for moving those bytes).
+//   save_bench DIR
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "runtime/comm/inprocess.h"
+#include "runtime/gpt_checkpoint.h"
+#include "runtime/kernels.h"
+#include "runtime/parallel_gpt.h"
+
+using namespace tessera;
+
+namespace {
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+Status Run(Communicator& world, const std::string& dir, std::vector<double>* sliced,
+           std::vector<double>* merged) {
+  const GptConfig config{.layers = 12, .heads = 12, .embed = 768, .context = 256, .vocab = 50257};
+  ASSIGN_OR_RETURN(auto trainer,
+                   ParallelGpt::Create(config, {.dp = 2, .tp = 2, .zero = 1}, world));
+  trainer->Init(1);
+  ASSIGN_OR_RETURN(Strategy strategy, trainer->strategy());
+  Env* env = Env::Default();
+  auto clean = [&](const std::string& path) -> Status {
+    if (world.rank() == 0 && env->FileExists(path)) RETURN_IF_ERROR(DeleteRecursively(env, path));
+    if (world.rank() == 0) sync();
+    return world.Barrier();
+  };
+  auto now = [] { return std::chrono::steady_clock::now(); };
+  for (int round = 0; round < 3; ++round) {
+    const std::string s = dir + "/sliced", m = dir + "/merged";
+    RETURN_IF_ERROR(clean(s));
+    const auto t0 = now();
+    {
+      ASSIGN_OR_RETURN(auto writer, SlicedCheckpointWriter::Create(env, world, s, strategy,
+                                                                   {0, {}, "save_bench"}));
+      const Status wrote = trainer->WriteSliced(*writer, strategy);
+      const Status committed = writer->Commit();
+      RETURN_IF_ERROR(wrote);
+      RETURN_IF_ERROR(committed);
+    }
+    RETURN_IF_ERROR(world.Barrier());
+    const double ts = std::chrono::duration<double>(now() - t0).count();
+    RETURN_IF_ERROR(clean(m));
+    const auto t1 = now();
+    RETURN_IF_ERROR(trainer->GatherOptimizerState());
+    Gpt full;
+    RETURN_IF_ERROR(trainer->GatherModel(&full));
+    if (world.rank() == 0) RETURN_IF_ERROR(SaveGpt(env, full, dir, "merged", {}));
+    trainer->ShardOptimizerState();
+    RETURN_IF_ERROR(world.Barrier());
+    const double tm = std::chrono::duration<double>(now() - t1).count();
+    if (world.rank() == 0) {
+      sliced->push_back(ts);
+      merged->push_back(tm);
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 2) {
+    std::fprintf(stderr, "usage: save_bench DIR\n");
+    return 2;
+  }
+  kernels::SetComputeThreads(1);
+  std::vector<double> sliced, merged;
+  const Status s = RunInProcess(4, [&](Communicator& world) {
+    return Run(world, argv[1], &sliced, &merged);
+  });
+  if (!s.ok()) {
+    std::fprintf(stderr, "save_bench: %s\n", s.ToString().c_str());
+    return 1;
+  }
+  std::printf("sliced %.3f\nmerged %.3f\n", Median(sliced), Median(merged));
+  return 0;
+}

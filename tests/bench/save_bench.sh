@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Saving from training (runtime/sliced_checkpoint.h): a sliced save (every
+# rank writes its pieces) and a merged save (rank 0 gathers and writes) of
+# GPT-2 124M's weights and Adam moments from 4 in-process ranks (dp2 x tp2,
+# ZeRO-1), beside cp -r + sync of the same checkpoint (the floor for moving
+# those bytes through the page cache to disk). Medians of 3.
+# Usage: save_bench.sh SAVE_BENCH WORK_DIR
+set -euo pipefail
+BIN=$1
+work=$2/save-bench
+rm -rf "$work"
+mkdir -p "$work"
+source "$(dirname "$0")/lib.sh"
+out=$("$BIN" "$work")
+sliced=$(awk '/^sliced/ {print $2}' <<<"$out")
+merged=$(awk '/^merged/ {print $2}' <<<"$out")
+bytes=$(du -sb "$work/sliced" | cut -f1)
+cps=()
+for _ in 1 2 3; do
+  rm -rf "$work/copy"
+  sync
+  start=$(date +%s.%N)
+  cp -r "$work/sliced" "$work/copy"
+  sync
+  cps+=("$(awk "BEGIN {print $(date +%s.%N) - $start}")")
+done
+cp_s=$(printf '%s\n' "${cps[@]}" | median)
+mib=$(awk "BEGIN {printf \"%.0f\", $bytes / 1048576}")
+printf "%-40s %9s %10s %8s\n" "GPT-2 124M, 4 ranks dp2 x tp2 ZeRO-1" "seconds" "MiB/s" "vs cp"
+row() { printf "%-40s %9.3f %10.0f %7.2fx\n" "$1" "$2" "$(awk "BEGIN {print $mib / $2}")" \
+  "$(awk "BEGIN {print $2 / $cp_s}")"; }
+row "sliced save ($mib MiB, 4 data files)" "$sliced"
+row "merged save (gather, rank 0 writes)" "$merged"
+row "cp -r + sync of the sliced checkpoint" "$cp_s"
+rm -rf "$work"
