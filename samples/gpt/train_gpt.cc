@@ -9,7 +9,10 @@
 //   mpirun -np 4 train_gpt [--tp 2] [--pp 2] [--zero 1] ...   (4 processes)
 // Logs the loss and tokens/s of every step (rank 0). With --save it writes
 // native checkpoints DIR/step-<N> (parameters, Adam moments, step, data
-// position, config) and keeps DIR/latest on the newest; --resume continues
+// position, config) and keeps DIR/latest on the newest: merged (rank 0
+// gathers whole tensors and writes one data file) or, with --save-mode
+// sliced, every rank writing its own pieces (tp slices, ZeRO shards;
+// replicas take turns) into one checkpoint; --resume continues
 // from DIR/latest when there is one, bit for bit as if never stopped on the
 // same ranks, and on any other mesh (the save is merged: under --pp or --tp
 // rank 0 gathers every stage's and slice's tensors; on resume each rank
