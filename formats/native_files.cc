@@ -284,4 +284,34 @@ Result<std::string> ResolveCheckpointDir(Env* env, const std::string& path) {
   return path;
 }
 
+Status PruneCheckpoints(Env* env, const std::string& root, int keep,
+                        std::vector<std::string>* removed) {
+  if (keep < 1) return InvalidArgumentError("keep at least 1 checkpoint, not " + std::to_string(keep));
+  ASSIGN_OR_RETURN(std::vector<std::string> children, env->GetChildren(root));
+  std::string latest;
+  if (env->FileExists(JoinPath(root, kLatestName))) {
+    ASSIGN_OR_RETURN(latest, ReadLatest(env, root));
+  }
+  std::vector<std::pair<int64_t, std::string>> steps;
+  for (const std::string& name : children) {
+    if (name.size() < 6 || name.compare(0, 5, "step-") != 0) continue;
+    if (!std::all_of(name.begin() + 5, name.end(), [](char c) { return c >= '0' && c <= '9'; }) ||
+        name.size() > 5 + 18) {
+      continue;
+    }
+    const std::string dir = JoinPath(root, name);
+    if (!env->IsDirectory(dir) || !env->FileExists(JoinPath(dir, kManifestName))) continue;
+    steps.emplace_back(std::stoll(name.substr(5)), name);
+  }
+  std::sort(steps.begin(), steps.end());
+  const int64_t drop = static_cast<int64_t>(steps.size()) - keep;
+  for (int64_t i = 0; i < drop; ++i) {
+    const std::string& name = steps[i].second;
+    if (name == latest) continue;
+    RETURN_IF_ERROR(DeleteRecursively(env, JoinPath(root, name)));
+    if (removed != nullptr) removed->push_back(name);
+  }
+  return Status::Ok();
+}
+
 }  // namespace tessera

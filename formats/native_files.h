@@ -86,6 +86,13 @@ Result<Manifest> ReadManifest(Env* env, const std::string& dir);
 // Step 3: `root`/latest names checkpoint `name` (a directory in `root`).
 Status SetLatest(Env* env, const std::string& root, const std::string& name);
 Result<std::string> ReadLatest(Env* env, const std::string& root);
+// Keeps the newest `keep` (>= 1) committed checkpoints of a training run
+// in `root`, directories named "step-<N>" holding a manifest, by N, and
+// deletes the older ones; never the one `latest` names, nor anything else
+// in `root` (incomplete directories, other names). The names removed, oldest
+// first, go to `removed` when given.
+Status PruneCheckpoints(Env* env, const std::string& root, int keep,
+                        std::vector<std::string>* removed = nullptr);
 // `path` itself when it holds a manifest, else the checkpoint that its
 // `latest` names, else `path` (ReadManifest then says what is wrong).
 Result<std::string> ResolveCheckpointDir(Env* env, const std::string& path);

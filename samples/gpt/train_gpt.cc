@@ -12,7 +12,8 @@
 // position, config) and keeps DIR/latest on the newest: merged (rank 0
 // gathers whole tensors and writes one data file) or, with --save-mode
 // sliced, every rank writing its own pieces (tp slices, ZeRO shards;
-// replicas take turns) into one checkpoint; --resume continues
+// replicas take turns) into one checkpoint; --keep N removes all but the
+// newest N; --resume continues
 // from DIR/latest when there is one, bit for bit as if never stopped on the
 // same ranks, and on any other mesh (the save is merged: under --pp or --tp
 // rank 0 gathers every stage's and slice's tensors; on resume each rank
@@ -55,7 +56,7 @@ int Fail(const Status& s) {
 struct Options {
   GptConfig config;
   std::string data, save, export_dir, export_dtype, save_mode = "merged";
-  int batch = 8, seq = 0, steps = 20, save_every = 0;
+  int batch = 8, seq = 0, steps = 20, save_every = 0, keep = 0;
   uint64_t seed = 1;
   AdamWConfig adam;
   float max_norm = 1.0f;
@@ -173,6 +174,7 @@ Status Train(const Options& o, Communicator& world) {
         RETURN_IF_ERROR(wrote);
         RETURN_IF_ERROR(committed);
         Status latest = first ? SetLatest(env, o.save, name) : Status::Ok();
+        if (first && latest.ok() && o.keep > 0) latest = PruneCheckpoints(env, o.save, o.keep);
         int ok = latest.ok() ? 1 : 0;
         RETURN_IF_ERROR(world.Broadcast(&ok, 1, DType::kI32, 0));
         RETURN_IF_ERROR(latest);
@@ -186,6 +188,7 @@ Status Train(const Options& o, Communicator& world) {
       Gpt full;
       Status saved = gather ? trainer->GatherModel(&full) : Status::Ok();
       if (first && saved.ok()) saved = SaveGpt(env, gather ? full : model, o.save, name, metadata);
+      if (first && saved.ok() && o.keep > 0) saved = PruneCheckpoints(env, o.save, o.keep);
       trainer->ShardOptimizerState();
       int ok = saved.ok() ? 1 : 0;  // every rank learns whether rank 0 managed
       RETURN_IF_ERROR(world.Broadcast(&ok, 1, DType::kI32, 0));
@@ -282,6 +285,9 @@ int main(int argc, char** argv) {
       ->check(CLI::PositiveNumber);
   app.add_option("--save", o.save, "checkpoint directory");
   app.add_option("--save-every", o.save_every, "save every N steps (and at the end)");
+  app.add_option("--keep", o.keep,
+                 "keep the newest N checkpoints in --save (and the one latest names); 0: all")
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--save-mode", o.save_mode,
                  "merged: rank 0 gathers and writes whole tensors; sliced: every rank writes "
                  "its own pieces (replicas take turns), nothing is gathered")

@@ -307,5 +307,28 @@ TEST_CASE("commit protocol: a crash before the manifest or before latest's sync 
   CHECK(*ReadLatest(&env, "/run") == "step-1");
 }
 
+TEST_CASE("PruneCheckpoints keeps the newest committed steps and the one latest names") {
+  std::mt19937_64 rng(testing::TestSeed() + 13);
+  auto env = NewMemEnv();
+  REQUIRE(env->CreateDirs("/run").ok());
+  for (int step : {2, 10, 4, 8}) WriteCheckpoint(env.get(), "/run/step-" + std::to_string(step), rng, 1, Codec::kRaw);
+  REQUIRE(env->CreateDirs("/run/step-12").ok());  // incomplete: no manifest
+  REQUIRE(env->CreateDirs("/run/export").ok());
+  REQUIRE(SetLatest(env.get(), "/run", "step-4").ok());  // e.g. a newer save failed
+  std::vector<std::string> removed;
+  REQUIRE(PruneCheckpoints(env.get(), "/run", 2, &removed).ok());
+  CHECK(removed == std::vector<std::string>{"step-2"});  // step-4 is latest: kept
+  for (const char* kept : {"/run/step-4", "/run/step-8", "/run/step-10", "/run/step-12", "/run/export"}) {
+    INFO(kept);
+    CHECK(env->IsDirectory(kept));
+  }
+  REQUIRE(SetLatest(env.get(), "/run", "step-10").ok());
+  removed.clear();
+  REQUIRE(PruneCheckpoints(env.get(), "/run", 1, &removed).ok());
+  CHECK(removed == std::vector<std::string>{"step-4", "step-8"});
+  CHECK(env->IsDirectory("/run/step-10"));
+  CHECK_THAT(PruneCheckpoints(env.get(), "/run", 0).message(), Catch::Contains("keep at least 1"));
+}
+
 }  // namespace
 }  // namespace tessera

@@ -88,6 +88,11 @@ resumed "resume on 1 rank from a sliced dp2 x tp2 x pp2 ZeRO-1 checkpoint" ck7 \
 check "... whose 8 data files are there" test "$(ls "$WORK"/ck7/step-12/data-*.tsr | wc -l)" -eq 8
 resumed "resume on dp2 x pp2 from a sliced save of 2 MPI tp ranks" ck8 \
   "mpi --tp 2 --save-mode sliced" "--ranks 4 --pp 2 --zero 1 --save-mode sliced"
+# --keep 2: only the two newest saves stay, latest on the newest.
+train "$WORK/keep.log" --ranks 2 --tp 2 --steps 12 --save-every 3 --keep 2 --save-mode sliced \
+  --save "$WORK/keep"
+check "--keep 2 leaves step-9 and step-12" test "$(cd "$WORK/keep" && echo step-*)" = "step-12 step-9"
+check "... with latest on step-12" grep -qx step-12 "$WORK/keep/latest"
 # The sliced and the merged save of the same state hold the same numbers.
 train "$WORK/m.log" --ranks 4 --dp 2 --tp 2 --zero 1 --steps 6 --save "$WORK/merged"
 train "$WORK/s.log" --ranks 4 --dp 2 --tp 2 --zero 1 --steps 6 --save "$WORK/sliced" --save-mode sliced
