@@ -467,9 +467,16 @@ Status ParallelGpt::GatherModel(Gpt* full) {
 }
 
 Status ParallelGpt::WriteSliced(SlicedCheckpointWriter& writer, const Strategy& strategy) const {
+  ASSIGN_OR_RETURN(std::vector<LocalPiece> pieces, SlicedPieces(strategy));
+  for (const LocalPiece& p : pieces) RETURN_IF_ERROR(writer.WritePiece(p.tensor, p.box, p.data));
+  return Status::Ok();
+}
+
+Result<std::vector<LocalPiece>> ParallelGpt::SlicedPieces(const Strategy& strategy) const {
   ASSIGN_OR_RETURN(std::vector<PieceToWrite> pieces,
                    PiecesToWrite(strategy, comms_.world().rank()));
   const std::vector<ParamInfo>& params = model_.params();
+  std::vector<LocalPiece> out;
   for (const PieceToWrite& piece : pieces) {
     const std::string& tensor = strategy.tensors()[piece.tensor].name;
     std::string name = tensor;
@@ -505,9 +512,9 @@ Status ParallelGpt::WriteSliced(SlicedCheckpointWriter& writer, const Strategy& 
                            " is not what rank " + std::to_string(comms_.world().rank()) +
                            " holds");
     }
-    RETURN_IF_ERROR(writer.WritePiece(piece.tensor, piece.box, data));
+    out.push_back({piece.tensor, piece.box, data, count * static_cast<int64_t>(sizeof(float))});
   }
-  return Status::Ok();
+  return out;
 }
 
 void ParallelGpt::ShardOptimizerState() {

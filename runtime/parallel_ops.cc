@@ -1,7 +1,6 @@
 #include "runtime/parallel_ops.h"
 
 #include <algorithm>
-#include <cstring>
 
 #include "runtime/kernels.h"
 
@@ -157,7 +156,7 @@ Status ParallelMatMul::Forward(const DTensor& x, const float* w, DTensor* y) {
   RETURN_IF_ERROR(y->Reset(comms_->mesh(), y_layout_, comms_->world().rank()));
   if (!strategy_.reduce_scatter) {
     RETURN_IF_ERROR(SumOver(strategy_.x_cols, partial_.data(), rows_ * nl));
-    std::memcpy(y->local().data(), partial_.data(), partial_.size() * sizeof(float));
+    std::copy(partial_.begin(), partial_.end(), F32(y->local()));
     return Status::Ok();
   }
   // Each rank of x_cols receives the sum of its chunk of the rows; chunks
@@ -175,7 +174,7 @@ Status ParallelMatMul::Forward(const DTensor& x, const float* w, DTensor* y) {
   float* mine = send_.data() + parts * most;
   stats_.reduced_bytes += parts * most * static_cast<int64_t>(sizeof(float));
   RETURN_IF_ERROR(comm->ReduceScatter(send_.data(), mine, most, DType::kF32, ReduceOp::kSum));
-  std::memcpy(y->local().data(), mine, y->local().size());
+  std::copy(mine, mine + y->local().size() / sizeof(float), F32(y->local()));
   return Status::Ok();
 }
 

@@ -33,6 +33,15 @@ struct PieceToWrite {
 };
 Result<std::vector<PieceToWrite>> PiecesToWrite(const Strategy& strategy, int64_t rank);
 
+// A piece with where its bytes are: `box` of tensor `tensor`, dense at
+// `data` (`bytes` long).
+struct LocalPiece {
+  size_t tensor = 0;
+  Box box;
+  const void* data = nullptr;
+  int64_t bytes = 0;
+};
+
 class SlicedCheckpointWriter {
  public:
   // Collective over `comm` (rank r is mesh rank r of the strategy): rank 0

@@ -12,8 +12,8 @@
 // position, config) and keeps DIR/latest on the newest: merged (rank 0
 // gathers whole tensors and writes one data file) or, with --save-mode
 // sliced, every rank writing its own pieces (tp slices, ZeRO shards;
-// replicas take turns) into one checkpoint; --keep N removes all but the
-// newest N; --resume continues
+// replicas take turns) into one checkpoint, with --async-save in the
+// background while training goes on; --keep N removes all but the newest N; --resume continues
 // from DIR/latest when there is one, bit for bit as if never stopped on the
 // same ranks, and on any other mesh (the save is merged: under --pp or --tp
 // rank 0 gathers every stage's and slice's tensors; on resume each rank
@@ -29,6 +29,7 @@
 
 #include "ckpt/ops.h"
 #include "formats/native_files.h"
+#include "runtime/async_checkpoint.h"
 #include "runtime/comm/launch.h"
 #include "runtime/comm/mpi.h"
 #include "runtime/data.h"
@@ -60,7 +61,7 @@ struct Options {
   uint64_t seed = 1;
   AdamWConfig adam;
   float max_norm = 1.0f;
-  bool resume = false, quiet = false;
+  bool resume = false, quiet = false, async_save = false;
   ParallelConfig parallel;
 };
 
@@ -130,6 +131,20 @@ Status Train(const Options& o, Communicator& world) {
 
   // A rank holding part of the model gathers it to rank 0 for saving.
   const bool gather = parallel.pp > 1 || parallel.tp > 1;
+  AsyncSlicedSave async(env, world);
+  // Commits the async save in flight when every rank has written it (with
+  // `wait`, waits for that) and says so.
+  auto poll = [&](bool wait) -> Status {
+    ASSIGN_OR_RETURN(bool committed, async.Poll(wait));
+    if (committed && talk) {
+      const AsyncSaveStats& st = async.last();
+      std::printf("saved %s (async: training stalled %.1f ms, written in the background in "
+                  "%.1f ms, commit %.1f ms)\n",
+                  st.path.c_str(), st.stall_seconds * 1e3, st.background_seconds * 1e3,
+                  st.commit_seconds * 1e3);
+    }
+    return Status::Ok();
+  };
   std::vector<int32_t> inputs(o.batch * o.seq), targets(o.batch * o.seq);
   double total_seconds = 0, comm_at_first = 0;
   int64_t timed_steps = 0;
@@ -156,10 +171,21 @@ Status Train(const Options& o, Communicator& world) {
       std::fflush(stdout);
     }
     const bool last = model.step() == o.steps;
+    if (async.in_flight()) RETURN_IF_ERROR(poll(false));
     if (!o.save.empty() && ((o.save_every > 0 && model.step() % o.save_every == 0) || last)) {
       const std::string name = "step-" + std::to_string(model.step());
       const std::map<std::string, std::string> metadata = {
           {"config", config_text}, {"data.position", loader.position().ToString()}};
+      if (o.async_save) {
+        // The stall: copying this rank's pieces; the rest runs beside training.
+        RETURN_IF_ERROR(poll(true));  // at most one save in flight
+        ASSIGN_OR_RETURN(Strategy strategy, trainer->strategy());
+        ASSIGN_OR_RETURN(std::vector<LocalPiece> pieces, trainer->SlicedPieces(strategy));
+        RETURN_IF_ERROR(async.Start(o.save, name, strategy,
+                                    {model.step(), metadata, "tessera train_gpt (sliced, async)"},
+                                    pieces, o.keep));
+        continue;
+      }
       if (o.save_mode == "sliced") {
         // Every rank writes its own pieces (replicas take turns); nothing
         // is gathered. Rank 0 commits, then points `latest` at it.
@@ -197,6 +223,7 @@ Status Train(const Options& o, Communicator& world) {
       if (talk) std::printf("saved %s/%s\n", o.save.c_str(), name.c_str());
     }
   }
+  RETURN_IF_ERROR(poll(true));  // the last save, if still being written
   Gpt full;
   if (!o.export_dir.empty() && gather) {
     RETURN_IF_ERROR(trainer->GatherOptimizerState());
@@ -288,6 +315,9 @@ int main(int argc, char** argv) {
   app.add_option("--keep", o.keep,
                  "keep the newest N checkpoints in --save (and the one latest names); 0: all")
       ->check(CLI::NonNegativeNumber);
+  app.add_flag("--async-save", o.async_save,
+               "sliced saves written in the background: training stalls only to copy each "
+               "rank's pieces to host memory (implies --save-mode sliced)");
   app.add_option("--save-mode", o.save_mode,
                  "merged: rank 0 gathers and writes whole tensors; sliced: every rank writes "
                  "its own pieces (replicas take turns), nothing is gathered")
@@ -304,6 +334,12 @@ int main(int argc, char** argv) {
     return Fail(InvalidArgumentError("--seq is longer than --context"));
   }
   if (o.resume && o.save.empty()) return Fail(InvalidArgumentError("--resume needs --save DIR"));
+  if (o.async_save) {
+    if (o.save_mode == "merged" && app.count("--save-mode") > 0) {
+      return Fail(InvalidArgumentError("--async-save writes sliced saves, not --save-mode merged"));
+    }
+    o.save_mode = "sliced";
+  }
   o.parallel.bucket_bytes = static_cast<int64_t>(bucket_mib * (1 << 20));
 
   LaunchOptions launch;

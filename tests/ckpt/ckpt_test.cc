@@ -390,7 +390,10 @@ void ForEachIndex(const Box& box, const std::function<void(const std::vector<int
   for (;;) {
     fn(idx);
     int d = box.rank() - 1;
-    while (d >= 0 && ++idx[d] == box[d].end) idx[d--] = box[d].begin;
+    while (d >= 0 && ++idx[d] == box[d].end) {
+      idx[d] = box[d].begin;
+      --d;
+    }
     if (d < 0) return;
   }
 }

@@ -6,8 +6,9 @@
 # 1 rank -> 2 MPI processes, pp2 -> 1 rank, 1 rank -> pp2 under mpirun,
 # dp2 x tp2 with ZeRO-1 -> tp2 under mpirun, tp2 x pp2 -> 1 rank; sliced
 # saves, where every rank writes its own pieces: dp2 x tp2 x pp2 with
-# ZeRO-1 -> 1 rank, tp2 under mpirun -> dp2 x pp2) and continues the
-# curve; a sliced save verifies and equals the merged one; bad settings are
+# ZeRO-1 -> 1 rank, tp2 under mpirun -> dp2 x pp2; async saves under
+# mpirun -> 1 rank) and continues the curve; a sliced save verifies and
+# equals the merged one, an async save the sliced one; bad settings are
 # named.
 # Usage: train_gpt_parallel_test.sh TRAIN_GPT CORPUS MPIRUN CKPT
 set -uo pipefail
@@ -100,6 +101,18 @@ train "$WORK/s.log" --ranks 4 --dp 2 --tp 2 --zero 1 --steps 6 --save "$WORK/sli
 check "ckpt verify passes on a sliced save" test $? -eq 0
 "$CKPT" diff "$WORK/merged/step-6" "$WORK/sliced/step-6" >"$WORK/diff.log" 2>&1
 check "a sliced save equals the merged save of the same run (ckpt diff)" test $? -eq 0
+# Async saves: written in the background, committed at a later step.
+train "$WORK/a.log" --ranks 4 --dp 2 --tp 2 --zero 1 --steps 6 --save "$WORK/async" --async-save \
+  --save-every 2
+"$CKPT" diff "$WORK/sliced/step-6" "$WORK/async/step-6" >"$WORK/adiff.log" 2>&1
+check "an async save equals the synchronous sliced save (ckpt diff)" test $? -eq 0
+check "... and reports its stall and background time" \
+  grep -q "saved .*/step-2 (async: training stalled .* ms, written in the background in" "$WORK/a.log"
+check "... every save committed, latest on the last" grep -qx step-6 "$WORK/async/latest"
+resumed "resume on 1 rank from async saves of 2 MPI tp ranks" ck9 \
+  "mpi --tp 2 --async-save --save-every 4" ""
+out=$("$BIN" "${SMALL[@]}" --steps 1 --async-save --save-mode merged --save "$WORK/x" 2>&1)
+check "--async-save with --save-mode merged is refused" grep -q "not --save-mode merged" <<<"$out"
 
 out=$("$BIN" --data "$CORPUS" --layers 1 --heads 2 --embed 32 --context 32 --batch 3 --steps 1 \
   --ranks 2 2>&1)

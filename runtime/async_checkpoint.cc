@@ -1,0 +1,88 @@
+#include "runtime/async_checkpoint.h"
+
+#include <chrono>
+#include <cstring>
+
+#include "formats/native_files.h"
+
+namespace tessera {
+namespace {
+
+double Since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+}  // namespace
+
+AsyncSlicedSave::~AsyncSlicedSave() {
+  if (thread_.joinable()) thread_.join();
+}
+
+Status AsyncSlicedSave::Start(const std::string& root, const std::string& name,
+                              const Strategy& strategy, CheckpointMeta meta,
+                              const std::vector<LocalPiece>& pieces, int keep) {
+  const auto t0 = std::chrono::steady_clock::now();
+  if (in_flight()) RETURN_IF_ERROR(Poll(/*wait=*/true).status());
+  const double waited = Since(t0);
+  const auto t1 = std::chrono::steady_clock::now();
+  RETURN_IF_ERROR(env_->CreateDirs(root));
+  ASSIGN_OR_RETURN(writer_, SlicedCheckpointWriter::Create(env_, *world_, JoinPath(root, name),
+                                                           strategy, std::move(meta)));
+  root_ = root;
+  name_ = name;
+  keep_ = keep;
+  // The snapshot: the only part the training loop waits for. Buffers are
+  // kept from save to save (same sizes every time: no new page faults).
+  buffers_.resize(pieces.size());
+  pieces_ = pieces;
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    buffers_[i].resize(pieces[i].bytes);
+    if (pieces[i].bytes > 0) std::memcpy(buffers_[i].data(), pieces[i].data, pieces[i].bytes);
+    pieces_[i].data = buffers_[i].data();
+  }
+  current_ = {writer_->path(), waited + Since(t1), 0, 0};
+  done_ = false;
+  thread_ = std::thread([this] {
+    const auto start = std::chrono::steady_clock::now();
+    Status s;
+    for (const LocalPiece& p : pieces_) {
+      s = writer_->WritePiece(p.tensor, p.box, p.data);
+      if (!s.ok()) break;
+    }
+    written_ = s;
+    current_.background_seconds = Since(start);
+    done_ = true;
+  });
+  return Status::Ok();
+}
+
+Result<bool> AsyncSlicedSave::Poll(bool wait) {
+  if (!in_flight()) return false;
+  if (wait && thread_.joinable()) thread_.join();
+  int all = done_ ? 1 : 0;
+  RETURN_IF_ERROR(world_->AllReduce(&all, &all, 1, DType::kI32, ReduceOp::kMin));
+  if (all == 0) return false;
+  if (thread_.joinable()) thread_.join();
+  const auto t0 = std::chrono::steady_clock::now();
+  // A rank whose writing failed has its writer fail the commit everywhere
+  // (the writer remembers the first error).
+  std::unique_ptr<SlicedCheckpointWriter> writer = std::move(writer_);
+  const Status committed = writer->Commit();
+  writer.reset();
+  RETURN_IF_ERROR(written_);
+  RETURN_IF_ERROR(committed);
+  Status latest;
+  if (world_->rank() == 0) {
+    latest = SetLatest(env_, root_, name_);
+    if (latest.ok() && keep_ > 0) latest = PruneCheckpoints(env_, root_, keep_);
+  }
+  int ok = latest.ok() ? 1 : 0;
+  RETURN_IF_ERROR(world_->Broadcast(&ok, 1, DType::kI32, 0));
+  RETURN_IF_ERROR(latest);
+  if (ok == 0) return AbortedError("rank 0 could not point '" + root_ + "/latest' at " + name_);
+  current_.commit_seconds = Since(t0);
+  last_ = current_;
+  return true;
+}
+
+}  // namespace tessera

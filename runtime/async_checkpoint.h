@@ -1,0 +1,66 @@
+// Asynchronous sliced saves: training stalls only while each rank copies
+// its pieces into host memory; a background thread per rank then writes and
+// checksums them into its data file, and the commit (gathering the piece
+// records, the manifest, the rename, `latest`) happens on the training
+// thread at the first step boundary where every rank's thread has finished.
+// At most one save is in flight: starting another first waits for it.
+//
+// The collectives stay on the training thread (communicators are not
+// shared with the writer threads): Poll costs one small all-reduce per step
+// while a save is in flight and nothing otherwise.
+#ifndef TESSERA_RUNTIME_ASYNC_CHECKPOINT_H_
+#define TESSERA_RUNTIME_ASYNC_CHECKPOINT_H_
+
+#include <atomic>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "runtime/sliced_checkpoint.h"
+
+namespace tessera {
+
+struct AsyncSaveStats {
+  std::string path;
+  double stall_seconds = 0;       // Start on this rank: waiting for the last save + snapshot
+  double background_seconds = 0;  // this rank's writer thread
+  double commit_seconds = 0;      // the collective commit
+};
+
+class AsyncSlicedSave {
+ public:
+  AsyncSlicedSave(Env* env, Communicator& world) : env_(env), world_(&world) {}
+  ~AsyncSlicedSave();  // joins a thread still running (the save is not committed)
+
+  bool in_flight() const { return writer_ != nullptr; }
+
+  // Collective. Finishes a save still in flight (see Poll), then snapshots
+  // `pieces` (copied now: the model may change right after) and starts
+  // writing `root`/`name` in the background. After the commit, `latest`
+  // names it and, with keep > 0, only the newest `keep` checkpoints stay.
+  Status Start(const std::string& root, const std::string& name, const Strategy& strategy,
+               CheckpointMeta meta, const std::vector<LocalPiece>& pieces, int keep = 0);
+  // Collective. Commits the save in flight once every rank's thread is done
+  // (with `wait`, waits for them). Returns whether it committed now; then
+  // last() describes it. An error of any rank's writing fails every rank.
+  Result<bool> Poll(bool wait);
+  const AsyncSaveStats& last() const { return last_; }
+
+ private:
+  Env* env_;
+  Communicator* world_;
+  std::unique_ptr<SlicedCheckpointWriter> writer_;
+  std::string root_, name_;
+  int keep_ = 0;
+  std::vector<std::vector<char>> buffers_;
+  std::vector<LocalPiece> pieces_;  // pointing into buffers_
+  std::thread thread_;
+  std::atomic<bool> done_{false};
+  Status written_;  // the thread's result, read after join
+  AsyncSaveStats current_, last_;
+};
+
+}  // namespace tessera
+
+#endif  // TESSERA_RUNTIME_ASYNC_CHECKPOINT_H_
