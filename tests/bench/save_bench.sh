@@ -2,7 +2,8 @@
 # Saving from training (runtime/sliced_checkpoint.h): a sliced save (every
 # rank writes its pieces) and a merged save (rank 0 gathers and writes) of
 # GPT-2 124M's weights and Adam moments from 4 in-process ranks (dp2 x tp2,
-# ZeRO-1), beside cp -r + sync of the same checkpoint (the floor for moving
+# ZeRO-1), and an async sliced save (its stall and its time to the commit),
+# beside cp -r + sync of the same checkpoint (the floor for moving
 # those bytes through the page cache to disk). Medians of 3.
 # Usage: save_bench.sh SAVE_BENCH WORK_DIR
 set -euo pipefail
@@ -14,6 +15,9 @@ source "$(dirname "$0")/lib.sh"
 out=$("$BIN" "$work")
 sliced=$(awk '/^sliced/ {print $2}' <<<"$out")
 merged=$(awk '/^merged/ {print $2}' <<<"$out")
+stall=$(awk '/^stall / {print $2}' <<<"$out")
+stall_first=$(awk '/^stall_first/ {print $2}' <<<"$out")
+async=$(awk '/^async/ {print $2}' <<<"$out")
 bytes=$(du -sb "$work/sliced" | cut -f1)
 cps=()
 for _ in 1 2 3; do
@@ -26,10 +30,13 @@ for _ in 1 2 3; do
 done
 cp_s=$(printf '%s\n' "${cps[@]}" | median)
 mib=$(awk "BEGIN {printf \"%.0f\", $bytes / 1048576}")
-printf "%-40s %9s %10s %8s\n" "GPT-2 124M, 4 ranks dp2 x tp2 ZeRO-1" "seconds" "MiB/s" "vs cp"
-row() { printf "%-40s %9.3f %10.0f %7.2fx\n" "$1" "$2" "$(awk "BEGIN {print $mib / $2}")" \
+printf "%-48s %9s %10s %8s\n" "GPT-2 124M, 4 ranks dp2 x tp2 ZeRO-1" "seconds" "MiB/s" "vs cp"
+row() { printf "%-48s %9.3f %10.0f %7.2fx\n" "$1" "$2" "$(awk "BEGIN {print $mib / $2}")" \
   "$(awk "BEGIN {print $2 / $cp_s}")"; }
 row "sliced save ($mib MiB, 4 data files)" "$sliced"
 row "merged save (gather, rank 0 writes)" "$merged"
+row "async save: training stalled" "$stall"
+row "async save: stall of the first (fresh buffers)" "$stall_first"
+row "async save: start to commit" "$async"
 row "cp -r + sync of the sliced checkpoint" "$cp_s"
 rm -rf "$work"
