@@ -124,7 +124,9 @@ class Gpt {
   Status Backward();
   void ZeroGrad();
   // Clips the global gradient norm to max_norm (<= 0: no clipping) and
-  // applies AdamW. Returns the norm before clipping.
+  // applies AdamW. Returns the norm before clipping. One rank holding the
+  // whole model only: a tp slice or stage sums GradSquaredNorm with its
+  // peers and calls ApplyUpdate (ParallelGpt does).
   float Update(const AdamWConfig& config, float max_norm);
   // Scales the gradients by `clip` and applies AdamW (the norm computed by
   // the caller, e.g. over every stage).
