@@ -3,7 +3,6 @@
 #include <chrono>
 #include <cstring>
 
-#include "formats/native_files.h"
 
 namespace tessera {
 namespace {
@@ -71,15 +70,7 @@ Result<bool> AsyncSlicedSave::Poll(bool wait) {
   writer.reset();
   RETURN_IF_ERROR(written_);
   RETURN_IF_ERROR(committed);
-  Status latest;
-  if (world_->rank() == 0) {
-    latest = SetLatest(env_, root_, name_);
-    if (latest.ok() && keep_ > 0) latest = PruneCheckpoints(env_, root_, keep_);
-  }
-  int ok = latest.ok() ? 1 : 0;
-  RETURN_IF_ERROR(world_->Broadcast(&ok, 1, DType::kI32, 0));
-  RETURN_IF_ERROR(latest);
-  if (ok == 0) return AbortedError("rank 0 could not point '" + root_ + "/latest' at " + name_);
+  RETURN_IF_ERROR(PointLatest(env_, *world_, root_, name_, keep_));
   current_.commit_seconds = Since(t0);
   last_ = current_;
   return true;

@@ -147,6 +147,8 @@ Status ParallelMatMul::SumOver(const std::string& axis, float* data, int64_t n) 
 
 Status ParallelMatMul::Forward(const DTensor& x, const float* w, DTensor* y) {
   ASSIGN_OR_RETURN(const DTensor* in, In(x, x_layout_, &x_in_));
+  x_redistributed_ = in != &x;
+  forwarded_ = true;
   const int64_t kl = x_box_[1].size(), nl = w_box_[1].size();
   partial_.assign(rows_ * nl, 0.0f);
   if (rows_ > 0 && kl > 0 && nl > 0) {  // OpenBLAS refuses zero leading dimensions
@@ -182,9 +184,9 @@ Status ParallelMatMul::Backward(const DTensor& x, const float* w, const DTensor&
                                 float* dw) {
   const Mesh& mesh = comms_->mesh();
   const int64_t rank = comms_->world().rank();
-  ASSIGN_OR_RETURN(bool as_is, Equivalent(x.mesh(), x.layout(), mesh, x_layout_));
+  const bool as_is = !x_redistributed_;
   const DTensor& in = as_is ? x : x_in_;  // the x Forward multiplied
-  if (static_cast<int64_t>(in.local().size()) != rows_ * x_box_[1].size() * 4) {
+  if (!forwarded_ || static_cast<int64_t>(in.local().size()) != rows_ * x_box_[1].size() * 4) {
     return FailedPreconditionError("MatMul " + strategy_.ToString() + ": Backward before Forward");
   }
   ASSIGN_OR_RETURN(const DTensor* grad, In(dy, y_layout_, &dy_in_));

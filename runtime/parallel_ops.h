@@ -101,6 +101,8 @@ class ParallelMatMul {
   // The row chunks of the partial product over x_cols (reduce-scatter).
   std::vector<int64_t> chunk_rows_;
   DTensor x_in_, dy_in_, dx_out_;
+  bool x_redistributed_ = false;  // by the last Forward (into x_in_)
+  bool forwarded_ = false;
   std::vector<float> partial_, send_, dy_rows_, dw_;
   ParallelOpStats stats_;
 };

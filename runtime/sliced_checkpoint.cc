@@ -23,6 +23,20 @@ Result<std::vector<PieceToWrite>> PiecesToWrite(const Strategy& strategy, int64_
   return out;
 }
 
+Status PointLatest(Env* env, Communicator& comm, const std::string& root, const std::string& name,
+                   int keep) {
+  Status latest;
+  if (comm.rank() == 0) {
+    latest = SetLatest(env, root, name);
+    if (latest.ok() && keep > 0) latest = PruneCheckpoints(env, root, keep);
+  }
+  int ok = latest.ok() ? 1 : 0;
+  RETURN_IF_ERROR(comm.Broadcast(&ok, 1, DType::kI32, 0));
+  RETURN_IF_ERROR(latest);
+  if (ok == 0) return AbortedError("rank 0 could not point '" + root + "/latest' at " + name);
+  return Status::Ok();
+}
+
 Result<std::unique_ptr<SlicedCheckpointWriter>> SlicedCheckpointWriter::Create(
     Env* env, Communicator& comm, const std::string& path, Strategy strategy, CheckpointMeta meta,
     const NativeWriteOptions& options) {

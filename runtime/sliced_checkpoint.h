@@ -42,6 +42,13 @@ struct LocalPiece {
   int64_t bytes = 0;
 };
 
+// Collective, after a checkpoint `root`/`name` was committed: rank 0
+// points `root`/latest at it and, with keep > 0, keeps only the newest
+// `keep` checkpoints (PruneCheckpoints); every rank returns rank 0's
+// outcome.
+Status PointLatest(Env* env, Communicator& comm, const std::string& root, const std::string& name,
+                   int keep);
+
 class SlicedCheckpointWriter {
  public:
   // Collective over `comm` (rank r is mesh rank r of the strategy): rank 0

@@ -199,12 +199,7 @@ Status Train(const Options& o, Communicator& world) {
         const Status committed = writer->Commit();  // collective: every rank gets here
         RETURN_IF_ERROR(wrote);
         RETURN_IF_ERROR(committed);
-        Status latest = first ? SetLatest(env, o.save, name) : Status::Ok();
-        if (first && latest.ok() && o.keep > 0) latest = PruneCheckpoints(env, o.save, o.keep);
-        int ok = latest.ok() ? 1 : 0;
-        RETURN_IF_ERROR(world.Broadcast(&ok, 1, DType::kI32, 0));
-        RETURN_IF_ERROR(latest);
-        if (ok == 0) return AbortedError("rank 0 failed to point latest at " + name);
+        RETURN_IF_ERROR(PointLatest(env, world, o.save, name, o.keep));
         if (talk) std::printf("saved %s/%s (sliced over %d ranks)\n", o.save.c_str(), name.c_str(), world.size());
         continue;
       }
