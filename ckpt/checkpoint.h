@@ -47,6 +47,11 @@ class CheckpointReader {
   // the byte ranges it needs and verifies what it reads. Thread-safe.
   virtual Status ReadRegion(size_t index, const Box& region, void* dst,
                             const std::vector<int64_t>& dst_extents, const Box& dst_box) const = 0;
+  // What reads so far had to work around: a missing or corrupt stored
+  // piece read instead from a redundant copy or rebuilt from parity, one
+  // line per lost file and source ("data-00003.tsr: tensor 'w' ...").
+  // Empty when nothing was lost (always, for formats without redundancy).
+  virtual std::vector<std::string> Recoveries() const { return {}; }
 };
 
 class CheckpointWriter {

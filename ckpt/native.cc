@@ -2,10 +2,12 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <map>
 #include <mutex>
 
 #include "ckpt/output.h"
 #include "formats/native_files.h"
+#include "formats/parity.h"
 
 namespace tessera {
 namespace {
@@ -50,9 +52,13 @@ class NativeReader : public CheckpointReader {
         const int64_t shift = dst_box[d].begin - region[d].begin;
         at[d] = {part[d].begin + shift, part[d].end + shift};
       }
-      ASSIGN_OR_RETURN(const RandomAccessFile* file, File(p.file));
-      RETURN_IF_ERROR(ReadPieceRegion(*file, FilePath(p.file), t.name, p, t.layout.dtype, part,
-                                      dst, dst_extents, at));
+      auto read = [&](const PieceInfo& from, const RandomAccessFile& file) {
+        return ReadPieceRegion(file, FilePath(from.file), t.name, from, t.layout.dtype, part, dst,
+                               dst_extents, at);
+      };
+      Result<const RandomAccessFile*> file = File(p.file);
+      Status s = file.ok() ? read(p, **file) : file.status();
+      if (!s.ok()) RETURN_IF_ERROR(Recover(t, p, s, read));
       covered += NumElements(part);
     }
     if (covered != NumElements(region)) {
@@ -64,8 +70,87 @@ class NativeReader : public CheckpointReader {
     return Status::Ok();
   }
 
+  std::vector<std::string> Recoveries() const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return recoveries_;
+  }
+
  private:
   std::string FilePath(uint32_t i) const { return JoinPath(dir_, manifest_.files[i].name); }
+
+  // Piece `p` of `t` could not be read (`lost`): reads it through `read`
+  // from a copy in another file, else from its file rebuilt through its
+  // parity group, and notes which; else returns `lost` with what was tried.
+  template <typename Read>
+  Status Recover(const TensorEntry& t, const PieceInfo& p, const Status& lost, Read&& read) const {
+    std::string tried;
+    for (const PieceInfo& c : t.copies) {
+      if (c.box != p.box || c.file == p.file) continue;
+      Result<const RandomAccessFile*> file = File(c.file);
+      Status s = file.ok() ? read(c, **file) : file.status();
+      if (s.ok()) {
+        Note(p.file, "read from its copies in " + manifest_.files[c.file].name);
+        return Status::Ok();
+      }
+      tried += "; its copy in " + manifest_.files[c.file].name + " failed too: " + s.message();
+    }
+    Result<const RandomAccessFile*> rebuilt = Rebuilt(p.file);
+    if (rebuilt.ok() && *rebuilt != nullptr) {
+      Status s = read(p, **rebuilt);
+      if (s.ok()) {
+        Note(p.file, "rebuilt from " + GroupText(p.file));
+        return Status::Ok();
+      }
+      tried += "; rebuilding it from " + GroupText(p.file) + " failed too: " + s.message();
+    } else if (!rebuilt.ok()) {
+      tried += "; rebuilding it from " + GroupText(p.file) + " failed too: " +
+               rebuilt.status().message();
+    }
+    return Status(lost.code(), lost.message() + tried);
+  }
+
+  void Note(uint32_t file, const std::string& how) const {
+    const std::string line = manifest_.files[file].name + " (missing or corrupt): " + how;
+    std::lock_guard<std::mutex> lock(mu_);
+    if (std::find(recoveries_.begin(), recoveries_.end(), line) == recoveries_.end()) {
+      recoveries_.push_back(line);
+    }
+  }
+
+  const ParityGroup* GroupOf(uint32_t file) const {
+    for (const ParityGroup& g : manifest_.parity_groups) {
+      if (std::find(g.members.begin(), g.members.end(), file) != g.members.end()) return &g;
+    }
+    return nullptr;
+  }
+
+  std::string GroupText(uint32_t file) const {
+    const ParityGroup* g = GroupOf(file);
+    std::string text = "parity " + manifest_.files[g->parity].name + " with";
+    for (uint32_t m : g->members) {
+      if (m != file) text += " " + manifest_.files[m].name;
+    }
+    return text;
+  }
+
+  // `file` rebuilt through its parity group (opened once); null when it is
+  // in none.
+  Result<const RandomAccessFile*> Rebuilt(uint32_t file) const {
+    const ParityGroup* g = GroupOf(file);
+    if (g == nullptr) return static_cast<const RandomAccessFile*>(nullptr);
+    std::lock_guard<std::mutex> lock(mu_);
+    auto& slot = rebuilt_[file];
+    if (!slot) {
+      std::vector<ParityMember> others;
+      for (uint32_t m : g->members) {
+        if (m != file) others.push_back({FilePath(m), manifest_.files[m].size});
+      }
+      ASSIGN_OR_RETURN(slot, OpenParityRebuild(env_, others,
+                                               {FilePath(g->parity), manifest_.files[g->parity].size},
+                                               manifest_.files[file].size));
+    }
+    return slot.get();
+  }
 
   // Opens data files on first use and checks their header and size.
   Result<const RandomAccessFile*> File(uint32_t i) const {
@@ -95,6 +180,8 @@ class NativeReader : public CheckpointReader {
   CheckpointMeta meta_;
   mutable std::mutex mu_;
   mutable std::vector<std::unique_ptr<RandomAccessFile>> files_;
+  mutable std::map<uint32_t, std::unique_ptr<RandomAccessFile>> rebuilt_;
+  mutable std::vector<std::string> recoveries_;
 };
 
 class NativeWriter : public CheckpointWriter {

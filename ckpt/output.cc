@@ -4,9 +4,23 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <fstream>
+#include <string>
 
 namespace tessera {
 namespace {
+
+// Whether process `pid` is running: it exists and is not a zombie (a
+// killed process stays one until its parent reaps it, and in containers
+// whose first process does not reap, it stays for good).
+bool Running(pid_t pid) {
+  if (::kill(pid, 0) != 0 && errno == ESRCH) return false;
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  if (!stat || !std::getline(stat, line)) return true;  // no /proc: trust kill
+  const size_t paren = line.rfind(')');
+  return !(paren != std::string::npos && paren + 2 < line.size() && line[paren + 2] == 'Z');
+}
 
 // Temporary outputs `<path>.tmp-<pid>` left by writers that died (killed,
 // crashed) are removed; a live writer's are left alone.
@@ -24,7 +38,7 @@ void RemoveStaleTemporaries(Env* env, const std::string& path) {
       continue;
     }
     const pid_t pid = static_cast<pid_t>(std::stoll(digits));
-    if (pid == ::getpid() || ::kill(pid, 0) == 0 || errno != ESRCH) continue;
+    if (pid == ::getpid() || Running(pid)) continue;
     const std::string stale = JoinPath(dir, name);
     if (env->IsDirectory(stale)) {
       (void)DeleteRecursively(env, stale);

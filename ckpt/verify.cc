@@ -9,6 +9,7 @@
 
 #include "core/thread_pool.h"
 #include "formats/native_files.h"
+#include "formats/parity.h"
 
 namespace tessera {
 namespace {
@@ -54,12 +55,30 @@ Result<VerifyReport> VerifyNativeCheckpoint(Env* env, const std::string& path,
   report.path = dir;
   report.files = static_cast<int64_t>(m.files.size());
 
-  // Files: present, the recorded size, a valid header.
+  // Files: present, the recorded size, a valid header; parity files their
+  // whole-file checksum.
+  std::vector<bool> parity(m.files.size(), false);
+  for (const ParityGroup& g : m.parity_groups) parity[g.parity] = true;
   std::vector<std::unique_ptr<RandomAccessFile>> files(m.files.size());
   for (size_t f = 0; f < m.files.size(); ++f) {
     const std::string fp = JoinPath(dir, m.files[f].name);
     if (!env->FileExists(fp)) {
-      report.problems.push_back({fp, "", "data file is missing"});
+      report.problems.push_back({fp, "", parity[f] ? "parity file is missing" : "data file is missing"});
+      continue;
+    }
+    if (parity[f]) {
+      auto size = env->GetFileSize(fp);
+      auto sum = FileChecksum(env, fp);
+      if (!size.ok() || *size != m.files[f].size) {
+        report.problems.push_back({fp, "", "parity file has " +
+                                               (size.ok() ? std::to_string(*size) : "?") +
+                                               " bytes, the manifest records " +
+                                               std::to_string(m.files[f].size)});
+      } else if (!sum.ok() || (m.files[f].checksum != 0 && *sum != m.files[f].checksum)) {
+        report.problems.push_back({fp, "", "parity file checksum mismatch (corrupt)"});
+      } else {
+        report.bytes += static_cast<int64_t>(*size);
+      }
       continue;
     }
     auto file = env->NewRandomAccessFile(fp);
@@ -91,13 +110,15 @@ Result<VerifyReport> VerifyNativeCheckpoint(Env* env, const std::string& path,
   int64_t total = 0;
   for (const TensorEntry& t : m.tensors) {
     CheckTiling(t, &report.problems);
-    for (const PieceInfo& p : t.pieces) {
-      if (!files[p.file]) {
-        ++unreadable[{t.name, p.file}];
-        continue;
+    for (const auto* list : {&t.pieces, &t.copies}) {
+      for (const PieceInfo& p : *list) {
+        if (!files[p.file]) {
+          ++unreadable[{t.name, p.file}];
+          continue;
+        }
+        jobs.push_back({&t, &p});
+        total += static_cast<int64_t>(p.length);
       }
-      jobs.push_back({&t, &p});
-      total += static_cast<int64_t>(p.length);
     }
   }
   for (const auto& [key, n] : unreadable) {

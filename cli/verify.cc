@@ -2,6 +2,7 @@
 #include <iostream>
 
 #include "core/byte_size.h"
+#include "ckpt/repair.h"
 #include "ckpt/verify.h"
 #include "cli/common.h"
 #include "cli/verbs.h"
@@ -11,12 +12,16 @@ namespace tessera::cli {
 CLI::App* AddVerifyVerb(CLI::App& app, std::function<int()>* run) {
   struct Args {
     std::string src, src_strategy;
+    bool repair = false;
     IoFlags io;
   };
   auto a = std::make_shared<Args>();
   CLI::App* cmd = app.add_subcommand("verify", "Check every piece of a checkpoint");
   cmd->add_option("src", a->src, "checkpoint")->required();
   AddSourceStrategyFlag(cmd, &a->src_strategy);
+  cmd->add_flag("--repair", a->repair,
+                "rebuild missing or corrupt files of a native checkpoint from its redundant "
+                "copies or parity (saved with --redundancy), then verify again");
   AddIoFlags(cmd, &a->io, false);
   cmd->callback([a, run] {
     *run = [a] {
@@ -32,6 +37,10 @@ CLI::App* AddVerifyVerb(CLI::App& app, std::function<int()>* run) {
         if (!src.ok()) return Report(src.status());
         auto bytes = ReadEverything(**src, a->io.threads);
         if (!bytes.ok()) return Report(bytes.status());
+        if (a->repair) {
+          std::cerr << "ckpt: --repair: " << a->src << " is " << (*src)->format()
+                    << ", which has no redundancy to repair from; verifying only\n";
+        }
         if (!a->io.quiet) {
           std::cout << a->src << ": " << (*src)->format() << ", "
                     << (*src)->strategy().tensors().size() << " tensors, " << HumanBytes(*bytes)
@@ -42,7 +51,17 @@ CLI::App* AddVerifyVerb(CLI::App& app, std::function<int()>* run) {
       VerifyOptions o;
       o.threads = a->io.threads;
       o.progress = MakeProgress("verify", a->io.quiet);
-      auto r = VerifyNativeCheckpoint(Env::Default(), a->src, o);
+      if (a->repair) {
+        auto fixed = RepairNativeCheckpoint(env, a->src, o);
+        if (!fixed.ok()) return Report(fixed.status());
+        for (const std::string& line : fixed->rebuilt) {
+          if (!a->io.quiet) std::cout << "rebuilt " << line << "\n";
+        }
+        for (const std::string& line : fixed->failed) std::cerr << "ckpt: cannot rebuild " << line << "\n";
+        for (const std::string& line : fixed->other) std::cerr << "ckpt: " << line << "\n";
+        if (!fixed->ok()) return 1;
+      }
+      auto r = VerifyNativeCheckpoint(env, a->src, o);
       if (!r.ok()) return Report(r.status());
       for (const VerifyProblem& p : r->problems) {
         std::cerr << "ckpt: ";

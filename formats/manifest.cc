@@ -1,5 +1,6 @@
 #include "formats/manifest.h"
 
+#include <algorithm>
 #include <set>
 
 #include "formats/native.pb.h"
@@ -43,6 +44,75 @@ Result<Layout> FromProto(const native::LayoutProto& p) {
   return l;
 }
 
+Result<PieceInfo> PieceFromProto(const native::PieceProto& pp, const TensorEntry& t,
+                                 const Box& whole, const std::vector<FileInfo>& files,
+                                 const std::string& ctx) {
+  PieceInfo pc;
+  if (pp.begin_size() != t.layout.rank() || pp.end_size() != t.layout.rank()) {
+    return DataLossError(ctx + ": a piece has a box of " + std::to_string(pp.begin_size()) +
+                         " dimensions");
+  }
+  pc.box = Box(t.layout.rank());
+  for (int d = 0; d < t.layout.rank(); ++d) pc.box[d] = {pp.begin(d), pp.end(d)};
+  const std::string pctx = ctx + ": piece " + ToString(pc.box);
+  if (!Contains(whole, pc.box) || IsEmpty(pc.box)) {
+    return DataLossError(pctx + " is empty or outside the shape");
+  }
+  if (pp.file() >= files.size()) {
+    return DataLossError(pctx + " names file #" + std::to_string(pp.file()) + " of " +
+                         std::to_string(files.size()));
+  }
+  pc.file = pp.file();
+  pc.offset = pp.offset();
+  pc.length = pp.length();
+  if (pc.offset + pc.length > files[pc.file].size || pc.offset + pc.length < pc.offset) {
+    return DataLossError(pctx + " lies past the end of file '" + files[pc.file].name + "'");
+  }
+  if (pp.codec() != native::RAW && pp.codec() != native::ZSTD) {
+    return DataLossError(pctx + " has unknown codec " + std::to_string(pp.codec()));
+  }
+  pc.codec = static_cast<Codec>(pp.codec());
+  pc.raw_length = pp.raw_length();
+  if (pc.raw_length != static_cast<uint64_t>(NumElements(pc.box) * DTypeSize(t.layout.dtype))) {
+    return DataLossError(pctx + " records " + std::to_string(pc.raw_length) +
+                         " raw bytes, which does not match its box");
+  }
+  // A zstd block holds at most 128 KiB and costs at least 4 bytes (an
+  // RLE block), so no frame expands more than 32768-fold; a piece that
+  // claims more is hostile or corrupt and is refused before a reader
+  // allocates its raw bytes.
+  if (pc.codec == Codec::kZstd && pc.raw_length / 32768 > pc.length) {
+    return DataLossError(pctx + " claims " + std::to_string(pc.raw_length) + " raw bytes from " +
+                         std::to_string(pc.length) + " stored: more than zstd can expand");
+  }
+  if (pc.codec == Codec::kRaw && pc.length != pc.raw_length) {
+    return DataLossError(pctx + " is raw but stores " + std::to_string(pc.length) + " of " +
+                         std::to_string(pc.raw_length) + " bytes");
+  }
+  pc.checksum = pp.checksum();
+  pc.block_checksums.assign(pp.block_checksums().begin(), pp.block_checksums().end());
+  const uint64_t blocks = (pc.length + kChecksumBlock - 1) / kChecksumBlock;
+  if (!pc.block_checksums.empty() && pc.block_checksums.size() != blocks) {
+    return DataLossError(pctx + " has " + std::to_string(pc.block_checksums.size()) +
+                         " block checksums for " + std::to_string(blocks) + " blocks");
+  }
+  return pc;
+}
+
+void PieceToProto(const PieceInfo& pc, native::PieceProto* pp) {
+  pp->set_file(pc.file);
+  pp->set_offset(pc.offset);
+  pp->set_length(pc.length);
+  for (int d = 0; d < pc.box.rank(); ++d) {
+    pp->add_begin(pc.box[d].begin);
+    pp->add_end(pc.box[d].end);
+  }
+  pp->set_codec(static_cast<native::Codec>(pc.codec));
+  pp->set_raw_length(pc.raw_length);
+  pp->set_checksum(pc.checksum);
+  for (uint64_t c : pc.block_checksums) pp->add_block_checksums(c);
+}
+
 }  // namespace
 
 std::string SerializeManifest(const Manifest& m) {
@@ -55,26 +125,20 @@ std::string SerializeManifest(const Manifest& m) {
     auto* fp = p.add_files();
     fp->set_name(f.name);
     fp->set_size(f.size);
+    fp->set_checksum(f.checksum);
   }
   for (const TensorEntry& t : m.tensors) {
     auto* tp = p.add_tensors();
     tp->set_name(t.name);
     ToProto(t.layout, tp->mutable_layout());
     if (t.mesh) ToProto(*t.mesh, tp->mutable_mesh());
-    for (const PieceInfo& pc : t.pieces) {
-      auto* pp = tp->add_pieces();
-      pp->set_file(pc.file);
-      pp->set_offset(pc.offset);
-      pp->set_length(pc.length);
-      for (int d = 0; d < pc.box.rank(); ++d) {
-        pp->add_begin(pc.box[d].begin);
-        pp->add_end(pc.box[d].end);
-      }
-      pp->set_codec(static_cast<native::Codec>(pc.codec));
-      pp->set_raw_length(pc.raw_length);
-      pp->set_checksum(pc.checksum);
-      for (uint64_t c : pc.block_checksums) pp->add_block_checksums(c);
-    }
+    for (const PieceInfo& pc : t.pieces) PieceToProto(pc, tp->add_pieces());
+    for (const PieceInfo& pc : t.copies) PieceToProto(pc, tp->add_copies());
+  }
+  for (const ParityGroup& g : m.parity_groups) {
+    auto* gp = p.add_parity_groups();
+    for (uint32_t f : g.members) gp->add_members(f);
+    gp->set_parity(g.parity);
   }
   for (const auto& [k, v] : m.metadata) (*p.mutable_metadata())[k] = v;
   std::string out;
@@ -101,7 +165,7 @@ Result<Manifest> ParseManifest(std::string_view bytes, const std::string& path) 
   auto mesh = FromProto(p.mesh());
   if (!mesh.ok()) return mesh.status().Annotate(where);
   m.mesh = *mesh;
-  for (const auto& f : p.files()) m.files.push_back({f.name(), f.size()});
+  for (const auto& f : p.files()) m.files.push_back({f.name(), f.size(), f.checksum()});
   std::set<std::string> names;
   for (const auto& tp : p.tensors()) {
     const std::string tctx = where + ": tensor '" + tp.name() + "'";
@@ -119,58 +183,49 @@ Result<Manifest> ParseManifest(std::string_view bytes, const std::string& path) 
     RETURN_IF_ERROR(ValidateLayout(t.layout, t.mesh ? *t.mesh : m.mesh).Annotate(tctx));
     const Box whole = Box::FromShape(t.layout.split_shape());  // piece boxes are over the view
     for (const auto& pp : tp.pieces()) {
-      PieceInfo pc;
-      if (pp.begin_size() != t.layout.rank() || pp.end_size() != t.layout.rank()) {
-        return DataLossError(tctx + ": a piece has a box of " + std::to_string(pp.begin_size()) +
-                             " dimensions");
-      }
-      pc.box = Box(t.layout.rank());
-      for (int d = 0; d < t.layout.rank(); ++d) pc.box[d] = {pp.begin(d), pp.end(d)};
-      const std::string pctx = tctx + ": piece " + ToString(pc.box);
-      if (!Contains(whole, pc.box) || IsEmpty(pc.box)) {
-        return DataLossError(pctx + " is empty or outside the shape");
-      }
-      if (pp.file() >= m.files.size()) {
-        return DataLossError(pctx + " names file #" + std::to_string(pp.file()) + " of " +
-                             std::to_string(m.files.size()));
-      }
-      pc.file = pp.file();
-      pc.offset = pp.offset();
-      pc.length = pp.length();
-      if (pc.offset + pc.length > m.files[pc.file].size || pc.offset + pc.length < pc.offset) {
-        return DataLossError(pctx + " lies past the end of file '" + m.files[pc.file].name + "'");
-      }
-      if (pp.codec() != native::RAW && pp.codec() != native::ZSTD) {
-        return DataLossError(pctx + " has unknown codec " + std::to_string(pp.codec()));
-      }
-      pc.codec = static_cast<Codec>(pp.codec());
-      pc.raw_length = pp.raw_length();
-      if (pc.raw_length != static_cast<uint64_t>(NumElements(pc.box) * DTypeSize(t.layout.dtype))) {
-        return DataLossError(pctx + " records " + std::to_string(pc.raw_length) +
-                             " raw bytes, which does not match its box");
-      }
-      // A zstd block holds at most 128 KiB and costs at least 4 bytes (an
-      // RLE block), so no frame expands more than 32768-fold; a piece that
-      // claims more is hostile or corrupt and is refused before a reader
-      // allocates its raw bytes.
-      if (pc.codec == Codec::kZstd && pc.raw_length / 32768 > pc.length) {
-        return DataLossError(pctx + " claims " + std::to_string(pc.raw_length) + " raw bytes from " +
-                             std::to_string(pc.length) + " stored: more than zstd can expand");
-      }
-      if (pc.codec == Codec::kRaw && pc.length != pc.raw_length) {
-        return DataLossError(pctx + " is raw but stores " + std::to_string(pc.length) + " of " +
-                             std::to_string(pc.raw_length) + " bytes");
-      }
-      pc.checksum = pp.checksum();
-      pc.block_checksums.assign(pp.block_checksums().begin(), pp.block_checksums().end());
-      const uint64_t blocks = (pc.length + kChecksumBlock - 1) / kChecksumBlock;
-      if (!pc.block_checksums.empty() && pc.block_checksums.size() != blocks) {
-        return DataLossError(pctx + " has " + std::to_string(pc.block_checksums.size()) +
-                             " block checksums for " + std::to_string(blocks) + " blocks");
-      }
+      ASSIGN_OR_RETURN(PieceInfo pc, PieceFromProto(pp, t, whole, m.files, tctx));
       t.pieces.push_back(std::move(pc));
     }
+    for (const auto& pp : tp.copies()) {
+      ASSIGN_OR_RETURN(PieceInfo pc, PieceFromProto(pp, t, whole, m.files, tctx + ": copy"));
+      const bool matches = std::any_of(t.pieces.begin(), t.pieces.end(), [&](const PieceInfo& q) {
+        return q.box == pc.box && q.checksum == pc.checksum && q.length == pc.length &&
+               q.codec == pc.codec;
+      });
+      if (!matches) {
+        return DataLossError(tctx + ": copy " + ToString(pc.box) + " in file '" +
+                             m.files[pc.file].name + "' is a copy of no piece");
+      }
+      t.copies.push_back(std::move(pc));
+    }
     m.tensors.push_back(std::move(t));
+  }
+  std::set<uint32_t> grouped;
+  for (const auto& gp : p.parity_groups()) {
+    ParityGroup g;
+    g.members.assign(gp.members().begin(), gp.members().end());
+    g.parity = gp.parity();
+    std::vector<uint32_t> all = g.members;
+    all.push_back(g.parity);
+    for (uint32_t f : all) {
+      if (f >= m.files.size()) {
+        return DataLossError(where + ": a parity group names file #" + std::to_string(f) + " of " +
+                             std::to_string(m.files.size()));
+      }
+      if (!grouped.insert(f).second) {
+        return DataLossError(where + ": file '" + m.files[f].name +
+                             "' is in more than one parity group");
+      }
+      if (f != g.parity && m.files[f].size > m.files[g.parity].size) {
+        return DataLossError(where + ": parity file '" + m.files[g.parity].name +
+                             "' is shorter than its member '" + m.files[f].name + "'");
+      }
+    }
+    if (g.members.size() < 2) {
+      return DataLossError(where + ": parity file '" + m.files[g.parity].name +
+                           "' protects fewer than 2 files");
+    }
+    m.parity_groups.push_back(std::move(g));
   }
   for (const auto& [k, v] : p.metadata()) m.metadata[k] = v;
   return m;

@@ -42,11 +42,22 @@ struct TensorEntry {
   Layout layout;
   std::optional<Mesh> mesh;
   std::vector<PieceInfo> pieces;
+  // Redundant copies of pieces (same box, codec, stored bytes and checksum
+  // as one of `pieces`) in other files; readers fall back on them.
+  std::vector<PieceInfo> copies;
 };
 
 struct FileInfo {
   std::string name;
   uint64_t size = 0;
+  uint64_t checksum = 0;  // XXH3 of the whole file (parity files); 0: none
+};
+
+// `parity` (a file index) holds the XOR of the `members` files, each padded
+// with zeros to the longest: any one member is rebuilt from the others.
+struct ParityGroup {
+  std::vector<uint32_t> members;
+  uint32_t parity = 0;
 };
 
 struct Manifest {
@@ -57,6 +68,7 @@ struct Manifest {
   std::vector<TensorEntry> tensors;
   std::map<std::string, std::string> metadata;
   std::string created_by;
+  std::vector<ParityGroup> parity_groups;
 };
 
 std::string SerializeManifest(const Manifest& manifest);

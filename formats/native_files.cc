@@ -26,13 +26,18 @@ uint32_t GetU32(const char* p) {
 
 }  // namespace
 
-Result<std::unique_ptr<DataFileWriter>> DataFileWriter::Create(Env* env, const std::string& path,
-                                                               uint32_t file_index) {
-  ASSIGN_OR_RETURN(auto file, env->NewWritableFile(path));
+std::string DataFileHeader() {
   std::string header(kHeaderSize, '\0');
   std::memcpy(header.data(), kMagic, sizeof(kMagic));
   PutU32(header.data() + 8, kDataFileVersion);
   PutU32(header.data() + 12, kHeaderSize);
+  return header;
+}
+
+Result<std::unique_ptr<DataFileWriter>> DataFileWriter::Create(Env* env, const std::string& path,
+                                                               uint32_t file_index) {
+  ASSIGN_OR_RETURN(auto file, env->NewWritableFile(path));
+  const std::string header = DataFileHeader();
   RETURN_IF_ERROR(file->Append(header.data(), header.size()));
   std::unique_ptr<DataFileWriter> w(new DataFileWriter(path, std::move(file), file_index));
   w->size_ = kHeaderSize;

@@ -55,6 +55,9 @@ class DataFileWriter {
   uint64_t size_ = 0;
 };
 
+// The 4 KiB a data file starts with (magic, version, header size).
+std::string DataFileHeader();
+
 // Checks the magic and version of an open data file.
 Status CheckDataFileHeader(const RandomAccessFile& file, const std::string& path);
 

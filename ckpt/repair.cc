@@ -1,0 +1,251 @@
+#include "ckpt/repair.h"
+
+#include <algorithm>
+#include <map>
+#include <set>
+
+#include "core/checksum.h"
+#include "formats/native_files.h"
+#include "formats/parity.h"
+
+namespace tessera {
+namespace {
+
+constexpr uint64_t kChunk = 4 << 20;
+
+struct Record {
+  const TensorEntry* tensor;
+  const PieceInfo* piece;
+};
+
+class Repairer {
+ public:
+  Repairer(Env* env, std::string dir, Manifest m)
+      : env_(env), dir_(std::move(dir)), m_(std::move(m)) {
+    for (const ParityGroup& g : m_.parity_groups) {
+      parity_of_[g.parity] = &g;
+      for (uint32_t f : g.members) group_of_[f] = &g;
+    }
+  }
+
+  std::string Path(uint32_t f) const { return JoinPath(dir_, m_.files[f].name); }
+  const std::string& Name(uint32_t f) const { return m_.files[f].name; }
+
+  // Rebuilds file `f` (known bad, every file in `bad` is bad); returns how,
+  // or an error saying why it cannot.
+  Result<std::string> Rebuild(uint32_t f, const std::set<uint32_t>& bad) {
+    if (auto it = parity_of_.find(f); it != parity_of_.end()) return RebuildParity(*it->second, bad);
+    Result<std::string> from_copies = FromCopies(f, bad);
+    if (from_copies.ok()) return from_copies;
+    Result<std::string> from_parity = FromParity(f, bad);
+    if (from_parity.ok()) return from_parity;
+    return DataLossError(from_copies.status().message() + "; " + from_parity.status().message());
+  }
+
+ private:
+  // The stored bytes of `rec`, from any good file holding the same piece.
+  Result<std::string> GoodCopy(const Record& rec, const std::set<uint32_t>& bad, uint32_t* from) {
+    for (const auto* list : {&rec.tensor->pieces, &rec.tensor->copies}) {
+      for (const PieceInfo& q : *list) {
+        if (q.file == rec.piece->file || bad.count(q.file) || q.box != rec.piece->box ||
+            q.checksum != rec.piece->checksum || q.length != rec.piece->length) {
+          continue;
+        }
+        ASSIGN_OR_RETURN(auto file, env_->NewRandomAccessFile(Path(q.file)));
+        std::string bytes(q.length, '\0');
+        RETURN_IF_ERROR(file->Read(q.offset, q.length, bytes.data()));
+        if (Xxh3(bytes.data(), bytes.size()) != q.checksum) continue;
+        *from = q.file;
+        return bytes;
+      }
+    }
+    return NotFoundError("no good copy");
+  }
+
+  std::vector<Record> RecordsIn(uint32_t f) const {
+    std::vector<Record> out;
+    for (const TensorEntry& t : m_.tensors) {
+      for (const auto* list : {&t.pieces, &t.copies}) {
+        for (const PieceInfo& p : *list) {
+          if (p.file == f) out.push_back({&t, &p});
+        }
+      }
+    }
+    std::sort(out.begin(), out.end(),
+              [](const Record& a, const Record& b) { return a.piece->offset < b.piece->offset; });
+    return out;
+  }
+
+  // Writes `f` through `fill` (which appends its bytes in order) under a
+  // temporary name, checks every piece in it and renames it into place.
+  template <typename Fill>
+  Status Replace(uint32_t f, Fill&& fill) {
+    const std::string path = Path(f), tmp = path + ".repair";
+    Status s = [&]() -> Status {
+      ASSIGN_OR_RETURN(auto out, env_->NewWritableFile(tmp));
+      RETURN_IF_ERROR(fill(*out));
+      RETURN_IF_ERROR(out->Sync());
+      RETURN_IF_ERROR(out->Close());
+      ASSIGN_OR_RETURN(uint64_t size, env_->GetFileSize(tmp));
+      if (size != m_.files[f].size) {
+        return DataLossError("rebuilt " + std::to_string(size) + " bytes, the manifest records " +
+                             std::to_string(m_.files[f].size));
+      }
+      if (parity_of_.count(f)) {
+        ASSIGN_OR_RETURN(uint64_t sum, FileChecksum(env_, tmp));
+        if (m_.files[f].checksum != 0 && sum != m_.files[f].checksum) {
+          return DataLossError("the rebuilt parity does not match its recorded checksum");
+        }
+      } else {
+        ASSIGN_OR_RETURN(auto file, env_->NewRandomAccessFile(tmp));
+        RETURN_IF_ERROR(CheckDataFileHeader(*file, tmp));
+        for (const Record& r : RecordsIn(f)) {
+          RETURN_IF_ERROR(VerifyPiece(*file, tmp, r.tensor->name, *r.piece, r.tensor->layout.dtype));
+        }
+      }
+      RETURN_IF_ERROR(env_->RenameFile(tmp, path));
+      return env_->SyncDir(dir_);
+    }();
+    if (!s.ok() && env_->FileExists(tmp)) env_->DeleteFile(tmp);
+    return s;
+  }
+
+  Result<std::string> FromCopies(uint32_t f, const std::set<uint32_t>& bad) {
+    std::vector<Record> records = RecordsIn(f);
+    std::vector<std::string> bytes;
+    std::set<std::string> sources;
+    for (const Record& r : records) {
+      uint32_t from = 0;
+      Result<std::string> b = GoodCopy(r, bad, &from);
+      if (!b.ok()) {
+        return NotFoundError("no good copy of tensor '" + r.tensor->name + "' piece " +
+                             ToString(r.piece->box));
+      }
+      bytes.push_back(std::move(*b));
+      sources.insert(Name(from));
+    }
+    RETURN_IF_ERROR(Replace(f, [&](WritableFile& out) -> Status {
+      std::string header = DataFileHeader();
+      RETURN_IF_ERROR(out.Append(header.data(), header.size()));
+      uint64_t at = header.size();
+      const std::string zeros(kPieceAlignment, '\0');
+      auto pad_to = [&](uint64_t to) -> Status {
+        while (at < to) {
+          const uint64_t n = std::min<uint64_t>(to - at, zeros.size());
+          RETURN_IF_ERROR(out.Append(zeros.data(), n));
+          at += n;
+        }
+        return Status::Ok();
+      };
+      for (size_t i = 0; i < records.size(); ++i) {
+        RETURN_IF_ERROR(pad_to(records[i].piece->offset));
+        RETURN_IF_ERROR(out.Append(bytes[i].data(), bytes[i].size()));
+        at += bytes[i].size();
+      }
+      return pad_to(m_.files[f].size);
+    }));
+    std::string text = "from copies in";
+    for (const std::string& s : sources) text += " " + s;
+    return records.empty() ? std::string("(no pieces; header rewritten)") : text;
+  }
+
+  Result<std::string> FromParity(uint32_t f, const std::set<uint32_t>& bad) {
+    const auto it = group_of_.find(f);
+    if (it == group_of_.end()) return NotFoundError("it is in no parity group");
+    const ParityGroup& g = *it->second;
+    std::vector<std::string> lost;
+    for (uint32_t x : g.members) {
+      if (x != f && bad.count(x)) lost.push_back(Name(x));
+    }
+    if (bad.count(g.parity)) lost.push_back(Name(g.parity));
+    if (!lost.empty()) {
+      std::string text = "its parity group (" + Name(g.parity) + ") has lost";
+      for (const std::string& l : lost) text += " " + l;
+      return DataLossError(text + " too (parity rebuilds one file per group)");
+    }
+    std::vector<ParityMember> others;
+    std::string text = "from " + Name(g.parity) + " with";
+    for (uint32_t x : g.members) {
+      if (x == f) continue;
+      others.push_back({Path(x), m_.files[x].size});
+      text += " " + Name(x);
+    }
+    ASSIGN_OR_RETURN(auto src, OpenParityRebuild(env_, others,
+                                                 {Path(g.parity), m_.files[g.parity].size},
+                                                 m_.files[f].size));
+    RETURN_IF_ERROR(Replace(f, [&](WritableFile& out) -> Status {
+      std::vector<char> buf(kChunk);
+      for (uint64_t at = 0; at < m_.files[f].size; at += kChunk) {
+        const size_t n = static_cast<size_t>(std::min<uint64_t>(kChunk, m_.files[f].size - at));
+        RETURN_IF_ERROR(src->Read(at, n, buf.data()));
+        RETURN_IF_ERROR(out.Append(buf.data(), n));
+      }
+      return Status::Ok();
+    }));
+    return text;
+  }
+
+  Result<std::string> RebuildParity(const ParityGroup& g, const std::set<uint32_t>& bad) {
+    std::vector<ParityMember> members;
+    std::string text = "from";
+    for (uint32_t x : g.members) {
+      if (bad.count(x)) {
+        return DataLossError("its member " + Name(x) + " is lost too");
+      }
+      members.push_back({Path(x), m_.files[x].size});
+      text += " " + Name(x);
+    }
+    RETURN_IF_ERROR(Replace(g.parity, [&](WritableFile& out) -> Status {
+      return AppendParity(env_, members, out, Path(g.parity), nullptr).status();
+    }));
+    return text;
+  }
+
+  Env* env_;
+  std::string dir_;
+  Manifest m_;
+  std::map<uint32_t, const ParityGroup*> parity_of_, group_of_;
+};
+
+}  // namespace
+
+Result<RepairReport> RepairNativeCheckpoint(Env* env, const std::string& path,
+                                            const VerifyOptions& options) {
+  ASSIGN_OR_RETURN(VerifyReport verify, VerifyNativeCheckpoint(env, path, options));
+  RepairReport report;
+  report.path = verify.path;
+  if (verify.ok()) return report;
+  ASSIGN_OR_RETURN(Manifest m, ReadManifest(env, verify.path));
+  std::map<std::string, uint32_t> index;
+  for (uint32_t f = 0; f < m.files.size(); ++f) index[JoinPath(verify.path, m.files[f].name)] = f;
+  std::set<uint32_t> bad;
+  for (const VerifyProblem& p : verify.problems) {
+    const auto it = index.find(p.file);
+    if (it != index.end()) {
+      bad.insert(it->second);
+    } else {
+      report.other.push_back((p.tensor.empty() ? "" : "tensor '" + p.tensor + "': ") + p.what);
+    }
+  }
+  Repairer repairer(env, verify.path, std::move(m));
+  std::map<uint32_t, std::string> why;
+  bool progress = true;
+  while (progress && !bad.empty()) {
+    progress = false;
+    for (uint32_t f : std::set<uint32_t>(bad)) {
+      Result<std::string> how = repairer.Rebuild(f, bad);
+      if (how.ok()) {
+        report.rebuilt.push_back(repairer.Name(f) + ": " + *how);
+        bad.erase(f);
+        why.erase(f);
+        progress = true;
+      } else {
+        why[f] = how.status().message();
+      }
+    }
+  }
+  for (uint32_t f : bad) report.failed.push_back(repairer.Name(f) + ": " + why[f]);
+  return report;
+}
+
+}  // namespace tessera
