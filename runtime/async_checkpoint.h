@@ -12,6 +12,7 @@
 #define TESSERA_RUNTIME_ASYNC_CHECKPOINT_H_
 
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -35,19 +36,30 @@ class AsyncSlicedSave {
 
   bool in_flight() const { return writer_ != nullptr; }
 
-  // Collective. Finishes a save still in flight (see Poll), then snapshots
-  // `pieces` (copied now: the model may change right after) and starts
-  // writing `root`/`name` in the background. After the commit, `latest`
-  // names it and, with keep > 0, only the newest `keep` checkpoints stay.
+  // Where the bytes of this rank's pieces (of the writer's plan) are now.
+  using PieceSource =
+      std::function<Result<std::vector<LocalPiece>>(const std::vector<PieceToWrite>&)>;
+  // Collective. Finishes a save still in flight (see Poll), creates the
+  // writer of `root`/`name`, snapshots the pieces `source` points at
+  // (copied now: the model may change right after) and starts writing them
+  // in the background. After the commit, `latest` names it and, with
+  // keep > 0, only the newest `keep` checkpoints stay.
   Status Start(const std::string& root, const std::string& name, const Strategy& strategy,
-               CheckpointMeta meta, const std::vector<LocalPiece>& pieces, int keep = 0);
-  // Collective. Commits the save in flight once every rank's thread is done
-  // (with `wait`, waits for them). Returns whether it committed now; then
-  // last() describes it. An error of any rank's writing fails every rank.
+               CheckpointMeta meta, SlicedWriteOptions options, const PieceSource& source,
+               int keep = 0);
+  // Collective. Moves the save in flight on once every rank's thread is
+  // done (with `wait`, waits for them): from the data files to the
+  // redundancy phase (copies, parity; again in the background) when the
+  // writer's plan has one, and then to the commit. Returns whether it
+  // committed now; then last() describes it. An error of any rank's writing
+  // fails every rank.
   Result<bool> Poll(bool wait);
   const AsyncSaveStats& last() const { return last_; }
 
  private:
+  // Runs `work` on the writer thread; its error is kept in written_.
+  void Launch(std::function<Status()> work);
+
   Env* env_;
   Communicator* world_;
   std::unique_ptr<SlicedCheckpointWriter> writer_;
@@ -57,6 +69,7 @@ class AsyncSlicedSave {
   std::vector<LocalPiece> pieces_;  // pointing into buffers_
   std::thread thread_;
   std::atomic<bool> done_{false};
+  bool redundancy_started_ = false;
   Status written_;  // the thread's result, read after join
   AsyncSaveStats current_, last_;
 };

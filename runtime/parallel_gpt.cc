@@ -467,14 +467,13 @@ Status ParallelGpt::GatherModel(Gpt* full) {
 }
 
 Status ParallelGpt::WriteSliced(SlicedCheckpointWriter& writer, const Strategy& strategy) const {
-  ASSIGN_OR_RETURN(std::vector<LocalPiece> pieces, SlicedPieces(strategy));
+  ASSIGN_OR_RETURN(std::vector<LocalPiece> pieces, SlicedPieces(strategy, writer.Pieces()));
   for (const LocalPiece& p : pieces) RETURN_IF_ERROR(writer.WritePiece(p.tensor, p.box, p.data));
   return Status::Ok();
 }
 
-Result<std::vector<LocalPiece>> ParallelGpt::SlicedPieces(const Strategy& strategy) const {
-  ASSIGN_OR_RETURN(std::vector<PieceToWrite> pieces,
-                   PiecesToWrite(strategy, comms_.world().rank()));
+Result<std::vector<LocalPiece>> ParallelGpt::SlicedPieces(
+    const Strategy& strategy, const std::vector<PieceToWrite>& pieces) const {
   const std::vector<ParamInfo>& params = model_.params();
   std::vector<LocalPiece> out;
   for (const PieceToWrite& piece : pieces) {

@@ -111,12 +111,12 @@ class ParallelGpt {
   // `*full` on world rank 0, for a merged save; `full` is ignored on the
   // other ranks.
   Status GatherModel(Gpt* full);
-  // For a sliced save (not collective): the pieces PiecesToWrite(strategy,
-  // rank) gives this rank, with where their bytes live in this rank's
-  // model (parameters from its tp slice, moments from its ZeRO shard), so
-  // nothing is gathered and every piece is written once. They stay valid
-  // until the next Step.
-  Result<std::vector<LocalPiece>> SlicedPieces(const Strategy& strategy) const;
+  // For a sliced save (not collective): `pieces` of `strategy` (this
+  // rank's, from the writer's plan) with where their bytes live in this
+  // rank's model (parameters from its tp slice, moments from its ZeRO
+  // shard), so nothing is gathered. They stay valid until the next Step.
+  Result<std::vector<LocalPiece>> SlicedPieces(const Strategy& strategy,
+                                               const std::vector<PieceToWrite>& pieces) const;
   // Writes SlicedPieces into `writer` (whose Commit is collective).
   Status WriteSliced(SlicedCheckpointWriter& writer, const Strategy& strategy) const;
   // After the model's moments were loaded or gathered: keeps this rank's

@@ -1,14 +1,110 @@
 #include "runtime/sliced_checkpoint.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdio>
+#include <cstring>
+#include <tuple>
 
 #include "ckpt/output.h"
+#include "core/checksum.h"
+#include "formats/parity.h"
 
 namespace tessera {
 
-Result<std::vector<PieceToWrite>> PiecesToWrite(const Strategy& strategy, int64_t rank) {
-  std::vector<PieceToWrite> out;
+Result<Redundancy> Redundancy::Parse(std::string_view text) {
+  Redundancy r;
+  if (text == "none" || text.empty()) return r;
+  const std::string all(text);
+  size_t at = 0;
+  while (at <= all.size()) {
+    const size_t comma = std::min(all.find(',', at), all.size());
+    const std::string item = all.substr(at, comma - at);
+    at = comma + 1;
+    const size_t colon = item.find(':');
+    const std::string kind = item.substr(0, colon);
+    long long n = 0;
+    size_t used = 0;
+    try {
+      if (colon != std::string::npos) n = std::stoll(item.substr(colon + 1), &used);
+    } catch (...) {
+      used = 0;
+    }
+    if (colon == std::string::npos || used == 0 || colon + 1 + used != item.size()) {
+      return InvalidArgumentError("redundancy '" + all +
+                                  "': use none, replicas:K, parity:G or both, comma-separated");
+    }
+    if (kind == "replicas" && n >= 1 && n <= 64) {
+      r.replicas = static_cast<int>(n);
+    } else if (kind == "parity" && n >= 2 && n <= 1024) {
+      r.parity_group = static_cast<int>(n);
+    } else {
+      return InvalidArgumentError("redundancy '" + all + "': '" + item +
+                                  "' (replicas:K takes K from 1 to 64, parity:G takes G from 2)");
+    }
+  }
+  return r;
+}
+
+std::string Redundancy::ToString() const {
+  std::string out;
+  if (replicas > 1) out = "replicas:" + std::to_string(replicas);
+  if (parity_group > 0) {
+    out += (out.empty() ? "" : ",") + std::string("parity:") + std::to_string(parity_group);
+  }
+  return out.empty() ? "none" : out;
+}
+
+bool SavePlan::needs_redundancy_phase() const {
+  if (!parity.empty()) return true;
+  for (const PlannedPiece& p : pieces) {
+    if (static_cast<int64_t>(p.writers.size()) > p.from_memory) return true;
+  }
+  return false;
+}
+
+int64_t ThisHostId() {
+  char name[256] = {};
+  if (gethostname(name, sizeof(name) - 1) != 0) return 0;
+  return static_cast<int64_t>(Xxh3(name, std::strlen(name)) >> 1);
+}
+
+namespace {
+
+// Adds to `writers` (up to `want`) candidates in order, first those on a
+// host not used yet, then any not already in.
+void Pick(const std::vector<int64_t>& candidates, const std::vector<int64_t>& hosts, size_t want,
+          std::vector<int64_t>* writers) {
+  for (int pass = 0; pass < 2; ++pass) {
+    for (int64_t c : candidates) {
+      if (writers->size() >= want) return;
+      if (std::find(writers->begin(), writers->end(), c) != writers->end()) continue;
+      const bool host_used = std::any_of(writers->begin(), writers->end(),
+                                         [&](int64_t w) { return hosts[w] == hosts[c]; });
+      if (pass == 0 && host_used) continue;
+      writers->push_back(c);
+    }
+  }
+}
+
+}  // namespace
+
+Result<SavePlan> PlanSave(const Strategy& strategy, const std::vector<int64_t>& hosts,
+                          const Redundancy& redundancy) {
+  SavePlan plan;
+  const int64_t world = strategy.mesh().world_size();
+  plan.world = world;
+  if (static_cast<int64_t>(hosts.size()) != world) {
+    return InvalidArgumentError("save plan: " + std::to_string(hosts.size()) + " host ids for " +
+                                std::to_string(world) + " ranks");
+  }
+  if (redundancy.replicas > world) {
+    return InvalidArgumentError("redundancy replicas:" + std::to_string(redundancy.replicas) +
+                                " needs that many ranks; the job has " + std::to_string(world));
+  }
+  const size_t want = static_cast<size_t>(std::max(1, redundancy.replicas));
+  std::vector<int64_t> load(world, 0);  // bytes each rank writes, for the copies' placement
   int64_t turn = 0;  // over the whole strategy: small replicated tensors spread too
   for (size_t i = 0; i < strategy.tensors().size(); ++i) {
     const TensorStrategy& t = strategy.tensors()[i];
@@ -16,11 +112,80 @@ Result<std::vector<PieceToWrite>> PiecesToWrite(const Strategy& strategy, int64_
     ASSIGN_OR_RETURN(std::vector<ReplicaGroup> groups, ReplicaGroups(t.layout, mesh));
     for (const ReplicaGroup& g : groups) {
       if (IsEmpty(g.box) || g.ranks.empty()) continue;
-      const int64_t writer = g.ranks[turn++ % static_cast<int64_t>(g.ranks.size())];
-      if (writer == rank) out.push_back({i, g.box});
+      PlannedPiece p{i, g.box, {}, 0, NumElements(g.box) * DTypeSize(t.layout.dtype)};
+      // Holders in turn, from this piece's turn on; then the least loaded
+      // others.
+      const int64_t n = static_cast<int64_t>(g.ranks.size()), first = turn++ % n;
+      std::vector<int64_t> holders;
+      for (int64_t k = 0; k < n; ++k) holders.push_back(g.ranks[(first + k) % n]);
+      Pick(holders, hosts, want, &p.writers);
+      p.from_memory = static_cast<int64_t>(p.writers.size());
+      if (p.writers.size() < want) {
+        std::vector<int64_t> others;
+        for (int64_t r = 0; r < world; ++r) {
+          if (!std::binary_search(g.ranks.begin(), g.ranks.end(), r)) others.push_back(r);
+        }
+        std::stable_sort(others.begin(), others.end(),
+                         [&](int64_t a, int64_t b) { return load[a] < load[b]; });
+        Pick(others, hosts, want, &p.writers);
+      }
+      for (int64_t w : p.writers) load[w] += p.bytes;
+      plan.pieces.push_back(std::move(p));
+    }
+  }
+  if (redundancy.parity_group > 0) {
+    // Members on different hosts first: ranks ordered by their place on
+    // their host, then by host, then cut into groups.
+    std::map<int64_t, int64_t> seen;  // host -> ranks so far
+    std::vector<std::tuple<int64_t, int64_t, int64_t>> order;
+    for (int64_t r = 0; r < world; ++r) order.emplace_back(seen[hosts[r]]++, hosts[r], r);
+    std::sort(order.begin(), order.end());
+    const int64_t g = redundancy.parity_group;
+    int64_t groups = (world + g - 1) / g;
+    if (groups > 1 && world % g == 1) --groups;  // no group of one: the last joins the one before
+    if (world < 2) groups = 0;
+    std::vector<int64_t> parity_load(world, 0);
+    for (int64_t k = 0; k < groups; ++k) {
+      PlannedParity pg;
+      const int64_t end = k == groups - 1 ? world : (k + 1) * g;
+      for (int64_t j = k * g; j < end; ++j) pg.members.push_back(std::get<2>(order[j]));
+      std::sort(pg.members.begin(), pg.members.end());
+      // The writer: outside the group, on a host none of them is on, the
+      // least loaded; else outside the group; else a member.
+      int64_t best = -1, best_score = 0;
+      for (int64_t r = 0; r < world; ++r) {
+        const bool member = std::binary_search(pg.members.begin(), pg.members.end(), r);
+        const bool shares_host = std::any_of(pg.members.begin(), pg.members.end(),
+                                             [&](int64_t m) { return hosts[m] == hosts[r]; });
+        const int64_t score = (member ? 2 : 0) + (shares_host ? 1 : 0);
+        if (best < 0 || score < best_score ||
+            (score == best_score && parity_load[r] < parity_load[best])) {
+          best = r;
+          best_score = score;
+        }
+      }
+      pg.writer = best;
+      ++parity_load[best];
+      plan.parity.push_back(std::move(pg));
+    }
+  }
+  return plan;
+}
+
+std::vector<PieceToWrite> PiecesToWrite(const SavePlan& plan, int64_t rank) {
+  std::vector<PieceToWrite> out;
+  for (const PlannedPiece& p : plan.pieces) {
+    for (int64_t k = 0; k < p.from_memory; ++k) {
+      if (p.writers[k] == rank) out.push_back({p.tensor, p.box});
     }
   }
   return out;
+}
+
+Result<std::vector<PieceToWrite>> PiecesToWrite(const Strategy& strategy, int64_t rank) {
+  ASSIGN_OR_RETURN(SavePlan plan,
+                   PlanSave(strategy, std::vector<int64_t>(strategy.mesh().world_size(), 0), {}));
+  return PiecesToWrite(plan, rank);
 }
 
 Status PointLatest(Env* env, Communicator& comm, const std::string& root, const std::string& name,
@@ -37,28 +202,83 @@ Status PointLatest(Env* env, Communicator& comm, const std::string& root, const 
   return Status::Ok();
 }
 
+namespace {
+
+std::string RankFileName(const char* kind, int64_t index) {
+  char name[48];
+  std::snprintf(name, sizeof(name), "%s-%05lld.tsr", kind, static_cast<long long>(index));
+  return name;
+}
+
+// A byte string gathered from every rank (lengths first; -1: the rank has
+// nothing, it failed). Returns each rank's bytes, or nullopt for a failed one.
+Result<std::vector<std::optional<std::string>>> AllGatherStrings(Communicator& comm,
+                                                                 const std::string* mine) {
+  const int size = comm.size();
+  int64_t length = mine != nullptr ? static_cast<int64_t>(mine->size()) : -1;
+  std::vector<int64_t> lengths(size);
+  RETURN_IF_ERROR(comm.AllGather(&length, 1, lengths.data(), DType::kI64));
+  std::vector<int64_t> counts(size);
+  int64_t total = 0;
+  for (int r = 0; r < size; ++r) total += counts[r] = std::max<int64_t>(0, lengths[r]);
+  std::string all(total, '\0');
+  RETURN_IF_ERROR(comm.AllGatherV(mine != nullptr ? mine->data() : nullptr,
+                                  counts[comm.rank()], all.data(), counts, DType::kU8));
+  std::vector<std::optional<std::string>> out(size);
+  int64_t at = 0;
+  for (int r = 0; r < size; ++r) {
+    if (lengths[r] >= 0) out[r] = all.substr(at, counts[r]);
+    at += counts[r];
+  }
+  return out;
+}
+
+std::string FailedRanks(const std::vector<std::optional<std::string>>& parts) {
+  std::string failed;
+  for (size_t r = 0; r < parts.size(); ++r) {
+    if (!parts[r]) failed += (failed.empty() ? "" : ", ") + std::to_string(r);
+  }
+  return failed;
+}
+
+}  // namespace
+
 Result<std::unique_ptr<SlicedCheckpointWriter>> SlicedCheckpointWriter::Create(
     Env* env, Communicator& comm, const std::string& path, Strategy strategy, CheckpointMeta meta,
-    const NativeWriteOptions& options) {
+    SlicedWriteOptions options) {
   std::unique_ptr<SlicedCheckpointWriter> w(new SlicedCheckpointWriter);
   w->env_ = env;
   w->comm_ = &comm;
   w->path_ = path;
   w->meta_ = std::move(meta);
-  w->options_ = options;
   w->pieces_.resize(strategy.tensors().size());
+  w->copies_.resize(strategy.tensors().size());
   w->strategy_ = std::move(strategy);
   if (w->strategy_.mesh().world_size() != comm.size()) {
     return InvalidArgumentError("sliced checkpoint '" + path + "': the strategy's mesh " +
                                 w->strategy_.mesh().ToString() + " is not the " +
                                 std::to_string(comm.size()) + " ranks writing it");
   }
+  if (options.hosts.empty()) {
+    const int64_t mine = ThisHostId();
+    options.hosts.resize(comm.size());
+    RETURN_IF_ERROR(comm.AllGather(&mine, 1, options.hosts.data(), DType::kI64));
+  }
+  Result<SavePlan> plan = PlanSave(w->strategy_, options.hosts, options.redundancy);
+  if (!plan.ok()) return plan.status().Annotate("sliced checkpoint '" + path + "'");
+  w->plan_ = std::move(*plan);
+  for (size_t i = 0; i < w->plan_.pieces.size(); ++i) {
+    const PlannedPiece& p = w->plan_.pieces[i];
+    w->plan_index_[{p.tensor, p.box.origin()}] = i;
+  }
+  w->options_ = std::move(options);
+  const NativeWriteOptions& native = w->options_.native;
   // Rank 0 names and creates the temporary; everyone learns its name (or
   // that it failed).
   Status prepared;
   std::string tmp;
   if (comm.rank() == 0) {
-    Result<OutputPaths> out = PrepareOutput(env, path, options.overwrite, /*directory=*/true);
+    Result<OutputPaths> out = PrepareOutput(env, path, native.overwrite, /*directory=*/true);
     prepared = out.status();
     if (out.ok()) tmp = out->tmp;
   }
@@ -71,13 +291,11 @@ Result<std::unique_ptr<SlicedCheckpointWriter>> SlicedCheckpointWriter::Create(
   tmp.resize(length);
   RETURN_IF_ERROR(comm.Broadcast(tmp.data(), length, DType::kU8, 0));
   w->tmp_ = tmp;
-  char name[32];
-  std::snprintf(name, sizeof(name), "data-%05d.tsr", comm.rank());
-  w->file_name_ = name;
+  w->file_name_ = RankFileName("data", comm.rank());
   // A rank that cannot open its file reports it at Commit, so that every
   // rank reaches the same collectives.
   Result<std::unique_ptr<DataFileWriter>> file =
-      DataFileWriter::Create(env, JoinPath(tmp, name), static_cast<uint32_t>(comm.rank()));
+      DataFileWriter::Create(env, JoinPath(tmp, w->file_name_), 0);
   if (file.ok()) {
     w->file_ = std::move(*file);
   } else {
@@ -97,55 +315,177 @@ SlicedCheckpointWriter::~SlicedCheckpointWriter() {
 Status SlicedCheckpointWriter::WritePiece(size_t index, const Box& box, const void* data) {
   RETURN_IF_ERROR(failed_);
   Status s = [&]() -> Status {
+    if (data_finished_) return FailedPreconditionError("its data file is finished");
     ASSIGN_OR_RETURN(const TensorStrategy* t,
                      CheckWritePiece(strategy_, "checkpoint '" + path_ + "'", index, box));
+    const auto it = plan_index_.find({index, box.origin()});
+    const PlannedPiece* planned = it == plan_index_.end() ? nullptr : &plan_.pieces[it->second];
+    const int rank = comm_->rank();
+    const auto writer = planned == nullptr ? planned->writers.end()
+                                           : std::find(planned->writers.begin(),
+                                                       planned->writers.begin() + planned->from_memory,
+                                                       rank);
+    if (planned == nullptr || planned->box != box ||
+        writer == planned->writers.begin() + planned->from_memory) {
+      return InvalidArgumentError("tensor '" + t->name + "' piece " + ToString(box) +
+                                  " is not one rank " + std::to_string(rank) + " writes");
+    }
     const size_t size = static_cast<size_t>(NumElements(box) * DTypeSize(t->layout.dtype));
     ASSIGN_OR_RETURN(PieceInfo info, file_->Append(data, size, box, t->layout.dtype,
-                                                   options_.codec, options_.level));
-    pieces_[index].push_back(std::move(info));
+                                                   options_.native.codec, options_.native.level));
+    (writer == planned->writers.begin() ? pieces_ : copies_)[index].push_back(std::move(info));
     return Status::Ok();
   }();
-  if (!s.ok()) failed_ = s;
-  return s;
+  if (!s.ok()) failed_ = s.Annotate("sliced checkpoint '" + path_ + "'");
+  Hook("write");
+  return failed_;
+}
+
+Status SlicedCheckpointWriter::FinishData() {
+  if (data_finished_) return failed_;
+  data_finished_ = true;
+  if (failed_.ok()) {
+    Result<uint64_t> bytes = file_->Finish();
+    if (bytes.ok()) {
+      data_size_ = *bytes;
+    } else {
+      failed_ = bytes.status();
+    }
+  }
+  return failed_;
+}
+
+std::string SlicedCheckpointWriter::Part() const {
+  Manifest m;
+  m.mesh = strategy_.mesh();
+  m.files.push_back({file_name_, data_size_});
+  for (const FileInfo& f : extra_files_) m.files.push_back(f);
+  // Copies go in as the pieces of a second list of the tensors (a part
+  // holds copies of pieces that are in other ranks' parts).
+  const size_t n = strategy_.tensors().size();
+  for (size_t k = 0; k < 2 * n; ++k) {
+    const TensorStrategy& t = strategy_.tensors()[k % n];
+    m.tensors.push_back({k < n ? t.name : "copies of " + t.name, t.layout, t.mesh,
+                         k < n ? pieces_[k] : copies_[k - n], {}});
+  }
+  return SerializeManifest(m);
+}
+
+Status SlicedCheckpointWriter::Exchange() {
+  if (exchanged_done_) return failed_;
+  exchanged_done_ = true;
+  FinishData();  // a failure is in failed_; this rank still joins the all-gather
+  const std::string part = failed_.ok() ? Part() : std::string();
+  Result<std::vector<std::optional<std::string>>> gathered =
+      AllGatherStrings(*comm_, failed_.ok() ? &part : nullptr);
+  if (!gathered.ok() && failed_.ok()) failed_ = gathered.status();
+  if (!failed_.ok()) return failed_;
+  const auto& parts = *gathered;
+  const std::string failed = FailedRanks(parts);
+  if (!failed.empty()) {
+    failed_ = AbortedError("checkpoint '" + path_ + "': rank(s) " + failed +
+                           " failed to write their pieces");
+    return failed_;
+  }
+  for (size_t r = 0; r < parts.size(); ++r) {
+    Result<Manifest> m =
+        ParseManifest(*parts[r], JoinPath(tmp_, "rank " + std::to_string(r) + "'s records"));
+    if (!m.ok()) {
+      failed_ = m.status();
+      return failed_;
+    }
+    exchanged_.push_back(std::move(*m));
+  }
+  return Status::Ok();
+}
+
+Status SlicedCheckpointWriter::WriteRedundancy() {
+  if (redundancy_done_) return failed_;
+  redundancy_done_ = true;
+  RETURN_IF_ERROR(failed_);
+  if (!exchanged_done_ || exchanged_.size() != static_cast<size_t>(comm_->size())) {
+    failed_ = FailedPreconditionError("checkpoint '" + path_ +
+                                      "': WriteRedundancy before Exchange");
+    return failed_;
+  }
+  Hook("redundancy");
+  const int rank = comm_->rank();
+  failed_ = [&]() -> Status {
+    // Copies of pieces this rank does not hold: the stored bytes from the
+    // first writer's data file, checked against their checksum.
+    std::unique_ptr<DataFileWriter> copies;
+    std::map<int64_t, std::unique_ptr<RandomAccessFile>> sources;
+    std::string buffer;
+    for (const PlannedPiece& p : plan_.pieces) {
+      if (std::find(p.writers.begin() + p.from_memory, p.writers.end(), rank) ==
+          p.writers.end()) {
+        continue;
+      }
+      const int64_t from = p.writers[0];
+      const Manifest& src = exchanged_[from];
+      const std::vector<PieceInfo>& recs = src.tensors[p.tensor].pieces;
+      const auto rec = std::find_if(recs.begin(), recs.end(),
+                                    [&](const PieceInfo& q) { return q.box == p.box; });
+      const std::string src_path = JoinPath(tmp_, src.files[0].name);
+      const std::string ctx = "copy of tensor '" + strategy_.tensors()[p.tensor].name +
+                              "' piece " + ToString(p.box) + " from '" + src_path + "'";
+      if (rec == recs.end()) return InternalError(ctx + ": rank " + std::to_string(from) + " has no record of it");
+      auto& file = sources[from];
+      if (!file) {
+        ASSIGN_OR_RETURN(file, env_->NewRandomAccessFile(src_path));
+      }
+      buffer.resize(rec->length);
+      RETURN_IF_ERROR(file->Read(rec->offset, rec->length, buffer.data()).Annotate(ctx));
+      if (Xxh3(buffer.data(), buffer.size()) != rec->checksum) {
+        return DataLossError(ctx + ": checksum mismatch");
+      }
+      if (!copies) {
+        const std::string name = RankFileName("copies", rank);
+        ASSIGN_OR_RETURN(copies, DataFileWriter::Create(env_, JoinPath(tmp_, name), 1));
+        extra_files_.push_back({name, 0});
+      }
+      StoredPiece stored;
+      stored.data = buffer.data();
+      stored.size = buffer.size();
+      stored.info = *rec;
+      ASSIGN_OR_RETURN(PieceInfo info, copies->Append(stored));
+      copies_[p.tensor].push_back(std::move(info));
+    }
+    if (copies) {
+      ASSIGN_OR_RETURN(extra_files_.back().size, copies->Finish());
+    }
+    // Parity of the groups this rank writes.
+    for (size_t g = 0; g < plan_.parity.size(); ++g) {
+      if (plan_.parity[g].writer != rank) continue;
+      std::vector<ParityMember> members;
+      for (int64_t m : plan_.parity[g].members) {
+        members.push_back({JoinPath(tmp_, exchanged_[m].files[0].name), exchanged_[m].files[0].size});
+      }
+      const std::string name = RankFileName("parity", static_cast<int64_t>(g));
+      FileInfo info{name, 0, 0};
+      ASSIGN_OR_RETURN(info.size, WriteParityFile(env_, members, JoinPath(tmp_, name), &info.checksum));
+      extra_files_.push_back(std::move(info));
+    }
+    return Status::Ok();
+  }();
+  return failed_;
 }
 
 Status SlicedCheckpointWriter::Commit() {
   if (done_) return FailedPreconditionError("checkpoint '" + path_ + "' was already committed");
   const int rank = comm_->rank(), size = comm_->size();
-  // This rank's part of the manifest: its file and its pieces.
-  std::string part;
-  if (failed_.ok()) {
-    Result<uint64_t> bytes = file_->Finish();
-    if (bytes.ok()) {
-      Manifest m;
-      m.mesh = strategy_.mesh();
-      m.files.push_back({file_name_, *bytes});
-      for (size_t i = 0; i < strategy_.tensors().size(); ++i) {
-        const TensorStrategy& t = strategy_.tensors()[i];
-        TensorEntry e{t.name, t.layout, t.mesh, pieces_[i]};
-        for (PieceInfo& p : e.pieces) p.file = 0;
-        m.tensors.push_back(std::move(e));
-      }
-      part = SerializeManifest(m);
-    } else {
-      failed_ = bytes.status();
-    }
+  FinishData();
+  if (plan_.needs_redundancy_phase()) {
+    // Failures land in failed_ and fail the commit below on every rank.
+    Exchange();
+    WriteRedundancy();
   }
-  // Sizes first (-1: this rank failed), then the parts, on rank 0.
-  int64_t mine = failed_.ok() ? static_cast<int64_t>(part.size()) : -1;
-  std::vector<int64_t> lengths(size);
-  RETURN_IF_ERROR(comm_->AllGather(&mine, 1, lengths.data(), DType::kI64));
-  std::string failed_ranks;
-  std::vector<int64_t> counts(size);
-  for (int r = 0; r < size; ++r) {
-    if (lengths[r] < 0) failed_ranks += (failed_ranks.empty() ? "" : ", ") + std::to_string(r);
-    counts[r] = std::max<int64_t>(0, lengths[r]);
-  }
-  std::string all;
-  int64_t total = 0;
-  for (int64_t c : counts) total += c;
-  if (rank == 0) all.resize(total);
-  RETURN_IF_ERROR(comm_->GatherV(part.data(), counts[rank], all.data(), counts, DType::kU8, 0));
+  Hook("commit");
+  // This rank's part of the manifest: its files and its records, gathered
+  // on rank 0 (every rank learns who failed).
+  const std::string part = failed_.ok() ? Part() : std::string();
+  ASSIGN_OR_RETURN(auto parts, AllGatherStrings(*comm_, failed_.ok() ? &part : nullptr));
+  const std::string failed_ranks = FailedRanks(parts);
   Status committed;
   if (!failed_ranks.empty()) {
     committed = AbortedError("checkpoint '" + path_ + "': rank(s) " + failed_ranks +
@@ -158,25 +498,48 @@ Status SlicedCheckpointWriter::Commit() {
       m.created_by = meta_.created_by;
       m.mesh = strategy_.mesh();
       for (const TensorStrategy& t : strategy_.tensors()) {
-        m.tensors.push_back({t.name, t.layout, t.mesh, {}});
+        m.tensors.push_back({t.name, t.layout, t.mesh, {}, {}});
       }
-      int64_t at = 0;
+      // Files: every rank's data file (index = rank), then the copies and
+      // parity files in rank order.
+      std::vector<Manifest> ps;
       for (int r = 0; r < size; ++r) {
         const std::string where = JoinPath(tmp_, "rank " + std::to_string(r) + "'s records");
-        ASSIGN_OR_RETURN(Manifest p, ParseManifest(std::string_view(all).substr(at, counts[r]),
-                                                   where));
-        at += counts[r];
-        if (p.files.size() != 1 || p.tensors.size() != m.tensors.size()) {
+        ASSIGN_OR_RETURN(Manifest p, ParseManifest(*parts[r], where));
+        if (p.files.empty() || p.tensors.size() != 2 * m.tensors.size()) {
           return InternalError(where + ": not this checkpoint's");
         }
         m.files.push_back(p.files[0]);
-        for (size_t i = 0; i < p.tensors.size(); ++i) {
-          for (PieceInfo& piece : p.tensors[i].pieces) {
-            piece.file = static_cast<uint32_t>(r);
-            m.tensors[i].pieces.push_back(std::move(piece));
+        ps.push_back(std::move(p));
+      }
+      std::map<std::string, uint32_t> index;
+      for (int r = 0; r < size; ++r) {
+        std::vector<uint32_t> renumber = {static_cast<uint32_t>(r)};
+        for (size_t f = 1; f < ps[r].files.size(); ++f) {
+          renumber.push_back(static_cast<uint32_t>(m.files.size()));
+          index[ps[r].files[f].name] = renumber.back();
+          m.files.push_back(ps[r].files[f]);
+        }
+        const size_t n = m.tensors.size();
+        for (size_t k = 0; k < 2 * n; ++k) {
+          TensorEntry& t = m.tensors[k % n];
+          for (PieceInfo& piece : ps[r].tensors[k].pieces) {
+            piece.file = renumber.at(piece.file);
+            (k < n ? t.pieces : t.copies).push_back(std::move(piece));
           }
         }
       }
+      for (size_t g = 0; g < plan_.parity.size(); ++g) {
+        const auto it = index.find(RankFileName("parity", static_cast<int64_t>(g)));
+        if (it == index.end()) return InternalError("checkpoint '" + path_ + "': parity group " + std::to_string(g) + " was not written");
+        ParityGroup pg;
+        for (int64_t r : plan_.parity[g].members) pg.members.push_back(static_cast<uint32_t>(r));
+        pg.parity = it->second;
+        m.parity_groups.push_back(std::move(pg));
+      }
+      auto by_origin = [](const PieceInfo& a, const PieceInfo& b) {
+        return a.box.origin() < b.box.origin();
+      };
       for (TensorEntry& t : m.tensors) {
         int64_t covered = 0;
         for (const PieceInfo& p : t.pieces) covered += NumElements(p.box);
@@ -185,12 +548,12 @@ Status SlicedCheckpointWriter::Commit() {
                                "': the ranks' pieces cover " + std::to_string(covered) + " of " +
                                std::to_string(NumElements(t.layout)) + " elements");
         }
-        std::sort(t.pieces.begin(), t.pieces.end(), [](const PieceInfo& a, const PieceInfo& b) {
-          return a.box.origin() < b.box.origin();
-        });
+        std::sort(t.pieces.begin(), t.pieces.end(), by_origin);
+        std::stable_sort(t.copies.begin(), t.copies.end(), by_origin);
       }
       RETURN_IF_ERROR(CommitManifest(env_, tmp_, m));
-      return CommitOutput(env_, {path_, tmp_}, options_.overwrite);
+      Hook("rename");
+      return CommitOutput(env_, {path_, tmp_}, options_.native.overwrite);
     }();
   }
   int ok = committed.ok() ? 1 : 0;

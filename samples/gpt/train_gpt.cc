@@ -18,6 +18,7 @@
 // same ranks, and on any other mesh (the save is merged: under --pp or --tp
 // rank 0 gathers every stage's and slice's tensors; on resume each rank
 // reads only its own slices).
+#include <signal.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -28,6 +29,7 @@
 #include <CLI/CLI.hpp>
 
 #include "ckpt/ops.h"
+#include "ckpt/repair.h"
 #include "formats/native_files.h"
 #include "runtime/async_checkpoint.h"
 #include "runtime/comm/launch.h"
@@ -49,6 +51,37 @@ std::string ConfigString(const GptConfig& c, int batch, int seq, uint64_t seed) 
          " seq=" + std::to_string(seq) + " seed=" + std::to_string(seed);
 }
 
+// After a load: what any rank's reads had to work around (a lost or
+// corrupt file read through copies or parity) is said, and rank 0 rebuilds
+// those files on disk so the checkpoint is whole again (collective).
+Status RepairAfterLoad(Env* env, const CheckpointReader& checkpoint, Communicator& world,
+                       bool talk) {
+  const std::vector<std::string> mine = checkpoint.Recoveries();
+  for (const std::string& line : mine) {
+    std::fprintf(stderr, "train_gpt: rank %d: loading %s: %s\n", world.rank(),
+                 checkpoint.path().c_str(), line.c_str());
+  }
+  int any = mine.empty() ? 0 : 1;
+  RETURN_IF_ERROR(world.AllReduce(&any, &any, 1, DType::kI32, ReduceOp::kMax));
+  if (any == 0) return Status::Ok();
+  if (world.rank() == 0) {
+    Result<RepairReport> fixed = RepairNativeCheckpoint(env, checkpoint.path(), {});
+    if (!fixed.ok()) {
+      std::fprintf(stderr, "train_gpt: repairing %s: %s\n", checkpoint.path().c_str(),
+                   fixed.status().ToString().c_str());
+    } else {
+      for (const std::string& line : fixed->rebuilt) {
+        if (talk) std::printf("repaired %s: rebuilt %s\n", checkpoint.path().c_str(), line.c_str());
+      }
+      for (const std::string& line : fixed->failed) {
+        std::fprintf(stderr, "train_gpt: %s: cannot rebuild %s\n", checkpoint.path().c_str(),
+                     line.c_str());
+      }
+    }
+  }
+  return world.Barrier();
+}
+
 int Fail(const Status& s) {
   std::fprintf(stderr, "train_gpt: %s\n", s.ToString().c_str());
   return 1;
@@ -56,13 +89,52 @@ int Fail(const Status& s) {
 
 struct Options {
   GptConfig config;
-  std::string data, save, export_dir, export_dtype, save_mode = "merged";
+  std::string data, save, export_dir, export_dtype, save_mode = "merged", fault_kill,
+      strategy_out;
+  Redundancy redundancy;
   int batch = 8, seq = 0, steps = 20, save_every = 0, keep = 0;
   uint64_t seed = 1;
   AdamWConfig adam;
   float max_norm = 1.0f;
   bool resume = false, quiet = false, async_save = false;
   ParallelConfig parallel;
+};
+
+// --fault-kill POINT:STEP:RANK, for the fault tests: rank RANK kills its
+// own process (SIGKILL, as a crashed host would die) at POINT of step STEP:
+// "step" as the step begins, or a point of a sliced save (see
+// SlicedWriteOptions::fault_hook: write, redundancy, commit, rename).
+struct FaultKill {
+  std::string point;
+  int64_t step = -1;
+  int rank = -1;
+  static Result<FaultKill> Parse(const std::string& text) {
+    FaultKill f;
+    if (text.empty()) return f;
+    const size_t a = text.find(':'), b = text.rfind(':');
+    try {
+      if (a == std::string::npos || a == b) throw 0;
+      f.point = text.substr(0, a);
+      f.step = std::stoll(text.substr(a + 1, b - a - 1));
+      f.rank = std::stoi(text.substr(b + 1));
+    } catch (...) {
+      return InvalidArgumentError("--fault-kill '" + text + "': use POINT:STEP:RANK");
+    }
+    if (f.point != "step" && f.point != "write" && f.point != "redundancy" &&
+        f.point != "commit" && f.point != "rename") {
+      return InvalidArgumentError("--fault-kill '" + text +
+                                  "': POINT is step, write, redundancy, commit or rename");
+    }
+    return f;
+  }
+  void At(std::string_view point, int64_t step, int rank) const {
+    if (point == this->point && step == this->step && rank == this->rank) {
+      std::fprintf(stderr, "train_gpt: --fault-kill: rank %d kills itself at %s of step %lld\n",
+                   rank, std::string(point).c_str(), static_cast<long long>(step));
+      std::fflush(stderr);
+      kill(getpid(), SIGKILL);
+    }
+  }
 };
 
 // The whole run on one rank; rank 0 talks.
@@ -87,6 +159,10 @@ Status Train(const Options& o, Communicator& world) {
   int64_t num_params = 0;  // of the whole model, every stage
   for (const ParamInfo& p : all_params) num_params += p.numel;
 
+  if (!o.strategy_out.empty()) {
+    ASSIGN_OR_RETURN(Strategy strategy, trainer->strategy());
+    if (first) RETURN_IF_ERROR(SaveStrategyFile(env, o.strategy_out, strategy));
+  }
   trainer->Init(o.seed);
   if (o.resume && env->FileExists(o.save + "/latest")) {
     // Every rank reads the checkpoint (the config first, then the tensors).
@@ -99,6 +175,7 @@ Status Train(const Options& o, Communicator& world) {
           (it == saved.end() ? std::string("?") : it->second) + "', not '" + config_text + "'");
     }
     RETURN_IF_ERROR(LoadGpt(*checkpoint, &model));
+    RETURN_IF_ERROR(RepairAfterLoad(env, *checkpoint, world, talk));
     trainer->ShardOptimizerState();
     const auto pos = saved.find("data.position");
     ASSIGN_OR_RETURN(DataPosition position,
@@ -129,6 +206,12 @@ Status Train(const Options& o, Communicator& world) {
     }
   }
 
+  ASSIGN_OR_RETURN(const FaultKill fault, FaultKill::Parse(o.fault_kill));
+  SlicedWriteOptions save_options;
+  save_options.redundancy = o.redundancy;
+  save_options.fault_hook = [&fault, &model, &world](std::string_view point) {
+    fault.At(point, model.step(), world.rank());
+  };
   // A rank holding part of the model gathers it to rank 0 for saving.
   const bool gather = parallel.pp > 1 || parallel.tp > 1;
   AsyncSlicedSave async(env, world);
@@ -150,6 +233,7 @@ Status Train(const Options& o, Communicator& world) {
   int64_t timed_steps = 0;
   float loss_value = 0;
   while (model.step() < o.steps) {
+    fault.At("step", model.step() + 1, world.rank());
     const auto t0 = std::chrono::steady_clock::now();
     RETURN_IF_ERROR(loader.NextBatch(inputs.data(), targets.data()));
     float norm = 0;
@@ -180,10 +264,13 @@ Status Train(const Options& o, Communicator& world) {
         // The stall: copying this rank's pieces; the rest runs beside training.
         RETURN_IF_ERROR(poll(true));  // at most one save in flight
         ASSIGN_OR_RETURN(Strategy strategy, trainer->strategy());
-        ASSIGN_OR_RETURN(std::vector<LocalPiece> pieces, trainer->SlicedPieces(strategy));
-        RETURN_IF_ERROR(async.Start(o.save, name, strategy,
-                                    {model.step(), metadata, "tessera train_gpt (sliced, async)"},
-                                    pieces, o.keep));
+        RETURN_IF_ERROR(async.Start(
+            o.save, name, strategy, {model.step(), metadata, "tessera train_gpt (sliced, async)"},
+            save_options,
+            [&](const std::vector<PieceToWrite>& mine) {
+              return trainer->SlicedPieces(strategy, mine);
+            },
+            o.keep));
         continue;
       }
       if (o.save_mode == "sliced") {
@@ -194,13 +281,17 @@ Status Train(const Options& o, Communicator& world) {
         ASSIGN_OR_RETURN(std::unique_ptr<SlicedCheckpointWriter> writer,
                          SlicedCheckpointWriter::Create(
                              env, world, o.save + "/" + name, strategy,
-                             {model.step(), metadata, "tessera train_gpt (sliced)"}));
+                             {model.step(), metadata, "tessera train_gpt (sliced)"},
+                             save_options));
         const Status wrote = trainer->WriteSliced(*writer, strategy);
         const Status committed = writer->Commit();  // collective: every rank gets here
         RETURN_IF_ERROR(wrote);
         RETURN_IF_ERROR(committed);
         RETURN_IF_ERROR(PointLatest(env, world, o.save, name, o.keep));
-        if (talk) std::printf("saved %s/%s (sliced over %d ranks)\n", o.save.c_str(), name.c_str(), world.size());
+        if (talk) {
+          std::printf("saved %s/%s (sliced over %d ranks, redundancy %s)\n", o.save.c_str(),
+                      name.c_str(), world.size(), o.redundancy.ToString().c_str());
+        }
         continue;
       }
       // A merged save: the moments are gathered, rank 0 writes.
@@ -317,6 +408,17 @@ int main(int argc, char** argv) {
                  "merged: rank 0 gathers and writes whole tensors; sliced: every rank writes "
                  "its own pieces (replicas take turns), nothing is gathered")
       ->check(CLI::IsMember({"merged", "sliced"}));
+  std::string redundancy = "none";
+  app.add_option("--redundancy", redundancy,
+                 "sliced saves: replicas:K (each piece in K files, on K ranks, on different "
+                 "hosts first), parity:G (XOR parity per G data files), both comma-separated, "
+                 "or none; a lost or corrupt file is rebuilt at load and by ckpt verify --repair");
+  app.add_option("--fault-kill", o.fault_kill,
+                 "testing: POINT:STEP:RANK kills that rank's process (SIGKILL) at POINT of step "
+                 "STEP (step, write, redundancy, commit, rename)");
+  app.add_option("--strategy-out", o.strategy_out,
+                 "write the layouts of this run's checkpoints (its strategy, JSON) here, for "
+                 "ckpt reshard --strategy; with --steps 0 nothing else is done");
   app.add_flag("--resume", o.resume, "continue from the --save directory's latest checkpoint");
   app.add_option("--export", o.export_dir,
                  "at the end, write the weights alone (no optimizer state) as a checkpoint here");
@@ -336,6 +438,14 @@ int main(int argc, char** argv) {
     o.save_mode = "sliced";
   }
   o.parallel.bucket_bytes = static_cast<int64_t>(bucket_mib * (1 << 20));
+  if (Result<Redundancy> r = Redundancy::Parse(redundancy); r.ok()) {
+    o.redundancy = *r;
+  } else {
+    return Fail(r.status());
+  }
+  if (!o.redundancy.none() && o.save_mode != "sliced") {
+    return Fail(InvalidArgumentError("--redundancy needs --save-mode sliced (or --async-save)"));
+  }
 
   LaunchOptions launch;
   launch.ranks = ranks;

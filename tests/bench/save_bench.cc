@@ -80,9 +80,11 @@ Status Run(Communicator& world, const std::string& dir, Times* times) {
     const double tm = std::chrono::duration<double>(now() - t1).count();
     const std::string a = dir + "/async";
     RETURN_IF_ERROR(clean(a + "/step-1"));
-    ASSIGN_OR_RETURN(std::vector<LocalPiece> pieces, trainer->SlicedPieces(strategy));
     const auto t2 = now();
-    RETURN_IF_ERROR(save.Start(a, "step-1", strategy, {0, {}, "save_bench"}, pieces));
+    RETURN_IF_ERROR(save.Start(a, "step-1", strategy, {0, {}, "save_bench"}, {},
+                               [&](const std::vector<PieceToWrite>& mine) {
+                                 return trainer->SlicedPieces(strategy, mine);
+                               }));
     double stall = std::chrono::duration<double>(now() - t2).count();
     RETURN_IF_ERROR(world.AllReduce(&stall, &stall, 1, DType::kF64, ReduceOp::kMax));
     RETURN_IF_ERROR(save.Poll(/*wait=*/true).status());
