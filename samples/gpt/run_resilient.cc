@@ -142,8 +142,8 @@ int main(int argc, char** argv) {
     }
     std::string line;
     for (const std::string& a : args) line += (line.empty() ? "" : " ") + a;
-    std::printf("run_resilient: attempt %d on %d rank(s), %s: %s\n", attempt + 1, n, from.c_str(),
-                line.c_str());
+    std::printf("run_resilient: attempt %d on %d rank(s), %s\n  $ %s\n", attempt + 1, n,
+                from.c_str(), line.c_str());
     std::fflush(stdout);
     const auto t0 = std::chrono::steady_clock::now();
     child = fork();

@@ -13,7 +13,9 @@
 // gathers whole tensors and writes one data file) or, with --save-mode
 // sliced, every rank writing its own pieces (tp slices, ZeRO shards;
 // replicas take turns) into one checkpoint, with --async-save in the
-// background while training goes on; --keep N removes all but the newest N; --resume continues
+// background while training goes on, and with --redundancy replicas:K /
+// parity:G what rebuilds a lost file (done at load, and said);
+// --keep N removes all but the newest N; --resume continues
 // from DIR/latest when there is one, bit for bit as if never stopped on the
 // same ranks, and on any other mesh (the save is merged: under --pp or --tp
 // rank 0 gathers every stage's and slice's tensors; on resume each rank

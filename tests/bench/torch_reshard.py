@@ -39,7 +39,7 @@ def setup(layout_path, out, tp):
             d = split_dim(t)
             if d is None and r != 0:
                 continue
-            shape = list(t["shape"])
+            shape = list(t.get("view") or t["shape"])  # splits are over the view
             if d is not None:  # torch.chunk's piece r
                 c = -(-shape[d] // tp)
                 shape[d] = max(0, min(c, shape[d] - r * c))

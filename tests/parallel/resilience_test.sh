@@ -160,7 +160,7 @@ SLOW=(--layers 2 --heads 2 --embed 64 --context 64 --batch 16 --lr 1e-3 --max-no
 "$BIN" --data "$CORPUS" "${SLOW[@]}" --steps 40 --ranks 4 --tp 2 >"$WORK/slow-ref.log" 2>&1
 dir="$WORK/sup-mpi"
 echo "localhost slots=4" >"$WORK/hosts"
-(kill_when "$dir" 10 "train_gpt --data .*sup-mpi" && echo "localhost slots=2" >"$WORK/hosts") &
+(kill_when "$dir" 10 "^$BIN --data .*sup-mpi" && echo "localhost slots=2" >"$WORK/hosts") &
 "$RUN" --np 4 --hostfile "$WORK/hosts" --min-ranks 2 --max-restarts 2 -- \
   "$BIN" --data "$CORPUS" "${SLOW[@]}" --steps 40 --tp 2 --save "$dir" --save-every 5 \
   --save-mode sliced --resume >"$WORK/sup-mpi.log" 2>&1
@@ -177,7 +177,7 @@ check "... and ended on the uninterrupted loss within 1e-5" awk '
   END { d = got - ref; if (d < 0) d = -d; exit !(ref > 0 && d <= 1e-5 * ref) }' \
   <(train_losses "$WORK/slow-ref.log") <(train_losses "$WORK/sup-mpi.log")
 dir="$WORK/sup-inproc"
-(kill_when "$dir" 10 "train_gpt --data .*sup-inproc") &
+(kill_when "$dir" 10 "^$BIN --data .*sup-inproc") &
 "$RUN" --ranks 4 -- "$BIN" --data "$CORPUS" "${SLOW[@]}" --steps 40 --ranks "{ranks}" --tp 2 \
   --save "$dir" --save-every 5 --async-save --redundancy replicas:2 --resume \
   >"$WORK/sup-inproc.log" 2>&1
