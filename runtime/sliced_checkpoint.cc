@@ -318,22 +318,25 @@ Status SlicedCheckpointWriter::WritePiece(size_t index, const Box& box, const vo
     if (data_finished_) return FailedPreconditionError("its data file is finished");
     ASSIGN_OR_RETURN(const TensorStrategy* t,
                      CheckWritePiece(strategy_, "checkpoint '" + path_ + "'", index, box));
+    // This rank must be one of the piece's writers from memory; the first
+    // stores the piece, the others copies.
     const auto it = plan_index_.find({index, box.origin()});
-    const PlannedPiece* planned = it == plan_index_.end() ? nullptr : &plan_.pieces[it->second];
     const int rank = comm_->rank();
-    const auto writer = planned == nullptr ? planned->writers.end()
-                                           : std::find(planned->writers.begin(),
-                                                       planned->writers.begin() + planned->from_memory,
-                                                       rank);
-    if (planned == nullptr || planned->box != box ||
-        writer == planned->writers.begin() + planned->from_memory) {
+    int64_t slot = -1;
+    if (it != plan_index_.end() && plan_.pieces[it->second].box == box) {
+      const PlannedPiece& planned = plan_.pieces[it->second];
+      for (int64_t k = 0; k < planned.from_memory && slot < 0; ++k) {
+        if (planned.writers[k] == rank) slot = k;
+      }
+    }
+    if (slot < 0) {
       return InvalidArgumentError("tensor '" + t->name + "' piece " + ToString(box) +
                                   " is not one rank " + std::to_string(rank) + " writes");
     }
     const size_t size = static_cast<size_t>(NumElements(box) * DTypeSize(t->layout.dtype));
     ASSIGN_OR_RETURN(PieceInfo info, file_->Append(data, size, box, t->layout.dtype,
                                                    options_.native.codec, options_.native.level));
-    (writer == planned->writers.begin() ? pieces_ : copies_)[index].push_back(std::move(info));
+    (slot == 0 ? pieces_ : copies_)[index].push_back(std::move(info));
     return Status::Ok();
   }();
   if (!s.ok()) failed_ = s.Annotate("sliced checkpoint '" + path_ + "'");

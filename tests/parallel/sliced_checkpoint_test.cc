@@ -110,6 +110,33 @@ TEST_CASE("sliced checkpoint: a rank that fails aborts the save everywhere") {
   CHECK(children->empty());  // the temporary is gone too
 }
 
+TEST_CASE("sliced checkpoint: a piece the plan gives another rank is refused") {
+  auto env = NewMemEnv();
+  REQUIRE(env->CreateDirs("/ck").ok());
+  const Strategy strategy = ThreeTensors();
+  std::vector<Status> results(4);
+  std::mutex mu;
+  const Status s = RunInProcess(4, [&](Communicator& world) -> Status {
+    ASSIGN_OR_RETURN(auto writer, SlicedCheckpointWriter::Create(env.get(), world, "/ck/step-3",
+                                                                 strategy, {3, {}, "test"}));
+    // Rank 1 writes rank 0's pieces instead of its own.
+    ASSIGN_OR_RETURN(auto pieces, PiecesToWrite(strategy, world.rank() == 1 ? 0 : world.rank()));
+    Status wrote;
+    for (const PieceToWrite& p : pieces) {
+      std::vector<float> data(NumElements(p.box), 1.0f);
+      if (wrote.ok()) wrote = writer->WritePiece(p.tensor, p.box, data.data());
+    }
+    const Status committed = writer->Commit();
+    std::lock_guard<std::mutex> lock(mu);
+    results[world.rank()] = wrote.ok() ? committed : wrote;
+    return Status::Ok();
+  });
+  REQUIRE(s.ok());
+  CHECK_THAT(results[1].message(), Catch::Contains("is not one rank 1 writes"));
+  for (int r : {0, 2, 3}) CHECK_THAT(results[r].message(), Catch::Contains("rank(s) 1 failed"));
+  CHECK_FALSE(env->FileExists("/ck/step-3"));
+}
+
 TEST_CASE("save plan: replicas on different hosts, parity groups across hosts") {
   const Strategy strategy = ThreeTensors();
   const std::vector<int64_t> hosts = {7, 7, 9, 9};  // ranks 0,1 on one host, 2,3 on another
