@@ -222,7 +222,8 @@ Result<std::vector<std::optional<std::string>>> AllGatherStrings(Communicator& c
   int64_t total = 0;
   for (int r = 0; r < size; ++r) total += counts[r] = std::max<int64_t>(0, lengths[r]);
   std::string all(total, '\0');
-  RETURN_IF_ERROR(comm.AllGatherV(mine != nullptr ? mine->data() : nullptr,
+  static const char kNothing = 0;  // a rank with nothing still sends from a valid pointer
+  RETURN_IF_ERROR(comm.AllGatherV(mine != nullptr ? mine->data() : &kNothing,
                                   counts[comm.rank()], all.data(), counts, DType::kU8));
   std::vector<std::optional<std::string>> out(size);
   int64_t at = 0;
