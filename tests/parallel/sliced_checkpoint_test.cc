@@ -36,6 +36,22 @@ std::vector<float> Values(int64_t n, float base) {
   return v;
 }
 
+// Reads every tensor of the checkpoint at `path`, checks it against `full`
+// and returns the reader's recoveries.
+std::vector<std::string> ReadAllBack(Env* env, const std::string& path,
+                                     const std::vector<std::vector<float>>& full) {
+  auto reader = OpenNativeCheckpoint(env, path);
+  REQUIRE(reader.ok());
+  for (size_t i = 0; i < full.size(); ++i) {
+    std::vector<float> got(full[i].size());
+    const Status s = ReadTensor(**reader, i, got.data());
+    INFO(s.ToString());
+    REQUIRE(s.ok());
+    CHECK(got == full[i]);
+  }
+  return (*reader)->Recoveries();
+}
+
 TEST_CASE("sliced checkpoint: every rank writes its pieces once, the whole reads back") {
   auto env = NewMemEnv();
   REQUIRE(env->CreateDirs("/ck").ok());
@@ -70,11 +86,7 @@ TEST_CASE("sliced checkpoint: every rank writes its pieces once, the whole reads
   REQUIRE(reader.ok());
   CHECK((*reader)->meta().step == 1);
   CHECK((*reader)->meta().metadata.at("k") == "v");
-  for (size_t i = 0; i < full.size(); ++i) {
-    std::vector<float> got(full[i].size());
-    REQUIRE(ReadTensor(**reader, i, got.data()).ok());
-    CHECK(got == full[i]);
-  }
+  CHECK(ReadAllBack(env.get(), "/ck/step-1", full).empty());
 }
 
 TEST_CASE("sliced checkpoint: a rank that fails aborts the save everywhere") {
@@ -196,20 +208,6 @@ void SaveWithRedundancy(Env* env, const std::string& redundancy,
   REQUIRE(s.ok());
 }
 
-// Reads every tensor; returns the reader's recoveries.
-std::vector<std::string> ReadAllBack(Env* env, const std::vector<std::vector<float>>& full) {
-  auto reader = OpenNativeCheckpoint(env, "/ck/step-1");
-  REQUIRE(reader.ok());
-  for (size_t i = 0; i < full.size(); ++i) {
-    std::vector<float> got(full[i].size());
-    const Status s = ReadTensor(**reader, i, got.data());
-    INFO(s.ToString());
-    REQUIRE(s.ok());
-    CHECK(got == full[i]);
-  }
-  return (*reader)->Recoveries();
-}
-
 void Corrupt(Env* env, const std::string& path, uint64_t at) {
   auto bytes = ReadFileToString(env, path);
   REQUIRE(bytes.ok());
@@ -232,7 +230,7 @@ TEST_CASE("redundant sliced save: a lost or corrupt data file is read around and
       REQUIRE(manifest.ok());
       const bool parity = std::string(redundancy).find("parity") != std::string::npos;
       CHECK(manifest->parity_groups.empty() != parity);
-      CHECK(ReadAllBack(env.get(), full).empty());
+      CHECK(ReadAllBack(env.get(), "/ck/step-1", full).empty());
       const std::string lost = "/ck/step-1/data-00001.tsr";
       const auto original = ReadFileToString(env.get(), lost);
       REQUIRE(original.ok());
@@ -249,7 +247,7 @@ TEST_CASE("redundant sliced save: a lost or corrupt data file is read around and
         REQUIRE(at > 0);
         Corrupt(env.get(), lost, at);
       }
-      const std::vector<std::string> recovered = ReadAllBack(env.get(), full);
+      const std::vector<std::string> recovered = ReadAllBack(env.get(), "/ck/step-1", full);
       REQUIRE(recovered.size() == 1);
       CHECK_THAT(recovered[0], Catch::Contains("data-00001.tsr"));
       CHECK_THAT(recovered[0], Catch::Contains(parity && std::string(redundancy) != "replicas:2,parity:3"
@@ -266,7 +264,7 @@ TEST_CASE("redundant sliced save: a lost or corrupt data file is read around and
       auto verified = VerifyNativeCheckpoint(env.get(), "/ck/step-1", {});
       REQUIRE(verified.ok());
       CHECK(verified->ok());
-      CHECK(ReadAllBack(env.get(), full).empty());
+      CHECK(ReadAllBack(env.get(), "/ck/step-1", full).empty());
     }
   }
 }
@@ -360,7 +358,7 @@ TEST_CASE("async sliced save with parity and copies: the redundancy is written i
   for (const TensorEntry& t : manifest->tensors) copies += t.copies.size();
   CHECK(copies == 7);  // every piece once more
   REQUIRE(env->DeleteFile("/ck/step-1/data-00002.tsr").ok());
-  const std::vector<std::string> recovered = ReadAllBack(env.get(), full);
+  const std::vector<std::string> recovered = ReadAllBack(env.get(), "/ck/step-1", full);
   CHECK_FALSE(recovered.empty());
   for (const std::string& line : recovered) CHECK_THAT(line, Catch::StartsWith("data-00002.tsr"));
 }
@@ -398,13 +396,7 @@ TEST_CASE("async sliced save: snapshots, writes in the background, commits at a 
   REQUIRE(latest.ok());
   CHECK(*latest == "step-3");
   CHECK_FALSE(env->FileExists("/run/step-1"));  // --keep 2
-  auto reader = OpenNativeCheckpoint(env.get(), "/run");
-  REQUIRE(reader.ok());
-  for (size_t i = 0; i < full.size(); ++i) {
-    std::vector<float> got(full[i].size());
-    REQUIRE(ReadTensor(**reader, i, got.data()).ok());
-    CHECK(got == full[i]);
-  }
+  CHECK(ReadAllBack(env.get(), "/run", full).empty());
 }
 
 TEST_CASE("async sliced save: a failed background write fails the commit on every rank") {
