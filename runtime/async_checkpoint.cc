@@ -85,7 +85,7 @@ Result<bool> AsyncSlicedSave::Poll(bool wait) {
     // the training thread), then copies and parity in the background.
     redundancy_started_ = true;
     const auto t0 = std::chrono::steady_clock::now();
-    writer_->Exchange();  // a failure stays in the writer and fails the commit
+    (void)writer_->Exchange();  // a failure stays in the writer and fails the commit
     current_.commit_seconds += Since(t0);
     Launch([this] { return writer_->WriteRedundancy(); });
     if (!wait) return false;

@@ -378,7 +378,7 @@ std::string SlicedCheckpointWriter::Part() const {
 Status SlicedCheckpointWriter::Exchange() {
   if (exchanged_done_) return failed_;
   exchanged_done_ = true;
-  FinishData();  // a failure is in failed_; this rank still joins the all-gather
+  (void)FinishData();  // a failure is in failed_; this rank still joins the all-gather
   const std::string part = failed_.ok() ? Part() : std::string();
   Result<std::vector<std::optional<std::string>>> gathered =
       AllGatherStrings(*comm_, failed_.ok() ? &part : nullptr);
@@ -478,11 +478,11 @@ Status SlicedCheckpointWriter::WriteRedundancy() {
 Status SlicedCheckpointWriter::Commit() {
   if (done_) return FailedPreconditionError("checkpoint '" + path_ + "' was already committed");
   const int rank = comm_->rank(), size = comm_->size();
-  FinishData();
+  (void)FinishData();  // failures stay in failed_ and fail the commit below
   if (plan_.needs_redundancy_phase()) {
     // Failures land in failed_ and fail the commit below on every rank.
-    Exchange();
-    WriteRedundancy();
+    (void)Exchange();
+    (void)WriteRedundancy();
   }
   Hook("commit");
   // This rank's part of the manifest: its files and its records, gathered
