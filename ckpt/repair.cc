@@ -51,15 +51,26 @@ class Repairer {
             q.checksum != rec.piece->checksum || q.length != rec.piece->length) {
           continue;
         }
-        ASSIGN_OR_RETURN(auto file, env_->NewRandomAccessFile(Path(q.file)));
+        Result<const RandomAccessFile*> file = Source(q.file);
+        if (!file.ok()) continue;
         std::string bytes(q.length, '\0');
-        RETURN_IF_ERROR(file->Read(q.offset, q.length, bytes.data()));
+        if (!(*file)->Read(q.offset, q.length, bytes.data()).ok()) continue;
         if (Xxh3(bytes.data(), bytes.size()) != q.checksum) continue;
         *from = q.file;
         return bytes;
       }
     }
     return NotFoundError("no good copy");
+  }
+
+  // Good files copies are read from, each opened once (bad files are never
+  // sources, so a rebuilt one replacing its path changes none of these).
+  Result<const RandomAccessFile*> Source(uint32_t f) {
+    auto& slot = sources_[f];
+    if (!slot) {
+      ASSIGN_OR_RETURN(slot, env_->NewRandomAccessFile(Path(f)));
+    }
+    return slot.get();
   }
 
   std::vector<Record> RecordsIn(uint32_t f) const {
@@ -106,7 +117,7 @@ class Repairer {
       RETURN_IF_ERROR(env_->RenameFile(tmp, path));
       return env_->SyncDir(dir_);
     }();
-    if (!s.ok() && env_->FileExists(tmp)) env_->DeleteFile(tmp);
+    if (!s.ok() && env_->FileExists(tmp)) (void)env_->DeleteFile(tmp);  // best effort; s says why
     return s;
   }
 
@@ -205,6 +216,7 @@ class Repairer {
   std::string dir_;
   Manifest m_;
   std::map<uint32_t, const ParityGroup*> parity_of_, group_of_;
+  std::map<uint32_t, std::unique_ptr<RandomAccessFile>> sources_;
 };
 
 }  // namespace

@@ -68,13 +68,15 @@ Result<VerifyReport> VerifyNativeCheckpoint(Env* env, const std::string& path,
     }
     if (parity[f]) {
       auto size = env->GetFileSize(fp);
-      auto sum = FileChecksum(env, fp);
       if (!size.ok() || *size != m.files[f].size) {
         report.problems.push_back({fp, "", "parity file has " +
                                                (size.ok() ? std::to_string(*size) : "?") +
                                                " bytes, the manifest records " +
                                                std::to_string(m.files[f].size)});
-      } else if (!sum.ok() || (m.files[f].checksum != 0 && *sum != m.files[f].checksum)) {
+        continue;
+      }
+      auto sum = FileChecksum(env, fp);  // read only when the size is right
+      if (!sum.ok() || (m.files[f].checksum != 0 && *sum != m.files[f].checksum)) {
         report.problems.push_back({fp, "", "parity file checksum mismatch (corrupt)"});
       } else {
         report.bytes += static_cast<int64_t>(*size);
