@@ -89,19 +89,6 @@ int Fail(const Status& s) {
   return 1;
 }
 
-struct Options {
-  GptConfig config;
-  std::string data, save, export_dir, export_dtype, save_mode = "merged", fault_kill,
-      strategy_out;
-  Redundancy redundancy;
-  int batch = 8, seq = 0, steps = 20, save_every = 0, keep = 0;
-  uint64_t seed = 1;
-  AdamWConfig adam;
-  float max_norm = 1.0f;
-  bool resume = false, quiet = false, async_save = false;
-  ParallelConfig parallel;
-};
-
 // --fault-kill POINT:STEP:RANK, for the fault tests: rank RANK kills its
 // own process (SIGKILL, as a crashed host would die) at POINT of step STEP:
 // "step" as the step begins, or a point of a sliced save (see
@@ -114,13 +101,14 @@ struct FaultKill {
     FaultKill f;
     if (text.empty()) return f;
     const size_t a = text.find(':'), b = text.rfind(':');
+    const Status usage = InvalidArgumentError("--fault-kill '" + text + "': use POINT:STEP:RANK");
+    if (a == std::string::npos || a == b) return usage;
     try {
-      if (a == std::string::npos || a == b) throw 0;
       f.point = text.substr(0, a);
       f.step = std::stoll(text.substr(a + 1, b - a - 1));
       f.rank = std::stoi(text.substr(b + 1));
     } catch (...) {
-      return InvalidArgumentError("--fault-kill '" + text + "': use POINT:STEP:RANK");
+      return usage;
     }
     if (f.point != "step" && f.point != "write" && f.point != "redundancy" &&
         f.point != "commit" && f.point != "rename") {
@@ -137,6 +125,19 @@ struct FaultKill {
       kill(getpid(), SIGKILL);
     }
   }
+};
+
+struct Options {
+  GptConfig config;
+  std::string data, save, export_dir, export_dtype, save_mode = "merged", strategy_out;
+  FaultKill fault;
+  Redundancy redundancy;
+  int batch = 8, seq = 0, steps = 20, save_every = 0, keep = 0;
+  uint64_t seed = 1;
+  AdamWConfig adam;
+  float max_norm = 1.0f;
+  bool resume = false, quiet = false, async_save = false;
+  ParallelConfig parallel;
 };
 
 // The whole run on one rank; rank 0 talks.
@@ -208,7 +209,7 @@ Status Train(const Options& o, Communicator& world) {
     }
   }
 
-  ASSIGN_OR_RETURN(const FaultKill fault, FaultKill::Parse(o.fault_kill));
+  const FaultKill& fault = o.fault;
   SlicedWriteOptions save_options;
   save_options.redundancy = o.redundancy;
   save_options.fault_hook = [&fault, &model, &world](std::string_view point) {
@@ -415,7 +416,8 @@ int main(int argc, char** argv) {
                  "sliced saves: replicas:K (each piece in K files, on K ranks, on different "
                  "hosts first), parity:G (XOR parity per G data files), both comma-separated, "
                  "or none; a lost or corrupt file is rebuilt at load and by ckpt verify --repair");
-  app.add_option("--fault-kill", o.fault_kill,
+  std::string fault_kill;
+  app.add_option("--fault-kill", fault_kill,
                  "testing: POINT:STEP:RANK kills that rank's process (SIGKILL) at POINT of step "
                  "STEP (step, write, redundancy, commit, rename)");
   app.add_option("--strategy-out", o.strategy_out,
@@ -444,6 +446,11 @@ int main(int argc, char** argv) {
     o.redundancy = *r;
   } else {
     return Fail(r.status());
+  }
+  if (Result<FaultKill> f = FaultKill::Parse(fault_kill); f.ok()) {
+    o.fault = *f;
+  } else {
+    return Fail(f.status());
   }
   if (!o.redundancy.none() && o.save_mode != "sliced") {
     return Fail(InvalidArgumentError("--redundancy needs --save-mode sliced (or --async-save)"));
