@@ -18,6 +18,7 @@
 #include <cstdio>
 #include <cstring>
 #include <functional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -50,6 +51,27 @@ Result<double> Time(Communicator& comm, const std::function<Status()>& fn) {
   return times[2];
 }
 
+// Our way and the peer's way of doing the same job.
+struct Pair {
+  const char* what;
+  std::function<Status()> ours, peer;
+  const char* peer_name;
+};
+
+// Times both sides of every pair; rank 0 prints each with `format`
+// (what, ranks, backend, ours ms, peer name, peer ms, ratio).
+Status TimePairs(Communicator& comm, std::span<const Pair> pairs, const char* format) {
+  for (const Pair& pair : pairs) {
+    ASSIGN_OR_RETURN(double ours, Time(comm, pair.ours));
+    ASSIGN_OR_RETURN(double peer, Time(comm, pair.peer));
+    if (comm.rank() == 0) {
+      std::printf(format, pair.what, comm.size(), std::string(comm.backend()).c_str(), ours * 1e3,
+                  pair.peer_name, peer * 1e3, ours / peer);
+    }
+  }
+  return Status::Ok();
+}
+
 // ParallelMatMul forward + backward beside the hand-written equivalent.
 Status MatMuls(Communicator& comm, const Mesh& mesh) {
   constexpr int64_t M = 2048, K = 1024, N = 1024;
@@ -75,12 +97,7 @@ Status MatMuls(Communicator& comm, const Mesh& mesh) {
   DTensor y, dx;
   std::vector<float> out(M * N), xfull(M * K), dxl(M * kl), dxf(M * K), part(M * kl);
   auto f = [](std::vector<char>& v) { return reinterpret_cast<float*>(v.data()); };
-  struct Case {
-    const char* what;
-    std::function<Status()> ours, peer;
-    const char* peer_name;
-  };
-  const Case cases[] = {
+  const Pair cases[] = {
       {"row ((-,r),(r,-))",
        [&]() -> Status {
          RETURN_IF_ERROR(row.Forward(x1, w.data(), &y));
@@ -108,16 +125,9 @@ Status MatMuls(Communicator& comm, const Mesh& mesh) {
        },
        "AllGather+sgemm"},
   };
-  for (const Case& c : cases) {
-    ASSIGN_OR_RETURN(double ours, Time(comm, c.ours));
-    ASSIGN_OR_RETURN(double peer, Time(comm, c.peer));
-    if (comm.rank() == 0) {
-      std::printf("  MatMul %-19s %d ranks (%s): fwd+bwd %8.2f ms   %-15s %8.2f ms   ratio %.2fx\n",
-                  c.what, p, std::string(comm.backend()).c_str(), ours * 1e3, c.peer_name,
-                  peer * 1e3, ours / peer);
-    }
-  }
-  return Status::Ok();
+  return TimePairs(
+      comm, cases,
+      "  MatMul %-19s %d ranks (%s): fwd+bwd %8.2f ms   %-15s %8.2f ms   ratio %.2fx\n");
 }
 
 Status Run(Communicator& comm) {
@@ -133,27 +143,16 @@ Status Run(Communicator& comm) {
   ASSIGN_OR_RETURN(DTensor by_cols, DTensor::FromLocal(mesh, cols, comm.rank(), local));
   std::vector<float> a(shard, 1.0f), b(kN * kN);
   DTensor out_whole, out_rows;  // reused across calls, as a training loop would
-  struct Row {
-    const char* what;
-    std::function<Status()> ours, peer;
-    const char* peer_name;
-  };
-  const Row rows_[] = {
+  const Pair rows_[] = {
       {"rows -> replicated",
        [&] { return RedistributeInto(by_rows, mesh, whole, comm, &out_whole); },
        [&] { return comm.AllGather(a.data(), shard, b.data(), DType::kF32); }, "AllGather"},
       {"columns -> rows", [&] { return RedistributeInto(by_cols, mesh, rows, comm, &out_rows); },
        [&] { return comm.AllToAll(a.data(), b.data(), shard / p, DType::kF32); }, "AllToAll"},
   };
-  for (const Row& r : rows_) {
-    ASSIGN_OR_RETURN(double ours, Time(comm, r.ours));
-    ASSIGN_OR_RETURN(double peer, Time(comm, r.peer));
-    if (comm.rank() == 0) {
-      std::printf("  %-20s %d ranks (%s): Redistribute %8.2f ms   %-9s %8.2f ms   ratio %.2fx\n",
-                  r.what, p, std::string(comm.backend()).c_str(), ours * 1e3, r.peer_name,
-                  peer * 1e3, ours / peer);
-    }
-  }
+  RETURN_IF_ERROR(TimePairs(
+      comm, rows_,
+      "  %-20s %d ranks (%s): Redistribute %8.2f ms   %-9s %8.2f ms   ratio %.2fx\n"));
   return MatMuls(comm, mesh);
 }
 
