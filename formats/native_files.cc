@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
 #include <memory>
 
 #include "core/buffer.h"
@@ -267,6 +268,17 @@ Result<Manifest> ReadManifest(Env* env, const std::string& dir) {
   return ParseManifest(bytes, path);
 }
 
+namespace {
+// N of a checkpoint named "step-<N>", else -1.
+int64_t StepOf(const std::string& name) {
+  if (name.size() < 6 || name.size() > 5 + 18 || name.compare(0, 5, "step-") != 0) return -1;
+  if (!std::all_of(name.begin() + 5, name.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+    return -1;
+  }
+  return std::stoll(name.substr(5));
+}
+}  // namespace
+
 Status SetLatest(Env* env, const std::string& root, const std::string& name) {
   return WriteFileAtomically(env, JoinPath(root, kLatestName), name + "\n");
 }
@@ -280,11 +292,42 @@ Result<std::string> ReadLatest(Env* env, const std::string& root) {
   return text;
 }
 
+Result<std::vector<std::pair<int64_t, std::string>>> CommittedSteps(Env* env,
+                                                                    const std::string& root) {
+  ASSIGN_OR_RETURN(std::vector<std::string> children, env->GetChildren(root));
+  std::vector<std::pair<int64_t, std::string>> steps;
+  for (const std::string& name : children) {
+    const int64_t step = StepOf(name);
+    if (step < 0) continue;
+    const std::string dir = JoinPath(root, name);
+    if (!env->IsDirectory(dir) || !env->FileExists(JoinPath(dir, kManifestName))) continue;
+    steps.emplace_back(step, name);
+  }
+  std::sort(steps.begin(), steps.end());
+  return steps;
+}
+
+Result<std::string> ResumeCheckpoint(Env* env, const std::string& root) {
+  int64_t before = std::numeric_limits<int64_t>::max();
+  if (env->FileExists(JoinPath(root, kLatestName))) {
+    Result<std::string> named = ReadLatest(env, root);
+    if (named.ok()) {
+      if (env->FileExists(JoinPath(JoinPath(root, *named), kManifestName))) return *named;
+      if (StepOf(*named) >= 0) before = StepOf(*named);
+    }
+  }
+  ASSIGN_OR_RETURN(const auto steps, CommittedSteps(env, root));
+  for (auto it = steps.rbegin(); it != steps.rend(); ++it) {
+    if (it->first < before) return it->second;
+  }
+  return NotFoundError("'" + root + "' holds no committed checkpoint to resume from");
+}
+
 Result<std::string> ResolveCheckpointDir(Env* env, const std::string& path) {
   if (env->FileExists(JoinPath(path, kManifestName))) return path;
-  if (env->FileExists(JoinPath(path, kLatestName))) {
-    ASSIGN_OR_RETURN(std::string name, ReadLatest(env, path));
-    return JoinPath(path, name);
+  if (env->IsDirectory(path)) {
+    Result<std::string> name = ResumeCheckpoint(env, path);
+    if (name.ok()) return JoinPath(path, *name);
   }
   return path;
 }
@@ -292,23 +335,11 @@ Result<std::string> ResolveCheckpointDir(Env* env, const std::string& path) {
 Status PruneCheckpoints(Env* env, const std::string& root, int keep,
                         std::vector<std::string>* removed) {
   if (keep < 1) return InvalidArgumentError("keep at least 1 checkpoint, not " + std::to_string(keep));
-  ASSIGN_OR_RETURN(std::vector<std::string> children, env->GetChildren(root));
   std::string latest;
   if (env->FileExists(JoinPath(root, kLatestName))) {
     ASSIGN_OR_RETURN(latest, ReadLatest(env, root));
   }
-  std::vector<std::pair<int64_t, std::string>> steps;
-  for (const std::string& name : children) {
-    if (name.size() < 6 || name.compare(0, 5, "step-") != 0) continue;
-    if (!std::all_of(name.begin() + 5, name.end(), [](char c) { return c >= '0' && c <= '9'; }) ||
-        name.size() > 5 + 18) {
-      continue;
-    }
-    const std::string dir = JoinPath(root, name);
-    if (!env->IsDirectory(dir) || !env->FileExists(JoinPath(dir, kManifestName))) continue;
-    steps.emplace_back(std::stoll(name.substr(5)), name);
-  }
-  std::sort(steps.begin(), steps.end());
+  ASSIGN_OR_RETURN(const auto steps, CommittedSteps(env, root));
   const int64_t drop = static_cast<int64_t>(steps.size()) - keep;
   for (int64_t i = 0; i < drop; ++i) {
     const std::string& name = steps[i].second;

@@ -96,8 +96,21 @@ Result<std::string> ReadLatest(Env* env, const std::string& root);
 // first, go to `removed` when given.
 Status PruneCheckpoints(Env* env, const std::string& root, int keep,
                         std::vector<std::string>* removed = nullptr);
-// `path` itself when it holds a manifest, else the checkpoint that its
-// `latest` names, else `path` (ReadManifest then says what is wrong).
+// The committed checkpoints of a training run in `root`: directories named
+// "step-<N>" holding a manifest, sorted by N.
+Result<std::vector<std::pair<int64_t, std::string>>> CommittedSteps(Env* env,
+                                                                    const std::string& root);
+// The checkpoint to resume from in `root`, by name: the one `latest` names
+// when it is committed (`latest` is the authority: a committed "step-<N>"
+// newer than it is an abandoned one, left by a writer killed between its
+// commit and the update of `latest`, or by a rollback of `latest`); else,
+// when `latest` is missing or names no committed checkpoint, the newest
+// committed "step-<N>" older than the one it names. NotFound when there is
+// none.
+Result<std::string> ResumeCheckpoint(Env* env, const std::string& root);
+// `path` itself when it holds a manifest, else the checkpoint a resume in
+// it takes (ResumeCheckpoint), else `path` (ReadManifest then says what is
+// wrong).
 Result<std::string> ResolveCheckpointDir(Env* env, const std::string& path);
 
 }  // namespace tessera

@@ -56,7 +56,8 @@ Status SaveGpt(Env* env, const Gpt& model, const std::string& root, const std::s
   meta.created_by = "tessera train_gpt";
   RETURN_IF_ERROR(env->CreateDirs(root));
   ASSIGN_OR_RETURN(std::unique_ptr<CheckpointWriter> writer,
-                   CreateNativeCheckpoint(env, root + "/" + name, strategy, meta, {}));
+                   CreateNativeCheckpoint(env, root + "/" + name, strategy, meta,
+                                          {.overwrite = options.overwrite}));
   for (size_t i = 0; i < entries.size(); ++i) {
     const Entry& e = entries[i];
     const float* values = Values(model, e.which).data() + e.param->offset;

@@ -20,6 +20,9 @@ struct SaveGptOptions {
   DType weights_dtype = DType::kF32;
   // false: parameters only (an export); the Adam moments are left out.
   bool optimizer_state = true;
+  // Replace a checkpoint of the same name (a resumed run's, left by an
+  // abandoned one) instead of failing.
+  bool overwrite = false;
 };
 
 // Writes a complete checkpoint of a whole model (not a tp slice: gather it

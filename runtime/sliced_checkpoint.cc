@@ -557,7 +557,9 @@ Status SlicedCheckpointWriter::Commit() {
       }
       RETURN_IF_ERROR(CommitManifest(env_, tmp_, m));
       Hook("rename");
-      return CommitOutput(env_, {path_, tmp_}, options_.native.overwrite);
+      RETURN_IF_ERROR(CommitOutput(env_, {path_, tmp_}, options_.native.overwrite));
+      Hook("committed");  // in place, `latest` not yet pointed at it
+      return Status::Ok();
     }();
   }
   int ok = committed.ok() ? 1 : 0;

@@ -111,8 +111,9 @@ struct SlicedWriteOptions {
   // Called at named points of the save ("write" after each piece this rank
   // writes, "redundancy" before its copies and parity, "commit" when its
   // files are done, "rename" on rank 0 just before the directory moves into
-  // place): fault-injection tests kill the process there.
-  std::function<void(std::string_view point)> fault_hook;
+  // place, "committed" on rank 0 once it is there, before `latest` names
+  // it): fault-injection tests kill the process there.
+  std::function<void(std::string_view point, int64_t step)> fault_hook;  // step: meta.step
 };
 
 class SlicedCheckpointWriter {
@@ -153,7 +154,7 @@ class SlicedCheckpointWriter {
   Communicator* comm_ = nullptr;
   std::string path_, tmp_;
   void Hook(std::string_view point) const {
-    if (options_.fault_hook) options_.fault_hook(point);
+    if (options_.fault_hook) options_.fault_hook(point, meta_.step);
   }
   // This rank's records as a partial manifest: its files (data file first),
   // with pieces and copies in them.

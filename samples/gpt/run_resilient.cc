@@ -2,7 +2,7 @@
 // complete checkpoint (the job resumes itself: train_gpt --resume), up to
 // a bounded number of times, optionally on fewer ranks:
 //
-//   run_resilient --np 4 [--hostfile H --min-ranks 2] [--max-restarts 3] \
+//   run_resilient --np 4 [--hostfile H --min-ranks 2] [--max-restarts 3]
 //       -- train_gpt --tp 2 --save ck --save-every 5 --save-mode sliced --resume ...
 //   run_resilient --ranks 4 -- train_gpt --ranks {ranks} --tp 2 ... --resume
 //
@@ -137,7 +137,7 @@ int main(int argc, char** argv) {
     }
     std::string from = "from scratch (or its own --resume)";
     if (!save.empty()) {
-      const auto latest = tessera::ReadLatest(tessera::Env::Default(), save);
+      const auto latest = tessera::ResumeCheckpoint(tessera::Env::Default(), save);
       if (latest.ok()) from = "from " + save + "/" + *latest;
     }
     std::string line;

@@ -92,7 +92,8 @@ int Fail(const Status& s) {
 // --fault-kill POINT:STEP:RANK, for the fault tests: rank RANK kills its
 // own process (SIGKILL, as a crashed host would die) at POINT of step STEP:
 // "step" as the step begins, or a point of a sliced save (see
-// SlicedWriteOptions::fault_hook: write, redundancy, commit, rename).
+// SlicedWriteOptions::fault_hook: write, redundancy, commit, rename,
+// committed).
 struct FaultKill {
   std::string point;
   int64_t step = -1;
@@ -111,9 +112,10 @@ struct FaultKill {
       return usage;
     }
     if (f.point != "step" && f.point != "write" && f.point != "redundancy" &&
-        f.point != "commit" && f.point != "rename") {
-      return InvalidArgumentError("--fault-kill '" + text +
-                                  "': POINT is step, write, redundancy, commit or rename");
+        f.point != "commit" && f.point != "rename" && f.point != "committed") {
+      return InvalidArgumentError(
+          "--fault-kill '" + text +
+          "': POINT is step, write, redundancy, commit, rename or committed");
     }
     return f;
   }
@@ -167,9 +169,17 @@ Status Train(const Options& o, Communicator& world) {
     if (first) RETURN_IF_ERROR(SaveStrategyFile(env, o.strategy_out, strategy));
   }
   trainer->Init(o.seed);
-  if (o.resume && env->FileExists(o.save + "/latest")) {
+  // The checkpoint `latest` names (or, when it names none that is
+  // complete, the newest complete one before). Committed checkpoints newer
+  // than it belong to an abandoned run (killed between a commit and the
+  // update of `latest`, or rolled back): this run's saves replace them.
+  const Result<std::string> from =
+      o.resume && env->IsDirectory(o.save) ? ResumeCheckpoint(env, o.save)
+                                           : Result<std::string>(NotFoundError("no --resume"));
+  if (from.ok()) {
     // Every rank reads the checkpoint (the config first, then the tensors).
-    ASSIGN_OR_RETURN(std::unique_ptr<CheckpointReader> checkpoint, OpenCheckpoint(env, o.save));
+    ASSIGN_OR_RETURN(std::unique_ptr<CheckpointReader> checkpoint,
+                     OpenCheckpoint(env, JoinPath(o.save, *from)));
     const auto& saved = checkpoint->meta().metadata;
     const auto it = saved.find("config");
     if (it == saved.end() || it->second != config_text) {
@@ -185,8 +195,18 @@ Status Train(const Options& o, Communicator& world) {
                      DataPosition::Parse(pos == saved.end() ? "" : pos->second));
     RETURN_IF_ERROR(loader.Restore(position));
     if (talk) {
-      std::printf("resumed from step %lld (data position %s)\n",
-                  static_cast<long long>(model.step()), position.ToString().c_str());
+      std::printf("resumed from step %lld (%s, data position %s)\n",
+                  static_cast<long long>(model.step()), checkpoint->path().c_str(),
+                  position.ToString().c_str());
+      ASSIGN_OR_RETURN(const auto committed, CommittedSteps(env, o.save));
+      std::string abandoned;
+      for (const auto& [step, name] : committed) {
+        if (step > model.step()) abandoned += (abandoned.empty() ? "" : ", ") + name;
+      }
+      if (!abandoned.empty()) {
+        std::printf("newer than latest, from an abandoned run, replaced when saved again: %s\n",
+                    abandoned.c_str());
+      }
     }
   }
   if (const std::string advice = kernels::BlasCoreAdvice(); !advice.empty() && talk) {
@@ -212,8 +232,9 @@ Status Train(const Options& o, Communicator& world) {
   const FaultKill& fault = o.fault;
   SlicedWriteOptions save_options;
   save_options.redundancy = o.redundancy;
-  save_options.fault_hook = [&fault, &model, &world](std::string_view point) {
-    fault.At(point, model.step(), world.rank());
+  save_options.native.overwrite = from.ok();  // see above: abandoned checkpoints
+  save_options.fault_hook = [&fault, &world](std::string_view point, int64_t step) {
+    fault.At(point, step, world.rank());
   };
   // A rank holding part of the model gathers it to rank 0 for saving.
   const bool gather = parallel.pp > 1 || parallel.tp > 1;
@@ -302,7 +323,8 @@ Status Train(const Options& o, Communicator& world) {
       // Under pp or tp, rank 0 assembles every stage's and slice's tensors first.
       Gpt full;
       Status saved = gather ? trainer->GatherModel(&full) : Status::Ok();
-      if (first && saved.ok()) saved = SaveGpt(env, gather ? full : model, o.save, name, metadata);
+      if (first && saved.ok()) saved = SaveGpt(env, gather ? full : model, o.save, name, metadata,
+                                      {.overwrite = from.ok()});
       if (first && saved.ok() && o.keep > 0) saved = PruneCheckpoints(env, o.save, o.keep);
       trainer->ShardOptimizerState();
       int ok = saved.ok() ? 1 : 0;  // every rank learns whether rank 0 managed

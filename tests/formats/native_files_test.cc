@@ -330,5 +330,33 @@ TEST_CASE("PruneCheckpoints keeps the newest committed steps and the one latest 
   CHECK_THAT(PruneCheckpoints(env.get(), "/run", 0).message(), Catch::Contains("keep at least 1"));
 }
 
+TEST_CASE("ResumeCheckpoint: latest is the authority, else the newest complete one before it") {
+  std::mt19937_64 rng(testing::TestSeed() + 14);
+  auto env = NewMemEnv();
+  REQUIRE(env->CreateDirs("/run").ok());
+  CHECK(ResumeCheckpoint(env.get(), "/run").status().code() == StatusCode::kNotFound);
+  for (int step : {5, 10, 15}) WriteCheckpoint(env.get(), "/run/step-" + std::to_string(step), rng, 1, Codec::kRaw);
+  REQUIRE(env->CreateDirs("/run/step-20").ok());  // incomplete: no manifest
+  // No latest (killed before the first update of it): the newest complete.
+  CHECK(*ResumeCheckpoint(env.get(), "/run") == "step-15");
+  // Killed between step-15's commit and latest, or rolled back: latest wins.
+  REQUIRE(SetLatest(env.get(), "/run", "step-10").ok());
+  CHECK(*ResumeCheckpoint(env.get(), "/run") == "step-10");
+  CHECK(*ResolveCheckpointDir(env.get(), "/run") == "/run/step-10");
+  // latest names one that is gone or incomplete: the newest complete one before it.
+  REQUIRE(SetLatest(env.get(), "/run", "step-12").ok());
+  CHECK(*ResumeCheckpoint(env.get(), "/run") == "step-10");
+  REQUIRE(SetLatest(env.get(), "/run", "step-20").ok());
+  CHECK(*ResumeCheckpoint(env.get(), "/run") == "step-15");
+  REQUIRE(SetLatest(env.get(), "/run", "step-3").ok());
+  CHECK(ResumeCheckpoint(env.get(), "/run").status().code() == StatusCode::kNotFound);
+  // A name of the user's choosing is taken when it is complete.
+  WriteCheckpoint(env.get(), "/run/final", rng, 1, Codec::kRaw);
+  REQUIRE(SetLatest(env.get(), "/run", "final").ok());
+  CHECK(*ResumeCheckpoint(env.get(), "/run") == "final");
+  CHECK(*CommittedSteps(env.get(), "/run") ==
+        std::vector<std::pair<int64_t, std::string>>{{5, "step-5"}, {10, "step-10"}, {15, "step-15"}});
+}
+
 }  // namespace
 }  // namespace tessera

@@ -76,7 +76,11 @@ check "... and both follow the reference within 1e-5" awk '
 # --- kill -9 during a save ----------------------------------------------
 # mpirun -np 4 dp2 x tp2, saves every 5: the step-10 save dies at POINT.
 "${MPIRUN[@]}" -np 4 "$BIN" "${SMALL[@]}" --steps 20 --tp 2 --zero 1 >"$WORK/mref4.log" 2>&1
-for fault in write:10:1 redundancy:10:2 commit:10:3 rename:10:0 async:write:10:1; do
+# At "committed" (rank 0, step-10 in place, `latest` not yet moved) step-10
+# is abandoned: `latest` is the authority; the resume takes step-5 and its
+# own step-10 replaces the abandoned one.
+for fault in write:10:1 redundancy:10:2 commit:10:3 rename:10:0 committed:10:0 \
+  async:write:10:1 async:committed:10:0; do
   extra=(--save-mode sliced --redundancy parity:2)
   point=$fault
   if [ "${fault%%:*}" = async ]; then extra=(--async-save); point=${fault#async:}; fi
@@ -86,11 +90,21 @@ for fault in write:10:1 redundancy:10:2 commit:10:3 rename:10:0 async:write:10:1
   rc=$?
   check "kill -9 at $fault: the job fails" test $rc -ne 0
   check "... says which rank killed itself" grep -q "kills itself at ${point%%:*} of step 10" "$dir.log"
-  check "... step-5 stays the latest, no step-10" \
-    bash -c "[ \"\$(cat '$dir/latest')\" = step-5 ] && [ ! -e '$dir/step-10' ]"
+  if [ "${point%%:*}" = committed ]; then
+    check "... step-5 stays the latest, step-10 is complete" \
+      bash -c "[ \"\$(cat '$dir/latest')\" = step-5 ] && '$CKPT' verify -q '$dir/step-10'"
+  else
+    check "... step-5 stays the latest, no step-10" \
+      bash -c "[ \"\$(cat '$dir/latest')\" = step-5 ] && [ ! -e '$dir/step-10' ]"
+  fi
   "${MPIRUN[@]}" -np 4 "$BIN" "${SMALL[@]}" --steps 20 --tp 2 --zero 1 --save "$dir" \
     --save-every 5 "${extra[@]}" --resume >"$dir.resume.log" 2>&1
-  check "... resumes from step-5" grep -q "resumed from step 5" "$dir.resume.log"
+  check "... resumes from step-5" grep -q "resumed from step 5 " "$dir.resume.log"
+  if [ "${point%%:*}" = committed ]; then
+    check "... says step-10 is abandoned, replaces it, and ends on step-20" \
+      bash -c "grep -q 'abandoned run, replaced when saved again: step-10\$' '$dir.resume.log' &&
+        grep -q 'saved .*step-10' '$dir.resume.log' && [ \"\$(cat '$dir/latest')\" = step-20 ]"
+  fi
   check "... and gives the uninterrupted losses bit for bit" \
     same_tail "$dir.resume.log" "$WORK/mref4.log" 6
   check "... and leaves no temporary behind after the next save" \
@@ -167,6 +181,7 @@ echo "localhost slots=4" >"$WORK/hosts"
 rc=$?
 wait
 check "run_resilient (mpirun): a rank killed with kill -9, the job restarted and finished" test $rc -eq 0
+[ $rc -eq 0 ] || tail -n 40 "$WORK/sup-mpi.log"  # for the CI log
 check "... it saw the death" grep -q "run_resilient: the job exited with status" "$WORK/sup-mpi.log"
 check "... restarted on the 2 ranks the hostfile now lists, from a checkpoint" \
   grep -q "attempt 2 on 2 rank(s), from .*sup-mpi/step-" "$WORK/sup-mpi.log"
@@ -184,6 +199,7 @@ dir="$WORK/sup-inproc"
 rc=$?
 wait
 check "run_resilient (in-process ranks): killed with kill -9, restarted, finished" test $rc -eq 0
+[ $rc -eq 0 ] || tail -n 40 "$WORK/sup-inproc.log"  # for the CI log
 check "... it saw the SIGKILL" grep -q "was killed by signal 9" "$WORK/sup-inproc.log"
 last_loss() { train_losses "$1" | awk '$1 == 40 { print $2 }' | tail -1; }
 check "... and ended on the uninterrupted loss bit for bit" \
