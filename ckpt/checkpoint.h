@@ -47,6 +47,14 @@ class CheckpointReader {
   // the byte ranges it needs and verifies what it reads. Thread-safe.
   virtual Status ReadRegion(size_t index, const Box& region, void* dst,
                             const std::vector<int64_t>& dst_extents, const Box& dst_box) const = 0;
+  // `region` of tensor `index` lent without a copy, verified, as dense
+  // row-major bytes, when the format stores it so (one contiguous raw run of
+  // one file) and its file can lend them; null otherwise (then ReadRegion
+  // it). Lets a copy between checkpoints skip a staging buffer.
+  virtual Result<std::unique_ptr<FileView>> ViewRegion(size_t /*index*/,
+                                                       const Box& /*region*/) const {
+    return std::unique_ptr<FileView>();
+  }
   // What reads so far had to work around: a missing or corrupt stored
   // piece read instead from a redundant copy or rebuilt from parity, one
   // line per lost file and source ("data-00003.tsr: tensor 'w' ...").

@@ -70,6 +70,23 @@ class NativeReader : public CheckpointReader {
     return Status::Ok();
   }
 
+  Result<std::unique_ptr<FileView>> ViewRegion(size_t index, const Box& region) const override {
+    const TensorEntry& t = manifest_.tensors[index];
+    RETURN_IF_ERROR(CheckReadRegion(strategy_.tensors()[index], "checkpoint '" + dir_ + "'", region));
+    for (const PieceInfo& p : t.pieces) {
+      if (Intersect(p.box, region) != region) continue;
+      // A piece that cannot be read is left to ReadRegion, which reads
+      // around it.
+      Result<const RandomAccessFile*> file = File(p.file);
+      if (!file.ok()) break;
+      Result<std::unique_ptr<FileView>> view =
+          ViewPieceRegion(**file, FilePath(p.file), t.name, p, t.layout.dtype, region);
+      if (view.ok()) return view;
+      break;
+    }
+    return std::unique_ptr<FileView>();
+  }
+
   std::vector<std::string> Recoveries() const override {
     std::lock_guard<std::mutex> lock(mu_);
     return recoveries_;

@@ -70,6 +70,23 @@ std::vector<Box> SplitBox(const Box& box, int64_t es, int64_t max_bytes) {
   return out;
 }
 
+namespace {
+
+// A piece smaller than this is gathered with its neighbours into one slab
+// rather than copied on its own (one write call each).
+constexpr int64_t kDirectMinBytes = int64_t{256} << 10;
+
+// `box`, relative to `base`, in global coordinates.
+Box Shift(const Box& box, const Box& base) {
+  Box out = box;
+  for (int d = 0; d < box.rank(); ++d) {
+    out[d] = {box[d].begin + base[d].begin, box[d].end + base[d].begin};
+  }
+  return out;
+}
+
+}  // namespace
+
 Result<TransformStats> Transform(const CheckpointReader& src, const Strategy& dst,
                                  CheckpointWriter& out, const TransformOptions& options) {
   const auto start = std::chrono::steady_clock::now();
@@ -93,6 +110,7 @@ Result<TransformStats> Transform(const CheckpointReader& src, const Strategy& ds
     size_t tensor;
     int64_t rank;
     Box box;
+    bool direct;  // one source piece's contiguous bytes: try ViewRegion
   };
   std::vector<Item> items;
   TransformStats stats;
@@ -103,10 +121,30 @@ Result<TransformStats> Transform(const CheckpointReader& src, const Strategy& ds
                                   dst.tensors()[i].name + "' where checkpoint '" + src.path() +
                                   "' has '" + from.tensors()[i].name + "'");
     }
+    const int64_t es = DTypeSize(tp.dtype);
+    // Copied without a staging buffer when the source lends its bytes: a
+    // shard whose every piece is one contiguous run of it (rows of a
+    // row-split tensor), in the same coordinates on both sides.
+    const bool same_coords = tp.src_layout.split_shape() == from.tensors()[i].layout.split_shape() &&
+                             tp.src_layout.split_shape() == dst.tensors()[i].layout.split_shape();
     for (const ShardPlan& shard : tp.shards) {
-      for (const Box& slab : SplitBox(shard.shard, DTypeSize(tp.dtype), slab_limit)) {
-        items.push_back({i, shard.dst_rank, slab});
-        stats.bytes += NumElements(slab) * DTypeSize(tp.dtype);
+      const std::vector<int64_t> ext = shard.shard.extents();
+      bool direct = same_coords && shard.copies.size() > 1;
+      for (const PieceCopy& c : shard.copies) {
+        direct = direct && NumElements(c.dst_box) * es >= kDirectMinBytes &&
+                 ByteRuns(ext, c.dst_box, ext, c.dst_box, es).size() == 1;
+      }
+      std::vector<Box> boxes;
+      if (direct) {
+        for (const PieceCopy& c : shard.copies) boxes.push_back(Shift(c.dst_box, shard.shard));
+      } else {
+        boxes.push_back(shard.shard);
+      }
+      for (const Box& box : boxes) {
+        for (const Box& slab : SplitBox(box, es, slab_limit)) {
+          items.push_back({i, shard.dst_rank, slab, direct || shard.copies.size() == 1});
+          stats.bytes += NumElements(slab) * es;
+        }
       }
     }
   }
@@ -122,14 +160,23 @@ Result<TransformStats> Transform(const CheckpointReader& src, const Strategy& ds
     const Item& item = items[k];
     const TensorStrategy& t = dst.tensors()[item.tensor];
     const int64_t bytes = NumElements(item.box) * DTypeSize(t.layout.dtype);
-    ASSIGN_OR_RETURN(auto buf, buffers.Get(bytes, "tensor '" + t.name + "' " + ToString(item.box)));
-    const std::vector<int64_t> extents = item.box.extents();
     // The plan's boxes are over its coordinates (the finer view when the
     // source and destination split different views of the tensor).
     const std::vector<int64_t>& coords = plan.tensors[item.tensor].src_layout.split_shape();
-    RETURN_IF_ERROR(ReadRegionOver(src, item.tensor, coords, item.box, buf.get()));
-    RETURN_IF_ERROR(WritePieceOver(out, t.layout, item.tensor, item.rank, coords, item.box,
-                                   buf.get()));
+    std::unique_ptr<FileView> view;
+    if (item.direct && coords == from.tensors()[item.tensor].layout.split_shape()) {
+      ASSIGN_OR_RETURN(view, src.ViewRegion(item.tensor, item.box));
+    }
+    if (view != nullptr) {
+      RETURN_IF_ERROR(WritePieceOver(out, t.layout, item.tensor, item.rank, coords, item.box,
+                                     view->data()));
+    } else {
+      ASSIGN_OR_RETURN(auto buf,
+                       buffers.Get(bytes, "tensor '" + t.name + "' " + ToString(item.box)));
+      RETURN_IF_ERROR(ReadRegionOver(src, item.tensor, coords, item.box, buf.get()));
+      RETURN_IF_ERROR(WritePieceOver(out, t.layout, item.tensor, item.rank, coords, item.box,
+                                     buf.get()));
+    }
     if (options.progress) {
       std::lock_guard<std::mutex> lock(progress_mu);
       done += bytes;

@@ -33,6 +33,22 @@ class WritableFile {
   virtual Status Close() = 0;
 };
 
+// Bytes of a file lent without a copy (a read-only mapping of the page
+// cache); valid until the view is destroyed.
+class FileView {
+ public:
+  virtual ~FileView() = default;
+  const char* data() const { return data_; }
+  size_t size() const { return size_; }
+
+ protected:
+  FileView(const char* data, size_t size) : data_(data), size_(size) {}
+
+ private:
+  const char* data_;
+  size_t size_;
+};
+
 class RandomAccessFile {
  public:
   virtual ~RandomAccessFile() = default;
@@ -40,6 +56,23 @@ class RandomAccessFile {
   // ends early is a DataLoss error naming the file and the range.
   virtual Status Read(uint64_t offset, size_t size, void* dst) const = 0;
   virtual Result<uint64_t> Size() const = 0;
+  // `size` bytes at `offset` without copying them (PosixEnv maps them), or
+  // null when this file cannot lend its bytes (then Read them). A range past
+  // the end of the file is a DataLoss error, as for Read. The file must not
+  // shrink while a view of it lives (a committed checkpoint never does).
+  virtual Result<std::unique_ptr<FileView>> View(uint64_t /*offset*/, size_t /*size*/) const {
+    return std::unique_ptr<FileView>();
+  }
+};
+
+// A part of another view (which it keeps alive).
+class SubView : public FileView {
+ public:
+  SubView(std::unique_ptr<FileView> whole, size_t offset, size_t size)
+      : FileView(whole->data() + offset, size), whole_(std::move(whole)) {}
+
+ private:
+  std::unique_ptr<FileView> whole_;
 };
 
 class Env {

@@ -163,7 +163,61 @@ Status ReadBlocks(const RandomAccessFile& file, const PieceInfo& piece, uint64_t
   return Status::Ok();
 }
 
+// Blocks [first, last) of a raw piece lent from the file (mapped) and
+// verified; null when the file lends no bytes.
+Result<std::unique_ptr<FileView>> ViewBlocks(const RandomAccessFile& file, const PieceInfo& piece,
+                                             uint64_t first, uint64_t last,
+                                             const std::string& ctx) {
+  const uint64_t begin = first * kChecksumBlock;
+  const uint64_t end = std::min(last * kChecksumBlock, piece.length);
+  Result<std::unique_ptr<FileView>> view = file.View(piece.offset + begin, end - begin);
+  if (!view.ok()) return DataLossError(ctx + ": " + view.status().message());
+  if (*view == nullptr) return view;
+  const char* bytes = (*view)->data();
+  for (uint64_t b = first; b < last; ++b) {
+    const uint64_t off = b * kChecksumBlock - begin;
+    const uint64_t n = std::min<uint64_t>(kChecksumBlock, end - begin - off);
+    if (Xxh3(bytes + off, n) != piece.block_checksums[b]) {
+      return DataLossError(ctx + ": checksum mismatch in block " + std::to_string(b) +
+                           " (corrupt data)");
+    }
+  }
+  return view;
+}
+
 }  // namespace
+
+Result<std::unique_ptr<FileView>> ViewPieceRegion(const RandomAccessFile& file,
+                                                  const std::string& path,
+                                                  const std::string& tensor,
+                                                  const PieceInfo& piece, DType dtype,
+                                                  const Box& region) {
+  if (piece.codec != Codec::kRaw) return std::unique_ptr<FileView>();
+  const int64_t es = DTypeSize(dtype);
+  const std::vector<ByteRun> runs =
+      ByteRuns(piece.box.extents(), RelativeTo(region, piece.box), region.extents(),
+               Box::FromShape(region.extents()), es);
+  if (runs.size() != 1) return std::unique_ptr<FileView>();  // not one contiguous run
+  const ByteRun& r = runs[0];
+  const std::string ctx = PieceContext(path, tensor, piece);
+  if (piece.block_checksums.empty()) {  // a small piece: one checksum, over all of it
+    Result<std::unique_ptr<FileView>> whole = file.View(piece.offset, piece.length);
+    if (!whole.ok()) return DataLossError(ctx + ": " + whole.status().message());
+    if (*whole == nullptr) return whole;
+    if (Xxh3((*whole)->data(), piece.length) != piece.checksum) {
+      return DataLossError(ctx + ": checksum mismatch (corrupt data)");
+    }
+    return std::unique_ptr<FileView>(
+        new SubView(std::move(*whole), static_cast<size_t>(r.src), static_cast<size_t>(r.len)));
+  }
+  const uint64_t first = r.src / kChecksumBlock;
+  const uint64_t last = (r.src + r.len - 1) / kChecksumBlock + 1;
+  ASSIGN_OR_RETURN(std::unique_ptr<FileView> blocks, ViewBlocks(file, piece, first, last, ctx));
+  if (blocks == nullptr) return blocks;
+  return std::unique_ptr<FileView>(
+      new SubView(std::move(blocks), static_cast<size_t>(r.src - first * kChecksumBlock),
+                  static_cast<size_t>(r.len)));
+}
 
 Status ReadPieceRegion(const RandomAccessFile& file, const std::string& path,
                        const std::string& tensor, const PieceInfo& piece, DType dtype,
@@ -193,6 +247,9 @@ Status ReadPieceRegion(const RandomAccessFile& file, const std::string& path,
     }
   }
   std::unique_ptr<char[]> window;  // staged blocks, allocated on first use
+  std::unique_ptr<FileView> view;  // or the same blocks lent by the file
+  bool lends = true;               // until the file says it cannot
+  const char* staged = nullptr;    // blocks [win_first, win_last)
   char* out = static_cast<char*>(dst);
   const uint64_t nblocks = piece.block_checksums.size();
   uint64_t win_first = 0, win_last = 0;  // blocks [win_first, win_last) are in `window`
@@ -215,19 +272,30 @@ Status ReadPieceRegion(const RandomAccessFile& file, const std::string& path,
         }
       }
       if (blk >= win_last) {
-        if (!window) window.reset(new char[kReadWindowBlocks * kChecksumBlock]);
-        // The next window: consecutive touched blocks, at most a few.
+        // The next window: consecutive touched blocks, at most a few; lent
+        // by the file when it can (no staging copy), else read.
         win_first = touched[next];
         win_last = win_first + 1;
         while (++next < touched.size() && touched[next] == win_last &&
                win_last - win_first < kReadWindowBlocks) {
           ++win_last;
         }
-        RETURN_IF_ERROR(ReadBlocks(file, piece, win_first, win_last, window.get(), ctx));
+        view.reset();
+        if (lends) {
+          ASSIGN_OR_RETURN(view, ViewBlocks(file, piece, win_first, win_last, ctx));
+          lends = view != nullptr;
+        }
+        if (view) {
+          staged = view->data();
+        } else {
+          if (!window) window.reset(new char[kReadWindowBlocks * kChecksumBlock]);
+          RETURN_IF_ERROR(ReadBlocks(file, piece, win_first, win_last, window.get(), ctx));
+          staged = window.get();
+        }
       }
       const uint64_t win_end = std::min(win_last * kChecksumBlock, piece.length);
       const uint64_t n = std::min(end, win_end) - pos;
-      std::memcpy(out + r.dst + (pos - r.src), window.get() + (pos - win_first * kChecksumBlock), n);
+      std::memcpy(out + r.dst + (pos - r.src), staged + (pos - win_first * kChecksumBlock), n);
       pos += n;
     }
   }

@@ -76,6 +76,17 @@ Status ReadPieceRegion(const RandomAccessFile& file, const std::string& path,
                        const Box& region, void* dst, const std::vector<int64_t>& dst_extents,
                        const Box& dst_box);
 
+// `region` (inside piece.box) of a raw piece lent by the file without a
+// copy, when its bytes are one contiguous run of the piece and the file can
+// lend them (RandomAccessFile::View); the checksum blocks it touches (or
+// the whole piece, when it has one checksum) are verified. Null otherwise:
+// read it with ReadPieceRegion.
+Result<std::unique_ptr<FileView>> ViewPieceRegion(const RandomAccessFile& file,
+                                                  const std::string& path,
+                                                  const std::string& tensor,
+                                                  const PieceInfo& piece, DType dtype,
+                                                  const Box& region);
+
 // Verifies a piece's stored bytes (checksums, and that encoded pieces
 // decode to their raw length), staging at most 4 MiB at a time for raw ones.
 Status VerifyPiece(const RandomAccessFile& file, const std::string& path,

@@ -2,6 +2,7 @@
 #include <catch2/catch.hpp>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <random>
 #include <nlohmann/json.hpp>
@@ -99,16 +100,37 @@ TEST_CASE("split -> reshard -> reshard -> merge is the identity, raw and zstd") 
   }
 }
 
+// A fresh directory under /tmp, removed afterwards.
+struct TempRoot {
+  std::string path;
+  TempRoot() {
+    char tmpl[] = "/tmp/tessera-ckpt-XXXXXX";
+    path = mkdtemp(tmpl);
+  }
+  ~TempRoot() { (void)DeleteRecursively(Env::Default(), path); }
+};
+
 TEST_CASE("distributed reads: any sub-box of a sliced tensor, only verified bytes") {
   std::mt19937_64 rng(testing::TestSeed() + 32);
-  auto env = NewMemEnv();
+  // In memory the blocks are staged by reads; on disk they are lent by
+  // mappings of the file (RandomAccessFile::View).
+  TempRoot tmp;
+  std::unique_ptr<Env> mem = NewMemEnv();
+  Env* env = mem.get();
+  std::string root = "";
+  SECTION("memory") {}
+  SECTION("posix") {
+    env = Env::Default();
+    root = tmp.path;
+  }
+  const std::string ck = root + "/ck";
   MemoryCheckpoint model = RandomModel(rng, 1, /*big=*/true);  // [611, 1097] f32, 2.6 MiB
   Strategy s(*Mesh::Parse("tp=2"));
   Layout l = model.strategy().tensors()[0].layout;
   l.dim_axes = {{}, {"tp"}};  // column halves: row runs in each piece
   REQUIRE(s.Add({"model.t0", l, {}}).ok());
-  REQUIRE(WriteTransformed(env.get(), model, s, "/ck", Options(Codec::kRaw)).ok());
-  auto r = Open(env.get(), "/ck");
+  REQUIRE(WriteTransformed(env, model, s, ck, Options(Codec::kRaw)).ok());
+  auto r = Open(env, ck);
   const std::vector<int64_t> shape = l.shape;
   for (int iter = 0; iter < 50; ++iter) {
     Box region(2);
@@ -127,16 +149,16 @@ TEST_CASE("distributed reads: any sub-box of a sliced tensor, only verified byte
   // Corrupt one byte near the end of the second file: reads of the first
   // rows still succeed (their blocks verify), reads of the last rows fail
   // naming the file and tensor.
-  auto m = ReadManifest(env.get(), "/ck");
+  auto m = ReadManifest(env, ck);
   REQUIRE(m.ok());
   const PieceInfo& p = m->tensors[0].pieces.back();
   REQUIRE(p.block_checksums.size() > 1);
-  const std::string file = JoinPath("/ck", m->files[p.file].name);
-  auto bytes = ReadFileToString(env.get(), file);
+  const std::string file = JoinPath(ck, m->files[p.file].name);
+  auto bytes = ReadFileToString(env, file);
   REQUIRE(bytes.ok());
   (*bytes)[p.offset + p.length - 10] ^= 0x40;
-  REQUIRE(WriteFileAtomically(env.get(), file, *bytes).ok());
-  auto r2 = Open(env.get(), "/ck");
+  REQUIRE(WriteFileAtomically(env, file, *bytes).ok());
+  auto r2 = Open(env, ck);
   Box top{{0, 10}, {0, shape[1]}}, bottom{{shape[0] - 10, shape[0]}, {0, shape[1]}};
   std::vector<uint8_t> buf(10 * shape[1] * 4);
   REQUIRE(r2->ReadRegion(0, top, buf.data(), top.extents(), Box::FromShape(top.extents())).ok());
@@ -144,6 +166,76 @@ TEST_CASE("distributed reads: any sub-box of a sliced tensor, only verified byte
   REQUIRE(bad.code() == StatusCode::kDataLoss);
   CHECK_THAT(bad.message(), Catch::Contains(file) && Catch::Contains("model.t0") &&
                                 Catch::Contains("checksum"));
+}
+
+TEST_CASE("copies of contiguous pieces are lent by the file, verified, and still fail on damage") {
+  std::mt19937_64 rng(testing::TestSeed() + 34);
+  TempRoot tmp;
+  Env* env = Env::Default();
+  MemoryCheckpoint model = RandomModel(rng, 1, /*big=*/true);  // [611, 1097] f32, 2.6 MiB
+  Strategy rows(*Mesh::Parse("tp=4"));
+  Layout l = model.strategy().tensors()[0].layout;
+  l.dim_axes = {{"tp"}, {}};  // row quarters: each piece one contiguous run
+  REQUIRE(rows.Add({"model.t0", l, {}}).ok());
+  const std::string ck = tmp.path + "/ck";
+  REQUIRE(WriteTransformed(env, model, rows, ck, Options(Codec::kRaw)).ok());
+  auto r = Open(env, ck);
+  const std::vector<int64_t> shape = l.shape;
+  auto want = [&](const Box& region) {
+    std::vector<uint8_t> out(NumElements(region) * 4);
+    CopyBox(model.data(0).data(), shape, region, out.data(), region.extents(),
+            Box::FromShape(region.extents()), 4);
+    return out;
+  };
+  // Rows inside one piece: lent, and equal to the data.
+  const Box inside{{5, 100}, {0, shape[1]}};
+  auto view = r->ViewRegion(0, inside);
+  REQUIRE(view.ok());
+  REQUIRE(*view != nullptr);
+  const std::vector<uint8_t> expect = want(inside);
+  REQUIRE((*view)->size() == expect.size());
+  CHECK(std::memcmp((*view)->data(), expect.data(), expect.size()) == 0);
+  // Across two pieces, or part of each row: not one run, so not lent.
+  CHECK(*r->ViewRegion(0, Box{{100, 200}, {0, shape[1]}}) == nullptr);
+  CHECK(*r->ViewRegion(0, Box{{5, 100}, {1, shape[1]}}) == nullptr);
+  // In memory nothing is lent.
+  auto mem = NewMemEnv();
+  REQUIRE(WriteTransformed(mem.get(), model, rows, "/ck", Options(Codec::kRaw)).ok());
+  CHECK(*Open(mem.get(), "/ck")->ViewRegion(0, inside) == nullptr);
+
+  // The merge copies the pieces through the mappings, into every format.
+  for (const Format format : {Format::kNative, Format::kSafetensors}) {
+    WriteOptions o = Options(Codec::kRaw);
+    o.format = format;
+    const std::string out = tmp.path + (format == Format::kNative ? "/m" : "/m.safetensors");
+    REQUIRE(WriteTransformed(env, *r, MergedStrategy(r->strategy()), out, o).ok());
+    RequireSameContents(*Open(env, out), model);
+  }
+  // A flipped byte in the third piece fails the merge, naming the file and
+  // tensor, and leaves no output.
+  auto m = ReadManifest(env, ck);
+  REQUIRE(m.ok());
+  const PieceInfo& p = m->tensors[0].pieces[2];
+  const std::string file = JoinPath(ck, m->files[p.file].name);
+  auto bytes = ReadFileToString(env, file);
+  REQUIRE(bytes.ok());
+  (*bytes)[p.offset + p.length / 2] ^= 0x10;
+  REQUIRE(WriteFileAtomically(env, file, *bytes).ok());
+  auto damaged = Open(env, ck);
+  WriteOptions o = Options(Codec::kRaw);
+  o.format = Format::kSafetensors;
+  auto merged = WriteTransformed(env, *damaged, MergedStrategy(damaged->strategy()),
+                                 tmp.path + "/bad.safetensors", o);
+  REQUIRE_FALSE(merged.ok());
+  CHECK(merged.status().code() == StatusCode::kDataLoss);
+  CHECK_THAT(merged.status().message(), Catch::Contains(file) && Catch::Contains("model.t0") &&
+                                            Catch::Contains("checksum mismatch"));
+  CHECK_FALSE(env->FileExists(tmp.path + "/bad.safetensors"));
+  const Box in_bad{{p.box[0].begin + 1, p.box[0].end}, {0, shape[1]}};
+  // Damaged bytes are not lent: ReadRegion then reads around them or names them.
+  auto bad_view = damaged->ViewRegion(0, in_bad);
+  REQUIRE(bad_view.ok());
+  CHECK(*bad_view == nullptr);
 }
 
 // A checkpoint on the real file system, for damage tests.

@@ -78,6 +78,37 @@ TEST_CASE("PosixEnv and MemEnv behave alike") {
   }
 }
 
+TEST_CASE("PosixEnv lends a file's bytes through a mapping; MemEnv reads them") {
+  TempDir tmp;
+  REQUIRE_FALSE(tmp.path().empty());
+  std::string data(3 * 4096 + 100, 0);
+  for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<char>(i * 7 + 3);
+  const std::string f = JoinPath(tmp.path(), "data.bin");
+  REQUIRE(WriteAll(Env::Default(), f, data, true).ok());
+  auto r = Env::Default()->NewRandomAccessFile(f);
+  REQUIRE(r.ok());
+  for (auto [offset, size] : {std::pair<uint64_t, size_t>{0, data.size()}, {4095, 2}, {5000, 7388}}) {
+    auto view = (*r)->View(offset, size);
+    REQUIRE(view.ok());
+    REQUIRE(*view != nullptr);
+    REQUIRE((*view)->size() == size);
+    CHECK(std::string((*view)->data(), size) == data.substr(offset, size));
+    SubView part(std::move(*view), 1, size - 1);  // keeps the mapping alive
+    CHECK(std::string(part.data(), part.size()) == data.substr(offset + 1, size - 1));
+  }
+  auto past = (*r)->View(data.size() - 10, 11);
+  REQUIRE_FALSE(past.ok());
+  CHECK(past.status().code() == StatusCode::kDataLoss);
+  CHECK(past.status().message().find(f) != std::string::npos);
+  auto mem = NewMemEnv();
+  REQUIRE(WriteAll(mem.get(), "/data.bin", data, true).ok());
+  auto m = mem->NewRandomAccessFile("/data.bin");
+  REQUIRE(m.ok());
+  auto none = (*m)->View(0, 10);
+  REQUIRE(none.ok());
+  CHECK(*none == nullptr);
+}
+
 TEST_CASE("FaultInjectionEnv drops unsynced data and undurable files on a crash") {
   auto mem = NewMemEnv();
   FaultInjectionEnv env(mem.get());
