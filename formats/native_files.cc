@@ -119,14 +119,19 @@ std::string PieceContext(const std::string& path, const std::string& tensor, con
 }
 
 // Reads the stored bytes of `piece` into `dst` and checks their checksum.
+// Checks a piece's stored bytes against its one checksum.
+Status CheckStored(const PieceInfo& piece, const void* stored, const std::string& ctx) {
+  if (Xxh3(stored, piece.length) != piece.checksum) {
+    return DataLossError(ctx + ": checksum mismatch (corrupt data)");
+  }
+  return Status::Ok();
+}
+
 Status ReadStored(const RandomAccessFile& file, const PieceInfo& piece, void* dst,
                   const std::string& ctx) {
   Status s = file.Read(piece.offset, piece.length, dst);
   if (!s.ok()) return DataLossError(ctx + ": " + s.message());
-  if (Xxh3(dst, piece.length) != piece.checksum) {
-    return DataLossError(ctx + ": checksum mismatch (corrupt data)");
-  }
-  return Status::Ok();
+  return CheckStored(piece, dst, ctx);
 }
 
 }  // namespace
@@ -145,35 +150,15 @@ namespace {
 
 constexpr uint64_t kReadWindowBlocks = 4;  // a partial read stages at most 4 MiB
 
-// Reads blocks [first, last) of a raw piece into `buf` and checks each one.
-Status ReadBlocks(const RandomAccessFile& file, const PieceInfo& piece, uint64_t first,
-                  uint64_t last, char* buf, const std::string& ctx) {
-  const uint64_t begin = first * kChecksumBlock;
-  const uint64_t end = std::min(last * kChecksumBlock, piece.length);
-  Status s = file.Read(piece.offset + begin, end - begin, buf);
-  if (!s.ok()) return DataLossError(ctx + ": " + s.message());
-  for (uint64_t b = first; b < last; ++b) {
-    const uint64_t off = b * kChecksumBlock - begin;
-    const uint64_t n = std::min<uint64_t>(kChecksumBlock, end - begin - off);
-    if (Xxh3(buf + off, n) != piece.block_checksums[b]) {
-      return DataLossError(ctx + ": checksum mismatch in block " + std::to_string(b) +
-                           " (corrupt data)");
-    }
-  }
-  return Status::Ok();
+// The stored byte range [begin, end) of blocks [first, last) of a piece.
+std::pair<uint64_t, uint64_t> BlockRange(const PieceInfo& piece, uint64_t first, uint64_t last) {
+  return {first * kChecksumBlock, std::min(last * kChecksumBlock, piece.length)};
 }
 
-// Blocks [first, last) of a raw piece lent from the file (mapped) and
-// verified; null when the file lends no bytes.
-Result<std::unique_ptr<FileView>> ViewBlocks(const RandomAccessFile& file, const PieceInfo& piece,
-                                             uint64_t first, uint64_t last,
-                                             const std::string& ctx) {
-  const uint64_t begin = first * kChecksumBlock;
-  const uint64_t end = std::min(last * kChecksumBlock, piece.length);
-  Result<std::unique_ptr<FileView>> view = file.View(piece.offset + begin, end - begin);
-  if (!view.ok()) return DataLossError(ctx + ": " + view.status().message());
-  if (*view == nullptr) return view;
-  const char* bytes = (*view)->data();
+// Checks blocks [first, last) of a raw piece, whose bytes start at `bytes`.
+Status CheckBlocks(const PieceInfo& piece, uint64_t first, uint64_t last, const char* bytes,
+                   const std::string& ctx) {
+  const auto [begin, end] = BlockRange(piece, first, last);
   for (uint64_t b = first; b < last; ++b) {
     const uint64_t off = b * kChecksumBlock - begin;
     const uint64_t n = std::min<uint64_t>(kChecksumBlock, end - begin - off);
@@ -182,6 +167,27 @@ Result<std::unique_ptr<FileView>> ViewBlocks(const RandomAccessFile& file, const
                            " (corrupt data)");
     }
   }
+  return Status::Ok();
+}
+
+// Reads blocks [first, last) of a raw piece into `buf` and checks each one.
+Status ReadBlocks(const RandomAccessFile& file, const PieceInfo& piece, uint64_t first,
+                  uint64_t last, char* buf, const std::string& ctx) {
+  const auto [begin, end] = BlockRange(piece, first, last);
+  Status s = file.Read(piece.offset + begin, end - begin, buf);
+  if (!s.ok()) return DataLossError(ctx + ": " + s.message());
+  return CheckBlocks(piece, first, last, buf, ctx);
+}
+
+// Blocks [first, last) of a raw piece lent from the file (mapped) and
+// verified; null when the file lends no bytes.
+Result<std::unique_ptr<FileView>> ViewBlocks(const RandomAccessFile& file, const PieceInfo& piece,
+                                             uint64_t first, uint64_t last,
+                                             const std::string& ctx) {
+  const auto [begin, end] = BlockRange(piece, first, last);
+  Result<std::unique_ptr<FileView>> view = file.View(piece.offset + begin, end - begin);
+  if (!view.ok()) return DataLossError(ctx + ": " + view.status().message());
+  if (*view != nullptr) RETURN_IF_ERROR(CheckBlocks(piece, first, last, (*view)->data(), ctx));
   return view;
 }
 
@@ -204,9 +210,7 @@ Result<std::unique_ptr<FileView>> ViewPieceRegion(const RandomAccessFile& file,
     Result<std::unique_ptr<FileView>> whole = file.View(piece.offset, piece.length);
     if (!whole.ok()) return DataLossError(ctx + ": " + whole.status().message());
     if (*whole == nullptr) return whole;
-    if (Xxh3((*whole)->data(), piece.length) != piece.checksum) {
-      return DataLossError(ctx + ": checksum mismatch (corrupt data)");
-    }
+    RETURN_IF_ERROR(CheckStored(piece, (*whole)->data(), ctx));
     return std::unique_ptr<FileView>(
         new SubView(std::move(*whole), static_cast<size_t>(r.src), static_cast<size_t>(r.len)));
   }
