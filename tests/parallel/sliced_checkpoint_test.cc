@@ -3,6 +3,7 @@
 // back whole, and a rank that fails leaves nothing at the path.
 #include "runtime/sliced_checkpoint.h"
 
+#include <functional>
 #include <mutex>
 #include <numeric>
 
@@ -52,6 +53,19 @@ std::vector<std::string> ReadAllBack(Env* env, const std::string& path,
   return (*reader)->Recoveries();
 }
 
+// Runs `body` on 4 in-process ranks and returns what each rank set as its
+// result (the outcome under test); an error `body` itself returns fails
+// the test.
+std::vector<Status> RankResults(const std::function<Status(Communicator&, Status*)>& body) {
+  std::vector<Status> results(4);  // each rank sets only its own
+  const Status s = RunInProcess(4, [&](Communicator& world) {
+    return body(world, &results[world.rank()]);
+  });
+  INFO(s.ToString());
+  REQUIRE(s.ok());
+  return results;
+}
+
 TEST_CASE("sliced checkpoint: every rank writes its pieces once, the whole reads back") {
   auto env = NewMemEnv();
   REQUIRE(env->CreateDirs("/ck").ok());
@@ -93,9 +107,7 @@ TEST_CASE("sliced checkpoint: a rank that fails aborts the save everywhere") {
   auto env = NewMemEnv();
   REQUIRE(env->CreateDirs("/ck").ok());
   const Strategy strategy = ThreeTensors();
-  std::vector<Status> results(4);
-  std::mutex mu;
-  const Status s = RunInProcess(4, [&](Communicator& world) -> Status {
+  const std::vector<Status> results = RankResults([&](Communicator& world, Status* result) -> Status {
     ASSIGN_OR_RETURN(auto writer, SlicedCheckpointWriter::Create(env.get(), world, "/ck/step-2",
                                                                  strategy, {2, {}, "test"}));
     ASSIGN_OR_RETURN(std::vector<PieceToWrite> pieces, PiecesToWrite(strategy, world.rank()));
@@ -105,12 +117,9 @@ TEST_CASE("sliced checkpoint: a rank that fails aborts the save everywhere") {
       if (world.rank() == 2) box[0].end += 100;  // outside the tensor
       (void)writer->WritePiece(p.tensor, box, data.data());
     }
-    const Status committed = writer->Commit();
-    std::lock_guard<std::mutex> lock(mu);
-    results[world.rank()] = committed;
+    *result = writer->Commit();
     return Status::Ok();
   });
-  REQUIRE(s.ok());
   for (int r = 0; r < 4; ++r) {
     INFO("rank " << r << ": " << results[r].ToString());
     CHECK_FALSE(results[r].ok());
@@ -126,9 +135,7 @@ TEST_CASE("sliced checkpoint: a piece the plan gives another rank is refused") {
   auto env = NewMemEnv();
   REQUIRE(env->CreateDirs("/ck").ok());
   const Strategy strategy = ThreeTensors();
-  std::vector<Status> results(4);
-  std::mutex mu;
-  const Status s = RunInProcess(4, [&](Communicator& world) -> Status {
+  const std::vector<Status> results = RankResults([&](Communicator& world, Status* result) -> Status {
     ASSIGN_OR_RETURN(auto writer, SlicedCheckpointWriter::Create(env.get(), world, "/ck/step-3",
                                                                  strategy, {3, {}, "test"}));
     // Rank 1 writes rank 0's pieces instead of its own.
@@ -139,11 +146,9 @@ TEST_CASE("sliced checkpoint: a piece the plan gives another rank is refused") {
       if (wrote.ok()) wrote = writer->WritePiece(p.tensor, p.box, data.data());
     }
     const Status committed = writer->Commit();
-    std::lock_guard<std::mutex> lock(mu);
-    results[world.rank()] = wrote.ok() ? committed : wrote;
+    *result = wrote.ok() ? committed : wrote;
     return Status::Ok();
   });
-  REQUIRE(s.ok());
   CHECK_THAT(results[1].message(), Catch::Contains("is not one rank 1 writes"));
   for (int r : {0, 2, 3}) CHECK_THAT(results[r].message(), Catch::Contains("rank(s) 1 failed"));
   CHECK_FALSE(env->FileExists("/ck/step-3"));
@@ -404,9 +409,7 @@ TEST_CASE("async sliced save: a failed background write fails the commit on ever
   FaultInjectionEnv env(mem.get());
   const Strategy strategy = ThreeTensors();
   const std::vector<std::vector<float>> full = {Values(32, 0), Values(6, 100), Values(8, 200)};
-  std::vector<Status> results(4);
-  std::mutex mu;
-  const Status s = RunInProcess(4, [&](Communicator& world) -> Status {
+  const std::vector<Status> results = RankResults([&](Communicator& world, Status* result) -> Status {
     AsyncSlicedSave save(&env, world);
     std::vector<std::vector<float>> store;
     store.reserve(16);
@@ -418,13 +421,9 @@ TEST_CASE("async sliced save: a failed background write fails the commit on ever
                                    -> Result<std::vector<LocalPiece>> {
                                  return Pieces(strategy, mine, full, &store);
                                }));
-    const Result<bool> committed = save.Poll(/*wait=*/true);
-    std::lock_guard<std::mutex> lock(mu);
-    results[world.rank()] = committed.status();
+    *result = save.Poll(/*wait=*/true).status();
     return Status::Ok();
   });
-  INFO(s.ToString());
-  REQUIRE(s.ok());
   for (int r = 0; r < 4; ++r) {
     INFO("rank " << r << ": " << results[r].ToString());
     CHECK_FALSE(results[r].ok());
