@@ -1,6 +1,7 @@
 #include "ckpt/inspect.h"
 
 #include "core/byte_size.h"
+#include "core/utf8.h"
 
 #include <algorithm>
 #include <nlohmann/json.hpp>
@@ -34,6 +35,22 @@ std::string PlacementString(const Layout& layout) {
   return out.empty() ? "replicated" : out;
 }
 
+namespace {
+
+// Whether a metadata value is text to show: UTF-8 without control
+// characters other than tab.
+bool IsText(const std::string& v) {
+  if (!IsUtf8(v)) return false;
+  for (unsigned char c : v) {
+    if ((c < 0x20 && c != '\t') || c == 0x7f) return false;
+  }
+  return true;
+}
+
+constexpr size_t kShownValueBytes = 60;
+
+}  // namespace
+
 std::string InspectText(const CheckpointReader& r) {
   const auto& tensors = r.strategy().tensors();
   int64_t bytes = 0, stored = 0, pieces = 0;
@@ -60,7 +77,13 @@ std::string InspectText(const CheckpointReader& r) {
       << " pieces, " << HumanBytes(stored) << " stored\n";
   if (!r.meta().metadata.empty()) {
     out << "metadata   ";
-    for (const auto& [k, v] : r.meta().metadata) out << " " << k << " (" << v.size() << " B)";
+    for (const auto& [k, v] : r.meta().metadata) {
+      if (IsText(v) && v.size() <= kShownValueBytes) {
+        out << " " << k << "=\"" << v << "\"";
+      } else {
+        out << " " << k << " (" << v.size() << " B)";
+      }
+    }
     out << "\n";
   }
   out << "\n";
@@ -93,7 +116,11 @@ std::string InspectJson(const CheckpointReader& r) {
   for (int a = 0; a < m.ndim(); ++a) mesh[m.axis_name(a)] = m.axis_size(a);
   j["mesh"] = mesh;
   json keys = json::array();
-  for (const auto& [k, v] : r.meta().metadata) keys.push_back({{"key", k}, {"bytes", v.size()}});
+  for (const auto& [k, v] : r.meta().metadata) {
+    json entry = {{"key", IsUtf8(k) ? k : std::string("(not UTF-8)")}, {"bytes", v.size()}};
+    if (IsUtf8(v)) entry["text"] = v;
+    keys.push_back(std::move(entry));
+  }
   j["metadata"] = keys;
   json tensors = json::array();
   const auto& ts = r.strategy().tensors();
