@@ -3,7 +3,6 @@
 namespace tessera {
 namespace {
 
-constexpr char kStepKey[] = "tessera.step";
 constexpr char kCreatedByKey[] = "tessera.created_by";
 constexpr char kMetaKey[] = "tessera.meta.";
 constexpr char kMetaHexKey[] = "tessera.meta_hex.";
@@ -43,21 +42,23 @@ Result<std::string> FromHex(const std::string& s) {
 
 }  // namespace
 
+std::pair<std::string, std::string> MetaAttribute(const std::string& key, const std::string& value,
+                                                  bool hex) {
+  if (hex) return {kMetaHexKey + key, ToHex(value)};
+  return {kMetaKey + key, value};
+}
+
 std::map<std::string, std::string> EncodeMetaAttributes(const Strategy& strategy,
                                                         const CheckpointMeta& meta,
                                                         bool text_only) {
   std::map<std::string, std::string> m;
   m[kStrategyAttribute] = StrategyToJson(strategy);
-  m[kStepKey] = std::to_string(meta.step);
+  m[kStepAttribute] = std::to_string(meta.step);
   if (!meta.created_by.empty() && (!text_only || Printable(meta.created_by))) {
     m[kCreatedByKey] = meta.created_by;
   }
   for (const auto& [key, value] : meta.metadata) {
-    if (!text_only || Printable(value)) {
-      m[kMetaKey + key] = value;
-    } else {
-      m[kMetaHexKey + key] = ToHex(value);
-    }
+    m.insert(MetaAttribute(key, value, /*hex=*/text_only && !Printable(value)));
   }
   return m;
 }
@@ -66,7 +67,7 @@ Status DecodeMetaAttributes(const std::string& where,
                             const std::map<std::string, std::string>& attributes,
                             CheckpointMeta* meta) {
   for (const auto& [key, value] : attributes) {
-    if (key == kStepKey) {
+    if (key == kStepAttribute) {
       try {
         meta->step = std::stoll(value);
       } catch (...) {

@@ -9,6 +9,7 @@
 
 #include <map>
 #include <string>
+#include <utility>
 
 #include "ckpt/checkpoint.h"
 #include "transform/strategy.h"
@@ -16,6 +17,12 @@
 namespace tessera {
 
 inline constexpr char kStrategyAttribute[] = "tessera.strategy";
+inline constexpr char kStepAttribute[] = "tessera.step";
+
+// One metadata entry as an attribute: ("tessera.meta.<key>", value), or
+// with `hex` ("tessera.meta_hex.<key>", lowercase hex of value).
+std::pair<std::string, std::string> MetaAttribute(const std::string& key, const std::string& value,
+                                                  bool hex);
 
 // `text_only`: values that are not printable text are hex-encoded, and a
 // creator that is not is left out (safetensors' header holds JSON strings).

@@ -4,6 +4,8 @@
 #include <map>
 
 #include "ckpt/dense.h"
+#include "ckpt/meta_attributes.h"
+#include "core/utf8.h"
 #include "transform/mindspore_layout.h"
 
 namespace tessera {
@@ -117,7 +119,6 @@ Result<std::vector<int64_t>> GlobalShape(const std::string& name, const Entry& e
                        ShapeToString(local) + " that its strategy cannot produce");
 }
 
-// A rank's records, grouped by tag (a tag's records are consecutive).
 struct Stored {
   std::string tag;
   DType dtype = DType::kF32;
@@ -127,12 +128,34 @@ struct Stored {
   std::vector<int64_t> local;  // the shape the dims stand for (LocalShape)
 };
 
-Result<std::vector<Stored>> GroupRecords(const MindSporeFile& f, uint32_t file_index,
-                                         const std::string& path) {
+// A rank's records, grouped by tag (a tag's records are consecutive); its
+// strings (append_dict's) go to `strings`, tag -> text.
+Result<std::vector<Stored>> GroupRecords(const RandomAccessFile& file, const MindSporeFile& f,
+                                         uint32_t file_index, const std::string& path,
+                                         std::map<std::string, std::string>* strings) {
   std::vector<Stored> out;
   std::map<std::string, bool> done;
   for (const MindSporeRecord& r : f.records) {
-    if (r.type == "str") continue;  // append_dict strings: not tensors
+    if (r.type == kMindSporeStringType) {
+      auto bad = [&](const std::string& what) {
+        return DataLossError("MindSpore checkpoint '" + path + "': string '" + r.tag + "': " + what);
+      };
+      if (done.count(r.tag) || strings->count(r.tag)) return bad("the tag appears twice");
+      if (r.content_size > kMindSporeMaxStringBytes) {
+        return bad(std::to_string(r.content_size) + " bytes, more than the " +
+                   std::to_string(kMindSporeMaxStringBytes) + " Tessera reads");
+      }
+      std::string content(r.content_size, '\0');
+      RETURN_IF_ERROR(file.Read(r.content_offset, r.content_size, content.data()));
+      auto text = MindSporeStringValue(content);
+      if (!text.ok()) return bad(text.status().message());
+      (*strings)[r.tag] = std::move(*text);
+      continue;
+    }
+    if (strings->count(r.tag)) {
+      return DataLossError("MindSpore checkpoint '" + path + "': tag '" + r.tag +
+                           "' is both a string and a tensor");
+    }
     if (!out.empty() && out.back().tag == r.tag) {
       if (r.dims != out.back().dims || r.type != MindSporeDTypeName(out.back().dtype)) {
         return DataLossError("MindSpore checkpoint '" + path + "': the records of tensor '" + r.tag +
@@ -179,6 +202,52 @@ Result<std::vector<int64_t>> LocalShape(const Stored& s, const std::string& path
                          std::to_string(n * es) + " expected)");
   }
   return shape;
+}
+
+// append_dict strings are the checkpoint's metadata; those Tessera wrote
+// ("tessera.step", "tessera.meta.<key>", ...) are decoded as in the other
+// formats' attributes.
+constexpr char kTesseraPrefix[] = "tessera.";
+
+Status StringsToMeta(const std::map<std::string, std::string>& strings, const std::string& where,
+                     CheckpointMeta* meta) {
+  std::map<std::string, std::string> ours;
+  for (const auto& [tag, text] : strings) {
+    if (tag.rfind(kTesseraPrefix, 0) == 0) {
+      ours[tag] = text;
+    } else {
+      meta->metadata[tag] = text;
+    }
+  }
+  return DecodeMetaAttributes(where, ours, meta);
+}
+
+// The string records of a whole-tensor .ckpt: the step (when not 0) and
+// every metadata key, under its own name when that is free (not a tensor,
+// not "tessera.*") and its value is UTF-8 text, else as its attribute
+// (meta_attributes.h: "tessera.meta.<key>", or in hex when the value is
+// not UTF-8 or ends in NUL, which numpy strips).
+Result<std::vector<std::string>> MetaToStringRecords(const Strategy& strategy,
+                                                     const CheckpointMeta& meta,
+                                                     const std::string& where) {
+  std::vector<std::pair<std::string, std::string>> strings;  // tag, text
+  if (meta.step != 0) strings.push_back({kStepAttribute, std::to_string(meta.step)});
+  for (const auto& [key, value] : meta.metadata) {
+    // A string's trailing NULs do not survive numpy: such values go as hex.
+    const bool text = IsUtf8(value) && (value.empty() || value.back() != '\0');
+    if (text && key.rfind(kTesseraPrefix, 0) != 0 && strategy.Find(key) == nullptr) {
+      strings.push_back({key, value});
+    } else {
+      strings.push_back(MetaAttribute(key, value, /*hex=*/!text));
+    }
+  }
+  std::vector<std::string> out;
+  for (const auto& [tag, text] : strings) {
+    auto record = MindSporeStringRecord(tag, text);
+    if (!record.ok()) return record.status().Annotate(where + ": metadata '" + tag + "'");
+    out.push_back(std::move(*record));
+  }
+  return out;
 }
 
 bool EndsWith(const std::string& s, const std::string& tail) {
@@ -310,13 +379,18 @@ Result<std::unique_ptr<CheckpointReader>> OpenMindSporeCheckpoint(
   c.path = path;
   c.format = "mindspore";
   std::vector<std::vector<Stored>> stored;  // per rank
+  std::map<std::string, std::string> strings;  // of the lowest rank holding each
   for (const auto& [rank, file] : rank_files) {
     ASSIGN_OR_RETURN(auto f, env->NewRandomAccessFile(file));
     ASSIGN_OR_RETURN(MindSporeFile scanned, ScanMindSporeCkpt(*f, file));
-    ASSIGN_OR_RETURN(auto groups, GroupRecords(scanned, static_cast<uint32_t>(c.files.size()), file));
+    std::map<std::string, std::string> rank_strings;
+    ASSIGN_OR_RETURN(auto groups, GroupRecords(*f, scanned, static_cast<uint32_t>(c.files.size()),
+                                               file, &rank_strings));
+    strings.insert(rank_strings.begin(), rank_strings.end());
     c.files.push_back(file);
     stored.push_back(std::move(groups));
   }
+  RETURN_IF_ERROR(StringsToMeta(strings, "MindSpore checkpoint '" + path + "'", &c.meta));
   // Every tensor once, in order of first appearance, with a rank holding it.
   Strategy tensors(*Mesh::Create({"r"}, {1}));
   std::map<std::string, std::pair<int64_t, std::vector<int64_t>>> first;  // rank, local shape
@@ -375,7 +449,7 @@ Result<std::unique_ptr<CheckpointReader>> OpenMindSporeCheckpoint(
 }
 
 Result<std::unique_ptr<CheckpointWriter>> CreateMindSporeCheckpoint(
-    Env* env, const std::string& path, const Strategy& strategy,
+    Env* env, const std::string& path, const Strategy& strategy, const CheckpointMeta& meta,
     const MindSporeWriteOptions& options) {
   if (options.chunk_bytes == 0) return InvalidArgumentError("MindSpore output: chunk size 0");
   if (options.prefix.find('/') != std::string::npos) {
@@ -432,6 +506,15 @@ Result<std::unique_ptr<CheckpointWriter>> CreateMindSporeCheckpoint(
         done += n;
       } while (done < bytes);
       plan.blocks[i].push_back(std::move(block));
+    }
+    if (single) {  // after the tensors, as save_checkpoint appends append_dict
+      ASSIGN_OR_RETURN(std::vector<std::string> strings,
+                       MetaToStringRecords(strategy, meta, "MindSpore output '" + path + "'"));
+      for (std::string& record : strings) {
+        const uint64_t n = record.size();
+        file.fixed.push_back({pos, std::move(record)});
+        pos += n;
+      }
     }
     file.size = pos;
     plan.files.push_back(std::move(file));

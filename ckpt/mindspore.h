@@ -36,7 +36,9 @@ Result<Strategy> MindSporeToStrategy(const std::vector<MindSporeStrategyFile>& f
 // written in this form). Fails naming a tensor MindSpore cannot express.
 Result<MindSporeStrategyFile> StrategyToMindSpore(const Strategy& strategy);
 
-// Opens a .ckpt file or a distributed directory. `strategy` (a strategy
+// Opens a .ckpt file or a distributed directory. Its strings (append_dict)
+// are the metadata (of the lowest rank holding each); "tessera.*" strings
+// are decoded as written below. `strategy` (a strategy
 // file or directory) is required for a directory of several ranks; the
 // error without it ends with `(strategy_hint)` when one is given (how the
 // caller names that option).
@@ -51,12 +53,17 @@ struct MindSporeWriteOptions {
 };
 
 // A path ending in ".ckpt" is one file of whole tensors (the strategy must
-// hold every tensor whole); any other path is a directory with
-// rank_<r>/<prefix><r>.ckpt for every rank of the strategy, each holding
-// that rank's slice of every tensor it holds, in strategy order, as
-// transform_checkpoints writes.
+// hold every tensor whole), followed by `meta` as append_dict strings: each
+// metadata key under its own name (or "tessera.meta.<key>" when that is a
+// tensor's name or starts with "tessera.", "tessera.meta_hex.<key>" in hex
+// when the value is not UTF-8 or ends in NUL) and a step other than 0 as
+// "tessera.step".
+// Any other path is a directory with rank_<r>/<prefix><r>.ckpt for every
+// rank of the strategy, each holding that rank's slice of every tensor it
+// holds, in strategy order, as transform_checkpoints writes: tensors only
+// (transform_checkpoints writes no strings, and fails on reading one).
 Result<std::unique_ptr<CheckpointWriter>> CreateMindSporeCheckpoint(
-    Env* env, const std::string& path, const Strategy& strategy,
+    Env* env, const std::string& path, const Strategy& strategy, const CheckpointMeta& meta,
     const MindSporeWriteOptions& options);
 
 // By content: a .ckpt file, or a directory with rank_0/ holding one.

@@ -92,7 +92,7 @@ Result<TransformStats> WriteTransformed(Env* env, const CheckpointReader& src, c
     case Format::kMindSpore: {
       MindSporeWriteOptions o = options.mindspore;
       o.overwrite = options.native.overwrite;
-      ASSIGN_OR_RETURN(writer, CreateMindSporeCheckpoint(env, out_path, complete, o));
+      ASSIGN_OR_RETURN(writer, CreateMindSporeCheckpoint(env, out_path, complete, meta, o));
       break;
     }
   }

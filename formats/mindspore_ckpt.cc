@@ -5,6 +5,7 @@
 #include <memory>
 
 #include "core/checksum.h"
+#include "core/utf8.h"
 
 namespace tessera {
 namespace {
@@ -281,6 +282,32 @@ std::string MindSporeRecordHeader(std::string_view tag, const std::vector<int64_
 
 std::vector<int64_t> MindSporeDims(const std::vector<int64_t>& shape) {
   return shape.empty() ? std::vector<int64_t>{0} : shape;
+}
+
+Result<std::string> MindSporeStringValue(std::string_view content) {
+  if (content.size() % 4 != 0) {
+    return InvalidArgumentError("a string of " + std::to_string(content.size()) +
+                                " bytes, not whole UTF-32 code points");
+  }
+  std::u32string points(content.size() / 4, U'\0');
+  for (size_t i = 0; i < points.size(); ++i) {
+    const auto* b = reinterpret_cast<const unsigned char*>(content.data() + 4 * i);
+    points[i] = b[0] | (char32_t{b[1]} << 8) | (char32_t{b[2]} << 16) | (char32_t{b[3]} << 24);
+  }
+  while (!points.empty() && points.back() == 0) points.pop_back();  // as numpy does
+  return EncodeUtf8(points);
+}
+
+Result<std::string> MindSporeStringRecord(std::string_view tag, std::string_view utf8) {
+  ASSIGN_OR_RETURN(std::u32string points, DecodeUtf8(utf8));
+  if (points.empty()) points.push_back(0);  // numpy's '<U1' for ""
+  std::string content;
+  for (char32_t c : points) {
+    for (int k = 0; k < 4; ++k) content.push_back(static_cast<char>((c >> (8 * k)) & 0xff));
+  }
+  std::string out = MindSporeRecordHeader(tag, {0}, kMindSporeStringType, content.size());
+  out += content;
+  return out;
 }
 
 }  // namespace tessera

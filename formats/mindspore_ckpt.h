@@ -8,6 +8,10 @@
 // a scalar has dims [0]; a tensor of more than 512 MiB is cut into records
 // of 512 MiB of bytes with the same tag and the full dims; optionally the
 // trailer "crc_num" + 10-byte big-endian CRC-32 of everything before.
+// A string of save_checkpoint's `append_dict` is a record of type "str",
+// dims [0], whose content is numpy's '<U' form of the string: UTF-32LE code
+// points, at least one (an empty string is one NUL), trailing NULs dropped
+// on load.
 #ifndef TESSERA_FORMATS_MINDSPORE_CKPT_H_
 #define TESSERA_FORMATS_MINDSPORE_CKPT_H_
 
@@ -59,6 +63,19 @@ std::string MindSporeRecordHeader(std::string_view tag, const std::vector<int64_
 
 // The dims MindSpore records for a shape: [0] for a scalar.
 std::vector<int64_t> MindSporeDims(const std::vector<int64_t>& shape);
+
+inline constexpr std::string_view kMindSporeStringType = "str";
+// Strings longer than this are refused (a hostile record never causes a
+// huge allocation).
+inline constexpr uint64_t kMindSporeMaxStringBytes = uint64_t{16} << 20;
+
+// The UTF-8 text of a "str" record's content. Fails (saying why) on a size
+// that is not a multiple of 4 or a code point that is not a Unicode scalar.
+Result<std::string> MindSporeStringValue(std::string_view content);
+
+// The whole record MindSpore writes for string `utf8` under `tag`. Fails
+// when `utf8` is not valid UTF-8 (core/utf8.h's IsUtf8 says beforehand).
+Result<std::string> MindSporeStringRecord(std::string_view tag, std::string_view utf8);
 
 }  // namespace tessera
 

@@ -11,6 +11,7 @@
 #include "ckpt/inspect.h"
 #include "ckpt/ops.h"
 #include "ckpt/verify.h"
+#include "formats/mindspore_ckpt.h"
 #include "formats/native_files.h"
 #include "tests/ckpt/memory_checkpoint.h"
 #include "tests/test_util.h"
@@ -439,6 +440,8 @@ TEST_CASE("inspect shows every tensor, as text and as JSON") {
   std::mt19937_64 rng(testing::TestSeed() + 37);
   auto env = NewMemEnv();
   MemoryCheckpoint model = RandomModel(rng, 5);
+  model.mutable_meta().metadata["run"] = "gpt-small \xe2\x9c\x93";
+  model.mutable_meta().metadata["blob"] = "\xff\xfe";
   Strategy s(*Mesh::Parse("dp=2,tp=2"));
   for (const TensorStrategy& t : model.strategy().tensors()) {
     Layout l = t.layout;
@@ -458,7 +461,99 @@ TEST_CASE("inspect shows every tensor, as text and as JSON") {
   CHECK(j["tensors"].size() == 5);
   CHECK(j["mesh"]["tp"] == 2);
   CHECK(j["step"] == 42);
+  // Short text values are shown; binary ones by size.
+  CHECK_THAT(text, Catch::Contains("run=\"gpt-small \xe2\x9c\x93\"") && Catch::Contains("config (16 B)"));
+  // JSON has every UTF-8 value (escaped), and the size of any other.
+  CHECK(j["metadata"][0]["key"] == "blob");
+  CHECK_FALSE(j["metadata"][0].contains("text"));
+  CHECK(j["metadata"][1]["text"] == model.meta().metadata.at("config"));
+  CHECK(j["metadata"][2]["key"] == "run");
+  CHECK(j["metadata"][2]["text"] == "gpt-small \xe2\x9c\x93");
   CHECK(PlacementString(s.tensors()[0].layout).find("opt [dp]") != std::string::npos);
+}
+
+// The string records of a MindSpore file, tag -> content, in file order.
+std::vector<std::pair<std::string, std::string>> MindSporeStrings(Env* env, const std::string& path) {
+  auto file = env->NewRandomAccessFile(path);
+  REQUIRE(file.ok());
+  auto scanned = ScanMindSporeCkpt(**file, path);
+  REQUIRE(scanned.ok());
+  std::vector<std::pair<std::string, std::string>> out;
+  for (const MindSporeRecord& r : scanned->records) {
+    if (r.type != kMindSporeStringType) continue;
+    CHECK(r.dims == std::vector<int64_t>{0});
+    std::string content(r.content_size, '\0');
+    REQUIRE((*file)->Read(r.content_offset, r.content_size, content.data()).ok());
+    out.push_back({r.tag, content});
+  }
+  return out;
+}
+
+TEST_CASE("MindSpore append_dict strings are the metadata, in whole-tensor files") {
+  std::mt19937_64 rng(testing::TestSeed() + 43);
+  auto env = NewMemEnv();
+  MemoryCheckpoint model = RandomModel(rng, 3);
+  auto& md = model.mutable_meta().metadata;
+  md["note"] = "h\xc3\xa9llo \xf0\x9d\x84\x9e";  // 2- and 4-byte UTF-8
+  md["empty"] = "";
+  md["bin"] = std::string("\xff\x00\x01", 3);    // not UTF-8
+  md["trailing"] = std::string("ab\0", 3);         // numpy would drop the NUL
+  md["tessera.own"] = "a key in Tessera's namespace";
+  md["model.t0"] = "a key that is also a tensor";
+  const Strategy whole = MergedStrategy(model.strategy());
+  WriteOptions o = Options(Codec::kRaw);
+  o.format = Format::kMindSpore;
+  REQUIRE(WriteTransformed(env.get(), model, whole, "/m.ckpt", o).ok());
+
+  // As numpy's '<U' strings after the tensors; text under its own key.
+  const auto strings = MindSporeStrings(env.get(), "/m.ckpt");
+  std::map<std::string, std::string> tags(strings.begin(), strings.end());
+  CHECK(tags.size() == 8);
+  CHECK(tags.at("note") == std::string("h\0\0\0\xe9\0\0\0l\0\0\0l\0\0\0o\0\0\0 \0\0\0\x1e\xd1\x01\0", 28));
+  CHECK(tags.at("empty") == std::string(4, '\0'));
+  CHECK(tags.at("config").size() == 4 * md["config"].size());
+  CHECK(tags.count("tessera.meta_hex.bin") == 1);
+  CHECK(tags.count("tessera.meta_hex.trailing") == 1);
+  CHECK(tags.count("tessera.meta.tessera.own") == 1);
+  CHECK(tags.count("tessera.meta.model.t0") == 1);
+  CHECK(MindSporeStringValue(tags.at("tessera.step")).value() == "42");
+
+  // Read back: the same metadata and step, in every format it moves to.
+  auto m = Open(env.get(), "/m.ckpt");
+  CHECK(m->meta().metadata == md);
+  CHECK(m->meta().step == 42);
+  RequireSameContents(*m, model);
+  o.format = Format::kSafetensors;
+  REQUIRE(WriteTransformed(env.get(), *m, whole, "/m.safetensors", o).ok());
+  CHECK(Open(env.get(), "/m.safetensors")->meta().metadata == md);
+
+  // transform_checkpoints' form holds tensors only.
+  Strategy tp(*Mesh::Parse("tp=2"));
+  for (const TensorStrategy& t : model.strategy().tensors()) {
+    Layout l = t.layout;
+    if (l.rank() > 0 && l.shape[0] % 2 == 0) {
+      l.dim_axes.assign(l.rank(), {});
+      l.dim_axes[0] = {"tp"};
+    }
+    REQUIRE(tp.Add({t.name, l, {}}).ok());
+  }
+  o.format = Format::kMindSpore;
+  REQUIRE(WriteTransformed(env.get(), model, tp, "/dist", o).ok());
+  CHECK(MindSporeStrings(env.get(), "/dist/rank_1/checkpoint_1.ckpt").empty());
+
+  // Strings MindSpore cannot have written are named errors.
+  for (const auto& [content, why] :
+       {std::pair<std::string, std::string>{"abcde", "not whole UTF-32"},
+        {std::string("\x00\xd8\x00\x00", 4), "not a Unicode scalar"},
+        {std::string("\x00\x00\x11\x00", 4), "not a Unicode scalar"}}) {
+    std::string bytes = MindSporeRecordHeader("w", {0}, "Float32", 4) + std::string(4, '\0');
+    bytes += MindSporeRecordHeader("odd", {0}, kMindSporeStringType, content.size()) + content;
+    REQUIRE(WriteFileAtomically(env.get(), "/bad.ckpt", bytes).ok());
+    auto r = OpenCheckpoint(env.get(), "/bad.ckpt");
+    REQUIRE_FALSE(r.ok());
+    CHECK_THAT(r.status().message(),
+               Catch::Contains("/bad.ckpt") && Catch::Contains("'odd'") && Catch::Contains(why));
+  }
 }
 
 }  // namespace

@@ -111,11 +111,19 @@ for name, v in header.items():
 # MindSpore .ckpt with MindSpore's .proto
 c = pb.Checkpoint()
 c.ParseFromString(open("z.ckpt", "rb").read())
-ms = {}
+ms, strings = {}, {}
 for v in c.value:
+    if v.tensor.tensor_type == "str":  # decoded as load_checkpoint does
+        assert list(v.tensor.dims) == [0]
+        data = v.tensor.tensor_content
+        strings[v.tag] = str(np.frombuffer(data, "U" + str(len(data) // 4))[0])
+        continue
     assert v.tensor.tensor_type == "Float32"
     dims = list(v.tensor.dims)
     ms[v.tag] = np.frombuffer(v.tensor.tensor_content, dtype=np.float32).reshape(dims if dims != [0] else [])
+# The step and metadata follow the tensors as append_dict strings.
+assert strings == {"tessera.step": "1000", "synthetic_seed": header["__metadata__"]["tessera.meta.synthetic_seed"]}, strings
+assert [v.tag for v in c.value][-2:] == sorted(strings, key=lambda t: t != "tessera.step")
 with h5py.File("z.h5", "r") as h:
     assert len(st) == len(ms) == 84
     for name, a in st.items():
@@ -126,6 +134,44 @@ c = pb.Checkpoint()
 c.ParseFromString(open("ms/rank_1/checkpoint_1.ckpt", "rb").read())
 assert len(c.value) == 84
 PY
+# append_dict strings, as save_checkpoint writes them on every rank (a
+# record of type "str", dims [0], numpy's '<U' bytes), are the metadata;
+# a merge to one .ckpt keeps them, as strings MindSpore's loader decodes.
+check "MindSpore append_dict strings are read as metadata and written back" env CKPT="$ckpt" $py - <<'PY'
+import glob, json, os, shutil, subprocess, numpy as np
+CKPT = os.environ["CKPT"]
+import mindspore_checkpoint_pb2 as pb
+strings = {"note": "héllo wörld ✓ 𝄞", "empty": "", "epoch": "3"}
+def record(tag, text):
+    c = pb.Checkpoint(); v = c.value.add(); v.tag = tag
+    v.tensor.dims.append(0); v.tensor.tensor_type = "str"
+    v.tensor.tensor_content = np.array(text).tobytes()
+    return c.SerializeToString()
+shutil.copytree("ms", "msstr")
+for f in glob.glob("msstr/rank_*/*.ckpt"):
+    with open(f, "ab") as out:
+        for k, t in strings.items():
+            out.write(record(k, t))
+got = json.loads(subprocess.run([CKPT, "inspect", "msstr", "--src-strategy", "ms.strategy", "--json"],
+                                check=True, capture_output=True, text=True).stdout)
+assert {m["key"]: m["text"] for m in got["metadata"]} == strings, got["metadata"]
+subprocess.run([CKPT, "merge", "msstr", "--src-strategy", "ms.strategy", "-o", "msstr.ckpt",
+                "--format", "mindspore", "-q"], check=True)
+c = pb.Checkpoint(); c.ParseFromString(open("msstr.ckpt", "rb").read())
+back = {}
+for v in c.value:
+    if v.tensor.tensor_type == "str":
+        data = v.tensor.tensor_content
+        back[v.tag] = str(np.frombuffer(data, "U" + str(len(data) // 4))[0])
+assert back == strings, back
+# A string record MindSpore cannot have written is a named error.
+with open("badstr.ckpt", "wb") as out:
+    out.write(open("z.ckpt", "rb").read())
+    c = pb.Checkpoint(); v = c.value.add(); v.tag = "odd"
+    v.tensor.dims.append(0); v.tensor.tensor_type = "str"; v.tensor.tensor_content = b"abcde"
+    out.write(c.SerializeToString())
+PY
+fails_naming "a string record of 5 bytes" "string 'odd': a string of 5 bytes" "$ckpt" inspect badstr.ckpt
 # Pipeline stages: the strategy is written as merge_pipeline_strategys
 # writes it ("<stage>-<name>", current_stage 1, strategy items carrying the
 # stage); it is also read as the per-rank files MindSpore saves (one per

@@ -149,13 +149,21 @@ TEST_CASE("hostile inputs: mutated MindSpore .ckpt framing is refused or bounded
     good += MindSporeRecordHeader(tag, d, "Float32", 48);
     good.append(reinterpret_cast<const char*>(w.data()), 48);
   }
+  auto note = MindSporeStringRecord("note", "h\xc3\xa9llo \xf0\x9d\x84\x9e");  // append_dict's
+  REQUIRE(note.ok());
+  good += *note;
   Put(env.get(), "ok.ckpt", good);
   {
     auto file = env->NewRandomAccessFile("ok.ckpt");
     REQUIRE(file.ok());
     auto scanned = ScanMindSporeCkpt(**file, "ok.ckpt");
     REQUIRE(scanned.ok());
-    REQUIRE(scanned->records.size() == 3);
+    REQUIRE(scanned->records.size() == 4);
+    const MindSporeRecord& r = scanned->records[3];
+    REQUIRE(r.type == kMindSporeStringType);
+    auto text = MindSporeStringValue(good.substr(r.content_offset, r.content_size));
+    REQUIRE(text.ok());
+    REQUIRE(*text == "h\xc3\xa9llo \xf0\x9d\x84\x9e");
   }
   std::mt19937_64 rng(testing::TestSeed() + 41);
   int accepted = 0;
@@ -175,6 +183,10 @@ TEST_CASE("hostile inputs: mutated MindSpore .ckpt framing is refused or bounded
       INFO("mutant " << i << " record " << r.tag);
       CHECK(r.content_offset + r.content_size <= bad.size());
       CHECK(r.tag.size() <= (64u << 10));
+      if (r.type == kMindSporeStringType && r.content_offset + r.content_size <= bad.size()) {
+        auto text = MindSporeStringValue(std::string_view(bad).substr(r.content_offset, r.content_size));
+        if (text.ok()) CHECK(text->size() <= 4 * r.content_size);
+      }
     }
   }
   INFO(accepted << " of " << kMutants << " mutants accepted");
