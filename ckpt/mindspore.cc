@@ -254,7 +254,13 @@ bool EndsWith(const std::string& s, const std::string& tail) {
   return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
 }
 
-// rank -> the .ckpt file of rank_<rank>/.
+// The file transform_checkpoints takes of a rank directory holding several
+// (ModelCheckpoint keeps the last few): the last in lexicographic order.
+const std::string& LastCkpt(const std::vector<std::string>& ckpts) {
+  return *std::max_element(ckpts.begin(), ckpts.end());
+}
+
+// rank -> the .ckpt file of rank_<rank>/ (the last, when several).
 Result<std::map<int64_t, std::string>> RankFiles(Env* env, const std::string& dir) {
   ASSIGN_OR_RETURN(std::vector<std::string> children, env->GetChildren(dir));
   std::map<int64_t, std::string> out;
@@ -271,12 +277,10 @@ Result<std::map<int64_t, std::string>> RankFiles(Env* env, const std::string& di
     for (const std::string& f : files) {
       if (EndsWith(f, ".ckpt")) ckpts.push_back(f);
     }
-    if (ckpts.size() != 1) {
-      return InvalidArgumentError("MindSpore checkpoint '" + dir + "': '" + sub + "' holds " +
-                                  std::to_string(ckpts.size()) +
-                                  " .ckpt files (one per rank expected)");
+    if (ckpts.empty()) {
+      return NotFoundError("MindSpore checkpoint '" + dir + "': '" + sub + "' holds no .ckpt file");
     }
-    out[std::stoll(digits)] = JoinPath(sub, ckpts[0]);
+    out[std::stoll(digits)] = JoinPath(sub, LastCkpt(ckpts));
   }
   if (out.empty()) {
     return NotFoundError("MindSpore checkpoint '" + dir + "': no rank_<r>/ directories");
@@ -419,8 +423,12 @@ Result<std::unique_ptr<CheckpointReader>> OpenMindSporeCheckpoint(
       const Entry* e = Follow(params, t.name);
       std::vector<int64_t> shape = t.layout.shape;
       if (e != nullptr && e->param->layout.tensor_map.size() == shape.size()) {
-        ASSIGN_OR_RETURN(shape, GlobalShape(t.name, *e, t.layout.dtype, first[t.name].second,
-                                            first[t.name].first));
+        const auto& [rank, local] = first[t.name];
+        auto global_shape = GlobalShape(t.name, *e, t.layout.dtype, local, rank);
+        if (!global_shape.ok()) {
+          return global_shape.status().Annotate("MindSpore checkpoint '" + c.files[rank] + "'");
+        }
+        shape = std::move(*global_shape);
       }
       RETURN_IF_ERROR(global.Add({t.name, Layout::Replicated(shape, t.layout.dtype), {}}));
     }
@@ -438,7 +446,7 @@ Result<std::unique_ptr<CheckpointReader>> OpenMindSporeCheckpoint(
       const std::vector<int64_t>& local = s.local;
       if (!box || box->extents() != local || s.dtype != t.layout.dtype) {
         return DataLossError("MindSpore checkpoint '" + path + "': rank " + std::to_string(r) +
-                             " stores tensor '" + s.tag + "' as " + std::string(DTypeName(s.dtype)) +
+                             " ('" + c.files[r] + "') stores tensor '" + s.tag + "' as " + std::string(DTypeName(s.dtype)) +
                              ShapeToString(local) + ", its strategy gives that rank " +
                              (box ? ToString(*box) : std::string("no slice")));
       }
@@ -529,11 +537,12 @@ bool IsMindSporeCheckpoint(Env* env, const std::string& path) {
     const std::string rank0 = JoinPath(path, std::string(kRankDirPrefix) + "0");
     auto files = env->GetChildren(rank0);
     if (!files.ok()) return false;
-    file.clear();
+    std::vector<std::string> ckpts;
     for (const std::string& f : *files) {
-      if (EndsWith(f, ".ckpt")) file = JoinPath(rank0, f);
+      if (EndsWith(f, ".ckpt")) ckpts.push_back(f);
     }
-    if (file.empty()) return false;
+    if (ckpts.empty()) return false;
+    file = JoinPath(rank0, LastCkpt(ckpts));
   }
   auto f = env->NewRandomAccessFile(file);
   return f.ok() && LooksLikeMindSporeCkpt(**f);

@@ -36,12 +36,14 @@ Result<Strategy> MindSporeToStrategy(const std::vector<MindSporeStrategyFile>& f
 // written in this form). Fails naming a tensor MindSpore cannot express.
 Result<MindSporeStrategyFile> StrategyToMindSpore(const Strategy& strategy);
 
-// Opens a .ckpt file or a distributed directory. Its strings (append_dict)
-// are the metadata (of the lowest rank holding each); "tessera.*" strings
-// are decoded as written below. `strategy` (a strategy
-// file or directory) is required for a directory of several ranks; the
-// error without it ends with `(strategy_hint)` when one is given (how the
-// caller names that option).
+// Opens a .ckpt file or a distributed directory (of a rank directory
+// holding several .ckpt files, the last in lexicographic order, as
+// transform_checkpoints takes it). Its strings (append_dict) are the
+// metadata (of the lowest rank holding each); "tessera.*" strings are
+// decoded as written below. `strategy` (a strategy file or directory) is
+// required for a directory of several ranks; the error without it ends
+// with `(strategy_hint)` when one is given (how the caller names that
+// option).
 Result<std::unique_ptr<CheckpointReader>> OpenMindSporeCheckpoint(
     Env* env, const std::string& path, const std::string& strategy,
     const std::string& strategy_hint = "");

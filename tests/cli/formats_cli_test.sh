@@ -73,6 +73,15 @@ run "$ckpt" reshard nzfull -o ms2 --format mindspore --dst-strategy ms.strategy 
 check "split by a MindSpore strategy writes the same rank files" cmp ms2/rank_2/net_2.ckpt ms/rank_2/checkpoint_2.ckpt
 run "$ckpt" reshard ms --src-strategy ms.strategy -o ms.tp4 --mesh m0=4,m1=1 --format mindspore -q
 check "MindSpore reshard to 4-way splits" test $rc -eq 0 -a -f ms.tp4/rank_3/checkpoint_3.ckpt
+# ModelCheckpoint keeps several files per rank; transform_checkpoints takes
+# the last in lexicographic order, and so do we.
+cp -r ms ms.keep
+for r in 0 1 2 3; do cp z.ckpt ms.keep/rank_$r/a-older.ckpt; done
+run "$ckpt" diff ms.keep nz --a-strategy ms.strategy -q
+check "of several .ckpt files per rank, the last by name is read" test $rc -eq 0
+cp z.ckpt ms.keep/rank_2/zz-newer.ckpt
+fails_naming "... and is the one whose errors are named" "rank_2/zz-newer.ckpt" \
+  "$ckpt" diff ms.keep nz --a-strategy ms.strategy
 fails_naming "ZeRO over dp outermost is not MindSpore's rank order" "MindSpore's rank order" \
   "$ckpt" convert zero -o bad --format mindspore
 check "no output after a refused write" test ! -e bad
