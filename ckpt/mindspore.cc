@@ -126,7 +126,52 @@ struct Stored {
   std::vector<DenseSegment> segments;
   uint64_t bytes = 0;
   std::vector<int64_t> local;  // the shape the dims stand for (LocalShape)
+  std::string map;             // the map tensor this is a part of
 };
+
+// A MapParameter's keys, values and status are three tensors under these
+// suffixes of its name.
+constexpr const char* kMapSuffixes[kMindSporeMapParts] = {".__map_keys__", ".__map_values__",
+                                                          ".__map_status__"};
+
+// Adds map tensor record `r` to `out`: its three parts, or, after a record
+// of the same map, their continuation along dimension 0.
+Status AddMapRecord(const MindSporeRecord& r, uint32_t file_index, const std::string& path,
+                    std::vector<Stored>* out) {
+  auto bad = [&](const std::string& what) {
+    return DataLossError("MindSpore checkpoint '" + path + "': map tensor '" + r.tag + "': " + what);
+  };
+  const int64_t n = r.map[0].dims.empty() ? -1 : r.map[0].dims[0];
+  for (size_t i = 0; i < kMindSporeMapParts; ++i) {
+    const MindSporeRecord& part = r.map[i];
+    if (part.dims.empty() || part.dims[0] != n || (i != 1 && part.dims.size() != 1)) {
+      return bad(std::string("part ") + kMapSuffixes[i] + " has dims " + ShapeToString(part.dims) +
+                 " (keys [n], values [n, ...] and status [n] expected)");
+    }
+  }
+  const bool more = out->size() >= kMindSporeMapParts && (*out)[out->size() - 1].map == r.tag;
+  for (size_t i = 0; i < kMindSporeMapParts; ++i) {
+    const MindSporeRecord& part = r.map[i];
+    auto dtype = ParseMindSporeNumpyDType(part.type);
+    if (!dtype.ok()) return bad(dtype.status().message());
+    const DenseSegment segment{file_index, part.content_offset, part.content_size};
+    if (!more) {
+      out->push_back({r.tag + kMapSuffixes[i], *dtype, part.dims, {segment}, part.content_size, {},
+                      r.tag});
+      continue;
+    }
+    Stored& s = (*out)[out->size() - kMindSporeMapParts + i];
+    if (s.dtype != *dtype || !std::equal(s.dims.begin() + 1, s.dims.end(), part.dims.begin() + 1,
+                                         part.dims.end())) {
+      return bad("its records disagree on the type or trailing dims of part " +
+                 std::string(kMapSuffixes[i]));
+    }
+    s.dims[0] += part.dims[0];
+    s.segments.push_back(segment);
+    s.bytes += part.content_size;
+  }
+  return Status::Ok();
+}
 
 // A rank's records, grouped by tag (a tag's records are consecutive); its
 // strings (append_dict's) go to `strings`, tag -> text.
@@ -155,6 +200,17 @@ Result<std::vector<Stored>> GroupRecords(const RandomAccessFile& file, const Min
     if (strings->count(r.tag)) {
       return DataLossError("MindSpore checkpoint '" + path + "': tag '" + r.tag +
                            "' is both a string and a tensor");
+    }
+    if (!r.map.empty()) {
+      const bool more = !out.empty() && out.back().map == r.tag;
+      if (!more && (done.count(r.tag) || done.count(r.tag + kMapSuffixes[0]))) {
+        return DataLossError("MindSpore checkpoint '" + path + "': tensor '" + r.tag +
+                             "' appears twice");
+      }
+      RETURN_IF_ERROR(AddMapRecord(r, file_index, path, &out));
+      done[r.tag] = true;
+      for (const char* suffix : kMapSuffixes) done[r.tag + suffix] = true;
+      continue;
     }
     if (!out.empty() && out.back().tag == r.tag) {
       if (r.dims != out.back().dims || r.type != MindSporeDTypeName(out.back().dtype)) {
@@ -186,7 +242,7 @@ Result<std::vector<Stored>> GroupRecords(const RandomAccessFile& file, const Min
 Result<std::vector<int64_t>> LocalShape(const Stored& s, const std::string& path) {
   std::vector<int64_t> shape = s.dims;
   const uint64_t es = static_cast<uint64_t>(DTypeSize(s.dtype));
-  if (shape == std::vector<int64_t>{0} && s.bytes == es) shape.clear();
+  if (s.map.empty() && shape == std::vector<int64_t>{0} && s.bytes == es) shape.clear();
   uint64_t n = 1;
   for (int64_t d : shape) {
     if (d != 0 && n > (uint64_t{1} << 60) / static_cast<uint64_t>(d)) {
@@ -395,6 +451,17 @@ Result<std::unique_ptr<CheckpointReader>> OpenMindSporeCheckpoint(
     stored.push_back(std::move(groups));
   }
   RETURN_IF_ERROR(StringsToMeta(strings, "MindSpore checkpoint '" + path + "'", &c.meta));
+  if (rank_files.size() > 1) {
+    for (size_t r = 0; r < stored.size(); ++r) {
+      for (const Stored& s : stored[r]) {
+        if (s.map.empty()) continue;
+        return InvalidArgumentError(
+            "MindSpore checkpoint '" + path + "': '" + c.files[r] + "' holds map tensor '" + s.map +
+            "' (a MapParameter): each rank's map has its own keys, which no strategy describes; "
+            "Tessera reads map tensors from a single .ckpt only");
+      }
+    }
+  }
   // Every tensor once, in order of first appearance, with a rank holding it.
   Strategy tensors(*Mesh::Create({"r"}, {1}));
   std::map<std::string, std::pair<int64_t, std::vector<int64_t>>> first;  // rank, local shape
@@ -456,6 +523,55 @@ Result<std::unique_ptr<CheckpointReader>> OpenMindSporeCheckpoint(
   return OpenDenseCheckpoint(env, std::move(c));
 }
 
+// Tensor index -> map name, for the tensors that form a map tensor: all
+// three parts present, keys [n], values [n, ...], status [n], in types
+// numpy names.
+std::map<size_t, std::string> MapParts(const Strategy& strategy) {
+  std::map<size_t, std::string> out;
+  const auto& tensors = strategy.tensors();
+  const std::string keys = kMapSuffixes[0];
+  for (const TensorStrategy& t : tensors) {
+    if (!EndsWith(t.name, keys)) continue;
+    const std::string name = t.name.substr(0, t.name.size() - keys.size());
+    std::vector<size_t> parts;
+    for (const char* suffix : kMapSuffixes) {
+      const TensorStrategy* p = strategy.Find(name + suffix);
+      if (p == nullptr || p->layout.shape.empty() || p->layout.shape[0] != t.layout.shape[0] ||
+          MindSporeNumpyDTypeName(p->layout.dtype).empty()) {
+        break;
+      }
+      if (suffix != kMapSuffixes[1] && p->layout.shape.size() != 1) break;
+      parts.push_back(static_cast<size_t>(p - tensors.data()));
+    }
+    if (parts.size() != kMindSporeMapParts) continue;
+    for (size_t i : parts) out[i] = name;
+  }
+  return out;
+}
+
+// Plans map tensor `name`'s record in `file` at `*pos`: one record holding
+// its three parts, as _write_mapparameter writes a map exported at once.
+void PlanMapRecord(const Strategy& strategy, const std::string& name, uint32_t f,
+                   DenseFilePlan* file, uint64_t* pos, DensePlan* plan) {
+  std::vector<MindSporeMapPart> parts;
+  std::vector<size_t> index;
+  for (const char* suffix : kMapSuffixes) {
+    const TensorStrategy* t = strategy.Find(name + suffix);
+    index.push_back(static_cast<size_t>(t - strategy.tensors().data()));
+    parts.push_back({t->layout.shape, std::string(MindSporeNumpyDTypeName(t->layout.dtype)),
+                     static_cast<uint64_t>(ByteSize(t->layout))});
+  }
+  std::vector<std::string> headers = MindSporeMapRecordHeaders(name, parts);
+  for (size_t k = 0; k < kMindSporeMapParts; ++k) {
+    const uint64_t n = headers[k].size();
+    file->fixed.push_back({*pos, std::move(headers[k])});
+    *pos += n;
+    const Box box = Box::FromShape(parts[k].dims);
+    plan->blocks[index[k]].push_back({f, 0, box, {{f, *pos, parts[k].content_size}}});
+    *pos += parts[k].content_size;
+  }
+}
+
 Result<std::unique_ptr<CheckpointWriter>> CreateMindSporeCheckpoint(
     Env* env, const std::string& path, const Strategy& strategy, const CheckpointMeta& meta,
     const MindSporeWriteOptions& options) {
@@ -464,10 +580,16 @@ Result<std::unique_ptr<CheckpointWriter>> CreateMindSporeCheckpoint(
     return InvalidArgumentError("MindSpore output: prefix '" + options.prefix + "' contains '/'");
   }
   const bool single = EndsWith(path, ".ckpt");
+  const std::map<size_t, std::string> map_parts = MapParts(strategy);
   int64_t world = 1;
   for (const TensorStrategy& t : strategy.tensors()) {
     const Mesh& mesh = strategy.MeshOf(t);
     world = std::max(world, mesh.world_size());
+    if (!single && map_parts.count(static_cast<size_t>(&t - strategy.tensors().data()))) {
+      return InvalidArgumentError("MindSpore output '" + path + "': tensor '" + t.name +
+                                  "' is part of a map tensor (MapParameter), which rank "
+                                  "directories cannot hold (write one .ckpt)");
+    }
     if (single && t.layout != Layout::Replicated(t.layout.shape, t.layout.dtype)) {
       return InvalidArgumentError("output '" + path + "' is one .ckpt file of whole tensors, but "
                                   "tensor '" + t.name + "' is laid out " + ToString(t.layout) +
@@ -499,6 +621,10 @@ Result<std::unique_ptr<CheckpointWriter>> CreateMindSporeCheckpoint(
         ASSIGN_OR_RETURN(box, ShardOf(t.layout, mesh, r));
       }
       if (!box) continue;  // not on this rank's pipeline stage
+      if (auto m = map_parts.find(i); m != map_parts.end()) {
+        if (plan.blocks[i].empty()) PlanMapRecord(strategy, m->second, f, &file, &pos, &plan);
+        continue;
+      }
       const std::vector<int64_t> dims = MindSporeDims(box->extents());
       const std::string_view type = MindSporeDTypeName(t.layout.dtype);
       const uint64_t bytes = static_cast<uint64_t>(NumElements(*box) * DTypeSize(t.layout.dtype));

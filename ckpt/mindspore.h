@@ -38,7 +38,10 @@ Result<MindSporeStrategyFile> StrategyToMindSpore(const Strategy& strategy);
 
 // Opens a .ckpt file or a distributed directory (of a rank directory
 // holding several .ckpt files, the last in lexicographic order, as
-// transform_checkpoints takes it). Its strings (append_dict) are the
+// transform_checkpoints takes it). A map tensor (MapParameter) of a single
+// file is three tensors "<name>.__map_keys__", ".__map_values__" and
+// ".__map_status__"; in a directory of several ranks it is refused. Its
+// strings (append_dict) are the
 // metadata (of the lowest rank holding each); "tessera.*" strings are
 // decoded as written below. `strategy` (a strategy file or directory) is
 // required for a directory of several ranks; the error without it ends
@@ -59,8 +62,9 @@ struct MindSporeWriteOptions {
 // metadata key under its own name (or "tessera.meta.<key>" when that is a
 // tensor's name or starts with "tessera.", "tessera.meta_hex.<key>" in hex
 // when the value is not UTF-8 or ends in NUL) and a step other than 0 as
-// "tessera.step".
-// Any other path is a directory with rank_<r>/<prefix><r>.ckpt for every
+// "tessera.step". Three tensors that form a map tensor (the names above,
+// keys [n], values [n, ...], status [n], types numpy can name) are written
+// as one map record. Any other path is a directory with rank_<r>/<prefix><r>.ckpt for every
 // rank of the strategy, each holding that rank's slice of every tensor it
 // holds, in strategy order, as transform_checkpoints writes: tensors only
 // (transform_checkpoints writes no strings, and fails on reading one).

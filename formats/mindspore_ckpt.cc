@@ -18,6 +18,14 @@ constexpr DTypeNaming kNames[] = {
     {DType::kBool, "Bool"},
 };
 
+// The numpy names MapParameter components are recorded with.
+constexpr DTypeNaming kNumpyNames[] = {
+    {DType::kF32, "float32"}, {DType::kF16, "float16"}, {DType::kF64, "float64"},
+    {DType::kI8, "int8"},     {DType::kU8, "uint8"},    {DType::kI16, "int16"},
+    {DType::kU16, "uint16"},  {DType::kI32, "int32"},   {DType::kU32, "uint32"},
+    {DType::kI64, "int64"},   {DType::kU64, "uint64"},  {DType::kBool, "bool"},
+};
+
 constexpr uint64_t kMaxString = 64 << 10;
 constexpr char kCrcMagic[] = "crc_num";
 constexpr uint64_t kCrcTrailer = 17;
@@ -181,8 +189,30 @@ Status ParseValue(Cursor& c, uint64_t end, MindSporeRecord* r) {
       ASSIGN_OR_RETURN(uint64_t n, c.Length(end));
       RETURN_IF_ERROR(ParseTensor(c, c.pos() + n, r));
       has_tensor = true;
-    } else if (field == 3 && wt == 2) {
-      return c.Bad("'" + r->tag + "' is a map tensor (MapParameter), which Tessera does not read");
+    } else if (field == 3 && wt == 2) {  // MapTensorProto: keys, values, status
+      ASSIGN_OR_RETURN(uint64_t n, c.Length(end));
+      const uint64_t stop = c.pos() + n;
+      while (c.pos() < stop) {
+        ASSIGN_OR_RETURN(uint64_t key, c.Varint(stop));
+        if (key != ((1 << 3) | 2)) {
+          RETURN_IF_ERROR(c.SkipField(static_cast<int>(key & 7), stop));
+          continue;
+        }
+        if (r->map.size() == kMindSporeMapParts) {
+          return c.Bad("map tensor '" + r->tag + "' has more than " +
+                       std::to_string(kMindSporeMapParts) + " parts");
+        }
+        ASSIGN_OR_RETURN(uint64_t len, c.Length(stop));
+        MindSporeRecord part;
+        part.tag = r->tag;
+        RETURN_IF_ERROR(ParseTensor(c, c.pos() + len, &part));
+        r->map.push_back(std::move(part));
+      }
+      if (r->map.size() != kMindSporeMapParts) {
+        return c.Bad("map tensor '" + r->tag + "' has " + std::to_string(r->map.size()) +
+                     " parts (keys, values and status expected)");
+      }
+      has_tensor = true;
     } else {
       RETURN_IF_ERROR(c.SkipField(wt, end));
     }
@@ -251,6 +281,61 @@ bool LooksLikeMindSporeCkpt(const RandomAccessFile& file) {
   size_t i = 1;
   while (i < n && (head[i] & 0x80)) ++i;  // the record length
   return i + 1 < n && head[i + 1] == 0x0a;  // the Value starts with its tag
+}
+
+namespace {
+
+// A TensorProto's fields up to its content's bytes, and the message's
+// whole size.
+std::string TensorPrefix(const std::vector<int64_t>& dims, std::string_view type,
+                         uint64_t content_size, uint64_t* message_size) {
+  std::string out;
+  for (int64_t d : dims) {
+    out.push_back(0x08);  // TensorProto.dims
+    PutVarint(&out, static_cast<uint64_t>(d));
+  }
+  out.push_back(0x12);  // TensorProto.tensor_type
+  PutVarint(&out, type.size());
+  out.append(type);
+  out.push_back(0x1a);  // TensorProto.tensor_content
+  PutVarint(&out, content_size);
+  *message_size = out.size() + content_size;
+  return out;
+}
+
+}  // namespace
+
+std::string_view MindSporeNumpyDTypeName(DType dtype) { return DTypeNameIn(kNumpyNames, dtype); }
+
+Result<DType> ParseMindSporeNumpyDType(std::string_view name) {
+  if (auto dtype = DTypeNamedIn(kNumpyNames, name)) return *dtype;
+  return InvalidArgumentError("unsupported numpy dtype '" + std::string(name) + "'");
+}
+
+std::vector<std::string> MindSporeMapRecordHeaders(std::string_view tag,
+                                                   const std::vector<MindSporeMapPart>& parts) {
+  std::vector<std::string> prefixes;
+  uint64_t map = 0;
+  for (const MindSporeMapPart& p : parts) {
+    uint64_t size = 0;
+    std::string prefix = TensorPrefix(p.dims, p.type, p.content_size, &size);
+    std::string framed;
+    framed.push_back(0x0a);  // MapTensorProto.tensor
+    PutVarint(&framed, size);
+    map += framed.size() + size;
+    prefixes.push_back(framed + prefix);
+  }
+  const uint64_t value = 1 + VarintSize(tag.size()) + tag.size() + 1 + VarintSize(map) + map;
+  std::string first;
+  first.push_back(0x0a);  // Checkpoint.value
+  PutVarint(&first, value);
+  first.push_back(0x0a);  // Value.tag
+  PutVarint(&first, tag.size());
+  first.append(tag);
+  first.push_back(0x1a);  // Value.maptensor
+  PutVarint(&first, map);
+  prefixes.front() = first + prefixes.front();
+  return prefixes;
 }
 
 std::string MindSporeRecordHeader(std::string_view tag, const std::vector<int64_t>& dims,

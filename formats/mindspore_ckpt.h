@@ -32,6 +32,13 @@ inline constexpr uint64_t kMindSporeChunkBytes = uint64_t{512} << 20;
 std::string_view MindSporeDTypeName(DType dtype);
 Result<DType> ParseMindSporeDType(std::string_view name);
 
+// A MapParameter (mindspore/train/serialization.py, _write_mapparameter)
+// is a record whose Value holds a MapTensorProto of three TensorProtos,
+// keys [n], values [n, ...] and status [n], typed by numpy names ("int64",
+// "float32"); a large map is exported in several such records with the
+// same tag, concatenated along dimension 0 on load.
+inline constexpr size_t kMindSporeMapParts = 3;
+
 // One record of a file.
 struct MindSporeRecord {
   std::string tag;
@@ -39,6 +46,8 @@ struct MindSporeRecord {
   std::string type;
   uint64_t content_offset = 0;  // in the file
   uint64_t content_size = 0;
+  // A map tensor's keys, values and status (the fields above unused).
+  std::vector<MindSporeRecord> map;
 };
 
 struct MindSporeFile {
@@ -47,8 +56,8 @@ struct MindSporeFile {
 };
 
 // Parses the framing of a .ckpt file. Every length is checked against the
-// file before it is used; strings (tag, type) are capped at 64 KiB; map
-// tensors and encrypted files are refused by name. With a CRC trailer the
+// file before it is used; strings (tag, type) are capped at 64 KiB; a map
+// tensor must have its three parts; encrypted files are refused by name. With a CRC trailer the
 // CRC is verified (reading the file once).
 Result<MindSporeFile> ScanMindSporeCkpt(const RandomAccessFile& file, const std::string& path);
 
@@ -60,6 +69,21 @@ bool LooksLikeMindSporeCkpt(const RandomAccessFile& file);
 // immediately (`content_size` bytes).
 std::string MindSporeRecordHeader(std::string_view tag, const std::vector<int64_t>& dims,
                                   std::string_view type, uint64_t content_size);
+
+// "float32" <-> kF32, ...: the numpy names of map tensor parts.
+std::string_view MindSporeNumpyDTypeName(DType dtype);
+Result<DType> ParseMindSporeNumpyDType(std::string_view name);
+
+struct MindSporeMapPart {
+  std::vector<int64_t> dims;
+  std::string type;  // a numpy name
+  uint64_t content_size = 0;
+};
+
+// The bytes of a map tensor record around its parts' contents: headers[i]
+// comes just before part i's content (headers[0] opens the record).
+std::vector<std::string> MindSporeMapRecordHeaders(std::string_view tag,
+                                                   const std::vector<MindSporeMapPart>& parts);
 
 // The dims MindSpore records for a shape: [0] for a scalar.
 std::vector<int64_t> MindSporeDims(const std::vector<int64_t>& shape);

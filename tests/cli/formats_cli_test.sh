@@ -181,6 +181,47 @@ with open("badstr.ckpt", "wb") as out:
     out.write(c.SerializeToString())
 PY
 fails_naming "a string record of 5 bytes" "string 'odd': a string of 5 bytes" "$ckpt" inspect badstr.ckpt
+# A MapParameter, as _write_mapparameter writes it (a MapTensorProto of
+# keys, values and status typed by numpy names; a map exported in slices is
+# several records), is read as three tensors <name>.__map_{keys,values,
+# status}__ and written back as one map record that MindSpore's loader
+# (_load_map_parameter) reads as the same arrays.
+check "a MapParameter reads as three tensors and is written back as a map" env CKPT="$ckpt" $py - <<'PY'
+import os, subprocess, numpy as np
+import mindspore_checkpoint_pb2 as pb
+CKPT = os.environ["CKPT"]
+rng = np.random.default_rng(7)
+parts = []
+out = open("z.ckpt", "rb").read()
+for n in (3, 2):
+    arrays = (rng.integers(0, 1 << 40, n, dtype=np.int64), rng.standard_normal((n, 4)).astype(np.float16),
+              rng.integers(0, 3, n, dtype=np.int32))
+    parts.append(arrays)
+    c = pb.Checkpoint(); v = c.value.add(); v.tag = "user_emb.table"
+    for a in arrays:
+        t = v.maptensor.tensor.add(); t.dims.extend(a.shape); t.tensor_type = str(a.dtype)
+        t.tensor_content = a.reshape(-1).tobytes()
+    out += c.SerializeToString()
+open("map.ckpt", "wb").write(out)
+open("map-records", "wb").write(out[len(open("z.ckpt", "rb").read()):])
+whole = [np.concatenate([p[i] for p in parts]) for i in range(3)]
+subprocess.run([CKPT, "convert", "map.ckpt", "-o", "map.safetensors", "--format", "safetensors", "-q"], check=True)
+subprocess.run([CKPT, "convert", "map.safetensors", "-o", "map2.ckpt", "--format", "mindspore", "-q"], check=True)
+c = pb.Checkpoint(); c.ParseFromString(open("map2.ckpt", "rb").read())
+maps = [v for v in c.value if v.HasField("maptensor")]
+assert len(maps) == 1 and maps[0].tag == "user_emb.table"
+np_types = {"int64": np.int64, "float16": np.float16, "int32": np.int32}
+for t, want in zip(maps[0].maptensor.tensor, whole):
+    got = np.frombuffer(t.tensor_content, np_types[t.tensor_type]).reshape(list(t.dims))
+    assert got.dtype == want.dtype and np.array_equal(got, want), t.tensor_type
+PY
+run "$ckpt" diff map.ckpt map2.ckpt
+check "... and the trip is bit-exact" test $rc -eq 0
+fails_naming "a map tensor cannot go to rank directories" "user_emb.table.__map_keys__" \
+  "$ckpt" convert map.safetensors -o mapdir --format mindspore
+cp -r ms ms.map && cat map-records >>ms.map/rank_1/checkpoint_1.ckpt
+fails_naming "a map tensor in a rank directory is refused by name" "map tensor 'user_emb.table'" \
+  "$ckpt" merge ms.map --src-strategy ms.strategy -o x
 # Pipeline stages: the strategy is written as merge_pipeline_strategys
 # writes it ("<stage>-<name>", current_stage 1, strategy items carrying the
 # stage); it is also read as the per-rank files MindSpore saves (one per

@@ -152,13 +152,36 @@ TEST_CASE("hostile inputs: mutated MindSpore .ckpt framing is refused or bounded
   auto note = MindSporeStringRecord("note", "h\xc3\xa9llo \xf0\x9d\x84\x9e");  // append_dict's
   REQUIRE(note.ok());
   good += *note;
+  {  // a MapParameter: keys i64 [2], values f32 [2, 3], status i32 [2]
+    const std::vector<MindSporeMapPart> parts = {
+        {{2}, "int64", 16}, {{2, 3}, "float32", 24}, {{2}, "int32", 8}};
+    const auto headers = MindSporeMapRecordHeaders("emb", parts);
+    REQUIRE(headers.size() == 3);
+    for (size_t k = 0; k < 3; ++k) good += headers[k] + std::string(parts[k].content_size, '\x11');
+  }
   Put(env.get(), "ok.ckpt", good);
   {
     auto file = env->NewRandomAccessFile("ok.ckpt");
     REQUIRE(file.ok());
     auto scanned = ScanMindSporeCkpt(**file, "ok.ckpt");
     REQUIRE(scanned.ok());
-    REQUIRE(scanned->records.size() == 4);
+    REQUIRE(scanned->records.size() == 5);
+    const MindSporeRecord& map = scanned->records[4];
+    REQUIRE(map.tag == "emb");
+    REQUIRE(map.map.size() == 3);
+    CHECK(map.map[1].dims == std::vector<int64_t>{2, 3});
+    CHECK(map.map[1].type == "float32");
+    CHECK(good.substr(map.map[2].content_offset, map.map[2].content_size) == std::string(8, '\x11'));
+    CHECK(map.map[2].content_offset + 8 == good.size());
+    // A map record without its status is a named error.
+    const std::vector<MindSporeMapPart> two = {{{1}, "int64", 8}, {{1}, "float32", 4}};
+    const auto headers = MindSporeMapRecordHeaders("half", two);
+    Put(env.get(), "half.ckpt", headers[0] + std::string(8, '\0') + headers[1] + std::string(4, '\0'));
+    auto half_file = env->NewRandomAccessFile("half.ckpt");
+    REQUIRE(half_file.ok());
+    auto half = ScanMindSporeCkpt(**half_file, "half.ckpt");
+    REQUIRE_FALSE(half.ok());
+    CHECK_THAT(half.status().message(), Catch::Contains("half.ckpt") && Catch::Contains("'half' has 2 parts"));
     const MindSporeRecord& r = scanned->records[3];
     REQUIRE(r.type == kMindSporeStringType);
     auto text = MindSporeStringValue(good.substr(r.content_offset, r.content_size));
@@ -183,6 +206,10 @@ TEST_CASE("hostile inputs: mutated MindSpore .ckpt framing is refused or bounded
       INFO("mutant " << i << " record " << r.tag);
       CHECK(r.content_offset + r.content_size <= bad.size());
       CHECK(r.tag.size() <= (64u << 10));
+      for (const MindSporeRecord& part : r.map) {
+        CHECK(part.content_offset + part.content_size <= bad.size());
+      }
+      CHECK((r.map.empty() || r.map.size() == kMindSporeMapParts));
       if (r.type == kMindSporeStringType && r.content_offset + r.content_size <= bad.size()) {
         auto text = MindSporeStringValue(std::string_view(bad).substr(r.content_offset, r.content_size));
         if (text.ok()) CHECK(text->size() <= 4 * r.content_size);
