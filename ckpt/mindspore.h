@@ -64,10 +64,12 @@ struct MindSporeWriteOptions {
 // when the value is not UTF-8 or ends in NUL) and a step other than 0 as
 // "tessera.step". Three tensors that form a map tensor (the names above,
 // keys [n], values [n, ...], status [n], types numpy can name) are written
-// as one map record. Any other path is a directory with rank_<r>/<prefix><r>.ckpt for every
+// as one map record.
+// Any other path is a directory with rank_<r>/<prefix><r>.ckpt for every
 // rank of the strategy, each holding that rank's slice of every tensor it
 // holds, in strategy order, as transform_checkpoints writes: tensors only
-// (transform_checkpoints writes no strings, and fails on reading one).
+// (transform_checkpoints writes no strings, and fails on reading one; map
+// tensors are refused).
 Result<std::unique_ptr<CheckpointWriter>> CreateMindSporeCheckpoint(
     Env* env, const std::string& path, const Strategy& strategy, const CheckpointMeta& meta,
     const MindSporeWriteOptions& options);
