@@ -625,7 +625,7 @@ Result<std::unique_ptr<CheckpointWriter>> CreateMindSporeCheckpoint(
         if (plan.blocks[i].empty()) PlanMapRecord(strategy, m->second, f, &file, &pos, &plan);
         continue;
       }
-      const std::vector<int64_t> dims = MindSporeDims(box->extents());
+      const std::vector<int64_t> dims = box->extents();  // none for a scalar
       const std::string_view type = MindSporeDTypeName(t.layout.dtype);
       const uint64_t bytes = static_cast<uint64_t>(NumElements(*box) * DTypeSize(t.layout.dtype));
       DenseBlock block{f, 0, *box, {}};

@@ -365,10 +365,6 @@ std::string MindSporeRecordHeader(std::string_view tag, const std::vector<int64_
   return out;
 }
 
-std::vector<int64_t> MindSporeDims(const std::vector<int64_t>& shape) {
-  return shape.empty() ? std::vector<int64_t>{0} : shape;
-}
-
 Result<std::string> MindSporeStringValue(std::string_view content) {
   if (content.size() % 4 != 0) {
     return InvalidArgumentError("a string of " + std::to_string(content.size()) +

@@ -5,8 +5,10 @@
 // What MindSpore writes (mindspore/train/serialization.py, _exec_save):
 // one `Checkpoint { Value { tag, TensorProto { dims..., tensor_type,
 // tensor_content } } }` per record, fields in number order, dims unpacked;
-// a scalar has dims [0]; a tensor of more than 512 MiB is cut into records
-// of 512 MiB of bytes with the same tag and the full dims; optionally the
+// a scalar has no dims (older versions wrote [0]: read as a scalar too
+// when its content is one element); a tensor of more than 512 MiB is cut
+// into records of 512 MiB of bytes with the same tag and the full dims;
+// optionally the
 // trailer "crc_num" + 10-byte big-endian CRC-32 of everything before.
 // A string of save_checkpoint's `append_dict` is a record of type "str",
 // dims [0], whose content is numpy's '<U' form of the string: UTF-32LE code
@@ -85,8 +87,6 @@ struct MindSporeMapPart {
 std::vector<std::string> MindSporeMapRecordHeaders(std::string_view tag,
                                                    const std::vector<MindSporeMapPart>& parts);
 
-// The dims MindSpore records for a shape: [0] for a scalar.
-std::vector<int64_t> MindSporeDims(const std::vector<int64_t>& shape);
 
 inline constexpr std::string_view kMindSporeStringType = "str";
 // Strings longer than this are refused (a hostile record never causes a

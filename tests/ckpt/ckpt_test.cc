@@ -493,6 +493,7 @@ TEST_CASE("MindSpore append_dict strings are the metadata, in whole-tensor files
   std::mt19937_64 rng(testing::TestSeed() + 43);
   auto env = NewMemEnv();
   MemoryCheckpoint model = RandomModel(rng, 3);
+  model.Add("global_step", DType::kI64, {}, {7, 0, 0, 0, 0, 0, 0, 0});
   auto& md = model.mutable_meta().metadata;
   md["note"] = "h\xc3\xa9llo \xf0\x9d\x84\x9e";  // 2- and 4-byte UTF-8
   md["empty"] = "";
@@ -517,6 +518,23 @@ TEST_CASE("MindSpore append_dict strings are the metadata, in whole-tensor files
   CHECK(tags.count("tessera.meta.tessera.own") == 1);
   CHECK(tags.count("tessera.meta.model.t0") == 1);
   CHECK(MindSporeStringValue(tags.at("tessera.step")).value() == "42");
+
+  {  // A scalar has no dims, as MindSpore 2.x writes it; the older [0] reads the same.
+    auto file = env->NewRandomAccessFile("/m.ckpt");
+    REQUIRE(file.ok());
+    auto scanned = ScanMindSporeCkpt(**file, "/m.ckpt");
+    REQUIRE(scanned.ok());
+    CHECK(scanned->records[3].tag == "global_step");
+    CHECK(scanned->records[3].dims.empty());
+    const std::string old = MindSporeRecordHeader("global_step", {0}, "Int64", 8) +
+                            std::string("\x07\0\0\0\0\0\0\0", 8);
+    REQUIRE(WriteFileAtomically(env.get(), "/old.ckpt", old).ok());
+    auto r = Open(env.get(), "/old.ckpt");
+    CHECK(r->strategy().tensors()[0].layout.shape.empty());
+    int64_t step = 0;
+    REQUIRE(r->ReadRegion(0, Box::FromShape({}), &step, {}, Box::FromShape({})).ok());
+    CHECK(step == 7);
+  }
 
   // Read back: the same metadata and step, in every format it moves to.
   auto m = Open(env.get(), "/m.ckpt");

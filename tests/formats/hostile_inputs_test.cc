@@ -145,8 +145,7 @@ TEST_CASE("hostile inputs: mutated MindSpore .ckpt framing is refused or bounded
   for (const auto& [tag, dims] : {std::pair<std::string, std::vector<int64_t>>{"w", {3, 4}},
                                   {"net.bias", {12}},
                                   {"global_step", {}}}) {
-    const std::vector<int64_t> d = MindSporeDims(dims);
-    good += MindSporeRecordHeader(tag, d, "Float32", 48);
+    good += MindSporeRecordHeader(tag, dims, "Float32", 48);
     good.append(reinterpret_cast<const char*>(w.data()), 48);
   }
   auto note = MindSporeStringRecord("note", "h\xc3\xa9llo \xf0\x9d\x84\x9e");  // append_dict's
