@@ -71,7 +71,8 @@ fails_naming "diff of a several-rank directory without its strategy names the fl
   "(--a-strategy)" "$ckpt" diff ms nz
 run "$ckpt" reshard nzfull -o ms2 --format mindspore --dst-strategy ms.strategy --prefix net_ -q
 check "split by a MindSpore strategy writes the same rank files" cmp ms2/rank_2/net_2.ckpt ms/rank_2/checkpoint_2.ckpt
-run "$ckpt" reshard ms --src-strategy ms.strategy -o ms.tp4 --mesh m0=4,m1=1 --format mindspore -q
+run "$ckpt" reshard ms --src-strategy ms.strategy -o ms.tp4 --mesh m0=4,m1=1 --format mindspore \
+  --save-mindspore-strategy ms.tp4.strategy -q
 check "MindSpore reshard to 4-way splits" test $rc -eq 0 -a -f ms.tp4/rank_3/checkpoint_3.ckpt
 # ModelCheckpoint keeps several files per rank; transform_checkpoints takes
 # the last in lexicographic order, and so do we.
@@ -142,6 +143,52 @@ with h5py.File("z.h5", "r") as h:
 c = pb.Checkpoint()
 c.ParseFromString(open("ms/rank_1/checkpoint_1.ckpt", "rb").read())
 assert len(c.value) == 84
+PY
+# Every rank file holds exactly the slices MindSpore's layout rules give
+# (_get_tensor_slice_index: the rank's coordinates in dev_matrix, last
+# dimension fastest; tensor dim d cut dev_matrix[-1 - tensor_map[d]] ways,
+# taking the coordinate of that device dimension), computed here from the
+# strategy file alone and compared with the merged tensors.
+protoc --python_out=. -I"$protos" "$protos/mindspore_strategy.proto"
+"$ckpt" convert nzfull -o nzfull.safetensors --format safetensors -q
+check "rank files hold the slices MindSpore's dev_matrix/tensor_map rules give" $py - <<'PY'
+import json, struct, numpy as np
+import mindspore_checkpoint_pb2 as ckpb, mindspore_strategy_pb2 as stpb
+raw = open("nzfull.safetensors", "rb").read()
+n = struct.unpack("<Q", raw[:8])[0]
+full = {k: np.frombuffer(raw[8 + n + v["data_offsets"][0]:8 + n + v["data_offsets"][1]], np.float32).reshape(v["shape"])
+        for k, v in json.loads(raw[8:8 + n]).items() if k != "__metadata__"}
+for d, world in (("ms", 4), ("ms.tp4", 4)):
+    m = stpb.ParallelStrategyMap()
+    m.ParseFromString(open(d + ".strategy" if d != "ms" else "ms.strategy", "rb").read())
+    layouts = {i.param_name: i.parallel_layouts for i in m.parallel_layout_item}
+    checked = 0
+    for rank in range(world):
+        c = ckpb.Checkpoint()
+        c.ParseFromString(open(f"{d}/rank_{rank}/checkpoint_{rank}.ckpt", "rb").read())
+        assert sorted(v.tag for v in c.value) == sorted(full), (d, rank)
+        for v in c.value:
+            name = v.tag if v.tag in layouts else v.tag.split(".", 1)[-1]
+            want = full[v.tag]
+            if name in layouts:
+                lay = layouts[name]
+                assert not lay.opt_weight_shard_size or lay.opt_weight_shard_size == 1
+                dev = list(lay.dev_matrix[0].dim)
+                tmap = list(lay.tensor_map[0].dim)
+                coord, r = [], rank
+                for size in reversed(dev):
+                    coord.insert(0, r % size); r //= size
+                for dim, k in enumerate(tmap):
+                    if k == -1:
+                        continue
+                    ways = dev[len(dev) - 1 - k]
+                    step = want.shape[dim] // ways
+                    idx = coord[len(dev) - 1 - k]
+                    want = np.take(want, range(idx * step, (idx + 1) * step), axis=dim)
+                    checked += 1
+            got = np.frombuffer(v.tensor.tensor_content, np.float32).reshape(list(v.tensor.dims))
+            assert np.array_equal(got, want), (d, rank, v.tag)
+    assert checked > 0, d
 PY
 # append_dict strings, as save_checkpoint writes them on every rank (a
 # record of type "str", dims [0], numpy's '<U' bytes), are the metadata;
