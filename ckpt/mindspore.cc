@@ -525,7 +525,7 @@ Result<std::unique_ptr<CheckpointReader>> OpenMindSporeCheckpoint(
 
 // Tensor index -> map name, for the tensors that form a map tensor: all
 // three parts present, keys [n], values [n, ...], status [n], in types
-// numpy names.
+// MindSpore's loader decodes (others stay plain tensors).
 std::map<size_t, std::string> MapParts(const Strategy& strategy) {
   std::map<size_t, std::string> out;
   const auto& tensors = strategy.tensors();
@@ -537,7 +537,7 @@ std::map<size_t, std::string> MapParts(const Strategy& strategy) {
     for (const char* suffix : kMapSuffixes) {
       const TensorStrategy* p = strategy.Find(name + suffix);
       if (p == nullptr || p->layout.shape.empty() || p->layout.shape[0] != t.layout.shape[0] ||
-          MindSporeNumpyDTypeName(p->layout.dtype).empty()) {
+          !MindSporeLoadsMapPart(p->layout.dtype)) {
         break;
       }
       if (suffix != kMapSuffixes[1] && p->layout.shape.size() != 1) break;

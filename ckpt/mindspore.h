@@ -63,7 +63,8 @@ struct MindSporeWriteOptions {
 // tensor's name or starts with "tessera.", "tessera.meta_hex.<key>" in hex
 // when the value is not UTF-8 or ends in NUL) and a step other than 0 as
 // "tessera.step". Three tensors that form a map tensor (the names above,
-// keys [n], values [n, ...], status [n], types numpy can name) are written
+// keys [n], values [n, ...], status [n], in int32, float32, float16 or
+// float64, the types MindSpore's map loader decodes) are written
 // as one map record.
 // Any other path is a directory with rank_<r>/<prefix><r>.ckpt for every
 // rank of the strategy, each holding that rank's slice of every tensor it

@@ -18,6 +18,11 @@ constexpr DTypeNaming kNames[] = {
     {DType::kBool, "Bool"},
 };
 
+// MindSpore 1.x spelled the unsigned types so; still read.
+constexpr DTypeNaming kLegacyNames[] = {
+    {DType::kU8, "Uint8"}, {DType::kU16, "Uint16"}, {DType::kU32, "Uint32"}, {DType::kU64, "Uint64"},
+};
+
 // The numpy names MapParameter components are recorded with.
 constexpr DTypeNaming kNumpyNames[] = {
     {DType::kF32, "float32"}, {DType::kF16, "float16"}, {DType::kF64, "float64"},
@@ -227,6 +232,7 @@ std::string_view MindSporeDTypeName(DType dtype) { return DTypeNameIn(kNames, dt
 
 Result<DType> ParseMindSporeDType(std::string_view name) {
   if (auto dtype = DTypeNamedIn(kNames, name)) return *dtype;
+  if (auto dtype = DTypeNamedIn(kLegacyNames, name)) return *dtype;
   return InvalidArgumentError("unsupported MindSpore tensor type '" + std::string(name) + "'");
 }
 
@@ -306,6 +312,10 @@ std::string TensorPrefix(const std::vector<int64_t>& dims, std::string_view type
 }  // namespace
 
 std::string_view MindSporeNumpyDTypeName(DType dtype) { return DTypeNameIn(kNumpyNames, dtype); }
+
+bool MindSporeLoadsMapPart(DType dtype) {
+  return dtype == DType::kI32 || dtype == DType::kF32 || dtype == DType::kF16 || dtype == DType::kF64;
+}
 
 Result<DType> ParseMindSporeNumpyDType(std::string_view name) {
   if (auto dtype = DTypeNamedIn(kNumpyNames, name)) return *dtype;

@@ -30,7 +30,8 @@ namespace tessera {
 
 inline constexpr uint64_t kMindSporeChunkBytes = uint64_t{512} << 20;
 
-// "Float32" <-> kF32, "BFloat16", "Int64", "UInt8", "Bool", ...
+// "Float32" <-> kF32, "BFloat16", "Int64", "UInt8", "Bool", ... (MindSpore
+// 1.x's "Uint8" spellings are read too; "Int4", packed qint4x2, is not).
 std::string_view MindSporeDTypeName(DType dtype);
 Result<DType> ParseMindSporeDType(std::string_view name);
 
@@ -75,6 +76,9 @@ std::string MindSporeRecordHeader(std::string_view tag, const std::vector<int64_
 // "float32" <-> kF32, ...: the numpy names of map tensor parts.
 std::string_view MindSporeNumpyDTypeName(DType dtype);
 Result<DType> ParseMindSporeNumpyDType(std::string_view name);
+// Whether MindSpore's loader decodes a map part of this type (its
+// np_type_convert: int32, float32, float16, float64; others it misreads).
+bool MindSporeLoadsMapPart(DType dtype);
 
 struct MindSporeMapPart {
   std::vector<int64_t> dims;

@@ -526,14 +526,18 @@ TEST_CASE("MindSpore append_dict strings are the metadata, in whole-tensor files
     REQUIRE(scanned.ok());
     CHECK(scanned->records[3].tag == "global_step");
     CHECK(scanned->records[3].dims.empty());
+    // ... and MindSpore 1.x's "Uint16" spelling reads as u16.
     const std::string old = MindSporeRecordHeader("global_step", {0}, "Int64", 8) +
-                            std::string("\x07\0\0\0\0\0\0\0", 8);
+                            std::string("\x07\0\0\0\0\0\0\0", 8) +
+                            MindSporeRecordHeader("mask", {2}, "Uint16", 4) + std::string(4, '\x01');
     REQUIRE(WriteFileAtomically(env.get(), "/old.ckpt", old).ok());
     auto r = Open(env.get(), "/old.ckpt");
     CHECK(r->strategy().tensors()[0].layout.shape.empty());
     int64_t step = 0;
     REQUIRE(r->ReadRegion(0, Box::FromShape({}), &step, {}, Box::FromShape({})).ok());
     CHECK(step == 7);
+    CHECK(r->strategy().tensors()[1].layout.dtype == DType::kU16);
+    CHECK(r->strategy().tensors()[1].layout.shape == std::vector<int64_t>{2});
   }
 
   // Read back: the same metadata and step, in every format it moves to.

@@ -241,7 +241,7 @@ rng = np.random.default_rng(7)
 parts = []
 out = open("z.ckpt", "rb").read()
 for n in (3, 2):
-    arrays = (rng.integers(0, 1 << 40, n, dtype=np.int64), rng.standard_normal((n, 4)).astype(np.float16),
+    arrays = (rng.integers(0, 1 << 30, n, dtype=np.int32), rng.standard_normal((n, 4)).astype(np.float16),
               rng.integers(0, 3, n, dtype=np.int32))
     parts.append(arrays)
     c = pb.Checkpoint(); v = c.value.add(); v.tag = "user_emb.table"
@@ -249,15 +249,26 @@ for n in (3, 2):
         t = v.maptensor.tensor.add(); t.dims.extend(a.shape); t.tensor_type = str(a.dtype)
         t.tensor_content = a.reshape(-1).tobytes()
     out += c.SerializeToString()
-open("map.ckpt", "wb").write(out)
 open("map-records", "wb").write(out[len(open("z.ckpt", "rb").read()):])
+# int64 keys, which MindSpore's map loader cannot decode (np_type_convert).
+c = pb.Checkpoint(); v = c.value.add(); v.tag = "wide"
+for a in (np.arange(3, dtype=np.int64), np.ones((3, 2), np.float32), np.zeros(3, np.int32)):
+    t = v.maptensor.tensor.add(); t.dims.extend(a.shape); t.tensor_type = str(a.dtype)
+    t.tensor_content = a.reshape(-1).tobytes()
+out += c.SerializeToString()
+open("map.ckpt", "wb").write(out)
 whole = [np.concatenate([p[i] for p in parts]) for i in range(3)]
 subprocess.run([CKPT, "convert", "map.ckpt", "-o", "map.safetensors", "--format", "safetensors", "-q"], check=True)
 subprocess.run([CKPT, "convert", "map.safetensors", "-o", "map2.ckpt", "--format", "mindspore", "-q"], check=True)
 c = pb.Checkpoint(); c.ParseFromString(open("map2.ckpt", "rb").read())
 maps = [v for v in c.value if v.HasField("maptensor")]
 assert len(maps) == 1 and maps[0].tag == "user_emb.table"
-np_types = {"int64": np.int64, "float16": np.float16, "int32": np.int32}
+# ... and a map MindSpore could not load back is written as plain tensors.
+plain = {v.tag: v.tensor.tensor_type for v in c.value if v.tag.startswith("wide.")}
+assert plain == {"wide.__map_keys__": "Int64", "wide.__map_values__": "Float32",
+                 "wide.__map_status__": "Int32"}, plain
+# MindSpore's np_type_convert, all its map loader decodes.
+np_types = {"int32": np.int32, "float32": np.float32, "float16": np.float16, "float64": np.float64}
 for t, want in zip(maps[0].maptensor.tensor, whole):
     got = np.frombuffer(t.tensor_content, np_types[t.tensor_type]).reshape(list(t.dims))
     assert got.dtype == want.dtype and np.array_equal(got, want), t.tensor_type
