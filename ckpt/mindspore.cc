@@ -513,8 +513,9 @@ Result<std::unique_ptr<CheckpointReader>> OpenMindSporeCheckpoint(
       const std::vector<int64_t>& local = s.local;
       if (!box || box->extents() != local || s.dtype != t.layout.dtype) {
         return DataLossError("MindSpore checkpoint '" + path + "': rank " + std::to_string(r) +
-                             " ('" + c.files[r] + "') stores tensor '" + s.tag + "' as " + std::string(DTypeName(s.dtype)) +
-                             ShapeToString(local) + ", its strategy gives that rank " +
+                             " ('" + c.files[r] + "') stores tensor '" + s.tag + "' as " +
+                             std::string(DTypeName(s.dtype)) + ShapeToString(local) +
+                             ", its strategy gives that rank " +
                              (box ? ToString(*box) : std::string("no slice")));
       }
       c.blocks[i].push_back({s.segments[0].file, s.segments[0].offset, *box, std::move(s.segments)});
@@ -523,9 +524,12 @@ Result<std::unique_ptr<CheckpointReader>> OpenMindSporeCheckpoint(
   return OpenDenseCheckpoint(env, std::move(c));
 }
 
+namespace {
+
 // Tensor index -> map name, for the tensors that form a map tensor: all
 // three parts present, keys [n], values [n, ...], status [n], in types
-// MindSpore's loader decodes (others stay plain tensors).
+// MindSpore's loader decodes, and no tensor of the map's own name (others
+// stay plain tensors).
 std::map<size_t, std::string> MapParts(const Strategy& strategy) {
   std::map<size_t, std::string> out;
   const auto& tensors = strategy.tensors();
@@ -533,6 +537,7 @@ std::map<size_t, std::string> MapParts(const Strategy& strategy) {
   for (const TensorStrategy& t : tensors) {
     if (!EndsWith(t.name, keys)) continue;
     const std::string name = t.name.substr(0, t.name.size() - keys.size());
+    if (strategy.Find(name) != nullptr) continue;
     std::vector<size_t> parts;
     for (const char* suffix : kMapSuffixes) {
       const TensorStrategy* p = strategy.Find(name + suffix);
@@ -571,6 +576,8 @@ void PlanMapRecord(const Strategy& strategy, const std::string& name, uint32_t f
     *pos += parts[k].content_size;
   }
 }
+
+}  // namespace
 
 Result<std::unique_ptr<CheckpointWriter>> CreateMindSporeCheckpoint(
     Env* env, const std::string& path, const Strategy& strategy, const CheckpointMeta& meta,

@@ -309,6 +309,21 @@ std::string TensorPrefix(const std::vector<int64_t>& dims, std::string_view type
   return out;
 }
 
+// The bytes opening a record: Checkpoint.value, its tag, and the key and
+// length of its `field` (a tensor or a map tensor) of `size` bytes.
+std::string ValueOpening(std::string_view tag, char field, uint64_t size) {
+  const uint64_t value = 1 + VarintSize(tag.size()) + tag.size() + 1 + VarintSize(size) + size;
+  std::string out;
+  out.push_back(0x0a);  // Checkpoint.value
+  PutVarint(&out, value);
+  out.push_back(0x0a);  // Value.tag
+  PutVarint(&out, tag.size());
+  out.append(tag);
+  out.push_back(field);
+  PutVarint(&out, size);
+  return out;
+}
+
 }  // namespace
 
 std::string_view MindSporeNumpyDTypeName(DType dtype) { return DTypeNameIn(kNumpyNames, dtype); }
@@ -335,44 +350,16 @@ std::vector<std::string> MindSporeMapRecordHeaders(std::string_view tag,
     map += framed.size() + size;
     prefixes.push_back(framed + prefix);
   }
-  const uint64_t value = 1 + VarintSize(tag.size()) + tag.size() + 1 + VarintSize(map) + map;
-  std::string first;
-  first.push_back(0x0a);  // Checkpoint.value
-  PutVarint(&first, value);
-  first.push_back(0x0a);  // Value.tag
-  PutVarint(&first, tag.size());
-  first.append(tag);
-  first.push_back(0x1a);  // Value.maptensor
-  PutVarint(&first, map);
-  prefixes.front() = first + prefixes.front();
+  if (prefixes.empty()) prefixes.emplace_back();
+  prefixes.front() = ValueOpening(tag, 0x1a /* Value.maptensor */, map) + prefixes.front();
   return prefixes;
 }
 
 std::string MindSporeRecordHeader(std::string_view tag, const std::vector<int64_t>& dims,
                                   std::string_view type, uint64_t content_size) {
-  uint64_t tensor = 1 + VarintSize(type.size()) + type.size() + 1 + VarintSize(content_size) +
-                    content_size;
-  for (int64_t d : dims) tensor += 1 + VarintSize(static_cast<uint64_t>(d));
-  const uint64_t value =
-      1 + VarintSize(tag.size()) + tag.size() + 1 + VarintSize(tensor) + tensor;
-  std::string out;
-  out.push_back(0x0a);  // Checkpoint.value
-  PutVarint(&out, value);
-  out.push_back(0x0a);  // Value.tag
-  PutVarint(&out, tag.size());
-  out.append(tag);
-  out.push_back(0x12);  // Value.tensor
-  PutVarint(&out, tensor);
-  for (int64_t d : dims) {
-    out.push_back(0x08);  // TensorProto.dims
-    PutVarint(&out, static_cast<uint64_t>(d));
-  }
-  out.push_back(0x12);  // TensorProto.tensor_type
-  PutVarint(&out, type.size());
-  out.append(type);
-  out.push_back(0x1a);  // TensorProto.tensor_content
-  PutVarint(&out, content_size);
-  return out;
+  uint64_t tensor = 0;
+  const std::string prefix = TensorPrefix(dims, type, content_size, &tensor);
+  return ValueOpening(tag, 0x12 /* Value.tensor */, tensor) + prefix;
 }
 
 Result<std::string> MindSporeStringValue(std::string_view content) {
