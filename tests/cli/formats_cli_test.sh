@@ -151,45 +151,55 @@ PY
 # strategy file alone and compared with the merged tensors.
 protoc --python_out=. -I"$protos" "$protos/mindspore_strategy.proto"
 "$ckpt" convert nzfull -o nzfull.safetensors --format safetensors -q
-check "rank files hold the slices MindSpore's dev_matrix/tensor_map rules give" $py - <<'PY'
-import json, struct, numpy as np
+cat >slices.py <<'PY'
+# slices.py DIR STRATEGY FULL.safetensors RANKS: every rank_<r>/checkpoint_<r>.ckpt
+# of DIR holds exactly the slices of its pipeline stage's tensors.
+import json, struct, sys, numpy as np
 import mindspore_checkpoint_pb2 as ckpb, mindspore_strategy_pb2 as stpb
-raw = open("nzfull.safetensors", "rb").read()
+d, strategy, merged, world = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+raw = open(merged, "rb").read()
 n = struct.unpack("<Q", raw[:8])[0]
 full = {k: np.frombuffer(raw[8 + n + v["data_offsets"][0]:8 + n + v["data_offsets"][1]], np.float32).reshape(v["shape"])
         for k, v in json.loads(raw[8:8 + n]).items() if k != "__metadata__"}
-for d, world in (("ms", 4), ("ms.tp4", 4)):
-    m = stpb.ParallelStrategyMap()
-    m.ParseFromString(open(d + ".strategy" if d != "ms" else "ms.strategy", "rb").read())
-    layouts = {i.param_name: i.parallel_layouts for i in m.parallel_layout_item}
-    checked = 0
-    for rank in range(world):
-        c = ckpb.Checkpoint()
-        c.ParseFromString(open(f"{d}/rank_{rank}/checkpoint_{rank}.ckpt", "rb").read())
-        assert sorted(v.tag for v in c.value) == sorted(full), (d, rank)
-        for v in c.value:
-            name = v.tag if v.tag in layouts else v.tag.split(".", 1)[-1]
-            want = full[v.tag]
-            if name in layouts:
-                lay = layouts[name]
-                assert not lay.opt_weight_shard_size or lay.opt_weight_shard_size == 1
-                dev = list(lay.dev_matrix[0].dim)
-                tmap = list(lay.tensor_map[0].dim)
-                coord, r = [], rank
-                for size in reversed(dev):
-                    coord.insert(0, r % size); r //= size
-                for dim, k in enumerate(tmap):
-                    if k == -1:
-                        continue
-                    ways = dev[len(dev) - 1 - k]
-                    step = want.shape[dim] // ways
-                    idx = coord[len(dev) - 1 - k]
-                    want = np.take(want, range(idx * step, (idx + 1) * step), axis=dim)
-                    checked += 1
-            got = np.frombuffer(v.tensor.tensor_content, np.float32).reshape(list(v.tensor.dims))
-            assert np.array_equal(got, want), (d, rank, v.tag)
-    assert checked > 0, d
+m = stpb.ParallelStrategyMap()
+m.ParseFromString(open(strategy, "rb").read())
+layouts = {}  # name -> (stage, layout); a merged pipeline file names "<stage>-<name>"
+for i in m.parallel_layout_item:
+    stage, name = i.param_name.split("-", 1) if m.current_stage == 1 and "-" in i.param_name else (0, i.param_name)
+    layouts[name] = (int(stage), i.parallel_layouts)
+per_stage = int(np.prod(list(next(iter(layouts.values()))[1].dev_matrix[0].dim)))
+checked = 0
+for rank in range(world):
+    stage, local = divmod(rank, per_stage)
+    c = ckpb.Checkpoint()
+    c.ParseFromString(open(f"{d}/rank_{rank}/checkpoint_{rank}.ckpt", "rb").read())
+    def owner(tag):
+        return tag if tag in layouts else tag.split(".", 1)[-1]
+    want_tags = sorted(t for t in full if owner(t) not in layouts or layouts[owner(t)][0] == stage)
+    assert sorted(v.tag for v in c.value) == want_tags, (d, rank)
+    for v in c.value:
+        want = full[v.tag]
+        if owner(v.tag) in layouts:
+            lay = layouts[owner(v.tag)][1]
+            assert not lay.opt_weight_shard_size or lay.opt_weight_shard_size == 1
+            dev, tmap = list(lay.dev_matrix[0].dim), list(lay.tensor_map[0].dim)
+            coord, r = [], local
+            for size in reversed(dev):
+                coord.insert(0, r % size); r //= size
+            for dim, k in enumerate(tmap):
+                if k == -1:
+                    continue
+                step = want.shape[dim] // dev[len(dev) - 1 - k]
+                idx = coord[len(dev) - 1 - k]
+                want = np.take(want, range(idx * step, (idx + 1) * step), axis=dim)
+                checked += 1
+        got = np.frombuffer(v.tensor.tensor_content, np.float32).reshape(list(v.tensor.dims))
+        assert np.array_equal(got, want), (d, rank, v.tag)
+assert checked > 0, d
 PY
+check "rank files hold the slices MindSpore's dev_matrix/tensor_map rules give" \
+  $py slices.py ms ms.strategy nzfull.safetensors 4
+check "... also after a reshard to 4-way splits" $py slices.py ms.tp4 ms.tp4.strategy nzfull.safetensors 4
 # append_dict strings, as save_checkpoint writes them on every rank (a
 # record of type "str", dims [0], numpy's '<U' bytes), are the metadata;
 # a merge to one .ckpt keeps them, as strings MindSpore's loader decodes.
@@ -291,7 +301,9 @@ run "$ckpt" merge mspp --src-strategy pp.strategy -o pp.back -q
 run "$ckpt" merge pp -o pp.full -q
 run "$ckpt" diff pp.back pp.full -q
 check "... and merges back with the merged pipeline strategy" test $rc -eq 0
-protoc --python_out=. -I"$protos" "$protos/mindspore_strategy.proto"
+"$ckpt" convert pp.full -o pp.full.safetensors --format safetensors -q
+check "each stage's rank files hold its tensors' slices, by MindSpore's rules" \
+  $py slices.py mspp pp.strategy pp.full.safetensors 4
 check "the merged pipeline strategy has MindSpore's form; per-rank stage files are made" $py - <<'PY'
 import copy, os
 import mindspore_strategy_pb2 as pb
