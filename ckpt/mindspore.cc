@@ -134,10 +134,11 @@ struct Stored {
 constexpr const char* kMapSuffixes[kMindSporeMapParts] = {".__map_keys__", ".__map_values__",
                                                           ".__map_status__"};
 
-// Adds map tensor record `r` to `out`: its three parts, or, after a record
-// of the same map, their continuation along dimension 0.
-Status AddMapRecord(const MindSporeRecord& r, uint32_t file_index, const std::string& path,
-                    std::vector<Stored>* out) {
+// Adds map tensor record `r` to `out`: its three parts, or with `more`
+// (the record follows one of the same map, whose parts end `out`) their
+// continuation along dimension 0.
+Status AddMapRecord(const MindSporeRecord& r, bool more, uint32_t file_index,
+                    const std::string& path, std::vector<Stored>* out) {
   auto bad = [&](const std::string& what) {
     return DataLossError("MindSpore checkpoint '" + path + "': map tensor '" + r.tag + "': " + what);
   };
@@ -149,7 +150,6 @@ Status AddMapRecord(const MindSporeRecord& r, uint32_t file_index, const std::st
                  " (keys [n], values [n, ...] and status [n] expected)");
     }
   }
-  const bool more = out->size() >= kMindSporeMapParts && (*out)[out->size() - 1].map == r.tag;
   for (size_t i = 0; i < kMindSporeMapParts; ++i) {
     const MindSporeRecord& part = r.map[i];
     auto dtype = ParseMindSporeNumpyDType(part.type);
@@ -207,7 +207,7 @@ Result<std::vector<Stored>> GroupRecords(const RandomAccessFile& file, const Min
         return DataLossError("MindSpore checkpoint '" + path + "': tensor '" + r.tag +
                              "' appears twice");
       }
-      RETURN_IF_ERROR(AddMapRecord(r, file_index, path, &out));
+      RETURN_IF_ERROR(AddMapRecord(r, more, file_index, path, &out));
       done[r.tag] = true;
       for (const char* suffix : kMapSuffixes) done[r.tag + suffix] = true;
       continue;
@@ -310,10 +310,15 @@ bool EndsWith(const std::string& s, const std::string& tail) {
   return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
 }
 
-// The file transform_checkpoints takes of a rank directory holding several
-// (ModelCheckpoint keeps the last few): the last in lexicographic order.
-const std::string& LastCkpt(const std::vector<std::string>& ckpts) {
-  return *std::max_element(ckpts.begin(), ckpts.end());
+// The .ckpt file transform_checkpoints takes of a rank directory's `files`
+// (ModelCheckpoint keeps the last few): the last in lexicographic order;
+// empty when there is none.
+std::string LastCkpt(const std::vector<std::string>& files) {
+  std::string last;
+  for (const std::string& f : files) {
+    if (EndsWith(f, ".ckpt") && f > last) last = f;
+  }
+  return last;
 }
 
 // rank -> the .ckpt file of rank_<rank>/ (the last, when several).
@@ -329,14 +334,11 @@ Result<std::map<int64_t, std::string>> RankFiles(Env* env, const std::string& di
     const std::string sub = JoinPath(dir, c);
     if (!env->IsDirectory(sub)) continue;
     ASSIGN_OR_RETURN(std::vector<std::string> files, env->GetChildren(sub));
-    std::vector<std::string> ckpts;
-    for (const std::string& f : files) {
-      if (EndsWith(f, ".ckpt")) ckpts.push_back(f);
-    }
-    if (ckpts.empty()) {
+    const std::string last = LastCkpt(files);
+    if (last.empty()) {
       return NotFoundError("MindSpore checkpoint '" + dir + "': '" + sub + "' holds no .ckpt file");
     }
-    out[std::stoll(digits)] = JoinPath(sub, LastCkpt(ckpts));
+    out[std::stoll(digits)] = JoinPath(sub, last);
   }
   if (out.empty()) {
     return NotFoundError("MindSpore checkpoint '" + dir + "': no rank_<r>/ directories");
@@ -539,13 +541,12 @@ std::map<size_t, std::string> MapParts(const Strategy& strategy) {
     const std::string name = t.name.substr(0, t.name.size() - keys.size());
     if (strategy.Find(name) != nullptr) continue;
     std::vector<size_t> parts;
-    for (const char* suffix : kMapSuffixes) {
-      const TensorStrategy* p = strategy.Find(name + suffix);
+    for (size_t k = 0; k < kMindSporeMapParts; ++k) {
+      const TensorStrategy* p = strategy.Find(name + kMapSuffixes[k]);
       if (p == nullptr || p->layout.shape.empty() || p->layout.shape[0] != t.layout.shape[0] ||
-          !MindSporeLoadsMapPart(p->layout.dtype)) {
+          !MindSporeLoadsMapPart(p->layout.dtype) || (k != 1 && p->layout.shape.size() != 1)) {
         break;
       }
-      if (suffix != kMapSuffixes[1] && p->layout.shape.size() != 1) break;
       parts.push_back(static_cast<size_t>(p - tensors.data()));
     }
     if (parts.size() != kMindSporeMapParts) continue;
@@ -670,12 +671,9 @@ bool IsMindSporeCheckpoint(Env* env, const std::string& path) {
     const std::string rank0 = JoinPath(path, std::string(kRankDirPrefix) + "0");
     auto files = env->GetChildren(rank0);
     if (!files.ok()) return false;
-    std::vector<std::string> ckpts;
-    for (const std::string& f : *files) {
-      if (EndsWith(f, ".ckpt")) ckpts.push_back(f);
-    }
-    if (ckpts.empty()) return false;
-    file = JoinPath(rank0, LastCkpt(ckpts));
+    const std::string last = LastCkpt(*files);
+    if (last.empty()) return false;
+    file = JoinPath(rank0, last);
   }
   auto f = env->NewRandomAccessFile(file);
   return f.ok() && LooksLikeMindSporeCkpt(**f);
