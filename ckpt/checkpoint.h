@@ -27,6 +27,16 @@ struct CheckpointMeta {
   std::string created_by;
 };
 
+// The order a checkpoint of one file per rank (a MindSpore rank directory)
+// stores its tensors in, which MindSpore's transform output follows.
+struct StoredOrder {
+  // Per rank file (index = rank): tensor indices in stored order.
+  std::vector<std::vector<size_t>> files;
+  // Tensors the checkpoint's strategy does not place (MindSpore's
+  // global_step and the like), by index.
+  std::vector<size_t> unplaced;
+};
+
 // How one tensor is stored (for inspect).
 struct TensorStorage {
   int64_t pieces = 0;
@@ -60,6 +70,9 @@ class CheckpointReader {
   // line per lost file and source ("data-00003.tsr: tensor 'w' ...").
   // Empty when nothing was lost (always, for formats without redundancy).
   virtual std::vector<std::string> Recoveries() const { return {}; }
+  // For a checkpoint of one file per rank, what each file stores in which
+  // order; empty for the others.
+  virtual StoredOrder Order() const { return {}; }
 };
 
 class CheckpointWriter {

@@ -38,6 +38,7 @@ class DenseReader : public CheckpointReader {
   std::string_view format() const override { return c_.format; }
   const Strategy& strategy() const override { return c_.strategy; }
   const CheckpointMeta& meta() const override { return c_.meta; }
+  StoredOrder Order() const override { return c_.order; }
 
   TensorStorage Storage(size_t index) const override {
     TensorStorage s;

@@ -46,6 +46,8 @@ struct DenseCheckpoint {
   // replicas (MindSpore writes a replicated slice into every rank's file);
   // distinct boxes must be disjoint and cover the tensor.
   std::vector<std::vector<DenseBlock>> blocks;
+  // A directory of rank files: what each stores in which order.
+  StoredOrder order;
 };
 
 // Checks the table (blocks inside their tensors, disjoint, covering; the

@@ -18,12 +18,13 @@ struct Entry {
   PipelinePlacement placement;
 };
 
-// Name -> parameter and pipeline stage over all strategy files, as
+// Name -> parameter and pipeline stages over all strategy files, as
 // merge_pipeline_strategys sees them: a file's stage is that of its first
 // strategy item, and a file of a stage already seen is skipped (every rank
 // of a stage writes the same file); a merged file's "<stage>-" prefixes give
 // each parameter its stage. A parameter on several stages (a shared
-// embedding) is read from the lowest. Every stage 0..n-1 must be present.
+// embedding) is held by each of them, read from the lowest; its layouts
+// must agree. Every stage 0..n-1 must be present.
 struct ParamIndex {
   std::map<std::string, Entry> params;
   int64_t stages = 1;
@@ -44,13 +45,29 @@ Result<ParamIndex> IndexParams(const std::vector<MindSporeStrategyFile>& files) 
       if (stage < 0) return InvalidArgumentError("MindSpore strategy: negative stage");
       seen[stage] = true;
       auto [it, inserted] = index.params.emplace(p.name, Entry{&p, {stage, 1}});
-      if (!inserted) {
-        if (!pipeline) {
-          return InvalidArgumentError("MindSpore strategy: parameter '" + p.name +
-                                      "' appears twice");
-        }
-        if (stage < it->second.placement.stage) it->second = Entry{&p, {stage, 1}};
+      if (inserted) continue;
+      if (!pipeline) {
+        return InvalidArgumentError("MindSpore strategy: parameter '" + p.name + "' appears twice");
       }
+      Entry& e = it->second;
+      if (!(p.layout == e.param->layout)) {
+        return InvalidArgumentError(
+            "MindSpore strategy: parameter '" + p.name + "' is laid out differently on stages " +
+            std::to_string(std::min(stage, e.placement.stage)) + " and " +
+            std::to_string(std::max(stage, e.placement.stage)) +
+            "; Tessera holds a tensor on several stages with one layout");
+      }
+      std::vector<int64_t> all = e.placement.copy_stages;
+      all.push_back(e.placement.stage);
+      if (std::find(all.begin(), all.end(), stage) != all.end()) {
+        return InvalidArgumentError("MindSpore strategy: parameter '" + p.name +
+                                    "' appears twice on stage " + std::to_string(stage));
+      }
+      all.push_back(stage);
+      std::sort(all.begin(), all.end());
+      if (stage < e.placement.stage) e.param = &p;
+      e.placement.stage = all[0];
+      e.placement.copy_stages.assign(all.begin() + 1, all.end());
     }
   }
   index.stages = seen.empty() ? 1 : seen.rbegin()->first + 1;
@@ -375,13 +392,14 @@ Result<std::vector<MindSporeStrategyFile>> ReadMindSporeStrategies(Env* env,
 }
 
 Result<Strategy> MindSporeToStrategy(const std::vector<MindSporeStrategyFile>& files,
-                                     const Strategy& tensors) {
+                                     const Strategy& tensors, std::vector<size_t>* unnamed) {
   ASSIGN_OR_RETURN(ParamIndex index, IndexParams(files));
   const auto& params = index.params;
   const int64_t world = DevicesPerStage(files) * index.stages;
   ASSIGN_OR_RETURN(Mesh mesh, Mesh::Create({"rank"}, {world}));
   Strategy out(mesh);
   for (const TensorStrategy& t : tensors.tensors()) {
+    if (unnamed != nullptr && !params.count(t.name)) unnamed->push_back(out.tensors().size());
     const Entry* e = Follow(params, t.name);
     if (e != nullptr && e->param->layout.tensor_map.size() == t.layout.shape.size() &&
         (e->param->shape.empty() || e->param->shape == t.layout.shape || params.count(t.name))) {
@@ -412,8 +430,12 @@ Result<MindSporeStrategyFile> StrategyToMindSpore(const Strategy& strategy) {
                                   "a pipeline on a stage, but this strategy mixes staged and "
                                   "unstaged tensors");
     }
-    out.params.push_back({t.name, std::move(*ms), t.layout.shape, 0, t.layout.stage});
+    out.params.push_back({t.name, *ms, t.layout.shape, 0, t.layout.stage});
+    for (int64_t c : t.layout.copy_stages) out.params.push_back({t.name, *ms, t.layout.shape, 0, c});
   }
+  // Stage by stage, as merge_pipeline_strategys concatenates stage files.
+  std::stable_sort(out.params.begin(), out.params.end(),
+                   [](const MindSporeParam& a, const MindSporeParam& b) { return a.stage < b.stage; });
   if (staged) {
     // What merge_pipeline_strategys writes: "<stage>-<name>", current_stage 1.
     out.merged_pipeline = true;
@@ -501,14 +523,16 @@ Result<std::unique_ptr<CheckpointReader>> OpenMindSporeCheckpoint(
       }
       RETURN_IF_ERROR(global.Add({t.name, Layout::Replicated(shape, t.layout.dtype), {}}));
     }
-    ASSIGN_OR_RETURN(c.strategy, MindSporeToStrategy(files, global));
+    ASSIGN_OR_RETURN(c.strategy, MindSporeToStrategy(files, global, &c.order.unplaced));
   }
   c.blocks.resize(c.strategy.tensors().size());
   std::map<std::string, size_t> index;
   for (size_t i = 0; i < c.strategy.tensors().size(); ++i) index[c.strategy.tensors()[i].name] = i;
+  c.order.files.resize(stored.size());
   for (size_t r = 0; r < stored.size(); ++r) {
     for (Stored& s : stored[r]) {
       const size_t i = index[s.tag];
+      c.order.files[r].push_back(i);
       const TensorStrategy& t = c.strategy.tensors()[i];
       ASSIGN_OR_RETURN(std::optional<Box> box,
                        ShardOf(t.layout, c.strategy.MeshOf(t), static_cast<int64_t>(r)));
@@ -578,6 +602,43 @@ void PlanMapRecord(const Strategy& strategy, const std::string& name, uint32_t f
   }
 }
 
+// The order of rank `rank`'s records (tensor indices, of those it holds):
+// see MindSporeRecordOrder.
+Result<std::vector<size_t>> RankRecordOrder(const Strategy& strategy, int64_t rank,
+                                            const MindSporeRecordOrder& order) {
+  std::vector<size_t> held;
+  for (size_t i = 0; i < strategy.tensors().size(); ++i) {
+    const TensorStrategy& t = strategy.tensors()[i];
+    const Mesh& mesh = strategy.MeshOf(t);
+    if (rank >= mesh.world_size()) continue;
+    ASSIGN_OR_RETURN(std::optional<Box> box, ShardOf(t.layout, mesh, rank));
+    if (box) held.push_back(i);
+  }
+  std::vector<size_t> seen_order;  // every held tensor once: source order, then the rest
+  std::vector<bool> seen(strategy.tensors().size(), false);
+  for (auto f = order.rank_files.rbegin(); f != order.rank_files.rend(); ++f) {
+    for (const std::string& name : *f) {
+      const TensorStrategy* t = strategy.Find(name);
+      if (t == nullptr) continue;
+      const size_t i = static_cast<size_t>(t - strategy.tensors().data());
+      if (!seen[i]) seen_order.push_back(i);
+      seen[i] = true;
+    }
+  }
+  for (size_t i = 0; i < seen.size(); ++i) {
+    if (!seen[i]) seen_order.push_back(i);
+  }
+  std::vector<bool> holds(strategy.tensors().size(), false);
+  for (size_t i : held) holds[i] = true;
+  std::vector<size_t> out;
+  for (bool unnamed : {false, true}) {
+    for (size_t i : seen_order) {
+      if (holds[i] && order.unnamed.count(strategy.tensors()[i].name) == unnamed) out.push_back(i);
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
 Result<std::unique_ptr<CheckpointWriter>> CreateMindSporeCheckpoint(
@@ -620,7 +681,12 @@ Result<std::unique_ptr<CheckpointWriter>> CreateMindSporeCheckpoint(
     }
     const uint32_t f = static_cast<uint32_t>(plan.files.size());
     uint64_t pos = 0;
-    for (size_t i = 0; i < strategy.tensors().size(); ++i) {
+    std::vector<size_t> records(strategy.tensors().size());
+    for (size_t i = 0; i < records.size(); ++i) records[i] = i;
+    if (!single) {
+      ASSIGN_OR_RETURN(records, RankRecordOrder(strategy, r, options.order));
+    }
+    for (size_t i : records) {
       const TensorStrategy& t = strategy.tensors()[i];
       const Mesh& mesh = strategy.MeshOf(t);
       std::optional<Box> box = Box::FromShape(t.layout.shape);

@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -28,9 +29,12 @@ Result<std::vector<MindSporeStrategyFile>> ReadMindSporeStrategies(Env* env,
                                                                    const std::string& path);
 
 // The layouts of `tensors` (names, shapes and dtypes, in their order) under
-// MindSpore strategy files.
+// MindSpore strategy files. The indices of the tensors the files do not
+// name (global_step and the like, or optimizer states that follow their
+// parameter) go to `unnamed` when given.
 Result<Strategy> MindSporeToStrategy(const std::vector<MindSporeStrategyFile>& files,
-                                     const Strategy& tensors);
+                                     const Strategy& tensors,
+                                     std::vector<size_t>* unnamed = nullptr);
 
 // The MindSpore form of a strategy (one stage file; pipeline stages are not
 // written in this form). Fails naming a tensor MindSpore cannot express.
@@ -51,10 +55,24 @@ Result<std::unique_ptr<CheckpointReader>> OpenMindSporeCheckpoint(
     Env* env, const std::string& path, const std::string& strategy,
     const std::string& strategy_hint = "");
 
+// What MindSpore's transform_checkpoints (2.3.1 and later) orders each
+// output rank file's records by: it loads the source ranks a destination
+// rank needs in descending order, so a tensor comes where it first appears
+// in the highest source rank's file holding it (a pipeline source's last
+// stage first); tensors that the source or destination strategy does not
+// name follow the others, in that order too.
+struct MindSporeRecordOrder {
+  std::vector<std::vector<std::string>> rank_files;  // per source rank: names, stored order
+  std::set<std::string> unnamed;
+};
+
 struct MindSporeWriteOptions {
   std::string prefix = "checkpoint_";
   uint64_t chunk_bytes = kMindSporeChunkBytes;  // bytes per record of a large tensor
   bool overwrite = false;
+  // Rank files: records in this order; without source files, in strategy
+  // order (unnamed tensors last).
+  MindSporeRecordOrder order;
 };
 
 // A path ending in ".ckpt" is one file of whole tensors (the strategy must

@@ -92,6 +92,14 @@ Result<TransformStats> WriteTransformed(Env* env, const CheckpointReader& src, c
     case Format::kMindSpore: {
       MindSporeWriteOptions o = options.mindspore;
       o.overwrite = options.native.overwrite;
+      // Records in the order MindSpore's transform writes them from this source.
+      const StoredOrder order = src.Order();
+      const auto& tensors = src.strategy().tensors();
+      for (const auto& file : order.files) {
+        std::vector<std::string>& names = o.order.rank_files.emplace_back();
+        for (size_t i : file) names.push_back(tensors[i].name);
+      }
+      for (size_t i : order.unplaced) o.order.unnamed.insert(tensors[i].name);
       ASSIGN_OR_RETURN(writer, CreateMindSporeCheckpoint(env, out_path, complete, meta, o));
       break;
     }

@@ -122,13 +122,18 @@ Result<std::unique_ptr<CheckpointReader>> OpenSource(const std::string& path,
 }
 
 Result<Strategy> DestinationStrategy(const CheckpointReader& src, const std::string& file,
-                                     const std::string& mesh) {
+                                     const std::string& mesh, std::set<std::string>* unnamed) {
   if (!file.empty() && !mesh.empty()) {
     return InvalidArgumentError("give either --strategy or --mesh, not both");
   }
   if (!file.empty() && IsMindSporeStrategy(file)) {
     ASSIGN_OR_RETURN(auto files, ReadMindSporeStrategies(Env::Default(), file));
-    return MindSporeToStrategy(files, src.strategy());
+    std::vector<size_t> missing;
+    ASSIGN_OR_RETURN(Strategy dst, MindSporeToStrategy(files, src.strategy(), &missing));
+    for (size_t i : missing) {
+      if (unnamed != nullptr) unnamed->insert(dst.tensors()[i].name);
+    }
+    return dst;
   }
   if (!file.empty()) return LoadStrategyFile(Env::Default(), file);
   if (mesh.empty()) return InvalidArgumentError("give --strategy FILE or --mesh axis=size,...");
@@ -137,8 +142,10 @@ Result<Strategy> DestinationStrategy(const CheckpointReader& src, const std::str
 }
 
 int RunWrite(const CheckpointReader& src, const Strategy& dst, const std::string& out,
-             const IoFlags& flags, const std::string& verb) {
+             const IoFlags& flags, const std::string& verb,
+             const std::set<std::string>& unnamed) {
   WriteOptions o;
+  o.mindspore.order.unnamed = unnamed;
   Status s = ParseCompression(flags.compress, &o.native).Annotate("--compress");
   if (!s.ok()) return Report(s);
   o.native.overwrite = flags.overwrite;

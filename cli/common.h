@@ -6,6 +6,7 @@
 #include <CLI/CLI.hpp>
 #include <functional>
 #include <memory>
+#include <set>
 #include <string>
 
 #include "ckpt/ops.h"
@@ -43,13 +44,16 @@ Result<std::unique_ptr<CheckpointReader>> OpenSource(const std::string& path,
                                                      const std::string& flag = "--src-strategy");
 
 // The destination: a strategy file, or the source's split axes on a new
-// mesh ("dp=2,tp=4").
+// mesh ("dp=2,tp=4"). The tensors a MindSpore strategy file does not name
+// go to `unnamed` (MindSpore writes them last).
 Result<Strategy> DestinationStrategy(const CheckpointReader& src, const std::string& strategy_file,
-                                     const std::string& mesh);
+                                     const std::string& mesh,
+                                     std::set<std::string>* unnamed = nullptr);
 
 // Runs the transform to `out`, prints a one-line summary unless quiet.
 int RunWrite(const CheckpointReader& src, const Strategy& dst, const std::string& out,
-             const IoFlags& flags, const std::string& verb);
+             const IoFlags& flags, const std::string& verb,
+             const std::set<std::string>& unnamed = {});
 
 }  // namespace tessera::cli
 

@@ -21,9 +21,10 @@ CLI::App* AddReshardVerb(CLI::App& app, std::function<int()>* run) {
     *run = [a] {
       auto src = OpenSource(a->src, a->src_strategy);
       if (!src.ok()) return Report(src.status());
-      auto dst = DestinationStrategy(**src, a->strategy, a->mesh);
+      std::set<std::string> unnamed;
+      auto dst = DestinationStrategy(**src, a->strategy, a->mesh, &unnamed);
       if (!dst.ok()) return Report(dst.status());
-      return RunWrite(**src, *dst, a->out, a->io, "reshard");
+      return RunWrite(**src, *dst, a->out, a->io, "reshard", unnamed);
     };
   });
   return cmd;

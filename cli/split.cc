@@ -21,9 +21,10 @@ CLI::App* AddSplitVerb(CLI::App& app, std::function<int()>* run) {
     *run = [a] {
       auto src = OpenSource(a->src, a->src_strategy);
       if (!src.ok()) return Report(src.status());
-      auto dst = DestinationStrategy(**src, a->strategy, "");
+      std::set<std::string> unnamed;
+      auto dst = DestinationStrategy(**src, a->strategy, "", &unnamed);
       if (!dst.ok()) return Report(dst.status());
-      return RunWrite(**src, *dst, a->out, a->io, "split");
+      return RunWrite(**src, *dst, a->out, a->io, "split", unnamed);
     };
   });
   return cmd;

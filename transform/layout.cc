@@ -1,5 +1,6 @@
 #include "transform/layout.h"
 
+#include <algorithm>
 #include <limits>
 #include <map>
 #include <optional>
@@ -44,10 +45,14 @@ const std::vector<std::string>& Layout::AxesOf(int d) const {
   return d < static_cast<int>(dim_axes.size()) ? dim_axes[d] : kNoAxes;
 }
 
+bool Layout::OnStage(int64_t s) const {
+  return s == stage || std::binary_search(copy_stages.begin(), copy_stages.end(), s);
+}
+
 bool Layout::operator==(const Layout& o) const {
   if (shape != o.shape || split_shape() != o.split_shape() || dtype != o.dtype ||
-      opt_axes != o.opt_axes ||
-      stage_axis != o.stage_axis || (!stage_axis.empty() && stage != o.stage)) {
+      opt_axes != o.opt_axes || stage_axis != o.stage_axis ||
+      (!stage_axis.empty() && (stage != o.stage || copy_stages != o.copy_stages))) {
     return false;
   }
   for (int d = 0; d < rank(); ++d) {
@@ -108,6 +113,17 @@ Status ValidateLayout(const Layout& layout, const Mesh& mesh) {
       return InvalidArgumentError("stage " + std::to_string(layout.stage) + " is outside axis '" +
                                   layout.stage_axis + "' of size " + std::to_string(stages));
     }
+    int64_t below = layout.stage;
+    for (int64_t s : layout.copy_stages) {
+      if (s <= below || s >= stages) {
+        return InvalidArgumentError("copy stage " + std::to_string(s) + " of axis '" +
+                                    layout.stage_axis + "' (size " + std::to_string(stages) +
+                                    ") is out of range or not above stage " + std::to_string(below));
+      }
+      below = s;
+    }
+  } else if (!layout.copy_stages.empty()) {
+    return InvalidArgumentError("copy stages without a pipeline stage axis");
   }
   return Status::Ok();
 }
@@ -134,6 +150,7 @@ std::string ToString(const Layout& layout) {
   if (!layout.opt_axes.empty()) s += " opt [" + JoinAxes(layout.opt_axes) + "]";
   if (!layout.stage_axis.empty()) {
     s += " stage " + layout.stage_axis + "=" + std::to_string(layout.stage);
+    for (int64_t c : layout.copy_stages) s += "," + std::to_string(c);
   }
   return s;
 }
@@ -236,7 +253,7 @@ Result<ShardGrid> ShardGrid::Create(const Mesh& mesh, const Layout& layout) {
 }
 
 int64_t ShardGrid::PieceId(int64_t rank) const {
-  if (stage_axis_ >= 0 && mesh_.Coordinate(rank, stage_axis_) != layout_.stage) return -1;
+  if (stage_axis_ >= 0 && !layout_.OnStage(mesh_.Coordinate(rank, stage_axis_))) return -1;
   int64_t id = 0;
   for (int d = 0; d < layout_.rank(); ++d) {
     int64_t index = 0;

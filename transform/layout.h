@@ -20,7 +20,11 @@
 //    replica axes that further split dimension 0 of each model-parallel
 //    piece, nested inside the dimension's own axes;
 //  - pipeline stage: with `stage_axis` set, only ranks whose coordinate on
-//    that axis equals `stage` hold the tensor (a sub-mesh).
+//    that axis equals `stage` hold the tensor (a sub-mesh). A tensor several
+//    stages use (a word embedding tied to the output projection, which
+//    MindFormers places on the first and the last stage) lists the others in
+//    `copy_stages`: their ranks hold the same pieces, as further replicas.
+//    `stage` is the lowest, the copy that is read.
 #ifndef TESSERA_TRANSFORM_LAYOUT_H_
 #define TESSERA_TRANSFORM_LAYOUT_H_
 
@@ -49,6 +53,11 @@ struct Layout {
   std::vector<std::string> opt_axes;
   std::string stage_axis;  // empty: held on every stage
   int64_t stage = 0;
+  // Further stages holding the same pieces, ascending, each above `stage`.
+  std::vector<int64_t> copy_stages;
+
+  // Whether ranks at coordinate `s` of the stage axis hold the tensor.
+  bool OnStage(int64_t s) const;
 
   // Not split anywhere: every rank holds the whole tensor.
   static Layout Replicated(std::vector<int64_t> shape, DType dtype);
@@ -65,12 +74,14 @@ struct Layout {
 
 // Checks the layout against the mesh: dims >= 0, rank <= kMaxRank, byte size
 // fits in int64, a view that refines the shape (no zero sizes then), every
-// axis exists, no axis used twice, stage in range.
+// axis exists, no axis used twice, stages in range (copy stages ascending,
+// above `stage`).
 Status ValidateLayout(const Layout& layout, const Mesh& mesh);
 // Elements and bytes of the whole tensor (valid layouts only).
 int64_t NumElements(const Layout& layout);
 int64_t ByteSize(const Layout& layout);
-// "shape [768, 3072] f32 split [-, tp] opt [dp] stage pp=1"; a view shows
+// "shape [768, 3072] f32 split [-, tp] opt [dp] stage pp=1" (stages
+// "pp=0,3" when copy stages hold it too); a view shows
 // as "shape [768, 2304] view [768, 3, 768] f32 split [-, -, tp]".
 std::string ToString(const Layout& layout);
 

@@ -21,7 +21,8 @@ Status AddPipeline(const PipelinePlacement& placement, MeshLayout* ml) {
   ASSIGN_OR_RETURN(ml->mesh, Mesh::Create(std::move(names), std::move(sizes)));
   ml->layout.stage_axis = "pp";
   ml->layout.stage = placement.stage;
-  return Status::Ok();
+  ml->layout.copy_stages = placement.copy_stages;
+  return ValidateLayout(ml->layout, ml->mesh);
 }
 
 }  // namespace
@@ -167,7 +168,7 @@ Result<MindSporeLayout> ToMindSpore(const Mesh& mesh, const Layout& layout) {
   // MindSpore fixes the rank order of the optimizer shard (see FromMindSpore);
   // accept only layouts that place every rank's piece the same way.
   PipelinePlacement placement;
-  if (!layout.stage_axis.empty()) placement = {layout.stage, mesh.axis_size(0)};
+  if (!layout.stage_axis.empty()) placement = {layout.stage, mesh.axis_size(0), layout.copy_stages};
   ASSIGN_OR_RETURN(MeshLayout back, FromMindSpore(ms, layout.shape, layout.dtype, placement));
   ASSIGN_OR_RETURN(bool same, Equivalent(mesh, layout, back.mesh, back.layout));
   if (!same) {

@@ -42,9 +42,12 @@ struct MeshLayout {
 
 // Pipeline placement of a strategy file: MindSpore writes one dev_matrix per
 // stage; rank = stage * devices_per_stage + rank within the stage.
+// A parameter several stages hold (MindFormers' word embedding on the
+// first and the last stage) has its further stages in `copy_stages`.
 struct PipelinePlacement {
   int64_t stage = 0;
   int64_t num_stages = 1;
+  std::vector<int64_t> copy_stages;  // ascending, above `stage`
 };
 
 // Device axis k (from the right) becomes mesh axis "m<k>". With optimizer
@@ -53,7 +56,7 @@ struct PipelinePlacement {
 // [repeat (if > 1), opt_weight_shard_size, split count of each dimension],
 // named "rep", "opt", "t0", "t1", ...; dimension 0 is split by "t0" and then
 // by "opt". With several stages an outer axis "pp" is added and the layout
-// is placed on `placement.stage`.
+// is placed on `placement.stage` (and its copy stages).
 Result<MeshLayout> FromMindSpore(const MindSporeLayout& ms, const std::vector<int64_t>& shape,
                                  DType dtype, PipelinePlacement placement = {});
 

@@ -1,5 +1,6 @@
 #include "transform/strategy.h"
 
+#include <algorithm>
 #include <nlohmann/json.hpp>
 
 namespace tessera {
@@ -80,7 +81,16 @@ Result<Strategy> ParseImpl(const Json& root) {
         return fail(InvalidArgumentError("\"stage\" must be {\"axis\": ..., \"index\": ...}"));
       }
       ts.layout.stage_axis = st.at("axis").get<std::string>();
-      ts.layout.stage = st.at("index").get<int64_t>();
+      const Json& index = st.at("index");
+      if (index.is_array()) {  // several stages: the lowest is read, the others hold copies
+        if (index.empty()) return fail(InvalidArgumentError("\"stage\" \"index\" is an empty list"));
+        std::vector<int64_t> stages = index.get<std::vector<int64_t>>();
+        std::sort(stages.begin(), stages.end());
+        ts.layout.stage = stages[0];
+        ts.layout.copy_stages.assign(stages.begin() + 1, stages.end());
+      } else {
+        ts.layout.stage = index.get<int64_t>();
+      }
     }
     if (t.contains("mesh")) {
       auto m = MeshFromJson(t.at("mesh"));
@@ -148,7 +158,12 @@ std::string StrategyToJson(const Strategy& strategy) {
     }
     if (!t.layout.opt_axes.empty()) j["opt_shard"] = AxesToJson(t.layout.opt_axes);
     if (!t.layout.stage_axis.empty()) {
-      j["stage"] = Json{{"axis", t.layout.stage_axis}, {"index", t.layout.stage}};
+      Json index = t.layout.stage;
+      if (!t.layout.copy_stages.empty()) {
+        index = Json::array({t.layout.stage});
+        for (int64_t c : t.layout.copy_stages) index.push_back(c);
+      }
+      j["stage"] = Json{{"axis", t.layout.stage_axis}, {"index", index}};
     }
     if (t.mesh) j["mesh"] = MeshToJson(*t.mesh);
     tensors[t.name] = std::move(j);
