@@ -2,6 +2,7 @@
 #include <cstdio>
 
 #include "ckpt/diff.h"
+#include "core/utf8.h"
 #include "cli/common.h"
 #include "cli/verbs.h"
 
@@ -36,15 +37,17 @@ CLI::App* AddDiffVerb(CLI::App& app, std::function<int()>* run) {
       a->o.memory_budget = *budget;
       auto r = DiffCheckpoints(**ra, **rb, a->o);
       if (!r.ok()) return Report(r.status());
+      if (int rc = PrintDifferingCopies(**ra, a->a); rc != 0) return rc;
+      if (int rc = PrintDifferingCopies(**rb, a->b); rc != 0) return rc;
       int64_t bad = 0;
       for (const TensorDiff& t : r->tensors) {
         bad += t.ok() ? 0 : 1;
         if (t.ok() && !a->all) continue;
         if (!t.problem.empty()) {
-          std::printf("%s: %s\n", t.name.c_str(), t.problem.c_str());
+          std::printf("%s: %s\n", PrintableText(t.name).c_str(), PrintableText(t.problem).c_str());
         } else {
           std::printf("%s: %lld of %lld elements differ, max abs %.6g, max rel %.6g\n",
-                      t.name.c_str(), static_cast<long long>(t.differing),
+                      PrintableText(t.name).c_str(), static_cast<long long>(t.differing),
                       static_cast<long long>(t.elements), t.max_abs, t.max_rel);
         }
       }

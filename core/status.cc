@@ -1,5 +1,7 @@
 #include "core/status.h"
 
+#include "core/utf8.h"
+
 namespace tessera {
 
 std::string_view StatusCodeName(StatusCode code) {
@@ -28,6 +30,9 @@ std::string Status::ToString() const {
   out += message_;
   return out;
 }
+
+Status::Status(StatusCode code, std::string message)
+    : code_(code), message_(PrintableText(message)) {}
 
 Status Status::Annotate(std::string_view context) const {
   if (ok()) return *this;

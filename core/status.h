@@ -33,8 +33,9 @@ std::string_view StatusCodeName(StatusCode code);
 class [[nodiscard]] Status {
  public:
   Status() = default;
-  Status(StatusCode code, std::string message)
-      : code_(code), message_(std::move(message)) {}
+  // The message is kept as PrintableText (core/utf8.h): bytes taken from a
+  // damaged file never reach a terminal raw.
+  Status(StatusCode code, std::string message);
 
   static Status Ok() { return Status(); }
 

@@ -1,6 +1,10 @@
 #include "core/utf8.h"
 
 #include <catch2/catch.hpp>
+#include <random>
+#include <string>
+
+#include "tests/test_util.h"
 
 namespace tessera {
 namespace {
@@ -34,6 +38,33 @@ TEST_CASE("UTF-8: every length round-trips; malformed bytes are named") {
     REQUIRE_FALSE(r.ok());
     CHECK_THAT(r.status().message(), Catch::Contains(std::to_string(static_cast<uint32_t>(c))));
   }
+}
+
+
+TEST_CASE("PrintableText escapes what is not printable UTF-8, idempotently") {
+  CHECK(PrintableText("h.0.attn.c_attn.bias") == "h.0.attn.c_attn.bias");
+  CHECK(PrintableText("caf\xc3\xa9 \xe6\x97\xa5") == "caf\xc3\xa9 \xe6\x97\xa5");  // printable UTF-8 kept
+  CHECK(PrintableText(std::string("a\x01" "b\x1b[31m\x7f", 9)) == "a\\x01b\\x1b[31m\\x7f");
+  CHECK(PrintableText("line\nfeed\ttab\rret") == "line\\nfeed\\ttab\\rret");
+  CHECK(PrintableText("bad \xff\xfe end \xc3") == "bad \\xff\\xfe end \\xc3");
+  CHECK(PrintableText("\xc2\x85 C1") == "\\u{85} C1");                        // NEL
+  CHECK(PrintableText("rtl \xe2\x80\xae override") == "rtl \\u{202e} override");  // bidi
+  CHECK(PrintableText("\xed\xa0\x80") == "\\xed\\xa0\\x80");                   // a surrogate
+  std::mt19937_64 rng(testing::TestSeed() + 91);
+  for (int i = 0; i < 2000; ++i) {
+    std::string s(rng() % 24, '\0');
+    for (char& c : s) c = static_cast<char>(rng());
+    const std::string p = PrintableText(s);
+    REQUIRE(IsUtf8(p));
+    for (unsigned char c : p) REQUIRE((c >= 0x20 && c != 0x7f));
+    REQUIRE(PrintableText(p) == p);
+  }
+}
+
+TEST_CASE("Status messages are kept printable") {
+  Status s = DataLossError(std::string("tensor 'h.0.\x01\xff' is bad"));
+  CHECK(s.message() == "tensor 'h.0.\\x01\\xff' is bad");
+  CHECK(s.Annotate("file '\x1b'").message() == "file '\\x1b': tensor 'h.0.\\x01\\xff' is bad");
 }
 
 }  // namespace
