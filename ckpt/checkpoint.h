@@ -73,6 +73,13 @@ class CheckpointReader {
   // For a checkpoint of one file per rank, what each file stores in which
   // order; empty for the others.
   virtual StoredOrder Order() const { return {}; }
+  // The copies of tensors several pipeline stages hold (Layout::copy_stages)
+  // that differ from the copy that is read, one line each ("tensor 'w':
+  // [0:8, 0:4] in 'rank_5/...' differs from 'rank_1/...'"). Reads what it
+  // compares where the format records no checksum to compare.
+  virtual Result<std::vector<std::string>> DifferingCopies() const {
+    return std::vector<std::string>();
+  }
 };
 
 class CheckpointWriter {

@@ -1,5 +1,7 @@
 #include "ckpt/dense.h"
 
+#include <map>
+
 #include <algorithm>
 #include <cstring>
 #include <mutex>
@@ -154,12 +156,44 @@ class DenseReader : public CheckpointReader {
     return Status::Ok();
   }
 
+  Result<std::vector<std::string>> DifferingCopies() const override {
+    std::vector<std::string> out;
+    for (size_t i = 0; i < c_.blocks.size(); ++i) {
+      const TensorStrategy& t = c_.strategy.tensors()[i];
+      if (t.layout.copy_stages.empty()) continue;
+      const uint64_t bytes_per = static_cast<uint64_t>(DTypeSize(t.layout.dtype));
+      std::map<std::vector<int64_t>, const DenseBlock*> first;  // by box origin
+      for (const DenseBlock& b : c_.blocks[i]) {
+        auto [it, inserted] = first.emplace(b.box.origin(), &b);
+        if (inserted) continue;
+        const uint64_t n = static_cast<uint64_t>(NumElements(b.box)) * bytes_per;
+        ASSIGN_OR_RETURN(std::string x, BlockBytes(*it->second, n));
+        ASSIGN_OR_RETURN(std::string y, BlockBytes(b, n));
+        if (x != y) {
+          out.push_back("tensor '" + t.name + "': " + ToString(b.box) + " in '" + c_.files[b.file] +
+                        "' differs from '" + c_.files[it->second->file] + "'");
+        }
+      }
+    }
+    return out;
+  }
+
   Result<const RandomAccessFile*> File(uint32_t i) const {
     std::lock_guard<std::mutex> lock(mu_);
     if (!files_[i]) {
       ASSIGN_OR_RETURN(files_[i], env_->NewRandomAccessFile(c_.files[i]));
     }
     return files_[i].get();
+  }
+
+  // The `n` dense bytes of block `b`.
+  Result<std::string> BlockBytes(const DenseBlock& b, uint64_t n) const {
+    std::string out(n, '\0');
+    RETURN_IF_ERROR(ForEachSegment(b, 0, n, [&](uint32_t f, uint64_t at, uint64_t pos, uint64_t len) {
+      ASSIGN_OR_RETURN(const RandomAccessFile* file, File(f));
+      return file->Read(at, len, out.data() + pos);
+    }));
+    return out;
   }
 
   Env* env_;

@@ -31,6 +31,7 @@ std::string PlacementString(const Layout& layout) {
   if (!layout.stage_axis.empty()) {
     out += (out.empty() ? "stage " : " stage ") + layout.stage_axis + "=" +
            std::to_string(layout.stage);
+    for (int64_t c : layout.copy_stages) out += "," + std::to_string(c);
   }
   return out.empty() ? "replicated" : out;
 }
@@ -62,26 +63,30 @@ std::string InspectText(const CheckpointReader& r) {
     bytes += ByteSize(l);
     stored += s.stored_bytes;
     pieces += s.pieces;
-    rows.push_back({tensors[i].name, std::string(DTypeName(l.dtype)), ShapeToString(l.shape),
-                    PlacementString(l), HumanBytes(ByteSize(l)), std::to_string(s.pieces),
+    rows.push_back({PrintableText(tensors[i].name), std::string(DTypeName(l.dtype)),
+                    ShapeToString(l.shape), PrintableText(PlacementString(l)),
+                    HumanBytes(ByteSize(l)), std::to_string(s.pieces),
                     HumanBytes(s.stored_bytes)});
   }
   std::ostringstream out;
-  out << "checkpoint  " << r.path() << "\n"
+  // Everything taken from the file is shown as PrintableText.
+  out << "checkpoint  " << PrintableText(r.path()) << "\n"
       << "format      " << r.format() << "\n"
       << "step        " << r.meta().step << "\n"
-      << "mesh        " << r.strategy().mesh().ToString() << " (" << r.strategy().world_size()
-      << " ranks)\n";
-  if (!r.meta().created_by.empty()) out << "created by  " << r.meta().created_by << "\n";
+      << "mesh        " << PrintableText(r.strategy().mesh().ToString()) << " ("
+      << r.strategy().world_size() << " ranks)\n";
+  if (!r.meta().created_by.empty()) {
+    out << "created by  " << PrintableText(r.meta().created_by) << "\n";
+  }
   out << "tensors     " << tensors.size() << ", " << HumanBytes(bytes) << " in " << pieces
       << " pieces, " << HumanBytes(stored) << " stored\n";
   if (!r.meta().metadata.empty()) {
     out << "metadata   ";
     for (const auto& [k, v] : r.meta().metadata) {
       if (IsText(v) && v.size() <= kShownValueBytes) {
-        out << " " << k << "=\"" << v << "\"";
+        out << " " << PrintableText(k) << "=\"" << PrintableText(v) << "\"";
       } else {
-        out << " " << k << " (" << v.size() << " B)";
+        out << " " << PrintableText(k) << " (" << v.size() << " B)";
       }
     }
     out << "\n";
@@ -117,7 +122,7 @@ std::string InspectJson(const CheckpointReader& r) {
   j["mesh"] = mesh;
   json keys = json::array();
   for (const auto& [k, v] : r.meta().metadata) {
-    json entry = {{"key", IsUtf8(k) ? k : std::string("(not UTF-8)")}, {"bytes", v.size()}};
+    json entry = {{"key", IsUtf8(k) ? k : PrintableText(k)}, {"bytes", v.size()}};
     if (IsUtf8(v)) entry["text"] = v;
     keys.push_back(std::move(entry));
   }
@@ -128,13 +133,16 @@ std::string InspectJson(const CheckpointReader& r) {
     const Layout& l = ts[i].layout;
     const TensorStorage s = r.Storage(i);
     json t;
-    t["name"] = ts[i].name;
+    t["name"] = IsUtf8(ts[i].name) ? ts[i].name : PrintableText(ts[i].name);
     t["dtype"] = std::string(DTypeName(l.dtype));
     t["shape"] = l.shape;
     if (!l.view.empty()) t["view"] = l.view;
     t["dim_axes"] = l.dim_axes;
     t["opt_axes"] = l.opt_axes;
-    if (!l.stage_axis.empty()) t["stage"] = {{"axis", l.stage_axis}, {"index", l.stage}};
+    if (!l.stage_axis.empty()) {
+      t["stage"] = {{"axis", l.stage_axis}, {"index", l.stage}};
+      if (!l.copy_stages.empty()) t["stage"]["copy_stages"] = l.copy_stages;
+    }
     t["layout"] = PlacementString(l);
     t["bytes"] = ByteSize(l);
     t["pieces"] = s.pieces;
@@ -142,7 +150,10 @@ std::string InspectJson(const CheckpointReader& r) {
     tensors.push_back(std::move(t));
   }
   j["tensors"] = tensors;
-  return j.dump(2) + "\n";
+  // Printable ASCII whatever the file held: every non-ASCII character as a
+  // \u escape, and any byte that is not UTF-8 (an axis name from a damaged
+  // file) replaced.
+  return j.dump(2, ' ', /*ensure_ascii=*/true, json::error_handler_t::replace) + "\n";
 }
 
 }  // namespace tessera

@@ -14,12 +14,15 @@ namespace {
 
 class NativeReader : public CheckpointReader {
  public:
-  NativeReader(Env* env, std::string dir, Manifest manifest, Strategy strategy)
+  // `manifest_note`: how the manifest was read when manifest.pb was lost.
+  NativeReader(Env* env, std::string dir, Manifest manifest, Strategy strategy,
+               std::string manifest_note)
       : env_(env),
         dir_(std::move(dir)),
         manifest_(std::move(manifest)),
         strategy_(std::move(strategy)),
         files_(manifest_.files.size()) {
+    if (!manifest_note.empty()) recoveries_.push_back(std::move(manifest_note));
     meta_.step = manifest_.step;
     meta_.metadata = manifest_.metadata;
     meta_.created_by = manifest_.created_by;
@@ -87,6 +90,18 @@ class NativeReader : public CheckpointReader {
     return std::unique_ptr<FileView>();
   }
 
+  Result<std::vector<std::string>> DifferingCopies() const override {
+    std::vector<std::string> out;
+    for (const DifferingCopy& d : DifferingStageCopies(manifest_)) {
+      out.push_back("tensor '" + d.tensor->name + "': stage " + std::to_string(d.copy->stage) +
+                    "'s copy of " + ToString(d.copy->box) + " in '" +
+                    manifest_.files[d.copy->file].name + "' differs from stage " +
+                    std::to_string(d.tensor->layout.stage) + "'s in '" +
+                    manifest_.files[d.piece->file].name + "'");
+    }
+    return out;
+  }
+
   std::vector<std::string> Recoveries() const override {
     std::lock_guard<std::mutex> lock(mu_);
     return recoveries_;
@@ -102,7 +117,10 @@ class NativeReader : public CheckpointReader {
   Status Recover(const TensorEntry& t, const PieceInfo& p, const Status& lost, Read&& read) const {
     std::string tried;
     for (const PieceInfo& c : t.copies) {
-      if (c.box != p.box || c.file == p.file) continue;
+      // A copy stage's copy may differ from the piece: used only when equal.
+      if (c.box != p.box || c.file == p.file || c.checksum != p.checksum || c.length != p.length) {
+        continue;
+      }
       Result<const RandomAccessFile*> file = File(c.file);
       Status s = file.ok() ? read(c, **file) : file.status();
       if (s.ok()) {
@@ -212,7 +230,8 @@ class NativeWriter : public CheckpointWriter {
         strategy_(std::move(strategy)),
         meta_(std::move(meta)),
         options_(options),
-        pieces_(strategy_.tensors().size()) {}
+        pieces_(strategy_.tensors().size()),
+        copies_(strategy_.tensors().size()) {}
 
   ~NativeWriter() override {
     if (!committed_) Abort();
@@ -226,14 +245,31 @@ class NativeWriter : public CheckpointWriter {
     // Encoding and checksumming run outside any lock.
     ASSIGN_OR_RETURN(StoredPiece stored, EncodeStoredPiece(data, size, box, t.layout.dtype,
                                                            options_.codec, options_.level));
-    ASSIGN_OR_RETURN(Slot * slot, SlotFor(shard_rank));
-    PieceInfo info;
-    {
-      std::lock_guard<std::mutex> lock(slot->mu);
-      ASSIGN_OR_RETURN(info, slot->writer->Append(stored));
+    // A tensor several stages hold: the piece goes to the rank on its
+    // lowest stage, a copy to the same rank's peer on each copy stage.
+    std::vector<std::pair<int64_t, int64_t>> places{{0, shard_rank}};  // stage (0: piece), rank
+    if (!t.layout.stage_axis.empty()) {
+      const Mesh& mesh = strategy_.MeshOf(t);
+      std::vector<int64_t> at = mesh.Coordinates(shard_rank);
+      const int axis = mesh.FindAxis(t.layout.stage_axis);
+      at[axis] = t.layout.stage;
+      places[0].second = mesh.RankOf(at);
+      for (int64_t s : t.layout.copy_stages) {
+        at[axis] = s;
+        places.push_back({s, mesh.RankOf(at)});
+      }
     }
-    std::lock_guard<std::mutex> lock(mu_);
-    pieces_[index].push_back(std::move(info));
+    for (const auto& [stage, rank] : places) {
+      ASSIGN_OR_RETURN(Slot * slot, SlotFor(rank));
+      PieceInfo info;
+      {
+        std::lock_guard<std::mutex> lock(slot->mu);
+        ASSIGN_OR_RETURN(info, slot->writer->Append(stored));
+      }
+      info.stage = stage;
+      std::lock_guard<std::mutex> lock(mu_);
+      (stage == 0 ? pieces_ : copies_)[index].push_back(std::move(info));
+    }
     return Status::Ok();
   }
 
@@ -248,25 +284,28 @@ class NativeWriter : public CheckpointWriter {
     uint32_t next = 0;
     for (auto& [rank, slot] : slots_) {
       ASSIGN_OR_RETURN(uint64_t size, slot->writer->Finish());
-      m.files.push_back({slot->name, size});
+      m.files.push_back({slot->name, size, slot->writer->checksum()});
       renumber[slot->index] = next++;
     }
     for (size_t i = 0; i < strategy_.tensors().size(); ++i) {
       const TensorStrategy& ts = strategy_.tensors()[i];
-      TensorEntry t{ts.name, ts.layout, ts.mesh, std::move(pieces_[i])};
+      TensorEntry t{ts.name, ts.layout, ts.mesh, std::move(pieces_[i]), std::move(copies_[i])};
       int64_t covered = 0;
       for (PieceInfo& p : t.pieces) {
         p.file = renumber[p.file];
         covered += NumElements(p.box);
       }
+      for (PieceInfo& p : t.copies) p.file = renumber[p.file];
       if (covered != NumElements(ts.layout)) {
         return InternalError("checkpoint '" + path_ + "': tensor '" + ts.name + "': pieces cover " +
                              std::to_string(covered) + " of " +
                              std::to_string(NumElements(ts.layout)) + " elements");
       }
-      std::sort(t.pieces.begin(), t.pieces.end(), [](const PieceInfo& a, const PieceInfo& b) {
-        return a.box.origin() < b.box.origin();
-      });
+      const auto by_origin = [](const PieceInfo& a, const PieceInfo& b) {
+        return std::make_pair(a.box.origin(), a.stage) < std::make_pair(b.box.origin(), b.stage);
+      };
+      std::sort(t.pieces.begin(), t.pieces.end(), by_origin);
+      std::sort(t.copies.begin(), t.copies.end(), by_origin);
       m.tensors.push_back(std::move(t));
     }
     RETURN_IF_ERROR(CommitManifest(env_, tmp_, m));
@@ -312,6 +351,7 @@ class NativeWriter : public CheckpointWriter {
   std::mutex mu_;
   std::map<int64_t, std::unique_ptr<Slot>> slots_;
   std::vector<std::vector<PieceInfo>> pieces_;
+  std::vector<std::vector<PieceInfo>> copies_;  // of copy stages
   bool committed_ = false;
 };
 
@@ -319,13 +359,14 @@ class NativeWriter : public CheckpointWriter {
 
 Result<std::unique_ptr<CheckpointReader>> OpenNativeCheckpoint(Env* env, const std::string& path) {
   ASSIGN_OR_RETURN(std::string dir, ResolveCheckpointDir(env, path));
-  ASSIGN_OR_RETURN(Manifest m, ReadManifest(env, dir));
+  std::string note;
+  ASSIGN_OR_RETURN(Manifest m, ReadManifest(env, dir, &note));
   Strategy strategy(m.mesh);
   for (const TensorEntry& t : m.tensors) {
     RETURN_IF_ERROR(strategy.Add({t.name, t.layout, t.mesh}).Annotate("checkpoint '" + dir + "'"));
   }
   return std::unique_ptr<CheckpointReader>(
-      new NativeReader(env, dir, std::move(m), std::move(strategy)));
+      new NativeReader(env, dir, std::move(m), std::move(strategy), std::move(note)));
 }
 
 Result<std::unique_ptr<CheckpointWriter>> CreateNativeCheckpoint(Env* env, const std::string& path,

@@ -2,6 +2,7 @@
 
 #include "ckpt/hdf5_ckpt.h"
 #include "ckpt/safetensors_ckpt.h"
+#include "formats/native_files.h"
 
 namespace tessera {
 
@@ -27,7 +28,7 @@ Result<std::unique_ptr<CheckpointReader>> OpenCheckpoint(Env* env, const std::st
                                                          const OpenOptions& options) {
   if (!env->FileExists(path)) return NotFoundError("'" + path + "' does not exist");
   if (env->IsDirectory(path)) {
-    if (env->FileExists(JoinPath(path, "manifest.pb")) || env->FileExists(JoinPath(path, "latest"))) {
+    if (HasManifest(env, path) || env->FileExists(JoinPath(path, kLatestName))) {
       return OpenNativeCheckpoint(env, path);
     }
     if (IsSafetensorsCheckpoint(env, path)) return OpenSafetensorsCheckpoint(env, path);

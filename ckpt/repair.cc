@@ -60,11 +60,22 @@ class Repairer {
         return bytes;
       }
     }
+    // The damaged file itself, when this piece of it is intact (the damage
+    // is elsewhere: another piece, the header or padding).
+    if (Result<const RandomAccessFile*> file = Source(rec.piece->file); file.ok()) {
+      std::string bytes(rec.piece->length, '\0');
+      if ((*file)->Read(rec.piece->offset, rec.piece->length, bytes.data()).ok() &&
+          Xxh3(bytes.data(), bytes.size()) == rec.piece->checksum) {
+        *from = rec.piece->file;
+        return bytes;
+      }
+    }
     return NotFoundError("no good copy");
   }
 
-  // Good files copies are read from, each opened once (bad files are never
-  // sources, so a rebuilt one replacing its path changes none of these).
+  // Files copies are read from, each opened once: good files, and a bad file
+  // for its own intact pieces (every piece read is checked against its
+  // checksum, and a rebuilt file replacing a path leaves an open one as it was).
   Result<const RandomAccessFile*> Source(uint32_t f) {
     auto& slot = sources_[f];
     if (!slot) {
@@ -102,12 +113,13 @@ class Repairer {
         return DataLossError("rebuilt " + std::to_string(size) + " bytes, the manifest records " +
                              std::to_string(m_.files[f].size));
       }
-      if (parity_of_.count(f)) {
+      if (m_.files[f].checksum != 0) {
         ASSIGN_OR_RETURN(uint64_t sum, FileChecksum(env_, tmp));
-        if (m_.files[f].checksum != 0 && sum != m_.files[f].checksum) {
-          return DataLossError("the rebuilt parity does not match its recorded checksum");
+        if (sum != m_.files[f].checksum) {
+          return DataLossError("the rebuilt file does not match its recorded checksum");
         }
-      } else {
+      }
+      if (!parity_of_.count(f)) {
         ASSIGN_OR_RETURN(auto file, env_->NewRandomAccessFile(tmp));
         RETURN_IF_ERROR(CheckDataFileHeader(*file, tmp));
         for (const Record& r : RecordsIn(f)) {
@@ -125,6 +137,7 @@ class Repairer {
     std::vector<Record> records = RecordsIn(f);
     std::vector<std::string> bytes;
     std::set<std::string> sources;
+    bool own = false;  // some pieces were read from the damaged file itself
     for (const Record& r : records) {
       uint32_t from = 0;
       Result<std::string> b = GoodCopy(r, bad, &from);
@@ -133,7 +146,11 @@ class Repairer {
                              ToString(r.piece->box));
       }
       bytes.push_back(std::move(*b));
-      sources.insert(Name(from));
+      if (from == f) {
+        own = true;
+      } else {
+        sources.insert(Name(from));
+      }
     }
     RETURN_IF_ERROR(Replace(f, [&](WritableFile& out) -> Status {
       std::string header = DataFileHeader();
@@ -155,8 +172,9 @@ class Repairer {
       }
       return pad_to(m_.files[f].size);
     }));
-    std::string text = "from copies in";
+    std::string text = sources.empty() ? "from" : "from copies in";
     for (const std::string& s : sources) text += " " + s;
+    if (own) text += std::string(sources.empty() ? "" : " and") + " its own intact pieces";
     return records.empty() ? std::string("(no pieces; header rewritten)") : text;
   }
 
@@ -231,9 +249,21 @@ Result<RepairReport> RepairNativeCheckpoint(Env* env, const std::string& path,
   std::map<std::string, uint32_t> index;
   for (uint32_t f = 0; f < m.files.size(); ++f) index[JoinPath(verify.path, m.files[f].name)] = f;
   std::set<uint32_t> bad;
+  const std::string manifest = JoinPath(verify.path, kManifestName);
+  const std::string copy = JoinPath(verify.path, kManifestCopyName);
   for (const VerifyProblem& p : verify.problems) {
     const auto it = index.find(p.file);
-    if (it != index.end()) {
+    if (p.file == manifest || p.file == copy) {
+      // The other one is good (ReadManifest read it): written again from it.
+      const bool main = p.file == manifest;
+      Status s = WriteFileAtomically(env, p.file, SerializeManifest(m));
+      const std::string name = main ? kManifestName : kManifestCopyName;
+      if (s.ok()) {
+        report.rebuilt.push_back(name + ": from " + (main ? kManifestCopyName : kManifestName));
+      } else {
+        report.failed.push_back(name + ": " + s.message());
+      }
+    } else if (it != index.end()) {
       bad.insert(it->second);
     } else {
       report.other.push_back((p.tensor.empty() ? "" : "tensor '" + p.tensor + "': ") + p.what);

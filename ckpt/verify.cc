@@ -50,16 +50,39 @@ void CheckTiling(const TensorEntry& t, std::vector<VerifyProblem>* problems) {
 Result<VerifyReport> VerifyNativeCheckpoint(Env* env, const std::string& path,
                                             const VerifyOptions& options) {
   ASSIGN_OR_RETURN(const std::string dir, ResolveCheckpointDir(env, path));
-  ASSIGN_OR_RETURN(Manifest m, ReadManifest(env, dir));
+  std::string note;
+  ASSIGN_OR_RETURN(Manifest m, ReadManifest(env, dir, &note));
   VerifyReport report;
   report.path = dir;
   report.files = static_cast<int64_t>(m.files.size());
+  if (!note.empty()) {
+    report.problems.push_back({JoinPath(dir, kManifestName), "", note});
+  } else if (m.format_version >= 2) {  // manifest.pb is good: its copy must be too
+    const std::string copy = JoinPath(dir, kManifestCopyName);
+    if (!env->FileExists(copy)) {
+      report.problems.push_back({copy, "", "the manifest's copy is missing"});
+    } else {
+      Result<std::string> bytes = ReadFileToString(env, copy);
+      Status s = bytes.ok() ? ParseManifest(*bytes, copy, false).status() : bytes.status();
+      if (s.ok() && *bytes != SerializeManifest(m)) s = DataLossError("it differs from manifest.pb");
+      if (!s.ok()) report.problems.push_back({copy, "", s.message()});
+    }
+  }
+  for (const DifferingCopy& d : DifferingStageCopies(m)) {
+    report.differing_copies.push_back(
+        {JoinPath(dir, m.files[d.copy->file].name), d.tensor->name,
+         "stage " + std::to_string(d.copy->stage) + "'s copy of " + ToString(d.copy->box) +
+             " differs from stage " + std::to_string(d.tensor->layout.stage) + "'s"});
+  }
 
   // Files: present, the recorded size, a valid header; parity files their
   // whole-file checksum.
   std::vector<bool> parity(m.files.size(), false);
   for (const ParityGroup& g : m.parity_groups) parity[g.parity] = true;
   std::vector<std::unique_ptr<RandomAccessFile>> files(m.files.size());
+  // Files whose every byte matches the recorded whole-file checksum: their
+  // pieces are as written (and were checked when written).
+  std::vector<bool> intact(m.files.size(), false);
   for (size_t f = 0; f < m.files.size(); ++f) {
     const std::string fp = JoinPath(dir, m.files[f].name);
     if (!env->FileExists(fp)) {
@@ -98,6 +121,16 @@ Result<VerifyReport> VerifyNativeCheckpoint(Env* env, const std::string& path,
       report.problems.push_back({fp, "", header.message()});
       continue;
     }
+    if (m.files[f].checksum != 0 && size.ok() && *size == m.files[f].size) {
+      // Format 2 records every byte's checksum, padding included.
+      auto sum = FileChecksum(env, fp);
+      if (sum.ok() && *sum == m.files[f].checksum) {
+        intact[f] = true;
+        report.bytes += static_cast<int64_t>(*size);
+      } else {  // its pieces are checked one by one below, to name the damage
+        report.problems.push_back({fp, "", "whole-file checksum mismatch (corrupt)"});
+      }
+    }
     files[f] = std::move(*file);
   }
 
@@ -116,6 +149,10 @@ Result<VerifyReport> VerifyNativeCheckpoint(Env* env, const std::string& path,
       for (const PieceInfo& p : *list) {
         if (!files[p.file]) {
           ++unreadable[{t.name, p.file}];
+          continue;
+        }
+        if (intact[p.file]) {
+          ++report.pieces;
           continue;
         }
         jobs.push_back({&t, &p});

@@ -27,6 +27,9 @@ struct VerifyReport {
   int64_t pieces = 0;
   int64_t bytes = 0;  // stored bytes read and checked
   std::vector<VerifyProblem> problems;
+  // Not damage: the copies of a tensor several pipeline stages hold that
+  // differ from the lowest stage's (which is what readers read).
+  std::vector<VerifyProblem> differing_copies;
   bool ok() const { return problems.empty(); }
 };
 
@@ -35,8 +38,9 @@ struct VerifyOptions {
   std::function<void(int64_t, int64_t)> progress;  // (bytes done, total)
 };
 
-// An unreadable manifest (missing, corrupt, future version) is an error;
-// everything else that is wrong is listed in the report.
+// A manifest neither copy of which can be read (missing, corrupt, future
+// version) is an error; everything else that is wrong is listed in the
+// report, a damaged manifest.pb or manifest-copy.pb included.
 // Reads every byte of every tensor of any checkpoint (in slabs of at most
 // 64 MiB, on `threads` threads), so that the format's own checks run over
 // all of it; returns the bytes read. Errors name the tensor.

@@ -1,4 +1,5 @@
 #include "cli/common.h"
+#include "core/utf8.h"
 
 #include <unistd.h>
 
@@ -119,6 +120,16 @@ Result<std::unique_ptr<CheckpointReader>> OpenSource(const std::string& path,
     }
   }
   return reader;
+}
+
+int PrintDifferingCopies(const CheckpointReader& reader, const std::string& what) {
+  auto lines = reader.DifferingCopies();
+  if (!lines.ok()) return Report(lines.status());
+  for (const std::string& line : *lines) {
+    std::printf("note: %s: %s (read from the lowest stage)\n", PrintableText(what).c_str(),
+                PrintableText(line).c_str());
+  }
+  return 0;
 }
 
 Result<Strategy> DestinationStrategy(const CheckpointReader& src, const std::string& file,

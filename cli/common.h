@@ -50,6 +50,11 @@ Result<Strategy> DestinationStrategy(const CheckpointReader& src, const std::str
                                      const std::string& mesh,
                                      std::set<std::string>* unnamed = nullptr);
 
+// Prints "note: <what>: ..." for each copy of a tensor several pipeline
+// stages hold that differs from the one read (not damage: readers read the
+// lowest stage's); returns the error of finding them, else 0.
+int PrintDifferingCopies(const CheckpointReader& reader, const std::string& what);
+
 // Runs the transform to `out`, prints a one-line summary unless quiet.
 int RunWrite(const CheckpointReader& src, const Strategy& dst, const std::string& out,
              const IoFlags& flags, const std::string& verb,

@@ -2,8 +2,10 @@
 #include <iostream>
 
 #include "core/byte_size.h"
+#include "core/utf8.h"
 #include "ckpt/repair.h"
 #include "ckpt/verify.h"
+#include "formats/native_files.h"
 #include "cli/common.h"
 #include "cli/verbs.h"
 
@@ -27,8 +29,7 @@ CLI::App* AddVerifyVerb(CLI::App& app, std::function<int()>* run) {
     *run = [a] {
       Env* env = Env::Default();
       const bool native = env->IsDirectory(a->src) &&
-                          (env->FileExists(JoinPath(a->src, "manifest.pb")) ||
-                           env->FileExists(JoinPath(a->src, "latest")));
+                          (HasManifest(env, a->src) || env->FileExists(JoinPath(a->src, kLatestName)));
       if (!native && env->FileExists(a->src)) {
         // Other formats: the structure checks of opening them (header
         // bounds, coverage, MindSpore's CRC when written), then every byte
@@ -37,6 +38,7 @@ CLI::App* AddVerifyVerb(CLI::App& app, std::function<int()>* run) {
         if (!src.ok()) return Report(src.status());
         auto bytes = ReadEverything(**src, a->io.threads);
         if (!bytes.ok()) return Report(bytes.status());
+        if (int rc = PrintDifferingCopies(**src, a->src); rc != 0) return rc;
         if (a->repair) {
           std::cerr << "ckpt: --repair: " << a->src << " is " << (*src)->format()
                     << ", which has no redundancy to repair from; verifying only\n";
@@ -55,21 +57,28 @@ CLI::App* AddVerifyVerb(CLI::App& app, std::function<int()>* run) {
         auto fixed = RepairNativeCheckpoint(env, a->src, o);
         if (!fixed.ok()) return Report(fixed.status());
         for (const std::string& line : fixed->rebuilt) {
-          if (!a->io.quiet) std::cout << "rebuilt " << line << "\n";
+          if (!a->io.quiet) std::cout << "rebuilt " << PrintableText(line) << "\n";
         }
-        for (const std::string& line : fixed->failed) std::cerr << "ckpt: cannot rebuild " << line << "\n";
-        for (const std::string& line : fixed->other) std::cerr << "ckpt: " << line << "\n";
+        for (const std::string& line : fixed->failed) {
+          std::cerr << "ckpt: cannot rebuild " << PrintableText(line) << "\n";
+        }
+        for (const std::string& line : fixed->other) std::cerr << "ckpt: " << PrintableText(line) << "\n";
         if (!fixed->ok()) return 1;
       }
       auto r = VerifyNativeCheckpoint(env, a->src, o);
       if (!r.ok()) return Report(r.status());
       for (const VerifyProblem& p : r->problems) {
-        std::cerr << "ckpt: ";
-        if (!p.file.empty() && p.what.find(p.file) == std::string::npos) std::cerr << p.file << ": ";
+        std::string line;
+        if (!p.file.empty() && p.what.find(p.file) == std::string::npos) line += p.file + ": ";
         if (!p.tensor.empty() && p.what.find(p.tensor) == std::string::npos) {
-          std::cerr << "tensor '" << p.tensor << "': ";
+          line += "tensor '" + p.tensor + "': ";
         }
-        std::cerr << p.what << "\n";
+        std::cerr << "ckpt: " << PrintableText(line + p.what) << "\n";
+      }
+      for (const VerifyProblem& p : r->differing_copies) {
+        std::cout << "note: "
+                  << PrintableText(p.file + ": tensor '" + p.tensor + "': " + p.what)
+                  << " (read from the lowest stage)\n";
       }
       if (!a->io.quiet) {
         std::cout << r->path << ": " << r->files << " files, " << r->pieces << " pieces, "

@@ -1,8 +1,14 @@
 #include "formats/manifest.h"
 
 #include <algorithm>
+#include <cstring>
 #include <set>
 
+#include <google/protobuf/io/coded_stream.h>
+#include <google/protobuf/io/zero_copy_stream_impl_lite.h>
+
+#include "core/checksum.h"
+#include "core/endian.h"
 #include "formats/native.pb.h"
 
 namespace tessera {
@@ -30,6 +36,7 @@ void ToProto(const Layout& l, native::LayoutProto* p) {
   p->set_stage_axis(l.stage_axis);
   p->set_stage(l.stage);
   for (int64_t v : l.view) p->add_view(v);
+  for (int64_t s : l.copy_stages) p->add_copy_stages(s);
 }
 
 Result<Layout> FromProto(const native::LayoutProto& p) {
@@ -41,6 +48,7 @@ Result<Layout> FromProto(const native::LayoutProto& p) {
   l.stage_axis = p.stage_axis();
   l.stage = p.stage();
   l.view.assign(p.view().begin(), p.view().end());
+  l.copy_stages.assign(p.copy_stages().begin(), p.copy_stages().end());
   return l;
 }
 
@@ -90,6 +98,7 @@ Result<PieceInfo> PieceFromProto(const native::PieceProto& pp, const TensorEntry
                          std::to_string(pc.raw_length) + " bytes");
   }
   pc.checksum = pp.checksum();
+  pc.stage = pp.stage();
   pc.block_checksums.assign(pp.block_checksums().begin(), pp.block_checksums().end());
   const uint64_t blocks = (pc.length + kChecksumBlock - 1) / kChecksumBlock;
   if (!pc.block_checksums.empty() && pc.block_checksums.size() != blocks) {
@@ -111,9 +120,74 @@ void PieceToProto(const PieceInfo& pc, native::PieceProto* pp) {
   pp->set_raw_length(pc.raw_length);
   pp->set_checksum(pc.checksum);
   for (uint64_t c : pc.block_checksums) pp->add_block_checksums(c);
+  pp->set_stage(pc.stage);
+}
+
+constexpr char kManifestMagic[8] = {'T', 'S', 'R', 'M', 'N', 'F', 'S', 'T'};
+
+// The checksum of a framed manifest: its first 24 bytes, then the protobuf.
+uint64_t FrameChecksum(std::string_view header, std::string_view payload) {
+  Xxh3Hasher h;
+  h.Update(header.data(), 24);
+  h.Update(payload.data(), payload.size());
+  return h.Digest();
+}
+
+// Copy `pc` of tensor `t` (its pieces parsed): a redundancy copy equals one
+// of the pieces; a stage copy has a piece's box on one of its copy stages.
+Status CheckCopy(const TensorEntry& t, const PieceInfo& pc, const std::string& file,
+                 const std::string& tctx) {
+  const std::string what = tctx + ": copy " + ToString(pc.box) + " in file '" + file + "'";
+  if (pc.stage != 0) {
+    const auto& stages = t.layout.copy_stages;
+    if (std::find(stages.begin(), stages.end(), pc.stage) == stages.end()) {
+      return DataLossError(what + " is of stage " + std::to_string(pc.stage) +
+                           ", which is not one of the tensor's copy stages");
+    }
+    const bool box = std::any_of(t.pieces.begin(), t.pieces.end(),
+                                 [&](const PieceInfo& q) { return q.box == pc.box; });
+    if (!box) return DataLossError(what + " is of stage " + std::to_string(pc.stage) +
+                                   " but has the box of no piece");
+    return Status::Ok();
+  }
+  const bool matches = std::any_of(t.pieces.begin(), t.pieces.end(), [&](const PieceInfo& q) {
+    return q.box == pc.box && q.checksum == pc.checksum && q.length == pc.length &&
+           q.codec == pc.codec;
+  });
+  if (!matches) return DataLossError(what + " is a copy of no piece");
+  return Status::Ok();
+}
+
+// Checks that files named by redundancy groups exist and belong to at most
+// one group.
+Status GroupFile(uint32_t f, const std::vector<FileInfo>& files, std::set<uint32_t>* grouped,
+                 const std::string& where) {
+  if (f >= files.size()) {
+    return DataLossError(where + ": a redundancy group names file #" + std::to_string(f) + " of " +
+                         std::to_string(files.size()));
+  }
+  if (!grouped->insert(f).second) {
+    return DataLossError(where + ": file '" + files[f].name + "' is in more than one redundancy group");
+  }
+  return Status::Ok();
 }
 
 }  // namespace
+
+std::vector<DifferingCopy> DifferingStageCopies(const Manifest& m) {
+  std::vector<DifferingCopy> out;
+  for (const TensorEntry& t : m.tensors) {
+    for (const PieceInfo& c : t.copies) {
+      if (c.stage == 0) continue;
+      for (const PieceInfo& p : t.pieces) {
+        if (p.box == c.box && (p.checksum != c.checksum || p.length != c.length)) {
+          out.push_back({&t, &c, &p});
+        }
+      }
+    }
+  }
+  return out;
+}
 
 std::string SerializeManifest(const Manifest& m) {
   native::Manifest p;
@@ -126,6 +200,7 @@ std::string SerializeManifest(const Manifest& m) {
     fp->set_name(f.name);
     fp->set_size(f.size);
     fp->set_checksum(f.checksum);
+    fp->set_host(f.host);
   }
   for (const TensorEntry& t : m.tensors) {
     auto* tp = p.add_tensors();
@@ -140,23 +215,71 @@ std::string SerializeManifest(const Manifest& m) {
     for (uint32_t f : g.members) gp->add_members(f);
     gp->set_parity(g.parity);
   }
+  for (const ErasureGroup& g : m.erasure_groups) {
+    auto* gp = p.add_erasure_groups();
+    gp->set_code(g.code);
+    for (uint32_t f : g.members) gp->add_members(f);
+    for (uint32_t f : g.parity) gp->add_parity(f);
+  }
   for (const auto& [k, v] : m.metadata) (*p.mutable_metadata())[k] = v;
-  std::string out;
-  p.SerializeToString(&out);
-  return out;
+  std::string payload;
+  // Deterministic: the same manifest always frames to the same bytes.
+  {
+    google::protobuf::io::StringOutputStream stream(&payload);
+    google::protobuf::io::CodedOutputStream coded(&stream);
+    coded.SetSerializationDeterministic(true);
+    p.SerializeToCodedStream(&coded);
+  }
+  if (m.format_version < 2) return payload;  // format 1: the bare protobuf
+  std::string out(kManifestHeader, '\0');
+  std::memcpy(out.data(), kManifestMagic, sizeof(kManifestMagic));
+  PutLittleEndian<uint32_t>(out.data() + 8, m.format_version);
+  PutLittleEndian<uint32_t>(out.data() + 12, kManifestHeader);
+  PutLittleEndian<uint64_t>(out.data() + 16, payload.size());
+  PutLittleEndian<uint64_t>(out.data() + 24, FrameChecksum(out, payload));
+  return out + payload;
 }
 
-Result<Manifest> ParseManifest(std::string_view bytes, const std::string& path) {
+Result<Manifest> ParseManifest(std::string_view bytes, const std::string& path, bool bare_ok) {
   const std::string where = "manifest '" + path + "'";
+  std::string_view payload = bytes;
+  uint32_t framed = 0;  // the frame's version; 0 for a bare protobuf
+  if (bytes.size() >= sizeof(kManifestMagic) &&
+      std::memcmp(bytes.data(), kManifestMagic, sizeof(kManifestMagic)) == 0) {
+    if (bytes.size() < kManifestHeader) return DataLossError(where + " is corrupt: truncated header");
+    framed = GetLittleEndian<uint32_t>(bytes.data() + 8);
+    const uint32_t header = GetLittleEndian<uint32_t>(bytes.data() + 12);
+    const uint64_t length = GetLittleEndian<uint64_t>(bytes.data() + 16);
+    if (header != kManifestHeader || length != bytes.size() - kManifestHeader) {
+      return DataLossError(where + " is corrupt: its header records " + std::to_string(length) +
+                           " bytes after a " + std::to_string(header) + "-byte header, the file has " +
+                           std::to_string(bytes.size()));
+    }
+    payload = bytes.substr(kManifestHeader);
+    if (FrameChecksum(bytes, payload) != GetLittleEndian<uint64_t>(bytes.data() + 24)) {
+      return DataLossError(where + " is corrupt: checksum mismatch");
+    }
+  } else if (!bare_ok) {
+    return DataLossError(where + " is corrupt: its header is damaged (the checkpoint is format 2 "
+                         "or later, whose manifests start with TSRMNFST)");
+  }
   native::Manifest p;
-  if (!p.ParseFromArray(bytes.data(), static_cast<int>(bytes.size()))) {
+  if (!p.ParseFromArray(payload.data(), static_cast<int>(payload.size()))) {
     return DataLossError(where + ": not a valid manifest (truncated or corrupt protobuf)");
   }
-  if (p.format_version() == 0 || p.format_version() > kNativeFormatVersion) {
+  if (p.format_version() == 0 || p.format_version() > kNativeFormatVersion ||
+      framed > kNativeFormatVersion) {
     return FailedPreconditionError(where + ": format version " +
-                                   std::to_string(p.format_version()) +
+                                   std::to_string(std::max(framed, p.format_version())) +
                                    " is not readable by this Tessera (reads 1 to " +
                                    std::to_string(kNativeFormatVersion) + ")");
+  }
+  // Format 1 is the bare protobuf, every later one framed with its version.
+  if ((framed == 0) != (p.format_version() == 1) || (framed != 0 && framed != p.format_version())) {
+    return DataLossError(where + " is corrupt: format version " +
+                         std::to_string(p.format_version()) +
+                         (framed ? " in a frame of version " + std::to_string(framed)
+                                 : " without the frame it is written with"));
   }
   Manifest m;
   m.format_version = p.format_version();
@@ -165,7 +288,7 @@ Result<Manifest> ParseManifest(std::string_view bytes, const std::string& path) 
   auto mesh = FromProto(p.mesh());
   if (!mesh.ok()) return mesh.status().Annotate(where);
   m.mesh = *mesh;
-  for (const auto& f : p.files()) m.files.push_back({f.name(), f.size(), f.checksum()});
+  for (const auto& f : p.files()) m.files.push_back({f.name(), f.size(), f.checksum(), f.host()});
   std::set<std::string> names;
   for (const auto& tp : p.tensors()) {
     const std::string tctx = where + ": tensor '" + tp.name() + "'";
@@ -188,14 +311,7 @@ Result<Manifest> ParseManifest(std::string_view bytes, const std::string& path) 
     }
     for (const auto& pp : tp.copies()) {
       ASSIGN_OR_RETURN(PieceInfo pc, PieceFromProto(pp, t, whole, m.files, tctx + ": copy"));
-      const bool matches = std::any_of(t.pieces.begin(), t.pieces.end(), [&](const PieceInfo& q) {
-        return q.box == pc.box && q.checksum == pc.checksum && q.length == pc.length &&
-               q.codec == pc.codec;
-      });
-      if (!matches) {
-        return DataLossError(tctx + ": copy " + ToString(pc.box) + " in file '" +
-                             m.files[pc.file].name + "' is a copy of no piece");
-      }
+      RETURN_IF_ERROR(CheckCopy(t, pc, m.files[pc.file].name, tctx));
       t.copies.push_back(std::move(pc));
     }
     m.tensors.push_back(std::move(t));
@@ -208,14 +324,7 @@ Result<Manifest> ParseManifest(std::string_view bytes, const std::string& path) 
     std::vector<uint32_t> all = g.members;
     all.push_back(g.parity);
     for (uint32_t f : all) {
-      if (f >= m.files.size()) {
-        return DataLossError(where + ": a parity group names file #" + std::to_string(f) + " of " +
-                             std::to_string(m.files.size()));
-      }
-      if (!grouped.insert(f).second) {
-        return DataLossError(where + ": file '" + m.files[f].name +
-                             "' is in more than one parity group");
-      }
+      RETURN_IF_ERROR(GroupFile(f, m.files, &grouped, where));
       if (f != g.parity && m.files[f].size > m.files[g.parity].size) {
         return DataLossError(where + ": parity file '" + m.files[g.parity].name +
                              "' is shorter than its member '" + m.files[f].name + "'");
@@ -226,6 +335,17 @@ Result<Manifest> ParseManifest(std::string_view bytes, const std::string& path) 
                            "' protects fewer than 2 files");
     }
     m.parity_groups.push_back(std::move(g));
+  }
+  for (const auto& gp : p.erasure_groups()) {
+    ErasureGroup g{gp.code(), {gp.members().begin(), gp.members().end()},
+                   {gp.parity().begin(), gp.parity().end()}};
+    if (g.code.empty() || g.members.empty() || g.parity.empty()) {
+      return DataLossError(where + ": an erasure-code group lacks its code, members or parity");
+    }
+    for (const auto* list : {&g.members, &g.parity}) {
+      for (uint32_t f : *list) RETURN_IF_ERROR(GroupFile(f, m.files, &grouped, where));
+    }
+    m.erasure_groups.push_back(std::move(g));
   }
   for (const auto& [k, v] : p.metadata()) m.metadata[k] = v;
   return m;

@@ -17,7 +17,10 @@
 
 namespace tessera {
 
-inline constexpr uint32_t kNativeFormatVersion = 1;
+// Format 2 frames manifest.pb with a checksum (kManifestHeader below),
+// keeps a second copy of it, and records tensors held by several pipeline
+// stages, data-file hosts, whole-file checksums and erasure-code groups.
+inline constexpr uint32_t kNativeFormatVersion = 2;
 inline constexpr uint64_t kPieceAlignment = 4096;
 // Raw pieces longer than this carry one checksum per block of this size.
 inline constexpr uint64_t kChecksumBlock = 1 << 20;
@@ -35,6 +38,9 @@ struct PieceInfo {
   // XXH3 of each kChecksumBlock of the stored bytes (raw pieces longer than
   // one block; empty otherwise).
   std::vector<uint64_t> block_checksums;
+  // Of a copy: the pipeline stage whose copy it is (a tensor several stages
+  // hold), its bytes possibly not the piece's; 0 for a redundancy copy.
+  int64_t stage = 0;
 };
 
 struct TensorEntry {
@@ -43,14 +49,17 @@ struct TensorEntry {
   std::optional<Mesh> mesh;
   std::vector<PieceInfo> pieces;
   // Redundant copies of pieces (same box, codec, stored bytes and checksum
-  // as one of `pieces`) in other files; readers fall back on them.
+  // as one of `pieces`) in other files; readers fall back on them. Also the
+  // copies of a tensor's copy stages (stage != 0): same box, their own
+  // checksum, used in place of a piece only when equal to it.
   std::vector<PieceInfo> copies;
 };
 
 struct FileInfo {
   std::string name;
   uint64_t size = 0;
-  uint64_t checksum = 0;  // XXH3 of the whole file (parity files); 0: none
+  uint64_t checksum = 0;  // XXH3 of every byte of the file; 0: not recorded
+  std::string host;       // the host that wrote it; "": not recorded
 };
 
 // `parity` (a file index) holds the XOR of the `members` files, each padded
@@ -58,6 +67,15 @@ struct FileInfo {
 struct ParityGroup {
   std::vector<uint32_t> members;
   uint32_t parity = 0;
+};
+
+// `parity` files hold a `code` ("rs-cauchy", ...) of the `members`, each
+// padded with zeros to the longest: any parity.size() of the files are
+// rebuilt from the others.
+struct ErasureGroup {
+  std::string code;
+  std::vector<uint32_t> members;
+  std::vector<uint32_t> parity;
 };
 
 struct Manifest {
@@ -69,13 +87,38 @@ struct Manifest {
   std::map<std::string, std::string> metadata;
   std::string created_by;
   std::vector<ParityGroup> parity_groups;
+  std::vector<ErasureGroup> erasure_groups;
 };
 
+// The copies of copy stages whose stored bytes differ from their piece's
+// (by checksum and length), with that piece.
+struct DifferingCopy {
+  const TensorEntry* tensor;
+  const PieceInfo* copy;
+  const PieceInfo* piece;
+};
+std::vector<DifferingCopy> DifferingStageCopies(const Manifest& manifest);
+
+// manifest.pb of format 2 and later: a 32-byte header, then the protobuf.
+//   0  8  magic "TSRMNFST"
+//   8  4  format version, little-endian u32
+//  12  4  header size, little-endian u32 (32)
+//  16  8  protobuf length, little-endian u64
+//  24  8  XXH3-64 of bytes 0..24 and the protobuf
+// Format 1 manifests are the bare protobuf.
+inline constexpr uint32_t kManifestHeader = 32;
+
+// The framed manifest (format 2).
 std::string SerializeManifest(const Manifest& manifest);
-// Checks everything a reader relies on: version, layouts valid on their
-// meshes, pieces inside their tensors and files, file indices in range.
-// `path` only names the file in errors.
-Result<Manifest> ParseManifest(std::string_view bytes, const std::string& path);
+// Checks the frame's checksum (a manifest that fails is DataLoss naming
+// `path` as corrupt) and everything a reader relies on: version, layouts
+// valid on their meshes, pieces inside their tensors and files, file
+// indices in range. A bare protobuf is read only as format 1, and only
+// when `bare_ok` (a checkpoint with a manifest copy is format 2 or later,
+// so a bare manifest.pb there is a damaged frame). `path` only names the
+// file in errors.
+Result<Manifest> ParseManifest(std::string_view bytes, const std::string& path,
+                               bool bare_ok = true);
 
 }  // namespace tessera
 

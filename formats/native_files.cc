@@ -7,6 +7,7 @@
 
 #include "core/buffer.h"
 #include "core/checksum.h"
+#include "core/endian.h"
 #include "formats/codec.h"
 
 namespace tessera {
@@ -16,33 +17,29 @@ constexpr char kMagic[8] = {'T', 'S', 'R', 'D', 'A', 'T', 'A', '\0'};
 constexpr uint32_t kDataFileVersion = 1;
 constexpr uint32_t kHeaderSize = 4096;
 
-void PutU32(char* p, uint32_t v) {
-  for (int i = 0; i < 4; ++i) p[i] = static_cast<char>((v >> (8 * i)) & 0xff);
-}
-uint32_t GetU32(const char* p) {
-  uint32_t v = 0;
-  for (int i = 0; i < 4; ++i) v |= static_cast<uint32_t>(static_cast<unsigned char>(p[i])) << (8 * i);
-  return v;
-}
-
 }  // namespace
 
 std::string DataFileHeader() {
   std::string header(kHeaderSize, '\0');
   std::memcpy(header.data(), kMagic, sizeof(kMagic));
-  PutU32(header.data() + 8, kDataFileVersion);
-  PutU32(header.data() + 12, kHeaderSize);
+  PutLittleEndian<uint32_t>(header.data() + 8, kDataFileVersion);
+  PutLittleEndian<uint32_t>(header.data() + 12, kHeaderSize);
   return header;
 }
 
 Result<std::unique_ptr<DataFileWriter>> DataFileWriter::Create(Env* env, const std::string& path,
                                                                uint32_t file_index) {
   ASSIGN_OR_RETURN(auto file, env->NewWritableFile(path));
-  const std::string header = DataFileHeader();
-  RETURN_IF_ERROR(file->Append(header.data(), header.size()));
   std::unique_ptr<DataFileWriter> w(new DataFileWriter(path, std::move(file), file_index));
+  const std::string header = DataFileHeader();
+  RETURN_IF_ERROR(w->Write(header.data(), header.size()));
   w->size_ = kHeaderSize;
   return w;
+}
+
+Status DataFileWriter::Write(const void* data, size_t size) {
+  whole_.Update(data, size);
+  return file_->Append(data, size);
 }
 
 Result<StoredPiece> EncodeStoredPiece(const void* raw, size_t size, const Box& box, DType dtype,
@@ -83,8 +80,8 @@ Result<PieceInfo> DataFileWriter::Append(const StoredPiece& stored) {
   p.offset = size_;
   p.length = stored.size;
   const uint64_t padding = (kPieceAlignment - stored.size % kPieceAlignment) % kPieceAlignment;
-  Status s = file_->Append(stored.data, stored.size);
-  if (s.ok() && padding > 0) s = file_->Append(kZeros, padding);
+  Status s = Write(stored.data, stored.size);
+  if (s.ok() && padding > 0) s = Write(kZeros, padding);
   if (!s.ok()) return s.Annotate("data file '" + path_ + "'");
   size_ += stored.size + padding;
   return p;
@@ -103,7 +100,7 @@ Status CheckDataFileHeader(const RandomAccessFile& file, const std::string& path
   if (std::memcmp(header, kMagic, sizeof(kMagic)) != 0) {
     return DataLossError("data file '" + path + "': bad magic (not a Tessera data file)");
   }
-  const uint32_t version = GetU32(header + 8);
+  const uint32_t version = GetLittleEndian<uint32_t>(header + 8);
   if (version == 0 || version > kDataFileVersion) {
     return FailedPreconditionError("data file '" + path + "': version " + std::to_string(version) +
                                    " is not readable by this Tessera");
@@ -326,18 +323,44 @@ Status VerifyPiece(const RandomAccessFile& file, const std::string& path,
 }
 
 Status CommitManifest(Env* env, const std::string& dir, const Manifest& manifest) {
-  return WriteFileAtomically(env, JoinPath(dir, kManifestName), SerializeManifest(manifest));
+  const std::string bytes = SerializeManifest(manifest);
+  RETURN_IF_ERROR(WriteFileAtomically(env, JoinPath(dir, kManifestName), bytes));
+  if (manifest.format_version < 2) return Status::Ok();
+  return WriteFileAtomically(env, JoinPath(dir, kManifestCopyName), bytes);
 }
 
-Result<Manifest> ReadManifest(Env* env, const std::string& dir) {
+bool HasManifest(Env* env, const std::string& dir) {
+  return env->FileExists(JoinPath(dir, kManifestName)) ||
+         env->FileExists(JoinPath(dir, kManifestCopyName));
+}
+
+Result<Manifest> ReadManifest(Env* env, const std::string& dir, std::string* note) {
   const std::string path = JoinPath(dir, kManifestName);
-  if (!env->FileExists(path)) {
+  const std::string copy = JoinPath(dir, kManifestCopyName);
+  const bool has_copy = env->FileExists(copy);
+  if (!env->FileExists(path) && !has_copy) {
     if (!env->IsDirectory(dir)) return NotFoundError("checkpoint '" + dir + "' does not exist");
     return FailedPreconditionError("checkpoint '" + dir +
                                    "' is incomplete (no manifest.pb): it was never committed");
   }
-  ASSIGN_OR_RETURN(std::string bytes, ReadFileToString(env, path));
-  return ParseManifest(bytes, path);
+  // A checkpoint with a copy is format 2 or later: a bare manifest.pb there
+  // is a damaged frame, never format 1.
+  Status first = NotFoundError("manifest '" + path + "' is missing");
+  if (env->FileExists(path)) {
+    Result<std::string> bytes = ReadFileToString(env, path);
+    Result<Manifest> m = bytes.ok() ? ParseManifest(*bytes, path, !has_copy) : bytes.status();
+    if (m.ok() || !has_copy || m.status().code() == StatusCode::kFailedPrecondition) return m;
+    first = m.status();
+  }
+  Result<std::string> bytes = ReadFileToString(env, copy);
+  Result<Manifest> m = bytes.ok() ? ParseManifest(*bytes, copy, false) : bytes.status();
+  if (!m.ok()) {
+    return Status(first.code(), first.message() + "; its copy failed too: " + m.status().message());
+  }
+  if (note != nullptr) {
+    *note = std::string(kManifestName) + " (" + first.message() + "): read from " + kManifestCopyName;
+  }
+  return m;
 }
 
 namespace {
@@ -372,7 +395,7 @@ Result<std::vector<std::pair<int64_t, std::string>>> CommittedSteps(Env* env,
     const int64_t step = StepOf(name);
     if (step < 0) continue;
     const std::string dir = JoinPath(root, name);
-    if (!env->IsDirectory(dir) || !env->FileExists(JoinPath(dir, kManifestName))) continue;
+    if (!env->IsDirectory(dir) || !HasManifest(env, dir)) continue;
     steps.emplace_back(step, name);
   }
   std::sort(steps.begin(), steps.end());
@@ -384,7 +407,7 @@ Result<std::string> ResumeCheckpoint(Env* env, const std::string& root) {
   if (env->FileExists(JoinPath(root, kLatestName))) {
     Result<std::string> named = ReadLatest(env, root);
     if (named.ok()) {
-      if (env->FileExists(JoinPath(JoinPath(root, *named), kManifestName))) return *named;
+      if (HasManifest(env, JoinPath(root, *named))) return *named;
       if (StepOf(*named) >= 0) before = StepOf(*named);
     }
   }
@@ -396,7 +419,7 @@ Result<std::string> ResumeCheckpoint(Env* env, const std::string& root) {
 }
 
 Result<std::string> ResolveCheckpointDir(Env* env, const std::string& path) {
-  if (env->FileExists(JoinPath(path, kManifestName))) return path;
+  if (HasManifest(env, path)) return path;
   if (env->IsDirectory(path)) {
     Result<std::string> name = ResumeCheckpoint(env, path);
     if (name.ok()) return JoinPath(path, *name);

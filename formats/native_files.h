@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "core/checksum.h"
 #include "core/env.h"
 #include "core/status.h"
 #include "formats/manifest.h"
@@ -14,6 +15,8 @@
 namespace tessera {
 
 inline constexpr char kManifestName[] = "manifest.pb";
+// Format 2: the second copy of the manifest, written after manifest.pb.
+inline constexpr char kManifestCopyName[] = "manifest-copy.pb";
 inline constexpr char kLatestName[] = "latest";
 
 // One piece ready to append: encoded, checksummed, not yet placed in a file.
@@ -45,14 +48,19 @@ class DataFileWriter {
   const std::string& path() const { return path_; }
   // Syncs and closes; the file's final size.
   Result<uint64_t> Finish();
+  // XXH3-64 of every byte written so far (header and padding included): the
+  // whole-file checksum FileInfo records.
+  uint64_t checksum() const { return whole_.Digest(); }
 
  private:
   DataFileWriter(std::string path, std::unique_ptr<WritableFile> file, uint32_t index)
       : path_(std::move(path)), file_(std::move(file)), index_(index) {}
+  Status Write(const void* data, size_t size);
   std::string path_;
   std::unique_ptr<WritableFile> file_;
   uint32_t index_;
   uint64_t size_ = 0;
+  Xxh3Hasher whole_;
 };
 
 // The 4 KiB a data file starts with (magic, version, header size).
@@ -92,11 +100,17 @@ Result<std::unique_ptr<FileView>> ViewPieceRegion(const RandomAccessFile& file,
 Status VerifyPiece(const RandomAccessFile& file, const std::string& path,
                    const std::string& tensor, const PieceInfo& piece, DType dtype);
 
-// Step 2 of the commit: manifest.pb written atomically into `dir`.
+// Step 2 of the commit: manifest.pb written atomically into `dir` (the
+// commit point), then its copy manifest-copy.pb (format 2 and later).
 Status CommitManifest(Env* env, const std::string& dir, const Manifest& manifest);
-// Reads `dir`/manifest.pb; a directory without one is an incomplete
-// checkpoint (FailedPrecondition naming it).
-Result<Manifest> ReadManifest(Env* env, const std::string& dir);
+// Whether `dir` holds a manifest or its copy: a committed checkpoint.
+bool HasManifest(Env* env, const std::string& dir);
+// Reads `dir`'s manifest: manifest.pb, or its copy when manifest.pb is
+// missing or corrupt (then `note`, when given, says so: "manifest.pb
+// (corrupt: ...): read from manifest-copy.pb"). A directory with neither is
+// an incomplete checkpoint (FailedPrecondition naming it); when both fail,
+// the error names both.
+Result<Manifest> ReadManifest(Env* env, const std::string& dir, std::string* note = nullptr);
 // Step 3: `root`/latest names checkpoint `name` (a directory in `root`).
 Status SetLatest(Env* env, const std::string& root, const std::string& name);
 Result<std::string> ReadLatest(Env* env, const std::string& root);

@@ -5,6 +5,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/endian.h"
+
 namespace tessera {
 namespace {
 
@@ -153,7 +155,7 @@ Result<std::string> SafetensorsHeader(const std::vector<SafetensorsEntry>& entri
   }
   text.append((8 - text.size() % 8) % 8, ' ');  // the data starts 8-byte aligned
   std::string out(8, '\0');
-  for (int i = 0; i < 8; ++i) out[i] = static_cast<char>(static_cast<uint64_t>(text.size()) >> (8 * i));
+  PutLittleEndian<uint64_t>(out.data(), static_cast<uint64_t>(text.size()));
   return out + text;
 }
 

@@ -352,6 +352,7 @@ Status SlicedCheckpointWriter::FinishData() {
     Result<uint64_t> bytes = file_->Finish();
     if (bytes.ok()) {
       data_size_ = *bytes;
+      data_checksum_ = file_->checksum();
     } else {
       failed_ = bytes.status();
     }
@@ -362,7 +363,7 @@ Status SlicedCheckpointWriter::FinishData() {
 std::string SlicedCheckpointWriter::Part() const {
   Manifest m;
   m.mesh = strategy_.mesh();
-  m.files.push_back({file_name_, data_size_});
+  m.files.push_back({file_name_, data_size_, data_checksum_});
   for (const FileInfo& f : extra_files_) m.files.push_back(f);
   // Copies go in as the pieces of a second list of the tensors (a part
   // holds copies of pieces that are in other ranks' parts).
@@ -457,6 +458,7 @@ Status SlicedCheckpointWriter::WriteRedundancy() {
     }
     if (copies) {
       ASSIGN_OR_RETURN(extra_files_.back().size, copies->Finish());
+      extra_files_.back().checksum = copies->checksum();
     }
     // Parity of the groups this rank writes.
     for (size_t g = 0; g < plan_.parity.size(); ++g) {

@@ -168,6 +168,7 @@ class SlicedCheckpointWriter {
   std::unique_ptr<DataFileWriter> file_;
   std::string file_name_;
   uint64_t data_size_ = 0;
+  uint64_t data_checksum_ = 0;  // of every byte of the data file
   // This rank's files after its data file (copies, parity), with sizes.
   std::vector<FileInfo> extra_files_;
   // Records by tensor, file indices into [data file, extra_files_...].

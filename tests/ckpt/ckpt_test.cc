@@ -10,6 +10,7 @@
 #include "ckpt/diff.h"
 #include "ckpt/inspect.h"
 #include "ckpt/ops.h"
+#include "ckpt/repair.h"
 #include "ckpt/verify.h"
 #include "formats/mindspore_ckpt.h"
 #include "formats/native_files.h"
@@ -284,15 +285,45 @@ TEST_CASE("verify reports flipped bytes, truncation and missing files by file an
     REQUIRE(WriteFileAtomically(env, JoinPath(f.Dir(), m->files[p.file].name), *bytes).ok());
     auto r = VerifyNativeCheckpoint(env, f.Dir(), {});
     REQUIRE(r.ok());
-    REQUIRE(r->problems.size() == 1);
-    CHECK(r->problems[0].tensor == "model.t0");
-    CHECK_THAT(r->problems[0].what, Catch::Contains("checksum mismatch"));
+    REQUIRE(r->problems.size() == 2);  // the whole file, and the piece in it
+    const std::string damaged = JoinPath(f.Dir(), m->files[p.file].name);
+    bool whole = false, piece = false;
+    for (const auto& q : r->problems) {
+      CHECK(q.file == damaged);
+      whole |= q.tensor.empty() && q.what.find("whole-file checksum mismatch") != std::string::npos;
+      piece |= q.tensor == "model.t0" && q.what.find("checksum mismatch") != std::string::npos;
+    }
+    CHECK(whole);
+    CHECK(piece);
     // Reading it through the library fails the same way.
     auto reader = Open(env, f.Dir());
     std::vector<uint8_t> buf(f.model.data(0).size());
     Status s = ReadTensor(*reader, 0, buf.data());
     CHECK(s.code() == StatusCode::kDataLoss);
     CHECK_THAT(s.message(), Catch::Contains("model.t0"));
+  }
+  SECTION("a flipped padding byte: named by the whole-file checksum, rebuilt from the file itself") {
+    const PieceInfo& p = m->tensors[0].pieces[0];
+    REQUIRE(p.length % kPieceAlignment != 0);
+    const std::string path = JoinPath(f.Dir(), m->files[p.file].name);
+    auto bytes = ReadFileToString(env, path);
+    const std::string pristine = *bytes;
+    (*bytes)[p.offset + p.length] ^= 0x20;  // the first byte of its padding
+    REQUIRE(WriteFileAtomically(env, path, *bytes).ok());
+    auto r = VerifyNativeCheckpoint(env, f.Dir(), {});
+    REQUIRE(r.ok());
+    REQUIRE(r->problems.size() == 1);
+    CHECK(r->problems[0].file == path);
+    CHECK_THAT(r->problems[0].what, Catch::Contains("whole-file checksum mismatch"));
+    auto reader = Open(env, f.Dir());  // the values are intact
+    std::vector<uint8_t> buf(f.model.data(0).size());
+    REQUIRE(ReadTensor(*reader, 0, buf.data()).ok());
+    CHECK(std::memcmp(buf.data(), f.model.data(0).data(), buf.size()) == 0);
+    auto fixed = RepairNativeCheckpoint(env, f.Dir(), {});
+    REQUIRE(fixed.ok());
+    CHECK(fixed->ok());
+    REQUIRE(fixed->rebuilt.size() == 1);
+    CHECK(*ReadFileToString(env, path) == pristine);
   }
   SECTION("truncated data file") {
     auto bytes = ReadFileToString(env, f1);
@@ -336,7 +367,7 @@ TEST_CASE("verify reports flipped bytes, truncation and missing files by file an
     REQUIRE(CommitManifest(env, f.Dir(), copy).ok());
     auto r = VerifyNativeCheckpoint(env, f.Dir(), {});
     REQUIRE_FALSE(r.ok());
-    CHECK_THAT(r.status().message(), Catch::Contains("manifest.pb") && Catch::Contains("version 2"));
+    CHECK_THAT(r.status().message(), Catch::Contains("manifest.pb") && Catch::Contains("version " + std::to_string(kNativeFormatVersion + 1)));
   }
 }
 

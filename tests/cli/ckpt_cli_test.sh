@@ -9,6 +9,7 @@ make=$(realpath "$2")
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 source "$(dirname "$0")/../lib.sh"
+v1=$(realpath "$(dirname "$0")/../data/native-v1")  # a format 1 checkpoint
 cd "$work"
 no_output() {  # nothing named $1 or $1.tmp-* is left
   ! ls -d "$1" "$1".tmp-* >/dev/null 2>&1
@@ -196,6 +197,39 @@ check "a rerun after kills succeeds" test $rc -eq 0
 run "$ckpt" diff k big-full -q
 check "the rerun's output is right" test $rc -eq 0
 check "the rerun removed the killed runs' temporaries" bash -c '! ls -d k.tmp-* 2>/dev/null'
+
+# Format 1 (tests/data/native-v1, written by make_checkpoint before format
+# 2: a bare protobuf manifest, no copy) still opens, verifies and merges to
+# the same values as the model written today.
+run "$ckpt" verify "$v1"
+check "a format 1 checkpoint verifies" test $rc -eq 0
+run "$make" -o v1-now --merged --layers 1 --embed 8 --vocab 16 --context 4
+run "$ckpt" diff "$v1" v1-now
+check "a format 1 checkpoint reads the values it was written with" test $rc -eq 0
+run "$ckpt" merge "$v1" -o v1-merged -q
+check "a format 1 checkpoint merges into format 2" \
+  bash -c "head -c 8 v1-merged/manifest.pb | grep -q TSRMNFST && cmp -s v1-merged/manifest.pb v1-merged/manifest-copy.pb"
+
+# Format 2 keeps the manifest twice: either one lost or damaged, the
+# checkpoint still opens, verify names the damage and --repair restores it.
+for damaged in manifest.pb manifest-copy.pb; do
+  rm -rf mc && cp -r v1-merged mc
+  printf '\xff' | dd of=mc/$damaged bs=1 seek=100 conv=notrunc status=none
+  run "$ckpt" diff mc v1-now
+  check "$damaged damaged: the checkpoint still reads right" test $rc -eq 0
+  run "$ckpt" verify mc
+  check "$damaged damaged: verify fails" test $rc -eq 1
+  check "$damaged damaged: verify names it" grep -q "$damaged" out
+  run "$ckpt" verify --repair mc
+  check "$damaged damaged: --repair restores it" test $rc -eq 0
+  check "$damaged damaged: restored byte for byte" cmp -s mc/$damaged v1-merged/$damaged
+done
+rm -rf mc && cp -r v1-merged mc && rm mc/manifest.pb
+run "$ckpt" inspect mc
+check "manifest.pb deleted: read from its copy" test $rc -eq 0
+rm mc/manifest-copy.pb
+run "$ckpt" inspect mc
+check "both manifests gone: an incomplete checkpoint" grep -q "incomplete (no manifest.pb)" out
 
 echo "$passes passed, $fails failed"
 test $fails -eq 0

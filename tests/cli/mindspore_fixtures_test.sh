@@ -70,6 +70,8 @@ check "full -> 8 -> 4 -> full is bit-exact" test $rc -eq 0
 run "$ckpt" reshard r8 --src-strategy "$s8" --dst-strategy "$s4" -o native4 -q
 run "$ckpt" diff native4 "$full/rank_0/checkpoint_0.ckpt"
 check "strategy_8_npus -> native on strategy_4_npus: bit-exact" test $rc -eq 0
+check "native keeps the embedding on both stages" \
+  grep -q "$embedding.*stage pp=0,1" <("$ckpt" inspect native4)
 
 # A rank directory whose stage-1 copy of the embedding differs: read from
 # stage 0, as MindSpore's transform does.
@@ -90,6 +92,11 @@ EOF
 run "$ckpt" reshard r8b --src-strategy "$s8" --dst-strategy "$s4" --format mindspore \
   --prefix checkpoint_ -o r4b -q
 check "a differing stage-1 copy is read from stage 0" same_tree r4 r4b
+run "$ckpt" diff r8b r8 --a-strategy "$s8" --b-strategy "$s8"
+check "diff: the values read are the same" test $rc -eq 0
+check "diff: says that the stage copies differ" grep -q "note: r8b: tensor '$embedding'.*rank_5" out
+run "$ckpt" verify r8b --src-strategy "$s8"
+check "verify: says that the stage copies differ" grep -q "note: .*'$embedding'.*rank_5" out
 
 for g in "$fixtures"/mindformers_golden/*.ckpt; do
   name=$(basename "$g")

@@ -239,11 +239,39 @@ TEST_CASE("corrupt, truncated and future inputs give named errors") {
     CHECK(m.status().message().find("format version 7") != std::string::npos);
     CHECK(m.status().message().find("/ck/manifest.pb") != std::string::npos);
   }
-  SECTION("a garbled manifest") {
+  SECTION("a garbled manifest is read from its copy; both garbled are named") {
     REQUIRE(WriteFileAtomically(env.get(), "/ck/manifest.pb", "\xff\xff\xff garbage").ok());
-    auto m = ReadManifest(env.get(), "/ck");
+    std::string note;
+    auto m = ReadManifest(env.get(), "/ck", &note);
+    REQUIRE(m.ok());
+    CHECK(m->tensors.size() == w.manifest.tensors.size());
+    CHECK(note.find("read from manifest-copy.pb") != std::string::npos);
+    REQUIRE(WriteFileAtomically(env.get(), "/ck/manifest-copy.pb", "garbage").ok());
+    m = ReadManifest(env.get(), "/ck");
     REQUIRE_FALSE(m.ok());
     CHECK(m.status().code() == StatusCode::kDataLoss);
+    CHECK(m.status().message().find("/ck/manifest.pb") != std::string::npos);
+    CHECK(m.status().message().find("its copy failed too") != std::string::npos);
+  }
+  SECTION("a manifest that lost its frame is not taken for format 1") {
+    const std::string framed = SerializeManifest(w.manifest);
+    REQUIRE(WriteFileAtomically(env.get(), "/ck/manifest.pb", framed.substr(kManifestHeader)).ok());
+    auto m = ReadManifest(env.get(), "/ck");  // read from the copy
+    REQUIRE(m.ok());
+    REQUIRE(env->DeleteFile("/ck/manifest-copy.pb").ok());
+    m = ReadManifest(env.get(), "/ck");
+    REQUIRE_FALSE(m.ok());
+    CHECK(m.status().message().find("without the frame") != std::string::npos);
+  }
+  SECTION("format 1 manifests (the bare protobuf) still open") {
+    Manifest v1 = w.manifest;
+    v1.format_version = 1;
+    REQUIRE(env->DeleteFile("/ck/manifest-copy.pb").ok());
+    REQUIRE(WriteFileAtomically(env.get(), "/ck/manifest.pb", SerializeManifest(v1)).ok());
+    auto m = ReadManifest(env.get(), "/ck");
+    REQUIRE(m.ok());
+    CHECK(m->format_version == 1);
+    CHECK(m->tensors.size() == w.manifest.tensors.size());
   }
   SECTION("a piece pointing past its file") {
     Manifest bad = w.manifest;
