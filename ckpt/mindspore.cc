@@ -6,6 +6,7 @@
 #include "ckpt/dense.h"
 #include "ckpt/meta_attributes.h"
 #include "core/utf8.h"
+#include "formats/safetensors.h"
 #include "transform/mindspore_layout.h"
 
 namespace tessera {
@@ -338,7 +339,61 @@ std::string LastCkpt(const std::vector<std::string>& files) {
   return last;
 }
 
-// rank -> the .ckpt file of rank_<rank>/ (the last, when several).
+// The .safetensors file MindSpore's transform takes of a rank directory's
+// `files` (_collect_safetensor_files): the one whose path's last two
+// numbers are largest, compared as a list (net-3_200 over net-3_100 over
+// net-2_900); of equal ones the last by name. Empty when there is none.
+std::string LastSafetensors(const std::string& dir, const std::vector<std::string>& files) {
+  auto numbers = [](const std::string& path) {
+    std::vector<uint64_t> all;
+    for (size_t i = 0; i < path.size();) {
+      if (path[i] < '0' || path[i] > '9') {
+        ++i;
+        continue;
+      }
+      uint64_t v = 0;
+      for (; i < path.size() && path[i] >= '0' && path[i] <= '9'; ++i) {
+        v = v < (uint64_t{1} << 59) ? v * 10 + static_cast<uint64_t>(path[i] - '0') : v;
+      }
+      all.push_back(v);
+    }
+    if (all.size() > 2) all.erase(all.begin(), all.end() - 2);
+    return all;
+  };
+  std::string last;
+  std::vector<uint64_t> best;
+  for (const std::string& f : files) {
+    if (!EndsWith(f, ".safetensors")) continue;
+    const std::vector<uint64_t> key = numbers(JoinPath(dir, f));
+    if (last.empty() || key > best || (key == best && f > last)) {
+      last = f;
+      best = key;
+    }
+  }
+  return last;
+}
+
+// A rank's tensors in a .safetensors file (MindSpore's format="safetensors"),
+// by name, the order MindSpore's load_file yields them; its __metadata__
+// (but crc_num, MindSpore's own) goes to `strings`.
+Result<std::vector<Stored>> SafetensorsRecords(Env* env, const std::string& path,
+                                               uint32_t file_index,
+                                               std::map<std::string, std::string>* strings) {
+  ASSIGN_OR_RETURN(SafetensorsFile file, SafetensorsFile::Open(env, path));
+  std::vector<Stored> out;
+  for (const SafetensorsEntry& e : file.entries()) {
+    const uint64_t n = e.end - e.begin;
+    out.push_back({e.name, e.dtype, e.shape, {{file_index, file.data_offset() + e.begin, n}}, n});
+  }
+  std::sort(out.begin(), out.end(), [](const Stored& a, const Stored& b) { return a.tag < b.tag; });
+  for (const auto& [key, value] : file.metadata()) {
+    if (key != "crc_num") (*strings)[key] = value;
+  }
+  return out;
+}
+
+// rank -> the .ckpt (or .safetensors) file of rank_<rank>/ (the last, when
+// several).
 Result<std::map<int64_t, std::string>> RankFiles(Env* env, const std::string& dir) {
   ASSIGN_OR_RETURN(std::vector<std::string> children, env->GetChildren(dir));
   std::map<int64_t, std::string> out;
@@ -351,11 +406,17 @@ Result<std::map<int64_t, std::string>> RankFiles(Env* env, const std::string& di
     const std::string sub = JoinPath(dir, c);
     if (!env->IsDirectory(sub)) continue;
     ASSIGN_OR_RETURN(std::vector<std::string> files, env->GetChildren(sub));
-    const std::string last = LastCkpt(files);
-    if (last.empty()) {
-      return NotFoundError("MindSpore checkpoint '" + dir + "': '" + sub + "' holds no .ckpt file");
+    const std::string ckpt = LastCkpt(files), safetensors = LastSafetensors(sub, files);
+    if (!ckpt.empty() && !safetensors.empty()) {
+      return InvalidArgumentError("MindSpore checkpoint '" + dir + "': '" + sub +
+                                  "' holds both .ckpt and .safetensors files (MindSpore's "
+                                  "transform refuses such a directory too)");
     }
-    out[std::stoll(digits)] = JoinPath(sub, last);
+    if (ckpt.empty() && safetensors.empty()) {
+      return NotFoundError("MindSpore checkpoint '" + dir + "': '" + sub +
+                           "' holds no .ckpt or .safetensors file");
+    }
+    out[std::stoll(digits)] = JoinPath(sub, ckpt.empty() ? safetensors : ckpt);
   }
   if (out.empty()) {
     return NotFoundError("MindSpore checkpoint '" + dir + "': no rank_<r>/ directories");
@@ -465,11 +526,16 @@ Result<std::unique_ptr<CheckpointReader>> OpenMindSporeCheckpoint(
   std::vector<std::vector<Stored>> stored;  // per rank
   std::map<std::string, std::string> strings;  // of the lowest rank holding each
   for (const auto& [rank, file] : rank_files) {
-    ASSIGN_OR_RETURN(auto f, env->NewRandomAccessFile(file));
-    ASSIGN_OR_RETURN(MindSporeFile scanned, ScanMindSporeCkpt(*f, file));
     std::map<std::string, std::string> rank_strings;
-    ASSIGN_OR_RETURN(auto groups, GroupRecords(*f, scanned, static_cast<uint32_t>(c.files.size()),
-                                               file, &rank_strings));
+    const uint32_t index = static_cast<uint32_t>(c.files.size());
+    std::vector<Stored> groups;
+    if (EndsWith(file, ".safetensors")) {
+      ASSIGN_OR_RETURN(groups, SafetensorsRecords(env, file, index, &rank_strings));
+    } else {
+      ASSIGN_OR_RETURN(auto f, env->NewRandomAccessFile(file));
+      ASSIGN_OR_RETURN(MindSporeFile scanned, ScanMindSporeCkpt(*f, file));
+      ASSIGN_OR_RETURN(groups, GroupRecords(*f, scanned, index, file, &rank_strings));
+    }
     strings.insert(rank_strings.begin(), rank_strings.end());
     c.files.push_back(file);
     stored.push_back(std::move(groups));
@@ -602,6 +668,43 @@ void PlanMapRecord(const Strategy& strategy, const std::string& name, uint32_t f
   }
 }
 
+// Plans file `f` of a safetensors output: what rank `rank` holds (every
+// tensor whole when -1, with the step and metadata as attributes when there
+// are any), in the safetensors library's order.
+Status PlanSafetensorsRankFile(const Strategy& strategy, const CheckpointMeta& meta, int64_t rank,
+                               uint32_t f, DenseFilePlan* file, DensePlan* plan) {
+  std::vector<SafetensorsEntry> entries;
+  std::map<std::string, std::pair<size_t, Box>> boxes;  // name -> tensor, box
+  for (size_t i = 0; i < strategy.tensors().size(); ++i) {
+    const TensorStrategy& t = strategy.tensors()[i];
+    std::optional<Box> box = Box::FromShape(t.layout.shape);
+    if (rank >= 0) {
+      const Mesh& mesh = strategy.MeshOf(t);
+      if (rank >= mesh.world_size()) continue;
+      ASSIGN_OR_RETURN(box, ShardOf(t.layout, mesh, rank));
+    }
+    if (!box) continue;  // not on this rank's pipeline stage
+    entries.push_back({t.name, t.layout.dtype, box->extents(), 0, 0});
+    boxes.emplace(t.name, std::make_pair(i, *box));
+  }
+  PackAsSafetensorsLibrary(&entries);
+  std::map<std::string, std::string> attributes;
+  if (rank < 0 && (meta.step != 0 || !meta.metadata.empty())) {
+    CheckpointMeta m = meta;
+    m.created_by.clear();
+    attributes = EncodeMetaAttributes(Strategy(), m, /*text_only=*/true);
+    attributes.erase(kStrategyAttribute);  // whole tensors: nothing to record
+  }
+  ASSIGN_OR_RETURN(std::string header, SafetensorsHeader(entries, attributes));
+  for (const SafetensorsEntry& e : entries) {
+    const auto& [i, box] = boxes.at(e.name);
+    plan->blocks[i].push_back({f, header.size() + e.begin, box, {}});
+  }
+  file->size = header.size() + (entries.empty() ? 0 : entries.back().end);
+  file->fixed.push_back({0, std::move(header)});
+  return Status::Ok();
+}
+
 // The order of rank `rank`'s records (tensor indices, of those it holds):
 // see MindSporeRecordOrder.
 Result<std::vector<size_t>> RankRecordOrder(const Strategy& strategy, int64_t rank,
@@ -648,13 +751,15 @@ Result<std::unique_ptr<CheckpointWriter>> CreateMindSporeCheckpoint(
   if (options.prefix.find('/') != std::string::npos) {
     return InvalidArgumentError("MindSpore output: prefix '" + options.prefix + "' contains '/'");
   }
-  const bool single = EndsWith(path, ".ckpt");
+  const std::string extension = options.safetensors ? ".safetensors" : ".ckpt";
+  const bool single = EndsWith(path, extension);
   const std::map<size_t, std::string> map_parts = MapParts(strategy);
   int64_t world = 1;
   for (const TensorStrategy& t : strategy.tensors()) {
     const Mesh& mesh = strategy.MeshOf(t);
     world = std::max(world, mesh.world_size());
-    if (!single && map_parts.count(static_cast<size_t>(&t - strategy.tensors().data()))) {
+    if ((!single || options.safetensors) &&
+        map_parts.count(static_cast<size_t>(&t - strategy.tensors().data()))) {
       return InvalidArgumentError("MindSpore output '" + path + "': tensor '" + t.name +
                                   "' is part of a map tensor (MapParameter), which rank "
                                   "directories cannot hold (write one .ckpt)");
@@ -677,9 +782,15 @@ Result<std::unique_ptr<CheckpointWriter>> CreateMindSporeCheckpoint(
     DenseFilePlan file;
     if (!single) {
       const std::string rank = std::to_string(r);
-      file.name = kRankDirPrefix + rank + "/" + options.prefix + rank + ".ckpt";
+      file.name = kRankDirPrefix + rank + "/" + options.prefix + rank + extension;
     }
     const uint32_t f = static_cast<uint32_t>(plan.files.size());
+    if (options.safetensors) {
+      RETURN_IF_ERROR(PlanSafetensorsRankFile(strategy, meta, single ? -1 : r, f, &file, &plan)
+                          .Annotate("MindSpore output '" + path + "'"));
+      plan.files.push_back(std::move(file));
+      continue;
+    }
     uint64_t pos = 0;
     std::vector<size_t> records(strategy.tensors().size());
     for (size_t i = 0; i < records.size(); ++i) records[i] = i;
@@ -733,12 +844,16 @@ Result<std::unique_ptr<CheckpointWriter>> CreateMindSporeCheckpoint(
 bool IsMindSporeCheckpoint(Env* env, const std::string& path) {
   std::string file = path;
   if (env->IsDirectory(path)) {
-    // rank_0/ with a .ckpt: the reader names whatever else is wrong.
+    // rank_0/ with a .ckpt or .safetensors: the reader names whatever else
+    // is wrong.
     const std::string rank0 = JoinPath(path, std::string(kRankDirPrefix) + "0");
     auto files = env->GetChildren(rank0);
     if (!files.ok()) return false;
     const std::string last = LastCkpt(*files);
-    if (last.empty()) return false;
+    if (last.empty()) {
+      const std::string safetensors = LastSafetensors(rank0, *files);
+      return !safetensors.empty() && SafetensorsFile::Open(env, JoinPath(rank0, safetensors)).ok();
+    }
     file = JoinPath(rank0, last);
   }
   auto f = env->NewRandomAccessFile(file);

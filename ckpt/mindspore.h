@@ -73,6 +73,13 @@ struct MindSporeWriteOptions {
   // Rank files: records in this order; without source files, in strategy
   // order (unnamed tensors last).
   MindSporeRecordOrder order;
+  // Safetensors instead of .ckpt (MindSpore 2.3+'s format="safetensors"):
+  // rank files rank_<r>/<prefix><r>.safetensors, or one file at a path
+  // ending in ".safetensors", laid out as the safetensors library writes
+  // them (PackAsSafetensorsLibrary; no __metadata__ in rank files, as
+  // transform_checkpoints writes them; a single file holds the step and
+  // metadata as "tessera.*" attributes when there are any).
+  bool safetensors = false;
 };
 
 // A path ending in ".ckpt" is one file of whole tensors (the strategy must

@@ -5,13 +5,30 @@
 #include "formats/native_files.h"
 
 namespace tessera {
+namespace {
+
+bool EndsWith(const std::string& s, const std::string& tail) {
+  return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
+}
+
+// Every tensor whole on every rank.
+bool IsMerged(const Strategy& strategy) {
+  for (const TensorStrategy& t : strategy.tensors()) {
+    if (t.layout != Layout::Replicated(t.layout.shape, t.layout.dtype)) return false;
+  }
+  return true;
+}
+
+}  // namespace
 
 Result<Format> ParseFormat(const std::string& name) {
   if (name == "native") return Format::kNative;
   if (name == "safetensors") return Format::kSafetensors;
   if (name == "mindspore") return Format::kMindSpore;
+  if (name == "mindspore-safetensors") return Format::kMindSporeSafetensors;
   if (name == "hdf5") return Format::kHdf5;
-  return InvalidArgumentError("format '" + name + "': use native, safetensors, mindspore or hdf5");
+  return InvalidArgumentError("format '" + name +
+                              "': use native, safetensors, mindspore, mindspore-safetensors or hdf5");
 }
 
 std::string_view FormatName(Format format) {
@@ -19,6 +36,7 @@ std::string_view FormatName(Format format) {
     case Format::kNative: return "native";
     case Format::kSafetensors: return "safetensors";
     case Format::kMindSpore: return "mindspore";
+    case Format::kMindSporeSafetensors: return "mindspore-safetensors";
     case Format::kHdf5: return "hdf5";
   }
   return "?";
@@ -57,7 +75,8 @@ Result<TransformStats> WriteTransformed(Env* env, const CheckpointReader& src, c
     return InvalidArgumentError("compression is a native-format option; " +
                                 std::string(FormatName(options.format)) + " stores raw bytes");
   }
-  if (options.format != Format::kSafetensors && options.max_shard_size > 0) {
+  if (options.format != Format::kSafetensors && options.format != Format::kMindSporeSafetensors &&
+      options.max_shard_size > 0) {
     return InvalidArgumentError("--max-shard-size applies to safetensors output only");
   }
   ASSIGN_OR_RETURN(Strategy complete, CompleteStrategy(src.strategy(), dst));
@@ -90,9 +109,22 @@ Result<TransformStats> WriteTransformed(Env* env, const CheckpointReader& src, c
       flow = MergedStrategy(complete);
       break;
     }
+    case Format::kMindSporeSafetensors:
+      if (!EndsWith(out_path, ".safetensors") && IsMerged(complete)) {
+        // Merged: unified_safetensors' layout.
+        SafetensorsWriteOptions o;
+        o.max_shard_size = options.max_shard_size;
+        o.overwrite = options.native.overwrite;
+        o.mindspore_unified = true;
+        ASSIGN_OR_RETURN(writer, CreateSafetensorsCheckpoint(env, out_path, complete, meta, o));
+        flow = MergedStrategy(complete);
+        break;
+      }
+      [[fallthrough]];
     case Format::kMindSpore: {
       MindSporeWriteOptions o = options.mindspore;
       o.overwrite = options.native.overwrite;
+      o.safetensors = options.format == Format::kMindSporeSafetensors;
       // Records in the order MindSpore's transform writes them from this source.
       const StoredOrder order = src.Order();
       const auto& tensors = src.strategy().tensors();

@@ -14,9 +14,13 @@
 
 namespace tessera {
 
-enum class Format { kNative, kSafetensors, kMindSpore, kHdf5 };
+// kMindSporeSafetensors: MindSpore's format="safetensors" (2.3 and later):
+// rank_<r>/<prefix><r>.safetensors beside the same strategy files; merged,
+// the unified_safetensors layout (part<i>.safetensors + param_name_map.json)
+// or, at a path ending in ".safetensors", one file.
+enum class Format { kNative, kSafetensors, kMindSpore, kMindSporeSafetensors, kHdf5 };
 
-// "native", "safetensors", "mindspore", "hdf5".
+// "native", "safetensors", "mindspore", "mindspore-safetensors", "hdf5".
 Result<Format> ParseFormat(const std::string& name);
 std::string_view FormatName(Format format);
 

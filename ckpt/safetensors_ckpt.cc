@@ -1,5 +1,6 @@
 #include "ckpt/safetensors_ckpt.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <map>
 
@@ -26,7 +27,9 @@ struct IndexFile {
   std::map<std::string, std::string> map;  // tensor -> file name
 };
 
-Result<IndexFile> ReadIndex(Env* env, const std::string& path) {
+// Hugging Face's index ({"weight_map": {tensor: file}}) or, with `flat`,
+// MindSpore's param_name_map.json ({tensor: file}).
+Result<IndexFile> ReadIndex(Env* env, const std::string& path, bool flat) {
   auto bad = [&](const std::string& what) {
     return DataLossError("safetensors index '" + path + "': " + what);
   };
@@ -34,11 +37,13 @@ Result<IndexFile> ReadIndex(Env* env, const std::string& path) {
   if (size > kMaxIndexBytes) return bad("larger than " + std::to_string(kMaxIndexBytes) + " bytes");
   ASSIGN_OR_RETURN(std::string text, ReadFileToString(env, path));
   nlohmann::ordered_json j = nlohmann::ordered_json::parse(text, nullptr, false);
-  if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object()) {
-    return bad("not a JSON object with a \"weight_map\" object");
+  if (flat ? !j.is_object()
+           : (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object())) {
+    return bad(flat ? "not a JSON object" : "not a JSON object with a \"weight_map\" object");
   }
+  const nlohmann::ordered_json& map = flat ? j : j["weight_map"];
   IndexFile index;
-  for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it) {
+  for (auto it = map.begin(); it != map.end(); ++it) {
     if (!it.value().is_string()) return bad("the file of tensor '" + it.key() + "' is not a string");
     const std::string file = it.value().get<std::string>();
     if (file.empty() || file.find('/') != std::string::npos || file == "." || file == "..") {
@@ -57,12 +62,79 @@ bool EndsWith(const std::string& s, const std::string& tail) {
   return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
 }
 
+constexpr char kUnifiedMapName[] = "param_name_map.json";
+constexpr char kHyperParamName[] = "hyper_param.safetensors";
+
+// The name map of a MindSpore unified_safetensors directory: its one .json
+// file (MindSpore's loader takes any one), beside .safetensors files; ""
+// when `dir` is not one.
+std::string UnifiedMap(Env* env, const std::string& dir) {
+  auto children = env->GetChildren(dir);
+  if (!children.ok()) return "";
+  std::string json;
+  int jsons = 0;
+  bool safetensors = false;
+  for (const std::string& c : *children) {
+    if (EndsWith(c, ".json")) {
+      ++jsons;
+      json = c;
+    }
+    safetensors |= EndsWith(c, ".safetensors");
+  }
+  return jsons == 1 && safetensors ? JoinPath(dir, json) : "";
+}
+
+// MindSpore's unified_safetensors layout (SafetensorsWriteOptions).
+Result<std::unique_ptr<CheckpointWriter>> CreateUnifiedSafetensors(
+    Env* env, const std::string& path, const Strategy& strategy,
+    const SafetensorsWriteOptions& options) {
+  const std::vector<TensorStrategy>& tensors = strategy.tensors();
+  const int64_t limit = options.max_shard_size > 0 ? options.max_shard_size : int64_t{3} << 30;
+  std::vector<size_t> order(tensors.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(),
+            [&](size_t a, size_t b) { return tensors[a].name < tensors[b].name; });
+  std::vector<std::vector<SafetensorsEntry>> parts;
+  int64_t used = 0;
+  for (size_t i : order) {
+    const int64_t bytes = ByteSize(tensors[i].layout);
+    if (parts.empty() || (used > 0 && used + bytes > limit)) {
+      parts.emplace_back();
+      used = 0;
+    }
+    parts.back().push_back({tensors[i].name, tensors[i].layout.dtype, tensors[i].layout.shape, 0, 0});
+    used += bytes;
+  }
+  DensePlan plan;
+  plan.directory = true;
+  plan.blocks.resize(tensors.size());
+  nlohmann::ordered_json map = nlohmann::ordered_json::object();
+  for (size_t p = 0; p < parts.size(); ++p) {
+    const std::string name = "part" + std::to_string(p) + ".safetensors";
+    for (const SafetensorsEntry& e : parts[p]) map[e.name] = name;  // in chunk order
+    PackAsSafetensorsLibrary(&parts[p]);
+    auto header = SafetensorsHeader(parts[p], {});
+    if (!header.ok()) return header.status().Annotate("output '" + path + "'");
+    for (const SafetensorsEntry& e : parts[p]) {
+      const size_t i = static_cast<size_t>(strategy.Find(e.name) - tensors.data());
+      plan.blocks[i].push_back({static_cast<uint32_t>(p), header->size() + e.begin,
+                                Box::FromShape(e.shape)});
+    }
+    const uint64_t data = parts[p].empty() ? 0 : parts[p].back().end;
+    plan.files.push_back({name, header->size() + data, {{0, *header}}});
+  }
+  // As Python's json.dumps(indent=4): ASCII, no newline at the end.
+  const std::string text = map.dump(4, ' ', /*ensure_ascii=*/true);
+  plan.files.push_back({kUnifiedMapName, text.size(), {{0, text}}});
+  return CreateDenseCheckpoint(env, path, strategy, std::move(plan), options.overwrite);
+}
+
 }  // namespace
 
 bool IsSafetensorsCheckpoint(Env* env, const std::string& path) {
   if (env->IsDirectory(path)) {
     return env->FileExists(JoinPath(path, kSafetensorsIndexName)) ||
-           env->FileExists(JoinPath(path, "model.safetensors"));
+           env->FileExists(JoinPath(path, "model.safetensors")) || !UnifiedMap(env, path).empty();
   }
   auto file = env->NewRandomAccessFile(path);
   if (!file.ok()) return false;
@@ -84,11 +156,18 @@ Result<std::unique_ptr<CheckpointReader>> OpenSafetensorsCheckpoint(Env* env,
   std::vector<std::string> paths;
   IndexFile index;
   std::string index_path;
+  bool flat = false;  // a MindSpore unified_safetensors name map
+  std::string hyper;  // and its hyper_param.safetensors (tensors not in the map)
   if (env->IsDirectory(path)) {
     if (env->FileExists(JoinPath(path, kSafetensorsIndexName))) {
       index_path = JoinPath(path, kSafetensorsIndexName);
-    } else {
+    } else if (env->FileExists(JoinPath(path, "model.safetensors"))) {
       paths.push_back(JoinPath(path, "model.safetensors"));
+    } else if (index_path = UnifiedMap(env, path); !index_path.empty()) {
+      flat = true;
+      if (env->FileExists(JoinPath(path, kHyperParamName))) hyper = JoinPath(path, kHyperParamName);
+    } else {
+      paths.push_back(JoinPath(path, "model.safetensors"));  // named as missing below
     }
   } else if (EndsWith(path, ".index.json")) {
     index_path = path;
@@ -96,8 +175,11 @@ Result<std::unique_ptr<CheckpointReader>> OpenSafetensorsCheckpoint(Env* env,
     paths.push_back(path);
   }
   if (!index_path.empty()) {
-    ASSIGN_OR_RETURN(index, ReadIndex(env, index_path));
+    ASSIGN_OR_RETURN(index, ReadIndex(env, index_path, flat));
     for (const std::string& f : index.files) paths.push_back(JoinPath(Dirname(index_path), f));
+    if (!hyper.empty() && std::find(paths.begin(), paths.end(), hyper) == paths.end()) {
+      paths.push_back(hyper);
+    }
   }
 
   DenseCheckpoint c;
@@ -122,7 +204,9 @@ Result<std::unique_ptr<CheckpointReader>> OpenSafetensorsCheckpoint(Env* env,
     for (const SafetensorsEntry& e : file.entries()) {
       if (!index_path.empty()) {
         auto it = index.map.find(e.name);
-        if (it == index.map.end() || JoinPath(Dirname(index_path), it->second) != paths[f]) {
+        const bool unmapped_hyper = it == index.map.end() && paths[f] == hyper;
+        if (!unmapped_hyper &&
+            (it == index.map.end() || JoinPath(Dirname(index_path), it->second) != paths[f])) {
           continue;  // the index maps it elsewhere (or not at all): not ours here
         }
       }
@@ -176,6 +260,7 @@ Result<std::unique_ptr<CheckpointReader>> OpenSafetensorsCheckpoint(Env* env,
 Result<std::unique_ptr<CheckpointWriter>> CreateSafetensorsCheckpoint(
     Env* env, const std::string& path, const Strategy& strategy, const CheckpointMeta& meta,
     const SafetensorsWriteOptions& options) {
+  if (options.mindspore_unified) return CreateUnifiedSafetensors(env, path, strategy, options);
   const std::vector<TensorStrategy>& tensors = strategy.tensors();
   // Shards: tensors in order, a new shard when the next would overflow.
   std::vector<size_t> shard_of(tensors.size(), 0);

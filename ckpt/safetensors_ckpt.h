@@ -37,6 +37,14 @@ struct SafetensorsWriteOptions {
   // without an index, as Hugging Face does.
   int64_t max_shard_size = 0;
   bool overwrite = false;
+  // MindSpore's unified_safetensors layout instead: the path is a directory
+  // of part0.safetensors, part1.safetensors, ... (names in sorted order, at
+  // most max_shard_size bytes each, 3 GiB when 0, as MindSpore's ~3 GiB
+  // parts; each file in the safetensors library's order, no __metadata__)
+  // and param_name_map.json ({"name": "part<i>.safetensors"}, as
+  // json.dumps(indent=4) writes it). It holds tensors only: the step and
+  // metadata have no place there.
+  bool mindspore_unified = false;
 };
 
 // A writer of `strategy`'s tensors, stored whole; `strategy`'s layouts are

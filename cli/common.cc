@@ -27,13 +27,16 @@ void AddIoFlags(CLI::App* cmd, IoFlags* f, bool output) {
   if (output) {
     cmd->add_option("--compress", f->compress, "none, zstd or zstd:LEVEL (1-19), native only");
     cmd->add_flag("--overwrite", f->overwrite, "replace an existing output checkpoint");
-    cmd->add_option("--format", f->format, "output format")
-        ->check(CLI::IsMember({"native", "safetensors", "mindspore", "hdf5"}));
+    cmd->add_option("--format", f->format,
+                    "output format: native, safetensors, mindspore (.ckpt), "
+                    "mindspore-safetensors (MindSpore 2.3+'s format=\"safetensors\"), hdf5")
+        ->check(CLI::IsMember({"native", "safetensors", "mindspore", "mindspore-safetensors", "hdf5"}));
     cmd->add_option("--max-shard-size", f->max_shard_size,
                     "safetensors: shards of at most this size (e.g. 2GB) plus "
-                    "model.safetensors.index.json");
+                    "model.safetensors.index.json; mindspore-safetensors merged: "
+                    "part<i>.safetensors of at most this size (default 3GiB)");
     cmd->add_option("--prefix", f->prefix,
-                    "mindspore: rank files are rank_<r>/<prefix><r>.ckpt");
+                    "mindspore: rank files are rank_<r>/<prefix><r>.ckpt (or .safetensors)");
     cmd->add_option("--save-mindspore-strategy", f->save_mindspore_strategy,
                     "also write the output's strategy as a MindSpore strategy file");
   }

@@ -134,6 +134,39 @@ Status SafetensorsFile::Read(const SafetensorsEntry& e, uint64_t offset, uint64_
   return file_->Read(data_start_ + e.begin + offset, size, dst);
 }
 
+void PackAsSafetensorsLibrary(std::vector<SafetensorsEntry>* entries) {
+  // The library's Dtype enum order (BOOL < U8 < I8 < ... < U64).
+  auto rank = [](DType d) {
+    switch (d) {
+      case DType::kBool: return 0;
+      case DType::kU8: return 1;
+      case DType::kI8: return 2;
+      case DType::kI16: return 5;
+      case DType::kU16: return 6;
+      case DType::kF16: return 7;
+      case DType::kBF16: return 8;
+      case DType::kI32: return 9;
+      case DType::kU32: return 10;
+      case DType::kF32: return 11;
+      case DType::kF64: return 12;
+      case DType::kI64: return 13;
+      case DType::kU64: return 14;
+    }
+    return 0;
+  };
+  std::sort(entries->begin(), entries->end(), [&](const SafetensorsEntry& a, const SafetensorsEntry& b) {
+    if (rank(a.dtype) != rank(b.dtype)) return rank(a.dtype) > rank(b.dtype);
+    return a.name < b.name;
+  });
+  uint64_t at = 0;
+  for (SafetensorsEntry& e : *entries) {
+    uint64_t n = static_cast<uint64_t>(DTypeSize(e.dtype));
+    for (int64_t d : e.shape) n *= static_cast<uint64_t>(d);
+    e.begin = at;
+    e.end = at += n;
+  }
+}
+
 Result<std::string> SafetensorsHeader(const std::vector<SafetensorsEntry>& entries,
                                       const std::map<std::string, std::string>& metadata) {
   nlohmann::ordered_json header = nlohmann::ordered_json::object();

@@ -67,6 +67,14 @@ class SafetensorsFile {
 Result<std::string> SafetensorsHeader(const std::vector<SafetensorsEntry>& entries,
                                       const std::map<std::string, std::string>& metadata);
 
+// Orders `entries` as the safetensors library writes them (huggingface/
+// safetensors, tensor.rs `prepare`, the same from v0.4.4 to 0.5): by dtype,
+// descending in its enum order (U64, I64, F64, F32, U32, I32, BF16, F16,
+// U16, I16, I8, U8, BOOL), then by name, bytewise; and gives them
+// contiguous offsets from 0 (each dtype size x shape elements). MindSpore
+// writes every safetensors file through that library.
+void PackAsSafetensorsLibrary(std::vector<SafetensorsEntry>* entries);
+
 // One tensor to write: its bytes are `data` (dtype size x shape elements).
 struct SafetensorsTensor {
   std::string name;

@@ -98,6 +98,104 @@ check "diff: says that the stage copies differ" grep -q "note: r8b: tensor '$emb
 run "$ckpt" verify r8b --src-strategy "$s8"
 check "verify: says that the stage copies differ" grep -q "note: .*'$embedding'.*rank_5" out
 
+# MindSpore's safetensors flavour (format="safetensors", 2.3+): rank
+# directories and unified_safetensors output, round trips and layout. No
+# MindSpore-written safetensors file exists here; MindSpore writes them all
+# through the safetensors library (safetensors.numpy.save_file), so every
+# file is checked against a reference serializer written from that
+# library's source (tensor.rs: dtype order, then name; compact JSON with
+# dtype/shape/data_offsets; header padded with spaces to 8 bytes).
+cat >st_reference.py <<'PY'
+import json, struct, sys
+ORDER = ["BOOL", "U8", "I8", "F8_E5M2", "F8_E4M3", "I16", "U16", "F16", "BF16", "I32", "U32",
+         "F32", "F64", "I64", "U64"]
+def check(path):
+    raw = open(path, "rb").read()
+    n = struct.unpack("<Q", raw[:8])[0]
+    header = json.loads(raw[8:8 + n])
+    data = raw[8 + n:]
+    meta = header.pop("__metadata__", None)
+    tensors = {k: (v["dtype"], v["shape"], data[v["data_offsets"][0]:v["data_offsets"][1]])
+               for k, v in header.items()}
+    # What safetensors' serialize writes for these tensors.
+    names = sorted(tensors, key=lambda k: (-ORDER.index(tensors[k][0]), k.encode()))
+    out, at = {}, 0
+    for k in names:
+        out[k] = {"dtype": tensors[k][0], "shape": tensors[k][1],
+                  "data_offsets": [at, at + len(tensors[k][2])]}
+        at += len(tensors[k][2])
+    text = json.dumps(out, separators=(",", ":"), ensure_ascii=False).encode()
+    text += b" " * ((8 - len(text) % 8) % 8)
+    want = struct.pack("<Q", len(text)) + text + b"".join(tensors[k][2] for k in names)
+    assert meta is None, path + ": __metadata__ where MindSpore writes none"
+    assert raw == want, path + ": not laid out as the safetensors library lays it out"
+for p in sys.argv[1:]:
+    check(p)
+PY
+st_names() {  # st_names FILE: the tensor names in a safetensors file's header
+  "$py" -c "
+import json, struct, sys
+f = open(sys.argv[1], 'rb'); n = struct.unpack('<Q', f.read(8))[0]
+print('\n'.join(json.loads(f.read(n))))" "$1"
+}
+run "$ckpt" split "$full" --strategy "$s8" --format mindspore-safetensors --prefix checkpoint_ -o st8 -q
+check "safetensors: full -> strategy_8_npus rank directories" test $rc -eq 0
+check "safetensors: rank_<r>/checkpoint_<r>.safetensors for every rank" \
+  test "$(ls st8/rank_*/checkpoint_*.safetensors | wc -l)" -eq 8
+check "safetensors: rank files laid out as the safetensors library writes them" \
+  "$py" st_reference.py st8/rank_*/*.safetensors
+check "safetensors: rank 5 (stage 1) holds the embedding and its 3 states" \
+  test "$(st_names st8/rank_5/checkpoint_5.safetensors | grep -c "$embedding")" -eq 4
+run "$ckpt" reshard st8 --src-strategy "$s8" --dst-strategy "$s4" --format mindspore-safetensors -o st4 -q
+check "safetensors: strategy_8_npus -> strategy_4_npus" test $rc -eq 0
+run "$ckpt" merge st4 --src-strategy "$s4" --format mindspore-safetensors --max-shard-size 10KB \
+  -o unified -q
+check "safetensors: merged into unified_safetensors' layout" test $rc -eq 0
+check "safetensors: several parts and param_name_map.json" \
+  test -f unified/part2.safetensors -a -f unified/param_name_map.json
+check "safetensors: parts laid out as the safetensors library writes them" \
+  "$py" st_reference.py unified/part*.safetensors
+check "safetensors: param_name_map.json as json.dumps(indent=4) writes it, each name in its part" \
+  "$py" -c "
+import json, struct
+text = open('unified/param_name_map.json').read()
+m = json.loads(text)
+assert text == json.dumps(m, indent=4), 'formatting'
+for name, part in m.items():
+    f = open('unified/' + part, 'rb'); n = struct.unpack('<Q', f.read(8))[0]
+    assert name in json.loads(f.read(n)), name
+assert len(m) == 145, len(m)
+"
+run "$ckpt" diff unified "$full/rank_0/checkpoint_0.ckpt"
+check "safetensors: full -> 8 -> 4 -> unified is bit-exact" test $rc -eq 0
+run "$ckpt" reshard st8 --src-strategy "$s8" --dst-strategy "$s4" --format mindspore \
+  --prefix checkpoint_ -o st4ckpt -q
+run "$ckpt" diff st4ckpt r4 --a-strategy "$s4" --b-strategy "$s4"
+check "safetensors rank files -> .ckpt rank files: the same tensors" test $rc -eq 0
+run "$ckpt" merge st8 --src-strategy "$s8" --format mindspore-safetensors -o one.safetensors -q
+check "safetensors: merged into one file, laid out as the library writes it" \
+  "$py" st_reference.py one.safetensors
+mixed=$cases/dp2mp4_opt_to_mp2pp2_opt
+run "$ckpt" reshard "$mixed/src" --src-strategy "$mixed/src_strategy.ckpt" \
+  --dst-strategy "$mixed/dst_strategy.ckpt" --format mindspore-safetensors -o stmixed -q
+check "safetensors: bf16, f16, i32 and f32 rank files in the library's dtype order" \
+  "$py" st_reference.py stmixed/rank_*/*.safetensors
+run "$ckpt" diff stmixed "$mixed/expected" --a-strategy "$mixed/dst_strategy.ckpt" \
+  --b-strategy "$mixed/dst_strategy.ckpt"
+check "safetensors: the same tensors as MindSpore's .ckpt output" test $rc -eq 0
+# The file MindSpore's transform takes of several in a rank directory: the
+# largest last two numbers of its path.
+cp -r st8 pick
+mv pick/rank_0/checkpoint_0.safetensors pick/rank_0/net-3_200.safetensors
+echo garbage >pick/rank_0/net-3_100.safetensors
+echo garbage >pick/rank_0/net-2_900.safetensors
+run "$ckpt" diff pick st8 --a-strategy "$s8" --b-strategy "$s8"
+check "safetensors: of several files, net-3_200 is read (as MindSpore picks it)" test $rc -eq 0
+cp r8/rank_1/checkpoint_1.ckpt pick/rank_1/
+run "$ckpt" inspect pick --src-strategy "$s8"
+check "a rank directory with both .ckpt and .safetensors is refused, named" \
+  grep -q "rank_1' holds both .ckpt and .safetensors" out
+
 for g in "$fixtures"/mindformers_golden/*.ckpt; do
   name=$(basename "$g")
   run "$ckpt" convert "$g" --format mindspore -o "$name" -q
