@@ -66,7 +66,15 @@ struct ParamInfo {
   int64_t offset = 0;  // into the flat parameter vector, in floats
   int64_t numel = 0;
   bool decay = false;  // matrices and embeddings take weight decay
-  bool tied_copy = false;  // the last stage's copy of wte (not checkpointed)
+  // The last stage's copy of wte. Not recorded as a copy stage
+  // (Layout::copy_stages) in checkpoints: it is bitwise equal to the first
+  // stage's by construction (their gradients are summed and both take the
+  // same AdamW step), loading fills it from the first stage's pieces, and a
+  // second stored copy would add 3 x V x C floats to every save (463 MB for
+  // GPT-2 124M with its Adam moments). --redundancy stores copies on
+  // request; exporting to a MindSpore strategy that places the embedding on
+  // both stages writes it into both stages' rank files.
+  bool tied_copy = false;
   // The whole tensor, and where this rank's slice lies in it: `box` over
   // split_shape() (`view` when the slice is a box of a view, c_attn's
   // [C, 3, C], else full_shape), dimension tp_dim cut over tp (-1: not
