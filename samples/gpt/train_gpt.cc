@@ -33,14 +33,14 @@
 #include "ckpt/ops.h"
 #include "ckpt/repair.h"
 #include "formats/native_files.h"
-#include "runtime/async_checkpoint.h"
+#include "runtime/train/async_checkpoint.h"
 #include "runtime/comm/launch.h"
 #include "runtime/comm/mpi.h"
-#include "runtime/data.h"
-#include "runtime/gpt.h"
-#include "runtime/gpt_checkpoint.h"
+#include "runtime/train/data.h"
+#include "runtime/model/gpt.h"
+#include "runtime/model/gpt_checkpoint.h"
 #include "runtime/kernels.h"
-#include "runtime/parallel_gpt.h"
+#include "runtime/model/parallel_gpt.h"
 
 using namespace tessera;
 

@@ -23,9 +23,9 @@
 #include "ckpt/repair.h"
 #include "formats/native_files.h"
 #include "runtime/comm/inprocess.h"
-#include "runtime/gpt_checkpoint.h"
+#include "runtime/model/gpt_checkpoint.h"
 #include "runtime/kernels.h"
-#include "runtime/parallel_gpt.h"
+#include "runtime/model/parallel_gpt.h"
 
 using namespace tessera;
 

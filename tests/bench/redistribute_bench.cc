@@ -1,4 +1,4 @@
-// Redistribute (runtime/dtensor.h) beside the one collective that does the
+// Redistribute (runtime/parallel/dtensor.h) beside the one collective that does the
 // same job on the same ranks, to measure what planning, packing and
 // unpacking cost on top of the bytes moved:
 //   rows split over the ranks -> replicated   beside AllGather
@@ -6,7 +6,7 @@
 // of a 64 MiB f32 matrix [4096, 4096]; and ParallelMatMul (runtime/
 // parallel_ops.h), forward and backward of x [2048, 1024] @ w [1024, 1024],
 // beside the same products and collectives written out by hand (what
-// runtime/gpt.cc does for its tensor-parallel layers):
+// runtime/model/gpt.cc does for its tensor-parallel layers):
 //   row-parallel ((-,r),(r,-))               beside sgemm + AllReduce
 //   column-parallel ((-,-),(-,r)), x arriving cut by rows
 //                                            beside AllGather + sgemm
@@ -24,10 +24,10 @@
 
 #include "runtime/comm/inprocess.h"
 #include "runtime/comm/mpi.h"
-#include "runtime/dtensor.h"
+#include "runtime/parallel/dtensor.h"
 #include "runtime/comm/mesh_comms.h"
 #include "runtime/kernels.h"
-#include "runtime/parallel_ops.h"
+#include "runtime/parallel/parallel_ops.h"
 
 using namespace tessera;
 

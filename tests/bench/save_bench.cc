@@ -21,11 +21,11 @@
 #include <string>
 #include <vector>
 
-#include "runtime/async_checkpoint.h"
+#include "runtime/train/async_checkpoint.h"
 #include "runtime/comm/inprocess.h"
-#include "runtime/gpt_checkpoint.h"
+#include "runtime/model/gpt_checkpoint.h"
 #include "runtime/kernels.h"
-#include "runtime/parallel_gpt.h"
+#include "runtime/model/parallel_gpt.h"
 
 using namespace tessera;
 

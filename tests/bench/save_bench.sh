@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Saving from training (runtime/sliced_checkpoint.h): a sliced save (every
+# Saving from training (runtime/train/sliced_checkpoint.h): a sliced save (every
 # rank writes its pieces) and a merged save (rank 0 gathers and writes) of
 # GPT-2 124M's weights and Adam moments from 4 in-process ranks (dp2 x tp2,
 # ZeRO-1), and an async sliced save (its stall and its time to the commit),

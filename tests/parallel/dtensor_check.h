@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "runtime/dtensor.h"
+#include "runtime/parallel/dtensor.h"
 #include "tests/transform/random_layout.h"
 
 namespace tessera::testing {

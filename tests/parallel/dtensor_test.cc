@@ -2,7 +2,7 @@
 // random tensors (splits, ZeRO shards, pipeline stages, uneven chunks,
 // empty dimensions), every rank's redistributed shard equals the same box
 // cut out of the whole tensor; the layouts that need no traffic move none.
-#include "runtime/dtensor.h"
+#include "runtime/parallel/dtensor.h"
 
 #include <catch2/catch.hpp>
 #include <map>

@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "runtime/parallel_ops.h"
+#include "runtime/parallel/parallel_ops.h"
 
 namespace tessera::testing {
 

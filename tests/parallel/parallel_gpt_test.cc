@@ -5,7 +5,7 @@
 // the tied embedding) must end bitwise identical, and the layouts are the
 // ones a checkpoint records. Tensor-parallel slices are put together by
 // the boxes their ParamInfo gives.
-#include "runtime/parallel_gpt.h"
+#include "runtime/model/parallel_gpt.h"
 
 #include <cmath>
 #include <map>

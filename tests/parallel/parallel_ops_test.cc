@@ -2,12 +2,12 @@
 // with x and dy arriving in the strategy's layouts and in others (a
 // redistribution is inserted), against the definition; the layouts it
 // derives are the GPT's tensor-parallel ones; bad strategies are named.
-#include "runtime/parallel_ops.h"
+#include "runtime/parallel/parallel_ops.h"
 
 #include <catch2/catch.hpp>
 
 #include "runtime/comm/inprocess.h"
-#include "runtime/parallel_gpt.h"
+#include "runtime/model/parallel_gpt.h"
 #include "tests/parallel/matmul_check.h"
 
 namespace tessera {

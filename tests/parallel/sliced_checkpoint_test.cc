@@ -1,7 +1,7 @@
 // SlicedCheckpointWriter: every rank of an in-process job writes its own
 // pieces of one native checkpoint (replicas taking turns); the result reads
 // back whole, and a rank that fails leaves nothing at the path.
-#include "runtime/sliced_checkpoint.h"
+#include "runtime/train/sliced_checkpoint.h"
 
 #include <functional>
 #include <mutex>
@@ -11,7 +11,7 @@
 
 #include "ckpt/repair.h"
 #include "ckpt/verify.h"
-#include "runtime/async_checkpoint.h"
+#include "runtime/train/async_checkpoint.h"
 #include "runtime/comm/inprocess.h"
 
 namespace tessera {

@@ -13,7 +13,7 @@
 
 #include "core/env.h"
 #include "formats/safetensors.h"
-#include "runtime/gpt.h"
+#include "runtime/model/gpt.h"
 
 using namespace tessera;
 

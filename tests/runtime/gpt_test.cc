@@ -1,7 +1,7 @@
 // The GPT model end to end on a tiny configuration: its gradients against
 // finite differences of its loss, AdamW against the closed form of a first
 // step, and training that drives the loss down.
-#include "runtime/gpt.h"
+#include "runtime/model/gpt.h"
 
 #include <cmath>
 #include <random>
@@ -10,7 +10,7 @@
 
 #include "ckpt/ops.h"
 #include "core/half.h"
-#include "runtime/gpt_checkpoint.h"
+#include "runtime/model/gpt_checkpoint.h"
 
 namespace tessera {
 namespace {

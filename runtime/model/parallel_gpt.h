@@ -33,12 +33,12 @@
 // Tensor parallel (tp > 1): Megatron-LM's layout, described at GptStage:
 // each tp rank holds its heads, its share of the MLP and of the
 // vocabulary; the tp group all-reduces inside the forward and backward
-// (runtime/gpt.cc). Replicated tensors (LayerNorms, wpe, the row-split
+// (runtime/model/gpt.cc). Replicated tensors (LayerNorms, wpe, the row-split
 // layers' biases) get the same gradient on every tp rank, so they stay
 // equal without a reduction. Under ZeRO-1 each tp slice is sharded over dp
 // further, as the optimizer state's layout (split over tp, opt [dp]) says.
-#ifndef TESSERA_RUNTIME_PARALLEL_GPT_H_
-#define TESSERA_RUNTIME_PARALLEL_GPT_H_
+#ifndef TESSERA_RUNTIME_MODEL_PARALLEL_GPT_H_
+#define TESSERA_RUNTIME_MODEL_PARALLEL_GPT_H_
 
 #include <cstdint>
 #include <memory>
@@ -46,8 +46,8 @@
 
 #include "runtime/comm/communicator.h"
 #include "runtime/comm/mesh_comms.h"
-#include "runtime/gpt.h"
-#include "runtime/sliced_checkpoint.h"
+#include "runtime/model/gpt.h"
+#include "runtime/train/sliced_checkpoint.h"
 #include "transform/strategy.h"
 
 namespace tessera {
@@ -177,4 +177,4 @@ class ParallelGpt {
 
 }  // namespace tessera
 
-#endif  // TESSERA_RUNTIME_PARALLEL_GPT_H_
+#endif  // TESSERA_RUNTIME_MODEL_PARALLEL_GPT_H_

@@ -10,8 +10,8 @@
 // [C,4C], .bias [4C], h.<i>.mlp.c_proj.weight [4C,C], .bias, ln_f.weight,
 // ln_f.bias. A Hugging Face GPT-2 checkpoint maps on by dropping its
 // "transformer." prefix ("wte.weight" -> "wte").
-#ifndef TESSERA_RUNTIME_GPT_H_
-#define TESSERA_RUNTIME_GPT_H_
+#ifndef TESSERA_RUNTIME_MODEL_GPT_H_
+#define TESSERA_RUNTIME_MODEL_GPT_H_
 
 #include <cstdint>
 #include <string>
@@ -19,7 +19,7 @@
 
 #include "core/status.h"
 #include "runtime/comm/communicator.h"
-#include "runtime/optim.h"
+#include "runtime/train/optim.h"
 #include "transform/box.h"
 
 namespace tessera {
@@ -220,4 +220,4 @@ class Gpt {
 
 }  // namespace tessera
 
-#endif  // TESSERA_RUNTIME_GPT_H_
+#endif  // TESSERA_RUNTIME_MODEL_GPT_H_

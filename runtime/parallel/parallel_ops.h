@@ -23,8 +23,8 @@
 // gradient is all-reduced over a (the data-parallel reduction). An input
 // that forward redistributed gets its gradient redistributed back to the
 // layout it came in.
-#ifndef TESSERA_RUNTIME_PARALLEL_OPS_H_
-#define TESSERA_RUNTIME_PARALLEL_OPS_H_
+#ifndef TESSERA_RUNTIME_PARALLEL_PARALLEL_OPS_H_
+#define TESSERA_RUNTIME_PARALLEL_PARALLEL_OPS_H_
 
 #include <cstdint>
 #include <string>
@@ -33,7 +33,7 @@
 
 #include "core/status.h"
 #include "runtime/comm/mesh_comms.h"
-#include "runtime/dtensor.h"
+#include "runtime/parallel/dtensor.h"
 #include "transform/layout.h"
 
 namespace tessera {
@@ -109,4 +109,4 @@ class ParallelMatMul {
 
 }  // namespace tessera
 
-#endif  // TESSERA_RUNTIME_PARALLEL_OPS_H_
+#endif  // TESSERA_RUNTIME_PARALLEL_PARALLEL_OPS_H_

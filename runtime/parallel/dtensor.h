@@ -8,8 +8,8 @@
 // slicing, no traffic), split on one dimension -> split on another (an
 // all-to-all), ZeRO shards, pipeline stages, views (the fused qkv split by
 // heads), meshes of other shapes over the same ranks.
-#ifndef TESSERA_RUNTIME_DTENSOR_H_
-#define TESSERA_RUNTIME_DTENSOR_H_
+#ifndef TESSERA_RUNTIME_PARALLEL_DTENSOR_H_
+#define TESSERA_RUNTIME_PARALLEL_DTENSOR_H_
 
 #include <cstdint>
 #include <vector>
@@ -77,4 +77,4 @@ inline Result<DTensor> Redistribute(const DTensor& t, const Layout& target, Comm
 
 }  // namespace tessera
 
-#endif  // TESSERA_RUNTIME_DTENSOR_H_
+#endif  // TESSERA_RUNTIME_PARALLEL_DTENSOR_H_

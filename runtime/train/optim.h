@@ -1,8 +1,8 @@
 // AdamW (decoupled weight decay, bias-corrected moments), in PyTorch's
 // arithmetic order so the two agree to float rounding, and global gradient
 // norm clipping (torch.nn.utils.clip_grad_norm_).
-#ifndef TESSERA_RUNTIME_OPTIM_H_
-#define TESSERA_RUNTIME_OPTIM_H_
+#ifndef TESSERA_RUNTIME_TRAIN_OPTIM_H_
+#define TESSERA_RUNTIME_TRAIN_OPTIM_H_
 
 #include <cstdint>
 
@@ -32,4 +32,4 @@ void Scale(float* grad, int64_t n, float factor);
 
 }  // namespace tessera
 
-#endif  // TESSERA_RUNTIME_OPTIM_H_
+#endif  // TESSERA_RUNTIME_TRAIN_OPTIM_H_

@@ -1,4 +1,4 @@
-#include "runtime/gpt.h"
+#include "runtime/model/gpt.h"
 
 #include <algorithm>
 #include <chrono>

@@ -1,10 +1,10 @@
-#include "runtime/parallel_gpt.h"
+#include "runtime/model/parallel_gpt.h"
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 
-#include "runtime/optim.h"
+#include "runtime/train/optim.h"
 
 namespace tessera {
 namespace {

@@ -1,4 +1,4 @@
-#include "runtime/parallel_ops.h"
+#include "runtime/parallel/parallel_ops.h"
 
 #include <algorithm>
 

@@ -2,15 +2,15 @@
 // format): every parameter, its Adam moments ("optimizer.<name>.exp_avg",
 // "optimizer.<name>.exp_avg_sq", the names make_checkpoint and the sliced
 // checkpoints use), the step, and caller metadata (config, data position).
-#ifndef TESSERA_RUNTIME_GPT_CHECKPOINT_H_
-#define TESSERA_RUNTIME_GPT_CHECKPOINT_H_
+#ifndef TESSERA_RUNTIME_MODEL_GPT_CHECKPOINT_H_
+#define TESSERA_RUNTIME_MODEL_GPT_CHECKPOINT_H_
 
 #include <map>
 #include <string>
 
 #include "ckpt/checkpoint.h"
 #include "core/env.h"
-#include "runtime/gpt.h"
+#include "runtime/model/gpt.h"
 
 namespace tessera {
 
@@ -45,4 +45,4 @@ Status LoadGpt(const CheckpointReader& reader, Gpt* model);
 
 }  // namespace tessera
 
-#endif  // TESSERA_RUNTIME_GPT_CHECKPOINT_H_
+#endif  // TESSERA_RUNTIME_MODEL_GPT_CHECKPOINT_H_

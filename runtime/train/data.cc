@@ -1,4 +1,4 @@
-#include "runtime/data.h"
+#include "runtime/train/data.h"
 
 #include <algorithm>
 #include <bit>

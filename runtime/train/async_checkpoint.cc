@@ -1,4 +1,4 @@
-#include "runtime/async_checkpoint.h"
+#include "runtime/train/async_checkpoint.h"
 
 #include <chrono>
 #include <cstring>

@@ -1,4 +1,4 @@
-#include "runtime/gpt_checkpoint.h"
+#include "runtime/model/gpt_checkpoint.h"
 
 #include "ckpt/native.h"
 #include "formats/native_files.h"

@@ -10,8 +10,8 @@
 // the tokens, little-endian. Files are told apart by content: a file that
 // starts with the magic and whose size matches its header is a token file;
 // anything else is text, one token per byte.
-#ifndef TESSERA_RUNTIME_DATA_H_
-#define TESSERA_RUNTIME_DATA_H_
+#ifndef TESSERA_RUNTIME_TRAIN_DATA_H_
+#define TESSERA_RUNTIME_TRAIN_DATA_H_
 
 #include <cstdint>
 #include <memory>
@@ -86,4 +86,4 @@ class TokenLoader {
 
 }  // namespace tessera
 
-#endif  // TESSERA_RUNTIME_DATA_H_
+#endif  // TESSERA_RUNTIME_TRAIN_DATA_H_

@@ -1,4 +1,4 @@
-#include "runtime/sliced_checkpoint.h"
+#include "runtime/train/sliced_checkpoint.h"
 
 #include <unistd.h>
 

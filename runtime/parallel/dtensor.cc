@@ -1,4 +1,4 @@
-#include "runtime/dtensor.h"
+#include "runtime/parallel/dtensor.h"
 
 #include <cstring>
 

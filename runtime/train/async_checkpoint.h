@@ -8,8 +8,8 @@
 // The collectives stay on the training thread (communicators are not
 // shared with the writer threads): Poll costs one small all-reduce per step
 // while a save is in flight and nothing otherwise.
-#ifndef TESSERA_RUNTIME_ASYNC_CHECKPOINT_H_
-#define TESSERA_RUNTIME_ASYNC_CHECKPOINT_H_
+#ifndef TESSERA_RUNTIME_TRAIN_ASYNC_CHECKPOINT_H_
+#define TESSERA_RUNTIME_TRAIN_ASYNC_CHECKPOINT_H_
 
 #include <atomic>
 #include <functional>
@@ -18,7 +18,7 @@
 #include <thread>
 #include <vector>
 
-#include "runtime/sliced_checkpoint.h"
+#include "runtime/train/sliced_checkpoint.h"
 
 namespace tessera {
 
@@ -76,4 +76,4 @@ class AsyncSlicedSave {
 
 }  // namespace tessera
 
-#endif  // TESSERA_RUNTIME_ASYNC_CHECKPOINT_H_
+#endif  // TESSERA_RUNTIME_TRAIN_ASYNC_CHECKPOINT_H_

@@ -1,4 +1,4 @@
-#include "runtime/optim.h"
+#include "runtime/train/optim.h"
 
 #include <cmath>
 

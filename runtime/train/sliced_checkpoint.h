@@ -6,8 +6,8 @@
 // into place. Until then nothing exists at the final path; if any rank
 // fails, every rank gets an error and the temporary is removed. The path
 // must be on a file system every rank sees (one host, or a shared one).
-#ifndef TESSERA_RUNTIME_SLICED_CHECKPOINT_H_
-#define TESSERA_RUNTIME_SLICED_CHECKPOINT_H_
+#ifndef TESSERA_RUNTIME_TRAIN_SLICED_CHECKPOINT_H_
+#define TESSERA_RUNTIME_TRAIN_SLICED_CHECKPOINT_H_
 
 #include <cstdint>
 #include <functional>
@@ -181,4 +181,4 @@ class SlicedCheckpointWriter {
 
 }  // namespace tessera
 
-#endif  // TESSERA_RUNTIME_SLICED_CHECKPOINT_H_
+#endif  // TESSERA_RUNTIME_TRAIN_SLICED_CHECKPOINT_H_
