@@ -7,6 +7,7 @@
 
 #include "ckpt/output.h"
 #include "formats/native_files.h"
+#include "formats/erasure.h"
 #include "formats/parity.h"
 
 namespace tessera {
@@ -160,6 +161,16 @@ class NativeReader : public CheckpointReader {
   }
 
   std::string GroupText(uint32_t file) const {
+    if (const ErasureGroup* e = ErasureGroupOf(file)) {
+      std::string text = "its rs:" + std::to_string(e->members.size()) + "+" +
+                         std::to_string(e->parity.size()) + " group";
+      for (const auto* list : {&e->members, &e->parity}) {
+        for (uint32_t m : *list) {
+          if (m != file) text += " " + manifest_.files[m].name;
+        }
+      }
+      return text;
+    }
     const ParityGroup* g = GroupOf(file);
     std::string text = "parity " + manifest_.files[g->parity].name + " with";
     for (uint32_t m : g->members) {
@@ -170,7 +181,50 @@ class NativeReader : public CheckpointReader {
 
   // `file` rebuilt through its parity group (opened once); null when it is
   // in none.
+  // The erasure group holding `file`, or null.
+  const ErasureGroup* ErasureGroupOf(uint32_t file) const {
+    for (const ErasureGroup& g : manifest_.erasure_groups) {
+      if (std::find(g.members.begin(), g.members.end(), file) != g.members.end()) return &g;
+    }
+    return nullptr;
+  }
+
+  // Whether file `f` may be read to rebuild another: present, of its
+  // recorded size and, where recorded, its whole-file checksum (checked
+  // once). Caller holds mu_.
+  bool Intact(uint32_t f) const {
+    auto [it, fresh] = intact_.emplace(f, false);
+    if (!fresh) return it->second;
+    const std::string path = FilePath(f);
+    auto size = env_->GetFileSize(path);
+    bool ok = size.ok() && *size == manifest_.files[f].size;
+    if (ok && manifest_.files[f].checksum != 0) {
+      auto sum = FileChecksum(env_, path);
+      ok = sum.ok() && *sum == manifest_.files[f].checksum;
+    }
+    return it->second = ok;
+  }
+
   Result<const RandomAccessFile*> Rebuilt(uint32_t file) const {
+    if (const ErasureGroup* e = ErasureGroupOf(file)) {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto& slot = rebuilt_[file];
+      if (!slot) {
+        ASSIGN_OR_RETURN(ErasureCode code, ErasureCodeOf(*e));
+        std::vector<uint32_t> all = e->members;
+        all.insert(all.end(), e->parity.begin(), e->parity.end());
+        std::vector<ParityMember> files;
+        std::vector<bool> good;
+        size_t lost = 0;
+        for (size_t i = 0; i < all.size(); ++i) {
+          files.push_back({FilePath(all[i]), manifest_.files[all[i]].size});
+          good.push_back(all[i] != file && Intact(all[i]));
+          if (all[i] == file) lost = i;
+        }
+        ASSIGN_OR_RETURN(slot, OpenErasureRebuild(env_, code, files, good, lost));
+      }
+      return slot.get();
+    }
     const ParityGroup* g = GroupOf(file);
     if (g == nullptr) return static_cast<const RandomAccessFile*>(nullptr);
     std::lock_guard<std::mutex> lock(mu_);
@@ -216,6 +270,7 @@ class NativeReader : public CheckpointReader {
   mutable std::mutex mu_;
   mutable std::vector<std::unique_ptr<RandomAccessFile>> files_;
   mutable std::map<uint32_t, std::unique_ptr<RandomAccessFile>> rebuilt_;
+  mutable std::map<uint32_t, bool> intact_;  // files checked for rebuilding others
   mutable std::vector<std::string> recoveries_;
 };
 
@@ -308,6 +363,7 @@ class NativeWriter : public CheckpointWriter {
       std::sort(t.copies.begin(), t.copies.end(), by_origin);
       m.tensors.push_back(std::move(t));
     }
+    RETURN_IF_ERROR(WriteRedundancy(&m));
     RETURN_IF_ERROR(CommitManifest(env_, tmp_, m));
     RETURN_IF_ERROR(CommitOutput(env_, out_, options_.overwrite));
     committed_ = true;
@@ -326,6 +382,58 @@ class NativeWriter : public CheckpointWriter {
     std::string name;
     uint32_t index = 0;
   };
+
+  // The parity files of options_.erasure or parity_group over the data
+  // files (all of m's files so far), recorded in `m`.
+  Status WriteRedundancy(Manifest* m) {
+    const uint32_t data = static_cast<uint32_t>(m->files.size());
+    const uint32_t size = options_.erasure.k > 0 ? static_cast<uint32_t>(options_.erasure.k)
+                                                 : static_cast<uint32_t>(options_.parity_group);
+    if (size == 0 || data == 0) return Status::Ok();
+    std::vector<std::vector<uint32_t>> groups;
+    for (uint32_t f = 0; f < data; f += size) {
+      groups.emplace_back();
+      for (uint32_t i = f; i < std::min(data, f + size); ++i) groups.back().push_back(i);
+    }
+    if (options_.erasure.k == 0 && groups.size() > 1 && groups.back().size() < 2) {
+      groups[groups.size() - 2].push_back(groups.back()[0]);  // XOR needs two members
+      groups.pop_back();
+    }
+    for (size_t g = 0; g < groups.size(); ++g) {
+      std::vector<ParityMember> members;
+      uint64_t longest = 0;
+      for (uint32_t f : groups[g]) {
+        members.push_back({JoinPath(tmp_, m->files[f].name), m->files[f].size});
+        longest = std::max(longest, m->files[f].size);
+      }
+      if (options_.erasure.k == 0) {
+        if (members.size() < 2) continue;  // one data file: nothing to protect it with
+        const std::string name = "parity-" + std::to_string(g) + ".tsr";
+        uint64_t checksum = 0;
+        ASSIGN_OR_RETURN(uint64_t bytes, WriteParityFile(env_, members, JoinPath(tmp_, name), &checksum));
+        m->parity_groups.push_back({groups[g], static_cast<uint32_t>(m->files.size())});
+        m->files.push_back({name, bytes, checksum});
+        continue;
+      }
+      ErasureCode code = options_.erasure;
+      code.k = static_cast<int>(members.size());
+      std::vector<std::string> names, paths;
+      for (int j = 0; j < code.m; ++j) {
+        names.push_back("rs-" + std::to_string(g) + "-" + std::to_string(j) + ".tsr");
+        paths.push_back(JoinPath(tmp_, names.back()));
+      }
+      std::vector<uint64_t> checksums;
+      RETURN_IF_ERROR(WriteErasureParity(env_, code, members, paths, &checksums)
+                          .Annotate("checkpoint '" + path_ + "'"));
+      ErasureGroup e{kRsCauchy, groups[g], {}};
+      for (int j = 0; j < code.m; ++j) {
+        e.parity.push_back(static_cast<uint32_t>(m->files.size()));
+        m->files.push_back({names[j], longest, checksums[j]});
+      }
+      m->erasure_groups.push_back(std::move(e));
+    }
+    return Status::Ok();
+  }
 
   Result<Slot*> SlotFor(int64_t rank) {
     std::lock_guard<std::mutex> lock(mu_);
@@ -376,6 +484,23 @@ Result<std::unique_ptr<CheckpointWriter>> CreateNativeCheckpoint(Env* env, const
   ASSIGN_OR_RETURN(OutputPaths out, PrepareOutput(env, path, options.overwrite, true));
   return std::unique_ptr<CheckpointWriter>(
       new NativeWriter(env, std::move(out), std::move(strategy), std::move(meta), options));
+}
+
+Status ParseRedundancy(const std::string& text, NativeWriteOptions* o) {
+  o->erasure = {};
+  o->parity_group = 0;
+  if (text.empty() || text == "none") return Status::Ok();
+  if (text.rfind("parity:", 0) == 0) {
+    const std::string g = text.substr(7);
+    if (g.empty() || g.size() > 4 || g.find_first_not_of("0123456789") != std::string::npos ||
+        std::stoi(g) < 2) {
+      return InvalidArgumentError("redundancy '" + text + "': parity:G needs G >= 2 files a group");
+    }
+    o->parity_group = std::stoi(g);
+    return Status::Ok();
+  }
+  ASSIGN_OR_RETURN(o->erasure, ErasureCode::Parse(text));
+  return Status::Ok();
 }
 
 Status ParseCompression(const std::string& text, NativeWriteOptions* o) {

@@ -75,6 +75,11 @@ Result<TransformStats> WriteTransformed(Env* env, const CheckpointReader& src, c
     return InvalidArgumentError("compression is a native-format option; " +
                                 std::string(FormatName(options.format)) + " stores raw bytes");
   }
+  if (options.format != Format::kNative &&
+      (options.native.erasure.k > 0 || options.native.parity_group > 0)) {
+    return InvalidArgumentError("redundancy is a native-format option; " +
+                                std::string(FormatName(options.format)) + " has no place for parity");
+  }
   if (options.format != Format::kSafetensors && options.format != Format::kMindSporeSafetensors &&
       options.max_shard_size > 0) {
     return InvalidArgumentError("--max-shard-size applies to safetensors output only");

@@ -6,6 +6,7 @@
 
 #include "core/checksum.h"
 #include "formats/native_files.h"
+#include "formats/erasure.h"
 #include "formats/parity.h"
 
 namespace tessera {
@@ -26,6 +27,13 @@ class Repairer {
       parity_of_[g.parity] = &g;
       for (uint32_t f : g.members) group_of_[f] = &g;
     }
+    for (const ErasureGroup& g : m_.erasure_groups) {
+      for (const auto* list : {&g.members, &g.parity}) {
+        for (uint32_t f : *list) erasure_of_[f] = &g;
+      }
+      for (uint32_t f : g.parity) headerless_.insert(f);
+    }
+    for (const auto& [f, g] : parity_of_) headerless_.insert(f);
   }
 
   std::string Path(uint32_t f) const { return JoinPath(dir_, m_.files[f].name); }
@@ -35,8 +43,16 @@ class Repairer {
   // or an error saying why it cannot.
   Result<std::string> Rebuild(uint32_t f, const std::set<uint32_t>& bad) {
     if (auto it = parity_of_.find(f); it != parity_of_.end()) return RebuildParity(*it->second, bad);
+    if (auto it = erasure_of_.find(f); it != erasure_of_.end() && headerless_.count(f)) {
+      return FromErasure(f, *it->second, bad);
+    }
     Result<std::string> from_copies = FromCopies(f, bad);
     if (from_copies.ok()) return from_copies;
+    if (auto it = erasure_of_.find(f); it != erasure_of_.end()) {
+      Result<std::string> from_erasure = FromErasure(f, *it->second, bad);
+      if (from_erasure.ok()) return from_erasure;
+      return DataLossError(from_copies.status().message() + "; " + from_erasure.status().message());
+    }
     Result<std::string> from_parity = FromParity(f, bad);
     if (from_parity.ok()) return from_parity;
     return DataLossError(from_copies.status().message() + "; " + from_parity.status().message());
@@ -119,7 +135,7 @@ class Repairer {
           return DataLossError("the rebuilt file does not match its recorded checksum");
         }
       }
-      if (!parity_of_.count(f)) {
+      if (!headerless_.count(f)) {
         ASSIGN_OR_RETURN(auto file, env_->NewRandomAccessFile(tmp));
         RETURN_IF_ERROR(CheckDataFileHeader(*file, tmp));
         for (const Record& r : RecordsIn(f)) {
@@ -131,6 +147,20 @@ class Repairer {
     }();
     if (!s.ok() && env_->FileExists(tmp)) (void)env_->DeleteFile(tmp);  // best effort; s says why
     return s;
+  }
+
+  // Replaces file `f` with every byte of `src` (a file rebuilt through a
+  // group).
+  Status ReplaceFrom(uint32_t f, const RandomAccessFile& src) {
+    return Replace(f, [&](WritableFile& out) -> Status {
+      std::vector<char> buf(kChunk);
+      for (uint64_t at = 0; at < m_.files[f].size; at += kChunk) {
+        const size_t n = static_cast<size_t>(std::min<uint64_t>(kChunk, m_.files[f].size - at));
+        RETURN_IF_ERROR(src.Read(at, n, buf.data()));
+        RETURN_IF_ERROR(out.Append(buf.data(), n));
+      }
+      return Status::Ok();
+    });
   }
 
   Result<std::string> FromCopies(uint32_t f, const std::set<uint32_t>& bad) {
@@ -202,15 +232,32 @@ class Repairer {
     ASSIGN_OR_RETURN(auto src, OpenParityRebuild(env_, others,
                                                  {Path(g.parity), m_.files[g.parity].size},
                                                  m_.files[f].size));
-    RETURN_IF_ERROR(Replace(f, [&](WritableFile& out) -> Status {
-      std::vector<char> buf(kChunk);
-      for (uint64_t at = 0; at < m_.files[f].size; at += kChunk) {
-        const size_t n = static_cast<size_t>(std::min<uint64_t>(kChunk, m_.files[f].size - at));
-        RETURN_IF_ERROR(src->Read(at, n, buf.data()));
-        RETURN_IF_ERROR(out.Append(buf.data(), n));
-      }
-      return Status::Ok();
-    }));
+    RETURN_IF_ERROR(ReplaceFrom(f, *src));
+    return text;
+  }
+
+  // File `f` of erasure group `g` (a member or a parity file), from the
+  // group's files that are not bad (any K of them).
+  Result<std::string> FromErasure(uint32_t f, const ErasureGroup& g, const std::set<uint32_t>& bad) {
+    ASSIGN_OR_RETURN(ErasureCode code, ErasureCodeOf(g));
+    std::vector<uint32_t> all = g.members;
+    all.insert(all.end(), g.parity.begin(), g.parity.end());
+    std::vector<ParityMember> files;
+    std::vector<bool> good;
+    size_t lost = 0;
+    std::string text = "from its " + code.ToString() + " group:", unusable;
+    for (size_t i = 0; i < all.size(); ++i) {
+      files.push_back({Path(all[i]), m_.files[all[i]].size});
+      good.push_back(!bad.count(all[i]));
+      if (all[i] == f) lost = i;
+      if (all[i] != f && !bad.count(all[i])) text += " " + Name(all[i]);
+      if (all[i] != f && bad.count(all[i])) unusable += " " + Name(all[i]);
+    }
+    auto src = OpenErasureRebuild(env_, code, files, good, lost);
+    if (!src.ok()) {
+      return DataLossError(src.status().message() + (unusable.empty() ? "" : " (lost too:" + unusable + ")"));
+    }
+    RETURN_IF_ERROR(ReplaceFrom(f, **src));
     return text;
   }
 
@@ -234,6 +281,8 @@ class Repairer {
   std::string dir_;
   Manifest m_;
   std::map<uint32_t, const ParityGroup*> parity_of_, group_of_;
+  std::map<uint32_t, const ErasureGroup*> erasure_of_;  // members and parity files
+  std::set<uint32_t> headerless_;                       // parity files of either kind
   std::map<uint32_t, std::unique_ptr<RandomAccessFile>> sources_;
 };
 

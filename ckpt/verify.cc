@@ -79,6 +79,9 @@ Result<VerifyReport> VerifyNativeCheckpoint(Env* env, const std::string& path,
   // whole-file checksum.
   std::vector<bool> parity(m.files.size(), false);
   for (const ParityGroup& g : m.parity_groups) parity[g.parity] = true;
+  for (const ErasureGroup& g : m.erasure_groups) {
+    for (uint32_t f : g.parity) parity[f] = true;
+  }
   std::vector<std::unique_ptr<RandomAccessFile>> files(m.files.size());
   // Files whose every byte matches the recorded whole-file checksum: their
   // pieces are as written (and were checked when written).

@@ -26,6 +26,9 @@ void AddIoFlags(CLI::App* cmd, IoFlags* f, bool output) {
   cmd->add_flag("--quiet,-q", f->quiet, "no progress bar, no summary");
   if (output) {
     cmd->add_option("--compress", f->compress, "none, zstd or zstd:LEVEL (1-19), native only");
+    cmd->add_option("--redundancy", f->redundancy,
+                    "native only: rs:K+M (Reed-Solomon, ISA-L: any M of each K data files and "
+                    "their M parity files rebuilt by verify --repair and on read) or parity:G (XOR)");
     cmd->add_flag("--overwrite", f->overwrite, "replace an existing output checkpoint");
     cmd->add_option("--format", f->format,
                     "output format: native, safetensors, mindspore (.ckpt), "
@@ -161,6 +164,8 @@ int RunWrite(const CheckpointReader& src, const Strategy& dst, const std::string
   WriteOptions o;
   o.mindspore.order.unnamed = unnamed;
   Status s = ParseCompression(flags.compress, &o.native).Annotate("--compress");
+  if (!s.ok()) return Report(s);
+  s = ParseRedundancy(flags.redundancy, &o.native).Annotate("--redundancy");
   if (!s.ok()) return Report(s);
   o.native.overwrite = flags.overwrite;
   auto format = ParseFormat(flags.format);

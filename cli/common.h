@@ -18,6 +18,7 @@ struct IoFlags {
   int threads = 0;
   std::string memory_budget = "256MiB";
   std::string compress = "none";
+  std::string redundancy = "none";  // native output
   bool quiet = false;
   bool overwrite = false;
   std::string format = "native";

@@ -34,7 +34,9 @@ Status XorRange(const RandomAccessFile& file, uint64_t size, uint64_t offset, si
   return Status::Ok();
 }
 
-Result<std::vector<std::unique_ptr<RandomAccessFile>>> OpenAll(
+}  // namespace
+
+Result<std::vector<std::unique_ptr<RandomAccessFile>>> OpenParityMembers(
     Env* env, const std::vector<ParityMember>& members) {
   std::vector<std::unique_ptr<RandomAccessFile>> files;
   for (const ParityMember& m : members) {
@@ -49,6 +51,8 @@ Result<std::vector<std::unique_ptr<RandomAccessFile>>> OpenAll(
   }
   return files;
 }
+
+namespace {
 
 class ParityRebuild : public RandomAccessFile {
  public:
@@ -86,7 +90,7 @@ class ParityRebuild : public RandomAccessFile {
 
 Result<uint64_t> AppendParity(Env* env, const std::vector<ParityMember>& members,
                               WritableFile& out, const std::string& path, uint64_t* checksum) {
-  ASSIGN_OR_RETURN(auto files, OpenAll(env, members));
+  ASSIGN_OR_RETURN(auto files, OpenParityMembers(env, members));
   uint64_t size = 0;
   for (const ParityMember& m : members) size = std::max(size, m.size);
   std::vector<char> buf(kChunk), scratch(kChunk);
@@ -133,7 +137,7 @@ Result<std::unique_ptr<RandomAccessFile>> OpenParityRebuild(Env* env,
                                                             uint64_t lost_size) {
   std::vector<ParityMember> all = others;
   all.push_back(parity);
-  ASSIGN_OR_RETURN(auto files, OpenAll(env, all));
+  ASSIGN_OR_RETURN(auto files, OpenParityMembers(env, all));
   if (lost_size > parity.size) {
     return DataLossError("parity file '" + parity.path + "' is shorter than the file to rebuild");
   }

@@ -31,6 +31,11 @@ Result<uint64_t> WriteParityFile(Env* env, const std::vector<ParityMember>& memb
 Result<uint64_t> AppendParity(Env* env, const std::vector<ParityMember>& members,
                               WritableFile& out, const std::string& path, uint64_t* checksum);
 
+// Opens every file of `members`, each of its recorded size (NotFound
+// naming a missing one, DataLoss naming one of another size).
+Result<std::vector<std::unique_ptr<RandomAccessFile>>> OpenParityMembers(
+    Env* env, const std::vector<ParityMember>& members);
+
 // XXH3 of a whole file, read a few MiB at a time.
 Result<uint64_t> FileChecksum(Env* env, const std::string& path);
 

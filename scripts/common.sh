@@ -11,7 +11,7 @@ TESSERA_PACKAGES=(
   libprotobuf-dev protobuf-compiler
   libhdf5-dev libzstd-dev libcli11-dev
   libopenmpi-dev openmpi-bin
-  catch2 libopenblas-dev libxxhash-dev nlohmann-json3-dev
+  catch2 libopenblas-dev libxxhash-dev nlohmann-json3-dev libisal-dev
   python3 python3-torch python3-numpy python3-h5py python3-protobuf
 )
 # python3-torch and numpy: the numerical reference of the parity tests.

@@ -231,5 +231,24 @@ rm mc/manifest-copy.pb
 run "$ckpt" inspect mc
 check "both manifests gone: an incomplete checkpoint" grep -q "incomplete (no manifest.pb)" out
 
+# Reed-Solomon over a converted checkpoint's data files (ISA-L).
+run "$make" -o rs-src --mesh tp=8 --layers 2 --embed 64 --vocab 1000 --context 64 --optimizer
+run "$ckpt" convert rs-src -o rs --redundancy rs:4+2 -q
+check "convert --redundancy rs:4+2" test $rc -eq 0
+check "two groups of 4 data files and 2 parity files" \
+  test "$(ls rs/data-*.tsr | wc -l)" -eq 8 -a "$(ls rs/rs-*.tsr | wc -l)" -eq 4
+rm rs/data-00001.tsr rs/rs-0-1.tsr
+run "$ckpt" diff rs rs-src
+check "two lost files of a group: the checkpoint still reads right" test $rc -eq 0
+run "$ckpt" verify --repair rs
+check "two lost files of a group: --repair rebuilds them" test $rc -eq 0
+check "both rebuilt from the group" test "$(grep -c "from its rs:4+2 group" out)" -eq 2
+rm rs/data-00000.tsr rs/data-00002.tsr rs/rs-0-0.tsr
+run "$ckpt" verify --repair rs
+check "three lost files of a 4+2 group: refused" test $rc -eq 1
+check "three lost files of a 4+2 group: named" grep -q "data-00000.tsr.*cannot be rebuilt" out
+run "$ckpt" convert rs-src -o rs-bad --redundancy rs:4+2 --format safetensors
+check "redundancy in a format without parity: refused" grep -q "redundancy is a native-format option" out
+
 echo "$passes passed, $fails failed"
 test $fails -eq 0
