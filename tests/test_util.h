@@ -2,10 +2,14 @@
 #ifndef TESSERA_TESTS_TEST_UTIL_H_
 #define TESSERA_TESTS_TEST_UTIL_H_
 
+#include <stdlib.h>
+
 #include <cstdint>
 #include <cstdlib>
 #include <random>
 #include <string>
+
+#include "core/env.h"
 
 namespace tessera::testing {
 
@@ -25,6 +29,16 @@ inline int TestIterations(int fallback) {
 inline int64_t Uniform(std::mt19937_64& rng, int64_t lo, int64_t hi) {
   return std::uniform_int_distribution<int64_t>(lo, hi)(rng);
 }
+
+// A fresh directory under /tmp, removed with everything in it afterwards.
+struct TempDir {
+  std::string path;
+  TempDir() {
+    char tmpl[] = "/tmp/tessera-test-XXXXXX";
+    path = mkdtemp(tmpl);
+  }
+  ~TempDir() { (void)DeleteRecursively(Env::Default(), path); }
+};
 
 }  // namespace tessera::testing
 

@@ -102,21 +102,11 @@ TEST_CASE("split -> reshard -> reshard -> merge is the identity, raw and zstd") 
   }
 }
 
-// A fresh directory under /tmp, removed afterwards.
-struct TempRoot {
-  std::string path;
-  TempRoot() {
-    char tmpl[] = "/tmp/tessera-ckpt-XXXXXX";
-    path = mkdtemp(tmpl);
-  }
-  ~TempRoot() { (void)DeleteRecursively(Env::Default(), path); }
-};
-
 TEST_CASE("distributed reads: any sub-box of a sliced tensor, only verified bytes") {
   std::mt19937_64 rng(testing::TestSeed() + 32);
   // In memory the blocks are staged by reads; on disk they are lent by
   // mappings of the file (RandomAccessFile::View).
-  TempRoot tmp;
+  testing::TempDir tmp;
   std::unique_ptr<Env> mem = NewMemEnv();
   Env* env = mem.get();
   std::string root = "";
@@ -172,7 +162,7 @@ TEST_CASE("distributed reads: any sub-box of a sliced tensor, only verified byte
 
 TEST_CASE("copies of contiguous pieces are lent by the file, verified, and still fail on damage") {
   std::mt19937_64 rng(testing::TestSeed() + 34);
-  TempRoot tmp;
+  testing::TempDir tmp;
   Env* env = Env::Default();
   MemoryCheckpoint model = RandomModel(rng, 1, /*big=*/true);  // [611, 1097] f32, 2.6 MiB
   Strategy rows(*Mesh::Parse("tp=4"));

@@ -17,19 +17,10 @@
 namespace tessera {
 namespace {
 
-struct TempDir {
-  std::string path;
-  TempDir() {
-    char tmpl[] = "/tmp/tessera-rs-XXXXXX";
-    path = mkdtemp(tmpl);
-  }
-  ~TempDir() { (void)DeleteRecursively(Env::Default(), path); }
-};
-
 TEST_CASE("rs:K+M checkpoints read and repair any M lost or corrupt files of a group") {
   const std::string spec = GENERATE(std::string("rs:4+2"), std::string("rs:8+3"));
   Env* env = Env::Default();
-  TempDir tmp;
+  testing::TempDir tmp;
   std::mt19937_64 rng(testing::TestSeed() + 211);
   // Eight data files (tp = 8), tensors of uneven sizes so files differ.
   Strategy whole(*Mesh::Create({"r"}, {1}));

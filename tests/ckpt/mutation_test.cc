@@ -28,15 +28,6 @@
 namespace tessera {
 namespace {
 
-struct TempDir {
-  std::string path;
-  TempDir() {
-    char tmpl[] = "/tmp/tessera-mutate-XXXXXX";
-    path = mkdtemp(tmpl);
-  }
-  ~TempDir() { (void)DeleteRecursively(Env::Default(), path); }
-};
-
 // Printable UTF-8, lines allowed: what a terminal may be shown.
 bool Printable(const std::string& s) {
   if (!IsUtf8(s)) return false;
@@ -81,7 +72,7 @@ std::vector<char> Values(const TensorStrategy& t, uint64_t seed) {
 
 TEST_CASE("mutated native checkpoints never load other names, shapes or values") {
   Env* env = Env::Default();
-  TempDir tmp;
+  testing::TempDir tmp;
   const std::string dir = JoinPath(tmp.path, "ck");
   const Strategy strategy = MakeStrategy();
   std::vector<std::vector<char>> values;
