@@ -792,11 +792,9 @@ Result<std::unique_ptr<CheckpointWriter>> CreateMindSporeCheckpoint(
       continue;
     }
     uint64_t pos = 0;
-    std::vector<size_t> records(strategy.tensors().size());
-    for (size_t i = 0; i < records.size(); ++i) records[i] = i;
-    if (!single) {
-      ASSIGN_OR_RETURN(records, RankRecordOrder(strategy, r, options.order));
-    }
+    // One file of whole tensors in the order transform_checkpoints gives
+    // rank 0 when merging (no destination strategy).
+    ASSIGN_OR_RETURN(std::vector<size_t> records, RankRecordOrder(strategy, r, options.order));
     for (size_t i : records) {
       const TensorStrategy& t = strategy.tensors()[i];
       const Mesh& mesh = strategy.MeshOf(t);

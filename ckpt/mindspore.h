@@ -70,8 +70,8 @@ struct MindSporeWriteOptions {
   std::string prefix = "checkpoint_";
   uint64_t chunk_bytes = kMindSporeChunkBytes;  // bytes per record of a large tensor
   bool overwrite = false;
-  // Rank files: records in this order; without source files, in strategy
-  // order (unnamed tensors last).
+  // Rank files, and a single .ckpt as rank 0's: records in this order;
+  // without source files, in strategy order (unnamed tensors last).
   MindSporeRecordOrder order;
   // Safetensors instead of .ckpt (MindSpore 2.3+'s format="safetensors"):
   // rank files rank_<r>/<prefix><r>.safetensors, or one file at a path

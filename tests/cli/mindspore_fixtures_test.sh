@@ -67,6 +67,9 @@ run "$ckpt" merge r4 --src-strategy "$s4" --format mindspore -o back.ckpt -q
 check "strategy_4_npus -> full" test $rc -eq 0
 run "$ckpt" diff back.ckpt "$full/rank_0/checkpoint_0.ckpt"
 check "full -> 8 -> 4 -> full is bit-exact" test $rc -eq 0
+run "$ckpt" merge r4 --src-strategy "$s4" --format mindspore --prefix checkpoint_ -o back-dir -q
+check "a merged .ckpt has the bytes of rank_0 of a merged directory (transform_checkpoints' order)" \
+  cmp -s back.ckpt back-dir/rank_0/checkpoint_0.ckpt
 run "$ckpt" reshard r8 --src-strategy "$s8" --dst-strategy "$s4" -o native4 -q
 run "$ckpt" diff native4 "$full/rank_0/checkpoint_0.ckpt"
 check "strategy_8_npus -> native on strategy_4_npus: bit-exact" test $rc -eq 0
