@@ -218,6 +218,42 @@ TEST_CASE("invalid layouts give named errors") {
   CHECK(msg(deep).find("rank 9") != std::string::npos);
 }
 
+TEST_CASE("a tensor held by several pipeline stages: every copy stage's ranks hold the same pieces") {
+  const Mesh mesh = *Mesh::Create({"pp", "dp", "tp"}, {4, 2, 2});
+  Layout l = Layout::Replicated({64, 16}, DType::kF32);
+  l.dim_axes = {{"tp"}, {}};
+  l.stage_axis = "pp";
+  l.stage = 0;
+  l.copy_stages = {3};
+  REQUIRE(ValidateLayout(l, mesh).ok());
+  CHECK(ToString(l) == "shape [64, 16] f32 split [tp, -] stage pp=0,3");
+  for (int64_t r = 0; r < mesh.world_size(); ++r) {
+    const int64_t stage = mesh.Coordinate(r, 0);
+    auto box = ShardOf(l, mesh, r);
+    REQUIRE(box.ok());
+    CHECK(box->has_value() == (stage == 0 || stage == 3));
+    if (box->has_value()) {
+      const int64_t tp = mesh.Coordinate(r, 2);
+      CHECK(**box == Box({{32 * tp, 32 * tp + 32}, {0, 16}}));
+    }
+  }
+  auto groups = ReplicaGroups(l, mesh);
+  REQUIRE(groups.ok());
+  REQUIRE(groups->size() == 2);
+  // Each tp piece: dp replicas on stage 0, then the same on stage 3.
+  CHECK((*groups)[0].ranks == std::vector<int64_t>{0, 2, 12, 14});
+  Layout other = l;
+  other.copy_stages = {2};
+  CHECK(other != l);
+  Layout bad = l;
+  bad.copy_stages = {0};
+  CHECK(ValidateLayout(bad, mesh).message().find("not above stage 0") != std::string::npos);
+  bad.copy_stages = {4};
+  CHECK(ValidateLayout(bad, mesh).message().find("copy stage 4") != std::string::npos);
+  bad.copy_stages = {3, 2};
+  CHECK_FALSE(ValidateLayout(bad, mesh).ok());
+}
+
 TEST_CASE("Equivalent compares placements, not spellings") {
   auto m1 = Mesh::Create({"dp", "tp"}, {2, 2});
   auto m2 = Mesh::Create({"x", "y"}, {2, 2});

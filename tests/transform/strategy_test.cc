@@ -38,6 +38,26 @@ TEST_CASE("the documented example parses, keeps file order, and round-trips") {
   CHECK(StrategyToJson(*again) == StrategyToJson(*s));
 }
 
+TEST_CASE("a stage list places a tensor on several stages, and round-trips") {
+  auto s = ParseStrategyJson(R"({"format": "tessera.strategy", "version": 1,
+    "mesh": {"axes": ["pp", "tp"], "shape": [4, 2]},
+    "tensors": {"wte": {"shape": [64, 16], "split": ["tp", null],
+                        "stage": {"axis": "pp", "index": [3, 0]}}}})");
+  REQUIRE(s.ok());
+  const Layout& l = s->tensors()[0].layout;
+  CHECK(l.stage == 0);
+  CHECK(l.copy_stages == std::vector<int64_t>{3});
+  const std::string json = StrategyToJson(*s);
+  CHECK(json.find("\"index\": [\n") != std::string::npos);
+  auto again = ParseStrategyJson(json);
+  REQUIRE(again.ok());
+  CHECK(again->tensors()[0].layout == l);
+  auto dup = ParseStrategyJson(R"({"format": "tessera.strategy", "version": 1,
+    "mesh": {"axes": ["pp"], "shape": [2]},
+    "tensors": {"wte": {"shape": [4], "stage": {"axis": "pp", "index": [1, 1]}}}})");
+  CHECK_FALSE(dup.ok());
+}
+
 TEST_CASE("random strategies round-trip through JSON and files") {
   std::mt19937_64 rng(testing::TestSeed() + 4);
   auto env = NewMemEnv();
