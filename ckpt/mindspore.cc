@@ -668,13 +668,12 @@ void PlanMapRecord(const Strategy& strategy, const std::string& name, uint32_t f
   }
 }
 
-// Plans file `f` of a safetensors output: what rank `rank` holds (every
-// tensor whole when -1, with the step and metadata as attributes when there
-// are any), in the safetensors library's order.
-Status PlanSafetensorsRankFile(const Strategy& strategy, const CheckpointMeta& meta, int64_t rank,
-                               uint32_t f, DenseFilePlan* file, DensePlan* plan) {
-  std::vector<SafetensorsEntry> entries;
-  std::map<std::string, std::pair<size_t, Box>> boxes;  // name -> tensor, box
+// A tensor rank file holds: its index in the strategy and its box.
+using HeldBox = std::pair<size_t, Box>;
+
+// What rank `rank` holds, in strategy order; every tensor whole when -1.
+Result<std::vector<HeldBox>> HeldBoxes(const Strategy& strategy, int64_t rank) {
+  std::vector<HeldBox> out;
   for (size_t i = 0; i < strategy.tensors().size(); ++i) {
     const TensorStrategy& t = strategy.tensors()[i];
     std::optional<Box> box = Box::FromShape(t.layout.shape);
@@ -683,13 +682,27 @@ Status PlanSafetensorsRankFile(const Strategy& strategy, const CheckpointMeta& m
       if (rank >= mesh.world_size()) continue;
       ASSIGN_OR_RETURN(box, ShardOf(t.layout, mesh, rank));
     }
-    if (!box) continue;  // not on this rank's pipeline stage
-    entries.push_back({t.name, t.layout.dtype, box->extents(), 0, 0});
-    boxes.emplace(t.name, std::make_pair(i, *box));
+    if (box) out.emplace_back(i, std::move(*box));  // else not on this rank's pipeline stage
+  }
+  return out;
+}
+
+// Plans file `f` of a safetensors output holding `held` (with the step and
+// metadata as attributes when the file holds every tensor whole and there
+// are any), in the safetensors library's order.
+Status PlanSafetensorsRankFile(const Strategy& strategy, const CheckpointMeta& meta, bool whole,
+                               const std::vector<HeldBox>& held, uint32_t f, DenseFilePlan* file,
+                               DensePlan* plan) {
+  std::vector<SafetensorsEntry> entries;
+  std::map<std::string, const HeldBox*> boxes;  // name -> tensor, box
+  for (const HeldBox& h : held) {
+    const TensorStrategy& t = strategy.tensors()[h.first];
+    entries.push_back({t.name, t.layout.dtype, h.second.extents(), 0, 0});
+    boxes.emplace(t.name, &h);
   }
   PackAsSafetensorsLibrary(&entries);
   std::map<std::string, std::string> attributes;
-  if (rank < 0 && (meta.step != 0 || !meta.metadata.empty())) {
+  if (whole && (meta.step != 0 || !meta.metadata.empty())) {
     CheckpointMeta m = meta;
     m.created_by.clear();
     attributes = EncodeMetaAttributes(Strategy(), m, /*text_only=*/true);
@@ -697,7 +710,7 @@ Status PlanSafetensorsRankFile(const Strategy& strategy, const CheckpointMeta& m
   }
   ASSIGN_OR_RETURN(std::string header, SafetensorsHeader(entries, attributes));
   for (const SafetensorsEntry& e : entries) {
-    const auto& [i, box] = boxes.at(e.name);
+    const auto& [i, box] = *boxes.at(e.name);
     plan->blocks[i].push_back({f, header.size() + e.begin, box, {}});
   }
   file->size = header.size() + (entries.empty() ? 0 : entries.back().end);
@@ -705,18 +718,9 @@ Status PlanSafetensorsRankFile(const Strategy& strategy, const CheckpointMeta& m
   return Status::Ok();
 }
 
-// The order of rank `rank`'s records (tensor indices, of those it holds):
-// see MindSporeRecordOrder.
-Result<std::vector<size_t>> RankRecordOrder(const Strategy& strategy, int64_t rank,
-                                            const MindSporeRecordOrder& order) {
-  std::vector<size_t> held;
-  for (size_t i = 0; i < strategy.tensors().size(); ++i) {
-    const TensorStrategy& t = strategy.tensors()[i];
-    const Mesh& mesh = strategy.MeshOf(t);
-    if (rank >= mesh.world_size()) continue;
-    ASSIGN_OR_RETURN(std::optional<Box> box, ShardOf(t.layout, mesh, rank));
-    if (box) held.push_back(i);
-  }
+// `held` in the order of its file's records: see MindSporeRecordOrder.
+std::vector<HeldBox> RecordOrder(const Strategy& strategy, std::vector<HeldBox> held,
+                                 const MindSporeRecordOrder& order) {
   std::vector<size_t> seen_order;  // every held tensor once: source order, then the rest
   std::vector<bool> seen(strategy.tensors().size(), false);
   for (auto f = order.rank_files.rbegin(); f != order.rank_files.rend(); ++f) {
@@ -731,12 +735,14 @@ Result<std::vector<size_t>> RankRecordOrder(const Strategy& strategy, int64_t ra
   for (size_t i = 0; i < seen.size(); ++i) {
     if (!seen[i]) seen_order.push_back(i);
   }
-  std::vector<bool> holds(strategy.tensors().size(), false);
-  for (size_t i : held) holds[i] = true;
-  std::vector<size_t> out;
+  std::vector<const HeldBox*> by_tensor(strategy.tensors().size(), nullptr);
+  for (const HeldBox& h : held) by_tensor[h.first] = &h;
+  std::vector<HeldBox> out;
   for (bool unnamed : {false, true}) {
     for (size_t i : seen_order) {
-      if (holds[i] && order.unnamed.count(strategy.tensors()[i].name) == unnamed) out.push_back(i);
+      if (by_tensor[i] && order.unnamed.count(strategy.tensors()[i].name) == unnamed) {
+        out.push_back(std::move(held[by_tensor[i] - held.data()]));
+      }
     }
   }
   return out;
@@ -785,8 +791,9 @@ Result<std::unique_ptr<CheckpointWriter>> CreateMindSporeCheckpoint(
       file.name = kRankDirPrefix + rank + "/" + options.prefix + rank + extension;
     }
     const uint32_t f = static_cast<uint32_t>(plan.files.size());
+    ASSIGN_OR_RETURN(std::vector<HeldBox> held, HeldBoxes(strategy, single ? -1 : r));
     if (options.safetensors) {
-      RETURN_IF_ERROR(PlanSafetensorsRankFile(strategy, meta, single ? -1 : r, f, &file, &plan)
+      RETURN_IF_ERROR(PlanSafetensorsRankFile(strategy, meta, single, held, f, &file, &plan)
                           .Annotate("MindSpore output '" + path + "'"));
       plan.files.push_back(std::move(file));
       continue;
@@ -794,24 +801,16 @@ Result<std::unique_ptr<CheckpointWriter>> CreateMindSporeCheckpoint(
     uint64_t pos = 0;
     // One file of whole tensors in the order transform_checkpoints gives
     // rank 0 when merging (no destination strategy).
-    ASSIGN_OR_RETURN(std::vector<size_t> records, RankRecordOrder(strategy, r, options.order));
-    for (size_t i : records) {
+    for (const auto& [i, box] : RecordOrder(strategy, std::move(held), options.order)) {
       const TensorStrategy& t = strategy.tensors()[i];
-      const Mesh& mesh = strategy.MeshOf(t);
-      std::optional<Box> box = Box::FromShape(t.layout.shape);
-      if (!single) {
-        if (r >= mesh.world_size()) continue;
-        ASSIGN_OR_RETURN(box, ShardOf(t.layout, mesh, r));
-      }
-      if (!box) continue;  // not on this rank's pipeline stage
       if (auto m = map_parts.find(i); m != map_parts.end()) {
         if (plan.blocks[i].empty()) PlanMapRecord(strategy, m->second, f, &file, &pos, &plan);
         continue;
       }
-      const std::vector<int64_t> dims = box->extents();  // none for a scalar
+      const std::vector<int64_t> dims = box.extents();  // none for a scalar
       const std::string_view type = MindSporeDTypeName(t.layout.dtype);
-      const uint64_t bytes = static_cast<uint64_t>(NumElements(*box) * DTypeSize(t.layout.dtype));
-      DenseBlock block{f, 0, *box, {}};
+      const uint64_t bytes = static_cast<uint64_t>(NumElements(box) * DTypeSize(t.layout.dtype));
+      DenseBlock block{f, 0, box, {}};
       uint64_t done = 0;
       do {  // records of at most chunk_bytes (one, possibly empty, for small tensors)
         const uint64_t n = std::min(options.chunk_bytes, bytes - done);

@@ -210,18 +210,8 @@ class NativeReader : public CheckpointReader {
       std::lock_guard<std::mutex> lock(mu_);
       auto& slot = rebuilt_[file];
       if (!slot) {
-        ASSIGN_OR_RETURN(ErasureCode code, ErasureCodeOf(*e));
-        std::vector<uint32_t> all = e->members;
-        all.insert(all.end(), e->parity.begin(), e->parity.end());
-        std::vector<ParityMember> files;
-        std::vector<bool> good;
-        size_t lost = 0;
-        for (size_t i = 0; i < all.size(); ++i) {
-          files.push_back({FilePath(all[i]), manifest_.files[all[i]].size});
-          good.push_back(all[i] != file && Intact(all[i]));
-          if (all[i] == file) lost = i;
-        }
-        ASSIGN_OR_RETURN(slot, OpenErasureRebuild(env_, code, files, good, lost));
+        ASSIGN_OR_RETURN(slot, OpenErasureGroupRebuild(env_, dir_, manifest_, *e, file,
+                                                       [&](uint32_t f) { return Intact(f); }));
       }
       return slot.get();
     }

@@ -240,20 +240,14 @@ class Repairer {
   // group's files that are not bad (any K of them).
   Result<std::string> FromErasure(uint32_t f, const ErasureGroup& g, const std::set<uint32_t>& bad) {
     ASSIGN_OR_RETURN(ErasureCode code, ErasureCodeOf(g));
-    std::vector<uint32_t> all = g.members;
-    all.insert(all.end(), g.parity.begin(), g.parity.end());
-    std::vector<ParityMember> files;
-    std::vector<bool> good;
-    size_t lost = 0;
     std::string text = "from its " + code.ToString() + " group:", unusable;
-    for (size_t i = 0; i < all.size(); ++i) {
-      files.push_back({Path(all[i]), m_.files[all[i]].size});
-      good.push_back(!bad.count(all[i]));
-      if (all[i] == f) lost = i;
-      if (all[i] != f && !bad.count(all[i])) text += " " + Name(all[i]);
-      if (all[i] != f && bad.count(all[i])) unusable += " " + Name(all[i]);
+    for (const auto* list : {&g.members, &g.parity}) {
+      for (uint32_t x : *list) {
+        if (x != f) (bad.count(x) ? unusable : text) += " " + Name(x);
+      }
     }
-    auto src = OpenErasureRebuild(env_, code, files, good, lost);
+    auto src = OpenErasureGroupRebuild(env_, dir_, m_, g, f,
+                                       [&](uint32_t x) { return !bad.count(x); });
     if (!src.ok()) {
       return DataLossError(src.status().message() + (unusable.empty() ? "" : " (lost too:" + unusable + ")"));
     }

@@ -8,6 +8,7 @@
 
 #include "ckpt/dense.h"
 #include "ckpt/meta_attributes.h"
+#include "core/endian.h"
 #include "formats/safetensors.h"
 
 namespace tessera {
@@ -142,10 +143,9 @@ bool IsSafetensorsCheckpoint(Env* env, const std::string& path) {
   if (!size.ok()) return false;
   if (EndsWith(path, ".index.json")) return true;
   if (*size < 10) return false;
-  unsigned char head[9];
+  char head[9];
   if (!(*file)->Read(0, 9, head).ok()) return false;
-  uint64_t n = 0;
-  for (int i = 7; i >= 0; --i) n = (n << 8) | head[i];
+  const uint64_t n = GetLittleEndian<uint64_t>(head);
   // The reader names what is wrong with a bad length.
   return head[8] == '{' && n >= 2;
 }

@@ -208,4 +208,24 @@ Result<std::unique_ptr<RandomAccessFile>> OpenErasureRebuild(Env* env, const Era
       new ErasureRebuild(std::move(opened), std::move(sizes), std::move(coefs), files[lost].size));
 }
 
+Result<std::unique_ptr<RandomAccessFile>> OpenErasureGroupRebuild(
+    Env* env, const std::string& dir, const Manifest& manifest, const ErasureGroup& group,
+    uint32_t lost, const std::function<bool(uint32_t)>& usable) {
+  ASSIGN_OR_RETURN(ErasureCode code, ErasureCodeOf(group));
+  std::vector<uint32_t> all = group.members;
+  all.insert(all.end(), group.parity.begin(), group.parity.end());
+  std::vector<ParityMember> files;
+  std::vector<bool> good;
+  size_t at = all.size();
+  for (size_t i = 0; i < all.size(); ++i) {
+    files.push_back({JoinPath(dir, manifest.files[all[i]].name), manifest.files[all[i]].size});
+    good.push_back(all[i] != lost && usable(all[i]));
+    if (all[i] == lost) at = i;
+  }
+  if (at == all.size()) {
+    return InternalError("file '" + manifest.files[lost].name + "' is not in this erasure group");
+  }
+  return OpenErasureRebuild(env, code, files, good, at);
+}
+
 }  // namespace tessera

@@ -10,6 +10,7 @@
 #ifndef TESSERA_FORMATS_ERASURE_H_
 #define TESSERA_FORMATS_ERASURE_H_
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -55,6 +56,13 @@ Result<std::unique_ptr<RandomAccessFile>> OpenErasureRebuild(Env* env, const Era
                                                              const std::vector<ParityMember>& files,
                                                              const std::vector<bool>& good,
                                                              size_t lost);
+
+// File `lost` (a manifest file index) of `manifest`'s erasure group
+// `group`, the checkpoint being in `dir`: OpenErasureRebuild over the
+// group's files that `usable` says may be read.
+Result<std::unique_ptr<RandomAccessFile>> OpenErasureGroupRebuild(
+    Env* env, const std::string& dir, const Manifest& manifest, const ErasureGroup& group,
+    uint32_t lost, const std::function<bool(uint32_t)>& usable);
 
 }  // namespace tessera
 

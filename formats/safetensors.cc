@@ -36,10 +36,9 @@ Result<SafetensorsFile> SafetensorsFile::Open(Env* env, const std::string& path)
   ASSIGN_OR_RETURN(std::unique_ptr<RandomAccessFile> file, env->NewRandomAccessFile(path));
   ASSIGN_OR_RETURN(uint64_t size, file->Size());
   if (size < 8) return Bad(path, "shorter than its 8-byte header length");
-  unsigned char len_bytes[8];
+  char len_bytes[8];
   RETURN_IF_ERROR(file->Read(0, 8, len_bytes));
-  uint64_t header_len = 0;
-  for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | len_bytes[i];
+  const uint64_t header_len = GetLittleEndian<uint64_t>(len_bytes);
   if (header_len > kSafetensorsMaxHeader) {
     return Bad(path, "header length " + std::to_string(header_len) + " exceeds the limit of " +
                          std::to_string(kSafetensorsMaxHeader));
