@@ -43,6 +43,15 @@ struct TensorStorage {
   int64_t stored_bytes = 0;
 };
 
+// A file of a checkpoint and its part in the redundancy (for inspect).
+struct StoredFile {
+  std::string name;
+  uint64_t bytes = 0;
+  std::string host;   // the host that wrote it; "" when not recorded
+  std::string group;  // "rs:4+2 group 0", "parity group 1", or "" when in none
+  bool parity = false;  // a parity file of `group` (else a data file)
+};
+
 class CheckpointReader {
  public:
   virtual ~CheckpointReader() = default;
@@ -73,6 +82,9 @@ class CheckpointReader {
   // For a checkpoint of one file per rank, what each file stores in which
   // order; empty for the others.
   virtual StoredOrder Order() const { return {}; }
+  // The files a native checkpoint stores, in manifest order; empty for
+  // the other formats.
+  virtual std::vector<StoredFile> Files() const { return {}; }
   // The copies of tensors several pipeline stages hold (Layout::copy_stages)
   // that differ from the copy that is read, one line each ("tensor 'w':
   // [0:8, 0:4] in 'rank_5/...' differs from 'rank_1/...'"). Reads what it

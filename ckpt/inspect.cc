@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <sstream>
 
 namespace tessera {
@@ -50,9 +51,28 @@ bool IsText(const std::string& v) {
 
 constexpr size_t kShownValueBytes = 60;
 
+// Rows as aligned columns; columns from `first_number` on align right.
+void PrintTable(const std::vector<std::vector<std::string>>& rows, size_t first_number,
+                std::ostringstream& out) {
+  std::vector<size_t> width(rows[0].size(), 0);
+  for (const auto& row : rows) {
+    for (size_t c = 0; c < row.size(); ++c) width[c] = std::max(width[c], row[c].size());
+  }
+  for (const auto& row : rows) {
+    std::string line;
+    for (size_t c = 0; c < row.size(); ++c) {
+      const bool right = c >= first_number;
+      const std::string pad(width[c] - row[c].size(), ' ');
+      line += right ? pad + row[c] : row[c] + (c + 1 < row.size() ? pad : "");
+      if (c + 1 < row.size()) line += "  ";
+    }
+    out << line << "\n";
+  }
+}
+
 }  // namespace
 
-std::string InspectText(const CheckpointReader& r) {
+std::string InspectText(const CheckpointReader& r, bool files) {
   const auto& tensors = r.strategy().tensors();
   int64_t bytes = 0, stored = 0, pieces = 0;
   std::vector<std::vector<std::string>> rows;
@@ -91,20 +111,36 @@ std::string InspectText(const CheckpointReader& r) {
     }
     out << "\n";
   }
-  out << "\n";
-  std::vector<size_t> width(rows[0].size(), 0);
-  for (const auto& row : rows) {
-    for (size_t c = 0; c < row.size(); ++c) width[c] = std::max(width[c], row[c].size());
-  }
-  for (const auto& row : rows) {
-    std::string line;
-    for (size_t c = 0; c < row.size(); ++c) {
-      const bool right = c >= 4;  // numbers align right
-      const std::string pad(width[c] - row[c].size(), ' ');
-      line += right ? pad + row[c] : row[c] + (c + 1 < row.size() ? pad : "");
-      if (c + 1 < row.size()) line += "  ";
+  const std::vector<StoredFile> file_list = r.Files();
+  if (!file_list.empty()) {
+    std::set<std::string> hosts, groups;
+    int64_t parity = 0;
+    uint64_t parity_bytes = 0;
+    for (const StoredFile& f : file_list) {
+      if (!f.host.empty()) hosts.insert(f.host);
+      if (!f.group.empty()) groups.insert(f.group);
+      parity += f.parity ? 1 : 0;
+      parity_bytes += f.parity ? f.bytes : 0;
     }
-    out << line << "\n";
+    out << "files       " << file_list.size();
+    if (!hosts.empty()) out << " on " << hosts.size() << (hosts.size() == 1 ? " host" : " hosts");
+    if (parity > 0) {
+      out << ", " << parity << " of them parity (" << HumanBytes(static_cast<int64_t>(parity_bytes))
+          << ") in " << groups.size() << (groups.size() == 1 ? " group" : " groups");
+    }
+    out << "\n";
+  }
+  out << "\n";
+  PrintTable(rows, 4, out);
+  if (files && !file_list.empty()) {
+    std::vector<std::vector<std::string>> table = {{"file", "bytes", "host", "group", "role"}};
+    for (const StoredFile& f : file_list) {
+      table.push_back({PrintableText(f.name), HumanBytes(static_cast<int64_t>(f.bytes)),
+                       f.host.empty() ? "-" : PrintableText(f.host),
+                       f.group.empty() ? "-" : f.group, f.parity ? "parity" : "data"});
+    }
+    out << "\n";
+    PrintTable(table, 99, out);
   }
   return out.str();
 }
@@ -150,6 +186,14 @@ std::string InspectJson(const CheckpointReader& r) {
     tensors.push_back(std::move(t));
   }
   j["tensors"] = tensors;
+  json files = json::array();
+  for (const StoredFile& f : r.Files()) {
+    json entry = {{"name", IsUtf8(f.name) ? f.name : PrintableText(f.name)}, {"bytes", f.bytes},
+                  {"host", IsUtf8(f.host) ? f.host : PrintableText(f.host)},
+                  {"group", f.group}, {"role", f.parity ? "parity" : "data"}};
+    files.push_back(std::move(entry));
+  }
+  if (!files.empty()) j["files"] = files;
   // Printable ASCII whatever the file held: every non-ASCII character as a
   // \u escape, and any byte that is not UTF-8 (an axis name from a damaged
   // file) replaced.

@@ -8,10 +8,13 @@
 
 namespace tessera {
 
-// Header lines (path, format, step, mesh, totals), then one row per tensor:
-// name, dtype, shape, placement, bytes, pieces, stored bytes.
-std::string InspectText(const CheckpointReader& reader);
-// The same facts, plus metadata keys and each tensor's full layout.
+// Header lines (path, format, step, mesh, totals, files and hosts), then
+// one row per tensor: name, dtype, shape, placement, bytes, pieces, stored
+// bytes; with `files`, then one row per stored file: name, bytes, host,
+// redundancy group, role.
+std::string InspectText(const CheckpointReader& reader, bool files = false);
+// The same facts, plus metadata keys, each tensor's full layout and every
+// stored file.
 std::string InspectJson(const CheckpointReader& reader);
 // "split [-, tp] opt [dp] stage pp=1", or "replicated".
 std::string PlacementString(const Layout& layout);

@@ -103,6 +103,30 @@ class NativeReader : public CheckpointReader {
     return out;
   }
 
+  std::vector<StoredFile> Files() const override {
+    std::vector<StoredFile> out;
+    for (const FileInfo& f : manifest_.files) out.push_back({f.name, f.size, f.host, "", false});
+    auto mark = [&](uint32_t f, const std::string& group, bool parity) {
+      if (f < out.size()) {
+        out[f].group = group;
+        out[f].parity = parity;
+      }
+    };
+    for (size_t g = 0; g < manifest_.parity_groups.size(); ++g) {
+      const std::string name = "parity group " + std::to_string(g);
+      for (uint32_t f : manifest_.parity_groups[g].members) mark(f, name, false);
+      mark(manifest_.parity_groups[g].parity, name, true);
+    }
+    for (size_t g = 0; g < manifest_.erasure_groups.size(); ++g) {
+      const ErasureGroup& e = manifest_.erasure_groups[g];
+      const std::string name = "rs:" + std::to_string(e.members.size()) + "+" +
+                               std::to_string(e.parity.size()) + " group " + std::to_string(g);
+      for (uint32_t f : e.members) mark(f, name, false);
+      for (uint32_t f : e.parity) mark(f, name, true);
+    }
+    return out;
+  }
+
   std::vector<std::string> Recoveries() const override {
     std::lock_guard<std::mutex> lock(mu_);
     return recoveries_;
@@ -373,49 +397,41 @@ class NativeWriter : public CheckpointWriter {
     uint32_t index = 0;
   };
 
-  // The parity files of options_.erasure or parity_group over the data
-  // files (all of m's files so far), recorded in `m`.
+  // The parity files of options_.redundancy over the data files (all of
+  // m's files so far), recorded in `m`.
   Status WriteRedundancy(Manifest* m) {
-    const uint32_t data = static_cast<uint32_t>(m->files.size());
-    const uint32_t size = options_.erasure.k > 0 ? static_cast<uint32_t>(options_.erasure.k)
-                                                 : static_cast<uint32_t>(options_.parity_group);
-    if (size == 0 || data == 0) return Status::Ok();
-    std::vector<std::vector<uint32_t>> groups;
-    for (uint32_t f = 0; f < data; f += size) {
-      groups.emplace_back();
-      for (uint32_t i = f; i < std::min(data, f + size); ++i) groups.back().push_back(i);
-    }
-    if (options_.erasure.k == 0 && groups.size() > 1 && groups.back().size() < 2) {
-      groups[groups.size() - 2].push_back(groups.back()[0]);  // XOR needs two members
-      groups.pop_back();
-    }
+    const Redundancy& red = options_.redundancy;
+    std::vector<int64_t> hosts(m->files.size());
+    for (size_t f = 0; f < hosts.size(); ++f) hosts[f] = static_cast<int64_t>(f);  // unknown
+    ASSIGN_OR_RETURN(std::vector<PlannedGroup> groups, PlanGroups(hosts, red));
     for (size_t g = 0; g < groups.size(); ++g) {
       std::vector<ParityMember> members;
+      std::vector<uint32_t> files;
       uint64_t longest = 0;
-      for (uint32_t f : groups[g]) {
+      for (int64_t f : groups[g].members) {
+        files.push_back(static_cast<uint32_t>(f));
         members.push_back({JoinPath(tmp_, m->files[f].name), m->files[f].size});
         longest = std::max(longest, m->files[f].size);
       }
-      if (options_.erasure.k == 0) {
-        if (members.size() < 2) continue;  // one data file: nothing to protect it with
+      if (red.erasure.k == 0) {
         const std::string name = "parity-" + std::to_string(g) + ".tsr";
         uint64_t checksum = 0;
         ASSIGN_OR_RETURN(uint64_t bytes, WriteParityFile(env_, members, JoinPath(tmp_, name), &checksum));
-        m->parity_groups.push_back({groups[g], static_cast<uint32_t>(m->files.size())});
+        m->parity_groups.push_back({files, static_cast<uint32_t>(m->files.size())});
         m->files.push_back({name, bytes, checksum});
         continue;
       }
-      ErasureCode code = options_.erasure;
+      ErasureCode code = red.erasure;
       code.k = static_cast<int>(members.size());
       std::vector<std::string> names, paths;
       for (int j = 0; j < code.m; ++j) {
-        names.push_back("rs-" + std::to_string(g) + "-" + std::to_string(j) + ".tsr");
+        names.push_back(ErasureFileName(static_cast<int64_t>(g), j));
         paths.push_back(JoinPath(tmp_, names.back()));
       }
       std::vector<uint64_t> checksums;
       RETURN_IF_ERROR(WriteErasureParity(env_, code, members, paths, &checksums)
                           .Annotate("checkpoint '" + path_ + "'"));
-      ErasureGroup e{kRsCauchy, groups[g], {}};
+      ErasureGroup e{kRsCauchy, files, {}};
       for (int j = 0; j < code.m; ++j) {
         e.parity.push_back(static_cast<uint32_t>(m->files.size()));
         m->files.push_back({names[j], longest, checksums[j]});
@@ -477,19 +493,13 @@ Result<std::unique_ptr<CheckpointWriter>> CreateNativeCheckpoint(Env* env, const
 }
 
 Status ParseRedundancy(const std::string& text, NativeWriteOptions* o) {
-  o->erasure = {};
-  o->parity_group = 0;
-  if (text.empty() || text == "none") return Status::Ok();
-  if (text.rfind("parity:", 0) == 0) {
-    const std::string g = text.substr(7);
-    if (g.empty() || g.size() > 4 || g.find_first_not_of("0123456789") != std::string::npos ||
-        std::stoi(g) < 2) {
-      return InvalidArgumentError("redundancy '" + text + "': parity:G needs G >= 2 files a group");
-    }
-    o->parity_group = std::stoi(g);
-    return Status::Ok();
+  ASSIGN_OR_RETURN(Redundancy r, Redundancy::Parse(text));
+  if (r.replicas > 1) {
+    return InvalidArgumentError("redundancy '" + text +
+                                "': replicas:K is for training's sliced saves; a converted "
+                                "checkpoint stores each piece once (use parity:G or rs:K+M)");
   }
-  ASSIGN_OR_RETURN(o->erasure, ErasureCode::Parse(text));
+  o->redundancy = r;
   return Status::Ok();
 }
 

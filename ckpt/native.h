@@ -6,7 +6,7 @@
 #include <string>
 
 #include "ckpt/checkpoint.h"
-#include "formats/erasure.h"
+#include "ckpt/save_plan.h"
 #include "formats/manifest.h"
 
 namespace tessera {
@@ -20,19 +20,19 @@ struct NativeWriteOptions {
   int level = 3;
   // Replace an existing checkpoint at the path (only at commit time).
   bool overwrite = false;
-  // Redundancy over the data files, written before the commit: Reed-Solomon
-  // groups of `erasure.k` data files with `erasure.m` parity files
-  // (rs-<group>-<j>.tsr) each, or XOR groups of `parity_group` data files
-  // (parity-<group>.tsr). Groups take the data files in rank order; a last
-  // group of fewer files joins the one before (XOR) or is a smaller group
-  // (Reed-Solomon). Offline the files' hosts are unknown.
-  ErasureCode erasure;  // k == 0: none
-  int parity_group = 0;  // 0: none
+  // Redundancy over the data files, written before the commit: XOR
+  // (parity:G, parity-<group>.tsr) or Reed-Solomon (rs:K+M,
+  // rs-<group>-<j>.tsr) groups, planned by PlanGroups as training's saves
+  // are. Offline the files' hosts are unknown, each counts as its own, so
+  // groups take the data files in rank order. replicas:K is for training's
+  // sliced saves and is refused here.
+  Redundancy redundancy;
 };
 
 // "none" (or "raw"), "zstd", "zstd:LEVEL" (1 to 19) into `options`.
 Status ParseCompression(const std::string& text, NativeWriteOptions* options);
-// "none", "rs:K+M" or "parity:G" (G >= 2) into `options`.
+// "none", "rs:K+M" or "parity:G" (G >= 2) into `options`; replicas:K is
+// refused (an offline writer stores each piece once).
 Status ParseRedundancy(const std::string& text, NativeWriteOptions* options);
 
 // Writes a checkpoint of `strategy`'s tensors at `path`: built in the

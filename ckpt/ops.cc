@@ -76,7 +76,7 @@ Result<TransformStats> WriteTransformed(Env* env, const CheckpointReader& src, c
                                 std::string(FormatName(options.format)) + " stores raw bytes");
   }
   if (options.format != Format::kNative &&
-      (options.native.erasure.k > 0 || options.native.parity_group > 0)) {
+      options.native.redundancy.has_groups()) {
     return InvalidArgumentError("redundancy is a native-format option; " +
                                 std::string(FormatName(options.format)) + " has no place for parity");
   }

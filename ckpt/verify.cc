@@ -1,4 +1,6 @@
 #include "ckpt/verify.h"
+
+#include "ckpt/save_plan.h"
 #include "core/buffer.h"
 #include "ckpt/transform.h"
 
@@ -55,6 +57,7 @@ Result<VerifyReport> VerifyNativeCheckpoint(Env* env, const std::string& path,
   VerifyReport report;
   report.path = dir;
   report.files = static_cast<int64_t>(m.files.size());
+  report.host_loss_risks = HostLossRisks(m);
   if (!note.empty()) {
     report.problems.push_back({JoinPath(dir, kManifestName), "", note});
   } else if (m.format_version >= 2) {  // manifest.pb is good: its copy must be too

@@ -30,6 +30,10 @@ struct VerifyReport {
   // Not damage: the copies of a tensor several pipeline stages hold that
   // differ from the lowest stage's (which is what readers read).
   std::vector<VerifyProblem> differing_copies;
+  // Not damage either: redundancy groups that the loss of one host (as the
+  // manifest records the files' hosts) would leave unrepairable
+  // (HostLossRisks).
+  std::vector<std::string> host_loss_risks;
   bool ok() const { return problems.empty(); }
 };
 

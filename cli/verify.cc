@@ -80,6 +80,9 @@ CLI::App* AddVerifyVerb(CLI::App& app, std::function<int()>* run) {
                   << PrintableText(p.file + ": tensor '" + p.tensor + "': " + p.what)
                   << " (read from the lowest stage)\n";
       }
+      for (const std::string& risk : r->host_loss_risks) {
+        std::cout << "note: " << PrintableText(risk) << ": losing that host loses data\n";
+      }
       if (!a->io.quiet) {
         std::cout << r->path << ": " << r->files << " files, " << r->pieces << " pieces, "
                   << HumanBytes(r->bytes) << " verified, " << r->problems.size() << " problems\n";

@@ -120,7 +120,22 @@ Result<ErasureCode> ErasureCodeOf(const ErasureGroup& group) {
 Status WriteErasureParity(Env* env, const ErasureCode& code, const std::vector<ParityMember>& members,
                           const std::vector<std::string>& parity_paths,
                           std::vector<uint64_t>* checksums) {
-  if (static_cast<int>(members.size()) != code.k || static_cast<int>(parity_paths.size()) != code.m) {
+  std::vector<int> rows;
+  for (int j = 0; j < code.m; ++j) rows.push_back(j);
+  if (static_cast<int>(parity_paths.size()) != code.m) {
+    return InvalidArgumentError(code.ToString() + ": " + std::to_string(parity_paths.size()) +
+                                " parity files given");
+  }
+  return WriteErasureParityRows(env, code, members, rows, parity_paths, checksums);
+}
+
+Status WriteErasureParityRows(Env* env, const ErasureCode& code,
+                              const std::vector<ParityMember>& members, const std::vector<int>& rows,
+                              const std::vector<std::string>& parity_paths,
+                              std::vector<uint64_t>* checksums) {
+  if (static_cast<int>(members.size()) != code.k || parity_paths.size() != rows.size() ||
+      rows.empty() ||
+      std::any_of(rows.begin(), rows.end(), [&](int j) { return j < 0 || j >= code.m; })) {
     return InvalidArgumentError(code.ToString() + ": " + std::to_string(members.size()) +
                                 " members and " + std::to_string(parity_paths.size()) +
                                 " parity files given");
@@ -134,29 +149,47 @@ Status WriteErasureParity(Env* env, const ErasureCode& code, const std::vector<P
     outs.push_back(std::move(out));
   }
   const std::vector<unsigned char> a = EncodeMatrix(code);
-  // The parity rows of the matrix.
-  const std::vector<unsigned char> rows(a.begin() + code.k * code.k, a.end());
+  // The matrix rows of the parity files asked for.
+  std::vector<unsigned char> coefs;
+  for (int j : rows) {
+    coefs.insert(coefs.end(), a.begin() + (code.k + j) * code.k, a.begin() + (code.k + j + 1) * code.k);
+  }
+  const int outputs = static_cast<int>(rows.size());
   const size_t step = static_cast<size_t>(std::min<uint64_t>(kChunk, std::max<uint64_t>(size, 1)));
+  // Members mapped whole where the file system lends views: the code reads
+  // them in place (no copy through a buffer); else, or for a step past a
+  // member's end (zero padding), through in_bufs.
+  std::vector<std::unique_ptr<FileView>> views(code.k);
+  for (int i = 0; i < code.k; ++i) {
+    if (members[i].size == 0) continue;
+    Result<std::unique_ptr<FileView>> v = files[i]->View(0, static_cast<size_t>(members[i].size));
+    if (v.ok()) views[i] = std::move(*v);
+  }
   std::vector<std::vector<unsigned char>> in_bufs(code.k, std::vector<unsigned char>(step));
-  std::vector<std::vector<unsigned char>> out_bufs(code.m, std::vector<unsigned char>(step));
+  std::vector<std::vector<unsigned char>> out_bufs(outputs, std::vector<unsigned char>(step));
   std::vector<unsigned char*> in, out;
   for (auto& b : in_bufs) in.push_back(b.data());
   for (auto& b : out_bufs) out.push_back(b.data());
-  std::vector<Xxh3Hasher> hashes(code.m);
+  std::vector<Xxh3Hasher> hashes(outputs);
   for (uint64_t offset = 0; offset < size; offset += step) {
     const size_t n = static_cast<size_t>(std::min<uint64_t>(step, size - offset));
     for (int i = 0; i < code.k; ++i) {
+      if (views[i] && offset + n <= members[i].size) {
+        in[i] = reinterpret_cast<unsigned char*>(const_cast<char*>(views[i]->data() + offset));
+        continue;
+      }
+      in[i] = in_bufs[i].data();
       RETURN_IF_ERROR(ReadPadded(*files[i], members[i].size, offset, n,
                                  reinterpret_cast<char*>(in[i])));
     }
-    Combine(code.k, code.m, rows, in, out, n);
-    for (int j = 0; j < code.m; ++j) {
+    Combine(code.k, outputs, coefs, in, out, n);
+    for (int j = 0; j < outputs; ++j) {
       hashes[j].Update(out[j], n);
       RETURN_IF_ERROR(outs[j]->Append(out[j], n).Annotate("parity file '" + parity_paths[j] + "'"));
     }
   }
   checksums->clear();
-  for (int j = 0; j < code.m; ++j) {
+  for (int j = 0; j < outputs; ++j) {
     RETURN_IF_ERROR(outs[j]->Sync());
     RETURN_IF_ERROR(outs[j]->Close());
     checksums->push_back(hashes[j].Digest());
@@ -179,8 +212,10 @@ Result<std::unique_ptr<RandomAccessFile>> OpenErasureRebuild(Env* env, const Era
   }
   if (static_cast<int>(use.size()) < code.k) {
     return DataLossError("'" + files[lost].path + "' cannot be rebuilt: " +
-                         std::to_string(use.size()) + " good files of its " + code.ToString() +
-                         " group remain, " + std::to_string(code.k) + " are needed");
+                         std::to_string(use.size()) + (use.size() == 1 ? " good file" : " good files") +
+                         " of its " + code.ToString() + " group " +
+                         (use.size() == 1 ? "remains, " : "remain, ") + std::to_string(code.k) +
+                         " are needed");
   }
   // The data is B^-1 times the used files, B their rows of the matrix; the
   // lost file's row times B^-1 gives it from them.

@@ -42,6 +42,14 @@ Status WriteErasureParity(Env* env, const ErasureCode& code, const std::vector<P
                           const std::vector<std::string>& parity_paths,
                           std::vector<uint64_t>* checksums);
 
+// The same for some of the parity files: parity file rows[i] (0 <= it < M)
+// to parity_paths[i]. Ranks that each write one parity file of a group use
+// it; the bytes are those WriteErasureParity writes.
+Status WriteErasureParityRows(Env* env, const ErasureCode& code,
+                              const std::vector<ParityMember>& members, const std::vector<int>& rows,
+                              const std::vector<std::string>& parity_paths,
+                              std::vector<uint64_t>* checksums);
+
 // The code of a manifest's erasure group: K = its members, M = its parity
 // files; Unimplemented naming a code Tessera does not know.
 Result<ErasureCode> ErasureCodeOf(const ErasureGroup& group);

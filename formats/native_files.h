@@ -48,6 +48,9 @@ class DataFileWriter {
   const std::string& path() const { return path_; }
   // Syncs and closes; the file's final size.
   Result<uint64_t> Finish();
+  // Bytes written so far. Every write goes straight to the file, so other
+  // readers see them before Finish makes them durable.
+  uint64_t size() const { return size_; }
   // XXH3-64 of every byte written so far (header and padding included): the
   // whole-file checksum FileInfo records.
   uint64_t checksum() const { return whole_.Digest(); }

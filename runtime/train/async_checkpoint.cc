@@ -47,7 +47,7 @@ Status AsyncSlicedSave::Start(const std::string& root, const std::string& name,
     if (pieces[i].bytes > 0) std::memcpy(buffers_[i].data(), pieces[i].data, pieces[i].bytes);
     pieces_[i].data = buffers_[i].data();
   }
-  current_ = {writer_->path(), waited + Since(t1), 0, 0};
+  current_ = {writer_->path(), waited + Since(t1), 0, 0, writer_->plan().Describe()};
   redundancy_started_ = false;
   Launch([this] {
     Status s;

@@ -27,6 +27,7 @@ struct AsyncSaveStats {
   double stall_seconds = 0;       // Start on this rank: waiting for the last save + snapshot
   double background_seconds = 0;  // this rank's writer thread
   double commit_seconds = 0;      // the collective commit
+  std::string redundancy;         // SavePlan::Describe of its plan
 };
 
 class AsyncSlicedSave {

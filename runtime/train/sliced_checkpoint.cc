@@ -9,183 +9,15 @@
 
 #include "ckpt/output.h"
 #include "core/checksum.h"
+#include "formats/erasure.h"
 #include "formats/parity.h"
 
 namespace tessera {
 
-Result<Redundancy> Redundancy::Parse(std::string_view text) {
-  Redundancy r;
-  if (text == "none" || text.empty()) return r;
-  const std::string all(text);
-  size_t at = 0;
-  while (at <= all.size()) {
-    const size_t comma = std::min(all.find(',', at), all.size());
-    const std::string item = all.substr(at, comma - at);
-    at = comma + 1;
-    const size_t colon = item.find(':');
-    const std::string kind = item.substr(0, colon);
-    long long n = 0;
-    size_t used = 0;
-    try {
-      if (colon != std::string::npos) n = std::stoll(item.substr(colon + 1), &used);
-    } catch (...) {
-      used = 0;
-    }
-    if (colon == std::string::npos || used == 0 || colon + 1 + used != item.size()) {
-      return InvalidArgumentError("redundancy '" + all +
-                                  "': use none, replicas:K, parity:G or both, comma-separated");
-    }
-    if (kind == "replicas" && n >= 1 && n <= 64) {
-      r.replicas = static_cast<int>(n);
-    } else if (kind == "parity" && n >= 2 && n <= 1024) {
-      r.parity_group = static_cast<int>(n);
-    } else {
-      return InvalidArgumentError("redundancy '" + all + "': '" + item +
-                                  "' (replicas:K takes K from 1 to 64, parity:G takes G from 2)");
-    }
-  }
-  return r;
-}
-
-std::string Redundancy::ToString() const {
-  std::string out;
-  if (replicas > 1) out = "replicas:" + std::to_string(replicas);
-  if (parity_group > 0) {
-    out += (out.empty() ? "" : ",") + std::string("parity:") + std::to_string(parity_group);
-  }
-  return out.empty() ? "none" : out;
-}
-
-bool SavePlan::needs_redundancy_phase() const {
-  if (!parity.empty()) return true;
-  for (const PlannedPiece& p : pieces) {
-    if (static_cast<int64_t>(p.writers.size()) > p.from_memory) return true;
-  }
-  return false;
-}
-
-int64_t ThisHostId() {
+std::string ThisHostName() {
   char name[256] = {};
-  if (gethostname(name, sizeof(name) - 1) != 0) return 0;
-  return static_cast<int64_t>(Xxh3(name, std::strlen(name)) >> 1);
-}
-
-namespace {
-
-// Adds to `writers` (up to `want`) candidates in order, first those on a
-// host not used yet, then any not already in.
-void Pick(const std::vector<int64_t>& candidates, const std::vector<int64_t>& hosts, size_t want,
-          std::vector<int64_t>* writers) {
-  for (int pass = 0; pass < 2; ++pass) {
-    for (int64_t c : candidates) {
-      if (writers->size() >= want) return;
-      if (std::find(writers->begin(), writers->end(), c) != writers->end()) continue;
-      const bool host_used = std::any_of(writers->begin(), writers->end(),
-                                         [&](int64_t w) { return hosts[w] == hosts[c]; });
-      if (pass == 0 && host_used) continue;
-      writers->push_back(c);
-    }
-  }
-}
-
-}  // namespace
-
-Result<SavePlan> PlanSave(const Strategy& strategy, const std::vector<int64_t>& hosts,
-                          const Redundancy& redundancy) {
-  SavePlan plan;
-  const int64_t world = strategy.mesh().world_size();
-  plan.world = world;
-  if (static_cast<int64_t>(hosts.size()) != world) {
-    return InvalidArgumentError("save plan: " + std::to_string(hosts.size()) + " host ids for " +
-                                std::to_string(world) + " ranks");
-  }
-  if (redundancy.replicas > world) {
-    return InvalidArgumentError("redundancy replicas:" + std::to_string(redundancy.replicas) +
-                                " needs that many ranks; the job has " + std::to_string(world));
-  }
-  const size_t want = static_cast<size_t>(std::max(1, redundancy.replicas));
-  std::vector<int64_t> load(world, 0);  // bytes each rank writes, for the copies' placement
-  int64_t turn = 0;  // over the whole strategy: small replicated tensors spread too
-  for (size_t i = 0; i < strategy.tensors().size(); ++i) {
-    const TensorStrategy& t = strategy.tensors()[i];
-    const Mesh& mesh = t.mesh.has_value() ? *t.mesh : strategy.mesh();
-    ASSIGN_OR_RETURN(std::vector<ReplicaGroup> groups, ReplicaGroups(t.layout, mesh));
-    for (const ReplicaGroup& g : groups) {
-      if (IsEmpty(g.box) || g.ranks.empty()) continue;
-      PlannedPiece p{i, g.box, {}, 0, NumElements(g.box) * DTypeSize(t.layout.dtype)};
-      // Holders in turn, from this piece's turn on; then the least loaded
-      // others.
-      const int64_t n = static_cast<int64_t>(g.ranks.size()), first = turn++ % n;
-      std::vector<int64_t> holders;
-      for (int64_t k = 0; k < n; ++k) holders.push_back(g.ranks[(first + k) % n]);
-      Pick(holders, hosts, want, &p.writers);
-      p.from_memory = static_cast<int64_t>(p.writers.size());
-      if (p.writers.size() < want) {
-        std::vector<int64_t> others;
-        for (int64_t r = 0; r < world; ++r) {
-          if (!std::binary_search(g.ranks.begin(), g.ranks.end(), r)) others.push_back(r);
-        }
-        std::stable_sort(others.begin(), others.end(),
-                         [&](int64_t a, int64_t b) { return load[a] < load[b]; });
-        Pick(others, hosts, want, &p.writers);
-      }
-      for (int64_t w : p.writers) load[w] += p.bytes;
-      plan.pieces.push_back(std::move(p));
-    }
-  }
-  if (redundancy.parity_group > 0) {
-    // Members on different hosts first: ranks ordered by their place on
-    // their host, then by host, then cut into groups.
-    std::map<int64_t, int64_t> seen;  // host -> ranks so far
-    std::vector<std::tuple<int64_t, int64_t, int64_t>> order;
-    for (int64_t r = 0; r < world; ++r) order.emplace_back(seen[hosts[r]]++, hosts[r], r);
-    std::sort(order.begin(), order.end());
-    const int64_t g = redundancy.parity_group;
-    int64_t groups = (world + g - 1) / g;
-    if (groups > 1 && world % g == 1) --groups;  // no group of one: the last joins the one before
-    if (world < 2) groups = 0;
-    std::vector<int64_t> parity_load(world, 0);
-    for (int64_t k = 0; k < groups; ++k) {
-      PlannedParity pg;
-      const int64_t end = k == groups - 1 ? world : (k + 1) * g;
-      for (int64_t j = k * g; j < end; ++j) pg.members.push_back(std::get<2>(order[j]));
-      std::sort(pg.members.begin(), pg.members.end());
-      // The writer: outside the group, on a host none of them is on, the
-      // least loaded; else outside the group; else a member.
-      int64_t best = -1, best_score = 0;
-      for (int64_t r = 0; r < world; ++r) {
-        const bool member = std::binary_search(pg.members.begin(), pg.members.end(), r);
-        const bool shares_host = std::any_of(pg.members.begin(), pg.members.end(),
-                                             [&](int64_t m) { return hosts[m] == hosts[r]; });
-        const int64_t score = (member ? 2 : 0) + (shares_host ? 1 : 0);
-        if (best < 0 || score < best_score ||
-            (score == best_score && parity_load[r] < parity_load[best])) {
-          best = r;
-          best_score = score;
-        }
-      }
-      pg.writer = best;
-      ++parity_load[best];
-      plan.parity.push_back(std::move(pg));
-    }
-  }
-  return plan;
-}
-
-std::vector<PieceToWrite> PiecesToWrite(const SavePlan& plan, int64_t rank) {
-  std::vector<PieceToWrite> out;
-  for (const PlannedPiece& p : plan.pieces) {
-    for (int64_t k = 0; k < p.from_memory; ++k) {
-      if (p.writers[k] == rank) out.push_back({p.tensor, p.box});
-    }
-  }
-  return out;
-}
-
-Result<std::vector<PieceToWrite>> PiecesToWrite(const Strategy& strategy, int64_t rank) {
-  ASSIGN_OR_RETURN(SavePlan plan,
-                   PlanSave(strategy, std::vector<int64_t>(strategy.mesh().world_size(), 0), {}));
-  return PiecesToWrite(plan, rank);
+  if (gethostname(name, sizeof(name) - 1) != 0) return "localhost";
+  return name;
 }
 
 Status PointLatest(Env* env, Communicator& comm, const std::string& root, const std::string& name,
@@ -261,11 +93,16 @@ Result<std::unique_ptr<SlicedCheckpointWriter>> SlicedCheckpointWriter::Create(
                                 std::to_string(comm.size()) + " ranks writing it");
   }
   if (options.hosts.empty()) {
-    const int64_t mine = ThisHostId();
-    options.hosts.resize(comm.size());
-    RETURN_IF_ERROR(comm.AllGather(&mine, 1, options.hosts.data(), DType::kI64));
+    const std::string mine = ThisHostName();
+    ASSIGN_OR_RETURN(auto names, AllGatherStrings(comm, &mine));
+    for (auto& n : names) options.hosts.push_back(n.value_or(""));
   }
-  Result<SavePlan> plan = PlanSave(w->strategy_, options.hosts, options.redundancy);
+  if (static_cast<int>(options.hosts.size()) != comm.size()) {
+    return InvalidArgumentError("sliced checkpoint '" + path + "': " +
+                                std::to_string(options.hosts.size()) + " host names for " +
+                                std::to_string(comm.size()) + " ranks");
+  }
+  Result<SavePlan> plan = PlanSave(w->strategy_, HostIds(options.hosts), options.redundancy);
   if (!plan.ok()) return plan.status().Annotate("sliced checkpoint '" + path + "'");
   w->plan_ = std::move(*plan);
   for (size_t i = 0; i < w->plan_.pieces.size(); ++i) {
@@ -348,14 +185,24 @@ Status SlicedCheckpointWriter::WritePiece(size_t index, const Box& box, const vo
 Status SlicedCheckpointWriter::FinishData() {
   if (data_finished_) return failed_;
   data_finished_ = true;
-  if (failed_.ok()) {
-    Result<uint64_t> bytes = file_->Finish();
-    if (bytes.ok()) {
-      data_size_ = *bytes;
-      data_checksum_ = file_->checksum();
-    } else {
-      failed_ = bytes.status();
-    }
+  if (!failed_.ok()) return failed_;
+  data_size_ = file_->size();
+  data_checksum_ = file_->checksum();
+  // With a redundancy phase to come, the data file is made durable after
+  // it (SyncData): the copies and parity are read from the page cache
+  // while the disk writes the data files back, instead of after.
+  if (!plan_.needs_redundancy_phase()) return SyncData();
+  return failed_;
+}
+
+Status SlicedCheckpointWriter::SyncData() {
+  if (data_synced_ || !failed_.ok()) return failed_;
+  data_synced_ = true;
+  Result<uint64_t> bytes = file_->Finish();
+  if (!bytes.ok()) {
+    failed_ = bytes.status();
+  } else if (*bytes != data_size_) {
+    failed_ = InternalError("data file '" + file_->path() + "' grew after it was finished");
   }
   return failed_;
 }
@@ -460,21 +307,43 @@ Status SlicedCheckpointWriter::WriteRedundancy() {
       ASSIGN_OR_RETURN(extra_files_.back().size, copies->Finish());
       extra_files_.back().checksum = copies->checksum();
     }
-    // Parity of the groups this rank writes.
-    for (size_t g = 0; g < plan_.parity.size(); ++g) {
-      if (plan_.parity[g].writer != rank) continue;
+    // Parity files of the groups this rank writes: XOR, or its rows of the
+    // Reed-Solomon code.
+    for (size_t g = 0; g < plan_.groups.size(); ++g) {
+      const PlannedGroup& group = plan_.groups[g];
+      std::vector<int> rows;
+      for (size_t j = 0; j < group.writers.size(); ++j) {
+        if (group.writers[j] == rank) rows.push_back(static_cast<int>(j));
+      }
+      if (rows.empty()) continue;
       std::vector<ParityMember> members;
-      for (int64_t m : plan_.parity[g].members) {
+      for (int64_t m : group.members) {
         members.push_back({JoinPath(tmp_, exchanged_[m].files[0].name), exchanged_[m].files[0].size});
       }
-      const std::string name = RankFileName("parity", static_cast<int64_t>(g));
-      FileInfo info{name, 0, 0};
-      ASSIGN_OR_RETURN(info.size, WriteParityFile(env_, members, JoinPath(tmp_, name), &info.checksum));
-      extra_files_.push_back(std::move(info));
+      if (plan_.redundancy.erasure.k == 0) {
+        const std::string name = RankFileName("parity", static_cast<int64_t>(g));
+        FileInfo info{name, 0, 0};
+        ASSIGN_OR_RETURN(info.size, WriteParityFile(env_, members, JoinPath(tmp_, name), &info.checksum));
+        extra_files_.push_back(std::move(info));
+        continue;
+      }
+      ErasureCode code = plan_.redundancy.erasure;
+      code.k = static_cast<int>(members.size());
+      std::vector<std::string> names, paths;
+      for (int j : rows) {
+        names.push_back(ErasureFileName(static_cast<int64_t>(g), j));
+        paths.push_back(JoinPath(tmp_, names.back()));
+      }
+      std::vector<uint64_t> checksums;
+      RETURN_IF_ERROR(WriteErasureParityRows(env_, code, members, rows, paths, &checksums)
+                          .Annotate("checkpoint '" + path_ + "'"));
+      uint64_t longest = 0;
+      for (const ParityMember& m : members) longest = std::max(longest, m.size);
+      for (size_t i = 0; i < rows.size(); ++i) extra_files_.push_back({names[i], longest, checksums[i]});
     }
     return Status::Ok();
   }();
-  return failed_;
+  return SyncData();
 }
 
 Status SlicedCheckpointWriter::Commit() {
@@ -486,6 +355,7 @@ Status SlicedCheckpointWriter::Commit() {
     (void)Exchange();
     (void)WriteRedundancy();
   }
+  (void)SyncData();
   Hook("commit");
   // This rank's part of the manifest: its files and its records, gathered
   // on rank 0 (every rank learns who failed).
@@ -516,6 +386,7 @@ Status SlicedCheckpointWriter::Commit() {
           return InternalError(where + ": not this checkpoint's");
         }
         m.files.push_back(p.files[0]);
+        m.files.back().host = options_.hosts[r];
         ps.push_back(std::move(p));
       }
       std::map<std::string, uint32_t> index;
@@ -525,6 +396,7 @@ Status SlicedCheckpointWriter::Commit() {
           renumber.push_back(static_cast<uint32_t>(m.files.size()));
           index[ps[r].files[f].name] = renumber.back();
           m.files.push_back(ps[r].files[f]);
+          m.files.back().host = options_.hosts[r];
         }
         const size_t n = m.tensors.size();
         for (size_t k = 0; k < 2 * n; ++k) {
@@ -535,13 +407,26 @@ Status SlicedCheckpointWriter::Commit() {
           }
         }
       }
-      for (size_t g = 0; g < plan_.parity.size(); ++g) {
-        const auto it = index.find(RankFileName("parity", static_cast<int64_t>(g)));
-        if (it == index.end()) return InternalError("checkpoint '" + path_ + "': parity group " + std::to_string(g) + " was not written");
-        ParityGroup pg;
-        for (int64_t r : plan_.parity[g].members) pg.members.push_back(static_cast<uint32_t>(r));
-        pg.parity = it->second;
-        m.parity_groups.push_back(std::move(pg));
+      for (size_t g = 0; g < plan_.groups.size(); ++g) {
+        const PlannedGroup& group = plan_.groups[g];
+        std::vector<uint32_t> members, parity;
+        for (int64_t r : group.members) members.push_back(static_cast<uint32_t>(r));
+        for (size_t j = 0; j < group.writers.size(); ++j) {
+          const std::string name =
+              plan_.redundancy.erasure.k > 0
+                  ? ErasureFileName(static_cast<int64_t>(g), static_cast<int>(j))
+                  : RankFileName("parity", static_cast<int64_t>(g));
+          const auto it = index.find(name);
+          if (it == index.end()) {
+            return InternalError("checkpoint '" + path_ + "': " + name + " was not written");
+          }
+          parity.push_back(it->second);
+        }
+        if (plan_.redundancy.erasure.k > 0) {
+          m.erasure_groups.push_back({kRsCauchy, std::move(members), std::move(parity)});
+        } else {
+          m.parity_groups.push_back({std::move(members), parity[0]});
+        }
       }
       auto by_origin = [](const PieceInfo& a, const PieceInfo& b) {
         return a.box.origin() < b.box.origin();

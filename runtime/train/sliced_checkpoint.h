@@ -20,72 +20,18 @@
 
 #include "ckpt/checkpoint.h"
 #include "ckpt/native.h"
+#include "ckpt/save_plan.h"
 #include "formats/manifest.h"
 #include "formats/native_files.h"
 #include "runtime/comm/communicator.h"
 
 namespace tessera {
 
-// How much redundancy a sliced save adds (`--redundancy`):
-//   replicas:K  every piece stored in K data files written by K different
-//               ranks, on different hosts when there are enough. Ranks that
-//               hold the piece write it from memory (data-parallel replicas
-//               cost no traffic); when fewer than K hold it (ZeRO shards, tp
-//               slices without dp), other ranks copy its stored bytes into
-//               their `copies-<rank>.tsr` once the data files are written.
-//   parity:G    the data files in groups of G (members on different hosts
-//               first), each group with `parity-<g>.tsr`, the XOR of its
-//               members, written by a rank outside the group when there is
-//               one: any one lost file of a group is rebuilt.
-// Both may be combined: "replicas:2,parity:4". "none" is the default.
-struct Redundancy {
-  int replicas = 1;
-  int parity_group = 0;  // 0: no parity
-  static Result<Redundancy> Parse(std::string_view text);
-  std::string ToString() const;
-  bool none() const { return replicas <= 1 && parity_group == 0; }
-};
+// The save plan (who writes which piece, copies and parity, host-aware)
+// is ckpt/save_plan.h's, the same one `ckpt convert` uses.
 
-// Who writes what in a sliced save, the same on every rank.
-struct PlannedPiece {
-  size_t tensor = 0;
-  Box box;  // over the layout's split shape
-  // writers[0] stores the piece, the others copies of it. The first
-  // `from_memory` of them hold the piece and write it during the data
-  // phase; the rest copy writers[0]'s stored bytes afterwards.
-  std::vector<int64_t> writers;
-  int64_t from_memory = 1;
-  int64_t bytes = 0;
-};
-struct PlannedParity {
-  std::vector<int64_t> members;  // ranks whose data files the group protects
-  int64_t writer = 0;
-};
-struct SavePlan {
-  std::vector<PlannedPiece> pieces;
-  std::vector<PlannedParity> parity;
-  int64_t world = 0;
-  // Copies made after the data phase, or parity: the ranks must exchange
-  // their records and run WriteRedundancy before the commit.
-  bool needs_redundancy_phase() const;
-};
-// `hosts[r]` tells which host rank r runs on (any ids; equal ids, same
-// host). With replicas 1 each piece is written once, by its holders in turn
-// (piece i of the strategy by holder i mod holders) so replicas share the
-// writing.
-Result<SavePlan> PlanSave(const Strategy& strategy, const std::vector<int64_t>& hosts,
-                          const Redundancy& redundancy);
-// An id of the host this process runs on (a hash of its name).
-int64_t ThisHostId();
-
-// The pieces rank `rank` writes from memory under `plan`.
-struct PieceToWrite {
-  size_t tensor = 0;
-  Box box;  // over the layout's split shape
-};
-std::vector<PieceToWrite> PiecesToWrite(const SavePlan& plan, int64_t rank);
-// The same without redundancy, every rank on one host.
-Result<std::vector<PieceToWrite>> PiecesToWrite(const Strategy& strategy, int64_t rank);
+// The name of the host this process runs on (gethostname).
+std::string ThisHostName();
 
 // A piece with where its bytes are: `box` of tensor `tensor`, dense at
 // `data` (`bytes` long).
@@ -106,8 +52,11 @@ Status PointLatest(Env* env, Communicator& comm, const std::string& root, const 
 struct SlicedWriteOptions {
   NativeWriteOptions native;
   Redundancy redundancy;
-  // Host id of every rank; empty: learnt with one all-gather of ThisHostId.
-  std::vector<int64_t> hosts;
+  // The host of every rank (any names; equal names, same host), recorded
+  // with each file in the manifest; the plan places copies and parity by
+  // them. Empty: learnt with one all-gather of ThisHostName. In-process
+  // ranks of tests and demos may be given fake hosts here.
+  std::vector<std::string> hosts;
   // Called at named points of the save ("write" after each piece this rank
   // writes, "redundancy" before its copies and parity, "commit" when its
   // files are done, "rename" on rank 0 just before the directory moves into
@@ -132,7 +81,8 @@ class SlicedCheckpointWriter {
   // Local: stores `box` (over the split shape) of tensor `index`, one of
   // Pieces().
   Status WritePiece(size_t index, const Box& box, const void* data);
-  // Local: makes this rank's data file durable (Commit does it if not done).
+  // Local: this rank's data file is complete; durable now, or after the
+  // redundancy phase when the plan has one (Commit does it if not done).
   Status FinishData();
   // The redundancy phase, when plan().needs_redundancy_phase(): Exchange
   // (collective, after FinishData on every rank) shares every rank's piece
@@ -156,6 +106,8 @@ class SlicedCheckpointWriter {
   void Hook(std::string_view point) const {
     if (options_.fault_hook) options_.fault_hook(point, meta_.step);
   }
+  // Makes this rank's data file durable (once).
+  Status SyncData();
   // This rank's records as a partial manifest: its files (data file first),
   // with pieces and copies in them.
   std::string Part() const;
@@ -175,7 +127,8 @@ class SlicedCheckpointWriter {
   std::vector<std::vector<PieceInfo>> pieces_, copies_;
   std::vector<Manifest> exchanged_;  // every rank's part, after Exchange
   Status failed_;  // the first local error, reported at Commit
-  bool data_finished_ = false, exchanged_done_ = false, redundancy_done_ = false;
+  bool data_finished_ = false, data_synced_ = false, exchanged_done_ = false,
+       redundancy_done_ = false;
   bool done_ = false;
 };
 

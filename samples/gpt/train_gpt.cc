@@ -14,7 +14,9 @@
 // sliced, every rank writing its own pieces (tp slices, ZeRO shards;
 // replicas take turns) into one checkpoint, with --async-save in the
 // background while training goes on, and with --redundancy replicas:K /
-// parity:G what rebuilds a lost file (done at load, and said);
+// parity:G / rs:K+M what rebuilds lost files (done at load, and said);
+// --hosts (or TESSERA_HOSTS) gives in-process ranks fake hosts, so that
+// host-aware placement can be tried on one machine;
 // --keep N removes all but the newest N; --resume continues
 // from DIR/latest when there is one, bit for bit as if never stopped on the
 // same ranks, and on any other mesh (the save is merged: under --pp or --tp
@@ -25,6 +27,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <thread>
 
@@ -134,6 +137,7 @@ struct Options {
   std::string data, save, export_dir, export_dtype, save_mode = "merged", strategy_out;
   FaultKill fault;
   Redundancy redundancy;
+  std::vector<std::string> hosts;  // --hosts: one per rank; empty: the real ones
   int batch = 8, seq = 0, steps = 20, save_every = 0, keep = 0;
   uint64_t seed = 1;
   AdamWConfig adam;
@@ -232,6 +236,13 @@ Status Train(const Options& o, Communicator& world) {
   const FaultKill& fault = o.fault;
   SlicedWriteOptions save_options;
   save_options.redundancy = o.redundancy;
+  if (!o.hosts.empty()) {
+    if (static_cast<int>(o.hosts.size()) != world.size()) {
+      return InvalidArgumentError("--hosts names " + std::to_string(o.hosts.size()) +
+                                  " hosts for " + std::to_string(world.size()) + " ranks");
+    }
+    save_options.hosts = o.hosts;
+  }
   save_options.native.overwrite = from.ok();  // see above: abandoned checkpoints
   save_options.fault_hook = [&fault, &world](std::string_view point, int64_t step) {
     fault.At(point, step, world.rank());
@@ -246,9 +257,9 @@ Status Train(const Options& o, Communicator& world) {
     if (committed && talk) {
       const AsyncSaveStats& st = async.last();
       std::printf("saved %s (async: training stalled %.1f ms, written in the background in "
-                  "%.1f ms, commit %.1f ms)\n",
+                  "%.1f ms, commit %.1f ms; redundancy %s)\n",
                   st.path.c_str(), st.stall_seconds * 1e3, st.background_seconds * 1e3,
-                  st.commit_seconds * 1e3);
+                  st.commit_seconds * 1e3, st.redundancy.c_str());
     }
     return Status::Ok();
   };
@@ -314,7 +325,7 @@ Status Train(const Options& o, Communicator& world) {
         RETURN_IF_ERROR(PointLatest(env, world, o.save, name, o.keep));
         if (talk) {
           std::printf("saved %s/%s (sliced over %d ranks, redundancy %s)\n", o.save.c_str(),
-                      name.c_str(), world.size(), o.redundancy.ToString().c_str());
+                      name.c_str(), world.size(), writer->plan().Describe().c_str());
         }
         continue;
       }
@@ -436,8 +447,15 @@ int main(int argc, char** argv) {
   std::string redundancy = "none";
   app.add_option("--redundancy", redundancy,
                  "sliced saves: replicas:K (each piece in K files, on K ranks, on different "
-                 "hosts first), parity:G (XOR parity per G data files), both comma-separated, "
-                 "or none; a lost or corrupt file is rebuilt at load and by ckpt verify --repair");
+                 "hosts first), parity:G (XOR parity per G data files), rs:K+M (Reed-Solomon: M "
+                 "parity files per K data files, any M rebuilt; no host holds more than M of a "
+                 "group), replicas combined with one of the others comma-separated, or none; "
+                 "lost or corrupt files are rebuilt at load and by ckpt verify --repair");
+  std::string hosts = std::getenv("TESSERA_HOSTS") != nullptr ? std::getenv("TESSERA_HOSTS") : "";
+  app.add_option("--hosts", hosts,
+                 "testing: the host of each rank, comma-separated (a,a,b,b), recorded in "
+                 "sliced checkpoints and used to place copies and parity; default "
+                 "$TESSERA_HOSTS, else each process's hostname");
   std::string fault_kill;
   app.add_option("--fault-kill", fault_kill,
                  "testing: POINT:STEP:RANK kills that rank's process (SIGKILL) at POINT of step "
@@ -468,6 +486,12 @@ int main(int argc, char** argv) {
     o.redundancy = *r;
   } else {
     return Fail(r.status());
+  }
+  for (size_t at = 0; !hosts.empty() && at <= hosts.size();) {
+    const size_t comma = std::min(hosts.find(',', at), hosts.size());
+    o.hosts.push_back(hosts.substr(at, comma - at));
+    if (o.hosts.back().empty()) return Fail(InvalidArgumentError("--hosts '" + hosts + "': an empty host name"));
+    at = comma + 1;
   }
   if (Result<FaultKill> f = FaultKill::Parse(fault_kill); f.ok()) {
     o.fault = *f;

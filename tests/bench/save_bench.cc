@@ -6,7 +6,11 @@
 //           (GatherOptimizerState + GatherModel + SaveGpt),
 //   async:  a sliced save in the background (AsyncSlicedSave): the stall
 //           (each rank copying its pieces) and the time to the commit,
-// each through commit and fsync. Prints the median of 3 saves of each (the
+//   rs:     the sliced and the async save again with --redundancy rs:4+2
+//           (one Reed-Solomon group of the 4 data files, 2 parity files
+//           encoded with ISA-L by two ranks after the data phase),
+// each through commit and fsync, alternating within each of 5 rounds.
+// Prints the median of 5 saves of each (merged: of 3) (the
 // async saver is kept between them, as in training: the first save's
 // snapshot buffers are fresh memory, printed apart as "stall_first")
 // (every save into a fresh directory, the previous removed and the page
@@ -37,7 +41,7 @@ double Median(std::vector<double> v) {
 }
 
 struct Times {
-  std::vector<double> sliced, merged, stall, async;
+  std::vector<double> sliced, merged, stall, async, sliced_rs, stall_rs, async_rs;
   double stall_first = 0;
 };
 
@@ -55,46 +59,82 @@ Status Run(Communicator& world, const std::string& dir, Times* times) {
   };
   auto now = [] { return std::chrono::steady_clock::now(); };
   AsyncSlicedSave save(env, world);  // kept, as a training run keeps it
-  for (int round = 0; round < 3; ++round) {
-    const std::string s = dir + "/sliced", m = dir + "/merged";
-    RETURN_IF_ERROR(clean(s));
+  SlicedWriteOptions none, rs;
+  ASSIGN_OR_RETURN(rs.redundancy, Redundancy::Parse("rs:4+2"));
+  // A sliced save into `path`; its seconds.
+  auto sliced = [&](const std::string& path, const SlicedWriteOptions& options) -> Result<double> {
+    RETURN_IF_ERROR(clean(path));
     const auto t0 = now();
     {
-      ASSIGN_OR_RETURN(auto writer, SlicedCheckpointWriter::Create(env, world, s, strategy,
-                                                                   {0, {}, "save_bench"}));
+      ASSIGN_OR_RETURN(auto writer, SlicedCheckpointWriter::Create(env, world, path, strategy,
+                                                                   {0, {}, "save_bench"}, options));
       const Status wrote = trainer->WriteSliced(*writer, strategy);
       const Status committed = writer->Commit();
       RETURN_IF_ERROR(wrote);
       RETURN_IF_ERROR(committed);
     }
     RETURN_IF_ERROR(world.Barrier());
-    const double ts = std::chrono::duration<double>(now() - t0).count();
-    RETURN_IF_ERROR(clean(m));
-    const auto t1 = now();
-    RETURN_IF_ERROR(trainer->GatherOptimizerState());
-    Gpt full;
-    RETURN_IF_ERROR(trainer->GatherModel(&full));
-    if (world.rank() == 0) RETURN_IF_ERROR(SaveGpt(env, full, dir, "merged", {}));
-    trainer->ShardOptimizerState();
-    RETURN_IF_ERROR(world.Barrier());
-    const double tm = std::chrono::duration<double>(now() - t1).count();
-    const std::string a = dir + "/async";
-    RETURN_IF_ERROR(clean(a + "/step-1"));
+    return std::chrono::duration<double>(now() - t0).count();
+  };
+  // An async save into `root`/step-1: its stall (the slowest rank's) and
+  // its seconds to the commit.
+  auto async = [&](const std::string& root, const SlicedWriteOptions& options,
+                   double* stall) -> Result<double> {
+    RETURN_IF_ERROR(clean(root + "/step-1"));
     const auto t2 = now();
-    RETURN_IF_ERROR(save.Start(a, "step-1", strategy, {0, {}, "save_bench"}, {},
+    RETURN_IF_ERROR(save.Start(root, "step-1", strategy, {0, {}, "save_bench"}, options,
                                [&](const std::vector<PieceToWrite>& mine) {
                                  return trainer->SlicedPieces(strategy, mine);
                                }));
-    double stall = std::chrono::duration<double>(now() - t2).count();
-    RETURN_IF_ERROR(world.AllReduce(&stall, &stall, 1, DType::kF64, ReduceOp::kMax));
+    *stall = std::chrono::duration<double>(now() - t2).count();
+    RETURN_IF_ERROR(world.AllReduce(stall, stall, 1, DType::kF64, ReduceOp::kMax));
     RETURN_IF_ERROR(save.Poll(/*wait=*/true).status());
-    const double ta = std::chrono::duration<double>(now() - t2).count();
+    return std::chrono::duration<double>(now() - t2).count();
+  };
+  for (int round = 0; round < 5; ++round) {
+    // Without and with rs:4+2 side by side, in turns (odd rounds start
+    // with rs): a save runs slower right after another's writeback.
+    const bool rs_first = round % 2 == 1;
+    double ts = 0, ts_rs = 0;
+    for (int i = 0; i < 2; ++i) {
+      if ((i == 0) != rs_first) {
+        ASSIGN_OR_RETURN(ts, sliced(dir + "/sliced", none));
+      } else {
+        ASSIGN_OR_RETURN(ts_rs, sliced(dir + "/sliced-rs", rs));
+      }
+    }
+    double tm = 0;
+    if (round < 3) {  // 5 to 10 s each: three are enough
+      const std::string m = dir + "/merged";
+      RETURN_IF_ERROR(clean(m));
+      const auto t1 = now();
+      RETURN_IF_ERROR(trainer->GatherOptimizerState());
+      Gpt full;
+      RETURN_IF_ERROR(trainer->GatherModel(&full));
+      if (world.rank() == 0) RETURN_IF_ERROR(SaveGpt(env, full, dir, "merged", {}));
+      trainer->ShardOptimizerState();
+      RETURN_IF_ERROR(world.Barrier());
+      tm = std::chrono::duration<double>(now() - t1).count();
+    }
+    double stall = 0, stall_rs = 0, ta = 0, ta_rs = 0;
+    for (int i = 0; i < 2; ++i) {
+      if ((i == 0) != rs_first) {
+        ASSIGN_OR_RETURN(ta, async(dir + "/async", none, &stall));
+      } else {
+        ASSIGN_OR_RETURN(ta_rs, async(dir + "/async-rs", rs, &stall_rs));
+      }
+    }
+    RETURN_IF_ERROR(clean(dir + "/sliced-rs"));
+    RETURN_IF_ERROR(clean(dir + "/async-rs/step-1"));
     if (world.rank() == 0) {
-      if (round == 0) times->stall_first = stall;
+      if (round == 0) times->stall_first = stall;  // the first async save: without rs
       times->sliced.push_back(ts);
-      times->merged.push_back(tm);
+      if (round < 3) times->merged.push_back(tm);
       times->stall.push_back(stall);
       times->async.push_back(ta);
+      times->sliced_rs.push_back(ts_rs);
+      times->stall_rs.push_back(stall_rs);
+      times->async_rs.push_back(ta_rs);
     }
   }
   return Status::Ok();
@@ -114,8 +154,9 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "save_bench: %s\n", s.ToString().c_str());
     return 1;
   }
-  std::printf("sliced %.3f\nmerged %.3f\nstall %.4f\nstall_first %.4f\nasync %.3f\n",
+  std::printf("sliced %.3f\nmerged %.3f\nstall %.4f\nstall_first %.4f\nasync %.3f\n"
+              "sliced_rs %.3f\nstall_rs %.4f\nasync_rs %.3f\n",
               Median(t.sliced), Median(t.merged), Median(t.stall), t.stall_first,
-              Median(t.async));
+              Median(t.async), Median(t.sliced_rs), Median(t.stall_rs), Median(t.async_rs));
   return 0;
 }

@@ -249,6 +249,13 @@ check "three lost files of a 4+2 group: refused" test $rc -eq 1
 check "three lost files of a 4+2 group: named" grep -q "data-00000.tsr.*cannot be rebuilt" out
 run "$ckpt" convert rs-src -o rs-bad --redundancy rs:4+2 --format safetensors
 check "redundancy in a format without parity: refused" grep -q "redundancy is a native-format option" out
+run "$ckpt" convert rs-src -o rs-bad --redundancy replicas:2
+check "replicas offline: refused, naming where they apply" \
+  grep -q "replicas:K is for training's sliced saves" out
+run "$ckpt" inspect --files rs
+check "inspect --files: each file's group and role" \
+  grep -q "^rs-1-1.tsr .* rs:4+2 group 1  parity" out
+check "inspect: the redundancy in a line" grep -q "^files  *12, 4 of them parity (.*) in 2 groups" out
 
 echo "$passes passed, $fails failed"
 test $fails -eq 0

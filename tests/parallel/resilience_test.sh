@@ -13,6 +13,9 @@
 #    (replicas:2) or parity (ZeRO-1, parity:2), says which, rebuilds it bit
 #    for bit, and the losses are unchanged; `ckpt verify --repair` does the
 #    same offline; two lost files of one parity group are named;
+#  - a lost host: rs:2+2 over 4 ranks on 2 fake hosts, every file of one
+#    host deleted, the resume continues the loss curve (in-process and
+#    mpirun, sync and async); M + 1 lost files are refused by name;
 #  - run_resilient: a rank killed with kill -9 from outside is restarted
 #    from the newest checkpoint (mpirun and in-process), on fewer ranks
 #    when the hostfile shrinks, and stops after --max-restarts and below
@@ -159,6 +162,52 @@ echo step-10 >"$dir/latest"
 run_out "$BIN" "${SMALL[@]}" "${DPTP[@]}" --steps 20 --save "$dir" --save-mode sliced --resume
 check "... and resuming fails naming the missing file" \
   bash -c "grep -q 'data-0000[01].tsr.* is missing' '$WORK/out' && ! grep -q '^step' '$WORK/out'"
+
+# --- a lost host, Reed-Solomon ------------------------------------------
+# 4 ranks on 2 "hosts" (a,a,b,b) save with rs:2+2; every file host b wrote
+# (as the manifest records it) is deleted; the resume rebuilds them and
+# continues the uninterrupted loss curve. In-process ranks with --hosts,
+# then mpirun with TESSERA_HOSTS and async saves.
+host_files() {  # host_files CKPT HOST: the files the manifest says HOST wrote
+  "$CKPT" inspect --json "$1" | python3 -c "import json, sys
+print(' '.join(f['name'] for f in json.load(sys.stdin)['files'] if f['host'] == sys.argv[1]))" "$2"
+}
+for mode in inproc mpirun; do
+  dir="$WORK/rs-host-$mode"
+  if [ $mode = inproc ]; then
+    launch=("$BIN" --ranks 4 --hosts a,a,b,b); extra=(--save-mode sliced); ref="$WORK/ref.log"
+  else
+    launch=("${MPIRUN[@]}" -np 4 -x TESSERA_HOSTS=a,a,b,b "$BIN"); extra=(--async-save)
+    ref="$WORK/mref4.log"
+  fi
+  "${launch[@]}" "${SMALL[@]}" --tp 2 --zero 1 --steps 10 --save "$dir" "${extra[@]}" \
+    --redundancy rs:2+2 >"$dir.save.log" 2>&1
+  check "rs:2+2 over 2 hosts ($mode): saved, the plan said" \
+    grep -q "rs:2+2: 2 groups of up to 2 data files" "$dir.save.log"
+  run_out "$CKPT" inspect --files "$dir/step-10"
+  check "... inspect lists 8 files on 2 hosts, 4 of them parity" \
+    grep -q "^files  *8 on 2 hosts, 4 of them parity" "$WORK/out"
+  b_files=$(host_files "$dir/step-10" b)
+  check "... host b wrote 4 of them (2 data, 2 parity)" \
+    bash -c "[ \$(wc -w <<<'$b_files') -eq 4 ] && grep -q 'data-0000[23].tsr.*data-0000[23].tsr' <<<'$b_files'"
+  mkdir -p "$dir.orig" && cp "$dir"/step-10/*.tsr "$dir.orig/"
+  for f in $b_files; do rm "$dir/step-10/$f"; done
+  "${launch[@]}" "${SMALL[@]}" --tp 2 --zero 1 --steps 20 --save "$dir" "${extra[@]}" \
+    --redundancy rs:2+2 --resume >"$dir.log" 2>&1
+  check "... host b's files deleted: the resume rebuilds them from the groups" \
+    grep -q "loading .*data-00002.tsr (missing or corrupt): rebuilt from its rs:2+2 group" "$dir.log"
+  check "... and continues the uninterrupted loss curve" same_tail "$dir.log" "$ref" 11
+  check "... every lost file repaired bit for bit" bash -c "for f in $b_files; do
+    cmp -s '$dir/step-10/'\$f '$dir.orig/'\$f || exit 1; done"
+done
+# Offline: three files of one rs:2+2 group (M + 1) are refused, named.
+dir="$WORK/rs-host-inproc/step-10"
+rm "$dir/data-00000.tsr" "$dir/data-00002.tsr" "$dir/rs-0-0.tsr"
+run_out "$CKPT" verify --repair "$dir"
+rc=$?
+check "three lost files of an rs:2+2 group: --repair fails" test $rc -ne 0
+check "... naming the files that cannot be rebuilt" \
+  grep -q "cannot rebuild data-00000.tsr: .*1 good file of its rs:2+2 group remains, 2 are needed (lost too: data-00002.tsr rs-0-0.tsr)" "$WORK/out"
 
 # --- the supervisor ------------------------------------------------------
 # kill_when DIR STEP PATTERN: once DIR/step-STEP is committed, kill -9 the

@@ -4,6 +4,7 @@
 #include "runtime/train/sliced_checkpoint.h"
 
 #include <functional>
+#include <map>
 #include <mutex>
 #include <numeric>
 
@@ -172,11 +173,12 @@ TEST_CASE("save plan: replicas on different hosts, parity groups across hosts") 
   }
   CHECK(*std::max_element(bytes.begin(), bytes.end()) <=
         2 * *std::min_element(bytes.begin(), bytes.end()));
-  REQUIRE(plan->parity.size() == 2);
-  for (const PlannedParity& g : plan->parity) {
+  REQUIRE(plan->groups.size() == 2);
+  for (const PlannedGroup& g : plan->groups) {
     REQUIRE(g.members.size() == 2);
+    REQUIRE(g.writers.size() == 1);
     CHECK(hosts[g.members[0]] != hosts[g.members[1]]);
-    CHECK(std::find(g.members.begin(), g.members.end(), g.writer) == g.members.end());
+    CHECK(std::find(g.members.begin(), g.members.end(), g.writers[0]) == g.members.end());
   }
   CHECK(plan->needs_redundancy_phase());
   // Too many replicas, bad texts.
@@ -197,7 +199,7 @@ void SaveWithRedundancy(Env* env, const std::string& redundancy,
   const Status s = RunInProcess(4, [&](Communicator& world) -> Status {
     SlicedWriteOptions options;
     ASSIGN_OR_RETURN(options.redundancy, Redundancy::Parse(redundancy));
-    options.hosts = {0, 0, 1, 1};
+    options.hosts = {"a", "a", "b", "b"};
     ASSIGN_OR_RETURN(auto writer, SlicedCheckpointWriter::Create(env, world, "/ck/step-1", strategy,
                                                                  {1, {}, "test"}, options));
     for (const PieceToWrite& p : writer->Pieces()) {
@@ -313,6 +315,66 @@ TEST_CASE("parity: a lost parity file is rebuilt; two lost files of a group are 
   CHECK_THAT(read.message(), Catch::Contains("is missing") && Catch::Contains("parity"));
 }
 
+TEST_CASE("rs:2+2 over two hosts: the manifest records the placement; a lost host loses nothing") {
+  const std::vector<std::vector<float>> full = {Values(32, 0), Values(6, 100), Values(8, 200)};
+  for (const char* host : {"a", "b"}) {
+    INFO("host " << host << "'s files deleted");
+    auto env = NewMemEnv();
+    SaveWithRedundancy(env.get(), "rs:2+2", full);  // ranks 0, 1 on a; 2, 3 on b
+    auto manifest = ReadManifest(env.get(), "/ck/step-1");
+    REQUIRE(manifest.ok());
+    REQUIRE(manifest->erasure_groups.size() == 2);
+    CHECK(manifest->parity_groups.empty());
+    for (const ErasureGroup& g : manifest->erasure_groups) {
+      CHECK(g.code == kRsCauchy);
+      REQUIRE(g.members.size() == 2);
+      REQUIRE(g.parity.size() == 2);
+      std::map<std::string, int> per_host;
+      for (uint32_t f : g.members) ++per_host[manifest->files[f].host];
+      for (uint32_t f : g.parity) ++per_host[manifest->files[f].host];
+      CHECK(per_host == std::map<std::string, int>{{"a", 2}, {"b", 2}});
+    }
+    for (int r = 0; r < 4; ++r) CHECK(manifest->files[r].host == (r < 2 ? "a" : "b"));
+    CHECK(HostLossRisks(*manifest).empty());
+    // The host goes: every file it wrote.
+    std::map<std::string, std::string> originals;
+    for (const FileInfo& f : manifest->files) {
+      if (f.host != host) continue;
+      originals[f.name] = *ReadFileToString(env.get(), "/ck/step-1/" + f.name);
+      REQUIRE(env->DeleteFile("/ck/step-1/" + f.name).ok());
+    }
+    REQUIRE(originals.size() == 4);
+    const std::vector<std::string> recovered = ReadAllBack(env.get(), "/ck/step-1", full);
+    CHECK_FALSE(recovered.empty());
+    for (const std::string& line : recovered) CHECK_THAT(line, Catch::Contains("rs:2+2 group"));
+    auto repaired = RepairNativeCheckpoint(env.get(), "/ck/step-1", {});
+    REQUIRE(repaired.ok());
+    CHECK(repaired->ok());
+    CHECK(repaired->rebuilt.size() == 4);
+    for (const auto& [name, bytes] : originals) {
+      INFO(name);
+      CHECK(*ReadFileToString(env.get(), "/ck/step-1/" + name) == bytes);  // bit for bit
+    }
+    auto verified = VerifyNativeCheckpoint(env.get(), "/ck/step-1", {});
+    REQUIRE(verified.ok());
+    CHECK(verified->ok());
+    CHECK(verified->host_loss_risks.empty());
+  }
+  // Three files of one group (M + 1): refused, naming them.
+  auto env = NewMemEnv();
+  SaveWithRedundancy(env.get(), "rs:2+2", full);
+  auto manifest = ReadManifest(env.get(), "/ck/step-1");
+  REQUIRE(manifest.ok());
+  const ErasureGroup& g = manifest->erasure_groups[0];
+  const std::vector<uint32_t> gone = {g.members[0], g.members[1], g.parity[0]};
+  for (uint32_t f : gone) REQUIRE(env->DeleteFile("/ck/step-1/" + manifest->files[f].name).ok());
+  auto repaired = RepairNativeCheckpoint(env.get(), "/ck/step-1", {});
+  REQUIRE(repaired.ok());
+  CHECK_FALSE(repaired->ok());
+  REQUIRE(repaired->failed.size() == 3);
+  for (uint32_t f : gone) CHECK_THAT(repaired->failed[0], Catch::Contains(manifest->files[f].name));
+}
+
 // Every rank's pieces of ThreeTensors, cut from `full`, into `store`
 // (which must outlive their use).
 std::vector<LocalPiece> Pieces(const Strategy& strategy, const std::vector<PieceToWrite>& pieces,
@@ -327,6 +389,47 @@ std::vector<LocalPiece> Pieces(const Strategy& strategy, const std::vector<Piece
     out.push_back({p.tensor, p.box, store->back().data(), NumElements(p.box) * 4});
   }
   return out;
+}
+
+TEST_CASE("async sliced save with rs:2+2: the parity is encoded in the background") {
+  auto env = NewMemEnv();
+  const Strategy strategy = ThreeTensors();
+  std::vector<std::vector<float>> full = {Values(32, 0), Values(6, 100), Values(8, 200)};
+  const Status s = RunInProcess(4, [&](Communicator& world) -> Status {
+    AsyncSlicedSave save(env.get(), world);
+    std::vector<std::vector<float>> store;
+    store.reserve(16);
+    SlicedWriteOptions options;
+    ASSIGN_OR_RETURN(options.redundancy, Redundancy::Parse("rs:2+2"));
+    options.hosts = {"n0", "n1", "n0", "n1"};
+    RETURN_IF_ERROR(save.Start("/ck", "step-1", strategy, {1, {}, "test"}, options,
+                               [&](const std::vector<PieceToWrite>& mine)
+                                   -> Result<std::vector<LocalPiece>> {
+                                 return Pieces(strategy, mine, full, &store);
+                               }));
+    int polls = 0;
+    while (save.in_flight()) {
+      ASSIGN_OR_RETURN(bool committed, save.Poll(/*wait=*/false));
+      ++polls;
+      if (committed) break;
+      if (polls > 100000) return InternalError("never committed");
+    }
+    if (polls < 2) return InternalError("the encoding took no poll of its own");
+    if (save.last().redundancy.rfind("rs:2+2: 2 groups", 0) != 0) {
+      return InternalError("plan described as '" + save.last().redundancy + "'");
+    }
+    return Status::Ok();
+  });
+  INFO(s.ToString());
+  REQUIRE(s.ok());
+  auto manifest = ReadManifest(env.get(), "/ck/step-1");
+  REQUIRE(manifest.ok());
+  REQUIRE(manifest->erasure_groups.size() == 2);
+  CHECK(HostLossRisks(*manifest).empty());
+  for (const FileInfo& f : manifest->files) {
+    if (f.host == "n1") REQUIRE(env->DeleteFile("/ck/step-1/" + f.name).ok());
+  }
+  CHECK_FALSE(ReadAllBack(env.get(), "/ck/step-1", full).empty());
 }
 
 TEST_CASE("async sliced save with parity and copies: the redundancy is written in the background") {
