@@ -12,6 +12,7 @@ namespace tessera {
 namespace {
 
 constexpr uint64_t kChunk = 1 << 20;  // bytes of each file per step
+constexpr uint64_t kWindow = 8 << 20;  // bytes of a member mapped at a time
 
 // Reads [offset, offset + n) of a file `size` bytes long into dst, zeros
 // past its end.
@@ -156,15 +157,12 @@ Status WriteErasureParityRows(Env* env, const ErasureCode& code,
   }
   const int outputs = static_cast<int>(rows.size());
   const size_t step = static_cast<size_t>(std::min<uint64_t>(kChunk, std::max<uint64_t>(size, 1)));
-  // Members mapped whole where the file system lends views: the code reads
-  // them in place (no copy through a buffer); else, or for a step past a
-  // member's end (zero padding), through in_bufs.
+  // Members read in place through views (mappings) of kWindow bytes where
+  // the file system lends them: no copy through a buffer. Else, or for a
+  // step past a member's end (zero padding), through in_bufs.
   std::vector<std::unique_ptr<FileView>> views(code.k);
-  for (int i = 0; i < code.k; ++i) {
-    if (members[i].size == 0) continue;
-    Result<std::unique_ptr<FileView>> v = files[i]->View(0, static_cast<size_t>(members[i].size));
-    if (v.ok()) views[i] = std::move(*v);
-  }
+  std::vector<uint64_t> view_at(code.k, 0);
+  std::vector<bool> lends(code.k, true);
   std::vector<std::vector<unsigned char>> in_bufs(code.k, std::vector<unsigned char>(step));
   std::vector<std::vector<unsigned char>> out_bufs(outputs, std::vector<unsigned char>(step));
   std::vector<unsigned char*> in, out;
@@ -174,9 +172,23 @@ Status WriteErasureParityRows(Env* env, const ErasureCode& code,
   for (uint64_t offset = 0; offset < size; offset += step) {
     const size_t n = static_cast<size_t>(std::min<uint64_t>(step, size - offset));
     for (int i = 0; i < code.k; ++i) {
-      if (views[i] && offset + n <= members[i].size) {
-        in[i] = reinterpret_cast<unsigned char*>(const_cast<char*>(views[i]->data() + offset));
-        continue;
+      if (lends[i] && offset + n <= members[i].size) {
+        if (!views[i] || offset < view_at[i] || offset + n > view_at[i] + views[i]->size()) {
+          views[i].reset();
+          view_at[i] = offset;
+          const uint64_t length = std::min<uint64_t>(kWindow, members[i].size - offset);
+          Result<std::unique_ptr<FileView>> v = files[i]->View(offset, static_cast<size_t>(length));
+          if (v.ok() && *v) {
+            views[i] = std::move(*v);
+          } else {
+            lends[i] = false;  // a file system without views: read from here on
+          }
+        }
+        if (views[i]) {
+          in[i] = reinterpret_cast<unsigned char*>(
+              const_cast<char*>(views[i]->data() + (offset - view_at[i])));
+          continue;
+        }
       }
       in[i] = in_bufs[i].data();
       RETURN_IF_ERROR(ReadPadded(*files[i], members[i].size, offset, n,
