@@ -1,5 +1,8 @@
 #include "runtime/train/async_checkpoint.h"
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <chrono>
 #include <cstring>
 #include <functional>
@@ -12,7 +15,64 @@ double Since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
+constexpr size_t kHugePage = size_t{2} << 20;
+constexpr size_t kAlign = 64;  // each piece's start in the arena
+
+size_t RoundUp(size_t n, size_t to) { return (n + to - 1) / to * to; }
+
 }  // namespace
+
+AsyncSlicedSave::Arena::~Arena() {
+  if (map_ != nullptr) ::munmap(map_, map_size_);
+}
+
+Result<char*> AsyncSlicedSave::Arena::Reserve(size_t bytes) {
+  if (bytes <= size_ && base_ != nullptr) return base_;
+  if (map_ != nullptr) ::munmap(map_, map_size_);
+  map_ = nullptr;
+  base_ = nullptr;
+  size_ = 0;
+  const size_t size = RoundUp(std::max<size_t>(bytes, 1), kHugePage);
+  const size_t length = size + kHugePage;  // room to align the start
+  void* map = ::mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (map == MAP_FAILED) {
+    return ResourceExhaustedError("async save: no " + std::to_string(size) +
+                                  " bytes of host memory for the snapshot: " +
+                                  std::strerror(errno));
+  }
+  map_ = map;
+  map_size_ = length;
+  base_ = reinterpret_cast<char*>(RoundUp(reinterpret_cast<uintptr_t>(map), kHugePage));
+  size_ = size;
+  // Huge pages where the kernel gives them (a hint): 512 times fewer
+  // faults, and fewer TLB misses in every snapshot copy.
+  (void)::madvise(base_, size_, MADV_HUGEPAGE);
+  // Fault every page in now, not in a save's stall.
+#ifdef MADV_POPULATE_WRITE
+  if (::madvise(base_, size_, MADV_POPULATE_WRITE) == 0) return base_;
+#endif
+  const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  for (size_t at = 0; at < size_; at += page) static_cast<volatile char*>(base_)[at] = 0;
+  return base_;
+}
+
+Result<int64_t> AsyncSlicedSave::Prepare(const Strategy& strategy,
+                                         const SlicedWriteOptions& options) {
+  std::vector<std::string> hosts = options.hosts;
+  if (hosts.empty()) {
+    ASSIGN_OR_RETURN(hosts, GatherHostNames(*world_));
+  }
+  ASSIGN_OR_RETURN(SavePlan plan, PlanSave(strategy, HostIds(hosts), options.redundancy));
+  size_t bytes = 0;
+  for (const PieceToWrite& p : PiecesToWrite(plan, world_->rank())) {
+    bytes += RoundUp(static_cast<size_t>(NumElements(p.box) *
+                                         DTypeSize(strategy.tensors()[p.tensor].layout.dtype)),
+                     kAlign);
+  }
+  ASSIGN_OR_RETURN(char* base, arena_.Reserve(bytes));
+  (void)base;
+  return static_cast<int64_t>(arena_.size());
+}
 
 AsyncSlicedSave::~AsyncSlicedSave() {
   if (thread_.joinable()) thread_.join();
@@ -38,14 +98,22 @@ Status AsyncSlicedSave::Start(const std::string& root, const std::string& name,
   root_ = root;
   name_ = name;
   keep_ = keep;
-  // The snapshot: the only part the training loop waits for. Buffers are
-  // kept from save to save (same sizes every time: no new page faults).
-  buffers_.resize(pieces.size());
+  // The snapshot: the only part the training loop waits for, into the
+  // kept arena (Prepare made it; else the first save does).
+  size_t bytes = 0;
+  for (const LocalPiece& p : pieces) bytes += RoundUp(static_cast<size_t>(p.bytes), kAlign);
+  Result<char*> base = arena_.Reserve(bytes);
+  if (!base.ok()) {
+    writer_.reset();
+    return base.status();
+  }
   pieces_ = pieces;
+  size_t at = 0;
   for (size_t i = 0; i < pieces.size(); ++i) {
-    buffers_[i].resize(pieces[i].bytes);
-    if (pieces[i].bytes > 0) std::memcpy(buffers_[i].data(), pieces[i].data, pieces[i].bytes);
-    pieces_[i].data = buffers_[i].data();
+    char* dst = *base + at;
+    if (pieces[i].bytes > 0) std::memcpy(dst, pieces[i].data, static_cast<size_t>(pieces[i].bytes));
+    pieces_[i].data = dst;
+    at += RoundUp(static_cast<size_t>(pieces[i].bytes), kAlign);
   }
   current_ = {writer_->path(), waited + Since(t1), 0, 0, writer_->plan().Describe()};
   redundancy_started_ = false;

@@ -5,6 +5,11 @@
 // thread at the first step boundary where every rank's thread has finished.
 // At most one save is in flight: starting another first waits for it.
 //
+// The snapshot goes into one host arena per rank, kept from save to save,
+// on huge pages where the kernel gives them, its pages faulted in when it
+// is made: Prepare makes it before the first save (at start-up), so that
+// no save's stall pays for fresh memory.
+//
 // The collectives stay on the training thread (communicators are not
 // shared with the writer threads): Poll costs one small all-reduce per step
 // while a save is in flight and nothing otherwise.
@@ -37,6 +42,11 @@ class AsyncSlicedSave {
 
   bool in_flight() const { return writer_ != nullptr; }
 
+  // Collective, optional, before the first Start: makes the snapshot arena
+  // for the pieces this rank will write with `strategy` and `options`
+  // (their plan), pages faulted in. Returns its bytes on this rank.
+  Result<int64_t> Prepare(const Strategy& strategy, const SlicedWriteOptions& options);
+
   // Where the bytes of this rank's pieces (of the writer's plan) are now.
   using PieceSource =
       std::function<Result<std::vector<LocalPiece>>(const std::vector<PieceToWrite>&)>;
@@ -66,8 +76,22 @@ class AsyncSlicedSave {
   std::unique_ptr<SlicedCheckpointWriter> writer_;
   std::string root_, name_;
   int keep_ = 0;
-  std::vector<std::vector<char>> buffers_;
-  std::vector<LocalPiece> pieces_;  // pointing into buffers_
+  // The snapshot's memory: an anonymous mapping, kept and grown as needed.
+  class Arena {
+   public:
+    ~Arena();
+    // At least `bytes` of memory, its pages faulted in; kept.
+    Result<char*> Reserve(size_t bytes);
+    size_t size() const { return size_; }
+
+   private:
+    void* map_ = nullptr;
+    size_t map_size_ = 0;
+    char* base_ = nullptr;  // map_ aligned to a huge page
+    size_t size_ = 0;
+  };
+  Arena arena_;
+  std::vector<LocalPiece> pieces_;  // pointing into arena_
   std::thread thread_;
   std::atomic<bool> done_{false};
   bool redundancy_started_ = false;

@@ -76,6 +76,14 @@ std::string FailedRanks(const std::vector<std::optional<std::string>>& parts) {
 
 }  // namespace
 
+Result<std::vector<std::string>> GatherHostNames(Communicator& comm) {
+  const std::string mine = ThisHostName();
+  ASSIGN_OR_RETURN(auto names, AllGatherStrings(comm, &mine));
+  std::vector<std::string> out;
+  for (auto& n : names) out.push_back(n.value_or(""));
+  return out;
+}
+
 Result<std::unique_ptr<SlicedCheckpointWriter>> SlicedCheckpointWriter::Create(
     Env* env, Communicator& comm, const std::string& path, Strategy strategy, CheckpointMeta meta,
     SlicedWriteOptions options) {
@@ -93,9 +101,7 @@ Result<std::unique_ptr<SlicedCheckpointWriter>> SlicedCheckpointWriter::Create(
                                 std::to_string(comm.size()) + " ranks writing it");
   }
   if (options.hosts.empty()) {
-    const std::string mine = ThisHostName();
-    ASSIGN_OR_RETURN(auto names, AllGatherStrings(comm, &mine));
-    for (auto& n : names) options.hosts.push_back(n.value_or(""));
+    ASSIGN_OR_RETURN(options.hosts, GatherHostNames(comm));
   }
   if (static_cast<int>(options.hosts.size()) != comm.size()) {
     return InvalidArgumentError("sliced checkpoint '" + path + "': " +

@@ -32,6 +32,8 @@ namespace tessera {
 
 // The name of the host this process runs on (gethostname).
 std::string ThisHostName();
+// Collective: every rank's ThisHostName, by rank.
+Result<std::vector<std::string>> GatherHostNames(Communicator& comm);
 
 // A piece with where its bytes are: `box` of tensor `tensor`, dense at
 // `data` (`bytes` long).

@@ -250,6 +250,11 @@ Status Train(const Options& o, Communicator& world) {
   // A rank holding part of the model gathers it to rank 0 for saving.
   const bool gather = parallel.pp > 1 || parallel.tp > 1;
   AsyncSlicedSave async(env, world);
+  if (o.async_save && !o.save.empty() && o.steps > model.step()) {
+    // The snapshot arena now, so that no save's stall pays for fresh memory.
+    ASSIGN_OR_RETURN(Strategy strategy, trainer->strategy());
+    RETURN_IF_ERROR(async.Prepare(strategy, save_options).status());
+  }
   // Commits the async save in flight when every rank has written it (with
   // `wait`, waits for that) and says so.
   auto poll = [&](bool wait) -> Status {

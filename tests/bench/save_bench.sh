@@ -24,6 +24,7 @@ async=$(awk '/^async / {print $2}' <<<"$out")
 sliced_rs=$(awk '/^sliced_rs/ {print $2}' <<<"$out")
 stall_rs=$(awk '/^stall_rs/ {print $2}' <<<"$out")
 async_rs=$(awk '/^async_rs/ {print $2}' <<<"$out")
+prepare=$(awk '/^prepare/ {print $2}' <<<"$out")
 bytes=$(du -sb "$work/sliced" | cut -f1)
 cps=()
 for _ in 1 2 3; do
@@ -42,8 +43,13 @@ row() { printf "%-48s %9.3f %10.0f %7.2fx\n" "$1" "$2" "$(awk "BEGIN {print $mib
 row "sliced save ($mib MiB, 4 data files)" "$sliced"
 row "merged save (gather, rank 0 writes)" "$merged"
 row "async save: training stalled" "$stall"
-row "async save: stall of the first (fresh buffers)" "$stall_first"
+row "async save: stall of the first" "$stall_first"
 row "async save: start to commit" "$async"
+gib=$(awk "BEGIN {print $bytes / 1073741824}")
+printf "%-48s %9.4f  s/GiB (goal <= 0.15); first/steady %s (goal <= 2x)\n" \
+  "async save: stall per GiB" "$(awk "BEGIN {print $stall / $gib}")" \
+  "$(awk "BEGIN {printf \"%.2fx\", $stall_first / $stall}")"
+printf "%-48s %9.3f  (once, at start-up, beside training)\n" "async save: snapshot arena prepared" "$prepare"
 row "cp -r + sync of the sliced checkpoint" "$cp_s"
 ratio() { awk "BEGIN {printf \"%.2fx\", $1 / $2}"; }
 printf "%-48s %9.3f  %s the sliced save (goal <= 1.6x)\n" "sliced save, rs:4+2 (1.5x the bytes)" \

@@ -472,6 +472,10 @@ TEST_CASE("async sliced save with parity and copies: the redundancy is written i
 }
 
 TEST_CASE("async sliced save: snapshots, writes in the background, commits at a poll") {
+  // With the snapshot arena prepared before the first save (train_gpt), or
+  // made by the first save.
+  const bool prepared = GENERATE(false, true);
+  INFO((prepared ? "prepared" : "not prepared"));
   auto env = NewMemEnv();
   const Strategy strategy = ThreeTensors();
   std::vector<std::vector<float>> full = {Values(32, 0), Values(6, 100), Values(8, 200)};
@@ -479,6 +483,16 @@ TEST_CASE("async sliced save: snapshots, writes in the background, commits at a 
     AsyncSlicedSave save(env.get(), world);
     std::vector<std::vector<float>> store;
     store.reserve(16);
+    if (prepared) {
+      ASSIGN_OR_RETURN(int64_t arena, save.Prepare(strategy, {}));
+      ASSIGN_OR_RETURN(std::vector<PieceToWrite> mine, PiecesToWrite(strategy, world.rank()));
+      int64_t need = 0;
+      for (const PieceToWrite& p : mine) need += NumElements(p.box) * 4;
+      if (need == 0 || arena < need) {
+        return InternalError("an arena of " + std::to_string(arena) + " bytes for " +
+                             std::to_string(need));
+      }
+    }
     for (int step = 1; step <= 3; ++step) {
       auto source = [&](const std::vector<PieceToWrite>& mine) -> Result<std::vector<LocalPiece>> {
         return Pieces(strategy, mine, full, &store);
