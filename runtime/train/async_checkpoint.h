@@ -44,8 +44,12 @@ class AsyncSlicedSave {
 
   // Collective, optional, before the first Start: makes the snapshot arena
   // for the pieces this rank will write with `strategy` and `options`
-  // (their plan), pages faulted in. Returns its bytes on this rank.
+  // (their plan); its pages are faulted in on a thread of its own while
+  // training goes on (the first Start waits for it if it must). Returns
+  // the arena's bytes on this rank.
   Result<int64_t> Prepare(const Strategy& strategy, const SlicedWriteOptions& options);
+  // Local: waits until Prepare's arena is faulted in (benchmarks time it).
+  void WaitPrepared() { arena_.Wait(); }
 
   // Where the bytes of this rank's pieces (of the writer's plan) are now.
   using PieceSource =
@@ -80,15 +84,22 @@ class AsyncSlicedSave {
   class Arena {
    public:
     ~Arena();
-    // At least `bytes` of memory, its pages faulted in; kept.
-    Result<char*> Reserve(size_t bytes);
+    // At least `bytes` of memory with its pages faulted in, kept. With
+    // `background`, the faulting runs on a thread of its own and the
+    // next Reserve waits for it.
+    Result<char*> Reserve(size_t bytes, bool background = false);
     size_t size() const { return size_; }
+    void Wait() {
+      if (populating_.joinable()) populating_.join();
+    }
 
    private:
+    void Release();
     void* map_ = nullptr;
     size_t map_size_ = 0;
     char* base_ = nullptr;  // map_ aligned to a huge page
     size_t size_ = 0;
+    std::thread populating_;
   };
   Arena arena_;
   std::vector<LocalPiece> pieces_;  // pointing into arena_

@@ -49,7 +49,7 @@ gib=$(awk "BEGIN {print $bytes / 1073741824}")
 printf "%-48s %9.4f  s/GiB (goal <= 0.15); first/steady %s (goal <= 2x)\n" \
   "async save: stall per GiB" "$(awk "BEGIN {print $stall / $gib}")" \
   "$(awk "BEGIN {printf \"%.2fx\", $stall_first / $stall}")"
-printf "%-48s %9.3f  (once, at start-up, beside training)\n" "async save: snapshot arena prepared" "$prepare"
+printf "%-48s %9.3f  (once, at start-up; faulted in beside training)\n" "async save: snapshot arena prepared" "$prepare"
 row "cp -r + sync of the sliced checkpoint" "$cp_s"
 ratio() { awk "BEGIN {printf \"%.2fx\", $1 / $2}"; }
 printf "%-48s %9.3f  %s the sliced save (goal <= 1.6x)\n" "sliced save, rs:4+2 (1.5x the bytes)" \

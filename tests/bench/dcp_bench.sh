@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Tessera beside PyTorch's distributed checkpoint (DCP, torch 1.13's
+# torch.distributed._shard.checkpoint, dcp_peer.py) on the same state: 16
+# tensors of 4096 x 4096 float32 (1 GiB) split by rows over 2 ranks
+# (in-process ranks for us, gloo processes for DCP), files in the page
+# cache on both sides:
+#   save:            each rank writes its rows (our sliced save; DCP's
+#                    save_state_dict + FileSystemWriter);
+#   reshard on load: saved by rows, loaded by columns on 2 ranks (DCP needs
+#                    the same world size within one job), and ours on 4;
+#   merge-load:      one process reads whole tensors.
+# Tessera's side goes through the library API a trainer calls
+# (OpenCheckpoint + ReadRegion, checksums verified) into buffers allocated
+# and touched before the clock, as DCP's state dict is. The floor: memcpy
+# of the bytes each rank keeps (512 MiB) and XXH3 of the bytes it must
+# verify (its columns run through every 1 MiB checksum block of the rows:
+# all 1 GiB), at the throughputs measured with 2 threads at once.
+# Medians of 3.
+# Usage: dcp_bench.sh DCP_BENCH WORK_DIR [N S]
+set -euo pipefail
+BIN=$1
+work=$2/dcp-bench
+n=${3:-16}
+s=${4:-4096}
+peer="$(dirname "$0")/dcp_peer.py"
+rm -rf "$work"
+mkdir -p "$work"
+secs() { awk '$1 == "seconds" {print $2}'; }
+ours_save=$("$BIN" save "$work/ours" 2 "$n" "$s" | secs)
+dcp_save=$(/usr/bin/python3 "$peer" save "$work/dcp" 2 "$n" "$s" | secs)
+ours_load=$("$BIN" load "$work/ours/ckpt" 2 "$n" "$s" | secs)
+ours_load4=$("$BIN" load "$work/ours/ckpt" 4 "$n" "$s" | secs)
+dcp_load=$(/usr/bin/python3 "$peer" load "$work/dcp/ckpt" 2 "$n" "$s" | secs)
+ours_merge=$("$BIN" merge "$work/ours/ckpt" "$n" "$s" | secs)
+dcp_merge=$(/usr/bin/python3 "$peer" merge "$work/dcp/ckpt" "$n" "$s" | secs)
+per_rank=$((n * s * s * 4 / 2))
+total=$((n * s * s * 4))
+floor=$("$BIN" floor "$per_rank" 2)
+memcpy=$(awk '$1 == "memcpy_gbs" {print $2}' <<<"$floor")
+xxh3=$(awk '$1 == "xxh3_gbs" {print $2}' <<<"$floor")
+floor_s=$(awk "BEGIN {print $per_rank / ($memcpy * 1e9) + $total / ($xxh3 * 1e9)}")
+mib=$((n * s * s * 4 >> 20))
+printf "%-52s %9s %9s %8s\n" "$n x ${s}^2 f32 ($mib MiB), 2 ranks" "ours (s)" "DCP (s)" "speedup"
+row() { printf "%-52s %9.3f %9.3f %7.1fx\n" "$1" "$2" "$3" "$(awk "BEGIN {print $3 / $2}")"; }
+row "save (rows, each rank its own)" "$ours_save" "$dcp_save"
+row "reshard on load: rows -> columns, 2 ranks" "$ours_load" "$dcp_load"
+printf "%-52s %9.3f %9s\n" "  ours on 4 ranks (another world size)" "$ours_load4" "-"
+row "merge-load into one process" "$ours_merge" "$dcp_merge"
+printf "%-52s %9.3f  (memcpy %.1f GB/s + XXH3 %.1f GB/s per rank; ours at %.0f%% of it)\n" \
+  "floor of the reshard on load (copy half, verify all)" "$floor_s" "$memcpy" "$xxh3" \
+  "$(awk "BEGIN {print 100 * $floor_s / $ours_load}")"
+rm -rf "$work"
