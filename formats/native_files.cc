@@ -69,8 +69,39 @@ Result<StoredPiece> EncodeStoredPiece(const void* raw, size_t size, const Box& b
 
 Result<PieceInfo> DataFileWriter::Append(const void* raw, size_t size, const Box& box, DType dtype,
                                          Codec codec, int level) {
-  ASSIGN_OR_RETURN(StoredPiece stored, EncodeStoredPiece(raw, size, box, dtype, codec, level));
-  return Append(stored);
+  if (codec != Codec::kRaw || size <= kChecksumBlock) {
+    ASSIGN_OR_RETURN(StoredPiece stored, EncodeStoredPiece(raw, size, box, dtype, codec, level));
+    return Append(stored);
+  }
+  // A large raw piece in one pass, a checksum block at a time: the block's
+  // checksum, the piece's (streamed), the file's and the write all read the
+  // block while it is in cache, instead of three passes over the piece
+  // from memory. The records are those EncodeStoredPiece gives.
+  PieceInfo p;
+  p.box = box;
+  p.codec = Codec::kRaw;
+  p.raw_length = size;
+  p.file = index_;
+  p.offset = size_;
+  p.length = size;
+  Xxh3Hasher piece;
+  const char* data = static_cast<const char*>(raw);
+  for (uint64_t off = 0; off < size; off += kChecksumBlock) {
+    const size_t n = static_cast<size_t>(std::min<uint64_t>(kChecksumBlock, size - off));
+    p.block_checksums.push_back(Xxh3(data + off, n));
+    piece.Update(data + off, n);
+    Status s = Write(data + off, n);
+    if (!s.ok()) return s.Annotate("data file '" + path_ + "'");
+  }
+  p.checksum = piece.Digest();
+  static const char kZeros[kPieceAlignment] = {};
+  const uint64_t padding = (kPieceAlignment - size % kPieceAlignment) % kPieceAlignment;
+  if (padding > 0) {
+    Status s = Write(kZeros, padding);
+    if (!s.ok()) return s.Annotate("data file '" + path_ + "'");
+  }
+  size_ += size + padding;
+  return p;
 }
 
 Result<PieceInfo> DataFileWriter::Append(const StoredPiece& stored) {

@@ -88,6 +88,7 @@ Status Save(const std::string& dir, int world, int64_t n, int64_t s, double* sec
     for (int64_t i = 0; i < n; ++i) Fill(i, mine, data[i].data());
     for (int round = 0; round < kRounds; ++round) {
       const std::string path = dir + "/r" + std::to_string(round);
+      if (rank == 0) sync();  // the last round's writeback out of the way (both sides)
       RETURN_IF_ERROR(comm.Barrier());
       const auto t0 = std::chrono::steady_clock::now();
       ASSIGN_OR_RETURN(auto writer, SlicedCheckpointWriter::Create(env, comm, path, strategy,

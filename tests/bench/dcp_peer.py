@@ -91,6 +91,8 @@ def worker(rank, world, mode, path, n, s, init, results):
         if mode == "save":
             state = sharded(world, 0, n, s, fill=True)
             target = "%s/r%d" % (path, round_)
+            if rank == 0:
+                os.sync()  # the last round's writeback out of the way (both sides)
             dist.barrier()
             t0 = time.perf_counter()
             dcp.save_state_dict(state, dcp.FileSystemWriter(target))

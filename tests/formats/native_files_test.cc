@@ -1,5 +1,7 @@
 #include "formats/native_files.h"
 
+#include "core/checksum.h"
+
 #include <catch2/catch.hpp>
 #include <cstring>
 #include <random>
@@ -125,7 +127,16 @@ TEST_CASE("region reads of a multi-block raw piece: staged and direct paths agre
   auto info = (*writer)->Append(data.data(), data.size() * 4, pbox, DType::kF32, Codec::kRaw, 0);
   REQUIRE(info.ok());
   REQUIRE(info->block_checksums.size() == 10);
+  // Written in one pass a block at a time: the records are those of the
+  // piece encoded whole.
+  auto encoded = EncodeStoredPiece(data.data(), data.size() * 4, pbox, DType::kF32, Codec::kRaw, 0);
+  REQUIRE(encoded.ok());
+  CHECK(info->checksum == Xxh3(data.data(), data.size() * 4));
+  CHECK(info->checksum == encoded->info.checksum);
+  CHECK(info->block_checksums == encoded->info.block_checksums);
   REQUIRE((*writer)->Finish().ok());
+  CHECK((*writer)->checksum() == Xxh3(ReadFileToString(env.get(), "/r/d.tsr")->data(),
+                                      (*writer)->size()));
   auto file = env->NewRandomAccessFile("/r/d.tsr");
   REQUIRE(file.ok());
   struct Case {
