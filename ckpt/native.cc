@@ -13,6 +13,69 @@
 namespace tessera {
 namespace {
 
+// The pieces of one tensor by where they start along one dimension (the
+// one that tells them apart best), so that a region's reader visits only
+// the pieces that can meet it instead of all of them: a tensor of a
+// 4,096-rank checkpoint has thousands.
+class PieceIndex {
+ public:
+  static PieceIndex Of(const std::vector<PieceInfo>& pieces) {
+    PieceIndex x;
+    if (pieces.size() < kIndexed) return x;  // a scan is cheaper
+    const int rank = pieces[0].box.rank();
+    size_t most = 0;
+    for (int d = 0; d < rank; ++d) {
+      std::vector<int64_t> begins;
+      for (const PieceInfo& p : pieces) begins.push_back(p.box[d].begin);
+      std::sort(begins.begin(), begins.end());
+      const size_t distinct = static_cast<size_t>(std::unique(begins.begin(), begins.end()) - begins.begin());
+      if (distinct > most) {
+        most = distinct;
+        x.dim_ = d;
+      }
+    }
+    x.order_.resize(pieces.size());
+    for (size_t i = 0; i < pieces.size(); ++i) x.order_[i] = static_cast<uint32_t>(i);
+    const int d = x.dim_;
+    std::sort(x.order_.begin(), x.order_.end(), [&](uint32_t a, uint32_t b) {
+      return pieces[a].box[d].begin < pieces[b].box[d].begin;
+    });
+    for (uint32_t i : x.order_) {
+      x.begins_.push_back(pieces[i].box[d].begin);
+      x.longest_ = std::max(x.longest_, pieces[i].box[d].end - pieces[i].box[d].begin);
+    }
+    x.indexed_ = true;
+    return x;
+  }
+
+  // Calls fn on every piece that may meet `region` (a superset of those
+  // that do), until fn returns false.
+  template <typename Fn>
+  void ForEach(const std::vector<PieceInfo>& pieces, const Box& region, Fn&& fn) const {
+    if (!indexed_ || region.rank() <= dim_) {
+      for (const PieceInfo& p : pieces) {
+        if (!fn(p)) return;
+      }
+      return;
+    }
+    // A piece meets the region along dim_ only if it begins before the
+    // region's end and after its begin less the longest piece.
+    const int64_t from = region[dim_].begin - longest_ + 1;
+    for (auto it = std::lower_bound(begins_.begin(), begins_.end(), from);
+         it != begins_.end() && *it < region[dim_].end; ++it) {
+      if (!fn(pieces[order_[it - begins_.begin()]])) return;
+    }
+  }
+
+ private:
+  static constexpr size_t kIndexed = 16;
+  bool indexed_ = false;
+  int dim_ = 0;
+  int64_t longest_ = 0;
+  std::vector<uint32_t> order_;  // piece indices by begin along dim_
+  std::vector<int64_t> begins_;  // their begins, ascending
+};
+
 class NativeReader : public CheckpointReader {
  public:
   // `manifest_note`: how the manifest was read when manifest.pb was lost.
@@ -27,6 +90,7 @@ class NativeReader : public CheckpointReader {
     meta_.step = manifest_.step;
     meta_.metadata = manifest_.metadata;
     meta_.created_by = manifest_.created_by;
+    for (const TensorEntry& t : manifest_.tensors) index_.push_back(PieceIndex::Of(t.pieces));
   }
 
   const std::string& path() const override { return dir_; }
@@ -48,9 +112,10 @@ class NativeReader : public CheckpointReader {
     const TensorEntry& t = manifest_.tensors[index];
     RETURN_IF_ERROR(CheckReadRegion(strategy_.tensors()[index], "checkpoint '" + dir_ + "'", region));
     int64_t covered = 0;
-    for (const PieceInfo& p : t.pieces) {
+    Status failed;
+    index_[index].ForEach(t.pieces, region, [&](const PieceInfo& p) -> bool {
       const Box part = Intersect(p.box, region);
-      if (IsEmpty(part)) continue;
+      if (IsEmpty(part)) return true;
       Box at = part;  // where `part` lands in dst
       for (int d = 0; d < part.rank(); ++d) {
         const int64_t shift = dst_box[d].begin - region[d].begin;
@@ -62,9 +127,15 @@ class NativeReader : public CheckpointReader {
       };
       Result<const RandomAccessFile*> file = File(p.file);
       Status s = file.ok() ? read(p, **file) : file.status();
-      if (!s.ok()) RETURN_IF_ERROR(Recover(t, p, s, read));
+      if (!s.ok()) s = Recover(t, p, s, read);
+      if (!s.ok()) {
+        failed = s;
+        return false;
+      }
       covered += NumElements(part);
-    }
+      return true;
+    });
+    RETURN_IF_ERROR(failed);
     if (covered != NumElements(region)) {
       return DataLossError("checkpoint '" + dir_ + "': tensor '" + t.name + "': its pieces cover " +
                            std::to_string(covered) + " of the " +
@@ -77,18 +148,19 @@ class NativeReader : public CheckpointReader {
   Result<std::unique_ptr<FileView>> ViewRegion(size_t index, const Box& region) const override {
     const TensorEntry& t = manifest_.tensors[index];
     RETURN_IF_ERROR(CheckReadRegion(strategy_.tensors()[index], "checkpoint '" + dir_ + "'", region));
-    for (const PieceInfo& p : t.pieces) {
-      if (Intersect(p.box, region) != region) continue;
+    std::unique_ptr<FileView> out;
+    index_[index].ForEach(t.pieces, region, [&](const PieceInfo& p) -> bool {
+      if (Intersect(p.box, region) != region) return true;
       // A piece that cannot be read is left to ReadRegion, which reads
       // around it.
       Result<const RandomAccessFile*> file = File(p.file);
-      if (!file.ok()) break;
+      if (!file.ok()) return false;
       Result<std::unique_ptr<FileView>> view =
           ViewPieceRegion(**file, FilePath(p.file), t.name, p, t.layout.dtype, region);
-      if (view.ok()) return view;
-      break;
-    }
-    return std::unique_ptr<FileView>();
+      if (view.ok()) out = std::move(*view);
+      return false;
+    });
+    return out;
   }
 
   Result<std::vector<std::string>> DifferingCopies() const override {
@@ -279,6 +351,7 @@ class NativeReader : public CheckpointReader {
   Env* env_;
   std::string dir_;
   Manifest manifest_;
+  std::vector<PieceIndex> index_;  // by tensor
   Strategy strategy_;
   CheckpointMeta meta_;
   mutable std::mutex mu_;

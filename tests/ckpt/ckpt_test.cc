@@ -672,5 +672,61 @@ TEST_CASE("ForEachCoarsePart: a box over a view is exactly its coarse parts") {
               }).ok());
 }
 
+TEST_CASE("native reads of tensors stored in many pieces (indexed) match the whole tensor") {
+  // A 2-D tensor tiled by ~100 pieces of uneven sizes, in column bands cut
+  // at different rows (not a grid), and by a grid: random regions read
+  // through the piece index equal the same regions cut from the tensor.
+  std::mt19937_64 rng(testing::TestSeed() + 2024);
+  const int64_t rows = 331, cols = 97;
+  for (bool grid : {false, true}) {
+    INFO((grid ? "grid" : "bands cut at different rows"));
+    auto env = NewMemEnv();
+    Strategy strategy(*Mesh::Parse("r=1"));
+    REQUIRE(strategy.Add({"w", Layout::Replicated({rows, cols}, DType::kF32)}).ok());
+    std::vector<float> full(rows * cols);
+    for (size_t i = 0; i < full.size(); ++i) full[i] = static_cast<float>(i) * 0.25f;
+    auto cuts = [&](int64_t n, int pieces) {
+      std::vector<int64_t> at = {0, n};
+      while (static_cast<int>(at.size()) < pieces + 1) at.push_back(testing::Uniform(rng, 1, n - 1));
+      std::sort(at.begin(), at.end());
+      at.erase(std::unique(at.begin(), at.end()), at.end());
+      return at;
+    };
+    std::vector<Box> boxes;
+    const std::vector<int64_t> col_cuts = cuts(cols, grid ? 9 : 4);
+    const std::vector<int64_t> grid_rows = cuts(rows, 11);
+    for (size_t b = 0; b + 1 < col_cuts.size(); ++b) {
+      const std::vector<int64_t> row_cuts = grid ? grid_rows : cuts(rows, 25);
+      for (size_t a = 0; a + 1 < row_cuts.size(); ++a) {
+        boxes.push_back(Box({{row_cuts[a], row_cuts[a + 1]}, {col_cuts[b], col_cuts[b + 1]}}));
+      }
+    }
+    REQUIRE(boxes.size() >= 40);
+    auto writer = CreateNativeCheckpoint(env.get(), "/c", strategy, {1, {}, "test"}, {});
+    REQUIRE(writer.ok());
+    std::shuffle(boxes.begin(), boxes.end(), rng);
+    for (const Box& b : boxes) {
+      std::vector<float> piece(NumElements(b));
+      CopyBox(full.data(), {rows, cols}, b, piece.data(), b.extents(), Box::FromShape(b.extents()),
+              sizeof(float));
+      REQUIRE((*writer)->WritePiece(0, 0, b, piece.data()).ok());
+    }
+    REQUIRE((*writer)->Commit().ok());
+    auto reader = OpenNativeCheckpoint(env.get(), "/c");
+    REQUIRE(reader.ok());
+    for (int trial = 0; trial < 300; ++trial) {
+      const int64_t r0 = testing::Uniform(rng, 0, rows - 1), c0 = testing::Uniform(rng, 0, cols - 1);
+      const Box region({{r0, testing::Uniform(rng, r0 + 1, rows)}, {c0, testing::Uniform(rng, c0 + 1, cols)}});
+      const std::vector<int64_t> ext = region.extents();
+      std::vector<float> got(NumElements(region), -1.0f), want(NumElements(region));
+      CopyBox(full.data(), {rows, cols}, region, want.data(), ext, Box::FromShape(ext), sizeof(float));
+      const Status read = (*reader)->ReadRegion(0, region, got.data(), ext, Box::FromShape(ext));
+      INFO(ToString(region) << ": " << read.ToString());
+      REQUIRE(read.ok());
+      REQUIRE(got == want);
+    }
+  }
+}
+
 }  // namespace
 }  // namespace tessera

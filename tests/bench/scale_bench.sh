@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# How the offline reshard's cost grows with the number of ranks, not with
+# bytes: one GPT-3-deep state (96 layers, Adam moments, about 880 MiB at
+# width 256) written by make_checkpoint on 8, 1,024 and 4,096 ranks (ZeRO),
+# each resharded with `ckpt reshard` to half as many ranks (the destination
+# strategies from make_checkpoint --strategy-out), beside the 8 -> 4 figure
+# of the same bytes: seconds and peak RSS (GNU time), medians of 3. Goal
+# (issue 21): 4,096 -> 2,048 within 2x the time of 8 -> 4, peak RSS at most
+# the memory budget (256 MiB) plus 4x the manifest.
+# Usage: scale_bench.sh CKPT MAKE_CHECKPOINT WORK_DIR [RANKS...]
+set -euo pipefail
+CKPT=$1
+MAKE=$2
+work=$3/scale-bench
+shift 3
+if [ $# -eq 0 ]; then ranks=(8 1024 4096); else ranks=("$@"); fi
+source "$(dirname "$0")/lib.sh"
+rm -rf "$work"
+mkdir -p "$work"
+MODEL=(--layers 96 --embed 256 --vocab 1024 --context 256 --optimizer --zero)
+mesh_of() {  # the source mesh for N ranks, and its half
+  case $1 in
+    8) echo "pp=2,dp=2,tp=2 pp=1,dp=2,tp=2" ;;
+    1024) echo "pp=8,dp=16,tp=8 pp=4,dp=8,tp=16" ;;
+    4096) echo "pp=16,dp=32,tp=8 pp=8,dp=16,tp=16" ;;
+    *) echo "scale_bench: no mesh for $1 ranks" >&2; exit 2 ;;
+  esac
+}
+printf "%-34s %8s %10s %10s %10s %9s\n" "ranks (source -> destination)" "pieces" "manifest" "seconds" "peak RSS" "vs 8->4"
+base=""
+for n in "${ranks[@]}"; do
+  read -r src dst <<<"$(mesh_of "$n")"
+  "$MAKE" -o "$work/src-$n" --mesh "$src" "${MODEL[@]}" >/dev/null
+  "$MAKE" --strategy-out "$work/dst-$n.json" --mesh "$dst" "${MODEL[@]}" >/dev/null
+  pieces=$("$CKPT" inspect --json "$work/src-$n" | python3 -c "import json, sys
+print(sum(t['pieces'] for t in json.load(sys.stdin)['tensors']))")
+  manifest=$(stat -c %s "$work/src-$n/manifest.pb")
+  secs=() rss=()
+  for _ in 1 2 3; do
+    rm -rf "$work/out-$n"
+    sync
+    read -r t m < <(timed "$CKPT" reshard "$work/src-$n" --strategy "$work/dst-$n.json" \
+      -o "$work/out-$n" -q)
+    secs+=("$t")
+    rss+=("$m")
+  done
+  s=$(printf '%s\n' "${secs[@]}" | median)
+  r=$(printf '%s\n' "${rss[@]}" | median)
+  [ -z "$base" ] && base=$s
+  printf "%-34s %8d %9.1fM %10.3f %9.0fM %8.2fx\n" "$n ($src -> $dst)" "$pieces" \
+    "$(awk "BEGIN {print $manifest / 1048576}")" "$s" "$(awk "BEGIN {print $r / 1024}")" \
+    "$(awk "BEGIN {print $s / $base}")"
+  rm -rf "$work/src-$n" "$work/out-$n"
+done
+rm -rf "$work"
