@@ -6,6 +6,7 @@
 #include <mutex>
 
 #include "ckpt/output.h"
+#include "core/thread_pool.h"
 #include "formats/native_files.h"
 #include "formats/erasure.h"
 #include "formats/parity.h"
@@ -75,6 +76,9 @@ class PieceIndex {
   std::vector<uint32_t> order_;  // piece indices by begin along dim_
   std::vector<int64_t> begins_;  // their begins, ascending
 };
+
+// Data files synced at once when a checkpoint is committed.
+constexpr size_t kConcurrentSyncs = 32;
 
 class NativeReader : public CheckpointReader {
  public:
@@ -421,13 +425,24 @@ class NativeWriter : public CheckpointWriter {
     m.metadata = meta_.metadata;
     m.created_by = meta_.created_by;
     m.mesh = strategy_.mesh();
-    // Files in rank order; pieces renumbered to match.
+    // Files in rank order; pieces renumbered to match. Each file is synced
+    // on a pool of its own: a sync waits for the disk, and 2,048 of them
+    // one after another took seconds where together they take one flush.
+    std::vector<Slot*> in_order;
+    for (auto& [rank, slot] : slots_) in_order.push_back(slot.get());
+    std::vector<uint64_t> sizes(in_order.size());
+    {
+      ThreadPool syncs(static_cast<int>(std::min<size_t>(in_order.size(), kConcurrentSyncs)));
+      RETURN_IF_ERROR(syncs.ParallelFor(static_cast<int64_t>(in_order.size()), [&](int64_t i) {
+        ASSIGN_OR_RETURN(sizes[i], in_order[i]->writer->Finish());
+        return Status::Ok();
+      }));
+    }
     std::vector<uint32_t> renumber(slots_.size());
     uint32_t next = 0;
-    for (auto& [rank, slot] : slots_) {
-      ASSIGN_OR_RETURN(uint64_t size, slot->writer->Finish());
-      m.files.push_back({slot->name, size, slot->writer->checksum()});
-      renumber[slot->index] = next++;
+    for (size_t i = 0; i < in_order.size(); ++i) {
+      m.files.push_back({in_order[i]->name, sizes[i], in_order[i]->writer->checksum()});
+      renumber[in_order[i]->index] = next++;
     }
     for (size_t i = 0; i < strategy_.tensors().size(); ++i) {
       const TensorStrategy& ts = strategy_.tensors()[i];

@@ -177,6 +177,7 @@ Status ReadPiece(const RandomAccessFile& file, const std::string& path, const st
 namespace {
 
 constexpr uint64_t kReadWindowBlocks = 4;  // a partial read stages at most 4 MiB
+constexpr uint64_t kLendAtLeast = 64 << 10;  // smaller pieces are read, not mapped
 
 // The stored byte range [begin, end) of blocks [first, last) of a piece.
 std::pair<uint64_t, uint64_t> BlockRange(const PieceInfo& piece, uint64_t first, uint64_t last) {
@@ -234,7 +235,15 @@ Result<std::unique_ptr<FileView>> ViewPieceRegion(const RandomAccessFile& file,
   if (runs.size() != 1) return std::unique_ptr<FileView>();  // not one contiguous run
   const ByteRun& r = runs[0];
   const std::string ctx = PieceContext(path, tensor, piece);
-  if (piece.block_checksums.empty()) {  // a small piece: one checksum, over all of it
+  if (piece.block_checksums.empty() && piece.length < kLendAtLeast) {
+    // A small piece is read, not lent: a mapping and its unmapping per
+    // piece cost more than copying it, and unmapping from several threads
+    // serializes on the process's memory map and interrupts every core to
+    // flush its TLB (a 4,096-rank checkpoint has half a million pieces of
+    // a few KiB).
+    return std::unique_ptr<FileView>();
+  }
+  if (piece.block_checksums.empty()) {  // one checksum, over all of it
     Result<std::unique_ptr<FileView>> whole = file.View(piece.offset, piece.length);
     if (!whole.ok()) return DataLossError(ctx + ": " + whole.status().message());
     if (*whole == nullptr) return whole;

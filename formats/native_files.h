@@ -88,10 +88,11 @@ Status ReadPieceRegion(const RandomAccessFile& file, const std::string& path,
                        const Box& dst_box);
 
 // `region` (inside piece.box) of a raw piece lent by the file without a
-// copy, when its bytes are one contiguous run of the piece and the file can
-// lend them (RandomAccessFile::View); the checksum blocks it touches (or
-// the whole piece, when it has one checksum) are verified. Null otherwise:
-// read it with ReadPieceRegion.
+// copy, when its bytes are one contiguous run of a piece of at least 64 KiB
+// and the file can lend them (RandomAccessFile::View); the checksum blocks
+// it touches (or the whole piece, when it has one checksum) are verified.
+// Null otherwise (smaller pieces are cheaper copied than mapped): read it
+// with ReadPieceRegion.
 Result<std::unique_ptr<FileView>> ViewPieceRegion(const RandomAccessFile& file,
                                                   const std::string& path,
                                                   const std::string& tensor,
