@@ -200,6 +200,18 @@ for mode in inproc mpirun; do
   check "... every lost file repaired bit for bit" bash -c "for f in $b_files; do
     cmp -s '$dir/step-10/'\$f '$dir.orig/'\$f || exit 1; done"
 done
+# XOR parity over the same 2 hosts cannot survive one: verify says which
+# group a lost host would take down (from the hosts the manifest records).
+dir="$WORK/xor-hosts"
+"$BIN" --ranks 4 --hosts a,a,b,b "${SMALL[@]}" --tp 2 --zero 1 --steps 2 --save "$dir" \
+  --save-mode sliced --redundancy parity:2 >/dev/null 2>&1
+run_out "$CKPT" verify "$dir/step-2"
+check "parity:2 over 2 hosts: verify passes and notes the groups a lost host would take down" \
+  bash -c "grep -q \"^note: parity group 0: host '[ab]' holds 2 of its 3 files .*1 can be rebuilt: losing that host loses data\" '$WORK/out' &&
+    grep -q ' 0 problems' '$WORK/out'"
+run_out "$CKPT" verify "$WORK/rs-host-inproc/step-20"
+check "... and none for rs:2+2 over the same hosts" \
+  bash -c "grep -q ' 0 problems' '$WORK/out' && ! grep -q '^note:' '$WORK/out'"
 # Offline: three files of one rs:2+2 group (M + 1) are refused, named.
 dir="$WORK/rs-host-inproc/step-10"
 rm "$dir/data-00000.tsr" "$dir/data-00002.tsr" "$dir/rs-0-0.tsr"
