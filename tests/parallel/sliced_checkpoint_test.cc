@@ -391,57 +391,17 @@ std::vector<LocalPiece> Pieces(const Strategy& strategy, const std::vector<Piece
   return out;
 }
 
-TEST_CASE("async sliced save with rs:2+2: the parity is encoded in the background") {
-  auto env = NewMemEnv();
+// An async save of ThreeTensors (`full`) with `options` (redundancy) on 4
+// in-process ranks into /ck/step-1, polled without waiting until it
+// commits: the redundancy phase must take a poll of its own. `described`:
+// how the plan was described (SavePlan::Describe).
+Status AsyncSaveWithRedundancy(Env* env, const std::vector<std::vector<float>>& full,
+                               const SlicedWriteOptions& options, std::string* described) {
   const Strategy strategy = ThreeTensors();
-  std::vector<std::vector<float>> full = {Values(32, 0), Values(6, 100), Values(8, 200)};
-  const Status s = RunInProcess(4, [&](Communicator& world) -> Status {
-    AsyncSlicedSave save(env.get(), world);
+  return RunInProcess(4, [&](Communicator& world) -> Status {
+    AsyncSlicedSave save(env, world);
     std::vector<std::vector<float>> store;
     store.reserve(16);
-    SlicedWriteOptions options;
-    ASSIGN_OR_RETURN(options.redundancy, Redundancy::Parse("rs:2+2"));
-    options.hosts = {"n0", "n1", "n0", "n1"};
-    RETURN_IF_ERROR(save.Start("/ck", "step-1", strategy, {1, {}, "test"}, options,
-                               [&](const std::vector<PieceToWrite>& mine)
-                                   -> Result<std::vector<LocalPiece>> {
-                                 return Pieces(strategy, mine, full, &store);
-                               }));
-    int polls = 0;
-    while (save.in_flight()) {
-      ASSIGN_OR_RETURN(bool committed, save.Poll(/*wait=*/false));
-      ++polls;
-      if (committed) break;
-      if (polls > 100000) return InternalError("never committed");
-    }
-    if (polls < 2) return InternalError("the encoding took no poll of its own");
-    if (save.last().redundancy.rfind("rs:2+2: 2 groups", 0) != 0) {
-      return InternalError("plan described as '" + save.last().redundancy + "'");
-    }
-    return Status::Ok();
-  });
-  INFO(s.ToString());
-  REQUIRE(s.ok());
-  auto manifest = ReadManifest(env.get(), "/ck/step-1");
-  REQUIRE(manifest.ok());
-  REQUIRE(manifest->erasure_groups.size() == 2);
-  CHECK(HostLossRisks(*manifest).empty());
-  for (const FileInfo& f : manifest->files) {
-    if (f.host == "n1") REQUIRE(env->DeleteFile("/ck/step-1/" + f.name).ok());
-  }
-  CHECK_FALSE(ReadAllBack(env.get(), "/ck/step-1", full).empty());
-}
-
-TEST_CASE("async sliced save with parity and copies: the redundancy is written in the background") {
-  auto env = NewMemEnv();
-  const Strategy strategy = ThreeTensors();
-  std::vector<std::vector<float>> full = {Values(32, 0), Values(6, 100), Values(8, 200)};
-  const Status s = RunInProcess(4, [&](Communicator& world) -> Status {
-    AsyncSlicedSave save(env.get(), world);
-    std::vector<std::vector<float>> store;
-    store.reserve(16);
-    SlicedWriteOptions options;
-    options.redundancy = {.replicas = 2, .parity_group = 2};
     RETURN_IF_ERROR(save.Start("/ck", "step-1", strategy, {1, {}, "test"}, options,
                                [&](const std::vector<PieceToWrite>& mine)
                                    -> Result<std::vector<LocalPiece>> {
@@ -455,8 +415,39 @@ TEST_CASE("async sliced save with parity and copies: the redundancy is written i
       if (polls > 100000) return InternalError("never committed");
     }
     if (polls < 2) return InternalError("the redundancy phase took no poll of its own");
+    if (world.rank() == 0) *described = save.last().redundancy;
     return Status::Ok();
   });
+}
+
+TEST_CASE("async sliced save with rs:2+2: the parity is encoded in the background") {
+  auto env = NewMemEnv();
+  std::vector<std::vector<float>> full = {Values(32, 0), Values(6, 100), Values(8, 200)};
+  SlicedWriteOptions options;
+  options.redundancy = *Redundancy::Parse("rs:2+2");
+  options.hosts = {"n0", "n1", "n0", "n1"};
+  std::string described;
+  const Status s = AsyncSaveWithRedundancy(env.get(), full, options, &described);
+  INFO(s.ToString());
+  REQUIRE(s.ok());
+  CHECK_THAT(described, Catch::StartsWith("rs:2+2: 2 groups"));
+  auto manifest = ReadManifest(env.get(), "/ck/step-1");
+  REQUIRE(manifest.ok());
+  REQUIRE(manifest->erasure_groups.size() == 2);
+  CHECK(HostLossRisks(*manifest).empty());
+  for (const FileInfo& f : manifest->files) {
+    if (f.host == "n1") REQUIRE(env->DeleteFile("/ck/step-1/" + f.name).ok());
+  }
+  CHECK_FALSE(ReadAllBack(env.get(), "/ck/step-1", full).empty());
+}
+
+TEST_CASE("async sliced save with parity and copies: the redundancy is written in the background") {
+  auto env = NewMemEnv();
+  std::vector<std::vector<float>> full = {Values(32, 0), Values(6, 100), Values(8, 200)};
+  SlicedWriteOptions options;
+  options.redundancy = {.replicas = 2, .parity_group = 2};
+  std::string described;
+  const Status s = AsyncSaveWithRedundancy(env.get(), full, options, &described);
   INFO(s.ToString());
   REQUIRE(s.ok());
   auto manifest = ReadManifest(env.get(), "/ck/step-1");
