@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <map>
 #include <mutex>
+#include <numeric>
 
 #include "ckpt/output.h"
 #include "core/thread_pool.h"
@@ -495,36 +496,26 @@ class NativeWriter : public CheckpointWriter {
     for (size_t g = 0; g < groups.size(); ++g) {
       std::vector<ParityMember> members;
       std::vector<uint32_t> files;
-      uint64_t longest = 0;
       for (int64_t f : groups[g].members) {
         files.push_back(static_cast<uint32_t>(f));
         members.push_back({JoinPath(tmp_, m->files[f].name), m->files[f].size});
-        longest = std::max(longest, m->files[f].size);
+      }
+      std::vector<int> rows(red.erasure.k > 0 ? red.erasure.m : 1);
+      std::iota(rows.begin(), rows.end(), 0);
+      Result<std::vector<FileInfo>> written =
+          WriteGroupParity(env_, tmp_, red, static_cast<int64_t>(g), members, rows,
+                           "parity-" + std::to_string(g) + ".tsr");
+      if (!written.ok()) return written.status().Annotate("checkpoint '" + path_ + "'");
+      std::vector<uint32_t> parity;
+      for (FileInfo& f : *written) {
+        parity.push_back(static_cast<uint32_t>(m->files.size()));
+        m->files.push_back(std::move(f));
       }
       if (red.erasure.k == 0) {
-        const std::string name = "parity-" + std::to_string(g) + ".tsr";
-        uint64_t checksum = 0;
-        ASSIGN_OR_RETURN(uint64_t bytes, WriteParityFile(env_, members, JoinPath(tmp_, name), &checksum));
-        m->parity_groups.push_back({files, static_cast<uint32_t>(m->files.size())});
-        m->files.push_back({name, bytes, checksum});
-        continue;
+        m->parity_groups.push_back({files, parity[0]});
+      } else {
+        m->erasure_groups.push_back({kRsCauchy, files, parity});
       }
-      ErasureCode code = red.erasure;
-      code.k = static_cast<int>(members.size());
-      std::vector<std::string> names, paths;
-      for (int j = 0; j < code.m; ++j) {
-        names.push_back(ErasureFileName(static_cast<int64_t>(g), j));
-        paths.push_back(JoinPath(tmp_, names.back()));
-      }
-      std::vector<uint64_t> checksums;
-      RETURN_IF_ERROR(WriteErasureParity(env_, code, members, paths, &checksums)
-                          .Annotate("checkpoint '" + path_ + "'"));
-      ErasureGroup e{kRsCauchy, files, {}};
-      for (int j = 0; j < code.m; ++j) {
-        e.parity.push_back(static_cast<uint32_t>(m->files.size()));
-        m->files.push_back({names[j], longest, checksums[j]});
-      }
-      m->erasure_groups.push_back(std::move(e));
     }
     return Status::Ok();
   }

@@ -5,6 +5,8 @@
 #include <set>
 #include <tuple>
 
+#include "formats/parity.h"
+
 namespace tessera {
 
 Result<Redundancy> Redundancy::Parse(std::string_view text) {
@@ -271,6 +273,33 @@ Result<std::vector<PieceToWrite>> PiecesToWrite(const Strategy& strategy, int64_
 
 std::string ErasureFileName(int64_t group, int j) {
   return "rs-" + std::to_string(group) + "-" + std::to_string(j) + ".tsr";
+}
+
+Result<std::vector<FileInfo>> WriteGroupParity(Env* env, const std::string& dir,
+                                               const Redundancy& redundancy, int64_t group,
+                                               const std::vector<ParityMember>& members,
+                                               const std::vector<int>& rows,
+                                               const std::string& xor_name) {
+  if (redundancy.erasure.k == 0) {
+    FileInfo info{xor_name, 0, 0};
+    ASSIGN_OR_RETURN(info.size,
+                     WriteParityFile(env, members, JoinPath(dir, xor_name), &info.checksum));
+    return std::vector<FileInfo>{std::move(info)};
+  }
+  ErasureCode code = redundancy.erasure;
+  code.k = static_cast<int>(members.size());
+  std::vector<std::string> paths;
+  std::vector<FileInfo> out;
+  uint64_t longest = 0;
+  for (const ParityMember& m : members) longest = std::max(longest, m.size);
+  for (int j : rows) {
+    out.push_back({ErasureFileName(group, j), longest, 0});
+    paths.push_back(JoinPath(dir, out.back().name));
+  }
+  std::vector<uint64_t> checksums;
+  RETURN_IF_ERROR(WriteErasureParityRows(env, code, members, rows, paths, &checksums));
+  for (size_t i = 0; i < out.size(); ++i) out[i].checksum = checksums[i];
+  return out;
 }
 
 std::vector<int64_t> HostIds(const std::vector<std::string>& names) {

@@ -107,6 +107,17 @@ Result<std::vector<PieceToWrite>> PiecesToWrite(const Strategy& strategy, int64_
 // "rs-<group>-<j>.tsr": parity file j of Reed-Solomon group `group`.
 std::string ErasureFileName(int64_t group, int j);
 
+// Writes parity files `rows` of group `group` over its `members` (paths
+// and sizes) into `dir`: with XOR parity the one file `xor_name` (rows
+// {0}), with Reed-Solomon ErasureFileName(group, j) for each j in rows (K
+// being the group's members). Returns them (name, size, checksum) in rows'
+// order; training's ranks each write their rows, ckpt convert all of them.
+Result<std::vector<FileInfo>> WriteGroupParity(Env* env, const std::string& dir,
+                                               const Redundancy& redundancy, int64_t group,
+                                               const std::vector<ParityMember>& members,
+                                               const std::vector<int>& rows,
+                                               const std::string& xor_name);
+
 // Dense host ids for host names ("a", "b", "a" -> 0, 1, 0).
 std::vector<int64_t> HostIds(const std::vector<std::string>& names);
 

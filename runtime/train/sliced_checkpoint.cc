@@ -42,6 +42,9 @@ std::string RankFileName(const char* kind, int64_t index) {
   return name;
 }
 
+// The XOR parity file of group g.
+std::string ParityFileName(size_t g) { return RankFileName("parity", static_cast<int64_t>(g)); }
+
 // A byte string gathered from every rank (lengths first; -1: the rank has
 // nothing, it failed). Returns each rank's bytes, or nullopt for a failed one.
 Result<std::vector<std::optional<std::string>>> AllGatherStrings(Communicator& comm,
@@ -326,26 +329,11 @@ Status SlicedCheckpointWriter::WriteRedundancy() {
       for (int64_t m : group.members) {
         members.push_back({JoinPath(tmp_, exchanged_[m].files[0].name), exchanged_[m].files[0].size});
       }
-      if (plan_.redundancy.erasure.k == 0) {
-        const std::string name = RankFileName("parity", static_cast<int64_t>(g));
-        FileInfo info{name, 0, 0};
-        ASSIGN_OR_RETURN(info.size, WriteParityFile(env_, members, JoinPath(tmp_, name), &info.checksum));
-        extra_files_.push_back(std::move(info));
-        continue;
-      }
-      ErasureCode code = plan_.redundancy.erasure;
-      code.k = static_cast<int>(members.size());
-      std::vector<std::string> names, paths;
-      for (int j : rows) {
-        names.push_back(ErasureFileName(static_cast<int64_t>(g), j));
-        paths.push_back(JoinPath(tmp_, names.back()));
-      }
-      std::vector<uint64_t> checksums;
-      RETURN_IF_ERROR(WriteErasureParityRows(env_, code, members, rows, paths, &checksums)
-                          .Annotate("checkpoint '" + path_ + "'"));
-      uint64_t longest = 0;
-      for (const ParityMember& m : members) longest = std::max(longest, m.size);
-      for (size_t i = 0; i < rows.size(); ++i) extra_files_.push_back({names[i], longest, checksums[i]});
+      Result<std::vector<FileInfo>> written =
+          WriteGroupParity(env_, tmp_, plan_.redundancy, static_cast<int64_t>(g), members, rows,
+                           ParityFileName(g));
+      if (!written.ok()) return written.status().Annotate("checkpoint '" + path_ + "'");
+      for (FileInfo& f : *written) extra_files_.push_back(std::move(f));
     }
     return Status::Ok();
   }();
@@ -421,7 +409,7 @@ Status SlicedCheckpointWriter::Commit() {
           const std::string name =
               plan_.redundancy.erasure.k > 0
                   ? ErasureFileName(static_cast<int64_t>(g), static_cast<int>(j))
-                  : RankFileName("parity", static_cast<int64_t>(g));
+                  : ParityFileName(g);
           const auto it = index.find(name);
           if (it == index.end()) {
             return InternalError("checkpoint '" + path_ + "': " + name + " was not written");
