@@ -68,7 +68,7 @@ Strategy Rows(int64_t world, int64_t n, int64_t s) {
   for (int64_t i = 0; i < n; ++i) {
     Layout l = Layout::Replicated({s, s}, DType::kF32);
     l.dim_axes = {{"r"}, {}};
-    char name[16];
+    char name[32];
     std::snprintf(name, sizeof(name), "t%02lld", static_cast<long long>(i));
     (void)strategy.Add({name, l});
   }
