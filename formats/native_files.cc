@@ -94,28 +94,30 @@ Result<PieceInfo> DataFileWriter::Append(const void* raw, size_t size, const Box
     if (!s.ok()) return s.Annotate("data file '" + path_ + "'");
   }
   p.checksum = piece.Digest();
-  static const char kZeros[kPieceAlignment] = {};
-  const uint64_t padding = (kPieceAlignment - size % kPieceAlignment) % kPieceAlignment;
-  if (padding > 0) {
-    Status s = Write(kZeros, padding);
-    if (!s.ok()) return s.Annotate("data file '" + path_ + "'");
-  }
-  size_ += size + padding;
+  RETURN_IF_ERROR(Pad(size));
   return p;
 }
 
 Result<PieceInfo> DataFileWriter::Append(const StoredPiece& stored) {
-  static const char kZeros[kPieceAlignment] = {};
   PieceInfo p = stored.info;
   p.file = index_;
   p.offset = size_;
   p.length = stored.size;
-  const uint64_t padding = (kPieceAlignment - stored.size % kPieceAlignment) % kPieceAlignment;
   Status s = Write(stored.data, stored.size);
-  if (s.ok() && padding > 0) s = Write(kZeros, padding);
   if (!s.ok()) return s.Annotate("data file '" + path_ + "'");
-  size_ += stored.size + padding;
+  RETURN_IF_ERROR(Pad(stored.size));
   return p;
+}
+
+Status DataFileWriter::Pad(uint64_t stored) {
+  static const char kZeros[kPieceAlignment] = {};
+  const uint64_t padding = (kPieceAlignment - stored % kPieceAlignment) % kPieceAlignment;
+  if (padding > 0) {
+    Status s = Write(kZeros, padding);
+    if (!s.ok()) return s.Annotate("data file '" + path_ + "'");
+  }
+  size_ += stored + padding;
+  return Status::Ok();
 }
 
 Result<uint64_t> DataFileWriter::Finish() {

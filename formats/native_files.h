@@ -59,6 +59,9 @@ class DataFileWriter {
   DataFileWriter(std::string path, std::unique_ptr<WritableFile> file, uint32_t index)
       : path_(std::move(path)), file_(std::move(file)), index_(index) {}
   Status Write(const void* data, size_t size);
+  // After a piece of `stored` bytes: zeros to the next 4 KiB boundary, and
+  // the size moved past both.
+  Status Pad(uint64_t stored);
   std::string path_;
   std::unique_ptr<WritableFile> file_;
   uint32_t index_;
