@@ -19,6 +19,10 @@ bool IsMerged(const Strategy& strategy) {
   return true;
 }
 
+bool IsMindSporeStrategy(Env* env, const std::string& path) {
+  return env->IsDirectory(path) || IsMindSporeStrategyFile(env, path);
+}
+
 }  // namespace
 
 Result<Format> ParseFormat(const std::string& name) {
@@ -153,6 +157,60 @@ Result<TransformStats> WriteTransformed(Env* env, const CheckpointReader& src, c
     return s;
   }
   return stats;
+}
+
+Result<std::unique_ptr<CheckpointReader>> OpenSource(Env* env, const std::string& path,
+                                                     const std::string& src_strategy,
+                                                     const std::string& flag) {
+  OpenOptions options;
+  const bool mindspore = !src_strategy.empty() && IsMindSporeStrategy(env, src_strategy);
+  if (mindspore) options.mindspore_strategy = src_strategy;
+  options.strategy_hint = flag;
+  ASSIGN_OR_RETURN(auto reader, OpenCheckpoint(env, path, options));
+  if (src_strategy.empty() || (mindspore && reader->format() == "mindspore")) return reader;
+  Strategy given;
+  if (mindspore) {
+    ASSIGN_OR_RETURN(auto files, ReadMindSporeStrategies(env, src_strategy));
+    ASSIGN_OR_RETURN(given, MindSporeToStrategy(files, reader->strategy()));
+  } else {
+    ASSIGN_OR_RETURN(given, LoadStrategyFile(env, src_strategy));
+  }
+  const Strategy& recorded = reader->strategy();
+  for (const TensorStrategy& t : given.tensors()) {
+    const TensorStrategy* r = recorded.Find(t.name);
+    if (r == nullptr) {
+      return NotFoundError(flag + " '" + src_strategy + "' names tensor '" + t.name +
+                           "', which '" + path + "' does not have");
+    }
+    ASSIGN_OR_RETURN(bool same, Equivalent(recorded.MeshOf(*r), r->layout, given.MeshOf(t), t.layout));
+    if (!same) {
+      return InvalidArgumentError("tensor '" + t.name + "': '" + path + "' records " +
+                                  ToString(r->layout) + ", " + flag + " says " +
+                                  ToString(t.layout));
+    }
+  }
+  return reader;
+}
+
+Result<Strategy> DestinationStrategy(Env* env, const CheckpointReader& src,
+                                     const std::string& file, const std::string& mesh,
+                                     std::set<std::string>* unnamed, const DestinationFlags& flags) {
+  if (!file.empty() && !mesh.empty()) {
+    return InvalidArgumentError("give either " + flags.strategy + " or " + flags.mesh + ", not both");
+  }
+  if (!file.empty() && IsMindSporeStrategy(env, file)) {
+    ASSIGN_OR_RETURN(auto files, ReadMindSporeStrategies(env, file));
+    std::vector<size_t> missing;
+    ASSIGN_OR_RETURN(Strategy dst, MindSporeToStrategy(files, src.strategy(), &missing));
+    for (size_t i : missing) {
+      if (unnamed != nullptr) unnamed->insert(dst.tensors()[i].name);
+    }
+    return dst;
+  }
+  if (!file.empty()) return LoadStrategyFile(env, file);
+  if (mesh.empty()) return InvalidArgumentError("give " + flags.strategy + " or " + flags.mesh + " (axis=size,...)");
+  ASSIGN_OR_RETURN(Mesh m, Mesh::Parse(mesh));
+  return WithMesh(src.strategy(), m);
 }
 
 }  // namespace tessera

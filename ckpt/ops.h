@@ -5,6 +5,7 @@
 #define TESSERA_CKPT_OPS_H_
 
 #include <memory>
+#include <set>
 #include <string>
 
 #include "ckpt/checkpoint.h"
@@ -38,6 +39,29 @@ struct OpenOptions {
 // rank_<r>/ directory, an HDF5 file), never from its name.
 Result<std::unique_ptr<CheckpointReader>> OpenCheckpoint(Env* env, const std::string& path,
                                                          const OpenOptions& options = {});
+
+// Opens SRC (any format, recognised by content). `src_strategy`, when
+// given, is either the strategy of a MindSpore distributed checkpoint (a
+// MindSpore strategy file or directory of stage files), or a Tessera
+// strategy file the checkpoint's recorded layouts are checked against.
+// `flag` names that argument in errors ("--src-strategy", "strategy=").
+Result<std::unique_ptr<CheckpointReader>> OpenSource(Env* env, const std::string& path,
+                                                     const std::string& src_strategy,
+                                                     const std::string& flag);
+
+// How the caller names the two ways of giving a destination (for errors).
+struct DestinationFlags {
+  std::string strategy = "--strategy";
+  std::string mesh = "--mesh";
+};
+// The destination of a transform: a strategy file (Tessera's, or a
+// MindSpore strategy file or stage directory: the tensors it does not name
+// go to `unnamed`, which MindSpore writes last), or the source's split axes
+// on a new mesh ("dp=2,tp=4"). Exactly one of `strategy_file` and `mesh`.
+Result<Strategy> DestinationStrategy(Env* env, const CheckpointReader& src,
+                                     const std::string& strategy_file, const std::string& mesh,
+                                     std::set<std::string>* unnamed = nullptr,
+                                     const DestinationFlags& flags = {});
 
 struct WriteOptions {
   Format format = Format::kNative;

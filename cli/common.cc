@@ -87,45 +87,17 @@ Result<int64_t> ParseShardSize(const std::string& text) {
   return ParseByteSize(text);
 }
 
-bool IsMindSporeStrategy(const std::string& path) {
-  Env* env = Env::Default();
-  return env->IsDirectory(path) || IsMindSporeStrategyFile(env, path);
-}
-
 }  // namespace
 
 Result<std::unique_ptr<CheckpointReader>> OpenSource(const std::string& path,
                                                      const std::string& src_strategy,
                                                      const std::string& flag) {
-  Env* env = Env::Default();
-  OpenOptions options;
-  const bool mindspore = !src_strategy.empty() && IsMindSporeStrategy(src_strategy);
-  if (mindspore) options.mindspore_strategy = src_strategy;
-  options.strategy_hint = flag;
-  ASSIGN_OR_RETURN(auto reader, OpenCheckpoint(env, path, options));
-  if (src_strategy.empty() || (mindspore && reader->format() == "mindspore")) return reader;
-  Strategy given;
-  if (mindspore) {
-    ASSIGN_OR_RETURN(auto files, ReadMindSporeStrategies(env, src_strategy));
-    ASSIGN_OR_RETURN(given, MindSporeToStrategy(files, reader->strategy()));
-  } else {
-    ASSIGN_OR_RETURN(given, LoadStrategyFile(env, src_strategy));
-  }
-  const Strategy& recorded = reader->strategy();
-  for (const TensorStrategy& t : given.tensors()) {
-    const TensorStrategy* r = recorded.Find(t.name);
-    if (r == nullptr) {
-      return NotFoundError("--src-strategy '" + src_strategy + "' names tensor '" + t.name +
-                           "', which '" + path + "' does not have");
-    }
-    ASSIGN_OR_RETURN(bool same, Equivalent(recorded.MeshOf(*r), r->layout, given.MeshOf(t), t.layout));
-    if (!same) {
-      return InvalidArgumentError("tensor '" + t.name + "': '" + path + "' records " +
-                                  ToString(r->layout) + ", --src-strategy says " +
-                                  ToString(t.layout));
-    }
-  }
-  return reader;
+  return tessera::OpenSource(Env::Default(), path, src_strategy, flag);
+}
+
+Result<Strategy> DestinationStrategy(const CheckpointReader& src, const std::string& file,
+                                     const std::string& mesh, std::set<std::string>* unnamed) {
+  return tessera::DestinationStrategy(Env::Default(), src, file, mesh, unnamed);
 }
 
 int PrintDifferingCopies(const CheckpointReader& reader, const std::string& what) {
@@ -136,26 +108,6 @@ int PrintDifferingCopies(const CheckpointReader& reader, const std::string& what
                 PrintableText(line).c_str());
   }
   return 0;
-}
-
-Result<Strategy> DestinationStrategy(const CheckpointReader& src, const std::string& file,
-                                     const std::string& mesh, std::set<std::string>* unnamed) {
-  if (!file.empty() && !mesh.empty()) {
-    return InvalidArgumentError("give either --strategy or --mesh, not both");
-  }
-  if (!file.empty() && IsMindSporeStrategy(file)) {
-    ASSIGN_OR_RETURN(auto files, ReadMindSporeStrategies(Env::Default(), file));
-    std::vector<size_t> missing;
-    ASSIGN_OR_RETURN(Strategy dst, MindSporeToStrategy(files, src.strategy(), &missing));
-    for (size_t i : missing) {
-      if (unnamed != nullptr) unnamed->insert(dst.tensors()[i].name);
-    }
-    return dst;
-  }
-  if (!file.empty()) return LoadStrategyFile(Env::Default(), file);
-  if (mesh.empty()) return InvalidArgumentError("give --strategy FILE or --mesh axis=size,...");
-  ASSIGN_OR_RETURN(Mesh m, Mesh::Parse(mesh));
-  return WithMesh(src.strategy(), m);
 }
 
 int RunWrite(const CheckpointReader& src, const Strategy& dst, const std::string& out,

@@ -36,17 +36,11 @@ void AddSourceStrategyFlag(CLI::App* cmd, std::string* value,
 // returns an empty function otherwise.
 std::function<void(int64_t, int64_t)> MakeProgress(const std::string& label, bool quiet);
 
-// Opens SRC (any format, recognised by content). --src-strategy is either
-// the strategy of a MindSpore distributed checkpoint (a MindSpore strategy
-// file or directory of stage files), or checked against what the
-// checkpoint records. `flag` names the option in errors.
+// OpenSource and DestinationStrategy are ckpt/ops.h's, with the CLI's flag
+// names in their errors.
 Result<std::unique_ptr<CheckpointReader>> OpenSource(const std::string& path,
                                                      const std::string& src_strategy,
                                                      const std::string& flag = "--src-strategy");
-
-// The destination: a strategy file, or the source's split axes on a new
-// mesh ("dp=2,tp=4"). The tensors a MindSpore strategy file does not name
-// go to `unnamed` (MindSpore writes them last).
 Result<Strategy> DestinationStrategy(const CheckpointReader& src, const std::string& strategy_file,
                                      const std::string& mesh,
                                      std::set<std::string>* unnamed = nullptr);
