@@ -87,6 +87,24 @@ class DenseReader : public CheckpointReader {
     return Status::Ok();
   }
 
+  // A region inside one stored block that is one contiguous run of one
+  // file, lent from its mapping (these formats keep no checksums to check).
+  Result<std::unique_ptr<FileView>> ViewRegion(size_t index, const Box& region) const override {
+    const TensorStrategy& t = c_.strategy.tensors()[index];
+    RETURN_IF_ERROR(CheckReadRegion(t, c_.format + " checkpoint '" + c_.path + "'", region));
+    for (const DenseBlock& b : distinct_[index]) {
+      if (!Contains(b.box, region)) continue;
+      if (!b.segments.empty()) break;
+      const std::vector<int64_t> ext = region.extents();
+      const std::vector<ByteRun> runs = ByteRuns(b.box.extents(), RelativeTo(region, b.box), ext,
+                                                 Box::FromShape(ext), DTypeSize(t.layout.dtype));
+      if (runs.size() != 1 || runs[0].len < kViewAtLeast) break;
+      ASSIGN_OR_RETURN(const RandomAccessFile* file, File(b.file));
+      return file->View(b.offset + runs[0].src, runs[0].len);
+    }
+    return std::unique_ptr<FileView>();
+  }
+
   // Per tensor, one block of each distinct box.
   Status Index() {
     distinct_.resize(c_.blocks.size());

@@ -49,6 +49,10 @@ class FileView {
   size_t size_;
 };
 
+// Readers lend (map) byte runs at least this long; shorter ones cost less
+// to copy than a mapping and its unmapping do.
+inline constexpr uint64_t kViewAtLeast = 64 << 10;
+
 class RandomAccessFile {
  public:
   virtual ~RandomAccessFile() = default;

@@ -179,7 +179,6 @@ Status ReadPiece(const RandomAccessFile& file, const std::string& path, const st
 namespace {
 
 constexpr uint64_t kReadWindowBlocks = 4;  // a partial read stages at most 4 MiB
-constexpr uint64_t kLendAtLeast = 64 << 10;  // smaller pieces are read, not mapped
 
 // The stored byte range [begin, end) of blocks [first, last) of a piece.
 std::pair<uint64_t, uint64_t> BlockRange(const PieceInfo& piece, uint64_t first, uint64_t last) {
@@ -237,7 +236,7 @@ Result<std::unique_ptr<FileView>> ViewPieceRegion(const RandomAccessFile& file,
   if (runs.size() != 1) return std::unique_ptr<FileView>();  // not one contiguous run
   const ByteRun& r = runs[0];
   const std::string ctx = PieceContext(path, tensor, piece);
-  if (piece.block_checksums.empty() && piece.length < kLendAtLeast) {
+  if (piece.block_checksums.empty() && piece.length < kViewAtLeast) {
     // A small piece is read, not lent: a mapping and its unmapping per
     // piece cost more than copying it, and unmapping from several threads
     // serializes on the process's memory map and interrupts every core to
