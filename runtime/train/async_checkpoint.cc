@@ -103,8 +103,9 @@ Status AsyncSlicedSave::Start(const std::string& root, const std::string& name,
   if (in_flight()) RETURN_IF_ERROR(Poll(/*wait=*/true).status());
   const double waited = Since(t0);
   const auto t1 = std::chrono::steady_clock::now();
-  RETURN_IF_ERROR(env_->CreateDirs(root));
-  ASSIGN_OR_RETURN(writer_, SlicedCheckpointWriter::Create(env_, *world_, JoinPath(root, name),
+  if (!name.empty()) RETURN_IF_ERROR(env_->CreateDirs(root));
+  const std::string path = name.empty() ? root : JoinPath(root, name);
+  ASSIGN_OR_RETURN(writer_, SlicedCheckpointWriter::Create(env_, *world_, path,
                                                            strategy, std::move(meta),
                                                            std::move(options)));
   Result<std::vector<LocalPiece>> found = source(writer_->Pieces());
@@ -186,7 +187,7 @@ Result<bool> AsyncSlicedSave::Poll(bool wait) {
   written_ = Status::Ok();
   RETURN_IF_ERROR(written);
   RETURN_IF_ERROR(committed);
-  RETURN_IF_ERROR(PointLatest(env_, *world_, root_, name_, keep_));
+  if (!name_.empty()) RETURN_IF_ERROR(PointLatest(env_, *world_, root_, name_, keep_));
   current_.commit_seconds += Since(t0);
   last_ = current_;
   return true;

@@ -58,7 +58,8 @@ class AsyncSlicedSave {
   // writer of `root`/`name`, snapshots the pieces `source` points at
   // (copied now: the model may change right after) and starts writing them
   // in the background. After the commit, `latest` names it and, with
-  // keep > 0, only the newest `keep` checkpoints stay.
+  // keep > 0, only the newest `keep` checkpoints stay. An empty `name`
+  // saves to `root` itself and leaves `latest` alone.
   Status Start(const std::string& root, const std::string& name, const Strategy& strategy,
                CheckpointMeta meta, SlicedWriteOptions options, const PieceSource& source,
                int keep = 0);

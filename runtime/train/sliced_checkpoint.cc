@@ -129,14 +129,18 @@ Result<std::unique_ptr<SlicedCheckpointWriter>> SlicedCheckpointWriter::Create(
     prepared = out.status();
     if (out.ok()) tmp = out->tmp;
   }
-  int64_t length = prepared.ok() ? static_cast<int64_t>(tmp.size()) : -1;
+  // The temporary's name, or (negative length) why rank 0 failed.
+  std::string message = prepared.ok() ? tmp : prepared.message();
+  int64_t length = static_cast<int64_t>(message.size());
+  if (!prepared.ok()) length = -length - 1;
   RETURN_IF_ERROR(comm.Broadcast(&length, 1, DType::kI64, 0));
+  message.resize(static_cast<size_t>(length < 0 ? -length - 1 : length));
+  RETURN_IF_ERROR(comm.Broadcast(message.data(), static_cast<int64_t>(message.size()), DType::kU8, 0));
   if (length < 0) {
     if (!prepared.ok()) return prepared;
-    return AbortedError("sliced checkpoint '" + path + "': rank 0 could not prepare it");
+    return AbortedError("sliced checkpoint '" + path + "': rank 0 could not prepare it: " + message);
   }
-  tmp.resize(length);
-  RETURN_IF_ERROR(comm.Broadcast(tmp.data(), length, DType::kU8, 0));
+  tmp = message;
   w->tmp_ = tmp;
   w->file_name_ = RankFileName("data", comm.rank());
   // A rank that cannot open its file reports it at Commit, so that every
