@@ -13,7 +13,10 @@ TESSERA_PACKAGES=(
   libopenmpi-dev openmpi-bin
   catch2 libopenblas-dev libxxhash-dev nlohmann-json3-dev libisal-dev
   python3 python3-torch python3-numpy python3-h5py python3-protobuf
+  python3-dev python3-pybind11 python3-pytest python3-venv
 )
+# python3-dev and pybind11: the `tessera` Python package (python/); pytest
+# runs its tests; python3-venv: scripts/install-python into a virtualenv.
 # python3-torch and numpy: the numerical reference of the parity tests.
 # The benchmarks' peers (scripts/bench only).
 TESSERA_BENCH_PACKAGES=(time)

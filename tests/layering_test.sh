@@ -31,6 +31,20 @@ check "runtime/train/ includes nothing of model/" \
   only runtime/train "^(($below)/|runtime/[a-z_]+\.h$|runtime/(parallel|train)/)"
 check "runtime/model/ includes the runtime and what is below it (no cli/, samples/, tests/)" \
   only runtime/model "^(($below)/|runtime/)"
+check "python/src/ includes the library (no cli/, samples/, tests/)" \
+  only python/src "^(($below)/|runtime/|python/src/)"
+nothing_includes_python() {
+  local bad
+  bad=$(grep -rl '^#include "python/' core transform formats ckpt runtime cli samples)
+  [ -z "$bad" ] || { echo "  $bad"; return 1; }
+}
+check "nothing in C++ includes python/" nothing_includes_python
+pybind_only_in_python() {
+  local bad
+  bad=$(grep -rlE '^#include <(pybind11|Python\.h)' core transform formats ckpt runtime cli samples)
+  [ -z "$bad" ] || { echo "  $bad"; return 1; }
+}
+check "pybind11 only in python/" pybind_only_in_python
 
 # The wrapped libraries: one file each.
 wrapped() {  # wrapped HEADER_REGEX ALLOWED_FILES_REGEX
