@@ -145,6 +145,28 @@ Status CheckArray(const py::array& array, DType dtype, int64_t elements, const s
 
 // ---- reading ---------------------------------------------------------------
 
+// Reads `region` of tensor `index` into the dense buffer `dst`, without the GIL.
+void ReadDense(const CheckpointReader& r, size_t index, const Box& region, void* dst) {
+  Status s;
+  {
+    py::gil_scoped_release nogil;
+    const std::vector<int64_t> ext = region.extents();
+    s = r.ReadRegion(index, region, dst, ext, Box::FromShape(ext));
+  }
+  Check(s);
+}
+
+// OpenSource without the GIL; `flag` names the source strategy argument.
+std::unique_ptr<CheckpointReader> OpenReader(const std::string& path,
+                                             const std::string& src_strategy, const char* flag) {
+  Result<std::unique_ptr<CheckpointReader>> r = std::unique_ptr<CheckpointReader>();
+  {
+    py::gil_scoped_release nogil;
+    r = OpenSource(Env::Default(), path, src_strategy, flag);
+  }
+  return Unwrap(std::move(r));
+}
+
 class Reader {
  public:
   explicit Reader(std::shared_ptr<CheckpointReader> r) : r_(std::move(r)) {}
@@ -195,14 +217,7 @@ class Reader {
     }
     py::array out(dt, shape);
     if (NumElements(region) == 0) return out;
-    void* dst = out.mutable_data();
-    Status s;
-    {
-      py::gil_scoped_release nogil;
-      const std::vector<int64_t> ext = region.extents();
-      s = r.ReadRegion(index, region, dst, ext, Box::FromShape(ext));
-    }
-    Check(s);
+    ReadDense(r, index, region, out.mutable_data());
     return out;
   }
 
@@ -215,14 +230,7 @@ class Reader {
     Check(CheckReadRegion(r.strategy().tensors()[index], "checkpoint '" + r.path() + "'", region));
     Check(CheckArray(out, layout.dtype, NumElements(region), "tensor '" + name + "'", true));
     if (NumElements(region) == 0) return;
-    void* dst = out.mutable_data();
-    Status s;
-    {
-      py::gil_scoped_release nogil;
-      const std::vector<int64_t> ext = region.extents();
-      s = r.ReadRegion(index, region, dst, ext, Box::FromShape(ext));
-    }
-    Check(s);
+    ReadDense(r, index, region, out.mutable_data());
   }
 
   py::dict Metadata() const {
@@ -242,12 +250,7 @@ class Reader {
 };
 
 Reader Open(const std::string& path, const std::string& src_strategy) {
-  Result<std::unique_ptr<CheckpointReader>> r = std::unique_ptr<CheckpointReader>();
-  {
-    py::gil_scoped_release nogil;
-    r = OpenSource(Env::Default(), path, src_strategy, "strategy=");
-  }
-  return Reader(std::shared_ptr<CheckpointReader>(Unwrap(std::move(r))));
+  return Reader(std::shared_ptr<CheckpointReader>(OpenReader(path, src_strategy, "strategy=")));
 }
 
 // ---- transforming ----------------------------------------------------------
@@ -265,15 +268,7 @@ py::dict Transform(const std::string& src, const std::string& out, const std::st
                    const std::string& redundancy, const py::object& memory_budget,
                    const py::object& max_shard_size, int threads, bool overwrite,
                    const std::string& prefix, py::object progress) {
-  std::unique_ptr<CheckpointReader> reader;
-  {
-    Result<std::unique_ptr<CheckpointReader>> r = std::unique_ptr<CheckpointReader>();
-    {
-      py::gil_scoped_release nogil;
-      r = OpenSource(Env::Default(), src, src_strategy, "src_strategy=");
-    }
-    reader = Unwrap(std::move(r));
-  }
+  std::unique_ptr<CheckpointReader> reader = OpenReader(src, src_strategy, "src_strategy=");
   WriteOptions o;
   Strategy dst;
   const int given = (strategy_file.empty() ? 0 : 1) + (strategy ? 1 : 0) + (mesh.empty() ? 0 : 1);
@@ -559,15 +554,7 @@ std::unique_ptr<SaveHandle> SaveShards(const std::string& path, int64_t step, co
 
 py::dict LoadShards(const std::string& path, const std::string& src_strategy,
                     const std::optional<Strategy>& strategy_arg, int rank, py::object out) {
-  std::shared_ptr<CheckpointReader> reader;
-  {
-    Result<std::unique_ptr<CheckpointReader>> r = std::unique_ptr<CheckpointReader>();
-    {
-      py::gil_scoped_release nogil;
-      r = OpenSource(Env::Default(), path, src_strategy, "src_strategy=");
-    }
-    reader = Unwrap(std::move(r));
-  }
+  std::unique_ptr<CheckpointReader> reader = OpenReader(path, src_strategy, "src_strategy=");
   const Strategy& strategy = strategy_arg ? *strategy_arg : reader->strategy();
   if (rank < 0 || rank >= strategy.world_size()) {
     Raise(InvalidArgumentError("rank " + std::to_string(rank) + " is outside the strategy's " +
@@ -701,6 +688,7 @@ PYBIND11_MODULE(_tessera, m) {
       .def_property_readonly("metadata", &Reader::Metadata)
       .def_property_readonly("strategy", [](const Reader& r) { return r.get().strategy(); })
       .def("names", &Reader::Names)
+      .def("has", [](const Reader& r, const std::string& n) { return r.get().strategy().Find(n) != nullptr; })
       .def("info", &Reader::Info)
       .def("read", &Reader::Read, py::arg("name"), py::arg("box") = py::none(),
            py::arg("copy") = false)

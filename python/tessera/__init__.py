@@ -110,7 +110,7 @@ class Reader:
         return len(self._r.names())
 
     def __contains__(self, name):
-        return name in self._r.strategy
+        return self._r.has(name)
 
     def info(self, name):
         return TensorInfo(name, *self._r.info(name))
