@@ -561,6 +561,12 @@ py::dict LoadShards(const std::string& path, const std::string& src_strategy,
                                std::to_string(strategy.world_size()) + " ranks"));
   }
   py::dict given = out.is_none() ? py::dict() : out.cast<py::dict>();
+  for (const auto& [key, value] : given) {
+    const std::string name = py::str(key).cast<std::string>();
+    if (strategy.Find(name) == nullptr) {
+      Raise(NotFoundError("out['" + name + "']: tensor '" + name + "' is not in the strategy"));
+    }
+  }
   struct Job {
     size_t src_index;
     std::vector<int64_t> coords;
@@ -581,8 +587,16 @@ py::dict LoadShards(const std::string& path, const std::string& src_strategy,
     py::array array;
     if (given.contains(t.name)) {
       array = given[py::str(t.name)].cast<py::array>();
-      Check(CheckArray(array, t.layout.dtype, NumElements(*box),
-                       "out['" + t.name + "'] on rank " + std::to_string(rank), true));
+      const std::string what = "out['" + t.name + "'] on rank " + std::to_string(rank);
+      Check(CheckArray(array, t.layout.dtype, NumElements(*box), what, true));
+      const std::vector<py::ssize_t> want = Extents(*box);
+      if (!std::equal(want.begin(), want.end(), array.shape(), array.shape() + array.ndim()) ||
+          static_cast<size_t>(array.ndim()) != want.size()) {
+        std::string shape;
+        for (py::ssize_t d = 0; d < array.ndim(); ++d) shape += (d ? ", " : "") + std::to_string(array.shape(d));
+        Raise(InvalidArgumentError(what + ": an array of shape (" + shape + ") for the box " +
+                                   ToString(*box)));
+      }
     } else {
       array = py::array(NumpyDType(t.layout.dtype), Extents(*box));
     }

@@ -190,6 +190,21 @@ def test_transform_verbs(sliced, tmp_path, ckpt_bin):
         tessera.transform(sliced, tmp_path / "y", progress=boom)
 
 
+def test_load_shards_out(sliced):
+    s = tessera.open(sliced).strategy
+    box = s.box("wte", 1)
+    shape = tuple(hi - lo for lo, hi in box)
+    buf = np.zeros(shape, np.float32)
+    got = tessera.load_shards(sliced, None, 1, out={"wte": buf})
+    assert got["wte"] is buf and np.array_equal(buf, tessera.open(sliced).read("wte", box))
+    with pytest.raises(tessera.InvalidArgumentError, match=r"out\['wte'\] on rank 1: an array of shape"):
+        tessera.load_shards(sliced, None, 1, out={"wte": np.zeros(shape[::-1], np.float32)})
+    with pytest.raises(tessera.NotFoundError, match="'wtee' is not in the strategy"):
+        tessera.load_shards(sliced, None, 1, out={"wtee": buf})
+    with pytest.raises(tessera.InvalidArgumentError, match="float64"):
+        tessera.load_shards(sliced, None, 1, out={"wte": buf.astype(np.float64)})
+
+
 HOSTILE = r"""
 import sys, tessera
 try:
