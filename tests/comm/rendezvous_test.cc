@@ -8,6 +8,7 @@
 
 #include <catch2/catch.hpp>
 
+#include "runtime/comm/kv_store.h"
 #include "runtime/comm/rendezvous.h"
 
 namespace tessera {
@@ -74,6 +75,60 @@ TEST_CASE("rendezvous: duplicate ranks and bad tables are refused") {
              Catch::Contains("TESSERA_MASTER"));
   RankTable big{0, 2, "localhost", 1, "test"};
   CHECK_FALSE(RendezvousAllGather(big, std::string(100000, 'x'), milliseconds(10)).ok());
+}
+
+}  // namespace
+}  // namespace tessera
+
+namespace tessera {
+namespace {
+
+TEST_CASE("key-value store: set, get waiting for a later set, add, many clients") {
+  auto server = KvServer::Start(0);
+  REQUIRE(server.ok());
+  const int port = (*server)->port();
+  auto a = KvClient::Connect("127.0.0.1", port, milliseconds(5000));
+  auto b = KvClient::Connect("localhost", port, milliseconds(5000));
+  REQUIRE(a.ok());
+  REQUIRE(b.ok());
+  REQUIRE((*a)->Set("k", std::string("v\0w", 3)).ok());
+  auto got = (*b)->Get("k", milliseconds(1000));
+  REQUIRE(got.ok());
+  CHECK(*got == std::string("v\0w", 3));
+  CHECK(!*(*b)->Has("later"));
+  std::thread setter([&] {
+    std::this_thread::sleep_for(milliseconds(100));
+    CHECK((*a)->Set("later", "x").ok());
+  });
+  auto later = (*b)->Get("later", milliseconds(5000));
+  setter.join();
+  REQUIRE(later.ok());
+  CHECK(*later == "x");
+  std::vector<std::thread> adders;
+  for (int i = 0; i < 8; ++i) {
+    adders.emplace_back([&] {
+      auto c = KvClient::Connect("127.0.0.1", port, milliseconds(5000));
+      REQUIRE(c.ok());
+      for (int j = 0; j < 10; ++j) CHECK((*c)->Add("n", 1).ok());
+    });
+  }
+  for (auto& t : adders) t.join();
+  CHECK(*(*a)->Add("n", 0) == 80);
+}
+
+TEST_CASE("key-value store: a key never set times out naming it; no server is named") {
+  auto server = KvServer::Start(0);
+  REQUIRE(server.ok());
+  auto c = KvClient::Connect("127.0.0.1", (*server)->port(), milliseconds(5000));
+  REQUIRE(c.ok());
+  auto r = (*c)->Get("rank3/address", milliseconds(200));
+  CHECK(r.status().code() == StatusCode::kDeadlineExceeded);
+  CHECK_THAT(r.status().message(), Catch::Contains("rank3/address"));
+  const int port = (*server)->port();
+  server->reset();
+  auto none = KvClient::Connect("127.0.0.1", port, milliseconds(200));
+  CHECK(none.status().code() == StatusCode::kDeadlineExceeded);
+  CHECK_THAT(none.status().message(), Catch::Contains(std::to_string(port)));
 }
 
 }  // namespace
