@@ -3,6 +3,7 @@
 #include <charconv>
 #include <cstdlib>
 
+#include "runtime/comm/gloo.h"
 #include "runtime/comm/inprocess.h"
 #include "runtime/comm/mpi.h"
 
@@ -24,16 +25,37 @@ Result<int64_t> EnvInt(const char* name) {
 
 }  // namespace
 
+Result<CommBackend> ParseCommBackend(std::string_view name) {
+  if (name == "auto") return CommBackend::kAuto;
+  if (name == "inprocess") return CommBackend::kInProcess;
+  if (name == "mpi") return CommBackend::kMpi;
+  if (name == "gloo") return CommBackend::kGloo;
+  return InvalidArgumentError("backend '" + std::string(name) +
+                              "': use auto, inprocess, mpi or gloo");
+}
+
 Status LaunchRanks(const LaunchOptions& options,
                    const std::function<Status(Communicator&)>& fn) {
-  const bool mpi = options.backend == CommBackend::kMpi ||
-                   (options.backend == CommBackend::kAuto && LaunchedByMpirun());
-  if (!mpi) return RunInProcess(options.ranks > 0 ? options.ranks : 1, fn, options.comm);
-  ASSIGN_OR_RETURN(std::unique_ptr<Communicator> world, CreateMpiWorld(options.comm));
+  CommBackend backend = options.backend;
+  if (backend == CommBackend::kAuto) {
+    backend = LaunchedByMpirun()                                          ? CommBackend::kMpi
+              : std::getenv("TESSERA_RANK") || std::getenv("RANK") ? CommBackend::kGloo
+                                                                        : CommBackend::kInProcess;
+  }
+  if (backend == CommBackend::kInProcess) {
+    return RunInProcess(options.ranks > 0 ? options.ranks : 1, fn, options.comm);
+  }
+  std::unique_ptr<Communicator> world;
+  if (backend == CommBackend::kMpi) {
+    ASSIGN_OR_RETURN(world, CreateMpiWorld(options.comm));
+  } else {
+    Result<RankTable> table = RankTableFromEnv();
+    if (!table.ok()) return table.status().Annotate("the gloo backend");
+    ASSIGN_OR_RETURN(world, CreateGlooWorld(*table, options.comm));
+  }
   if (options.ranks > 0 && options.ranks != world->size()) {
-    return InvalidArgumentError("asked for " + std::to_string(options.ranks) +
-                                " ranks but mpirun started " + std::to_string(world->size()) +
-                                " processes");
+    return InvalidArgumentError("asked for " + std::to_string(options.ranks) + " ranks but " +
+                                std::to_string(world->size()) + " processes were started");
   }
   Status s = fn(*world);
   return s.ok() ? s : s.Annotate("rank " + std::to_string(world->rank()));
@@ -43,25 +65,43 @@ Result<RankTable> RankTableFromEnv() {
   RankTable t;
   ASSIGN_OR_RETURN(int64_t rank, EnvInt("TESSERA_RANK"));
   ASSIGN_OR_RETURN(int64_t size, EnvInt("TESSERA_WORLD_SIZE"));
+  ASSIGN_OR_RETURN(int64_t torch_rank, EnvInt("RANK"));
+  ASSIGN_OR_RETURN(int64_t torch_size, EnvInt("WORLD_SIZE"));
+  ASSIGN_OR_RETURN(int64_t local_rank, EnvInt("LOCAL_RANK"));
   ASSIGN_OR_RETURN(int64_t mpi_rank, EnvInt("OMPI_COMM_WORLD_RANK"));
   ASSIGN_OR_RETURN(int64_t mpi_size, EnvInt("OMPI_COMM_WORLD_SIZE"));
   if ((rank < 0) != (size < 0)) {
     return InvalidArgumentError("TESSERA_RANK and TESSERA_WORLD_SIZE must be set together");
   }
-  if (rank >= 0 && mpi_rank >= 0 && (rank != mpi_rank || size != mpi_size)) {
+  if ((torch_rank < 0) != (torch_size < 0)) {
+    return InvalidArgumentError("RANK and WORLD_SIZE must be set together");
+  }
+  if (rank >= 0 && torch_rank >= 0 && (rank != torch_rank || size != torch_size)) {
     return InvalidArgumentError("TESSERA_RANK=" + std::to_string(rank) + " TESSERA_WORLD_SIZE=" +
-                                std::to_string(size) + " disagree with mpirun's rank " +
+                                std::to_string(size) + " disagree with RANK=" +
+                                std::to_string(torch_rank) + " WORLD_SIZE=" +
+                                std::to_string(torch_size));
+  }
+  t.source = "TESSERA_*";
+  if (rank < 0 && torch_rank >= 0) {
+    rank = torch_rank;
+    size = torch_size;
+    t.source = "torchrun";
+  }
+  if (rank >= 0 && mpi_rank >= 0 && (rank != mpi_rank || size != mpi_size)) {
+    return InvalidArgumentError("rank " + std::to_string(rank) + " of " + std::to_string(size) +
+                                " (" + t.source + ") disagree with mpirun's rank " +
                                 std::to_string(mpi_rank) + " of " + std::to_string(mpi_size));
   }
-  if (rank >= 0) {
-    t.source = "TESSERA_*";
-  } else if (mpi_rank >= 0) {
+  if (rank < 0 && mpi_rank >= 0) {
     rank = mpi_rank;
     size = mpi_size;
     t.source = "mpirun";
-  } else {
-    return NotFoundError("no rank table: set TESSERA_RANK and TESSERA_WORLD_SIZE, or start "
-                         "under mpirun");
+  }
+  if (rank < 0) {
+    return NotFoundError("no rank table: set TESSERA_RANK, TESSERA_WORLD_SIZE and TESSERA_MASTER "
+                         "(or torchrun's RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT), start "
+                         "under tessera-run, or under mpirun");
   }
   if (size < 1 || rank >= size) {
     return InvalidArgumentError("rank " + std::to_string(rank) + " is outside world size " +
@@ -69,6 +109,7 @@ Result<RankTable> RankTableFromEnv() {
   }
   t.rank = static_cast<int>(rank);
   t.world_size = static_cast<int>(size);
+  t.local_rank = static_cast<int>(local_rank);
   if (const char* master = std::getenv("TESSERA_MASTER")) {
     const std::string m = master;
     const size_t colon = m.rfind(':');
@@ -80,6 +121,13 @@ Result<RankTable> RankTableFromEnv() {
     }
     t.master_host = m.substr(0, colon);
     t.master_port = port;
+  } else if (const char* addr = std::getenv("MASTER_ADDR")) {
+    ASSIGN_OR_RETURN(int64_t port, EnvInt("MASTER_PORT"));
+    if (port <= 0 || port > 65535) {
+      return InvalidArgumentError("MASTER_ADDR is set but MASTER_PORT is not a port");
+    }
+    t.master_host = addr;
+    t.master_port = static_cast<int>(port);
   }
   return t;
 }

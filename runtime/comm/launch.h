@@ -1,34 +1,42 @@
-// Starting ranks. One program runs unchanged in both modes:
+// Starting ranks. One program runs unchanged in three modes:
 //  - under mpirun (`mpirun -np 4 train_gpt`): one process per rank, the MPI
 //    backend; the rank and world size come from mpirun;
+//  - from a rank table in the environment (the tessera-run launcher,
+//    torchrun, a scheduler, a shell loop): one process per rank, the Gloo
+//    backend, no MPI needed anywhere;
 //  - alone (`train_gpt --ranks 4`): 4 ranks as threads of this process, the
 //    in-process backend (the embedded default).
 //
-// A process can also learn its place from the environment: TESSERA_RANK,
-// TESSERA_WORLD_SIZE and TESSERA_MASTER=host:port (the rank table). Under
-// mpirun the table comes from mpirun (OMPI_COMM_WORLD_RANK/SIZE) and
-// TESSERA_RANK / TESSERA_WORLD_SIZE, if also set, must agree with it. The
-// table is what a launcher other than mpirun (a scheduler, a shell loop)
-// uses to bootstrap NCCL: rank 0 listens on TESSERA_MASTER and hands out
-// NCCL's unique id (rendezvous.h, CreateNcclCommunicatorFromTable). It
-// carries bootstrap bytes only, never tensors. Multi-host MPI jobs need no
-// table: mpirun --host a,b (or a hostfile) starts and numbers the ranks.
+// The rank table: TESSERA_RANK, TESSERA_WORLD_SIZE and
+// TESSERA_MASTER=host:port, or torchrun's RANK, WORLD_SIZE, MASTER_ADDR,
+// MASTER_PORT (and LOCAL_RANK); where both are set they must agree. Under
+// mpirun the table comes from mpirun (OMPI_COMM_WORLD_RANK/SIZE) and the
+// variables, if also set, must agree with it. Rank 0 serves the rendezvous
+// on the master port (Gloo's addresses, NCCL's unique id: rendezvous.h,
+// CreateNcclCommunicatorFromTable); it carries bootstrap bytes only, never
+// tensors. Multi-host MPI jobs need no table: mpirun --host a,b (or a
+// hostfile) starts and numbers the ranks.
 #ifndef TESSERA_RUNTIME_COMM_LAUNCH_H_
 #define TESSERA_RUNTIME_COMM_LAUNCH_H_
 
 #include <functional>
 #include <string>
+#include <string_view>
 
 #include "runtime/comm/communicator.h"
 
 namespace tessera {
 
-enum class CommBackend { kAuto, kInProcess, kMpi };
+enum class CommBackend { kAuto, kInProcess, kMpi, kGloo };
+// "auto", "inprocess", "mpi", "gloo".
+Result<CommBackend> ParseCommBackend(std::string_view name);
 
 struct LaunchOptions {
-  CommBackend backend = CommBackend::kAuto;  // auto: MPI under mpirun, else in-process
-  // In-process: the number of ranks (0 = 1). Under MPI: 0, or the world
-  // size mpirun started (anything else is an error).
+  // auto: MPI under mpirun, Gloo where the environment holds a rank table
+  // (TESSERA_RANK or torchrun's RANK), else in-process.
+  CommBackend backend = CommBackend::kAuto;
+  // In-process: the number of ranks (0 = 1). Under MPI or Gloo: 0, or the
+  // world size started (anything else is an error).
   int ranks = 0;
   CommOptions comm;
 };
@@ -42,14 +50,15 @@ Status LaunchRanks(const LaunchOptions& options,
 struct RankTable {
   int rank = 0;
   int world_size = 1;
-  std::string master_host;  // empty when TESSERA_MASTER is not set
+  std::string master_host;  // empty when no master is set
   int master_port = 0;
-  std::string source;  // "TESSERA_*" or "mpirun"
+  std::string source;  // "TESSERA_*", "torchrun" or "mpirun"
+  int local_rank = -1;  // LOCAL_RANK (torchrun, tessera-run), -1 when not set
 };
 
 // The rank table from the environment (see above). NotFound when neither
-// TESSERA_RANK nor mpirun's variables are set; InvalidArgument naming the
-// variable when one is malformed or they disagree.
+// TESSERA_RANK, RANK nor mpirun's variables are set; InvalidArgument naming
+// the variable when one is malformed or they disagree.
 Result<RankTable> RankTableFromEnv();
 
 }  // namespace tessera

@@ -13,7 +13,6 @@
 #include <thread>
 #include <vector>
 
-#include "core/half.h"
 #include "runtime/comm/comm_util.h"
 #include "runtime/comm/reduce.h"
 
@@ -23,16 +22,10 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 // f16/bf16 reductions: MPI has no such types; they travel as MPI_UINT16_T
-// and reduce through these ops.
-template <float (*Load)(uint16_t), uint16_t (*Store)(float), int kOp>
-void HalfOp(void* in_v, void* inout_v, int* len, MPI_Datatype*) {
-  const auto* in = static_cast<const uint16_t*>(in_v);
-  auto* inout = static_cast<uint16_t*>(inout_v);
-  for (int i = 0; i < *len; ++i) {
-    const float a = Load(in[i]), b = Load(inout[i]);
-    const float r = kOp == 0 ? a + b : kOp == 1 ? (a < b ? b : a) : (b < a ? b : a);
-    inout[i] = Store(r);
-  }
+// and reduce through these ops (reduce.h's pairwise step).
+template <DType kType, ReduceOp kOp>
+void HalfOp(void* in, void* inout, int* len, MPI_Datatype*) {
+  PairwiseReduce(kType, kOp)(inout, in, inout, static_cast<size_t>(*len));
 }
 
 MPI_Op g_half_ops[2][3];  // [f16, bf16][sum, max, min]
@@ -60,12 +53,12 @@ Status InitMpi(MpiThreadLevel level) {
       return IOError("MPI_Init_thread failed");
     }
     std::atexit(FinalizeAtExit);
-    MPI_Op_create(&HalfOp<HalfToFloat, FloatToHalf, 0>, 1, &g_half_ops[0][0]);
-    MPI_Op_create(&HalfOp<HalfToFloat, FloatToHalf, 1>, 1, &g_half_ops[0][1]);
-    MPI_Op_create(&HalfOp<HalfToFloat, FloatToHalf, 2>, 1, &g_half_ops[0][2]);
-    MPI_Op_create(&HalfOp<BF16ToFloat, FloatToBF16, 0>, 1, &g_half_ops[1][0]);
-    MPI_Op_create(&HalfOp<BF16ToFloat, FloatToBF16, 1>, 1, &g_half_ops[1][1]);
-    MPI_Op_create(&HalfOp<BF16ToFloat, FloatToBF16, 2>, 1, &g_half_ops[1][2]);
+    MPI_Op_create(&HalfOp<DType::kF16, ReduceOp::kSum>, 1, &g_half_ops[0][0]);
+    MPI_Op_create(&HalfOp<DType::kF16, ReduceOp::kMax>, 1, &g_half_ops[0][1]);
+    MPI_Op_create(&HalfOp<DType::kF16, ReduceOp::kMin>, 1, &g_half_ops[0][2]);
+    MPI_Op_create(&HalfOp<DType::kBF16, ReduceOp::kSum>, 1, &g_half_ops[1][0]);
+    MPI_Op_create(&HalfOp<DType::kBF16, ReduceOp::kMax>, 1, &g_half_ops[1][1]);
+    MPI_Op_create(&HalfOp<DType::kBF16, ReduceOp::kMin>, 1, &g_half_ops[1][2]);
     g_half_ops_ready = true;
   } else {
     MPI_Query_thread(&provided);

@@ -96,6 +96,34 @@ void Divide(void* buf_v, int64_t count, int n) {
   for (int64_t i = 0; i < count; ++i) buf[i] = Traits::Store(Traits::Div(Traits::Load(buf[i]), n));
 }
 
+template <typename T, typename Traits, int kOp>  // kOp: 0 sum, 1 max, 2 min
+void Pairwise(void* out_v, const void* a_v, const void* b_v, size_t n) {
+  T* out = static_cast<T*>(out_v);
+  const T* a = static_cast<const T*>(a_v);
+  const T* b = static_cast<const T*>(b_v);
+  for (size_t i = 0; i < n; ++i) {
+    const auto x = Traits::Load(a[i]), y = Traits::Load(b[i]);
+    if constexpr (kOp == 1) {
+      out[i] = Traits::Store(Traits::Max(x, y));
+    } else if constexpr (kOp == 2) {
+      out[i] = Traits::Store(Traits::Min(x, y));
+    } else if constexpr (std::is_same_v<Traits, Bool>) {
+      out[i] = Traits::Store(x | y);
+    } else {
+      out[i] = Traits::Store(x + y);
+    }
+  }
+}
+
+template <typename T, typename Traits>
+struct PairwiseF {
+  static void Run(ReduceOp op, PairwiseReduceFn* fn) {
+    *fn = op == ReduceOp::kMax   ? &Pairwise<T, Traits, 1>
+          : op == ReduceOp::kMin ? &Pairwise<T, Traits, 2>
+                                 : &Pairwise<T, Traits, 0>;
+  }
+};
+
 // Calls F<T, Traits>(args...) for the dtype.
 template <template <typename, typename> class F, typename... Args>
 void Dispatch(DType dtype, Args&&... args) {
@@ -158,6 +186,12 @@ void ReduceRankOrder(DType dtype, ReduceOp op, std::span<const void* const> inpu
                      void* out, int64_t count) {
   if (count <= 0 || inputs.empty()) return;
   Dispatch<FoldF>(dtype, op, inputs, out, count);
+}
+
+PairwiseReduceFn PairwiseReduce(DType dtype, ReduceOp op) {
+  PairwiseReduceFn fn = nullptr;
+  Dispatch<PairwiseF>(dtype, op, &fn);
+  return fn;
 }
 
 void DivideInPlace(DType dtype, void* buf, int64_t count, int n) {

@@ -22,6 +22,14 @@ Status CheckReduction(DType dtype, ReduceOp op);
 void ReduceRankOrder(DType dtype, ReduceOp op, std::span<const void* const> inputs,
                      void* out, int64_t count);
 
+// out[i] = op(a[i], b[i]) for i in [0, n): one step of a reduction, for
+// the libraries that reduce through a function of two buffers (Gloo's
+// reduce functions, MPI's user ops) on the dtypes they lack. f16/bf16 go
+// through f32, rounded at each step; bool: or / and. kAvg sums (the caller
+// divides once at the end). `out` may be `a` or `b`.
+using PairwiseReduceFn = void (*)(void* out, const void* a, const void* b, size_t n);
+PairwiseReduceFn PairwiseReduce(DType dtype, ReduceOp op);
+
 // buf[i] /= n, for a buffer that holds sums (the second half of an average
 // computed as a sum by a library).
 void DivideInPlace(DType dtype, void* buf, int64_t count, int n);

@@ -1,0 +1,623 @@
+#include "runtime/comm/gloo.h"
+
+#include <gloo/allgatherv.h>
+#include <gloo/allreduce.h>
+#include <gloo/alltoallv.h>
+#include <gloo/barrier.h>
+#include <gloo/broadcast.h>
+#include <gloo/common/error.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/rendezvous/prefix_store.h>
+#include <gloo/rendezvous/store.h>
+#include <gloo/transport/tcp/device.h>
+#include <gloo/transport/unbound_buffer.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <numeric>
+#include <thread>
+#include <vector>
+
+#include "runtime/comm/comm_util.h"
+#include "runtime/comm/kv_store.h"
+#include "runtime/comm/reduce.h"
+#include "runtime/comm/tcp.h"
+
+namespace tessera {
+namespace {
+
+using std::chrono::milliseconds;
+
+// Slots of our own messages (Gloo's collectives build theirs from small
+// prefixes in the top byte).
+constexpr uint64_t kP2pSlot = uint64_t{0xF0} << 56;
+constexpr uint64_t kGatherSlot = uint64_t{0xF1} << 56;
+constexpr uint64_t kScatterSlot = uint64_t{0xF2} << 56;
+
+// Gloo's rendezvous store over our key-value store.
+class KvGlooStore : public gloo::rendezvous::Store {
+ public:
+  KvGlooStore(std::shared_ptr<KvClient> kv, milliseconds timeout)
+      : kv_(std::move(kv)), timeout_(timeout) {}
+
+  void set(const std::string& key, const std::vector<char>& data) override {
+    Throw(kv_->Set(key, std::string(data.begin(), data.end())));
+  }
+  std::vector<char> get(const std::string& key) override {
+    Result<std::string> v = kv_->Get(key, timeout_);
+    Throw(v.status());
+    return std::vector<char>(v->begin(), v->end());
+  }
+  void wait(const std::vector<std::string>& keys) override { wait(keys, timeout_); }
+  void wait(const std::vector<std::string>& keys, const milliseconds& timeout) override {
+    for (const std::string& k : keys) Throw(kv_->Get(k, timeout).status());
+  }
+
+ private:
+  static void Throw(const Status& s) {
+    if (!s.ok()) throw gloo::IoException(s.message());
+  }
+  std::shared_ptr<KvClient> kv_;
+  milliseconds timeout_;
+};
+
+// What every communicator of one world shares.
+struct GlooWorld {
+  std::unique_ptr<KvServer> server;  // rank 0 only
+  std::shared_ptr<KvClient> kv;
+  std::unique_ptr<KvGlooStore> store;
+  std::shared_ptr<gloo::transport::Device> device;
+  CommOptions options;
+  int world_rank = 0;
+};
+
+// The pairwise reduction as Gloo's reduce function.
+gloo::AllreduceOptions::Func GlooReduceFn(DType dtype, ReduceOp op) {
+  PairwiseReduceFn fn = PairwiseReduce(dtype, op);
+  return [fn](void* c, const void* a, const void* b, size_t n) { fn(c, a, b, n); };
+}
+
+// Gloo's typed setters, by element size (the reduce function knows the dtype).
+template <typename Opts>
+void SetReduceOutput(Opts& opts, void* p, int64_t count, int64_t element_size) {
+  switch (element_size) {
+    case 1: opts.template setOutput<uint8_t>(static_cast<uint8_t*>(p), count); break;
+    case 2: opts.template setOutput<uint16_t>(static_cast<uint16_t*>(p), count); break;
+    case 4: opts.template setOutput<uint32_t>(static_cast<uint32_t*>(p), count); break;
+    default: opts.template setOutput<uint64_t>(static_cast<uint64_t*>(p), count); break;
+  }
+}
+
+// A point-to-point message: an 8-byte header with the byte count, then the
+// bytes (none when empty), both on the same slot (Gloo keeps their order),
+// so that a receiver expecting another count fails naming peer and tag
+// instead of taking a short message.
+class GlooRequest : public Request::Impl {
+ public:
+  GlooRequest(bool send, size_t bytes, milliseconds timeout, std::string what)
+      : send_(send), header_(bytes), bytes_(bytes), timeout_(timeout), what_(std::move(what)) {}
+
+  // Posts the header and the data (called once, right after construction).
+  void Post(gloo::Context& ctx, void* buf, int peer, uint64_t slot) {
+    head_ = ctx.createUnboundBuffer(&header_, sizeof(header_));
+    if (bytes_ > 0) data_ = ctx.createUnboundBuffer(buf, bytes_);
+    if (send_) {
+      head_->send(peer, slot);
+      if (data_) data_->send(peer, slot);
+    } else {
+      head_->recv(peer, slot);
+      if (data_) data_->recv(peer, slot);
+    }
+  }
+
+  Status Wait() override {
+    try {
+      if (send_) {
+        if (!head_->waitSend(timeout_) || (data_ && !data_->waitSend(timeout_))) {
+          return AbortedError(what_ + ": aborted");
+        }
+        return Status::Ok();
+      }
+      if (!head_->waitRecv(timeout_)) return AbortedError(what_ + ": aborted");
+      if (header_ != bytes_) {
+        // The data message still comes (unless empty): take it, so that the
+        // pair stays in step, then fail.
+        if (data_ && header_ == 0) {
+          data_->abortWaitRecv();
+        } else if (data_) {
+          try {
+            data_->waitRecv(timeout_);
+          } catch (const std::exception&) {
+          }
+        }
+        return InvalidArgumentError(what_ + ": the message has " + std::to_string(header_) +
+                                    " bytes, " + std::to_string(bytes_) + " were expected");
+      }
+      if (data_ && !data_->waitRecv(timeout_)) return AbortedError(what_ + ": aborted");
+    } catch (const std::exception& e) {
+      const std::string m = e.what();
+      if (m.find("imed out") != std::string::npos) {
+        return DeadlineExceededError(what_ + ": timed out after " + FormatDuration(timeout_) +
+                                     " (" + m + ")");
+      }
+      return AbortedError(what_ + ": " + m + " (a peer left?)");
+    }
+    return Status::Ok();
+  }
+
+ private:
+  bool send_;
+  uint64_t header_;  // sent, or received into
+  size_t bytes_;
+  milliseconds timeout_;
+  std::string what_;
+  std::unique_ptr<gloo::transport::UnboundBuffer> head_, data_;
+};
+
+class GlooCommunicator final : public Communicator {
+ public:
+  GlooCommunicator(std::shared_ptr<GlooWorld> world,
+                   std::shared_ptr<gloo::rendezvous::Context> ctx, std::string id)
+      : world_(std::move(world)), ctx_(std::move(ctx)), id_(std::move(id)) {}
+
+  int rank() const override { return ctx_->rank; }
+  int size() const override { return ctx_->size; }
+  std::string_view backend() const override { return "gloo"; }
+
+  Status Barrier() override {
+    RETURN_IF_ERROR(Agree({CollectiveKind::kBarrier}));
+    return Run("barrier", [&] {
+      gloo::BarrierOptions opts(ctx_);
+      opts.setTimeout(timeout());
+      gloo::barrier(opts);
+    });
+  }
+
+  Status Broadcast(void* buf, int64_t count, DType dtype, int root) override {
+    const CollectiveArgs args{CollectiveKind::kBroadcast, count, dtype, ReduceOp::kSum, root};
+    RETURN_IF_ERROR(CheckCount(args, name()));
+    RETURN_IF_ERROR(Agree(args));
+    if (count == 0 || size() == 1) return Status::Ok();
+    return Run(DescribeArgs(args), [&] {
+      gloo::BroadcastOptions opts(ctx_);
+      opts.setOutput<uint8_t>(static_cast<uint8_t*>(buf), Bytes(count, dtype));
+      opts.setRoot(root);
+      opts.setTimeout(timeout());
+      gloo::broadcast(opts);
+    });
+  }
+
+  Status AllReduce(const void* send, void* recv, int64_t count, DType dtype, ReduceOp op) override {
+    const CollectiveArgs args{CollectiveKind::kAllReduce, count, dtype, op};
+    RETURN_IF_ERROR(CheckCount(args, name()));
+    RETURN_IF_ERROR(CheckReduction(dtype, op));
+    RETURN_IF_ERROR(Agree(args));
+    return Reduce(send, recv, count, dtype, op, DescribeArgs(args));
+  }
+
+  Status AllGatherV(const void* send, int64_t count, void* recv, std::span<const int64_t> counts,
+                    DType dtype) override {
+    RETURN_IF_ERROR(CheckCounts("allgatherv", counts, size(), rank(), count));
+    RETURN_IF_ERROR(Agree(VArgs(CollectiveKind::kAllGather, counts, dtype)));
+    return GatherAll(send, count, recv, counts, dtype);
+  }
+
+  Status ReduceScatter(const void* send, void* recv, int64_t recv_count, DType dtype,
+                       ReduceOp op) override {
+    const CollectiveArgs args{CollectiveKind::kReduceScatter, recv_count, dtype, op};
+    RETURN_IF_ERROR(CheckCount(args, name()));
+    RETURN_IF_ERROR(CheckReduction(dtype, op));
+    RETURN_IF_ERROR(Agree(args));
+    // Gloo 2022 has no untyped reduce-scatter: an allreduce, keeping our block.
+    std::vector<char> all(Bytes(recv_count * size(), dtype));
+    if (!all.empty()) std::memcpy(all.data(), send, all.size());
+    RETURN_IF_ERROR(Reduce(all.data(), all.data(), recv_count * size(), dtype, op,
+                           DescribeArgs(args)));
+    if (recv_count > 0) {
+      std::memcpy(recv, all.data() + Bytes(recv_count, dtype) * rank(), Bytes(recv_count, dtype));
+    }
+    return Status::Ok();
+  }
+
+  Status GatherV(const void* send, int64_t count, void* recv, std::span<const int64_t> counts,
+                 DType dtype, int root) override {
+    RETURN_IF_ERROR(CheckCounts("gatherv", counts, size(), rank(), count));
+    RETURN_IF_ERROR(CheckRoot(root));
+    RETURN_IF_ERROR(Agree(VArgs(CollectiveKind::kGather, counts, dtype, root)));
+    if (rank() != root) {
+      if (count == 0) return Status::Ok();
+      return Wait(PostSend(const_cast<void*>(send), Bytes(count, dtype), root, kGatherSlot,
+                           "gatherv to rank " + std::to_string(root)));
+    }
+    std::vector<Request> pending;
+    char* at = static_cast<char*>(recv);
+    for (int r = 0; r < size(); ++r) {
+      const size_t bytes = Bytes(counts[r], dtype);
+      if (r == root) {
+        if (bytes > 0) std::memcpy(at, send, bytes);
+      } else if (bytes > 0) {
+        ASSIGN_OR_RETURN(Request q, PostRecv(at, bytes, r, kGatherSlot,
+                                             "gatherv from rank " + std::to_string(r)));
+        pending.push_back(std::move(q));
+      }
+      at += bytes;
+    }
+    return WaitAll(pending);
+  }
+
+  Status ScatterV(const void* send, std::span<const int64_t> counts, void* recv, int64_t count,
+                  DType dtype, int root) override {
+    RETURN_IF_ERROR(CheckCounts("scatterv", counts, size(), rank(), count));
+    RETURN_IF_ERROR(CheckRoot(root));
+    RETURN_IF_ERROR(Agree(VArgs(CollectiveKind::kScatter, counts, dtype, root)));
+    if (rank() != root) {
+      if (count == 0) return Status::Ok();
+      return Wait(PostRecv(recv, Bytes(count, dtype), root, kScatterSlot,
+                           "scatterv from rank " + std::to_string(root)));
+    }
+    std::vector<Request> pending;
+    const char* at = static_cast<const char*>(send);
+    for (int r = 0; r < size(); ++r) {
+      const size_t bytes = Bytes(counts[r], dtype);
+      if (r == root) {
+        if (bytes > 0) std::memcpy(recv, at, bytes);
+      } else if (bytes > 0) {
+        ASSIGN_OR_RETURN(Request q, PostSend(const_cast<char*>(at), bytes, r, kScatterSlot,
+                                             "scatterv to rank " + std::to_string(r)));
+        pending.push_back(std::move(q));
+      }
+      at += bytes;
+    }
+    return WaitAll(pending);
+  }
+
+  Status AllToAllV(const void* send, std::span<const int64_t> send_counts, void* recv,
+                   std::span<const int64_t> recv_counts, DType dtype) override {
+    RETURN_IF_ERROR(CheckCounts("alltoallv send", send_counts, size(), -1, 0));
+    RETURN_IF_ERROR(CheckCounts("alltoallv recv", recv_counts, size(), -1, 0));
+    if (world_->options.check) {
+      // Everyone's send counts, so that each rank checks what it will get.
+      std::vector<int64_t> all(static_cast<size_t>(size()) * size());
+      std::vector<int64_t> n(size(), size());
+      RETURN_IF_ERROR(GatherAll(send_counts.data(), size(), all.data(), n, DType::kI64));
+      for (int r = 0; r < size(); ++r) {
+        if (all[static_cast<size_t>(r) * size() + rank()] != recv_counts[r]) {
+          return InvalidArgumentError("rank " + std::to_string(rank()) + " on '" + name() +
+                                      "': alltoallv: rank " + std::to_string(r) + " sends " +
+                                      std::to_string(all[static_cast<size_t>(r) * size() + rank()]) +
+                                      " elements, this rank expects " +
+                                      std::to_string(recv_counts[r]));
+        }
+      }
+    }
+    const int64_t es = DTypeSize(dtype);
+    std::vector<int64_t> sb(size()), rb(size());
+    for (int r = 0; r < size(); ++r) {
+      sb[r] = send_counts[r] * es;
+      rb[r] = recv_counts[r] * es;
+    }
+    // Gloo's alltoallv wants buffers even when they are empty.
+    char dummy_send = 0, dummy_recv = 0;
+    const int64_t st = std::accumulate(sb.begin(), sb.end(), int64_t{0});
+    const int64_t rt = std::accumulate(rb.begin(), rb.end(), int64_t{0});
+    if (size() == 1) {
+      if (st > 0) std::memcpy(recv, send, static_cast<size_t>(st));
+      return Status::Ok();
+    }
+    return Run("alltoallv of " + std::to_string(st / es) + " " + std::string(DTypeName(dtype)), [&] {
+      gloo::AlltoallvOptions opts(ctx_);
+      opts.setInput<uint8_t>(st > 0 ? static_cast<uint8_t*>(const_cast<void*>(send))
+                                    : reinterpret_cast<uint8_t*>(&dummy_send),
+                             sb);
+      opts.setOutput<uint8_t>(rt > 0 ? static_cast<uint8_t*>(recv)
+                                     : reinterpret_cast<uint8_t*>(&dummy_recv),
+                              rb);
+      opts.setTimeout(timeout());
+      gloo::alltoallv(opts);
+    });
+  }
+
+  Status Send(const void* buf, int64_t count, DType dtype, int peer, int tag) override {
+    RETURN_IF_ERROR(CheckPeer(peer, tag));
+    return Wait(PostSend(const_cast<void*>(buf), Bytes(count, dtype), peer, kP2pSlot + tag,
+                         P2pWhat("send to", peer, tag)));
+  }
+  Status Recv(void* buf, int64_t count, DType dtype, int peer, int tag) override {
+    RETURN_IF_ERROR(CheckPeer(peer, tag));
+    return Wait(PostRecv(buf, Bytes(count, dtype), peer, kP2pSlot + tag,
+                         P2pWhat("receive from", peer, tag)));
+  }
+  Result<Request> ISend(const void* buf, int64_t count, DType dtype, int peer, int tag) override {
+    RETURN_IF_ERROR(CheckPeer(peer, tag));
+    return PostSend(const_cast<void*>(buf), Bytes(count, dtype), peer, kP2pSlot + tag,
+                    P2pWhat("send to", peer, tag));
+  }
+  Result<Request> IRecv(void* buf, int64_t count, DType dtype, int peer, int tag) override {
+    RETURN_IF_ERROR(CheckPeer(peer, tag));
+    return PostRecv(buf, Bytes(count, dtype), peer, kP2pSlot + tag,
+                    P2pWhat("receive from", peer, tag));
+  }
+
+  Result<std::unique_ptr<Communicator>> Split(int color, int key) override {
+    RETURN_IF_ERROR(Agree({CollectiveKind::kSplit}));
+    int32_t mine[2] = {color, key};
+    std::vector<int32_t> all(2 * static_cast<size_t>(size()));
+    std::vector<int64_t> counts(size(), 2);
+    RETURN_IF_ERROR(GatherAll(mine, 2, all.data(), counts, DType::kI32));
+    const std::string id = id_ + "." + std::to_string(splits_++);
+    if (color < 0) return std::unique_ptr<Communicator>();
+    std::vector<std::pair<int32_t, int>> members;  // (key, old rank)
+    for (int r = 0; r < size(); ++r) {
+      if (all[2 * r] == color) members.push_back({all[2 * r + 1], r});
+    }
+    std::sort(members.begin(), members.end());
+    int new_rank = 0;
+    while (members[new_rank].second != rank()) ++new_rank;
+    auto ctx = std::make_shared<gloo::rendezvous::Context>(new_rank,
+                                                           static_cast<int>(members.size()));
+    const std::string prefix = id + "/" + std::to_string(color);
+    RETURN_IF_ERROR(Run("split (color " + std::to_string(color) + ")", [&] {
+      ctx->setTimeout(timeout());
+      gloo::rendezvous::PrefixStore store(prefix, *world_->store);
+      ctx->connectFullMesh(store, world_->device);
+    }));
+    auto out = std::make_unique<GlooCommunicator>(world_, ctx, prefix);
+    out->set_name(name() + "/" + std::to_string(color));
+    // Every member has read its peers' addresses before anyone goes on.
+    RETURN_IF_ERROR(out->Barrier());
+    return std::unique_ptr<Communicator>(std::move(out));
+  }
+
+ private:
+  milliseconds timeout() const { return world_->options.timeout; }
+  static size_t Bytes(int64_t count, DType dtype) {
+    return static_cast<size_t>(count * DTypeSize(dtype));
+  }
+  std::string Where() const {
+    return "rank " + std::to_string(rank()) +
+           (name() == "world" ? "" : " (world rank " + std::to_string(world_->world_rank) + ")") +
+           " on '" + name() + "'";
+  }
+
+  // Runs a Gloo call, turning its exceptions into errors that name this
+  // rank, the communicator and the call.
+  template <typename F>
+  Status Run(const std::string& what, F&& f) {
+    try {
+      f();
+    } catch (const std::exception& e) {
+      const std::string m = e.what();
+      const std::string where = Where() + ": " + what;
+      if (m.find("imed out") != std::string::npos) {
+        return DeadlineExceededError(where + ": timed out after " + FormatDuration(timeout()) +
+                                     " (a peer did not arrive): " + m);
+      }
+      return AbortedError(where + ": " + m + " (a peer left or failed)");
+    }
+    return Status::Ok();
+  }
+
+  // The allreduce, its arguments checked.
+  Status Reduce(const void* send, void* recv, int64_t count, DType dtype, ReduceOp op,
+                const std::string& what) {
+    if (count == 0) return Status::Ok();
+    if (send != recv) std::memcpy(recv, send, Bytes(count, dtype));
+    if (size() == 1) return Status::Ok();
+    if (world_->options.deterministic) {
+      // Every rank's buffer, folded in rank order (as in-process).
+      std::vector<char> all(Bytes(count, dtype) * size());
+      std::vector<int64_t> counts(size(), count);
+      RETURN_IF_ERROR(GatherAll(recv, count, all.data(), counts, dtype));
+      std::vector<const void*> inputs;
+      for (int r = 0; r < size(); ++r) inputs.push_back(all.data() + Bytes(count, dtype) * r);
+      ReduceRankOrder(dtype, op, inputs, recv, count);
+      return Status::Ok();
+    }
+    RETURN_IF_ERROR(Run(what, [&] {
+      gloo::AllreduceOptions opts(ctx_);
+      SetReduceOutput(opts, recv, count, DTypeSize(dtype));
+      opts.setReduceFunction(GlooReduceFn(dtype, op));
+      opts.setTimeout(timeout());
+      gloo::allreduce(opts);
+    }));
+    if (op == ReduceOp::kAvg) DivideInPlace(dtype, recv, count, size());
+    return Status::Ok();
+  }
+
+  // With CommOptions::check: every rank's arguments, compared.
+  Status Agree(const CollectiveArgs& args) {
+    if (!world_->options.check || size() == 1) return Status::Ok();
+    std::vector<CollectiveArgs> all(size());
+    RETURN_IF_ERROR(Run("argument check of " + DescribeArgs(args), [&] {
+      gloo::AllgathervOptions opts(ctx_);
+      opts.setInput<uint8_t>(reinterpret_cast<uint8_t*>(const_cast<CollectiveArgs*>(&args)),
+                             sizeof(CollectiveArgs));
+      opts.setOutput<uint8_t>(reinterpret_cast<uint8_t*>(all.data()),
+                              std::vector<size_t>(size(), sizeof(CollectiveArgs)));
+      opts.setTimeout(timeout());
+      gloo::allgatherv(opts);
+    }));
+    return CheckAgreement(all, name());
+  }
+
+  Status GatherAll(const void* send, int64_t count, void* recv, std::span<const int64_t> counts,
+                   DType dtype) {
+    std::vector<size_t> bytes(size());
+    size_t total = 0;
+    for (int r = 0; r < size(); ++r) total += bytes[r] = Bytes(counts[r], dtype);
+    if (total == 0) return Status::Ok();
+    if (size() == 1) {
+      std::memcpy(recv, send, total);
+      return Status::Ok();
+    }
+    char dummy = 0;
+    return Run("allgatherv of " + std::to_string(total / DTypeSize(dtype)) + " " +
+                   std::string(DTypeName(dtype)),
+               [&] {
+                 gloo::AllgathervOptions opts(ctx_);
+                 opts.setInput<uint8_t>(count > 0 ? static_cast<uint8_t*>(const_cast<void*>(send))
+                                                  : reinterpret_cast<uint8_t*>(&dummy),
+                                        Bytes(count, dtype));
+                 opts.setOutput<uint8_t>(static_cast<uint8_t*>(recv), bytes);
+                 opts.setTimeout(timeout());
+                 gloo::allgatherv(opts);
+               });
+  }
+
+  Status CheckRoot(int root) const {
+    if (root < 0 || root >= size()) {
+      return InvalidArgumentError(Where() + ": root " + std::to_string(root) + " out of range");
+    }
+    return Status::Ok();
+  }
+  Status CheckPeer(int peer, int tag) const {
+    if (peer < 0 || peer >= size() || peer == rank() || tag < 0) {
+      return InvalidArgumentError(Where() + ": peer " + std::to_string(peer) + ", tag " +
+                                  std::to_string(tag) + " (peers are the other ranks, tags >= 0)");
+    }
+    return Status::Ok();
+  }
+  std::string P2pWhat(const char* verb, int peer, int tag) const {
+    return Where() + ": " + verb + " rank " + std::to_string(peer) + " (tag " +
+           std::to_string(tag) + ")";
+  }
+
+  Result<Request> PostSend(void* buf, size_t bytes, int peer, uint64_t slot, std::string what) {
+    return Post(true, buf, bytes, peer, slot, std::move(what));
+  }
+  Result<Request> PostRecv(void* buf, size_t bytes, int peer, uint64_t slot, std::string what) {
+    return Post(false, buf, bytes, peer, slot, std::move(what));
+  }
+  Result<Request> Post(bool send, void* buf, size_t bytes, int peer, uint64_t slot,
+                       std::string what) {
+    auto req = std::make_unique<GlooRequest>(send, bytes, timeout(), what);
+    RETURN_IF_ERROR(Run(what, [&] { req->Post(*ctx_, buf, peer, slot); }));
+    return Request(std::move(req));
+  }
+  static Status Wait(Result<Request> r) {
+    if (!r.ok()) return r.status();
+    return r->Wait();
+  }
+
+  std::shared_ptr<GlooWorld> world_;
+  std::shared_ptr<gloo::rendezvous::Context> ctx_;
+  std::string id_;  // unique over the world: the store prefix of its splits
+  int splits_ = 0;
+};
+
+// The interface Gloo binds to: GLOO_SOCKET_IFNAME / TESSERA_GLOO_IFNAME
+// (as torch does), else the local address that routes to the master.
+Result<gloo::transport::tcp::attr> DeviceAttr(const RankTable& table, const std::string& master) {
+  gloo::transport::tcp::attr attr;
+  for (const char* var : {"TESSERA_GLOO_IFNAME", "GLOO_SOCKET_IFNAME"}) {
+    if (const char* v = std::getenv(var); v != nullptr && *v != '\0') {
+      attr.iface = v;
+      return attr;
+    }
+  }
+  ASSIGN_OR_RETURN(attr.hostname, tcp::LocalAddressToward(master, table.master_port));
+  return attr;
+}
+
+// Every rank says it arrived (with its world size) and waits for the
+// others. Whoever times out names the ranks that never came; rank 0 then
+// posts its verdict and keeps the store up until the ranks that did come
+// have read it (or 2 s), so that they report the same ranks.
+Status Join(KvClient& kv, const RankTable& t, const std::string& who, milliseconds timeout) {
+  RETURN_IF_ERROR(kv.Set("joined/" + std::to_string(t.rank), std::to_string(t.world_size)));
+  const auto deadline = tcp::Clock::now() + timeout;
+  std::vector<bool> seen(t.world_size, false);
+  int present = 0;
+  while (true) {
+    std::string missing;
+    for (int r = 0; r < t.world_size; ++r) {
+      if (seen[r]) continue;
+      ASSIGN_OR_RETURN(bool has, kv.Has("joined/" + std::to_string(r)));
+      if (!has) {
+        missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+        continue;
+      }
+      ASSIGN_OR_RETURN(std::string size, kv.Get("joined/" + std::to_string(r), timeout));
+      if (size != std::to_string(t.world_size)) {
+        return InvalidArgumentError(who + ": rank " + std::to_string(r) + " has world size " + size);
+      }
+      seen[r] = true;
+      ++present;
+    }
+    if (missing.empty()) return Status::Ok();
+    if (t.rank != 0) {
+      ASSIGN_OR_RETURN(bool failed, kv.Has("rendezvous/failed"));
+      if (failed) {
+        ASSIGN_OR_RETURN(std::string why, kv.Get("rendezvous/failed", timeout));
+        (void)kv.Add("rendezvous/acks", 1);
+        return DeadlineExceededError(who + ": " + why);
+      }
+    }
+    if (tcp::Clock::now() >= deadline) {
+      const std::string why = "rank(s) " + missing + " did not join the rendezvous at " +
+                              t.master_host + ":" + std::to_string(t.master_port) + " within " +
+                              FormatDuration(timeout);
+      if (t.rank == 0) {
+        (void)kv.Set("rendezvous/failed", why);
+        const auto grace = tcp::Clock::now() + std::chrono::seconds(2);
+        while (tcp::Clock::now() < grace) {
+          Result<int64_t> acks = kv.Add("rendezvous/acks", 0);
+          if (!acks.ok() || *acks >= present - 1) break;
+          std::this_thread::sleep_for(milliseconds(10));
+        }
+      } else {
+        (void)kv.Add("rendezvous/acks", 1);
+      }
+      return DeadlineExceededError(who + ": " + why);
+    }
+    std::this_thread::sleep_for(milliseconds(5));
+  }
+}
+
+}  // namespace
+
+Result<std::unique_ptr<Communicator>> CreateGlooWorld(const RankTable& table,
+                                                      const CommOptions& options) {
+  auto world = std::make_shared<GlooWorld>();
+  world->options = options;
+  world->world_rank = table.rank;
+  const std::string who = "gloo rank " + std::to_string(table.rank) + " of " +
+                          std::to_string(table.world_size);
+  RankTable t = table;
+  if (t.world_size > 1 && (t.master_port <= 0 || (t.rank != 0 && t.master_host.empty()))) {
+    return InvalidArgumentError(who + ": no master address (set MASTER_ADDR and MASTER_PORT, "
+                                "TESSERA_MASTER=host:port, or --master)");
+  }
+  if (t.rank == 0) {
+    Result<std::unique_ptr<KvServer>> server = KvServer::Start(t.world_size > 1 ? t.master_port : 0);
+    if (!server.ok()) return server.status().Annotate(who + ": the rendezvous on the master port");
+    world->server = std::move(*server);
+    t.master_port = world->server->port();
+    if (t.master_host.empty() || t.world_size == 1) t.master_host = "127.0.0.1";
+  }
+  const std::string master = t.rank == 0 ? "127.0.0.1" : t.master_host;
+  Result<std::unique_ptr<KvClient>> kv = KvClient::Connect(master, t.master_port, options.timeout);
+  if (!kv.ok()) {
+    return kv.status().Annotate(who + ": rank 0's rendezvous at " + t.master_host + ":" +
+                                std::to_string(t.master_port));
+  }
+  world->kv = std::move(*kv);
+  world->store = std::make_unique<KvGlooStore>(world->kv, options.timeout);
+  RETURN_IF_ERROR(Join(*world->kv, t, who, options.timeout));
+  ASSIGN_OR_RETURN(gloo::transport::tcp::attr attr, DeviceAttr(t, t.master_host));
+  auto ctx = std::make_shared<gloo::rendezvous::Context>(t.rank, t.world_size);
+  try {
+    world->device = gloo::transport::tcp::CreateDevice(attr);
+    ctx->setTimeout(options.timeout);
+    gloo::rendezvous::PrefixStore store("w", *world->store);
+    ctx->connectFullMesh(store, world->device);
+  } catch (const std::exception& e) {
+    return AbortedError(who + ": connecting to the other ranks: " + e.what());
+  }
+  auto out = std::make_unique<GlooCommunicator>(world, ctx, "w");
+  RETURN_IF_ERROR(out->Barrier());
+  return std::unique_ptr<Communicator>(std::move(out));
+}
+
+}  // namespace tessera
