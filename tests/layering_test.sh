@@ -57,6 +57,7 @@ check "zstd.h only in formats/codec.cc" wrapped 'zstd\.h' '^formats/codec\.cc$'
 check "hdf5.h only in formats/hdf5_file.cc" wrapped 'hdf5\.h|H5' '^formats/hdf5_file\.cc$'
 check "mpi.h only in runtime/comm/mpi.cc" wrapped 'mpi\.h' '^runtime/comm/mpi\.cc$'
 check "nccl.h only in runtime/comm/nccl.cc" wrapped 'nccl\.h|cuda' '^runtime/comm/nccl\.cc$'
+check "Gloo's headers only in runtime/comm/gloo.cc" wrapped 'gloo/' '^runtime/comm/gloo\.cc$'
 check "xxhash.h only in core/checksum.cc" wrapped 'xxhash\.h' '^core/checksum\.cc$'
 check "ISA-L only in formats/erasure.cc" wrapped 'isa-l' '^formats/erasure\.cc$'
 pb=$(grep -rl '\.pb\.h"' core transform formats ckpt runtime cli samples | sort | tr '\n' ' ')

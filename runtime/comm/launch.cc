@@ -1,7 +1,14 @@
 #include "runtime/comm/launch.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <charconv>
+#include <chrono>
 #include <cstdlib>
+#include <cstring>
 
 #include "runtime/comm/gloo.h"
 #include "runtime/comm/inprocess.h"
@@ -130,6 +137,27 @@ Result<RankTable> RankTableFromEnv() {
     t.master_port = static_cast<int>(port);
   }
   return t;
+}
+
+Heartbeat Heartbeat::FromEnv() {
+  Heartbeat h;
+  if (const char* p = std::getenv("TESSERA_HEARTBEAT_FILE")) h.path_ = p;
+  return h;
+}
+
+Status Heartbeat::Beat() {
+  if (path_.empty()) return Status::Ok();
+  const int64_t now = std::chrono::duration_cast<std::chrono::milliseconds>(
+                          std::chrono::steady_clock::now().time_since_epoch())
+                          .count();
+  if (last_ms_ >= 0 && now - last_ms_ < 1000) return Status::Ok();
+  last_ms_ = now;
+  const int fd = open(path_.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) return IOError("heartbeat file '" + path_ + "': " + std::strerror(errno));
+  const int rc = futimens(fd, nullptr);  // now
+  close(fd);
+  if (rc != 0) return IOError("heartbeat file '" + path_ + "': " + std::strerror(errno));
+  return Status::Ok();
 }
 
 }  // namespace tessera

@@ -61,6 +61,21 @@ struct RankTable {
 // the variable when one is malformed or they disagree.
 Result<RankTable> RankTableFromEnv();
 
+// Tells a launcher this process is alive: tessera-run sets
+// TESSERA_HEARTBEAT_FILE for each worker and takes a worker whose file
+// goes stale for longer than its --heartbeat-timeout for hung. Beat()
+// touches the file (at most once a second; a no-op without the variable).
+class Heartbeat {
+ public:
+  static Heartbeat FromEnv();
+  bool enabled() const { return !path_.empty(); }
+  Status Beat();
+
+ private:
+  std::string path_;
+  int64_t last_ms_ = -1;
+};
+
 }  // namespace tessera
 
 #endif  // TESSERA_RUNTIME_COMM_LAUNCH_H_

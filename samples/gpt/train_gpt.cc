@@ -101,6 +101,7 @@ struct FaultKill {
   std::string point;
   int64_t step = -1;
   int rank = -1;
+  bool hang = false;  // --fault-hang: stop there for ever (a hung rank) instead
   static Result<FaultKill> Parse(const std::string& text) {
     FaultKill f;
     if (text.empty()) return f;
@@ -124,9 +125,13 @@ struct FaultKill {
   }
   void At(std::string_view point, int64_t step, int rank) const {
     if (point == this->point && step == this->step && rank == this->rank) {
-      std::fprintf(stderr, "train_gpt: --fault-kill: rank %d kills itself at %s of step %lld\n",
-                   rank, std::string(point).c_str(), static_cast<long long>(step));
+      std::fprintf(stderr, "train_gpt: --fault-%s: rank %d %s at %s of step %lld\n",
+                   hang ? "hang" : "kill", rank, hang ? "hangs" : "kills itself",
+                   std::string(point).c_str(), static_cast<long long>(step));
       std::fflush(stderr);
+      if (hang) {
+        while (true) pause();
+      }
       kill(getpid(), SIGKILL);
     }
   }
@@ -272,8 +277,10 @@ Status Train(const Options& o, Communicator& world) {
   double total_seconds = 0, comm_at_first = 0;
   int64_t timed_steps = 0;
   float loss_value = 0;
+  Heartbeat heartbeat = Heartbeat::FromEnv();
   while (model.step() < o.steps) {
     fault.At("step", model.step() + 1, world.rank());
+    RETURN_IF_ERROR(heartbeat.Beat());
     const auto t0 = std::chrono::steady_clock::now();
     RETURN_IF_ERROR(loader.NextBatch(inputs.data(), targets.data()));
     float norm = 0;
@@ -461,10 +468,22 @@ int main(int argc, char** argv) {
                  "testing: the host of each rank, comma-separated (a,a,b,b), recorded in "
                  "sliced checkpoints and used to place copies and parity; default "
                  "$TESSERA_HOSTS, else each process's hostname");
-  std::string fault_kill;
+  std::string fault_kill, fault_hang, backend = "auto", master;
+  int rank = -1, world_size = -1;
+  app.add_option("--backend", backend,
+                 "auto (mpi under mpirun, gloo under a rank table: tessera-run, torchrun's "
+                 "variables; else inprocess), inprocess, mpi or gloo")
+      ->check(CLI::IsMember({"auto", "inprocess", "mpi", "gloo"}));
+  app.add_option("--rank", rank, "this process's rank (gloo; else TESSERA_RANK or RANK)");
+  app.add_option("--world-size", world_size, "processes in the job (gloo; else TESSERA_WORLD_SIZE)");
+  app.add_option("--master", master,
+                 "host:port of rank 0's rendezvous (gloo; else TESSERA_MASTER or MASTER_ADDR/PORT)");
   app.add_option("--fault-kill", fault_kill,
                  "testing: POINT:STEP:RANK kills that rank's process (SIGKILL) at POINT of step "
                  "STEP (step, write, redundancy, commit, rename)");
+  app.add_option("--fault-hang", fault_hang,
+                 "testing: POINT:STEP:RANK stops that rank for ever at POINT of step STEP (a hung "
+                 "rank: its heartbeat stops, its peers wait)");
   app.add_option("--strategy-out", o.strategy_out,
                  "write the layouts of this run's checkpoints (its strategy, JSON) here, for "
                  "ckpt reshard --strategy; with --steps 0 nothing else is done");
@@ -498,17 +517,26 @@ int main(int argc, char** argv) {
     if (o.hosts.back().empty()) return Fail(InvalidArgumentError("--hosts '" + hosts + "': an empty host name"));
     at = comma + 1;
   }
-  if (Result<FaultKill> f = FaultKill::Parse(fault_kill); f.ok()) {
+  if (!fault_kill.empty() && !fault_hang.empty()) {
+    return Fail(InvalidArgumentError("give --fault-kill or --fault-hang, not both"));
+  }
+  if (Result<FaultKill> f = FaultKill::Parse(fault_kill.empty() ? fault_hang : fault_kill); f.ok()) {
     o.fault = *f;
+    o.fault.hang = !fault_hang.empty();
   } else {
     return Fail(f.status());
   }
+  // The rank table from flags, as the environment would give it.
+  if (rank >= 0) setenv("TESSERA_RANK", std::to_string(rank).c_str(), 1);
+  if (world_size >= 0) setenv("TESSERA_WORLD_SIZE", std::to_string(world_size).c_str(), 1);
+  if (!master.empty()) setenv("TESSERA_MASTER", master.c_str(), 1);
   if (!o.redundancy.none() && o.save_mode != "sliced") {
     return Fail(InvalidArgumentError("--redundancy needs --save-mode sliced (or --async-save)"));
   }
 
   LaunchOptions launch;
   launch.ranks = ranks;
+  launch.backend = *ParseCommBackend(backend);
   if (LaunchedByMpirun() && ranks > 0) {
     return Fail(InvalidArgumentError("--ranks starts threads; under mpirun use -np instead"));
   }
@@ -517,7 +545,8 @@ int main(int argc, char** argv) {
     return Fail(InvalidArgumentError("--threads above 1 needs one rank per process (mpirun)"));
   }
   // Several ranks share the cores: one compute thread each unless told.
-  const bool several = ranks > 1 || LaunchedByMpirun();
+  Result<RankTable> table = RankTableFromEnv();
+  const bool several = ranks > 1 || LaunchedByMpirun() || (table.ok() && table->world_size > 1);
   kernels::SetComputeThreads(threads >= 0 ? threads : several ? 1 : 0);
   if (Status s = LaunchRanks(launch, [&](Communicator& world) { return Train(o, world); });
       !s.ok()) {
