@@ -64,7 +64,7 @@ Result<RankTable> RankTableFromEnv();
 // Tells a launcher this process is alive: tessera-run sets
 // TESSERA_HEARTBEAT_FILE for each worker and takes a worker whose file
 // goes stale for longer than its --heartbeat-timeout for hung. Beat()
-// touches the file (at most once a second; a no-op without the variable).
+// touches the file (at most 5 times a second; a no-op without the variable).
 class Heartbeat {
  public:
   static Heartbeat FromEnv();

@@ -93,7 +93,8 @@ int Fail(const Status& s) {
 }
 
 // --fault-kill POINT:STEP:RANK, for the fault tests: rank RANK kills its
-// own process (SIGKILL, as a crashed host would die) at POINT of step STEP:
+// own process (SIGKILL, as a crashed host would die) at POINT of step STEP
+// (under tessera-run only in the first attempt, TESSERA_RESTART_COUNT=0):
 // "step" as the step begins, or a point of a sliced save (see
 // SlicedWriteOptions::fault_hook: write, redundancy, commit, rename,
 // committed).
@@ -124,6 +125,13 @@ struct FaultKill {
     return f;
   }
   void At(std::string_view point, int64_t step, int rank) const {
+    // Under a launcher, only in the job's first attempt: the restarted job
+    // runs through.
+    static const bool restarted = [] {
+      const char* n = std::getenv("TESSERA_RESTART_COUNT");
+      return n != nullptr && std::atoi(n) > 0;
+    }();
+    if (restarted) return;
     if (point == this->point && step == this->step && rank == this->rank) {
       std::fprintf(stderr, "train_gpt: --fault-%s: rank %d %s at %s of step %lld\n",
                    hang ? "hang" : "kill", rank, hang ? "hangs" : "kills itself",

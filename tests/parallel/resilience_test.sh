@@ -16,11 +16,11 @@
 #  - a lost host: rs:2+2 over 4 ranks on 2 fake hosts, every file of one
 #    host deleted, the resume continues the loss curve (in-process and
 #    mpirun, sync and async); M + 1 lost files are refused by name;
-#  - run_resilient: a rank killed with kill -9 from outside is restarted
+#  - tessera-run --np / --ranks: a rank killed with kill -9 from outside is restarted
 #    from the newest checkpoint (mpirun and in-process), on fewer ranks
 #    when the hostfile shrinks, and stops after --max-restarts and below
 #    --min-ranks.
-# Usage: resilience_test.sh TRAIN_GPT CORPUS MPIRUN CKPT RUN_RESILIENT
+# Usage: resilience_test.sh TRAIN_GPT CORPUS MPIRUN CKPT TESSERA_RUN
 set -uo pipefail
 BIN=$1
 CORPUS=$2
@@ -241,9 +241,9 @@ echo "localhost slots=4" >"$WORK/hosts"
   --save-mode sliced --resume >"$WORK/sup-mpi.log" 2>&1
 rc=$?
 wait
-check "run_resilient (mpirun): a rank killed with kill -9, the job restarted and finished" test $rc -eq 0
+check "tessera-run --np (mpirun): a rank killed with kill -9, the job restarted and finished" test $rc -eq 0
 [ $rc -eq 0 ] || tail -n 40 "$WORK/sup-mpi.log"  # for the CI log
-check "... it saw the death" grep -q "run_resilient: the job exited with status" "$WORK/sup-mpi.log"
+check "... it saw the death" grep -q "tessera-run: attempt 1 failed after .*: the job exited with status" "$WORK/sup-mpi.log"
 check "... restarted on the 2 ranks the hostfile now lists, from a checkpoint" \
   grep -q "attempt 2 on 2 rank(s), from .*sup-mpi/step-" "$WORK/sup-mpi.log"
 check "... which resumed resharded (dp2 x tp2 -> tp2)" grep -q "resumed from step" "$WORK/sup-mpi.log"
@@ -259,7 +259,7 @@ dir="$WORK/sup-inproc"
   >"$WORK/sup-inproc.log" 2>&1
 rc=$?
 wait
-check "run_resilient (in-process ranks): killed with kill -9, restarted, finished" test $rc -eq 0
+check "tessera-run --ranks (in-process ranks): killed with kill -9, restarted, finished" test $rc -eq 0
 [ $rc -eq 0 ] || tail -n 40 "$WORK/sup-inproc.log"  # for the CI log
 check "... it saw the SIGKILL" grep -q "was killed by signal 9" "$WORK/sup-inproc.log"
 last_loss() { train_losses "$1" | awk '$1 == 40 { print $2 }' | tail -1; }
@@ -268,7 +268,7 @@ check "... and ended on the uninterrupted loss bit for bit" \
   -n "$(last_loss "$WORK/slow-ref.log")"
 run_out "$RUN" --ranks 1 --max-restarts 2 -- "$BIN" --no-such-flag
 check "a job that keeps failing: given up after --max-restarts" \
-  bash -c "[ \$(grep -c 'run_resilient: attempt' '$WORK/out') -eq 3 ] && grep -q 'giving up after 2 restart' '$WORK/out'"
+  bash -c "[ \$(grep -c 'tessera-run: attempt [0-9]* on' '$WORK/out') -eq 3 ] && grep -q 'giving up after 2 restart' '$WORK/out'"
 echo "localhost slots=1" >"$WORK/hosts"
 run_out "$RUN" --np 4 --hostfile "$WORK/hosts" --min-ranks 2 -- "$BIN" --data "$CORPUS"
 check "fewer ranks than --min-ranks: not started" grep -q "1 rank(s) available, fewer than --min-ranks 2" "$WORK/out"

@@ -1,0 +1,632 @@
+// tessera-run: starts a job's processes and keeps the job going, in the
+// spirit of torchrun and MindSpore's msrun. Three ways to start a job:
+//
+//   tessera-run --nproc-per-node 4 -- train_gpt --tp 2 --save ck --resume ...
+//       4 local worker processes over Gloo (no MPI anywhere): each gets its
+//       rank table (TESSERA_RANK / TESSERA_WORLD_SIZE / TESSERA_MASTER, and
+//       torchrun's RANK / WORLD_SIZE / LOCAL_RANK / MASTER_ADDR / MASTER_PORT).
+//   tessera-run --nnodes 2 --node-rank K --master HOST:PORT --nproc-per-node 4 -- ...
+//       the same on several hosts: run it once per host; node 0 (on HOST)
+//       keeps the launchers' store on PORT and its rank 0 worker serves the
+//       workers' rendezvous on PORT + 1 + attempt.
+//   tessera-run --np 4 [--hostfile H] -- train_gpt ...     under mpirun
+//   tessera-run --ranks 4 -- train_gpt --ranks {ranks} ... one process of
+//       in-process ranks
+//
+// Workers (--nproc-per-node): every output line is printed with its rank
+// ("[rank 3] step 10 ...") and kept in LOG_DIR/rank-<r>.log; SIGINT and
+// SIGTERM are forwarded to every worker. A worker that dies, or that stops
+// touching its heartbeat file (TESSERA_HEARTBEAT_FILE, which train_gpt
+// touches every step) for --heartbeat-timeout seconds, ends the attempt on
+// every node: all workers are stopped and the job starts again, up to
+// --max-restarts times, from its newest complete checkpoint (the job
+// resumes itself: train_gpt --resume). Elastic: a node whose launcher does
+// not come back within --join-timeout is left out and the job restarts on
+// the nodes that did (at least --min-nodes), resharding its checkpoint on
+// load. With --np, a --hostfile is read again before every attempt
+// (run_resilient's job: a scheduler removes a dead host from it).
+//
+// In COMMAND, {ranks} becomes the job's number of ranks in each attempt.
+// Every process gets TESSERA_RESTART_COUNT (0 in the first attempt).
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+#include "core/env.h"
+#include "formats/native_files.h"
+#include "runtime/comm/kv_store.h"
+
+using namespace tessera;
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+namespace {
+
+volatile sig_atomic_t g_signal = 0;
+void OnSignal(int sig) { g_signal = sig; }
+
+double Since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+std::string Describe(int status) {
+  if (WIFSIGNALED(status)) {
+    return "was killed by signal " + std::to_string(WTERMSIG(status)) + " (" +
+           strsignal(WTERMSIG(status)) + ")";
+  }
+  return "exited with status " + std::to_string(WEXITSTATUS(status));
+}
+
+// Slots a hostfile lists ("host slots=N", or one per host line); -1 when it
+// cannot be read.
+int Slots(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return -1;
+  int slots = 0;
+  std::string line;
+  while (std::getline(in, line)) {
+    line = line.substr(0, line.find('#'));
+    std::istringstream words(line);
+    std::string host, word;
+    if (!(words >> host)) continue;
+    int n = 1;
+    while (words >> word) {
+      if (word.rfind("slots=", 0) == 0) n = std::atoi(word.c_str() + 6);
+    }
+    slots += n;
+  }
+  return slots;
+}
+
+// The value of `--flag VALUE` or `--flag=VALUE` in the job's command.
+std::string FlagValue(const std::vector<std::string>& args, const std::string& flag) {
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (args[i] == flag && i + 1 < args.size()) return args[i + 1];
+    if (args[i].rfind(flag + "=", 0) == 0) return args[i].substr(flag.size() + 1);
+  }
+  return "";
+}
+
+std::vector<std::string> Substitute(const std::vector<std::string>& command, int ranks) {
+  std::vector<std::string> out;
+  for (std::string a : command) {
+    for (size_t at; (at = a.find("{ranks}")) != std::string::npos;) {
+      a.replace(at, 7, std::to_string(ranks));
+    }
+    out.push_back(a);
+  }
+  return out;
+}
+
+std::string Join(const std::vector<std::string>& v, const char* sep = " ") {
+  std::string out;
+  for (const std::string& s : v) out += (out.empty() ? "" : sep) + s;
+  return out;
+}
+
+// Starts `args` in a process group of its own with `env` added; its stdout
+// and stderr go to `out_fd` (-1: inherited).
+pid_t Spawn(const std::vector<std::string>& args, const std::vector<std::string>& env, int out_fd) {
+  const pid_t pid = fork();
+  if (pid != 0) {
+    if (pid > 0) setpgid(pid, pid);
+    return pid;
+  }
+  setpgid(0, 0);
+  // A worker dies with its launcher (a killed node takes its workers along,
+  // as a dead host would) instead of running on unsupervised.
+  prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (getppid() == 1) _exit(1);  // the launcher died before the line above
+  signal(SIGINT, SIG_DFL);
+  signal(SIGTERM, SIG_DFL);
+  for (const std::string& e : env) putenv(const_cast<char*>(e.c_str()));
+  if (out_fd >= 0) {
+    dup2(out_fd, STDOUT_FILENO);
+    dup2(out_fd, STDERR_FILENO);
+    close(out_fd);
+  }
+  std::vector<char*> cargs;
+  for (const std::string& a : args) cargs.push_back(const_cast<char*>(a.c_str()));
+  cargs.push_back(nullptr);
+  execvp(cargs[0], cargs.data());
+  std::fprintf(stderr, "tessera-run: cannot run '%s': %s\n", cargs[0], std::strerror(errno));
+  _exit(127);
+}
+
+// A port nothing listens on now (the kernel's pick), or -1.
+int FreePort() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return -1;
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_ANY);
+  socklen_t len = sizeof(addr);
+  int port = -1;
+  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
+      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
+    port = ntohs(addr.sin_port);
+  }
+  close(fd);
+  return port;
+}
+
+// Where the job would resume from, for the attempt's line.
+std::string ResumesFrom(const std::string& save) {
+  if (save.empty()) return "from scratch (or its own --resume)";
+  const auto latest = ResumeCheckpoint(Env::Default(), save);
+  return latest.ok() ? "from " + save + "/" + *latest : "from scratch (no checkpoint yet)";
+}
+
+// ---- one child (mpirun or in-process ranks): run_resilient's job ---------
+
+int RunSingle(const std::vector<std::string>& args, int attempt) {
+  const pid_t child = Spawn(args, {"TESSERA_RESTART_COUNT=" + std::to_string(attempt)}, -1);
+  if (child < 0) return -1;
+  int status = 0;
+  while (true) {
+    const pid_t r = waitpid(child, &status, WNOHANG);
+    if (r == child) break;
+    if (g_signal != 0) kill(-child, g_signal);
+    std::this_thread::sleep_for(milliseconds(50));
+  }
+  return status;
+}
+
+// ---- workers ---------------------------------------------------------------
+
+struct Worker {
+  int rank = 0, local = 0;
+  pid_t pid = -1;
+  int out = -1;        // read end of its output pipe
+  std::string partial;  // an unfinished line
+  FILE* log = nullptr;
+  std::string heartbeat;
+  bool exited = false;
+  int status = 0;
+};
+
+struct WorkerOptions {
+  int nproc = 1;
+  double heartbeat_timeout = 0;  // seconds; 0: off
+  std::string log_dir;
+  bool quiet = false;
+};
+
+// Prints and logs every complete line in `w`'s buffer (all of it at the end).
+void Flush(Worker& w, bool all, bool quiet) {
+  size_t at;
+  while ((at = w.partial.find('\n')) != std::string::npos || (all && !w.partial.empty())) {
+    const std::string line = at == std::string::npos ? w.partial : w.partial.substr(0, at);
+    w.partial.erase(0, at == std::string::npos ? w.partial.size() : at + 1);
+    if (!quiet) std::printf("[rank %d] %s\n", w.rank, line.c_str());
+    if (w.log != nullptr) std::fprintf(w.log, "%s\n", line.c_str());
+  }
+  if (!quiet) std::fflush(stdout);
+  if (w.log != nullptr) std::fflush(w.log);
+}
+
+// Stops every worker still running: SIGTERM, then SIGKILL after 5 s.
+void StopAll(std::vector<Worker>& workers, int sig = SIGTERM) {
+  for (Worker& w : workers) {
+    if (!w.exited && w.pid > 0) kill(-w.pid, sig);
+  }
+  const auto t0 = Clock::now();
+  for (Worker& w : workers) {
+    while (!w.exited) {
+      const pid_t r = waitpid(w.pid, &w.status, WNOHANG);
+      if (r == w.pid) {
+        w.exited = true;
+        break;
+      }
+      if (Since(t0) > 5) kill(-w.pid, SIGKILL);
+      std::this_thread::sleep_for(milliseconds(20));
+    }
+  }
+}
+
+// The nodes' shared state for one attempt, in the launchers' store.
+struct Membership {
+  std::vector<int> nodes;  // node ranks taking part, ascending
+  int index = 0;           // this node's position among them
+};
+
+class Launcher {
+ public:
+  Launcher(int nnodes, int node_rank, std::string master_host, int master_port, int min_nodes,
+           double join_timeout)
+      : nnodes_(nnodes), node_rank_(node_rank), host_(std::move(master_host)),
+        port_(master_port), min_nodes_(min_nodes), join_timeout_(join_timeout) {}
+
+  Status Connect() {
+    if (node_rank_ == 0) {
+      ASSIGN_OR_RETURN(server_, KvServer::Start(port_));
+      port_ = server_->port();
+    }
+    const std::string host = node_rank_ == 0 ? "127.0.0.1" : host_;
+    ASSIGN_OR_RETURN(kv_, KvClient::Connect(host, port_, milliseconds(
+                                                            static_cast<int64_t>(join_timeout_ * 1000))));
+    return Status::Ok();
+  }
+  int port() const { return port_; }
+
+  // Joins attempt `a`: node 0 waits for the previous attempt's nodes (all
+  // nnodes at first) for --join-timeout, then names the members.
+  Result<Membership> JoinAttempt(int a) {
+    const std::string k = "attempt/" + std::to_string(a);
+    RETURN_IF_ERROR(kv_->Set(k + "/node/" + std::to_string(node_rank_), "1"));
+    if (node_rank_ == 0) {
+      const auto deadline = Clock::now() + milliseconds(static_cast<int64_t>(join_timeout_ * 1000));
+      std::vector<int> present;
+      while (true) {
+        present.clear();
+        for (int n : expected_) {
+          ASSIGN_OR_RETURN(bool has, kv_->Has(k + "/node/" + std::to_string(n)));
+          if (has) present.push_back(n);
+        }
+        if (present.size() == expected_.size() || Clock::now() >= deadline) break;
+        std::this_thread::sleep_for(milliseconds(50));
+      }
+      std::string list;
+      for (int n : present) list += (list.empty() ? "" : ",") + std::to_string(n);
+      if (static_cast<int>(present.size()) < min_nodes_) list = "none";
+      RETURN_IF_ERROR(kv_->Set(k + "/members", list));
+    }
+    ASSIGN_OR_RETURN(std::string list,
+                     kv_->Get(k + "/members",
+                              milliseconds(static_cast<int64_t>(join_timeout_ * 2000 + 10000))));
+    if (list == "none") {
+      return FailedPreconditionError("fewer than --min-nodes " + std::to_string(min_nodes_) +
+                                     " node(s) joined attempt " + std::to_string(a + 1));
+    }
+    Membership m;
+    std::stringstream ss(list);
+    std::string item;
+    while (std::getline(ss, item, ',')) m.nodes.push_back(std::stoi(item));
+    auto it = std::find(m.nodes.begin(), m.nodes.end(), node_rank_);
+    if (it == m.nodes.end()) {
+      return FailedPreconditionError("node " + std::to_string(node_rank_) +
+                                     " joined attempt " + std::to_string(a + 1) + " too late");
+    }
+    m.index = static_cast<int>(it - m.nodes.begin());
+    expected_ = m.nodes;
+    return m;
+  }
+
+  void Fail(int a, const std::string& why) {
+    const std::string k = "attempt/" + std::to_string(a) + "/failed";
+    Result<bool> has = kv_->Has(k);
+    if (has.ok() && !*has) (void)kv_->Set(k, "node " + std::to_string(node_rank_) + ": " + why);
+  }
+  // Another node's verdict on attempt `a`, or "".
+  std::string Failed(int a) {
+    const std::string k = "attempt/" + std::to_string(a) + "/failed";
+    Result<bool> has = kv_->Has(k);
+    if (!has.ok()) return "the launchers' store on node 0 is gone";
+    if (!*has) return "";
+    Result<std::string> why = kv_->Get(k, milliseconds(1000));
+    return why.ok() ? *why : "failed";
+  }
+  void SetExpected(int nnodes) {
+    expected_.clear();
+    for (int n = 0; n < nnodes; ++n) expected_.push_back(n);
+  }
+
+ private:
+  int nnodes_, node_rank_;
+  std::string host_;
+  int port_, min_nodes_;
+  double join_timeout_;
+  std::unique_ptr<KvServer> server_;
+  std::unique_ptr<KvClient> kv_;
+  std::vector<int> expected_;
+};
+
+// Runs one attempt of this node's workers. Returns "" when every worker
+// exited 0, else why the attempt failed.
+std::string RunWorkers(const std::vector<std::string>& args, const WorkerOptions& o,
+                       const Membership& m, int attempt, const std::string& master_host,
+                       int worker_port, Launcher& launcher) {
+  const int world = static_cast<int>(m.nodes.size()) * o.nproc;
+  std::vector<Worker> workers(o.nproc);
+  for (int l = 0; l < o.nproc; ++l) {
+    Worker& w = workers[l];
+    w.local = l;
+    w.rank = m.index * o.nproc + l;
+    int fds[2];
+    if (pipe2(fds, O_CLOEXEC) != 0) return std::string("pipe: ") + std::strerror(errno);
+    if (!o.log_dir.empty()) {
+      const std::string path = o.log_dir + "/rank-" + std::to_string(w.rank) + ".log";
+      w.log = std::fopen(path.c_str(), "a");
+      if (w.log != nullptr) std::fprintf(w.log, "== attempt %d\n", attempt + 1);
+      w.heartbeat = o.log_dir + "/heartbeat-" + std::to_string(w.rank);
+    } else {
+      w.heartbeat = "/tmp/tessera-run-" + std::to_string(getpid()) + "-heartbeat-" +
+                    std::to_string(w.rank);
+    }
+    unlink(w.heartbeat.c_str());
+    const std::string master = master_host + ":" + std::to_string(worker_port);
+    const std::vector<std::string> env = {
+        "TESSERA_RANK=" + std::to_string(w.rank),
+        "TESSERA_WORLD_SIZE=" + std::to_string(world),
+        "TESSERA_MASTER=" + master,
+        "RANK=" + std::to_string(w.rank),
+        "WORLD_SIZE=" + std::to_string(world),
+        "LOCAL_RANK=" + std::to_string(l),
+        "LOCAL_WORLD_SIZE=" + std::to_string(o.nproc),
+        "MASTER_ADDR=" + master_host,
+        "MASTER_PORT=" + std::to_string(worker_port),
+        "TESSERA_HEARTBEAT_FILE=" + w.heartbeat,
+        "TESSERA_RESTART_COUNT=" + std::to_string(attempt),
+    };
+    w.pid = Spawn(args, env, fds[1]);
+    close(fds[1]);
+    w.out = fds[0];
+    fcntl(w.out, F_SETFL, O_NONBLOCK);
+  }
+  const auto started = Clock::now();
+  std::string failure;
+  auto last_poll = Clock::now();
+  while (true) {
+    std::vector<pollfd> fds;
+    for (Worker& w : workers) {
+      if (w.out >= 0) fds.push_back({w.out, POLLIN, 0});
+    }
+    if (!fds.empty()) poll(fds.data(), fds.size(), 100);
+    else std::this_thread::sleep_for(milliseconds(100));
+    for (Worker& w : workers) {
+      if (w.out < 0) continue;
+      char buf[65536];
+      while (true) {
+        const ssize_t n = read(w.out, buf, sizeof(buf));
+        if (n > 0) {
+          w.partial.append(buf, static_cast<size_t>(n));
+          continue;
+        }
+        if (n == 0) {  // the worker closed its output (exited)
+          close(w.out);
+          w.out = -1;
+        }
+        break;
+      }
+      Flush(w, w.out < 0, o.quiet);
+    }
+    bool all_done = true;
+    for (Worker& w : workers) {
+      if (!w.exited && waitpid(w.pid, &w.status, WNOHANG) == w.pid) {
+        w.exited = true;
+        if (!(WIFEXITED(w.status) && WEXITSTATUS(w.status) == 0) && failure.empty()) {
+          failure = "rank " + std::to_string(w.rank) + " " + Describe(w.status);
+        }
+      }
+      all_done = all_done && w.exited && w.out < 0;
+    }
+    if (g_signal != 0 && failure.empty()) failure = "signal " + std::to_string(g_signal);
+    if (failure.empty() && o.heartbeat_timeout > 0) {
+      // Every silent worker, the longest silent first: the one that hung
+      // (its peers then wait for it in a collective and go silent later).
+      std::vector<std::pair<double, const Worker*>> silent;
+      for (const Worker& w : workers) {
+        if (w.exited) continue;
+        struct stat st {};
+        double idle = Since(started);
+        if (stat(w.heartbeat.c_str(), &st) == 0) {
+          const double age = std::chrono::duration<double>(
+                                 std::chrono::system_clock::now().time_since_epoch())
+                                 .count() -
+                             (st.st_mtim.tv_sec + st.st_mtim.tv_nsec * 1e-9);
+          idle = std::min(idle, age);
+        }
+        if (idle > o.heartbeat_timeout) silent.push_back({idle, &w});
+      }
+      std::sort(silent.begin(), silent.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+      for (size_t i = 0; i < silent.size(); ++i) {
+        char text[160];
+        std::snprintf(text, sizeof(text), "%srank %d (pid %d) no heartbeat for %.1f s",
+                      i == 0 ? "hung: " : ", ", silent[i].second->rank,
+                      static_cast<int>(silent[i].second->pid), silent[i].first);
+        failure += text;
+      }
+    }
+    if (failure.empty() && Since(last_poll) > 0.2) {
+      last_poll = Clock::now();
+      failure = launcher.Failed(attempt);
+    } else if (!failure.empty()) {
+      launcher.Fail(attempt, failure);
+    }
+    if (!failure.empty()) {
+      StopAll(workers, g_signal != 0 ? g_signal : SIGTERM);
+      for (Worker& w : workers) {
+        if (w.out >= 0) {
+          char buf[65536];
+          ssize_t n;
+          while ((n = read(w.out, buf, sizeof(buf))) > 0) w.partial.append(buf, static_cast<size_t>(n));
+          close(w.out);
+          w.out = -1;
+        }
+        Flush(w, true, o.quiet);
+      }
+      break;
+    }
+    if (all_done) break;
+  }
+  for (Worker& w : workers) {
+    if (w.log != nullptr) std::fclose(w.log);
+    unlink(w.heartbeat.c_str());
+  }
+  return failure;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"Start a job's processes (Gloo workers, mpirun or in-process ranks) and restart "
+               "it from its newest checkpoint when a process dies or hangs"};
+  int nproc = 0, nnodes = 1, node_rank = 0, np = 0, ranks = 0, min_nodes = 1, min_ranks = 1,
+      max_restarts = 3;
+  double heartbeat_timeout = 0, join_timeout = 30;
+  std::string master, hostfile, mpirun = "mpirun", log_dir;
+  bool quiet = false;
+  std::vector<std::string> command;
+  app.add_option("--nproc-per-node", nproc, "worker processes on this node (the Gloo backend)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--nnodes", nnodes, "nodes of a multi-node job (one tessera-run on each)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--node-rank", node_rank, "this node's index, 0 .. nnodes - 1 (0: the master)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--master", master,
+                 "HOST:PORT of node 0 (its launcher's store on PORT, the workers' rendezvous on "
+                 "PORT + 1 + attempt); default 127.0.0.1 and a free port on one node");
+  app.add_option("--min-nodes", min_nodes, "restart on fewer nodes, down to this many")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--join-timeout", join_timeout,
+                 "seconds node 0 waits for the other nodes at each (re)start");
+  app.add_option("--heartbeat-timeout", heartbeat_timeout,
+                 "seconds without a heartbeat after which a worker counts as hung (0: off)");
+  app.add_option("--log-dir", log_dir, "keep each worker's output in LOG_DIR/rank-<r>.log");
+  app.add_flag("--quiet,-q", quiet, "do not print the workers' output (only log it)");
+  app.add_option("--np", np, "run COMMAND under mpirun with this many processes")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--hostfile", hostfile,
+                 "with --np: read before every attempt, the ranks are the slots it lists");
+  app.add_option("--min-ranks", min_ranks, "with --np: fewer slots than this ends the run")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--ranks", ranks, "run COMMAND as one process with {ranks} in-process ranks")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--mpirun", mpirun, "the mpirun to use");
+  app.add_option("--max-restarts", max_restarts, "restarts before giving up")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("command", command, "the job (after --)")->required();
+  app.positionals_at_end();
+  CLI11_PARSE(app, argc, argv);
+  if ((nproc > 0) + (np > 0) + (ranks > 0) != 1) {
+    std::fprintf(stderr, "tessera-run: give one of --nproc-per-node (Gloo workers), --np "
+                         "(mpirun) or --ranks (in-process ranks)\n");
+    return 2;
+  }
+  if (node_rank >= nnodes) {
+    std::fprintf(stderr, "tessera-run: --node-rank %d is not below --nnodes %d\n", node_rank, nnodes);
+    return 2;
+  }
+  std::string master_host = "127.0.0.1";
+  int master_port = 0;
+  if (!master.empty()) {
+    const size_t colon = master.rfind(':');
+    if (colon == std::string::npos || colon == 0) {
+      std::fprintf(stderr, "tessera-run: --master '%s' is not HOST:PORT\n", master.c_str());
+      return 2;
+    }
+    master_host = master.substr(0, colon);
+    master_port = std::atoi(master.c_str() + colon + 1);
+  } else if (nnodes > 1) {
+    std::fprintf(stderr, "tessera-run: a multi-node job needs --master HOST:PORT\n");
+    return 2;
+  }
+  if (!log_dir.empty()) (void)Env::Default()->CreateDirs(log_dir);
+  const std::string save = FlagValue(command, "--save");
+  signal(SIGINT, OnSignal);
+  signal(SIGTERM, OnSignal);
+  signal(SIGPIPE, SIG_IGN);
+
+  std::unique_ptr<Launcher> launcher;
+  if (nproc > 0) {
+    launcher = std::make_unique<Launcher>(nnodes, node_rank, master_host, master_port, min_nodes,
+                                          join_timeout);
+    if (Status s = launcher->Connect(); !s.ok()) {
+      std::fprintf(stderr, "tessera-run: %s\n", s.ToString().c_str());
+      return 1;
+    }
+    launcher->SetExpected(nnodes);
+  }
+  for (int attempt = 0;; ++attempt) {
+    const auto t0 = Clock::now();
+    std::string failure;
+    if (nproc > 0) {
+      Result<Membership> m = launcher->JoinAttempt(attempt);
+      if (!m.ok()) {
+        std::fprintf(stderr, "tessera-run: %s\n", m.status().message().c_str());
+        return 1;
+      }
+      const int world = static_cast<int>(m->nodes.size()) * nproc;
+      // One node and no --master: any free port; else PORT + 1 + attempt,
+      // which every node can compute.
+      int worker_port = launcher->port() + 1 + attempt;
+      if (master.empty()) {
+        if (const int free = FreePort(); free > 0) worker_port = free;
+      }
+      const std::vector<std::string> args = Substitute(command, world);
+      std::printf("tessera-run: attempt %d: node %d of %zu, ranks %d-%d of %d, %s\n  $ %s\n",
+                  attempt + 1, m->index, m->nodes.size(), m->index * nproc,
+                  m->index * nproc + nproc - 1, world, ResumesFrom(save).c_str(),
+                  Join(args).c_str());
+      std::fflush(stdout);
+      failure = RunWorkers(args, {nproc, heartbeat_timeout, log_dir, quiet}, *m, attempt,
+                           master_host, worker_port, *launcher);
+    } else {
+      int n = np > 0 ? np : ranks;
+      if (np > 0 && !hostfile.empty()) {
+        const int slots = Slots(hostfile);
+        if (slots < 0) {
+          std::fprintf(stderr, "tessera-run: cannot read hostfile '%s'\n", hostfile.c_str());
+          return 1;
+        }
+        n = std::min(n, slots);
+      }
+      if (n < min_ranks) {
+        std::fprintf(stderr, "tessera-run: %d rank(s) available, fewer than --min-ranks %d: "
+                             "giving up\n", n, min_ranks);
+        return 1;
+      }
+      std::vector<std::string> args;
+      if (np > 0) {
+        args = {mpirun, "-np", std::to_string(n)};
+        if (!hostfile.empty()) args.insert(args.end(), {"--hostfile", hostfile});
+      }
+      for (const std::string& a : Substitute(command, n)) args.push_back(a);
+      std::printf("tessera-run: attempt %d on %d rank(s), %s\n  $ %s\n", attempt + 1, n,
+                  ResumesFrom(save).c_str(), Join(args).c_str());
+      std::fflush(stdout);
+      const int status = RunSingle(args, attempt);
+      if (status < 0) {
+        std::perror("tessera-run: fork");
+        return 1;
+      }
+      if (!(WIFEXITED(status) && WEXITSTATUS(status) == 0)) {
+        failure = "the job " + Describe(status);
+        if (WIFEXITED(status) && WEXITSTATUS(status) == 127) return 1;  // nothing to restart
+      }
+    }
+    if (failure.empty()) {
+      std::printf("tessera-run: the job finished after %d restart(s)\n", attempt);
+      return 0;
+    }
+    std::printf("tessera-run: attempt %d failed after %.1f s: %s\n", attempt + 1, Since(t0),
+                failure.c_str());
+    std::fflush(stdout);
+    if (g_signal != 0) return 128 + g_signal;
+    if (attempt >= max_restarts) {
+      std::fprintf(stderr, "tessera-run: giving up after %d restart(s) (--max-restarts)\n", attempt);
+      return 1;
+    }
+  }
+}
