@@ -10,7 +10,7 @@ TESSERA_PACKAGES=(
   g++ cmake make pkg-config ccache
   libprotobuf-dev protobuf-compiler
   libhdf5-dev libzstd-dev libcli11-dev
-  libopenmpi-dev openmpi-bin libgloo-dev
+  libopenmpi-dev openmpi-bin libgloo-dev iproute2
   catch2 libopenblas-dev libxxhash-dev nlohmann-json3-dev libisal-dev
   python3 python3-torch python3-numpy python3-h5py python3-protobuf
   python3-dev python3-pybind11 python3-pytest python3-venv

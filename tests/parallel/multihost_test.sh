@@ -1,0 +1,188 @@
+#!/usr/bin/env bash
+# Several hosts without a second machine: network namespaces, each with its
+# own hostname (UTS namespace) and address, joined by veth pairs on a
+# bridge, stand in for hosts; the checkpoint directory is shared, as on a
+# cluster file system. The whole topology lives inside an outer
+# `unshare --net --mount --uts`, so a killed test leaves nothing behind,
+# and uses only the addresses it creates (10.77.0.0/24).
+#  - mpirun reaches the namespaces through --mca plm_rsh_agent (a script
+#    that runs the command in the namespace instead of over ssh), TCP BTL
+#    and OOB on the bridge's subnet;
+#  - tessera-run (Gloo) joins across them: 2 and 4 hosts, tp across hosts,
+#    dp across hosts, each giving the single-process losses;
+#  - host-aware redundancy (rs:2+2 over 2 hosts) records every data file's
+#    host and places no more than 2 files of a group on a host;
+#  - one host killed mid-run (its launcher and workers) and its ranks'
+#    data files deleted, as if they had been on its local disk: the job
+#    restarts on the other host from the newest checkpoint, rebuilding the
+#    lost files from parity, resharded, and continues the loss curve.
+# Not root, or no namespaces: says so and exits 77 (skipped).
+# Usage: multihost_test.sh TESSERA_RUN TRAIN_GPT CORPUS MPIRUN CKPT
+set -uo pipefail
+RUN=$(realpath "$1")
+BIN=$(realpath "$2")
+CORPUS=$(realpath "$3")
+MPIRUN=$4
+CKPT=$(realpath "$5")
+if [ -z "${TESSERA_NETNS_INNER:-}" ]; then
+  if [ "$(id -u)" -ne 0 ] || ! command -v ip >/dev/null ||
+     ! unshare --net --mount --uts --fork true 2>/dev/null; then
+    echo "SKIP: network namespaces need root, iproute2 and unshare (not available here)"
+    exit 77
+  fi
+  TESSERA_NETNS_INNER=1 exec unshare --net --mount --uts --fork bash "$0" "$@"
+fi
+
+WORK=$(mktemp -d)
+trap 'pkill -9 -P $$ 2>/dev/null; for h in $(ip netns list 2>/dev/null | cut -d" " -f1); do ip netns pids "$h" 2>/dev/null | xargs -r kill -9; done; rm -rf "$WORK"' EXIT
+source "$(dirname "$0")/../lib.sh"
+NHOSTS=4
+mount --make-rprivate / 2>/dev/null
+# Our own /run/netns: the namespace files never reach the machine's /run.
+mkdir -p /run/netns
+mount -t tmpfs tessera-netns /run/netns
+ip link set lo up
+ip link add br0 type bridge
+ip link set br0 up
+{
+  echo "127.0.0.1 localhost"
+  for h in $(seq 1 $NHOSTS); do echo "10.77.0.$h host$h"; done
+} >"$WORK/hosts"
+mount --bind "$WORK/hosts" /etc/hosts
+for h in $(seq 1 $NHOSTS); do
+  ip netns add "host$h"
+  ip link add "veth$h" type veth peer name eth0 netns "host$h"
+  ip link set "veth$h" master br0
+  ip link set "veth$h" up
+  ip -n "host$h" addr add "10.77.0.$h/24" dev eth0
+  ip -n "host$h" link set eth0 up
+  ip -n "host$h" link set lo up
+done
+# inhost HOST CMD...: CMD on HOST (its network namespace, its hostname).
+cat >"$WORK/inhost" <<'EOF'
+#!/usr/bin/env bash
+h=$1
+shift
+exec ip netns exec "$h" unshare --uts bash -c 'hostname "$0" && exec "$@"' "$h" "$@"
+EOF
+# The rsh agent mpirun calls as `agent HOST COMMAND...` (a shell command).
+cat >"$WORK/agent" <<'EOF'
+#!/usr/bin/env bash
+h=$1
+shift
+case "$h" in 10.77.0.*) h=host${h##*.} ;; esac
+exec ip netns exec "$h" unshare --uts bash -c "hostname $h && $*"
+EOF
+chmod +x "$WORK/inhost" "$WORK/agent"
+INHOST=$WORK/inhost
+# A closed port on host2 refuses at once when the bridge carries the packet.
+check "host1 reaches host2 across the bridge" "$INHOST" host1 bash -c \
+  'timeout 3 bash -c "</dev/tcp/host2/7" 2>&1 | grep -q refused'
+
+check "each host has its own hostname" test "$("$INHOST" host3 hostname)" = host3
+
+SMALL=(--data "$CORPUS" --layers 2 --heads 2 --embed 32 --context 32 --batch 8 --lr 1e-3 --max-norm 0.5)
+close() {
+  paste -d' ' <(train_losses "$1") <(train_losses "$2") | awk '
+    { n++; if ($1 != $3) bad = 1; d = $2 - $4; if (d < 0) d = -d;
+      if (d > 1e-5 * $4) { bad = 1; print "step " $1 ": " $2 " vs " $4 } }
+    END { exit bad || n != '"${3:-30}"' }'
+}
+rank0() { sed -n 's/^\[rank 0\] //p' "$1"; }
+"$BIN" "${SMALL[@]}" --steps 30 >"$WORK/one.log" 2>&1
+check "single-process reference" test $? -eq 0
+
+# gloo_job NHOSTS NPROC LOGPREFIX TESSERA_RUN_FLAGS... -- TRAIN_FLAGS...: one
+# tessera-run per host, node 0 on host1; waits for all.
+port=29400
+gloo_job() {
+  local nh=$1 np=$2 log=$3
+  shift 3
+  local flags=() job=()
+  while [ $# -gt 0 ] && [ "$1" != -- ]; do flags+=("$1"); shift; done
+  shift
+  job=("$@")
+  port=$((port + 10))
+  local pids=()
+  for k in $(seq 0 $((nh - 1))); do
+    "$INHOST" "host$((k + 1))" timeout 300 "$RUN" --nnodes "$nh" --node-rank "$k" \
+      --master "host1:$port" --nproc-per-node "$np" "${flags[@]}" -- "$BIN" "${SMALL[@]}" \
+      "${job[@]}" >"$log.$k" 2>&1 &
+    pids+=($!)
+  done
+  local rc=0
+  for p in "${pids[@]}"; do wait "$p" || rc=1; done
+  return $rc
+}
+for setting in "2 1 --tp 2" "2 1 --zero 1" "4 1 --dp 2 --tp 2 --zero 1" "2 2 --dp 2 --tp 2"; do
+  read -r nh np flags <<<"$setting"
+  # shellcheck disable=SC2086
+  gloo_job "$nh" "$np" "$WORK/g" -- --steps 30 $flags
+  rank0 "$WORK/g.0" >"$WORK/g.log"
+  check "gloo over $nh hosts x $np, train_gpt $flags: the single-process losses" \
+    close "$WORK/g.log" "$WORK/one.log"
+done
+check "... the ranks ran on their hosts" grep -q "ranks: 4 (gloo)" "$WORK/g.log"
+
+# mpirun across the namespaces: ranks alternate hosts (--map-by node), so
+# tp pairs (0,1) and (2,3) cross hosts, dp too.
+MPI=("$MPIRUN" --allow-run-as-root --oversubscribe --mca plm_rsh_agent "$WORK/agent"
+     --mca btl tcp,self --mca btl_tcp_if_include 10.77.0.0/24 --mca oob_tcp_if_include 10.77.0.0/24)
+printf "host1 slots=2\nhost2 slots=2\n" >"$WORK/hostfile"
+"$INHOST" host1 timeout 300 "${MPI[@]}" -np 4 --hostfile "$WORK/hostfile" --map-by node \
+  "$BIN" "${SMALL[@]}" --steps 30 --dp 2 --tp 2 >"$WORK/mpi.log" 2>&1
+check "mpirun over 2 hosts (plm_rsh_agent), dp2 x tp2 across hosts: the single-process losses" \
+  close "$WORK/mpi.log" "$WORK/one.log"
+"$INHOST" host1 timeout 300 "${MPI[@]}" -np 2 --hostfile "$WORK/hostfile" --map-by node \
+  hostname >"$WORK/mpihosts.log" 2>&1
+check "... its processes ran on host1 and host2" \
+  bash -c "grep -qx host1 '$WORK/mpihosts.log' && grep -qx host2 '$WORK/mpihosts.log'"
+
+# Host-aware redundancy: rs:2+2 over 2 hosts x 2 ranks.
+gloo_job 2 2 "$WORK/r" -- --steps 4 --dp 2 --tp 2 --save "$WORK/rs" --save-mode sliced \
+  --redundancy rs:2+2 --save-every 4
+"$CKPT" inspect --files "$WORK/rs/step-4" >"$WORK/files.txt" 2>&1
+check "the manifest records each data file's host" \
+  bash -c "grep -q '^data-00000.tsr .* host1 ' '$WORK/files.txt' && grep -q '^data-00003.tsr .* host2 ' '$WORK/files.txt'"
+check "no host holds more than 2 files of an rs:2+2 group" awk '
+  $1 ~ /\.tsr$/ && $5 == "rs:2+2" { n[$4 " " $7]++ }
+  END { for (k in n) if (n[k] > 2) bad = 1; exit bad || length(n) == 0 }' "$WORK/files.txt"
+"$CKPT" verify "$WORK/rs/step-4" >"$WORK/verify.txt" 2>&1
+check "... so verify sees no host whose loss loses data" bash -c "! grep -q 'loses data' '$WORK/verify.txt'"
+
+# One host killed at step 14 (rank 2 holds the job there; first attempt
+# only), its data files deleted: host1 goes on alone.
+JOB=(--steps 30 --tp 2 --save "$WORK/ck" --save-mode sliced --redundancy rs:2+2
+     --save-every 4 --resume --fault-hang step:14:2)
+port=$((port + 10))
+"$INHOST" host2 setsid "$RUN" --nnodes 2 --node-rank 1 --master "host1:$port" --nproc-per-node 2 \
+  --min-nodes 1 --join-timeout 5 -- "$BIN" "${SMALL[@]}" "${JOB[@]}" >"$WORK/k.1" 2>&1 &
+"$INHOST" host1 timeout 300 "$RUN" --nnodes 2 --node-rank 0 --master "host1:$port" \
+  --nproc-per-node 2 --min-nodes 1 --join-timeout 5 -- "$BIN" "${SMALL[@]}" "${JOB[@]}" \
+  >"$WORK/k.0" 2>&1 &
+node0=$!
+for _ in $(seq 600); do grep -q "^\[rank 0\] step    13/" "$WORK/k.0" && break; sleep 0.1; done
+ip netns pids host2 | xargs -r kill -9  # the host dies: every process on it
+lost=0
+for d in "$WORK"/ck/step-*; do
+  for f in $("$CKPT" inspect --files "$d" 2>/dev/null | awk '$4 == "host2" {print $1}'); do
+    rm -f "$d/$f" && lost=$((lost + 1))
+  done
+done
+wait "$node0"
+rc=$?
+check "a host killed and its files deleted ($lost): the other host goes on and finishes" test $rc -eq 0
+check "... restarted on the 2 ranks of the host left, from a checkpoint" \
+  grep -q "attempt 2: node 0 of 1, ranks 0-1 of 2, from $WORK/ck/step-" "$WORK/k.0"
+check "... which rebuilt the lost files from parity on load" \
+  grep -q "^\[rank 0\] repaired $WORK/ck/step-[0-9]*: rebuilt" "$WORK/k.0"
+last=$(grep -o "attempt 2: .*from $WORK/ck/step-[0-9]*" "$WORK/k.0" | grep -o '[0-9]*$')
+rank0 "$WORK/k.0" | awk -v last="$last" '/^step/ {split($2, s, "/"); n = s[1] + 0;
+  if (!resumed && n <= last) print; if (n == last + 1) resumed = 1; if (resumed) print}' |
+  awk '!seen[$2]++' >"$WORK/k.log"
+check "... continuing the single-process curve (lost files rebuilt from parity)" \
+  close "$WORK/k.log" "$WORK/one.log"
+
+[ $fails -eq 0 ] || { for f in "$WORK"/k.0; do echo "== $f"; grep -v "^\[rank [1-9]" "$f" | tail -30; done; }
+echo "$passes passed, $fails failed"
+[ $fails -eq 0 ]
