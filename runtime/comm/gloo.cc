@@ -34,6 +34,8 @@ using std::chrono::milliseconds;
 constexpr uint64_t kP2pSlot = uint64_t{0xF0} << 56;
 constexpr uint64_t kGatherSlot = uint64_t{0xF1} << 56;
 constexpr uint64_t kScatterSlot = uint64_t{0xF2} << 56;
+// Allreduces up to this many bytes use Gloo's bcube algorithm, larger ones its ring.
+constexpr size_t kBcubeBelow = size_t{256} << 10;
 
 // Gloo's rendezvous store over our key-value store.
 class KvGlooStore : public gloo::rendezvous::Store {
@@ -419,6 +421,12 @@ class GlooCommunicator final : public Communicator {
       SetReduceOutput(opts, recv, count, DTypeSize(dtype));
       opts.setReduceFunction(GlooReduceFn(dtype, op));
       opts.setTimeout(timeout());
+      // Gloo's ring takes 3x longer than its bcube below a few hundred KiB
+      // (4 KiB on 2 ranks: 3.9 ms against 1.2 ms here; torch's gloo group,
+      // 1.3 ms); above, the ring is faster (64 MiB: 55 ms against 92 ms).
+      opts.setAlgorithm(Bytes(count, dtype) <= kBcubeBelow
+                            ? gloo::AllreduceOptions::Algorithm::BCUBE
+                            : gloo::AllreduceOptions::Algorithm::RING);
       gloo::allreduce(opts);
     }));
     if (op == ReduceOp::kAvg) DivideInPlace(dtype, recv, count, size());

@@ -2,6 +2,9 @@
 // reduce-scatter.
 //   mpirun -np N comm_bench mpi      our MPI backend beside raw MPI calls on
 //                                    the same processes, interleaved
+//   mpirun -np N comm_bench gloo     our Gloo backend (its own TCP world over
+//                                    loopback, rendezvous on a free port) beside
+//                                    raw MPI calls on the same processes
 //   comm_bench inprocess N           the in-process backend on N threads
 // Prints the median time per call over several timed batches and the
 // algorithm bandwidth (the vector's bytes / time).
@@ -18,6 +21,14 @@
 #include <string>
 #include <vector>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <memory>
+
+#include "runtime/comm/gloo.h"
 #include "runtime/comm/inprocess.h"
 #include "runtime/comm/mpi.h"
 
@@ -93,20 +104,45 @@ void PrintTime(double s) {
   }
 }
 
-int BenchMpi() {
+int BenchMpi(bool gloo) {
   auto world = CreateMpiWorld();
   if (!world.ok()) {
     std::fprintf(stderr, "%s\n", world.status().ToString().c_str());
     return 1;
   }
-  Communicator& comm = **world;
   MPI_Comm raw;
   MPI_Comm_dup(MPI_COMM_WORLD, &raw);
+  std::unique_ptr<Communicator> gloo_world;
+  if (gloo) {
+    // Rank 0 picks a free port and tells the others (through MPI, which is
+    // only the peer here).
+    int port = 0;
+    if ((*world)->rank() == 0) {
+      const int fd = socket(AF_INET, SOCK_STREAM, 0);
+      sockaddr_in addr{};
+      addr.sin_family = AF_INET;
+      socklen_t len = sizeof(addr);
+      bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+      port = ntohs(addr.sin_port);
+      close(fd);
+    }
+    MPI_Bcast(&port, 1, MPI_INT, 0, raw);
+    RankTable table{(*world)->rank(), (*world)->size(), "127.0.0.1", port, "bench"};
+    auto g = CreateGlooWorld(table);
+    if (!g.ok()) {
+      std::fprintf(stderr, "%s\n", g.status().ToString().c_str());
+      return 1;
+    }
+    gloo_world = std::move(*g);
+  }
+  Communicator& comm = gloo ? *gloo_world : **world;
   const int p = comm.size();
   if (comm.rank() == 0) {
-    std::printf("MPI backend vs raw MPI, %d ranks (median of timed batches; GB/s = bytes/time)\n", p);
-    std::printf("%-15s %7s %12s %12s %7s %9s %9s\n", "collective", "size", "tessera", "raw MPI",
-                "ratio", "GB/s", "raw GB/s");
+    std::printf("%s backend vs raw MPI, %d ranks (median of timed batches; GB/s = bytes/time)\n",
+                gloo ? "Gloo" : "MPI", p);
+    std::printf("%-15s %7s %12s %12s %7s %9s %9s\n", "collective", "size",
+                gloo ? "gloo" : "tessera", "raw MPI", "ratio", "GB/s", "raw GB/s");
   }
   for (const Case& c : kCases) {
     std::vector<float> a(c.bytes / 4, 1.0f), b(c.bytes / 4);
@@ -183,8 +219,9 @@ int BenchInProcess(int ranks) {
 
 int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "";
-  if (mode == "mpi") return BenchMpi();
+  if (mode == "mpi") return BenchMpi(false);
+  if (mode == "gloo") return BenchMpi(true);
   if (mode == "inprocess" && argc > 2) return BenchInProcess(std::atoi(argv[2]));
-  std::fprintf(stderr, "usage: mpirun -np N comm_bench mpi | comm_bench inprocess N\n");
+  std::fprintf(stderr, "usage: mpirun -np N comm_bench mpi|gloo | comm_bench inprocess N\n");
   return 2;
 }

@@ -24,56 +24,15 @@ BIN=$(realpath "$2")
 CORPUS=$(realpath "$3")
 MPIRUN=$4
 CKPT=$(realpath "$5")
-if [ -z "${TESSERA_NETNS_INNER:-}" ]; then
-  if [ "$(id -u)" -ne 0 ] || ! command -v ip >/dev/null ||
-     ! unshare --net --mount --uts --fork true 2>/dev/null; then
-    echo "SKIP: network namespaces need root, iproute2 and unshare (not available here)"
-    exit 77
-  fi
-  TESSERA_NETNS_INNER=1 exec unshare --net --mount --uts --fork bash "$0" "$@"
-fi
-
+source "$(dirname "$0")/../netns.sh"
+netns_reexec "$0" "$@" || {
+  echo "SKIP: network namespaces need root, iproute2 and unshare (not available here)"
+  exit 77
+}
 WORK=$(mktemp -d)
-trap 'pkill -9 -P $$ 2>/dev/null; for h in $(ip netns list 2>/dev/null | cut -d" " -f1); do ip netns pids "$h" 2>/dev/null | xargs -r kill -9; done; rm -rf "$WORK"' EXIT
+trap 'pkill -9 -P $$ 2>/dev/null; netns_cleanup; rm -rf "$WORK"' EXIT
 source "$(dirname "$0")/../lib.sh"
-NHOSTS=4
-mount --make-rprivate / 2>/dev/null
-# Our own /run/netns: the namespace files never reach the machine's /run.
-mkdir -p /run/netns
-mount -t tmpfs tessera-netns /run/netns
-ip link set lo up
-ip link add br0 type bridge
-ip link set br0 up
-{
-  echo "127.0.0.1 localhost"
-  for h in $(seq 1 $NHOSTS); do echo "10.77.0.$h host$h"; done
-} >"$WORK/hosts"
-mount --bind "$WORK/hosts" /etc/hosts
-for h in $(seq 1 $NHOSTS); do
-  ip netns add "host$h"
-  ip link add "veth$h" type veth peer name eth0 netns "host$h"
-  ip link set "veth$h" master br0
-  ip link set "veth$h" up
-  ip -n "host$h" addr add "10.77.0.$h/24" dev eth0
-  ip -n "host$h" link set eth0 up
-  ip -n "host$h" link set lo up
-done
-# inhost HOST CMD...: CMD on HOST (its network namespace, its hostname).
-cat >"$WORK/inhost" <<'EOF'
-#!/usr/bin/env bash
-h=$1
-shift
-exec ip netns exec "$h" unshare --uts bash -c 'hostname "$0" && exec "$@"' "$h" "$@"
-EOF
-# The rsh agent mpirun calls as `agent HOST COMMAND...` (a shell command).
-cat >"$WORK/agent" <<'EOF'
-#!/usr/bin/env bash
-h=$1
-shift
-case "$h" in 10.77.0.*) h=host${h##*.} ;; esac
-exec ip netns exec "$h" unshare --uts bash -c "hostname $h && $*"
-EOF
-chmod +x "$WORK/inhost" "$WORK/agent"
+netns_hosts 4 "$WORK"
 INHOST=$WORK/inhost
 # A closed port on host2 refuses at once when the bridge carries the packet.
 check "host1 reaches host2 across the bridge" "$INHOST" host1 bash -c \
