@@ -128,6 +128,19 @@ std::string Join(const std::vector<std::string>& v, const char* sep = " ") {
 // Starts `args` in a process group of its own with `env` added; its stdout
 // and stderr go to `out_fd` (-1: inherited).
 pid_t Spawn(const std::vector<std::string>& args, const std::vector<std::string>& env, int out_fd) {
+  // Everything the child needs is built before fork: after it, only
+  // async-signal-safe calls (node 0's launcher has store threads).
+  std::vector<char*> cargs;
+  for (const std::string& a : args) cargs.push_back(const_cast<char*>(a.c_str()));
+  cargs.push_back(nullptr);
+  std::vector<std::string> envs;
+  for (char** e = environ; *e != nullptr; ++e) envs.push_back(*e);
+  for (const std::string& e : env) envs.push_back(e);
+  std::vector<char*> cenv;
+  for (const std::string& e : envs) cenv.push_back(const_cast<char*>(e.c_str()));
+  cenv.push_back(nullptr);
+  const std::string cannot = "tessera-run: cannot run '" + args[0] + "'\n";
+  const pid_t parent = getpid();
   const pid_t pid = fork();
   if (pid != 0) {
     if (pid > 0) setpgid(pid, pid);
@@ -137,20 +150,16 @@ pid_t Spawn(const std::vector<std::string>& args, const std::vector<std::string>
   // A worker dies with its launcher (a killed node takes its workers along,
   // as a dead host would) instead of running on unsupervised.
   prctl(PR_SET_PDEATHSIG, SIGKILL);
-  if (getppid() == 1) _exit(1);  // the launcher died before the line above
+  if (getppid() != parent) _exit(1);  // the launcher died before the line above
   signal(SIGINT, SIG_DFL);
   signal(SIGTERM, SIG_DFL);
-  for (const std::string& e : env) putenv(const_cast<char*>(e.c_str()));
   if (out_fd >= 0) {
     dup2(out_fd, STDOUT_FILENO);
     dup2(out_fd, STDERR_FILENO);
     close(out_fd);
   }
-  std::vector<char*> cargs;
-  for (const std::string& a : args) cargs.push_back(const_cast<char*>(a.c_str()));
-  cargs.push_back(nullptr);
-  execvp(cargs[0], cargs.data());
-  std::fprintf(stderr, "tessera-run: cannot run '%s': %s\n", cargs[0], std::strerror(errno));
+  execvpe(cargs[0], cargs.data(), cenv.data());
+  (void)!write(STDERR_FILENO, cannot.data(), cannot.size());
   _exit(127);
 }
 
@@ -184,10 +193,18 @@ int RunSingle(const std::vector<std::string>& args, int attempt) {
   const pid_t child = Spawn(args, {"TESSERA_RESTART_COUNT=" + std::to_string(attempt)}, -1);
   if (child < 0) return -1;
   int status = 0;
+  bool forwarded = false;
+  Clock::time_point since;
   while (true) {
     const pid_t r = waitpid(child, &status, WNOHANG);
     if (r == child) break;
-    if (g_signal != 0) kill(-child, g_signal);
+    if (g_signal != 0 && !forwarded) {
+      kill(-child, g_signal);  // once; then SIGKILL if it does not end
+      forwarded = true;
+      since = Clock::now();
+    } else if (forwarded && Since(since) > 10) {
+      kill(-child, SIGKILL);
+    }
     std::this_thread::sleep_for(milliseconds(50));
   }
   return status;
@@ -203,6 +220,7 @@ struct Worker {
   FILE* log = nullptr;
   std::string heartbeat;
   bool exited = false;
+  Clock::time_point exited_at;
   int status = 0;
 };
 
@@ -313,19 +331,39 @@ class Launcher {
     return m;
   }
 
+  // The first node to fail names the cause (later failures are its
+  // consequences).
   void Fail(int a, const std::string& why) {
     const std::string k = "attempt/" + std::to_string(a) + "/failed";
-    Result<bool> has = kv_->Has(k);
-    if (has.ok() && !*has) (void)kv_->Set(k, "node " + std::to_string(node_rank_) + ": " + why);
+    Result<int64_t> first = kv_->Add(k + "/claim", 1);
+    if (first.ok() && *first == 1) (void)kv_->Set(k, "node " + std::to_string(node_rank_) + ": " + why);
   }
-  // Another node's verdict on attempt `a`, or "".
+  // Another node's verdict on attempt `a`, or "". A store that is gone is
+  // no verdict: node 0 may have finished; a broken job fails its workers.
   std::string Failed(int a) {
     const std::string k = "attempt/" + std::to_string(a) + "/failed";
     Result<bool> has = kv_->Has(k);
-    if (!has.ok()) return "the launchers' store on node 0 is gone";
-    if (!*has) return "";
+    if (!has.ok() || !*has) return "";
     Result<std::string> why = kv_->Get(k, milliseconds(1000));
     return why.ok() ? *why : "failed";
+  }
+  // This node's workers all finished; node 0 keeps the store up until every
+  // member's did (or the attempt failed), at most `grace`.
+  void Done(int a, const Membership& m, double grace) {
+    const std::string k = "attempt/" + std::to_string(a);
+    (void)kv_->Set(k + "/done/" + std::to_string(node_rank_), "1");
+    if (node_rank_ != 0) return;
+    const auto until = Clock::now() + milliseconds(static_cast<int64_t>(grace * 1000));
+    while (Clock::now() < until) {
+      bool all = true;
+      for (int n : m.nodes) {
+        Result<bool> has = kv_->Has(k + "/done/" + std::to_string(n));
+        all = all && has.ok() && *has;
+      }
+      Result<bool> failed = kv_->Has(k + "/failed");
+      if (all || (failed.ok() && *failed)) return;
+      std::this_thread::sleep_for(milliseconds(100));
+    }
   }
   void SetExpected(int nnodes) {
     expected_.clear();
@@ -357,7 +395,7 @@ std::string RunWorkers(const std::vector<std::string>& args, const WorkerOptions
     if (pipe2(fds, O_CLOEXEC) != 0) return std::string("pipe: ") + std::strerror(errno);
     if (!o.log_dir.empty()) {
       const std::string path = o.log_dir + "/rank-" + std::to_string(w.rank) + ".log";
-      w.log = std::fopen(path.c_str(), "a");
+      w.log = std::fopen(path.c_str(), "ae");
       if (w.log != nullptr) std::fprintf(w.log, "== attempt %d\n", attempt + 1);
       w.heartbeat = o.log_dir + "/heartbeat-" + std::to_string(w.rank);
     } else {
@@ -383,8 +421,20 @@ std::string RunWorkers(const std::vector<std::string>& args, const WorkerOptions
     close(fds[1]);
     w.out = fds[0];
     fcntl(w.out, F_SETFL, O_NONBLOCK);
+    if (w.pid < 0) {
+      const std::string why = std::string("fork: ") + std::strerror(errno);
+      close(w.out);
+      w.out = -1;
+      w.exited = true;
+      workers.resize(l);  // the ones started
+      StopAll(workers, SIGKILL);
+      for (Worker& x : workers) {
+        if (x.out >= 0) close(x.out);
+        if (x.log != nullptr) std::fclose(x.log);
+      }
+      return why;
+    }
   }
-  const auto started = Clock::now();
   std::string failure;
   auto last_poll = Clock::now();
   while (true) {
@@ -415,9 +465,18 @@ std::string RunWorkers(const std::vector<std::string>& args, const WorkerOptions
     for (Worker& w : workers) {
       if (!w.exited && waitpid(w.pid, &w.status, WNOHANG) == w.pid) {
         w.exited = true;
+        w.exited_at = Clock::now();
+        kill(-w.pid, SIGKILL);  // whatever it left behind in its group
         if (!(WIFEXITED(w.status) && WEXITSTATUS(w.status) == 0) && failure.empty()) {
           failure = "rank " + std::to_string(w.rank) + " " + Describe(w.status);
         }
+      }
+      // A process outside its group may still hold the pipe: a second after
+      // the worker exited, stop waiting for the end of its output.
+      if (w.exited && w.out >= 0 && Since(w.exited_at) > 1.0) {
+        close(w.out);
+        w.out = -1;
+        Flush(w, true, o.quiet);
       }
       all_done = all_done && w.exited && w.out < 0;
     }
@@ -428,15 +487,14 @@ std::string RunWorkers(const std::vector<std::string>& args, const WorkerOptions
       std::vector<std::pair<double, const Worker*>> silent;
       for (const Worker& w : workers) {
         if (w.exited) continue;
+        // Counted from the first beat: start-up (the rendezvous, loading a
+        // checkpoint) may take longer than a step.
         struct stat st {};
-        double idle = Since(started);
-        if (stat(w.heartbeat.c_str(), &st) == 0) {
-          const double age = std::chrono::duration<double>(
-                                 std::chrono::system_clock::now().time_since_epoch())
-                                 .count() -
-                             (st.st_mtim.tv_sec + st.st_mtim.tv_nsec * 1e-9);
-          idle = std::min(idle, age);
-        }
+        if (stat(w.heartbeat.c_str(), &st) != 0) continue;
+        const double idle = std::chrono::duration<double>(
+                                std::chrono::system_clock::now().time_since_epoch())
+                                .count() -
+                            (st.st_mtim.tv_sec + st.st_mtim.tv_nsec * 1e-9);
         if (idle > o.heartbeat_timeout) silent.push_back({idle, &w});
       }
       std::sort(silent.begin(), silent.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
@@ -502,7 +560,8 @@ int main(int argc, char** argv) {
   app.add_option("--join-timeout", join_timeout,
                  "seconds node 0 waits for the other nodes at each (re)start");
   app.add_option("--heartbeat-timeout", heartbeat_timeout,
-                 "seconds without a heartbeat after which a worker counts as hung (0: off)");
+                 "seconds without a heartbeat, once a worker has beaten, after which it counts "
+                 "as hung (0: off)");
   app.add_option("--log-dir", log_dir, "keep each worker's output in LOG_DIR/rank-<r>.log");
   app.add_flag("--quiet,-q", quiet, "do not print the workers' output (only log it)");
   app.add_option("--np", np, "run COMMAND under mpirun with this many processes")
@@ -582,6 +641,7 @@ int main(int argc, char** argv) {
       std::fflush(stdout);
       failure = RunWorkers(args, {nproc, heartbeat_timeout, log_dir, quiet}, *m, attempt,
                            master_host, worker_port, *launcher);
+      if (failure.empty()) launcher->Done(attempt, *m, /*grace=*/60);
     } else {
       int n = np > 0 ? np : ranks;
       if (np > 0 && !hostfile.empty()) {

@@ -171,9 +171,12 @@ class Reader {
  public:
   explicit Reader(std::shared_ptr<CheckpointReader> r) : r_(std::move(r)) {}
 
-  const CheckpointReader& get() const {
+  const CheckpointReader& get() const { return *Keep(); }
+  // The reader, kept alive by the caller across GIL releases (another
+  // thread may close() meanwhile).
+  std::shared_ptr<CheckpointReader> Keep() const {
     if (r_ == nullptr) Raise(FailedPreconditionError("the checkpoint reader is closed"));
-    return *r_;
+    return r_;
   }
   void Close() { r_.reset(); }
 
@@ -189,7 +192,8 @@ class Reader {
   // the whole tensor, shaped as the tensor.
   py::array Read(const std::string& name, std::optional<std::vector<std::pair<int64_t, int64_t>>> dims,
                  bool copy) const {
-    const CheckpointReader& r = get();
+    const std::shared_ptr<CheckpointReader> keep = Keep();
+    const CheckpointReader& r = *keep;
     const size_t index = Index(name);
     const Layout& layout = r.strategy().tensors()[index].layout;
     const Box region = dims ? ToBox(*dims) : Box::FromShape(layout.split_shape());
@@ -223,7 +227,8 @@ class Reader {
 
   void ReadInto(const std::string& name, const std::vector<std::pair<int64_t, int64_t>>& dims,
                 py::array out) const {
-    const CheckpointReader& r = get();
+    const std::shared_ptr<CheckpointReader> keep = Keep();
+    const CheckpointReader& r = *keep;
     const size_t index = Index(name);
     const Layout& layout = r.strategy().tensors()[index].layout;
     const Box region = ToBox(dims);

@@ -133,6 +133,10 @@ Status ObjectCommunicator::AllReduce(const void* send, void* recv, int64_t count
 
 Status ObjectCommunicator::AllGatherV(const void* send, int64_t count, void* recv,
                                       std::span<const int64_t> counts, DType dtype) {
+  if (static_cast<int>(counts.size()) != size_) {
+    return InvalidArgumentError("all-gather: " + std::to_string(counts.size()) + " counts for " +
+                                std::to_string(size_) + " ranks");
+  }
   const int64_t es = DTypeSize(dtype);
   ASSIGN_OR_RETURN(auto all, Exchange(send, static_cast<size_t>(count * es)));
   char* at = static_cast<char*>(recv);
@@ -194,6 +198,11 @@ Status ObjectCommunicator::AllToAllV(const void* send, std::span<const int64_t> 
   ASSIGN_OR_RETURN(auto counts, Exchange(mine.data(), mine.size() * sizeof(int64_t)));
   char* at = static_cast<char*>(recv);
   for (int r = 0; r < size_; ++r) {
+    if (counts[r].size() != static_cast<size_t>(size_) * sizeof(int64_t) ||
+        static_cast<int>(recv_counts.size()) != size_) {
+      return InvalidArgumentError("all-to-all: rank " + std::to_string(r) +
+                                  " passed counts for another number of ranks");
+    }
     const auto* theirs = reinterpret_cast<const int64_t*>(counts[r].data());
     int64_t offset = 0;
     for (int j = 0; j < rank_; ++j) offset += theirs[j];
@@ -202,6 +211,10 @@ Status ObjectCommunicator::AllToAllV(const void* send, std::span<const int64_t> 
                                   std::to_string(theirs[rank_]) + " elements to rank " +
                                   std::to_string(rank_) + ", which expects " +
                                   std::to_string(recv_counts[r]));
+    }
+    if (static_cast<size_t>((offset + recv_counts[r]) * es) > all[r].size()) {
+      return InvalidArgumentError("all-to-all: rank " + std::to_string(r) + " sent " +
+                                  std::to_string(all[r].size()) + " bytes, fewer than its counts say");
     }
     std::memcpy(at, all[r].data() + offset * es, static_cast<size_t>(recv_counts[r] * es));
     at += recv_counts[r] * es;

@@ -92,9 +92,12 @@ void SetReduceOutput(Opts& opts, void* p, int64_t count, int64_t element_size) {
 }
 
 // A point-to-point message: an 8-byte header with the byte count, then the
-// bytes (none when empty), both on the same slot (Gloo keeps their order),
-// so that a receiver expecting another count fails naming peer and tag
-// instead of taking a short message.
+// bytes (one dummy byte when empty, so that every message has a data part
+// and no posted receive is left waiting), both on the same slot (Gloo keeps
+// their order). A receiver expecting more than was sent fails naming peer
+// and tag instead of taking a short message. A message longer than the
+// receive posted for it is refused by Gloo itself, which ends the process
+// (GLOO_ENFORCE on its transport thread): Gloo has no truncation error.
 class GlooRequest : public Request::Impl {
  public:
   GlooRequest(bool send, size_t bytes, milliseconds timeout, std::string what)
@@ -103,40 +106,33 @@ class GlooRequest : public Request::Impl {
   // Posts the header and the data (called once, right after construction).
   void Post(gloo::Context& ctx, void* buf, int peer, uint64_t slot) {
     head_ = ctx.createUnboundBuffer(&header_, sizeof(header_));
-    if (bytes_ > 0) data_ = ctx.createUnboundBuffer(buf, bytes_);
+    data_ = bytes_ > 0 ? ctx.createUnboundBuffer(buf, bytes_) : ctx.createUnboundBuffer(&dummy_, 1);
     if (send_) {
       head_->send(peer, slot);
-      if (data_) data_->send(peer, slot);
+      data_->send(peer, slot);
     } else {
       head_->recv(peer, slot);
-      if (data_) data_->recv(peer, slot);
+      data_->recv(peer, slot);
     }
   }
 
   Status Wait() override {
     try {
       if (send_) {
-        if (!head_->waitSend(timeout_) || (data_ && !data_->waitSend(timeout_))) {
+        if (!head_->waitSend(timeout_) || !data_->waitSend(timeout_)) {
           return AbortedError(what_ + ": aborted");
         }
         return Status::Ok();
       }
       if (!head_->waitRecv(timeout_)) return AbortedError(what_ + ": aborted");
+      // The data part always comes (shorter than posted, when the counts
+      // differ): take it, so that the pair stays in step.
+      const bool got = data_->waitRecv(timeout_);
       if (header_ != bytes_) {
-        // The data message still comes (unless empty): take it, so that the
-        // pair stays in step, then fail.
-        if (data_ && header_ == 0) {
-          data_->abortWaitRecv();
-        } else if (data_) {
-          try {
-            data_->waitRecv(timeout_);
-          } catch (const std::exception&) {
-          }
-        }
         return InvalidArgumentError(what_ + ": the message has " + std::to_string(header_) +
                                     " bytes, " + std::to_string(bytes_) + " were expected");
       }
-      if (data_ && !data_->waitRecv(timeout_)) return AbortedError(what_ + ": aborted");
+      if (!got) return AbortedError(what_ + ": aborted");
     } catch (const std::exception& e) {
       const std::string m = e.what();
       if (m.find("imed out") != std::string::npos) {
@@ -152,6 +148,7 @@ class GlooRequest : public Request::Impl {
   bool send_;
   uint64_t header_;  // sent, or received into
   size_t bytes_;
+  char dummy_ = 0;  // the data part of an empty message
   milliseconds timeout_;
   std::string what_;
   std::unique_ptr<gloo::transport::UnboundBuffer> head_, data_;
@@ -179,6 +176,7 @@ class GlooCommunicator final : public Communicator {
   Status Broadcast(void* buf, int64_t count, DType dtype, int root) override {
     const CollectiveArgs args{CollectiveKind::kBroadcast, count, dtype, ReduceOp::kSum, root};
     RETURN_IF_ERROR(CheckCount(args, name()));
+    RETURN_IF_ERROR(CheckRoot(root));
     RETURN_IF_ERROR(Agree(args));
     if (count == 0 || size() == 1) return Status::Ok();
     return Run(DescribeArgs(args), [&] {
@@ -279,19 +277,23 @@ class GlooCommunicator final : public Communicator {
     RETURN_IF_ERROR(CheckCounts("alltoallv send", send_counts, size(), -1, 0));
     RETURN_IF_ERROR(CheckCounts("alltoallv recv", recv_counts, size(), -1, 0));
     if (world_->options.check) {
-      // Everyone's send counts, so that each rank checks what it will get.
-      std::vector<int64_t> all(static_cast<size_t>(size()) * size());
-      std::vector<int64_t> n(size(), size());
-      RETURN_IF_ERROR(GatherAll(send_counts.data(), size(), all.data(), n, DType::kI64));
+      // Every rank's send and receive counts, so that every rank reaches the
+      // same verdict (a rank that alone saw a mismatch would leave its
+      // peers in the exchange).
+      RETURN_IF_ERROR(Agree({CollectiveKind::kAllToAll, 0, dtype}));
+      std::vector<int64_t> mine(send_counts.begin(), send_counts.end());
+      mine.insert(mine.end(), recv_counts.begin(), recv_counts.end());
+      std::vector<int64_t> all(2 * static_cast<size_t>(size()) * size());
+      RETURN_IF_ERROR(GatherAll(mine.data(), 2 * size(), all.data(),
+                                std::vector<int64_t>(size(), 2 * size()), DType::kI64));
+      std::vector<std::vector<int64_t>> sends(size()), recvs(size());
       for (int r = 0; r < size(); ++r) {
-        if (all[static_cast<size_t>(r) * size() + rank()] != recv_counts[r]) {
-          return InvalidArgumentError("rank " + std::to_string(rank()) + " on '" + name() +
-                                      "': alltoallv: rank " + std::to_string(r) + " sends " +
-                                      std::to_string(all[static_cast<size_t>(r) * size() + rank()]) +
-                                      " elements, this rank expects " +
-                                      std::to_string(recv_counts[r]));
-        }
+        const int64_t* at = all.data() + 2 * static_cast<size_t>(size()) * r;
+        sends[r].assign(at, at + size());
+        recvs[r].assign(at + size(), at + 2 * size());
       }
+      Status s = CheckAllToAllCounts(sends, recvs);
+      if (!s.ok()) return s.Annotate("rank " + std::to_string(rank()) + " on '" + name() + "': alltoallv");
     }
     const int64_t es = DTypeSize(dtype);
     std::vector<int64_t> sb(size()), rb(size());
@@ -525,6 +527,13 @@ Result<gloo::transport::tcp::attr> DeviceAttr(const RankTable& table, const std:
     }
   }
   ASSIGN_OR_RETURN(attr.hostname, tcp::LocalAddressToward(master, table.master_port));
+  // A master name that resolves to loopback (Debian's "127.0.1.1 <host>")
+  // would hand the other hosts an address they cannot reach: use a real
+  // interface then, unless the master is loopback on purpose.
+  if (tcp::IsLoopback(attr.hostname) && !tcp::IsLoopback(master)) {
+    Result<std::string> real = tcp::NonLoopbackAddress();
+    if (real.ok()) attr.hostname = *real;
+  }
   return attr;
 }
 

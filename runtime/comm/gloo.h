@@ -7,7 +7,8 @@
 //
 // Collectives map onto Gloo's (allreduce, allgatherv, broadcast, alltoallv,
 // barrier); f16/bf16 and every other dtype reduce through reduce.h's
-// pairwise step; with CommOptions::deterministic, reductions fold in rank
+// pairwise step (f16/bf16 rounded at each step of Gloo's algorithm, not
+// once: use CommOptions::deterministic for the single rounding); with CommOptions::deterministic, reductions fold in rank
 // order (bitwise equal to the in-process backend); gather(v)/scatter(v) and
 // tagged point-to-point use Gloo's unbound buffers. Every call takes at most
 // CommOptions::timeout and then fails with DeadlineExceeded naming this

@@ -5,6 +5,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <charconv>
 #include <cstring>
 
@@ -69,7 +70,7 @@ void KvServer::Serve() {
   while (!stopping_) {
     pollfd p{listener_, POLLIN, 0};
     if (poll(&p, 1, 200) <= 0) continue;
-    const int fd = accept(listener_, nullptr, nullptr);
+    const int fd = accept4(listener_, nullptr, nullptr, SOCK_CLOEXEC);
     if (fd < 0) continue;
     std::lock_guard<std::mutex> lock(mu_);
     if (stopping_) {
@@ -86,7 +87,7 @@ void KvServer::Handle(int fd) {
   while (!stopping_) {
     pollfd p{fd, POLLIN, 0};
     const int r = poll(&p, 1, 200);
-    if (r == 0) continue;
+    if (r == 0 || (r < 0 && errno == EINTR)) continue;
     if (r < 0) break;
     const auto deadline = tcp::Clock::now() + kRequestTimeout;
     uint8_t op = 0;
@@ -152,13 +153,26 @@ Result<std::pair<bool, std::string>> KvClient::Call(uint8_t op, const std::strin
   }
   std::lock_guard<std::mutex> lock(mu_);
   const std::string what = "key-value store at " + address_ + " (key '" + key + "')";
+  if (fd_ < 0) return AbortedError(what + ": the connection was lost by an earlier call");
   const auto deadline = tcp::Clock::now() + kRequestTimeout;
-  RETURN_IF_ERROR(tcp::SendAll(fd_, &op, 1, deadline, what));
-  RETURN_IF_ERROR(SendString(fd_, key, deadline, what));
-  RETURN_IF_ERROR(SendString(fd_, value, deadline, what));
   uint8_t found = 0;
-  RETURN_IF_ERROR(tcp::RecvAll(fd_, &found, 1, deadline, what));
-  ASSIGN_OR_RETURN(std::string reply, RecvString(fd_, kMaxValue, deadline, what));
+  std::string reply;
+  Status s = tcp::SendAll(fd_, &op, 1, deadline, what);
+  if (s.ok()) s = SendString(fd_, key, deadline, what);
+  if (s.ok()) s = SendString(fd_, value, deadline, what);
+  if (s.ok()) s = tcp::RecvAll(fd_, &found, 1, deadline, what);
+  if (s.ok()) {
+    Result<std::string> r = RecvString(fd_, kMaxValue, deadline, what);
+    s = r.status();
+    if (r.ok()) reply = std::move(*r);
+  }
+  if (!s.ok()) {
+    // Part of a request or reply may be in flight: the stream is out of
+    // step, so no later call may use it.
+    close(fd_);
+    fd_ = -1;
+    return s;
+  }
   return std::make_pair(found != 0, std::move(reply));
 }
 

@@ -3,11 +3,16 @@
 #include <arpa/inet.h>
 #include <netdb.h>
 #include <netinet/in.h>
+#include <net/if.h>
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <fcntl.h>
+#include <ifaddrs.h>
+
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <thread>
@@ -18,6 +23,24 @@ namespace {
 int RemainingMs(Clock::time_point deadline) {
   const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
   return ms.count() < 0 ? 0 : static_cast<int>(ms.count());
+}
+
+// connect() that gives up at `deadline` (a host that drops SYNs would
+// otherwise block for the kernel's two minutes of retries).
+bool ConnectBy(int fd, const sockaddr* addr, socklen_t len, Clock::time_point deadline) {
+  const int flags = fcntl(fd, F_GETFL, 0);
+  fcntl(fd, F_SETFL, flags | O_NONBLOCK);
+  int rc = connect(fd, addr, len);
+  if (rc != 0 && errno == EINPROGRESS) {
+    pollfd p{fd, POLLOUT, 0};
+    if (poll(&p, 1, std::max(RemainingMs(deadline), 1)) == 1) {
+      int err = 0;
+      socklen_t l = sizeof(err);
+      rc = getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &l) == 0 && err == 0 ? 0 : -1;
+    }
+  }
+  fcntl(fd, F_SETFL, flags);
+  return rc == 0;
 }
 
 }  // namespace
@@ -65,9 +88,9 @@ Status RecvAll(int fd, void* data, size_t n, Clock::time_point deadline, const s
 }
 
 Result<Socket> Listen(int port, const std::string& what) {
-  Socket listener(socket(AF_INET6, SOCK_STREAM, 0));
+  Socket listener(socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC, 0));
   const bool v6 = listener.fd() >= 0;
-  if (!v6) listener = Socket(socket(AF_INET, SOCK_STREAM, 0));
+  if (!v6) listener = Socket(socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
   if (listener.fd() < 0) return IOError(what + ": socket: " + std::strerror(errno));
   int one = 1, zero = 0;
   setsockopt(listener.fd(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
@@ -116,8 +139,8 @@ Result<Socket> Connect(const std::string& host, int port, Clock::time_point dead
   Socket conn;
   while (true) {
     for (addrinfo* a = found; a != nullptr && conn.fd() < 0; a = a->ai_next) {
-      Socket s(socket(a->ai_family, a->ai_socktype, a->ai_protocol));
-      if (s.fd() >= 0 && connect(s.fd(), a->ai_addr, a->ai_addrlen) == 0) conn = std::move(s);
+      Socket s(socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol));
+      if (s.fd() >= 0 && ConnectBy(s.fd(), a->ai_addr, a->ai_addrlen, deadline)) conn = std::move(s);
     }
     if (conn.fd() >= 0) break;
     if (Clock::now() >= deadline) {
@@ -145,7 +168,7 @@ Result<std::string> LocalAddressToward(const std::string& host, int port) {
   std::string out;
   for (addrinfo* a = found; a != nullptr && out.empty(); a = a->ai_next) {
     // A datagram socket's connect sends nothing: it only picks the route.
-    Socket s(socket(a->ai_family, SOCK_DGRAM, 0));
+    Socket s(socket(a->ai_family, SOCK_DGRAM | SOCK_CLOEXEC, 0));
     if (s.fd() < 0 || connect(s.fd(), a->ai_addr, a->ai_addrlen) != 0) continue;
     sockaddr_storage local{};
     socklen_t len = sizeof(local);
@@ -159,6 +182,28 @@ Result<std::string> LocalAddressToward(const std::string& host, int port) {
   freeaddrinfo(found);
   if (out.empty()) return IOError("no route to '" + host + "'");
   return out;
+}
+
+Result<std::string> NonLoopbackAddress() {
+  ifaddrs* all = nullptr;
+  if (getifaddrs(&all) != 0) return IOError(std::string("getifaddrs: ") + std::strerror(errno));
+  std::string out;
+  for (ifaddrs* i = all; i != nullptr && out.empty(); i = i->ifa_next) {
+    if (i->ifa_addr == nullptr || i->ifa_addr->sa_family != AF_INET) continue;
+    if ((i->ifa_flags & IFF_UP) == 0 || (i->ifa_flags & IFF_LOOPBACK) != 0) continue;
+    char text[INET_ADDRSTRLEN] = {};
+    if (inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(i->ifa_addr)->sin_addr, text,
+                  sizeof(text)) != nullptr) {
+      out = text;
+    }
+  }
+  freeifaddrs(all);
+  if (out.empty()) return NotFoundError("no network interface but loopback is up");
+  return out;
+}
+
+bool IsLoopback(const std::string& address) {
+  return address.rfind("127.", 0) == 0 || address == "::1" || address == "localhost";
 }
 
 }  // namespace tessera::tcp

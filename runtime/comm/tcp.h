@@ -55,6 +55,10 @@ Result<Socket> Connect(const std::string& host, int port, Clock::time_point dead
 // The local address (numeric) this host uses to reach host:port: the
 // interface a peer there can reach us on.
 Result<std::string> LocalAddressToward(const std::string& host, int port);
+// The first IPv4 address of an up interface that is not loopback.
+Result<std::string> NonLoopbackAddress();
+// "127.x.y.z", "::1" or "localhost".
+bool IsLoopback(const std::string& address);
 
 }  // namespace tessera::tcp
 
