@@ -21,3 +21,13 @@ run() {
 }
 # The "step loss" pairs of a train_gpt log.
 train_losses() { grep '^step' "$1" | awk '{split($2, s, "/"); print s[1], $4}'; }
+# close A B [N]: two train_gpt logs have the same N (default 30) steps and
+# every loss of A within 1e-5 relative of B's.
+close() {
+  paste -d' ' <(train_losses "$1") <(train_losses "$2") | awk '
+    { n++; if ($1 != $3) bad = 1; d = $2 - $4; if (d < 0) d = -d;
+      if (d > 1e-5 * $4) { bad = 1; print "step " $1 ": " $2 " vs " $4 } }
+    END { exit bad || n != '"${3:-30}"' }'
+}
+# The rank-0 lines of tessera-run's output, without the prefix.
+rank0() { sed -n 's/^\[rank 0\] //p' "$1"; }

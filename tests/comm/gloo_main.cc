@@ -29,22 +29,13 @@
 #include "runtime/comm/gloo.h"
 #include "runtime/comm/launch.h"
 #include "tests/comm/collective_suite.h"
+#include "tests/comm/free_port.h"
 
 using namespace tessera;
 
 namespace {
 
-int FreePort() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  socklen_t len = sizeof(addr);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  close(fd);
-  return ntohs(addr.sin_port);
-}
+using testing::FreePort;
 
 // Forks `n` workers running fn(rank, port) (but rank `skip`); returns each
 // one's exit code, -1 for a signal (and 0 for the skipped rank).

@@ -10,23 +10,14 @@
 
 #include "runtime/comm/kv_store.h"
 #include "runtime/comm/rendezvous.h"
+#include "tests/comm/free_port.h"
 
 namespace tessera {
 namespace {
 
 using std::chrono::milliseconds;
 
-int FreePort() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  socklen_t len = sizeof(addr);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  close(fd);
-  return ntohs(addr.sin_port);
-}
+using testing::FreePort;
 
 // Runs ranks[i] on its own thread with its own table; returns the results.
 std::vector<Result<std::vector<std::string>>> Meet(const std::vector<int>& ranks, int world,

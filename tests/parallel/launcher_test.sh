@@ -15,15 +15,6 @@ WORK=$(mktemp -d)
 trap 'pkill -9 -P $$ 2>/dev/null; rm -rf "$WORK"' EXIT
 source "$(dirname "$0")/../lib.sh"
 SMALL=(--data "$CORPUS" --layers 2 --heads 2 --embed 32 --context 32 --batch 8 --lr 1e-3 --max-norm 0.5)
-# Same steps (30 unless given), every loss within 1e-5 relative.
-close() {
-  paste -d' ' <(train_losses "$1") <(train_losses "$2") | awk '
-    { n++; if ($1 != $3) bad = 1; d = $2 - $4; if (d < 0) d = -d;
-      if (d > 1e-5 * $4) { bad = 1; print "step " $1 ": " $2 " vs " $4 } }
-    END { exit bad || n != '"${3:-30}"' }'
-}
-# The rank-0 lines of a launcher's output, without the prefix.
-rank0() { sed -n 's/^\[rank 0\] //p' "$1"; }
 
 "$BIN" "${SMALL[@]}" --steps 30 >"$WORK/one.log" 2>&1
 check "single-process reference" test $? -eq 0

@@ -41,13 +41,6 @@ check "host1 reaches host2 across the bridge" "$INHOST" host1 bash -c \
 check "each host has its own hostname" test "$("$INHOST" host3 hostname)" = host3
 
 SMALL=(--data "$CORPUS" --layers 2 --heads 2 --embed 32 --context 32 --batch 8 --lr 1e-3 --max-norm 0.5)
-close() {
-  paste -d' ' <(train_losses "$1") <(train_losses "$2") | awk '
-    { n++; if ($1 != $3) bad = 1; d = $2 - $4; if (d < 0) d = -d;
-      if (d > 1e-5 * $4) { bad = 1; print "step " $1 ": " $2 " vs " $4 } }
-    END { exit bad || n != '"${3:-30}"' }'
-}
-rank0() { sed -n 's/^\[rank 0\] //p' "$1"; }
 "$BIN" "${SMALL[@]}" --steps 30 >"$WORK/one.log" 2>&1
 check "single-process reference" test $? -eq 0
 
