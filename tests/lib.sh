@@ -31,3 +31,13 @@ close() {
 }
 # The rank-0 lines of tessera-run's output, without the prefix.
 rank0() { sed -n 's/^\[rank 0\] //p' "$1"; }
+# resumed_curve OUT CKPT_DIR: the rank-0 loss curve of a job tessera-run
+# restarted once: attempt 1's steps up to the checkpoint attempt 2 resumed
+# from (CKPT_DIR/step-N), then the steps after it, each step once.
+resumed_curve() {
+  local last
+  last=$(grep -o "attempt 2: .*from $2/step-[0-9]*" "$1" | grep -o '[0-9]*$')
+  rank0 "$1" | awk -v last="$last" '/^step/ {split($2, s, "/"); n = s[1] + 0;
+    if (!resumed && n <= last) print; if (n == last + 1) resumed = 1; if (resumed) print}' |
+    awk '!seen[$2]++'
+}

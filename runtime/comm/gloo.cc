@@ -64,6 +64,18 @@ class KvGlooStore : public gloo::rendezvous::Store {
   milliseconds timeout_;
 };
 
+// A Gloo exception as an error of `where` (this rank, communicator, call):
+// a timeout is DeadlineExceeded, anything else (a peer's connection
+// closed or reset) Aborted.
+Status FromGlooError(const std::string& where, const std::exception& e, milliseconds timeout) {
+  const std::string m = e.what();
+  if (m.find("imed out") != std::string::npos) {
+    return DeadlineExceededError(where + ": timed out after " + FormatDuration(timeout) +
+                                 " (a peer did not arrive): " + m);
+  }
+  return AbortedError(where + ": " + m + " (a peer left or failed)");
+}
+
 // What every communicator of one world shares.
 struct GlooWorld {
   std::unique_ptr<KvServer> server;  // rank 0 only
@@ -134,12 +146,7 @@ class GlooRequest : public Request::Impl {
       }
       if (!got) return AbortedError(what_ + ": aborted");
     } catch (const std::exception& e) {
-      const std::string m = e.what();
-      if (m.find("imed out") != std::string::npos) {
-        return DeadlineExceededError(what_ + ": timed out after " + FormatDuration(timeout_) +
-                                     " (" + m + ")");
-      }
-      return AbortedError(what_ + ": " + m + " (a peer left?)");
+      return FromGlooError(what_, e, timeout_);
     }
     return Status::Ok();
   }
@@ -391,13 +398,7 @@ class GlooCommunicator final : public Communicator {
     try {
       f();
     } catch (const std::exception& e) {
-      const std::string m = e.what();
-      const std::string where = Where() + ": " + what;
-      if (m.find("imed out") != std::string::npos) {
-        return DeadlineExceededError(where + ": timed out after " + FormatDuration(timeout()) +
-                                     " (a peer did not arrive): " + m);
-      }
-      return AbortedError(where + ": " + m + " (a peer left or failed)");
+      return FromGlooError(Where() + ": " + what, e, timeout());
     }
     return Status::Ok();
   }

@@ -66,9 +66,7 @@ resume_run "$WORK/k.out" --nproc-per-node 2 --max-restarts 2 -- "$BIN" "${SMALL[
 check "a killed worker: the job is restarted and finishes" grep -q "finished after 1 restart" "$WORK/k.out"
 check "... the launcher names it" grep -q "rank 1 was killed by signal 9" "$WORK/k.out"
 check "... and resumes from the newest checkpoint" grep -q "attempt 2: .*from $WORK/ck/step-12" "$WORK/k.out"
-# The curve: attempt 1 up to step 12, attempt 2 from 13.
-rank0 "$WORK/k.out" | awk '/^step/ {split($2, s, "/"); if (s[1] + 0 <= 12 || seen13) print; if (s[1] + 0 == 13) {seen13 = 1; print}}' |
-  awk '!seen[$2]++' >"$WORK/k.log"
+resumed_curve "$WORK/k.out" "$WORK/ck" >"$WORK/k.log"
 check "... continuing the single-process curve" close "$WORK/k.log" "$WORK/one.log"
 
 # A hung worker (no heartbeat) is noticed and the job restarted.
@@ -108,10 +106,7 @@ rc=$?
 check "two nodes, one killed: node 0 goes on alone and finishes" test $rc -eq 0
 check "... on 2 ranks of 1 node, from the newest checkpoint" \
   grep -q "attempt 2: node 0 of 1, ranks 0-1 of 2, from $WORK/ck/step-" "$WORK/n0.out"
-last=$(grep -o "attempt 2: .*from $WORK/ck/step-[0-9]*" "$WORK/n0.out" | grep -o '[0-9]*$')
-rank0 "$WORK/n0.out" | awk -v last="$last" '/^step/ {split($2, s, "/"); n = s[1] + 0;
-  if (!resumed && n <= last) print; if (n == last + 1) resumed = 1; if (resumed) print}' |
-  awk '!seen[$2]++' >"$WORK/n.log"
+resumed_curve "$WORK/n0.out" "$WORK/ck" >"$WORK/n.log"
 check "... continuing the single-process curve" close "$WORK/n.log" "$WORK/one.log"
 
 echo "$passes passed, $fails failed"
