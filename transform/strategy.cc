@@ -38,6 +38,11 @@ Json AxesToJson(const std::vector<std::string>& axes) {
 
 Result<Strategy> ParseImpl(const Json& root) {
   if (!root.is_object()) return InvalidArgumentError("top level must be a JSON object");
+  if (root.value("format", std::string()) == "tessera.op_strategy") {
+    return InvalidArgumentError("this is an operator strategy file (per-operator shard "
+                                "strategies, for train_gpt --op-strategy), not a layout strategy "
+                                "(\"format\": \"" + std::string(kFormat) + "\")");
+  }
   if (root.value("format", std::string(kFormat)) != kFormat) {
     return InvalidArgumentError("\"format\" is '" + root.value("format", std::string()) +
                                 "', expected '" + std::string(kFormat) + "'");

@@ -7,6 +7,7 @@
 #include "core/checksum.h"
 #include "core/random.h"
 #include "runtime/kernels.h"
+#include "transform/layout.h"
 
 namespace tessera {
 
@@ -49,14 +50,15 @@ Result<Gpt> Gpt::Create(const GptConfig& config, const GptStage& stage, bool all
     return InvalidArgumentError("GPT: tensor-parallel rank " + std::to_string(r) + " of " +
                                 std::to_string(tp));
   }
-  if (config.heads % tp != 0) {
+  const bool custom = stage.tp_dims != nullptr;
+  if (!custom && config.heads % tp != 0) {
     return InvalidArgumentError("GPT: " + std::to_string(config.heads) +
                                 " heads cannot be shared by tp " + std::to_string(tp) +
                                 " ranks (heads must be a multiple of tp)");
   }
   const int64_t C = config.embed, V = config.vocab;
   const Interval vocab = ChunkOf({0, V}, tp, r);
-  if (vocab.empty()) {
+  if (!custom && vocab.empty()) {
     return InvalidArgumentError("GPT: a vocabulary of " + std::to_string(V) +
                                 " leaves tp rank " + std::to_string(r) + " of " +
                                 std::to_string(tp) + " no rows");
@@ -76,9 +78,23 @@ Result<Gpt> Gpt::Create(const GptConfig& config, const GptStage& stage, bool all
     p.name = std::move(name);
     p.full_shape = std::move(full);
     if (tp > 1) p.view = std::move(view);  // one rank: the plain shape says it all
+    if (custom) {
+      auto it = stage.tp_dims->find(p.name);
+      dim = it == stage.tp_dims->end() ? -1 : it->second;
+    }
     p.tp_dim = tp > 1 ? dim : -1;
     p.box = Box::FromShape(p.split_shape());
     if (p.tp_dim >= 0) p.box[p.tp_dim] = ChunkOf(p.box[p.tp_dim], tp, r);
+    if (custom && !p.view.empty()) {  // the view's extents folded back into the shape's dimensions
+      held.clear();
+      const std::vector<int64_t> e = p.box.extents();
+      const auto groups = RefinementGroups(p.view, p.full_shape);
+      for (const auto& [a, b] : *groups) {
+        int64_t n = 1;
+        for (int d = a; d < b; ++d) n *= e[d];
+        held.push_back(n);
+      }
+    }
     p.shape = p.view.empty() || held.empty() ? p.box.extents() : std::move(held);
     p.numel = NumElements(p.box);
     p.offset = offset;
@@ -319,6 +335,10 @@ Result<float> Gpt::ForwardStage(int slot, const int32_t* tokens, const float* x,
   const int C = config_.embed, CL = cl_, NHL = nhl_, FL = fl_, VL = static_cast<int>(vl_);
   const int n = static_cast<int>(N);
   const bool tp = stage_.tp > 1, lead = stage_.tp_rank == 0;  // lead: adds replicated biases
+  if (tp && stage_.tp_dims != nullptr) {
+    return FailedPreconditionError("GPT forward: this model's tensor parallelism is run by its "
+                                   "operators (OpGpt)");
+  }
   if (tp && tp_comm_ == nullptr) {
     return FailedPreconditionError("GPT forward: tp " + std::to_string(stage_.tp) +
                                    " needs SetTensorParallel first");

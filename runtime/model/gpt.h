@@ -14,6 +14,8 @@
 #define TESSERA_RUNTIME_MODEL_GPT_H_
 
 #include <cstdint>
+#include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -58,6 +60,11 @@ struct GptStage {
   bool last = true;     // holds ln_f, computes the logits and the loss
   int tp = 1;           // tensor-parallel ranks (heads must be a multiple)
   int tp_rank = 0;
+  // When set, each parameter is cut over tp as this says (the dimension of
+  // its split shape, -1 or absent: whole) instead of Megatron's layout:
+  // operator strategies decide it (OpGpt::param_splits). Such a model holds
+  // the parameters only; OpGpt runs it.
+  std::shared_ptr<const std::map<std::string, int>> tp_dims;
 };
 
 struct ParamInfo {

@@ -38,6 +38,23 @@ Status ParallelConfig::Validate(int world_size) const {
   if (zero != 0 && zero != 1) return InvalidArgumentError("zero must be 0 or 1");
   if (micro_batches < 0) return InvalidArgumentError("micro_batches must be >= 0");
   if (bucket_bytes < 4) return InvalidArgumentError("the bucket size must be >= 4 bytes");
+  if (!stage_layers.empty() && static_cast<int>(stage_layers.size()) != pp) {
+    return InvalidArgumentError("stage_layers gives " + std::to_string(stage_layers.size()) +
+                                " stages; pp is " + std::to_string(pp));
+  }
+  for (int n : stage_layers) {
+    if (n < 1) return InvalidArgumentError("every pipeline stage needs at least one layer");
+  }
+  if (op_strategy != nullptr) {
+    const OpStrategyFile& f = *op_strategy;
+    for (auto [name, want, have] : {std::tuple{"pp", f.pp, pp}, {"dp", f.dp, dp}, {"tp", f.tp, tp}}) {
+      if (want.has_value() && *want != have) {
+        return InvalidArgumentError(f.source + ": the file's mesh has " + name + " " +
+                                    std::to_string(*want) + " but the job runs " + name + " " +
+                                    std::to_string(have));
+      }
+    }
+  }
   return Status::Ok();
 }
 
@@ -50,21 +67,89 @@ Result<std::unique_ptr<ParallelGpt>> ParallelGpt::Create(const GptConfig& config
                                 std::to_string(parallel.pp) + " layers; the model has " +
                                 std::to_string(config.layers));
   }
+  if (!parallel.stage_layers.empty()) {
+    int64_t sum = 0;
+    for (int n : parallel.stage_layers) sum += n;
+    if (sum != config.layers) {
+      return InvalidArgumentError("stage_layers add up to " + std::to_string(sum) +
+                                  " layers; the model has " + std::to_string(config.layers));
+    }
+  }
   ASSIGN_OR_RETURN(Mesh mesh, parallel.MakeMesh());
+  // Every rank checks the whole strategy before any communicator is made,
+  // so a bad file stops every rank alike with nothing run.
+  std::unique_ptr<OpGpt> ops;
+  const int stage = static_cast<int>(mesh.Coordinate(world.rank(), mesh.FindAxis("pp")));
+  const int tp_rank = static_cast<int>(mesh.Coordinate(world.rank(), mesh.FindAxis("tp")));
+  GptStage gs = StageOf(config, parallel.pp, stage, parallel.tp, tp_rank, parallel.stage_layers);
+  if ((parallel.tp > 1 || parallel.op_strategy != nullptr) && !parallel.legacy_tp) {
+    ASSIGN_OR_RETURN(auto strategies, ResolveOpStrategies(StrategyFileOf(parallel),
+                                                          OpGpt::Signatures(config), mesh));
+    ASSIGN_OR_RETURN(ops, OpGpt::Create(config, strategies, gs, parallel.dp));
+    gs.tp_dims = std::make_shared<const std::map<std::string, int>>(ops->param_splits());
+  } else if (parallel.sequence_parallel) {
+    return InvalidArgumentError(parallel.tp == 1
+                                    ? "sequence parallelism cuts the sequence over tp: it needs tp > 1"
+                                    : "sequence parallelism runs on operator strategies, not the "
+                                      "legacy tensor-parallel path");
+  }
   ASSIGN_OR_RETURN(MeshCommunicators comms, MeshCommunicators::Create(world, mesh));
-  const int stage = static_cast<int>(comms.coordinate("pp"));
-  const int tp_rank = static_cast<int>(comms.coordinate("tp"));
-  ASSIGN_OR_RETURN(Gpt model,
-                   Gpt::Create(config, StageOf(config, parallel.pp, stage, parallel.tp, tp_rank)));
+  ASSIGN_OR_RETURN(Gpt model, Gpt::Create(config, gs));
   std::unique_ptr<ParallelGpt> p(new ParallelGpt(std::move(model), parallel, std::move(comms)));
+  p->tp_dims_ = gs.tp_dims;
+  p->ops_ = std::move(ops);
   RETURN_IF_ERROR(p->Build());
   return p;
 }
 
-GptStage ParallelGpt::StageOf(const GptConfig& config, int pp, int s, int tp, int tp_rank) {
+OpStrategyFile ParallelGpt::StrategyFileOf(const ParallelConfig& parallel) {
+  return parallel.op_strategy != nullptr ? *parallel.op_strategy
+                                         : OpGpt::Megatron(parallel.sequence_parallel);
+}
+
+Result<std::string> ParallelGpt::DescribeOps(int B, int T) const {
+  if (ops_ == nullptr) return std::string();
+  const GptConfig& config = model_.config();
+  const OpStrategyFile file = StrategyFileOf(parallel_);
+  ASSIGN_OR_RETURN(auto strategies,
+                   ResolveOpStrategies(file, OpGpt::Signatures(config), comms_.mesh()));
+  const int64_t rows = static_cast<int64_t>(B) / parallel_.dp / micro_batches_ * T;
+  std::string out = "operator strategy " + file.source + " on mesh " + comms_.mesh().ToString() +
+                    ", " + std::to_string(rows) + " rows (batch x sequence) per replica and " +
+                    "micro-batch; placements over tp:\n";
+  for (int s = 0; s < parallel_.pp; ++s) {
+    const GptStage stage = Stage(s, 0);
+    ASSIGN_OR_RETURN(auto ops, OpGpt::Create(config, strategies, stage, parallel_.dp));
+    if (parallel_.pp > 1) {
+      out += "stage " + std::to_string(s) + " (layers " + std::to_string(stage.first_layer) +
+             " to " + std::to_string(stage.last_layer - 1) + "):\n";
+    }
+    out += ops->Describe(rows);
+  }
+  ASSIGN_OR_RETURN(Strategy layouts, strategy());
+  out += "parameter layouts (what a checkpoint records):\n";
+  for (const TensorStrategy& t : layouts.tensors()) {
+    if (!t.name.starts_with("optimizer.")) out += "  " + t.name + ": " + ToString(t.layout) + "\n";
+  }
+  return out;
+}
+
+GptStage ParallelGpt::StageOf(const GptConfig& config, int pp, int s, int tp, int tp_rank,
+                              const std::vector<int>& stage_layers) {
   const int64_t L = config.layers;
-  return {static_cast<int>(s * L / pp), static_cast<int>((s + 1) * L / pp), s == 0, s == pp - 1,
-          tp, tp_rank};
+  int first = static_cast<int>(s * L / pp), last = static_cast<int>((s + 1) * L / pp);
+  if (!stage_layers.empty()) {
+    first = 0;
+    for (int i = 0; i < s; ++i) first += stage_layers[i];
+    last = first + stage_layers[s];
+  }
+  return {first, last, s == 0, s == pp - 1, tp, tp_rank, nullptr};
+}
+
+GptStage ParallelGpt::Stage(int s, int t) const {
+  GptStage g = StageOf(model_.config(), parallel_.pp, s, parallel_.tp, t, parallel_.stage_layers);
+  g.tp_dims = tp_dims_;
+  return g;
 }
 
 Layout ParallelGpt::LayoutOf(const ParamInfo& p, int stage, bool optimizer) const {
@@ -87,13 +172,18 @@ Status ParallelGpt::Build() {
   ASSIGN_OR_RETURN(pp_, comms_.Along("pp"));
   ASSIGN_OR_RETURN(tp_, comms_.Along("tp"));
   ASSIGN_OR_RETURN(tp_pp_, comms_.Along(std::vector<std::string>{"pp", "tp"}));
-  if (parallel_.tp > 1) RETURN_IF_ERROR(model_.SetTensorParallel(tp_));
+  if (ops_ != nullptr) {
+    RETURN_IF_ERROR(ops_->Bind(&model_, parallel_.tp > 1 ? tp_ : nullptr));
+  } else if (parallel_.tp > 1) {
+    RETURN_IF_ERROR(model_.SetTensorParallel(tp_));
+  }
   dp_rank_ = dp_->rank();
   stage_ = pp_->rank();
   const int pp = parallel_.pp;
   micro_batches_ = parallel_.micro_batches > 0 ? parallel_.micro_batches : pp;
   // 1F1B keeps at most pp - stage micro-batches in flight on a stage.
   model_.SetSlots(std::min(micro_batches_, pp - stage_));
+  if (ops_ != nullptr) ops_->SetSlots(std::min(micro_batches_, pp - stage_));
   if (pp > 1) {
     const bool ends = stage_ == 0 || stage_ == pp - 1;
     const int64_t dp_tp = comms_.coordinate("dp") * parallel_.tp + comms_.coordinate("tp");
@@ -255,7 +345,7 @@ Result<double> ParallelGpt::RunPipeline(const int32_t* tokens, const int32_t* ta
   const int mb = rows / M;
   const int64_t n = static_cast<int64_t>(mb) * T * model_.config().embed;
   const int prev = comms_.Prev("pp"), next = comms_.Next("pp");
-  const int slots = model_.slots();
+  const int slots = ops_ ? ops_->slots() : model_.slots();
   const float dloss = 1.0f / static_cast<float>(M);
   if (s > 0) recv_x_.resize(n);
   if (s < P - 1) recv_dy_.resize(n);
@@ -278,12 +368,14 @@ Result<double> ParallelGpt::RunPipeline(const int32_t* tokens, const int32_t* ta
       Timed timed(&comm_seconds_);
       RETURN_IF_ERROR(slot_send[slot].Wait());
     }
-    ASSIGN_OR_RETURN(float l, model_.ForwardStage(slot, tokens + at, recv_x_.data(), targets + at,
-                                                  mb, T));
+    ASSIGN_OR_RETURN(float l,
+                     ops_ ? ops_->ForwardStage(slot, tokens + at, recv_x_.data(), targets + at, mb, T)
+                          : model_.ForwardStage(slot, tokens + at, recv_x_.data(), targets + at,
+                                                mb, T));
     loss += l;
     if (s < P - 1) {
-      ASSIGN_OR_RETURN(slot_send[slot],
-                       pp_->ISend(model_.StageOutput(slot), n, DType::kF32, next, 2 * i));
+      const float* out = ops_ ? ops_->StageOutput(slot) : model_.StageOutput(slot);
+      ASSIGN_OR_RETURN(slot_send[slot], pp_->ISend(out, n, DType::kF32, next, 2 * i));
     }
     return Status::Ok();
   };
@@ -292,9 +384,14 @@ Result<double> ParallelGpt::RunPipeline(const int32_t* tokens, const int32_t* ta
       Timed timed(&comm_seconds_);
       RETURN_IF_ERROR(pp_->Recv(recv_dy_.data(), n, DType::kF32, next, 2 * j + 1));
     }
-    RETURN_IF_ERROR(model_.BackwardStage(j % slots, recv_dy_.data(), dloss));
+    if (ops_) {
+      RETURN_IF_ERROR(ops_->BackwardStage(j % slots, recv_dy_.data(), dloss));
+    } else {
+      RETURN_IF_ERROR(model_.BackwardStage(j % slots, recv_dy_.data(), dloss));
+    }
     if (s > 0) {
-      std::copy(model_.InputGradient(), model_.InputGradient() + n, send_dx_[j].begin());
+      const float* dx = ops_ ? ops_->InputGradient() : model_.InputGradient();
+      std::copy(dx, dx + n, send_dx_[j].begin());
       ASSIGN_OR_RETURN(dx_send[j], pp_->ISend(send_dx_[j].data(), n, DType::kF32, prev, 2 * j + 1));
     }
     return Status::Ok();
@@ -342,6 +439,7 @@ Result<float> ParallelGpt::Step(const int32_t* tokens, const int32_t* targets, i
   model_.ZeroGrad();
   ASSIGN_OR_RETURN(double loss, RunPipeline(tokens + first, targets + first, local, T));
   loss /= micro_batches_;  // the mean over this rank's rows (last stage; 0 elsewhere)
+  if (ops_) RETURN_IF_ERROR(ops_->ReduceParamGradients());
   RETURN_IF_ERROR(ReduceTiedEmbedding());
   RETURN_IF_ERROR(ReduceGradients());
   double squared = 0;
@@ -380,7 +478,7 @@ Result<Strategy> ParallelGpt::strategy() const {
   std::vector<std::pair<ParamInfo, int>> all;
   for (int s = 0; s < pp; ++s) {
     ASSIGN_OR_RETURN(std::vector<ParamInfo> params,
-                     Gpt::Params(model_.config(), StageOf(model_.config(), pp, s, parallel_.tp)));
+                     Gpt::Params(model_.config(), Stage(s, 0)));
     for (ParamInfo& p : params) {
       if (!p.tied_copy) all.emplace_back(std::move(p), s);
     }
@@ -431,7 +529,7 @@ Status ParallelGpt::GatherModel(Gpt* full) {
   for (int s = 0; s < pp; ++s) {
     for (int t = 0; t < tp; ++t) {
       ASSIGN_OR_RETURN(std::vector<ParamInfo> params,
-                       Gpt::Params(model_.config(), StageOf(model_.config(), pp, s, tp, t)));
+                       Gpt::Params(model_.config(), Stage(s, t)));
       int64_t count = 0;
       for (const ParamInfo& p : params) count += p.numel;
       std::vector<float> w, m, v;

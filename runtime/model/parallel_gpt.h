@@ -47,6 +47,7 @@
 #include "runtime/comm/communicator.h"
 #include "runtime/comm/mesh_comms.h"
 #include "runtime/model/gpt.h"
+#include "runtime/model/op_gpt.h"
 #include "runtime/train/sliced_checkpoint.h"
 #include "transform/strategy.h"
 
@@ -57,6 +58,16 @@ struct ParallelConfig {
   int zero = 0;  // 0: every dp rank holds the whole optimizer state; 1: ZeRO-1
   int micro_batches = 0;  // per step and dp rank under pp > 1 (0: pp)
   int64_t bucket_bytes = int64_t{25} << 20;
+  // Layers per pipeline stage (empty: as even as possible).
+  std::vector<int> stage_layers;
+  // The operators' shard strategies (runtime/model/op_gpt.h). Without a
+  // file, tp > 1 runs Megatron's strategy (OpGpt::Megatron), with
+  // sequence parallelism when `sequence_parallel`.
+  std::shared_ptr<const OpStrategyFile> op_strategy;
+  bool sequence_parallel = false;
+  // The hand-written Megatron path inside Gpt, kept to measure the
+  // operators against until they match it (train_gpt --legacy-tp).
+  bool legacy_tp = false;
   // The mesh "pp=P,dp=D,tp=T" (ranks row-major: tp fastest).
   Result<Mesh> MakeMesh() const;
   Status Validate(int world_size) const;
@@ -74,8 +85,18 @@ class ParallelGpt {
   // This rank's pipeline stage (its pp coordinate) and the layers it holds.
   int stage() const { return stage_; }
   int micro_batches() const { return micro_batches_; }
-  // The stage `s` of `pp` for a model of `config`, tp slice tp_rank of tp.
-  static GptStage StageOf(const GptConfig& config, int pp, int s, int tp = 1, int tp_rank = 0);
+  // The stage `s` of `pp` for a model of `config`, tp slice tp_rank of tp
+  // (layers per stage as `stage_layers` says, else as even as possible).
+  static GptStage StageOf(const GptConfig& config, int pp, int s, int tp = 1, int tp_rank = 0,
+                          const std::vector<int>& stage_layers = {});
+  // The operators (null on the legacy path and without tp).
+  const OpGpt* ops() const { return ops_.get(); }
+  // The strategy file the operators run (the file, or the Megatron preset).
+  static OpStrategyFile StrategyFileOf(const ParallelConfig& parallel);
+  // Every stage's operators with their strategies and the redistributions
+  // between them (OpGpt::Describe) for a global batch of B x T, and the
+  // parameters' layouts; empty without operators.
+  Result<std::string> DescribeOps(int B, int T) const;
   const MeshCommunicators& comms() const { return comms_; }
   // This rank's replica of its stage's parameters. Under
   // ZeRO-1 its adam_m/adam_v are empty between GatherOptimizerState calls;
@@ -96,7 +117,9 @@ class ParallelGpt {
   // Seconds this rank has spent in the collectives of Step (reductions,
   // the loss, the norm, ZeRO's gathers) and waiting for pipeline
   // neighbours, for the communication share.
-  double comm_seconds() const { return comm_seconds_ + model_.comm_seconds(); }
+  double comm_seconds() const {
+    return comm_seconds_ + model_.comm_seconds() + (ops_ ? ops_->comm_seconds() : 0.0);
+  }
 
   // The layout of every parameter and optimizer state on the mesh, named as
   // checkpoints name them ("wte", "optimizer.wte.exp_avg", ...).
@@ -140,6 +163,8 @@ class ParallelGpt {
 
   ParallelGpt(Gpt model, ParallelConfig parallel, MeshCommunicators comms)
       : model_(std::move(model)), parallel_(parallel), comms_(std::move(comms)) {}
+  // Stage s, tp slice t, cut as this model's parameters are.
+  GptStage Stage(int s, int t) const;
   Status Build();
   // The layout of parameter `p` (of a stage `stage`; its optimizer state's
   // when `optimizer`) on the mesh: what strategy() records.
@@ -154,6 +179,8 @@ class ParallelGpt {
   Status ShardedUpdate(const AdamWConfig& adam, float clip);
 
   Gpt model_;
+  std::unique_ptr<OpGpt> ops_;
+  std::shared_ptr<const std::map<std::string, int>> tp_dims_;
   ParallelConfig parallel_;
   MeshCommunicators comms_;
   Communicator* dp_ = nullptr;

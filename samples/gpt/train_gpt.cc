@@ -155,7 +155,7 @@ struct Options {
   uint64_t seed = 1;
   AdamWConfig adam;
   float max_norm = 1.0f;
-  bool resume = false, quiet = false, async_save = false;
+  bool resume = false, quiet = false, async_save = false, print_ops = false;
   ParallelConfig parallel;
 };
 
@@ -181,6 +181,12 @@ Status Train(const Options& o, Communicator& world) {
   int64_t num_params = 0;  // of the whole model, every stage
   for (const ParamInfo& p : all_params) num_params += p.numel;
 
+  if (o.print_ops && first) {
+    ASSIGN_OR_RETURN(const std::string ops, trainer->DescribeOps(o.batch, o.seq));
+    std::fputs(ops.empty() ? "no operator strategy: every rank runs the whole model on its rows\n"
+                           : ops.c_str(),
+               stdout);
+  }
   if (!o.strategy_out.empty()) {
     ASSIGN_OR_RETURN(Strategy strategy, trainer->strategy());
     if (first) RETURN_IF_ERROR(SaveStrategyFile(env, o.strategy_out, strategy));
@@ -237,7 +243,11 @@ Status Train(const Options& o, Communicator& world) {
                   std::string(world.backend()).c_str(), parallel.dp, parallel.zero,
                   static_cast<long long>(parallel.bucket_bytes >> 10));
       if (parallel.tp > 1) {
-        std::printf("tensor parallel: tp=%d (heads, MLP and vocabulary split)\n", parallel.tp);
+        std::printf("tensor parallel: tp=%d (%s)\n", parallel.tp,
+                    trainer->ops() == nullptr
+                        ? "legacy hand-written Megatron path"
+                        : ("operator strategy " + ParallelGpt::StrategyFileOf(parallel).source)
+                              .c_str());
       }
       if (parallel.pp > 1) {
         std::printf("pipeline: pp=%d stages, %d micro-batches per dp rank (1F1B)\n",
@@ -445,6 +455,17 @@ int main(int argc, char** argv) {
                  "tensor-parallel ranks (Megatron: heads, MLP and vocabulary split; "
                  "a divisor of --heads)")
       ->check(CLI::PositiveNumber);
+  std::string op_strategy;
+  app.add_option("--op-strategy", op_strategy,
+                 "operator strategy file (JSON, \"format\": \"tessera.op_strategy\"; its mesh, "
+                 "zero, micro_batches and stage_layers apply unless given here)");
+  app.add_flag("--sequence-parallel", o.parallel.sequence_parallel,
+               "Megatron's sequence parallelism with --tp (layer norms and residuals cut by rows)");
+  app.add_flag("--legacy-tp", o.parallel.legacy_tp,
+               "the hand-written tensor-parallel path (to measure the operators against)");
+  app.add_flag("--print-op-strategy", o.print_ops,
+               "print each operator's strategy, the redistributions inserted between them and "
+               "the parameters' layouts (with --steps 0: print only)");
   app.add_option("--micro-batches", o.parallel.micro_batches,
                  "micro-batches per step and dp rank under --pp (default: pp)")
       ->check(CLI::PositiveNumber);
@@ -514,6 +535,32 @@ int main(int argc, char** argv) {
     o.save_mode = "sliced";
   }
   o.parallel.bucket_bytes = static_cast<int64_t>(bucket_mib * (1 << 20));
+  if (!op_strategy.empty()) {
+    if (o.parallel.sequence_parallel || o.parallel.legacy_tp) {
+      return Fail(InvalidArgumentError("--op-strategy says every operator's strategy: drop "
+                                       "--sequence-parallel and --legacy-tp"));
+    }
+    Result<OpStrategyFile> file = OpStrategyFile::Load(op_strategy);
+    if (!file.ok()) return Fail(file.status());
+    // The file's settings, unless given on the command line (then they
+    // must agree: ParallelConfig::Validate names the file).
+    for (auto [flag, from, to] : {std::tuple{"--pp", file->pp, &o.parallel.pp},
+                                  {"--dp", file->dp, &o.parallel.dp},
+                                  {"--tp", file->tp, &o.parallel.tp},
+                                  {"--micro-batches", file->micro_batches, &o.parallel.micro_batches},
+                                  {"--zero", file->zero, &o.parallel.zero}}) {
+      if (!from.has_value()) continue;
+      if (app.count(flag) == 0) {
+        *to = *from;
+      } else if (*to != *from) {
+        return Fail(InvalidArgumentError(op_strategy + " sets " + std::string(flag + 2) + " " +
+                                         std::to_string(*from) + " but " + flag + " is " +
+                                         std::to_string(*to)));
+      }
+    }
+    o.parallel.stage_layers = file->stage_layers;
+    o.parallel.op_strategy = std::make_shared<const OpStrategyFile>(std::move(*file));
+  }
   if (Result<Redundancy> r = Redundancy::Parse(redundancy); r.ok()) {
     o.redundancy = *r;
   } else {

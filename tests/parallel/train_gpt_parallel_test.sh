@@ -43,6 +43,51 @@ check "mpirun -np 4 --dp 2 --tp 2 --pp 1 --zero 1: the single-process losses" \
   close "$WORK/mpitp.log" "$WORK/one.log"
 check "... and says its tensor parallelism" grep -q "tensor parallel: tp=2" "$WORK/mpitp.log"
 
+# Operator strategies: Megatron with sequence parallelism, the shipped
+# files (in-process ranks and mpirun), the hand-written path they replace.
+STRATEGIES=$(cd "$(dirname "$0")/../../samples/gpt/strategies" && pwd)
+for setting in "--ranks 2 --tp 2 --sequence-parallel" \
+  "--ranks 4 --tp 2 --pp 2 --zero 1 --sequence-parallel" \
+  "--ranks 4 --op-strategy $STRATEGIES/mlp_batch_split.json" \
+  "--ranks 2 --tp 2 --legacy-tp"; do
+  # shellcheck disable=SC2086
+  "$BIN" "${SMALL[@]}" --steps 30 $setting >"$WORK/par.log" 2>&1
+  check "$setting: the single-process losses" close "$WORK/par.log" "$WORK/one.log"
+done
+"${MPIRUN[@]}" -np 4 "$BIN" "${SMALL[@]}" --steps 30 --op-strategy "$STRATEGIES/megatron_sp.json" \
+  --dp 2 --tp 2 --zero 1 >"$WORK/mpisp.log" 2>&1
+check "mpirun -np 4, megatron_sp.json on dp2 x tp2 with ZeRO-1: the single-process losses" \
+  close "$WORK/mpisp.log" "$WORK/one.log"
+check "... and says its strategy" grep -q "tensor parallel: tp=2 (operator strategy .*megatron_sp.json)" \
+  "$WORK/mpisp.log"
+"$BIN" "${SMALL[@]}" --steps 0 --ranks 4 --op-strategy "$STRATEGIES/mlp_batch_split.json" \
+  --print-op-strategy >"$WORK/print.log" 2>&1
+check "the file's mesh and zero apply" grep -q "ranks: 4 (inprocess), dp=2 zero=1" "$WORK/print.log"
+check "--print-op-strategy shows each operator's strategy" \
+  grep -q "h.1.mlp.c_fc \[linear\] ((dp\*tp, -), (-, -))" "$WORK/print.log"
+check "... the redistributions inserted, with their collectives and bytes" \
+  grep -q "forward  h.0.mlp.c_proj -> h.0.add_2 input 1: AllGather, 8.0 KiB (rows/tp -> replicated)" \
+  "$WORK/print.log"
+check "... their duals in backward" \
+  grep -q "backward h.0.ln_2 -> h.0.mlp.c_fc: AllGather" "$WORK/print.log"
+check "... and the parameters' layouts" \
+  grep -q "h.0.mlp.c_fc.weight: shape \[32, 128\] f32$" "$WORK/print.log"
+# A bad file: named, nothing run, nothing saved.
+printf '{"format": "tessera.op_strategy", "operators": {"h.*.mlp.c_fx": [["dp", null], [null, "tp"]]}}' \
+  >"$WORK/bad.json"
+"$BIN" "${SMALL[@]}" --steps 5 --ranks 2 --tp 2 --op-strategy "$WORK/bad.json" --save "$WORK/bad" \
+  >"$WORK/bad.log" 2>&1
+check "a bad strategy file fails" test $? -ne 0
+check "... naming the file and the operator" \
+  grep -q "$WORK/bad.json: 'h.\*.mlp.c_fx' names no operator of the model" "$WORK/bad.log"
+check "... with nothing trained or saved" test ! -e "$WORK/bad" -a "$(grep -c '^step' "$WORK/bad.log")" = 0
+printf '{"format": "tessera.strategy", "tensors": {}}' >"$WORK/layout.json"
+out=$("$BIN" "${SMALL[@]}" --steps 1 --op-strategy "$WORK/layout.json" 2>&1)
+check "a layout strategy file is refused by name" grep -q "this is a layout strategy file" <<<"$out"
+out=$("$BIN" "${SMALL[@]}" --steps 1 --ranks 4 --tp 4 --op-strategy "$STRATEGIES/mlp_batch_split.json" 2>&1)
+check "a file's mesh that is not the job's is named" \
+  grep -q "mlp_batch_split.json sets tp 2 but --tp is 4" <<<"$out"
+
 # resumed NAME DIR "SAVE FLAGS" "RESUME FLAGS": one run saves at step 12,
 # another resumes from it to 30; together they must give the
 # single-process curve. A flag list starting with "mpi" runs under
@@ -82,6 +127,15 @@ resumed "resume on 1 rank from a sliced dp2 x tp2 x pp2 ZeRO-1 checkpoint" ck7 \
 check "... whose 8 data files are there" test "$(ls "$WORK"/ck7/step-12/data-*.tsr | wc -l)" -eq 8
 resumed "resume on dp2 x pp2 from a sliced save of 2 MPI tp ranks" ck8 \
   "mpi --tp 2 --save-mode sliced" "--ranks 4 --pp 2 --zero 1 --save-mode sliced"
+# Across strategies: tp2 with sequence parallelism <-> data parallel only,
+# and on to another strategy file.
+resumed "resume data parallel from a tp2 sequence-parallel checkpoint" ck10 \
+  "--ranks 2 --tp 2 --sequence-parallel" "--ranks 2"
+resumed "resume tp2 sequence-parallel from a data-parallel checkpoint" ck11 \
+  "--ranks 2 --save-mode sliced" "--ranks 2 --tp 2 --sequence-parallel"
+resumed "resume under mlp_batch_split.json from a tp2 sequence-parallel checkpoint" ck12 \
+  "--ranks 2 --tp 2 --sequence-parallel --save-mode sliced" \
+  "--ranks 4 --op-strategy $STRATEGIES/mlp_batch_split.json"
 # --keep 2: only the two newest saves stay, latest on the newest.
 train "$WORK/keep.log" --ranks 2 --tp 2 --steps 12 --save-every 3 --keep 2 --save-mode sliced \
   --save "$WORK/keep"
@@ -119,7 +173,9 @@ check "micro-batches that do not divide the rows are named" \
   grep -q "8 rows of a dp rank are not a multiple of the 3 micro-batches" <<<"$out"
 out=$("$BIN" "${SMALL[@]}" --steps 1 --ranks 4 --tp 4 2>&1)
 check "tp that does not divide the heads is named" \
-  grep -q "2 heads cannot be shared by tp 4 ranks" <<<"$out"
+  grep -q "operator 'h.0.attn.attention': input 0 (qkv \[rows, heads\]) dimension 1 of size 2 is not divisible by tp = 4" <<<"$out"
+out=$("$BIN" "${SMALL[@]}" --steps 1 --ranks 4 --tp 4 --legacy-tp 2>&1)
+check "... also on the legacy path" grep -q "2 heads cannot be shared by tp 4 ranks" <<<"$out"
 out=$("$BIN" "${SMALL[@]}" --steps 1 --ranks 2 --threads 2 2>&1)
 check "threads per in-process rank are refused" grep -q "one rank per process" <<<"$out"
 test $fails -eq 0

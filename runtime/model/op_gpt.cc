@@ -1,0 +1,569 @@
+#include "runtime/model/op_gpt.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "core/byte_size.h"
+#include "runtime/kernels.h"
+
+namespace tessera {
+namespace {
+
+std::string BlockPrefix(int i) { return "h." + std::to_string(i) + "."; }
+
+OpSignature::Input In(std::string name, std::vector<int64_t> shape, std::string param = "",
+                      std::vector<int> uneven = {}) {
+  return {std::move(name), std::move(shape), std::move(param), std::move(uneven)};
+}
+
+}  // namespace
+
+std::vector<OpSignature> OpGpt::Signatures(const GptConfig& config) {
+  const int64_t C = config.embed, V = config.vocab, R = -1;
+  std::vector<OpSignature> ops;
+  ops.push_back({"embedding", "embedding", {In("wte", {V, C}, "wte", {0}), In("tokens", {R})}});
+  for (int i = 0; i < config.layers; ++i) {
+    const std::string p = BlockPrefix(i);
+    auto linear = [&](const std::string& name, int64_t k, int64_t m) {
+      ops.push_back({p + name, "linear", {In("x", {R, k}), In("weight", {k, m}, p + name + ".weight")}});
+    };
+    ops.push_back({p + "ln_1", "layer_norm", {In("x", {R, C})}});
+    linear("attn.c_attn", C, 3 * C);
+    // Dimension 1 of the attention's input counts heads (q | k | v cut alike).
+    ops.push_back({p + "attn.attention", "attention", {In("qkv [rows, heads]", {R, config.heads})}});
+    linear("attn.c_proj", C, C);
+    ops.push_back({p + "add_1", "add", {In("a", {R, C}), In("b", {R, C})}});
+    ops.push_back({p + "ln_2", "layer_norm", {In("x", {R, C})}});
+    linear("mlp.c_fc", C, 4 * C);
+    ops.push_back({p + "mlp.gelu", "gelu", {In("x", {R, 4 * C})}});
+    linear("mlp.c_proj", 4 * C, C);
+    ops.push_back({p + "add_2", "add", {In("a", {R, C}), In("b", {R, C})}});
+  }
+  ops.push_back({"ln_f", "layer_norm", {In("x", {R, C})}});
+  ops.push_back({"lm_head", "lm_head", {In("x", {R, C}), In("wte", {V, C}, "wte", {0})}});
+  ops.push_back({"loss", "cross_entropy", {In("logits", {R, V}, "", {1}), In("targets", {R})}});
+  return ops;
+}
+
+OpStrategyFile OpGpt::Megatron(bool sequence_parallel) {
+  OpStrategyFile f;
+  f.source = sequence_parallel ? "<megatron-sp>" : "<megatron>";
+  const DimAxes none, dp{"dp"}, tp{"tp"}, rows = sequence_parallel ? DimAxes{"dp", "tp"} : dp;
+  auto add = [&](std::string pattern, std::vector<std::vector<DimAxes>> axes) {
+    OpStrategyFile::Entry e;
+    e.pattern = std::move(pattern);
+    for (const auto& in : axes) e.counts.emplace_back(in.size(), 1);
+    e.axes = std::move(axes);
+    f.operators.push_back(std::move(e));
+  };
+  add("embedding", {{tp, none}, {dp}});
+  add("h.*.ln_1", {{rows, none}});
+  add("h.*.attn.c_attn", {{dp, none}, {none, tp}});
+  add("h.*.attn.attention", {{dp, tp}});
+  add("h.*.attn.c_proj", {{dp, tp}, {tp, none}});
+  add("h.*.add_1", {{rows, none}, {rows, none}});
+  add("h.*.ln_2", {{rows, none}});
+  add("h.*.mlp.c_fc", {{dp, none}, {none, tp}});
+  add("h.*.mlp.gelu", {{dp, tp}});
+  add("h.*.mlp.c_proj", {{dp, tp}, {tp, none}});
+  add("h.*.add_2", {{rows, none}, {rows, none}});
+  add("ln_f", {{rows, none}});
+  add("lm_head", {{dp, none}, {tp, none}});
+  add("loss", {{dp, tp}, {dp}});
+  return f;
+}
+
+Result<std::unique_ptr<OpGpt>> OpGpt::Create(const GptConfig& config,
+                                             const std::map<std::string, OpStrategy>& strategies,
+                                             const GptStage& stage, int dp) {
+  RETURN_IF_ERROR(config.Validate());
+  std::unique_ptr<OpGpt> g(new OpGpt());
+  g->config_ = config;
+  g->stage_ = stage;
+  g->dp_ = dp;
+  const int64_t C = config.embed, V = config.vocab;
+  const int tp = stage.tp;
+  auto strategy = [&](const std::string& name) -> Result<const OpStrategy*> {
+    auto it = strategies.find(name);
+    if (it == strategies.end()) return InternalError("no strategy for operator '" + name + "'");
+    return &it->second;
+  };
+  std::map<std::string, int>& splits = g->param_splits_;
+  ASSIGN_OR_RETURN(const OpStrategy* s, strategy("embedding"));
+  ASSIGN_OR_RETURN(g->embedding_, EmbeddingOp::Create("embedding", *s, V, C, dp));
+  splits["wte"] = g->embedding_.weight_split();
+  splits["wpe"] = g->embedding_.weight_split() == 1 ? 1 : -1;
+  const int last_layer = stage.last_layer < 0 ? config.layers : stage.last_layer;
+  // Every block is checked; the stage keeps its own.
+  for (int i = 0; i < config.layers; ++i) {
+    const std::string p = BlockPrefix(i);
+    OpGpt::Block b;
+    ASSIGN_OR_RETURN(s, strategy(p + "ln_1"));
+    ASSIGN_OR_RETURN(b.ln1, LayerNormOp::Create(p + "ln_1", *s, dp));
+    ASSIGN_OR_RETURN(s, strategy(p + "attn.c_attn"));
+    ASSIGN_OR_RETURN(b.qkv, LinearOp::Create(p + "attn.c_attn", *s, C, 3 * C, 3, dp));
+    if (b.qkv.weight_split() == 1 && C % tp != 0) {
+      return InvalidArgumentError("operator '" + p + "attn.c_attn': input 1 (weight) dimension 1 "
+                                  "cuts q, k and v alike; C = " + std::to_string(C) +
+                                  " is not divisible by tp " + std::to_string(tp));
+    }
+    ASSIGN_OR_RETURN(s, strategy(p + "attn.attention"));
+    ASSIGN_OR_RETURN(b.attn, AttentionOp::Create(p + "attn.attention", *s, config.heads, C, tp, dp));
+    ASSIGN_OR_RETURN(s, strategy(p + "attn.c_proj"));
+    ASSIGN_OR_RETURN(b.proj, LinearOp::Create(p + "attn.c_proj", *s, C, C, 1, dp));
+    ASSIGN_OR_RETURN(s, strategy(p + "add_1"));
+    ASSIGN_OR_RETURN(b.add1, AddOp::Create(p + "add_1", *s, dp));
+    ASSIGN_OR_RETURN(s, strategy(p + "ln_2"));
+    ASSIGN_OR_RETURN(b.ln2, LayerNormOp::Create(p + "ln_2", *s, dp));
+    ASSIGN_OR_RETURN(s, strategy(p + "mlp.c_fc"));
+    ASSIGN_OR_RETURN(b.fc, LinearOp::Create(p + "mlp.c_fc", *s, C, 4 * C, 1, dp));
+    ASSIGN_OR_RETURN(s, strategy(p + "mlp.gelu"));
+    ASSIGN_OR_RETURN(b.gelu, GeluOp::Create(p + "mlp.gelu", *s, dp));
+    ASSIGN_OR_RETURN(s, strategy(p + "mlp.c_proj"));
+    ASSIGN_OR_RETURN(b.fcproj, LinearOp::Create(p + "mlp.c_proj", *s, 4 * C, C, 1, dp));
+    ASSIGN_OR_RETURN(s, strategy(p + "add_2"));
+    ASSIGN_OR_RETURN(b.add2, AddOp::Create(p + "add_2", *s, dp));
+    // c_attn's weight is cut in its [C, 3, C] view (by heads) when tp > 1.
+    const int qkv = b.qkv.weight_split();
+    splits[p + "attn.c_attn.weight"] = qkv == 1 ? (tp > 1 ? 2 : 1) : qkv;
+    splits[p + "attn.c_attn.bias"] = qkv == 1 ? (tp > 1 ? 1 : 0) : -1;
+    for (const auto& [name, op] : {std::pair{"attn.c_proj", &b.proj}, {"mlp.c_fc", &b.fc},
+                                   {"mlp.c_proj", &b.fcproj}}) {
+      splits[p + name + ".weight"] = op->weight_split();
+      splits[p + name + ".bias"] = op->bias_split() ? 0 : -1;
+    }
+    for (const char* ln : {"ln_1", "ln_2"}) {
+      splits[p + ln + ".weight"] = -1;
+      splits[p + ln + ".bias"] = -1;
+    }
+    if (i >= stage.first_layer && i < last_layer) g->blocks_.push_back(std::move(b));
+  }
+  ASSIGN_OR_RETURN(s, strategy("ln_f"));
+  ASSIGN_OR_RETURN(g->lnf_, LayerNormOp::Create("ln_f", *s, dp));
+  ASSIGN_OR_RETURN(s, strategy("lm_head"));
+  ASSIGN_OR_RETURN(g->lm_head_, LmHeadOp::Create("lm_head", *s, V, C, dp));
+  ASSIGN_OR_RETURN(s, strategy("loss"));
+  ASSIGN_OR_RETURN(g->loss_, CrossEntropyOp::Create("loss", *s, V, dp));
+  splits["ln_f.weight"] = splits["ln_f.bias"] = -1;
+  if (g->lm_head_.weight_split() != g->embedding_.weight_split()) {
+    return InternalError("wte is cut differently by embedding and lm_head");
+  }
+
+  // The graph's edges, with the residual stream's placement threaded through.
+  Placement x = stage.first ? g->embedding_.info().output : Placement{-1};
+  g->stream_in_ = x;
+  std::string xname = stage.first ? "embedding" : "the previous stage";
+  auto edge = [](std::string from, const OpInfo& to, int input, Placement p, Placement grad,
+                 int64_t cols) {
+    return Edge{from + " -> " + to.name + (to.inputs.size() > 1 ? " input " + std::to_string(input) : ""),
+                p, to.inputs[input], grad, cols};
+  };
+  for (OpGpt::Block& b : g->blocks_) {
+    b.e[0] = edge(xname, b.ln1.info(), 0, x, b.ln1.info().inputs[0], C);
+    b.e[1] = edge(b.ln1.info().name, b.qkv.info(), 0, b.ln1.info().output, b.qkv.InputGradient(), C);
+    b.e[2] = edge(b.qkv.info().name, b.attn.info(), 0, b.qkv.info().output, b.attn.info().inputs[0], 3 * C);
+    b.e[3] = edge(b.attn.info().name, b.proj.info(), 0, b.attn.info().output, b.proj.InputGradient(), C);
+    b.e[4] = edge(xname, b.add1.info(), 0, x, b.add1.info().inputs[0], C);
+    b.e[5] = edge(b.proj.info().name, b.add1.info(), 1, b.proj.info().output, b.add1.info().inputs[1], C);
+    const Placement x1 = b.add1.info().output;
+    b.e[6] = edge(b.add1.info().name, b.ln2.info(), 0, x1, b.ln2.info().inputs[0], C);
+    b.e[7] = edge(b.ln2.info().name, b.fc.info(), 0, b.ln2.info().output, b.fc.InputGradient(), C);
+    b.e[8] = edge(b.fc.info().name, b.gelu.info(), 0, b.fc.info().output, b.gelu.info().inputs[0], 4 * C);
+    b.e[9] = edge(b.gelu.info().name, b.fcproj.info(), 0, b.gelu.info().output, b.fcproj.InputGradient(), 4 * C);
+    b.e[10] = edge(b.add1.info().name, b.add2.info(), 0, x1, b.add2.info().inputs[0], C);
+    b.e[11] = edge(b.fcproj.info().name, b.add2.info(), 1, b.fcproj.info().output, b.add2.info().inputs[1], C);
+    x = b.add2.info().output;
+    xname = b.add2.info().name;
+  }
+  if (stage.last) {
+    g->lnf_e_ = edge(xname, g->lnf_.info(), 0, x, g->lnf_.info().inputs[0], C);
+    g->lm_e_ = edge("ln_f", g->lm_head_.info(), 0, g->lnf_.info().output, g->lm_head_.InputGradient(), C);
+    g->ce_e_ = edge("lm_head", g->loss_.info(), 0, g->lm_head_.info().output, g->loss_.info().inputs[0], V);
+  } else {
+    g->out_e_ = {xname + " -> the next stage", x, Placement{-1}, Placement{-1}, C};
+  }
+  return g;
+}
+
+Status OpGpt::Bind(Gpt* model, Communicator* tp) {
+  if (tp != nullptr && (tp->size() != stage_.tp || tp->rank() != stage_.tp_rank)) {
+    return InvalidArgumentError("GPT operators: the tp communicator must have " +
+                                std::to_string(stage_.tp) + " ranks with this one as rank " +
+                                std::to_string(stage_.tp_rank));
+  }
+  if (tp == nullptr && stage_.tp != 1) return InvalidArgumentError("GPT operators: tp > 1 needs a communicator");
+  model_ = model;
+  ctx_ = OpContext(tp);
+  auto offset = [&](const std::string& name) -> Result<int64_t> {
+    const ParamInfo* p = model->FindParam(name);
+    if (p == nullptr) return InternalError("GPT operators: the model has no parameter '" + name + "'");
+    auto it = param_splits_.find(name);
+    if (it == param_splits_.end() || it->second != p->tp_dim) {
+      return InternalError("GPT operators: parameter '" + name + "' is not cut as the strategy says");
+    }
+    return p->offset;
+  };
+  tp_sums_.clear();
+  auto sum = [&](int64_t off, const std::string& name) {
+    tp_sums_.emplace_back(off, model->FindParam(name)->numel);
+  };
+  const int first = stage_.first_layer;
+  for (size_t l = 0; l < blocks_.size(); ++l) {
+    OpGpt::Block& b = blocks_[l];
+    const std::string p = BlockPrefix(first + static_cast<int>(l));
+    struct {
+      int64_t* at;
+      const char* name;
+      bool rows;
+    } params[] = {{&b.ln1w, "ln_1.weight", b.ln1.info().rows_over_tp},
+                  {&b.ln1b, "ln_1.bias", b.ln1.info().rows_over_tp},
+                  {&b.qkvw, "attn.c_attn.weight", b.qkv.info().rows_over_tp},
+                  {&b.qkvb, "attn.c_attn.bias", b.qkv.info().rows_over_tp},
+                  {&b.projw, "attn.c_proj.weight", b.proj.info().rows_over_tp},
+                  {&b.projb, "attn.c_proj.bias", b.proj.info().rows_over_tp},
+                  {&b.ln2w, "ln_2.weight", b.ln2.info().rows_over_tp},
+                  {&b.ln2b, "ln_2.bias", b.ln2.info().rows_over_tp},
+                  {&b.fcw, "mlp.c_fc.weight", b.fc.info().rows_over_tp},
+                  {&b.fcb, "mlp.c_fc.bias", b.fc.info().rows_over_tp},
+                  {&b.fcprojw, "mlp.c_proj.weight", b.fcproj.info().rows_over_tp},
+                  {&b.fcprojb, "mlp.c_proj.bias", b.fcproj.info().rows_over_tp}};
+    for (auto& q : params) {
+      ASSIGN_OR_RETURN(*q.at, offset(p + q.name));
+      if (q.rows && ctx_.tp() > 1) sum(*q.at, p + q.name);
+    }
+  }
+  wte_tp_sum_ = false;
+  if (stage_.first) {
+    ASSIGN_OR_RETURN(wte_, offset("wte"));
+    ASSIGN_OR_RETURN(wpe_, offset("wpe"));
+    if (embedding_.info().rows_over_tp && ctx_.tp() > 1) {
+      wte_tp_sum_ = true;
+      sum(wpe_, "wpe");
+    }
+  }
+  if (stage_.last) {
+    ASSIGN_OR_RETURN(wte_, offset("wte"));
+    ASSIGN_OR_RETURN(lnfw_, offset("ln_f.weight"));
+    ASSIGN_OR_RETURN(lnfb_, offset("ln_f.bias"));
+    if (lnf_.info().rows_over_tp && ctx_.tp() > 1) {
+      sum(lnfw_, "ln_f.weight");
+      sum(lnfb_, "ln_f.bias");
+    }
+    if (lm_head_.info().rows_over_tp && ctx_.tp() > 1) wte_tp_sum_ = true;
+  }
+  if (wte_tp_sum_) sum(wte_, "wte");
+  return Status::Ok();
+}
+
+void OpGpt::SetSlots(int n) { slots_.resize(std::max(1, n)); }
+
+Act OpGpt::New(Buf* b, int64_t rows, int64_t cols, Placement p) {
+  b->act = Act{nullptr, rows, cols, p};
+  b->data.resize(ctx_.LocalSize(b->act));
+  b->act.data = b->data.data();
+  return b->act;
+}
+
+Result<Act> OpGpt::Conv(Act& a, const Edge& e, Buf* buf) {
+  ASSIGN_OR_RETURN(buf->act, ctx_.Convert(a, e.to, &buf->data, e.label, "forward"));
+  return buf->act;
+}
+
+Result<Act> OpGpt::ConvGrad(Act& g, const Edge& e, Buf* buf) {
+  g.place = e.grad;
+  ASSIGN_OR_RETURN(buf->act, ctx_.Convert(g, e.from.Resolved(), &buf->data, e.label, "backward"));
+  return buf->act;
+}
+
+float* OpGpt::ParamGrad(int64_t offset, int64_t n, bool tp_sum, bool rows_over_tp) {
+  if (!tp_sum || rows_over_tp || ctx_.tp_rank() == 0) return G(offset);
+  if (scratch_grad_.size() < static_cast<size_t>(n)) scratch_grad_.assign(n, 0.0f);
+  return scratch_grad_.data();
+}
+
+Result<float> OpGpt::ForwardStage(int slot, const int32_t* tokens, const float* x_in,
+                                  const int32_t* targets, int B, int T) {
+  if (model_ == nullptr) return FailedPreconditionError("GPT operators: Bind first");
+  if (slot < 0 || slot >= slots()) {
+    return InvalidArgumentError("GPT forward: slot " + std::to_string(slot) + " of " +
+                                std::to_string(slots()));
+  }
+  if (B < 1 || T < 1 || T > config_.context) {
+    return InvalidArgumentError("GPT forward: batch " + std::to_string(B) + " x sequence " +
+                                std::to_string(T) + " (context is " +
+                                std::to_string(config_.context) + ")");
+  }
+  const int64_t N = static_cast<int64_t>(B) * T, C = config_.embed, V = config_.vocab;
+  const bool check_targets = stage_.last && targets != nullptr;
+  for (int64_t i = 0; i < N; ++i) {
+    if ((stage_.first && (tokens[i] < 0 || tokens[i] >= V)) ||
+        (check_targets && (targets[i] < 0 || targets[i] >= V))) {
+      return InvalidArgumentError("GPT forward: token at position " + std::to_string(i) +
+                                  " is outside the vocabulary of " + std::to_string(V));
+    }
+  }
+  Slot& a = slots_[slot];
+  a.B = B;
+  a.T = T;
+  a.blocks.resize(blocks_.size());
+  if (stage_.first) a.tokens.assign(tokens, tokens + N);
+  a.has_targets = check_targets;
+  if (a.has_targets) a.targets.assign(targets, targets + N);
+
+  Act x = New(&a.x0, N, C, stream_in_);
+  if (stage_.first) {
+    embedding_.Forward(ctx_, a.tokens.data(), T, P(wte_), P(wpe_), &x);
+  } else {
+    std::copy(x_in, x_in + N * C, x.data);
+  }
+  for (size_t l = 0; l < blocks_.size(); ++l) {
+    const OpGpt::Block& b = blocks_[l];
+    BlockActs& s = a.blocks[l];
+    ASSIGN_OR_RETURN(Act ln_in, Conv(x, b.e[0], &s.ln1_in));
+    Act h1 = New(&s.h1, N, C, b.ln1.info().output);
+    s.ln1_mean.resize(ctx_.LocalRows(h1));
+    s.ln1_rstd.resize(ctx_.LocalRows(h1));
+    b.ln1.Forward(ctx_, ln_in, P(b.ln1w), P(b.ln1b), &h1, s.ln1_mean.data(), s.ln1_rstd.data());
+    ASSIGN_OR_RETURN(Act qkv_in, Conv(h1, b.e[1], &s.qkv_in));
+    Act qkv = New(&s.qkv, N, 3 * C, b.qkv.info().output);
+    b.qkv.Forward(ctx_, qkv_in, P(b.qkvw), P(b.qkvb), &qkv);
+    ASSIGN_OR_RETURN(Act attn_in, Conv(qkv, b.e[2], &s.attn_in));
+    s.att.data.resize(b.attn.AttSize(ctx_, N, T));
+    Act y = New(&s.y, N, C, b.attn.info().output);
+    RETURN_IF_ERROR(b.attn.Forward(ctx_, attn_in, T, s.att.data.data(), &y));
+    ASSIGN_OR_RETURN(Act proj_in, Conv(y, b.e[3], &s.proj_in));
+    Act av = New(&s.a, N, C, b.proj.info().output);
+    b.proj.Forward(ctx_, proj_in, P(b.projw), P(b.projb), &av);
+    // The residual stream feeds the layer norm and the add: one conversion
+    // when both want the same placement.
+    if (b.e[4].to == b.e[0].to) {
+      s.add1_a.act = ln_in;
+    } else {
+      RETURN_IF_ERROR(Conv(x, b.e[4], &s.add1_a).status());
+    }
+    ASSIGN_OR_RETURN(Act add_b, Conv(av, b.e[5], &s.add1_b));
+    Act x1 = New(&s.x1, N, C, b.add1.info().output);
+    b.add1.Forward(ctx_, s.add1_a.act, add_b, &x1);
+
+    ASSIGN_OR_RETURN(Act ln2_in, Conv(x1, b.e[6], &s.ln2_in));
+    Act h2 = New(&s.h2, N, C, b.ln2.info().output);
+    s.ln2_mean.resize(ctx_.LocalRows(h2));
+    s.ln2_rstd.resize(ctx_.LocalRows(h2));
+    b.ln2.Forward(ctx_, ln2_in, P(b.ln2w), P(b.ln2b), &h2, s.ln2_mean.data(), s.ln2_rstd.data());
+    ASSIGN_OR_RETURN(Act fc_in, Conv(h2, b.e[7], &s.fc_in));
+    Act f = New(&s.f, N, 4 * C, b.fc.info().output);
+    b.fc.Forward(ctx_, fc_in, P(b.fcw), P(b.fcb), &f);
+    ASSIGN_OR_RETURN(Act gelu_in, Conv(f, b.e[8], &s.gelu_in));
+    Act g = New(&s.g, N, 4 * C, b.gelu.info().output);
+    b.gelu.Forward(ctx_, gelu_in, &g);
+    ASSIGN_OR_RETURN(Act fcproj_in, Conv(g, b.e[9], &s.fcproj_in));
+    Act m = New(&s.m, N, C, b.fcproj.info().output);
+    b.fcproj.Forward(ctx_, fcproj_in, P(b.fcprojw), P(b.fcprojb), &m);
+    if (b.e[10].to == b.e[6].to) {
+      s.add2_a.act = ln2_in;
+    } else {
+      RETURN_IF_ERROR(Conv(x1, b.e[10], &s.add2_a).status());
+    }
+    ASSIGN_OR_RETURN(Act add2_b, Conv(m, b.e[11], &s.add2_b));
+    Act x2 = New(&s.x2, N, C, b.add2.info().output);
+    b.add2.Forward(ctx_, s.add2_a.act, add2_b, &x2);
+    x = x2;
+  }
+  if (!stage_.last) {
+    RETURN_IF_ERROR(Conv(x, out_e_, &a.out).status());
+    return 0.0f;
+  }
+  ASSIGN_OR_RETURN(Act lnf_in, Conv(x, lnf_e_, &a.lnf_in));
+  Act hf = New(&a.hf, N, C, lnf_.info().output);
+  a.lnf_mean.resize(ctx_.LocalRows(hf));
+  a.lnf_rstd.resize(ctx_.LocalRows(hf));
+  lnf_.Forward(ctx_, lnf_in, P(lnfw_), P(lnfb_), &hf, a.lnf_mean.data(), a.lnf_rstd.data());
+  ASSIGN_OR_RETURN(Act lm_in, Conv(hf, lm_e_, &a.lm_in));
+  Act logits = New(&a.logits, N, V, lm_head_.info().output);
+  lm_head_.Forward(ctx_, lm_in, P(wte_), &logits);
+  if (!a.has_targets) return 0.0f;
+  ASSIGN_OR_RETURN(Act ce_in, Conv(logits, ce_e_, &a.ce_in));
+  a.probs.resize(ctx_.LocalSize(ce_in));
+  ASSIGN_OR_RETURN(const double loss, loss_.Forward(ctx_, ce_in, a.targets.data(), a.probs.data(),
+                                                    &a.max, &a.sums));
+  return static_cast<float>(loss);
+}
+
+const float* OpGpt::StageOutput(int slot) const { return slots_[slot].out.act.data; }
+
+Status OpGpt::BackwardStage(int slot, const float* dy, float dloss) {
+  if (slot < 0 || slot >= slots()) {
+    return InvalidArgumentError("GPT backward: slot " + std::to_string(slot) + " of " +
+                                std::to_string(slots()));
+  }
+  Slot& a = slots_[slot];
+  if (a.B == 0 || (stage_.last && !a.has_targets)) {
+    return FailedPreconditionError("GPT backward needs a forward with targets first");
+  }
+  a.has_targets = false;  // the probabilities become the logits' gradient below
+  const int T = a.T;
+  const int64_t N = static_cast<int64_t>(a.B) * T, C = config_.embed, V = config_.vocab;
+  const int64_t wte_n = model_->FindParam("wte") ? model_->FindParam("wte")->numel : 0;
+  // dres: the gradient of the residual stream, always held in d_.dres.
+  Act dres;
+  // Moves a result into d_.dres without copying: swaps buffers with the
+  // one the result lies in.
+  auto keep = [&](const Act& r, std::initializer_list<Buf*> from) {
+    for (Buf* b : from) {
+      if (!b->data.empty() && r.data == b->data.data() && b != &d_.dres) std::swap(b->data, d_.dres.data);
+    }
+    dres = r;
+    dres.data = d_.dres.data.data();
+    d_.dres.act = dres;
+  };
+  if (stage_.last) {
+    Act ce_in = a.ce_in.act;
+    loss_.Backward(ctx_, ce_in, a.probs.data(), a.targets.data(), dloss, a.probs.data());
+    Act dl{a.probs.data(), N, V, ce_e_.to};
+    ASSIGN_OR_RETURN(Act dlog, ConvGrad(dl, ce_e_, &d_.dlogits));
+    Act dh_in = New(&d_.dlnf, N, C, lm_head_.InputGradient());
+    lm_head_.Backward(ctx_, a.lm_in.act, P(wte_), dlog, &dh_in,
+                      ParamGrad(wte_, wte_n, wte_tp_sum_, lm_head_.info().rows_over_tp));
+    ASSIGN_OR_RETURN(Act dh, ConvGrad(dh_in, lm_e_, &d_.dh));
+    Act dx = New(&d_.dx_lnf, N, C, lnf_.info().inputs[0]);
+    lnf_.Backward(ctx_, a.lnf_in.act, P(lnfw_), a.lnf_mean.data(), a.lnf_rstd.data(), dh, &dx,
+                  G(lnfw_), G(lnfb_));
+    ASSIGN_OR_RETURN(Act r, ConvGrad(dx, lnf_e_, &d_.dres2));
+    keep(r, {&d_.dres2, &d_.dx_lnf});
+  } else {
+    Act in = New(&d_.tmp, N, C, Placement{-1});
+    std::copy(dy, dy + N * C, in.data);
+    ASSIGN_OR_RETURN(Act r, ConvGrad(in, out_e_, &d_.dres2));
+    keep(r, {&d_.dres2, &d_.tmp});
+  }
+  // Adds the gradients a residual stream gets from its two consumers (the
+  // layer norm's, in `ln_in` placement, and the add's, `dres`) into its own
+  // placement; `share`: both consumers took one conversion.
+  auto merge = [&](Act& dln, const Edge& ln_edge, const Edge& add_edge) -> Status {
+    if (ln_edge.to == add_edge.to) {
+      kernels::ResidualForward(dln.data, dln.data, dres.data, ctx_.LocalSize(dln));
+      ASSIGN_OR_RETURN(Act r, ConvGrad(dln, ln_edge, &d_.dres2));
+      keep(r, {&d_.dres2, &d_.d_ln_in});
+      return Status::Ok();
+    }
+    ASSIGN_OR_RETURN(Act from_add, ConvGrad(dres, add_edge, &d_.tmp));
+    ASSIGN_OR_RETURN(Act from_ln, ConvGrad(dln, ln_edge, &d_.d_add));
+    Act sum = New(&d_.dres2, from_ln.rows, from_ln.cols, from_ln.place);
+    kernels::ResidualForward(sum.data, from_ln.data, from_add.data, ctx_.LocalSize(sum));
+    keep(sum, {&d_.dres2});
+    return Status::Ok();
+  };
+  for (size_t l = blocks_.size(); l-- > 0;) {
+    const OpGpt::Block& b = blocks_[l];
+    BlockActs& s = a.blocks[l];
+    // add_2: both inputs' gradient is dres.
+    Act dm_in = dres;
+    ASSIGN_OR_RETURN(Act dm, ConvGrad(dm_in, b.e[11], &d_.dm));
+    Act dg_in = New(&d_.dg_in, N, 4 * C, b.fcproj.InputGradient());
+    b.fcproj.Backward(ctx_, s.fcproj_in.act, P(b.fcprojw), dm, &dg_in, G(b.fcprojw), G(b.fcprojb));
+    ASSIGN_OR_RETURN(Act dg, ConvGrad(dg_in, b.e[9], &d_.dg));
+    Act df_in = New(&d_.df_in, N, 4 * C, b.gelu.info().inputs[0]);
+    b.gelu.Backward(ctx_, s.gelu_in.act, dg, &df_in);
+    ASSIGN_OR_RETURN(Act df, ConvGrad(df_in, b.e[8], &d_.df));
+    Act dh_in = New(&d_.dh_in, N, C, b.fc.InputGradient());
+    b.fc.Backward(ctx_, s.fc_in.act, P(b.fcw), df, &dh_in, G(b.fcw), G(b.fcb));
+    ASSIGN_OR_RETURN(Act dh, ConvGrad(dh_in, b.e[7], &d_.dh));
+    Act dln2 = New(&d_.d_ln_in, N, C, b.ln2.info().inputs[0]);
+    b.ln2.Backward(ctx_, s.ln2_in.act, P(b.ln2w), s.ln2_mean.data(), s.ln2_rstd.data(), dh, &dln2,
+                   G(b.ln2w), G(b.ln2b));
+    RETURN_IF_ERROR(merge(dln2, b.e[6], b.e[10]));
+    // add_1, then the attention half.
+    Act da_in = dres;
+    ASSIGN_OR_RETURN(Act da, ConvGrad(da_in, b.e[5], &d_.dm));
+    Act dy_in = New(&d_.dy, N, C, b.proj.InputGradient());
+    b.proj.Backward(ctx_, s.proj_in.act, P(b.projw), da, &dy_in, G(b.projw), G(b.projb));
+    ASSIGN_OR_RETURN(Act dyv, ConvGrad(dy_in, b.e[3], &d_.dattn_y));
+    Act dqkv_in = New(&d_.dqkv_in, N, 3 * C, b.attn.info().inputs[0]);
+    b.attn.Backward(ctx_, s.attn_in.act, s.att.data.data(), T, dyv, &dqkv_in);
+    ASSIGN_OR_RETURN(Act dqkv, ConvGrad(dqkv_in, b.e[2], &d_.dqkv));
+    Act dh1_in = New(&d_.dh_in, N, C, b.qkv.InputGradient());
+    b.qkv.Backward(ctx_, s.qkv_in.act, P(b.qkvw), dqkv, &dh1_in, G(b.qkvw), G(b.qkvb));
+    ASSIGN_OR_RETURN(Act dh1, ConvGrad(dh1_in, b.e[1], &d_.dh));
+    Act dln1 = New(&d_.d_ln_in, N, C, b.ln1.info().inputs[0]);
+    b.ln1.Backward(ctx_, s.ln1_in.act, P(b.ln1w), s.ln1_mean.data(), s.ln1_rstd.data(), dh1,
+                   &dln1, G(b.ln1w), G(b.ln1b));
+    RETURN_IF_ERROR(merge(dln1, b.e[0], b.e[4]));
+  }
+  if (stage_.first) {
+    embedding_.Backward(ctx_, a.tokens.data(), T, dres,
+                        ParamGrad(wte_, wte_n, wte_tp_sum_, embedding_.info().rows_over_tp),
+                        G(wpe_));
+  } else {
+    input_grad_.assign(dres.data, dres.data + N * C);  // placed whole: the stage input's
+  }
+  return Status::Ok();
+}
+
+Status OpGpt::ReduceParamGradients() {
+  if (tp_sums_.empty()) return Status::Ok();
+  int64_t n = 0;
+  for (const auto& [off, count] : tp_sums_) n += count;
+  sum_buf_.resize(n);
+  float* out = sum_buf_.data();
+  for (const auto& [off, count] : tp_sums_) out = std::copy(G(off), G(off) + count, out);
+  RETURN_IF_ERROR(ctx_.AllReduce(sum_buf_.data(), n, DType::kF32, ReduceOp::kSum));
+  const float* in = sum_buf_.data();
+  for (const auto& [off, count] : tp_sums_) {
+    std::copy(in, in + count, G(off));
+    in += count;
+  }
+  return Status::Ok();
+}
+
+std::string OpGpt::Describe(int64_t rows) const {
+  const OpContext ctx(stage_.tp, 0);  // planning: collectives and sizes only
+  std::string out;
+  auto op = [&](const OpInfo& i) {
+    std::string ins;
+    for (const Placement& p : i.inputs) ins += (ins.empty() ? "" : ", ") + p.ToString();
+    out += "  " + i.name + " [" + i.kind + "] " + i.strategy.ToString() + "  in: " +
+           (ins.empty() ? "tokens" : ins) + "  out: " + i.output.ToString() + "\n";
+  };
+  auto edge = [&](const Edge& e) {
+    const OpContext::Redistribution f = ctx.Plan(e.from, e.to, rows, e.cols);
+    const OpContext::Redistribution b = ctx.Plan(e.grad, e.from.Resolved(), rows, e.cols);
+    if (!f.collective.empty()) {
+      out += "    forward  " + e.label + ": " + f.collective + ", " + HumanBytes(f.bytes) +
+             " (" + e.from.ToString() + " -> " + e.to.ToString() + ")\n";
+    }
+    if (!b.collective.empty()) {
+      out += "    backward " + e.label + ": " + b.collective + ", " + HumanBytes(b.bytes) +
+             " (" + e.grad.ToString() + " -> " + e.from.Resolved().ToString() + ")\n";
+    }
+  };
+  if (stage_.first) op(embedding_.info());
+  for (const OpGpt::Block& b : blocks_) {
+    const OpInfo* ops[] = {&b.ln1.info(), &b.qkv.info(), &b.attn.info(), &b.proj.info(),
+                           &b.add1.info(), &b.ln2.info(), &b.fc.info(), &b.gelu.info(),
+                           &b.fcproj.info(), &b.add2.info()};
+    // Each operator, then the edges into it.
+    const int into[10][2] = {{0, -1}, {1, -1}, {2, -1}, {3, -1}, {4, 5}, {6, -1}, {7, -1}, {8, -1},
+                             {9, -1}, {10, 11}};
+    for (int i = 0; i < 10; ++i) {
+      for (int e : into[i]) {
+        if (e < 0) continue;
+        if ((e == 4 && b.e[4].to == b.e[0].to) || (e == 10 && b.e[10].to == b.e[6].to)) continue;
+        edge(b.e[e]);
+      }
+      op(*ops[i]);
+    }
+  }
+  if (stage_.last) {
+    edge(lnf_e_);
+    op(lnf_.info());
+    edge(lm_e_);
+    op(lm_head_.info());
+    edge(ce_e_);
+    op(loss_.info());
+  } else {
+    edge(out_e_);
+  }
+  return out;
+}
+
+}  // namespace tessera

@@ -1,0 +1,167 @@
+// The GPT of gpt.h composed from operators with shard strategies
+// (runtime/parallel/operators.h): one pipeline stage's forward and backward
+// on one rank, whatever the strategy. Megatron tensor parallelism, its
+// sequence parallelism, batch-split layers and mixtures of them are
+// strategy files, not code: where one operator's output placement differs
+// from what the next one's strategy needs, the redistribution is inserted
+// (an edge of the graph below), and backward runs each edge's dual.
+//
+// Per block (pre-LayerNorm):
+//   x --ln_1--> h1 --attn.c_attn--> qkv --attn.attention--> y --attn.c_proj--> a
+//   x, a --add_1--> x1 --ln_2--> h2 --mlp.c_fc--> f --mlp.gelu--> g --mlp.c_proj--> m
+//   x1, m --add_2--> x2
+// and around the blocks: tokens --embedding (wte, wpe)--> x0 on the first
+// stage; x_L --ln_f--> --lm_head (wte)--> logits --loss--> on the last.
+// Operator names are "embedding", "h.<i>.ln_1", "h.<i>.attn.c_attn",
+// "h.<i>.attn.attention", "h.<i>.attn.c_proj", "h.<i>.add_1", "h.<i>.ln_2",
+// "h.<i>.mlp.c_fc", "h.<i>.mlp.gelu", "h.<i>.mlp.c_proj", "h.<i>.add_2",
+// "ln_f", "lm_head", "loss". Between stages the residual stream travels
+// whole (replicated over tp).
+//
+// The parameters stay in the Gpt (its flat vectors, ParamInfo boxes): each
+// one is cut over tp as its operator's strategy says (param_splits()), so
+// a checkpoint's layouts follow from the strategy.
+#ifndef TESSERA_RUNTIME_MODEL_OP_GPT_H_
+#define TESSERA_RUNTIME_MODEL_OP_GPT_H_
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "runtime/model/gpt.h"
+#include "runtime/parallel/op_strategy.h"
+#include "runtime/parallel/operators.h"
+
+namespace tessera {
+
+class OpGpt {
+ public:
+  // Every operator of the whole model, for checking a strategy file.
+  static std::vector<OpSignature> Signatures(const GptConfig& config);
+  // Megatron-LM's tensor parallelism as a strategy (vocabulary-parallel
+  // embedding and loss, c_attn and c_fc by columns, the c_proj by rows),
+  // with sequence parallelism (layer norms, residual adds and GELU-free
+  // regions cut by rows over tp) when `sequence_parallel`.
+  static OpStrategyFile Megatron(bool sequence_parallel);
+
+  // The stage's operators from resolved strategies (ResolveOpStrategies
+  // over Signatures). Checks every operator of the model, not only the
+  // stage's, so every rank refuses a bad strategy alike.
+  static Result<std::unique_ptr<OpGpt>> Create(const GptConfig& config,
+                                               const std::map<std::string, OpStrategy>& strategies,
+                                               const GptStage& stage, int dp);
+  // For each parameter, the dimension of its split shape cut over tp (-1:
+  // none): what GptStage::tp_dims takes. The same for every stage.
+  const std::map<std::string, int>& param_splits() const { return param_splits_; }
+
+  // Binds the operators to the stage's parameters (a Gpt created with
+  // param_splits()) and to the tp group (null when tp = 1); both must
+  // outlive this.
+  Status Bind(Gpt* model, Communicator* tp);
+
+  void SetSlots(int n);
+  int slots() const { return static_cast<int>(slots_.size()); }
+  // As Gpt::ForwardStage / BackwardStage (tokens and targets are the
+  // replica's [B, T]; x the previous stage's whole output). The loss is the
+  // replica's mean, the same on every tp rank.
+  Result<float> ForwardStage(int slot, const int32_t* tokens, const float* x,
+                             const int32_t* targets, int B, int T);
+  const float* StageOutput(int slot) const;
+  Status BackwardStage(int slot, const float* dy, float dloss);
+  const float* InputGradient() const { return input_grad_.data(); }
+  // After the last backward of a step: sums over tp the gradients of the
+  // parameters whose operators cut the rows over tp.
+  Status ReduceParamGradients();
+  double comm_seconds() const { return ctx_.comm_seconds(); }
+
+  // Every operator of this stage with its strategy and placements, and
+  // every redistribution inserted between them (forward and backward), its
+  // collective and bytes per rank for a batch of `rows` = B x T rows.
+  std::string Describe(int64_t rows) const;
+
+ private:
+  // A redistribution between a producer and a consumer's input.
+  struct Edge {
+    std::string label;  // "h.0.ln_1 -> h.0.attn.c_attn"
+    Placement from, to;  // forward: the producer's output, the input needed
+    Placement grad;      // backward: the consumer's input gradient (-> from, resolved)
+    int64_t cols = 0;
+  };
+  struct Block {
+    LayerNormOp ln1, ln2;
+    LinearOp qkv, proj, fc, fcproj;
+    AttentionOp attn;
+    AddOp add1, add2;
+    GeluOp gelu;
+    // Parameter offsets in the Gpt.
+    int64_t ln1w = 0, ln1b = 0, qkvw = 0, qkvb = 0, projw = 0, projb = 0, ln2w = 0, ln2b = 0,
+            fcw = 0, fcb = 0, fcprojw = 0, fcprojb = 0;
+    // Edges: x->ln1, h1->qkv, qkv->attn, y->proj, x->add1.a, a->add1.b,
+    // x1->ln2, h2->fc, f->gelu, g->fcproj, x1->add2.a, m->add2.b.
+    Edge e[12];
+  };
+  // One activation buffer and the Act it holds (or the Act it reuses).
+  struct Buf {
+    std::vector<float> data;
+    Act act;
+  };
+  struct BlockActs {
+    Buf ln1_in, h1, qkv_in, qkv, attn_in, att, y, proj_in, a, add1_a, add1_b, x1, ln2_in, h2, fc_in,
+        f, gelu_in, g, fcproj_in, m, add2_a, add2_b, x2;
+    std::vector<float> ln1_mean, ln1_rstd, ln2_mean, ln2_rstd;
+  };
+  struct Slot {
+    int B = 0, T = 0;
+    std::vector<int32_t> tokens, targets;
+    bool has_targets = false;
+    Buf x0, out;
+    std::vector<BlockActs> blocks;
+    Buf lnf_in, hf, lm_in, logits, ce_in;
+    std::vector<float> lnf_mean, lnf_rstd, probs, max;
+    std::vector<double> sums;
+  };
+
+  OpGpt() = default;
+  Result<Act> Conv(Act& a, const Edge& e, Buf* buf);
+  Result<Act> ConvGrad(Act& g, const Edge& e, Buf* buf);
+  Act New(Buf* b, int64_t rows, int64_t cols, Placement p);
+  float* P(int64_t offset) { return model_->weights().data() + offset; }
+  float* G(int64_t offset) { return model_->grads().data() + offset; }
+  // Where a parameter's gradient of an operator accumulates: its own, or a
+  // scratch buffer on tp ranks > 0 when another operator of the stage
+  // makes the gradient partial and this one computed it whole.
+  float* ParamGrad(int64_t offset, int64_t n, bool tp_sum, bool rows_over_tp);
+
+  GptConfig config_;
+  GptStage stage_;
+  int dp_ = 1;
+  std::map<std::string, int> param_splits_;
+  std::vector<Block> blocks_;
+  EmbeddingOp embedding_;
+  LayerNormOp lnf_;
+  LmHeadOp lm_head_;
+  CrossEntropyOp loss_;
+  Edge emb_in_;  // boundary (or embedding) -> stage's residual stream (not a conversion)
+  Edge lnf_e_, lm_e_, ce_e_, out_e_;  // x_L->ln_f, hf->lm_head, logits->loss, x_L->next stage
+  Placement stream_in_;  // the placement of x0
+  int64_t wte_ = -1, wpe_ = -1, lnfw_ = 0, lnfb_ = 0;
+  // Parameters whose gradient is summed over tp: offset, count.
+  std::vector<std::pair<int64_t, int64_t>> tp_sums_;
+  bool wte_tp_sum_ = false;
+  std::vector<float> scratch_grad_, sum_buf_;
+
+  Gpt* model_ = nullptr;
+  OpContext ctx_{1, 0};
+  std::vector<Slot> slots_ = std::vector<Slot>(1);
+  // Backward: one block's gradients, reused block after block.
+  struct Grads {
+    Buf dres, dres2, tmp, d_ln_in, d_add, dm, dg_in, dg, df_in, df, dh_in, dh, dy, dqkv_in, dqkv,
+        dattn_y, dlogits, dlnf, dx_lnf;
+  } d_;
+  std::vector<float> input_grad_;
+};
+
+}  // namespace tessera
+
+#endif  // TESSERA_RUNTIME_MODEL_OP_GPT_H_

@@ -1,0 +1,112 @@
+// Operator strategy files: the shard strategy of every operator of a model
+// (MindSpore's semi-automatic parallel, `ops.MatMul().shard(((dp, 1), (1,
+// tp)))`), plus the parts of a parallel configuration that are not an
+// operator's (the mesh, optimizer sharding, the pipeline's stages and
+// micro-batches), in one JSON file:
+//
+//   {
+//     "format": "tessera.op_strategy", "version": 1,
+//     "mesh": {"pp": 1, "dp": 2, "tp": 2},          // optional: checked
+//     "zero": 1,                                    // optional: ZeRO-1
+//     "micro_batches": 4,                           // optional (pp > 1)
+//     "stage_layers": [3, 1],                       // optional: layers per stage
+//     "operators": {
+//       "h.*.attn.c_attn": [["dp", null], [null, "tp"]],
+//       "h.*.mlp.c_fc":    [[2, 1], [1, 4]],
+//       "lm_head":         [["dp", "tp"], [null, "tp"]]
+//     }
+//   }
+//
+// An operator's strategy lists, for each of its inputs, for each dimension,
+// the mesh axes cutting it: null, "-" or 1 (not cut), "tp", or ["dp", "tp"]
+// (cut over dp, each piece again over tp). A MindSpore split count (2, 4)
+// is accepted where exactly one set of mesh axes has that product; else the
+// error names the candidates. Names may use `*` for one dot-free part of a
+// name ("h.*.mlp.c_fc"); an exact name wins over a pattern, and two
+// patterns giving one operator different strategies are an error.
+// Operators the file does not name run data parallel: the rows of their
+// activations cut over every axis but the pipeline's (MindSpore's default),
+// parameters whole.
+//
+// The "format" key keeps this file and transform/'s layout strategy files
+// ("tessera.strategy") apart: each parser refuses the other kind by name.
+#ifndef TESSERA_RUNTIME_PARALLEL_OP_STRATEGY_H_
+#define TESSERA_RUNTIME_PARALLEL_OP_STRATEGY_H_
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/status.h"
+#include "transform/mesh.h"
+
+namespace tessera {
+
+inline constexpr std::string_view kOpStrategyFormat = "tessera.op_strategy";
+
+// The axes cutting one dimension, outermost first.
+using DimAxes = std::vector<std::string>;
+// One input: a DimAxes per dimension.
+using InputStrategy = std::vector<DimAxes>;
+
+struct OpStrategy {
+  std::vector<InputStrategy> inputs;
+  // MindSpore's notation with axis names: "((dp, -), (-, tp))", "dp*tp" for
+  // a dimension cut by two axes.
+  std::string ToString() const;
+  bool operator==(const OpStrategy& o) const { return inputs == o.inputs; }
+};
+
+// What a model says about one of its operators, for checking strategies.
+struct OpSignature {
+  std::string name;  // "h.0.mlp.c_fc"
+  std::string kind;  // "linear", "embedding", ... (for messages)
+  struct Input {
+    std::string name;             // "x", "weight"
+    std::vector<int64_t> shape;   // -1 for the rows (batch x sequence)
+    std::string param;            // the parameter it is, if any ("wte")
+    // Dimensions that may be cut unevenly (torch.chunk: the vocabulary).
+    std::vector<int> uneven;
+  };
+  std::vector<Input> inputs;
+};
+
+// A parsed file, not yet checked against a model.
+struct OpStrategyFile {
+  std::string source;  // the path (or "<text>"), for messages
+  std::optional<int> pp, dp, tp, zero, micro_batches;
+  std::vector<int> stage_layers;
+  struct Entry {
+    std::string pattern;
+    // Per input, per dimension: axis names, or a split count to map.
+    std::vector<std::vector<DimAxes>> axes;
+    std::vector<std::vector<int64_t>> counts;  // > 1 where a count was given
+  };
+  std::vector<Entry> operators;
+
+  static Result<OpStrategyFile> Parse(std::string_view json, const std::string& source);
+  static Result<OpStrategyFile> Load(const std::string& path);
+};
+
+// Whether `name` matches `pattern` ('*': one or more characters other than
+// '.').
+bool MatchesOpPattern(std::string_view pattern, std::string_view name);
+
+// The strategy of every operator of `ops` on `mesh` (axes "pp", "dp", "tp"
+// as ParallelConfig makes them): the file's where it names the operator,
+// else data parallel. Errors name the file, the operator, the input and
+// the dimension: an unknown operator (a pattern matching none), a wrong
+// number of inputs or dimensions, an axis the mesh lacks or that is used
+// twice in one input, a cut that does not divide its dimension, an
+// ambiguous split count, a parameter given different layouts by two
+// operators (both named).
+Result<std::map<std::string, OpStrategy>> ResolveOpStrategies(const OpStrategyFile& file,
+                                                              const std::vector<OpSignature>& ops,
+                                                              const Mesh& mesh);
+
+}  // namespace tessera
+
+#endif  // TESSERA_RUNTIME_PARALLEL_OP_STRATEGY_H_

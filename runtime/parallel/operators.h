@@ -1,0 +1,276 @@
+// The GPT's operators with shard strategies (semi-automatic parallelism):
+// embedding (vocabulary-parallel or by columns), layer norm, linear
+// (MatMul + bias), causal attention (by heads), GELU, residual add, the
+// tied output projection and cross-entropy (vocabulary-parallel). Each is
+// built from its OpStrategy (op_strategy.h); it checks the strategy,
+// derives the placement it needs of each input and the placement of its
+// output, and runs forward and backward on this rank's shards with the CPU
+// kernels.
+//
+// Activations are 2-D, [rows, cols] with rows = batch x sequence (what
+// MindFormers reshapes to before every MatMul). The batch's cut over dp is
+// always the outermost one (each data-parallel replica reads its rows), so
+// no redistribution crosses dp: an activation is placed over the tp ranks
+// of one replica and one pipeline stage. Its placement is a transform/
+// Layout over the mesh {tp} (rows cut, columns cut, or columns cut within
+// each of `groups` equal groups: the fused q|k|v by heads, the view
+// [rows, 3, C]) plus one state of the runtime only: *partial*, a pending sum
+// over tp (a MatMul contracted over a cut dimension, a vocabulary-parallel
+// embedding).
+//
+// Convert moves an activation between placements, inserting the
+// redistribution the consumer needs: a partial resolves by an AllReduce,
+// or by a ReduceScatter when the consumer wants the rows cut (sequence
+// parallelism); cut rows gather with an AllGather; a replicated tensor is
+// cut by slicing locally; anything else goes through Redistribute
+// (dtensor.h, the offline reshard's planner). Backward runs the same
+// Convert on gradients, which gives each step its dual: an AllReduce's
+// gradient passes unchanged, a ReduceScatter's is all-gathered, an
+// AllGather's is reduce-scattered (the consumer's input gradient is
+// partial) or sliced (it is not), a slice's is all-gathered.
+//
+// Parameters are cut over tp only (dp is the data-parallel axis; optimizer
+// sharding is ZeRO's). A parameter used where the rows are cut over tp
+// gets a partial gradient, which the model sums over tp after backward.
+#ifndef TESSERA_RUNTIME_PARALLEL_OPERATORS_H_
+#define TESSERA_RUNTIME_PARALLEL_OPERATORS_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+#include "runtime/comm/communicator.h"
+#include "runtime/parallel/op_strategy.h"
+#include "transform/layout.h"
+
+namespace tessera {
+
+// Where an activation's shards lie over the tp ranks.
+struct Placement {
+  int split = -1;   // -1: replicated; 0: rows cut; 1: columns cut
+  int groups = 1;   // columns cut within each of `groups` equal groups
+  bool partial = false;
+  bool operator==(const Placement& o) const {
+    return split == o.split && (split != 1 || groups == o.groups) && partial == o.partial;
+  }
+  bool operator!=(const Placement& o) const { return !(*this == o); }
+  Placement Resolved() const { return {split, groups, false}; }
+  // The transform/ Layout of a [rows, cols] tensor placed so on {tp}.
+  Layout ToLayout(int64_t rows, int64_t cols) const;
+  // "rows/tp", "cols/tp", "heads/tp", "replicated", "+ partial".
+  std::string ToString() const;
+};
+
+// One activation: this rank's shard (dense, row-major over its box) of a
+// [rows, cols] tensor of one replica.
+struct Act {
+  float* data = nullptr;
+  int64_t rows = 0, cols = 0;
+  Placement place;
+};
+
+// What an operator shares with the others on one rank.
+class OpContext {
+ public:
+  // `tp` (null when tp = 1) must outlive the context.
+  explicit OpContext(Communicator* tp);
+  // For planning only (Plan, LocalRows ...): tp ranks, no communicator.
+  OpContext(int tp, int tp_rank);
+  int tp() const { return tp_size_; }
+  int tp_rank() const { return tp_rank_; }
+  Communicator* comm() const { return comm_; }
+
+  // The local extent of a placement's rows and columns on this rank.
+  int64_t LocalRows(const Act& a) const;
+  int64_t LocalCols(const Act& a) const;
+  int64_t LocalSize(const Act& a) const { return LocalRows(a) * LocalCols(a); }
+  // The first global row / column of this rank's shard.
+  int64_t FirstRow(const Act& a) const;
+
+  // `a` placed as `to` (not partial): `a` itself when it already is (a
+  // partial `a` is all-reduced in place for that), else a new shard in
+  // `*storage`. Errors name the operator `op` and its input `what`.
+  Result<Act> Convert(Act& a, const Placement& to, std::vector<float>* storage,
+                      const std::string& op, const std::string& what);
+  // The collective Convert runs and the bytes this rank sends for it.
+  struct Redistribution {
+    std::string collective;  // "" when none
+    int64_t bytes = 0;
+  };
+  Redistribution Plan(const Placement& from, const Placement& to, int64_t rows, int64_t cols) const;
+
+  // Reduces `n` elements over tp in place (a parameter's partial
+  // gradient, the loss's sums), counted as communication.
+  Status AllReduce(void* data, int64_t n, DType dtype, ReduceOp op);
+  double comm_seconds() const { return comm_seconds_; }
+  int64_t comm_bytes() const { return comm_bytes_; }
+
+ private:
+  Communicator* comm_ = nullptr;
+  int tp_size_ = 1, tp_rank_ = 0;
+  Mesh mesh_;  // {tp}
+  double comm_seconds_ = 0;
+  int64_t comm_bytes_ = 0;
+};
+
+// What every operator knows of itself.
+struct OpInfo {
+  std::string name, kind;
+  OpStrategy strategy;
+  std::vector<Placement> inputs;  // the placement each activation input needs
+  Placement output;
+  bool rows_over_tp = false;      // its parameters' gradients are partial over tp
+};
+
+// Checks the rows of an input against the rule above: cut over dp first
+// (when dp > 1), then optionally over tp. Returns whether tp cuts them.
+Result<bool> RowsOverTp(const DimAxes& rows, int dp, const std::string& op, const std::string& what);
+
+// y[N, M] = x[N, K] @ w[K, M] + b. Strategy ((rows, k), (k, m)). With
+// `groups` > 1 (the fused qkv) a cut of M cuts each group alike.
+class LinearOp {
+ public:
+  static Result<LinearOp> Create(std::string name, const OpStrategy& s, int64_t K, int64_t M,
+                                 int groups, int dp);
+  const OpInfo& info() const { return info_; }
+  // The weight's dimension cut over tp (0: K, 1: M), -1 when replicated.
+  int weight_split() const { return weight_split_; }
+  bool bias_split() const { return weight_split_ == 1; }
+  // x in info().inputs[0]; w, b this rank's shards; y is sized by the caller.
+  void Forward(const OpContext& ctx, const Act& x, const float* w, const float* b, Act* y) const;
+  // dy in info().output (resolved); dx (placement inputs[0], partial when M
+  // is cut) is sized by the caller; dw, db accumulate.
+  void Backward(const OpContext& ctx, const Act& x, const float* w, const Act& dy, Act* dx,
+                float* dw, float* db) const;
+  Placement OutputOf() const { return info_.output; }
+  Placement InputGradient() const;
+
+ private:
+  OpInfo info_;
+  int64_t K_ = 0, M_ = 0;
+  int groups_ = 1, weight_split_ = -1;
+};
+
+// x[N, C] -> LayerNorm over C. Strategy ((rows, -),): C cannot be cut.
+class LayerNormOp {
+ public:
+  static Result<LayerNormOp> Create(std::string name, const OpStrategy& s, int dp);
+  const OpInfo& info() const { return info_; }
+  void Forward(const OpContext& ctx, const Act& x, const float* w, const float* b, Act* y,
+               float* mean, float* rstd) const;
+  // dx (=) in inputs[0]; dw, db accumulate.
+  void Backward(const OpContext& ctx, const Act& x, const float* w, const float* mean,
+                const float* rstd, const Act& dy, Act* dx, float* dw, float* db) const;
+
+ private:
+  OpInfo info_;
+};
+
+// Causal self-attention of qkv[N, 3C] (q | k | v) into y[N, C]. Strategy
+// ((rows, heads),): heads cut over an axis; rows cut only into whole
+// sequences.
+class AttentionOp {
+ public:
+  static Result<AttentionOp> Create(std::string name, const OpStrategy& s, int heads, int64_t C,
+                                    int tp, int dp);
+  const OpInfo& info() const { return info_; }
+  // The attention weights this rank keeps for backward: [B_local, heads_local, T, T].
+  int64_t AttSize(const OpContext& ctx, int64_t rows, int T) const;
+  Status Forward(const OpContext& ctx, const Act& qkv, int T, float* att, Act* y) const;
+  void Backward(const OpContext& ctx, const Act& qkv, const float* att, int T, const Act& dy,
+                Act* dqkv) const;
+
+ private:
+  OpInfo info_;
+  int heads_ = 1;
+  int64_t C_ = 0;
+};
+
+// GELU (tanh) and the residual add: element-wise, any placement.
+class GeluOp {
+ public:
+  static Result<GeluOp> Create(std::string name, const OpStrategy& s, int dp);
+  const OpInfo& info() const { return info_; }
+  void Forward(const OpContext& ctx, const Act& x, Act* y) const;
+  void Backward(const OpContext& ctx, const Act& x, const Act& dy, Act* dx) const;
+
+ private:
+  OpInfo info_;
+};
+
+class AddOp {
+ public:
+  static Result<AddOp> Create(std::string name, const OpStrategy& s, int dp);
+  const OpInfo& info() const { return info_; }
+  void Forward(const OpContext& ctx, const Act& a, const Act& b, Act* y) const;
+
+ private:
+  OpInfo info_;
+};
+
+// wte[V, C] looked up by tokens (plus wpe[T, C] by position). Strategy
+// ((vocab, cols), (rows,)): a vocabulary cut makes the output partial (wpe
+// is then added by tp rank 0 only); a column cut cuts wpe alike.
+class EmbeddingOp {
+ public:
+  static Result<EmbeddingOp> Create(std::string name, const OpStrategy& s, int64_t V, int64_t C,
+                                    int dp);
+  const OpInfo& info() const { return info_; }
+  int weight_split() const { return weight_split_; }  // of wte (wpe: 1 when 1)
+  // tokens: the replica's [N] (all of them; the op takes its rows).
+  void Forward(const OpContext& ctx, const int32_t* tokens, int T, const float* wte,
+               const float* wpe, Act* y) const;
+  void Backward(const OpContext& ctx, const int32_t* tokens, int T, const Act& dy, float* dwte,
+                float* dwpe) const;
+
+ private:
+  OpInfo info_;
+  int64_t V_ = 0, C_ = 0;
+  int weight_split_ = -1;
+};
+
+// logits[N, V] = x[N, C] @ wte[V, C]^T (the tied output projection).
+// Strategy ((rows, k), (vocab, k)).
+class LmHeadOp {
+ public:
+  static Result<LmHeadOp> Create(std::string name, const OpStrategy& s, int64_t V, int64_t C,
+                                 int dp);
+  const OpInfo& info() const { return info_; }
+  int weight_split() const { return weight_split_; }
+  void Forward(const OpContext& ctx, const Act& x, const float* wte, Act* logits) const;
+  // dx (=) in inputs[0], partial when the vocabulary is cut; dwte accumulates.
+  void Backward(const OpContext& ctx, const Act& x, const float* wte, const Act& dlogits,
+                Act* dx, float* dwte) const;
+  Placement InputGradient() const;
+
+ private:
+  OpInfo info_;
+  int64_t V_ = 0, C_ = 0;
+  int weight_split_ = -1;
+};
+
+// The mean cross-entropy of logits[N, V] against targets[N]. Strategy
+// ((rows, vocab), (rows,)): a vocabulary cut runs Megatron's
+// vocabulary-parallel loss (two reductions over tp).
+class CrossEntropyOp {
+ public:
+  static Result<CrossEntropyOp> Create(std::string name, const OpStrategy& s, int64_t V, int dp);
+  const OpInfo& info() const { return info_; }
+  // Returns the mean over all N rows of the replica, the same on every tp
+  // rank. probs (this rank's [rows, cols] shard) is kept for backward;
+  // `scratch` holds the reductions' buffers.
+  Result<double> Forward(OpContext& ctx, const Act& logits, const int32_t* targets, float* probs,
+                         std::vector<float>* max, std::vector<double>* sums) const;
+  // dlogits may be probs.
+  void Backward(const OpContext& ctx, const Act& logits, const float* probs,
+                const int32_t* targets, float dloss, float* dlogits) const;
+
+ private:
+  OpInfo info_;
+  int64_t V_ = 0;
+};
+
+}  // namespace tessera
+
+#endif  // TESSERA_RUNTIME_PARALLEL_OPERATORS_H_
