@@ -453,6 +453,12 @@ Status OpGpt::BackwardStage(int slot, const float* dy, float dloss) {
     keep(sum, {&d_.dres2});
     return Status::Ok();
   };
+  // When the layer norm and the add take the residual stream as it is, the
+  // layer norm's input gradient accumulates straight into dres (llm.c's
+  // fusion: no conversion, no second pass).
+  auto fused = [](const Edge& ln_edge, const Edge& add_edge) {
+    return ln_edge.to == add_edge.to && ln_edge.from == ln_edge.to;
+  };
   for (size_t l = blocks_.size(); l-- > 0;) {
     const OpGpt::Block& b = blocks_[l];
     BlockActs& s = a.blocks[l];
@@ -468,10 +474,15 @@ Status OpGpt::BackwardStage(int slot, const float* dy, float dloss) {
     Act dh_in = New(&d_.dh_in, N, C, b.fc.InputGradient());
     b.fc.Backward(ctx_, s.fc_in.act, P(b.fcw), df, &dh_in, G(b.fcw), G(b.fcb));
     ASSIGN_OR_RETURN(Act dh, ConvGrad(dh_in, b.e[7], &d_.dh));
-    Act dln2 = New(&d_.d_ln_in, N, C, b.ln2.info().inputs[0]);
-    b.ln2.Backward(ctx_, s.ln2_in.act, P(b.ln2w), s.ln2_mean.data(), s.ln2_rstd.data(), dh, &dln2,
-                   G(b.ln2w), G(b.ln2b));
-    RETURN_IF_ERROR(merge(dln2, b.e[6], b.e[10]));
+    if (fused(b.e[6], b.e[10])) {
+      b.ln2.Backward(ctx_, s.ln2_in.act, P(b.ln2w), s.ln2_mean.data(), s.ln2_rstd.data(), dh,
+                     &dres, G(b.ln2w), G(b.ln2b), /*accumulate=*/true);
+    } else {
+      Act dln2 = New(&d_.d_ln_in, N, C, b.ln2.info().inputs[0]);
+      b.ln2.Backward(ctx_, s.ln2_in.act, P(b.ln2w), s.ln2_mean.data(), s.ln2_rstd.data(), dh,
+                     &dln2, G(b.ln2w), G(b.ln2b));
+      RETURN_IF_ERROR(merge(dln2, b.e[6], b.e[10]));
+    }
     // add_1, then the attention half.
     Act da_in = dres;
     ASSIGN_OR_RETURN(Act da, ConvGrad(da_in, b.e[5], &d_.dm));
@@ -484,10 +495,15 @@ Status OpGpt::BackwardStage(int slot, const float* dy, float dloss) {
     Act dh1_in = New(&d_.dh_in, N, C, b.qkv.InputGradient());
     b.qkv.Backward(ctx_, s.qkv_in.act, P(b.qkvw), dqkv, &dh1_in, G(b.qkvw), G(b.qkvb));
     ASSIGN_OR_RETURN(Act dh1, ConvGrad(dh1_in, b.e[1], &d_.dh));
-    Act dln1 = New(&d_.d_ln_in, N, C, b.ln1.info().inputs[0]);
-    b.ln1.Backward(ctx_, s.ln1_in.act, P(b.ln1w), s.ln1_mean.data(), s.ln1_rstd.data(), dh1,
-                   &dln1, G(b.ln1w), G(b.ln1b));
-    RETURN_IF_ERROR(merge(dln1, b.e[0], b.e[4]));
+    if (fused(b.e[0], b.e[4])) {
+      b.ln1.Backward(ctx_, s.ln1_in.act, P(b.ln1w), s.ln1_mean.data(), s.ln1_rstd.data(), dh1,
+                     &dres, G(b.ln1w), G(b.ln1b), /*accumulate=*/true);
+    } else {
+      Act dln1 = New(&d_.d_ln_in, N, C, b.ln1.info().inputs[0]);
+      b.ln1.Backward(ctx_, s.ln1_in.act, P(b.ln1w), s.ln1_mean.data(), s.ln1_rstd.data(), dh1,
+                     &dln1, G(b.ln1w), G(b.ln1b));
+      RETURN_IF_ERROR(merge(dln1, b.e[0], b.e[4]));
+    }
   }
   if (stage_.first) {
     embedding_.Backward(ctx_, a.tokens.data(), T, dres,

@@ -148,7 +148,7 @@ OpContext::Redistribution OpContext::Plan(const Placement& from, const Placement
 Result<Act> OpContext::Convert(Act& a, const Placement& to, std::vector<float>* storage,
                                const std::string& op, const std::string& what) {
   if (to.partial) return InternalError("operator '" + op + "': " + what + " asked for a partial input");
-  if (tp_size_ == 1) {
+  if (tp_size_ == 1 || a.place == to) {
     a.place.partial = false;
     return a;
   }
@@ -313,9 +313,9 @@ void LayerNormOp::Forward(const OpContext& ctx, const Act& x, const float* w, co
 
 void LayerNormOp::Backward(const OpContext& ctx, const Act& x, const float* w, const float* mean,
                            const float* rstd, const Act& dy, Act* dx, float* dw,
-                           float* db) const {
+                           float* db, bool accumulate) const {
   const int64_t n = ctx.LocalRows(x);
-  std::fill(dx->data, dx->data + n * x.cols, 0.0f);
+  if (!accumulate) std::fill(dx->data, dx->data + n * x.cols, 0.0f);
   if (n > 0) {
     k::LayerNormBackward(dx->data, dw, db, dy.data, x.data, w, mean, rstd, static_cast<int>(n),
                          static_cast<int>(x.cols));

@@ -159,9 +159,10 @@ class LayerNormOp {
   const OpInfo& info() const { return info_; }
   void Forward(const OpContext& ctx, const Act& x, const float* w, const float* b, Act* y,
                float* mean, float* rstd) const;
-  // dx (=) in inputs[0]; dw, db accumulate.
+  // dx in inputs[0] (+= when `accumulate`, else =); dw, db accumulate.
   void Backward(const OpContext& ctx, const Act& x, const float* w, const float* mean,
-                const float* rstd, const Act& dy, Act* dx, float* dw, float* db) const;
+                const float* rstd, const Act& dy, Act* dx, float* dw, float* db,
+                bool accumulate = false) const;
 
  private:
   OpInfo info_;
