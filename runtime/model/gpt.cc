@@ -1,7 +1,6 @@
 #include "runtime/model/gpt.h"
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 
 #include "core/checksum.h"
@@ -50,52 +49,37 @@ Result<Gpt> Gpt::Create(const GptConfig& config, const GptStage& stage, bool all
     return InvalidArgumentError("GPT: tensor-parallel rank " + std::to_string(r) + " of " +
                                 std::to_string(tp));
   }
-  const bool custom = stage.tp_dims != nullptr;
-  if (!custom && config.heads % tp != 0) {
-    return InvalidArgumentError("GPT: " + std::to_string(config.heads) +
-                                " heads cannot be shared by tp " + std::to_string(tp) +
-                                " ranks (heads must be a multiple of tp)");
-  }
   const int64_t C = config.embed, V = config.vocab;
-  const Interval vocab = ChunkOf({0, V}, tp, r);
-  if (!custom && vocab.empty()) {
-    return InvalidArgumentError("GPT: a vocabulary of " + std::to_string(V) +
-                                " leaves tp rank " + std::to_string(r) + " of " +
-                                std::to_string(tp) + " no rows");
-  }
-  g.cl_ = static_cast<int>(C / tp);
-  g.nhl_ = config.heads / tp;
-  g.fl_ = static_cast<int>(4 * C / tp);
-  g.v0_ = vocab.begin;
-  g.vl_ = vocab.size();
   int64_t offset = 0;
-  // `full`: the whole tensor; `view` (or {}): the shape its slice is a box
-  // of; `dim`: the dimension of that shape cut over tp (-1: none); `held`:
-  // the slice's shape as the kernels see it (default: the box's extents).
-  auto add = [&](std::string name, std::vector<int64_t> full, std::vector<int64_t> view = {},
-                 int dim = -1, std::vector<int64_t> held = {}) {
+  // `full`: the whole tensor; `view` (or {}): the finer shape a tp cut
+  // applies to (c_attn's [C, 3, C], so q, k and v are cut alike). The cut
+  // dimension comes from stage.tp_dims (operator strategies decide it).
+  auto add = [&](std::string name, std::vector<int64_t> full, std::vector<int64_t> view = {}) {
     ParamInfo p;
     p.name = std::move(name);
     p.full_shape = std::move(full);
     if (tp > 1) p.view = std::move(view);  // one rank: the plain shape says it all
-    if (custom) {
+    int dim = -1;
+    if (stage.tp_dims != nullptr) {
       auto it = stage.tp_dims->find(p.name);
-      dim = it == stage.tp_dims->end() ? -1 : it->second;
+      if (it != stage.tp_dims->end()) dim = it->second;
     }
     p.tp_dim = tp > 1 ? dim : -1;
     p.box = Box::FromShape(p.split_shape());
     if (p.tp_dim >= 0) p.box[p.tp_dim] = ChunkOf(p.box[p.tp_dim], tp, r);
-    if (custom && !p.view.empty()) {  // the view's extents folded back into the shape's dimensions
-      held.clear();
-      const std::vector<int64_t> e = p.box.extents();
-      const auto groups = RefinementGroups(p.view, p.full_shape);
+    // The slice's shape as the kernels see it: a view's extents folded back
+    // into the tensor's own dimensions.
+    const std::vector<int64_t> e = p.box.extents();
+    if (p.view.empty()) {
+      p.shape = e;
+    } else {
+      const auto groups = RefinementGroups(p.view, p.full_shape);  // views here always refine
       for (const auto& [a, b] : *groups) {
         int64_t n = 1;
         for (int d = a; d < b; ++d) n *= e[d];
-        held.push_back(n);
+        p.shape.push_back(n);
       }
     }
-    p.shape = p.view.empty() || held.empty() ? p.box.extents() : std::move(held);
     p.numel = NumElements(p.box);
     p.offset = offset;
     p.decay = p.full_shape.size() >= 2;
@@ -103,9 +87,8 @@ Result<Gpt> Gpt::Create(const GptConfig& config, const GptStage& stage, bool all
     g.params_.push_back(std::move(p));
     return g.params_.back().offset;
   };
-  const int64_t cl = g.cl_;
   if (stage.first) {
-    g.wte_ = add("wte", {V, C}, {}, 0);
+    g.wte_ = add("wte", {V, C});
     g.wpe_ = add("wpe", {config.context, C});
   }
   for (int i = g.stage_.first_layer; i < g.stage_.last_layer; ++i) {
@@ -114,15 +97,15 @@ Result<Gpt> Gpt::Create(const GptConfig& config, const GptStage& stage, bool all
     l.ln1w = add(p + "ln_1.weight", {C});
     l.ln1b = add(p + "ln_1.bias", {C});
     // q | k | v side by side, each cut by heads: a box of [C, 3, C].
-    l.qkvw = add(p + "attn.c_attn.weight", {C, 3 * C}, {C, 3, C}, 2, {C, 3 * cl});
-    l.qkvb = add(p + "attn.c_attn.bias", {3 * C}, {3, C}, 1, {3 * cl});
-    l.attprojw = add(p + "attn.c_proj.weight", {C, C}, {}, 0);
+    l.qkvw = add(p + "attn.c_attn.weight", {C, 3 * C}, {C, 3, C});
+    l.qkvb = add(p + "attn.c_attn.bias", {3 * C}, {3, C});
+    l.attprojw = add(p + "attn.c_proj.weight", {C, C});
     l.attprojb = add(p + "attn.c_proj.bias", {C});
     l.ln2w = add(p + "ln_2.weight", {C});
     l.ln2b = add(p + "ln_2.bias", {C});
-    l.fcw = add(p + "mlp.c_fc.weight", {C, 4 * C}, {}, 1);
-    l.fcb = add(p + "mlp.c_fc.bias", {4 * C}, {}, 0);
-    l.fcprojw = add(p + "mlp.c_proj.weight", {4 * C, C}, {}, 0);
+    l.fcw = add(p + "mlp.c_fc.weight", {C, 4 * C});
+    l.fcb = add(p + "mlp.c_fc.bias", {4 * C});
+    l.fcprojw = add(p + "mlp.c_proj.weight", {4 * C, C});
     l.fcprojb = add(p + "mlp.c_proj.bias", {C});
     g.layers_.push_back(l);
   }
@@ -130,7 +113,7 @@ Result<Gpt> Gpt::Create(const GptConfig& config, const GptStage& stage, bool all
     g.lnfw_ = add("ln_f.weight", {C});
     g.lnfb_ = add("ln_f.bias", {C});
     if (!stage.first) {
-      g.wte_ = add("wte", {V, C}, {}, 0);
+      g.wte_ = add("wte", {V, C});
       g.params_.back().tied_copy = true;
     }
   }
@@ -202,43 +185,12 @@ void Gpt::Init(uint64_t seed) {
   step_ = 0;
 }
 
-Status Gpt::SetTensorParallel(Communicator* tp) {
-  if (tp == nullptr || tp->size() != stage_.tp || tp->rank() != stage_.tp_rank) {
-    return InvalidArgumentError("GPT: the tp communicator must have the model's " +
-                                std::to_string(stage_.tp) + " ranks with this one as rank " +
-                                std::to_string(stage_.tp_rank));
-  }
-  tp_comm_ = tp;
-  return Status::Ok();
-}
-
-Status Gpt::TpSum(float* x, int64_t n) {
-  if (stage_.tp == 1) return Status::Ok();
-  const auto start = std::chrono::steady_clock::now();
-  const Status s = tp_comm_->AllReduce(x, x, n, DType::kF32, ReduceOp::kSum);
-  comm_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  return s;
-}
-
-Result<float> Gpt::ShardedLoss(Activations& a, int n) {
-  const int vl = static_cast<int>(vl_);
-  const auto start = std::chrono::steady_clock::now();
-  k::RowMax(a.max.data(), a.logits.data(), n, vl);
-  RETURN_IF_ERROR(tp_comm_->AllReduce(a.max.data(), a.max.data(), n, DType::kF32, ReduceOp::kMax));
-  k::ShardedExp(a.probs.data(), a.sums.data(), a.logits.data(), a.max.data(), a.targets.data(), n,
-                vl, v0_);
-  RETURN_IF_ERROR(tp_comm_->AllReduce(a.sums.data(), a.sums.data(), 2 * int64_t{n}, DType::kF64,
-                                      ReduceOp::kSum));
-  comm_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  return k::ShardedNormalize(a.probs.data(), a.sums.data(), a.max.data(), n, vl);
-}
-
 template <typename F>
 void Gpt::ForEachBuffer(Activations& a, int B, int T, F f) const {
   const int64_t N = static_cast<int64_t>(B) * T, C = config_.embed;
   const int64_t L = static_cast<int64_t>(layers_.size());
   const int64_t head = stage_.last ? 1 : 0;  // the final LayerNorm and logits
-  const int64_t CL = cl_, NHL = nhl_, FL = fl_, VL = vl_;  // this tp rank's share
+  const int64_t CL = C, NHL = config_.heads, FL = 4 * C, VL = config_.vocab;
   f(a.encoded, N * C);
   f(a.ln1, L * N * C);
   f(a.qkv, L * N * 3 * CL);
@@ -260,21 +212,19 @@ void Gpt::ForEachBuffer(Activations& a, int B, int T, F f) const {
   f(a.lnf_mean, head * N);
   f(a.lnf_rstd, head * N);
   f(a.probs, head * N * VL);
-  f(a.max, (stage_.tp > 1 ? head : 0) * N);
 }
 
 void Gpt::Resize(Activations& a, int B, int T) const {
   a.B = B;
   a.T = T;
   ForEachBuffer(a, B, T, [](std::vector<float>& v, int64_t n) { v.assign(n, 0.0f); });
-  a.sums.assign(stage_.tp > 1 && stage_.last ? 2 * static_cast<int64_t>(B) * T : 0, 0.0);
 }
 
 void Gpt::Resize(Gradients& d, int B, int T) const {
   d.B = B;
   d.T = T;
   const int64_t n = static_cast<int64_t>(B) * T, nc = n * config_.embed;
-  const int64_t ncl = n * cl_, nfl = n * fl_;
+  const int64_t ncl = n * config_.embed, nfl = 4 * ncl;
   for (auto [v, size] : {std::pair{&d.residual, nc}, {&d.lnf, nc}, {&d.ln1, nc},
                          {&d.qkv, 3 * ncl}, {&d.atty, ncl}, {&d.ln2, nc}, {&d.fch, nfl},
                          {&d.fch_gelu, nfl}}) {
@@ -332,22 +282,13 @@ Result<float> Gpt::ForwardStage(int slot, const int32_t* tokens, const float* x,
   a.has_targets = stage_.last && targets != nullptr;
   if (a.has_targets) a.targets.assign(targets, targets + N);
 
-  const int C = config_.embed, CL = cl_, NHL = nhl_, FL = fl_, VL = static_cast<int>(vl_);
+  const int C = config_.embed, CL = C, NHL = config_.heads, FL = 4 * C, VL = config_.vocab;
   const int n = static_cast<int>(N);
-  const bool tp = stage_.tp > 1, lead = stage_.tp_rank == 0;  // lead: adds replicated biases
-  if (tp && stage_.tp_dims != nullptr) {
-    return FailedPreconditionError("GPT forward: this model's tensor parallelism is run by its "
+  if (stage_.tp > 1) {
+    return FailedPreconditionError("GPT forward: a tensor-parallel slice runs through its "
                                    "operators (OpGpt)");
   }
-  if (tp && tp_comm_ == nullptr) {
-    return FailedPreconditionError("GPT forward: tp " + std::to_string(stage_.tp) +
-                                   " needs SetTensorParallel first");
-  }
-  if (stage_.first && tp) {  // each rank embeds its vocabulary rows; one adds wpe
-    k::EncoderForward(a.encoded.data(), tokens, P(wte_), lead ? P(wpe_) : nullptr, B, T, C, v0_,
-                      vl_);
-    RETURN_IF_ERROR(TpSum(a.encoded.data(), N * C));
-  } else if (stage_.first) {
+  if (stage_.first) {
     k::EncoderForward(a.encoded.data(), tokens, P(wte_), P(wpe_), B, T, C);  // [N,C]
   } else {
     std::copy(x, x + N * C, a.encoded.begin());  // the previous stage's output
@@ -373,17 +314,14 @@ Result<float> Gpt::ForwardStage(int slot, const int32_t* tokens, const float* x,
     float* residual3 = a.residual3.data() + l * nc;          // [N,C]
 
     k::LayerNormForward(ln1, ln1_mean, ln1_rstd, residual, P(w.ln1w), P(w.ln1b), n, C);
-    k::MatmulForward(qkv, ln1, P(w.qkvw), P(w.qkvb), n, C, 3 * CL);  // column-split
-    k::AttentionForward(atty, att, qkv, B, T, CL, NHL);               // this rank's heads
-    // Row-split: partial sums over this rank's heads, summed over tp.
-    k::MatmulForward(attproj, atty, P(w.attprojw), lead ? P(w.attprojb) : nullptr, n, CL, C);
-    RETURN_IF_ERROR(TpSum(attproj, nc));
+    k::MatmulForward(qkv, ln1, P(w.qkvw), P(w.qkvb), n, C, 3 * CL);
+    k::AttentionForward(atty, att, qkv, B, T, CL, NHL);
+    k::MatmulForward(attproj, atty, P(w.attprojw), P(w.attprojb), n, CL, C);
     k::ResidualForward(residual2, residual, attproj, nc);
     k::LayerNormForward(ln2, ln2_mean, ln2_rstd, residual2, P(w.ln2w), P(w.ln2b), n, C);
     k::MatmulForward(fch, ln2, P(w.fcw), P(w.fcb), n, C, FL);
     k::GeluForward(fch_gelu, fch, N * FL);
-    k::MatmulForward(fcproj, fch_gelu, P(w.fcprojw), lead ? P(w.fcprojb) : nullptr, n, FL, C);
-    RETURN_IF_ERROR(TpSum(fcproj, nc));
+    k::MatmulForward(fcproj, fch_gelu, P(w.fcprojw), P(w.fcprojb), n, FL, C);
     k::ResidualForward(residual3, residual2, fcproj, nc);
     residual = residual3;
   }
@@ -392,7 +330,6 @@ Result<float> Gpt::ForwardStage(int slot, const int32_t* tokens, const float* x,
                       P(lnfb_), n, C);                                            // [N,C]
   k::MatmulTransposedForward(a.logits.data(), a.lnf.data(), P(wte_), n, C, VL);  // [N,VL]
   if (!a.has_targets) return 0.0f;
-  if (tp) return ShardedLoss(a, n);
   return k::SoftmaxCrossEntropyForward(a.probs.data(), a.logits.data(), targets, n, VL);
 }
 
@@ -409,7 +346,7 @@ Status Gpt::BackwardStage(int slot, const float* dy, float dloss) {
   const int B = a.B, T = a.T;
   const int64_t N = static_cast<int64_t>(B) * T;
   const int n = static_cast<int>(N);
-  const int C = config_.embed, CL = cl_, NHL = nhl_, FL = fl_, VL = static_cast<int>(vl_);
+  const int C = config_.embed, CL = C, NHL = config_.heads, FL = 4 * C, VL = config_.vocab;
   const int L = static_cast<int>(layers_.size());
   if (grad_acts_.B != B || grad_acts_.T != T) Resize(grad_acts_, B, T);
   Gradients& d = grad_acts_;
@@ -418,14 +355,10 @@ Status Gpt::BackwardStage(int slot, const float* dy, float dloss) {
   // The residual stream's gradient accumulates in d.residual from the top:
   // each layernorm adds its input gradient, and every residual add passes
   // it unchanged to both of its inputs (so the branch outputs read it as is).
-  // Under tp it is the same on every rank: the column-split layers' input
-  // gradients (partial over this rank's columns) are summed over tp before
-  // they reach it, and the row-split layers need no reduction backward.
   if (stage_.last) {
     float* dlogits = a.probs.data();
-    k::SoftmaxCrossEntropyBackward(dlogits, a.probs.data(), a.targets.data(), dloss, n, VL, v0_);
+    k::SoftmaxCrossEntropyBackward(dlogits, a.probs.data(), a.targets.data(), dloss, n, VL);
     k::MatmulTransposedBackward(d.lnf.data(), G(wte_), dlogits, a.lnf.data(), P(wte_), n, C, VL);
-    RETURN_IF_ERROR(TpSum(d.lnf.data(), nc));
     std::fill(d.residual.begin(), d.residual.end(), 0.0f);
     const float* last = L > 0 ? a.residual3.data() + (L - 1) * nc : a.encoded.data();
     k::LayerNormBackward(d.residual.data(), G(lnfw_), G(lnfb_), d.lnf.data(), last, P(lnfw_),
@@ -444,7 +377,6 @@ Status Gpt::BackwardStage(int slot, const float* dy, float dloss) {
     k::GeluBackward(d.fch.data(), a.fch.data() + l * nfl, d.fch_gelu.data(), nfl);
     k::MatmulBackward(d.ln2.data(), G(w.fcw), G(w.fcb), d.fch.data(), a.ln2.data() + l * nc,
                       P(w.fcw), n, C, FL);
-    RETURN_IF_ERROR(TpSum(d.ln2.data(), nc));
     k::LayerNormBackward(dres, G(w.ln2w), G(w.ln2b), d.ln2.data(), a.residual2.data() + l * nc,
                          P(w.ln2w), a.ln2_mean.data() + l * N, a.ln2_rstd.data() + l * N, n, C);
     // residual2 = residual + attproj: dattproj = dres
@@ -454,13 +386,11 @@ Status Gpt::BackwardStage(int slot, const float* dy, float dloss) {
                          NHL);
     k::MatmulBackward(d.ln1.data(), G(w.qkvw), G(w.qkvb), d.qkv.data(), a.ln1.data() + l * nc,
                       P(w.qkvw), n, C, 3 * CL);
-    RETURN_IF_ERROR(TpSum(d.ln1.data(), nc));
     k::LayerNormBackward(dres, G(w.ln1w), G(w.ln1b), d.ln1.data(), residual, P(w.ln1w),
                          a.ln1_mean.data() + l * N, a.ln1_rstd.data() + l * N, n, C);
   }
   if (stage_.first) {
-    k::EncoderBackward(G(wte_), G(wpe_), dres, a.tokens.data(), B, T, C, v0_,
-                       stage_.tp > 1 ? vl_ : -1);
+    k::EncoderBackward(G(wte_), G(wpe_), dres, a.tokens.data(), B, T, C);
   }
   return Status::Ok();
 }

@@ -43,27 +43,20 @@ struct GptConfig {
 // also the first holds a copy of wte (ParamInfo::tied_copy) which the
 // pipeline keeps equal to the first stage's by summing their gradients.
 //
-// Its tensor-parallel slice (Megatron-LM's layout, tp > 1): rank tp_rank
-// of tp holds heads [r NH/tp, (r+1) NH/tp) of every attention (the q, k and
-// v columns of those heads in c_attn, the same rows of attn.c_proj), the
-// same share of the MLP's hidden units (c_fc's columns, mlp.c_proj's rows)
-// and of the vocabulary (wte's rows, the logits' columns). The residual
-// stream, LayerNorms, wpe and the row-split layers' biases are replicated.
-// Forward all-reduces the outputs of the row-split layers and the
-// embedding; backward all-reduces the input gradients of the column-split
-// ones and of the output projection; the loss is computed from reductions
-// of the sharded logits (vocab-parallel cross-entropy).
+// Its tensor-parallel slice (tp > 1): which dimension of each parameter is
+// cut over tp is the operator strategies' choice (OpGpt::param_splits, in
+// `tp_dims`); this rank holds chunk tp_rank of it. Such a slice holds
+// parameters only: OpGpt runs it (runtime/model/op_gpt.h). The fused
+// c_attn is cut in its [C, 3, C] view so that q, k and v are cut alike.
 struct GptStage {
   int first_layer = 0;
   int last_layer = -1;  // exclusive; -1: every layer
   bool first = true;    // holds the embeddings, reads tokens
   bool last = true;     // holds ln_f, computes the logits and the loss
-  int tp = 1;           // tensor-parallel ranks (heads must be a multiple)
+  int tp = 1;           // tensor-parallel ranks
   int tp_rank = 0;
-  // When set, each parameter is cut over tp as this says (the dimension of
-  // its split shape, -1 or absent: whole) instead of Megatron's layout:
-  // operator strategies decide it (OpGpt::param_splits). Such a model holds
-  // the parameters only; OpGpt runs it.
+  // Each parameter's dimension (of its split shape) cut over tp; absent or
+  // -1: whole. Null: nothing is cut.
   std::shared_ptr<const std::map<std::string, int>> tp_dims;
 };
 
@@ -124,11 +117,6 @@ class Gpt {
   void Init(uint64_t seed);
 
   const GptStage& stage() const { return stage_; }
-  // The tp group (size stage().tp, rank stage().tp_rank): needed before
-  // the forward when tp > 1; it must outlive its use.
-  Status SetTensorParallel(Communicator* tp);
-  // Seconds spent in the tensor-parallel reductions.
-  double comm_seconds() const { return comm_seconds_; }
 
   // tokens, targets: [B,T] (targets may be null: logits only). Returns the
   // mean cross-entropy (0 without targets). T <= context. Whole model only.
@@ -170,7 +158,7 @@ class Gpt {
   Status BackwardStage(int slot, const float* dy, float dloss);
   const float* InputGradient() const { return grad_acts_.residual.data(); }
 
-  // The last Forward's logits [B,T,V] (this tp rank's columns).
+  // The last Forward's logits [B,T,V].
   const std::vector<float>& logits() const { return slots_[0].logits; }
 
  private:
@@ -180,8 +168,7 @@ class Gpt {
     bool has_targets = false;
     std::vector<float> encoded, ln1, ln1_mean, ln1_rstd, qkv, att, atty, attproj, residual2, ln2,
         ln2_mean, ln2_rstd, fch, fch_gelu, fcproj, residual3, lnf, lnf_mean, lnf_rstd, logits,
-        probs, max;
-    std::vector<double> sums;  // vocab-parallel loss: [2N]
+        probs;
   };
   // The backward pass's activation gradients: the residual stream's, and
   // one layer's worth of the rest, reused layer after layer (each is
@@ -198,10 +185,6 @@ class Gpt {
   static Result<Gpt> Create(const GptConfig& config, const GptStage& stage, bool allocate);
   float* P(int64_t offset) { return weights_.data() + offset; }
   float* G(int64_t offset) { return grads_.data() + offset; }
-  // Sums `n` floats over the tp ranks in place (nothing when tp = 1).
-  Status TpSum(float* x, int64_t n);
-  // The vocab-parallel loss of slot `a`'s logits.
-  Result<float> ShardedLoss(Activations& a, int n);
 
   GptConfig config_;
   GptStage stage_;
@@ -213,12 +196,6 @@ class Gpt {
   };
   std::vector<Layer> layers_;
   int64_t wte_ = 0, wpe_ = 0, lnfw_ = 0, lnfb_ = 0;
-  // This rank's share: attention width C/tp (NH/tp heads), MLP width 4C/tp,
-  // vocabulary rows [v0_, v0_ + vl_).
-  int cl_ = 0, nhl_ = 0, fl_ = 0;
-  int64_t v0_ = 0, vl_ = 0;
-  Communicator* tp_comm_ = nullptr;
-  double comm_seconds_ = 0;
   std::vector<float> weights_, grads_, m_, v_;
   int64_t step_ = 0;
   std::vector<Activations> slots_ = std::vector<Activations>(1);

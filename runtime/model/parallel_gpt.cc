@@ -82,16 +82,13 @@ Result<std::unique_ptr<ParallelGpt>> ParallelGpt::Create(const GptConfig& config
   const int stage = static_cast<int>(mesh.Coordinate(world.rank(), mesh.FindAxis("pp")));
   const int tp_rank = static_cast<int>(mesh.Coordinate(world.rank(), mesh.FindAxis("tp")));
   GptStage gs = StageOf(config, parallel.pp, stage, parallel.tp, tp_rank, parallel.stage_layers);
-  if ((parallel.tp > 1 || parallel.op_strategy != nullptr) && !parallel.legacy_tp) {
+  if (parallel.tp > 1 || parallel.op_strategy != nullptr) {
     ASSIGN_OR_RETURN(auto strategies, ResolveOpStrategies(StrategyFileOf(parallel),
                                                           OpGpt::Signatures(config), mesh));
     ASSIGN_OR_RETURN(ops, OpGpt::Create(config, strategies, gs, parallel.dp));
     gs.tp_dims = std::make_shared<const std::map<std::string, int>>(ops->param_splits());
   } else if (parallel.sequence_parallel) {
-    return InvalidArgumentError(parallel.tp == 1
-                                    ? "sequence parallelism cuts the sequence over tp: it needs tp > 1"
-                                    : "sequence parallelism runs on operator strategies, not the "
-                                      "legacy tensor-parallel path");
+    return InvalidArgumentError("sequence parallelism cuts the sequence over tp: it needs tp > 1");
   }
   ASSIGN_OR_RETURN(MeshCommunicators comms, MeshCommunicators::Create(world, mesh));
   ASSIGN_OR_RETURN(Gpt model, Gpt::Create(config, gs));
@@ -172,11 +169,7 @@ Status ParallelGpt::Build() {
   ASSIGN_OR_RETURN(pp_, comms_.Along("pp"));
   ASSIGN_OR_RETURN(tp_, comms_.Along("tp"));
   ASSIGN_OR_RETURN(tp_pp_, comms_.Along(std::vector<std::string>{"pp", "tp"}));
-  if (ops_ != nullptr) {
-    RETURN_IF_ERROR(ops_->Bind(&model_, parallel_.tp > 1 ? tp_ : nullptr));
-  } else if (parallel_.tp > 1) {
-    RETURN_IF_ERROR(model_.SetTensorParallel(tp_));
-  }
+  if (ops_ != nullptr) RETURN_IF_ERROR(ops_->Bind(&model_, parallel_.tp > 1 ? tp_ : nullptr));
   dp_rank_ = dp_->rank();
   stage_ = pp_->rank();
   const int pp = parallel_.pp;

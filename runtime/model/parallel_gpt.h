@@ -30,13 +30,14 @@
 // single-process step's: the loss gradient of each micro-batch is scaled by
 // 1/micro_batches.
 //
-// Tensor parallel (tp > 1): Megatron-LM's layout, described at GptStage:
-// each tp rank holds its heads, its share of the MLP and of the
-// vocabulary; the tp group all-reduces inside the forward and backward
-// (runtime/model/gpt.cc). Replicated tensors (LayerNorms, wpe, the row-split
-// layers' biases) get the same gradient on every tp rank, so they stay
-// equal without a reduction. Under ZeRO-1 each tp slice is sharded over dp
-// further, as the optimizer state's layout (split over tp, opt [dp]) says.
+// Tensor parallel (tp > 1) and any other operator-level parallelism: the
+// stage runs as OpGpt, operators with shard strategies (Megatron's without
+// a strategy file, with sequence parallelism on request); each rank's Gpt
+// holds its parameters cut as the strategy says. A parameter every tp rank
+// holds gets the same gradient on each (or a partial one, summed over tp by
+// OpGpt), so replicas stay equal. Under ZeRO-1 each tp slice is sharded
+// over dp further, as the optimizer state's layout (split over tp, opt
+// [dp]) says.
 #ifndef TESSERA_RUNTIME_MODEL_PARALLEL_GPT_H_
 #define TESSERA_RUNTIME_MODEL_PARALLEL_GPT_H_
 
@@ -65,9 +66,6 @@ struct ParallelConfig {
   // sequence parallelism when `sequence_parallel`.
   std::shared_ptr<const OpStrategyFile> op_strategy;
   bool sequence_parallel = false;
-  // The hand-written Megatron path inside Gpt, kept to measure the
-  // operators against until they match it (train_gpt --legacy-tp).
-  bool legacy_tp = false;
   // The mesh "pp=P,dp=D,tp=T" (ranks row-major: tp fastest).
   Result<Mesh> MakeMesh() const;
   Status Validate(int world_size) const;
@@ -89,7 +87,8 @@ class ParallelGpt {
   // (layers per stage as `stage_layers` says, else as even as possible).
   static GptStage StageOf(const GptConfig& config, int pp, int s, int tp = 1, int tp_rank = 0,
                           const std::vector<int>& stage_layers = {});
-  // The operators (null on the legacy path and without tp).
+  // The operators (null without tp and without a strategy file: then each
+  // rank runs its stage's Gpt whole).
   const OpGpt* ops() const { return ops_.get(); }
   // The strategy file the operators run (the file, or the Megatron preset).
   static OpStrategyFile StrategyFileOf(const ParallelConfig& parallel);
@@ -117,9 +116,7 @@ class ParallelGpt {
   // Seconds this rank has spent in the collectives of Step (reductions,
   // the loss, the norm, ZeRO's gathers) and waiting for pipeline
   // neighbours, for the communication share.
-  double comm_seconds() const {
-    return comm_seconds_ + model_.comm_seconds() + (ops_ ? ops_->comm_seconds() : 0.0);
-  }
+  double comm_seconds() const { return comm_seconds_ + (ops_ ? ops_->comm_seconds() : 0.0); }
 
   // The layout of every parameter and optimizer state on the mesh, named as
   // checkpoints name them ("wte", "optimizer.wte.exp_avg", ...).

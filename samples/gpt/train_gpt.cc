@@ -243,11 +243,8 @@ Status Train(const Options& o, Communicator& world) {
                   std::string(world.backend()).c_str(), parallel.dp, parallel.zero,
                   static_cast<long long>(parallel.bucket_bytes >> 10));
       if (parallel.tp > 1) {
-        std::printf("tensor parallel: tp=%d (%s)\n", parallel.tp,
-                    trainer->ops() == nullptr
-                        ? "legacy hand-written Megatron path"
-                        : ("operator strategy " + ParallelGpt::StrategyFileOf(parallel).source)
-                              .c_str());
+        std::printf("tensor parallel: tp=%d (operator strategy %s)\n", parallel.tp,
+                    ParallelGpt::StrategyFileOf(parallel).source.c_str());
       }
       if (parallel.pp > 1) {
         std::printf("pipeline: pp=%d stages, %d micro-batches per dp rank (1F1B)\n",
@@ -461,8 +458,6 @@ int main(int argc, char** argv) {
                  "zero, micro_batches and stage_layers apply unless given here)");
   app.add_flag("--sequence-parallel", o.parallel.sequence_parallel,
                "Megatron's sequence parallelism with --tp (layer norms and residuals cut by rows)");
-  app.add_flag("--legacy-tp", o.parallel.legacy_tp,
-               "the hand-written tensor-parallel path (to measure the operators against)");
   app.add_flag("--print-op-strategy", o.print_ops,
                "print each operator's strategy, the redistributions inserted between them and "
                "the parameters' layouts (with --steps 0: print only)");
@@ -536,9 +531,9 @@ int main(int argc, char** argv) {
   }
   o.parallel.bucket_bytes = static_cast<int64_t>(bucket_mib * (1 << 20));
   if (!op_strategy.empty()) {
-    if (o.parallel.sequence_parallel || o.parallel.legacy_tp) {
+    if (o.parallel.sequence_parallel) {
       return Fail(InvalidArgumentError("--op-strategy says every operator's strategy: drop "
-                                       "--sequence-parallel and --legacy-tp"));
+                                       "--sequence-parallel"));
     }
     Result<OpStrategyFile> file = OpStrategyFile::Load(op_strategy);
     if (!file.ok()) return Fail(file.status());

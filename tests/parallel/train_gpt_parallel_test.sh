@@ -44,12 +44,11 @@ check "mpirun -np 4 --dp 2 --tp 2 --pp 1 --zero 1: the single-process losses" \
 check "... and says its tensor parallelism" grep -q "tensor parallel: tp=2" "$WORK/mpitp.log"
 
 # Operator strategies: Megatron with sequence parallelism, the shipped
-# files (in-process ranks and mpirun), the hand-written path they replace.
+# files (in-process ranks and mpirun).
 STRATEGIES=$(cd "$(dirname "$0")/../../samples/gpt/strategies" && pwd)
 for setting in "--ranks 2 --tp 2 --sequence-parallel" \
   "--ranks 4 --tp 2 --pp 2 --zero 1 --sequence-parallel" \
-  "--ranks 4 --op-strategy $STRATEGIES/mlp_batch_split.json" \
-  "--ranks 2 --tp 2 --legacy-tp"; do
+  "--ranks 4 --op-strategy $STRATEGIES/mlp_batch_split.json"; do
   # shellcheck disable=SC2086
   "$BIN" "${SMALL[@]}" --steps 30 $setting >"$WORK/par.log" 2>&1
   check "$setting: the single-process losses" close "$WORK/par.log" "$WORK/one.log"
@@ -174,8 +173,6 @@ check "micro-batches that do not divide the rows are named" \
 out=$("$BIN" "${SMALL[@]}" --steps 1 --ranks 4 --tp 4 2>&1)
 check "tp that does not divide the heads is named" \
   grep -q "operator 'h.0.attn.attention': input 0 (qkv \[rows, heads\]) dimension 1 of size 2 is not divisible by tp = 4" <<<"$out"
-out=$("$BIN" "${SMALL[@]}" --steps 1 --ranks 4 --tp 4 --legacy-tp 2>&1)
-check "... also on the legacy path" grep -q "2 heads cannot be shared by tp 4 ranks" <<<"$out"
 out=$("$BIN" "${SMALL[@]}" --steps 1 --ranks 2 --threads 2 2>&1)
 check "threads per in-process rank are refused" grep -q "one rank per process" <<<"$out"
 test $fails -eq 0
