@@ -214,6 +214,22 @@ void Gpt::ForEachBuffer(Activations& a, int B, int T, F f) const {
   f(a.probs, head * N * VL);
 }
 
+int64_t Gpt::ActivationBytes() const {
+  int64_t n = 0;
+  for (const Activations& a : slots_) {
+    ForEachBuffer(const_cast<Activations&>(a), a.B, a.T, [&](std::vector<float>& v, int64_t) {
+      n += static_cast<int64_t>(v.capacity() * sizeof(float));
+    });
+    n += static_cast<int64_t>((a.tokens.capacity() + a.targets.capacity()) * sizeof(int32_t));
+  }
+  for (const std::vector<float>* v : {&grad_acts_.residual, &grad_acts_.lnf, &grad_acts_.ln1,
+                                      &grad_acts_.qkv, &grad_acts_.atty, &grad_acts_.ln2,
+                                      &grad_acts_.fch, &grad_acts_.fch_gelu}) {
+    n += static_cast<int64_t>(v->capacity() * sizeof(float));
+  }
+  return n;
+}
+
 void Gpt::Resize(Activations& a, int B, int T) const {
   a.B = B;
   a.T = T;

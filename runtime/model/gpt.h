@@ -102,6 +102,7 @@ class Gpt {
   std::vector<float>& weights() { return weights_; }
   const std::vector<float>& weights() const { return weights_; }
   std::vector<float>& grads() { return grads_; }
+  const std::vector<float>& grads() const { return grads_; }
   std::vector<float>& adam_m() { return m_; }
   std::vector<float>& adam_v() { return v_; }
   const std::vector<float>& adam_m() const { return m_; }
@@ -158,6 +159,8 @@ class Gpt {
   Status BackwardStage(int slot, const float* dy, float dloss);
   const float* InputGradient() const { return grad_acts_.residual.data(); }
 
+  // Bytes held in activations (every slot's) and backward's buffers.
+  int64_t ActivationBytes() const;
   // The last Forward's logits [B,T,V].
   const std::vector<float>& logits() const { return slots_[0].logits; }
 

@@ -136,6 +136,7 @@ Result<std::unique_ptr<OpGpt>> OpGpt::Create(const GptConfig& config,
       splits[p + ln + ".weight"] = -1;
       splits[p + ln + ".bias"] = -1;
     }
+    b.layer = i;
     if (i >= stage.first_layer && i < last_layer) g->blocks_.push_back(std::move(b));
   }
   ASSIGN_OR_RETURN(s, strategy("ln_f"));
@@ -145,6 +146,9 @@ Result<std::unique_ptr<OpGpt>> OpGpt::Create(const GptConfig& config,
   ASSIGN_OR_RETURN(s, strategy("loss"));
   ASSIGN_OR_RETURN(g->loss_, CrossEntropyOp::Create("loss", *s, V, dp));
   splits["ln_f.weight"] = splits["ln_f.bias"] = -1;
+  if (tp == 1) {  // a cut over one rank is no cut
+    for (auto& [name, dim] : splits) dim = -1;
+  }
   if (g->lm_head_.weight_split() != g->embedding_.weight_split()) {
     return InternalError("wte is cut differently by embedding and lm_head");
   }
@@ -257,11 +261,68 @@ Status OpGpt::Bind(Gpt* model, Communicator* tp) {
 
 void OpGpt::SetSlots(int n) { slots_.resize(std::max(1, n)); }
 
+Result<Recompute> ParseRecompute(std::string_view text) {
+  if (text == "none") return Recompute::kNone;
+  if (text == "full") return Recompute::kFull;
+  if (text == "selective") return Recompute::kSelective;
+  return InvalidArgumentError("recompute '" + std::string(text) +
+                              "' is not one of none, full, selective");
+}
+
+std::string_view RecomputeName(Recompute r) {
+  return r == Recompute::kFull ? "full" : r == Recompute::kSelective ? "selective" : "none";
+}
+
+void OpGpt::SetRecompute(int layer, Recompute mode) {
+  for (OpGpt::Block& b : blocks_) {
+    if (layer < 0 || b.layer == layer) b.recompute = mode;
+  }
+}
+
+int64_t OpGpt::ActivationBytes() const {
+  int64_t n = 0;
+  auto add = [&](const auto& v) { n += static_cast<int64_t>(v.capacity() * sizeof(v[0])); };
+  auto acts = [&](const BlockActs& s) {
+    for (const Buf* b : {&s.ln1_in, &s.h1, &s.qkv_in, &s.qkv, &s.attn_in, &s.att, &s.y, &s.proj_in,
+                         &s.add1_a, &s.x1, &s.ln2_in, &s.h2, &s.fc_in, &s.f, &s.gelu_in, &s.g,
+                         &s.fcproj_in, &s.add2_a, &s.x2}) {
+      add(b->data);
+    }
+    for (const auto* v : {&s.ln1_mean, &s.ln1_rstd, &s.ln2_mean, &s.ln2_rstd}) add(*v);
+  };
+  for (const Slot& a : slots_) {
+    add(a.tokens);
+    add(a.targets);
+    for (const Buf* b : {&a.x0, &a.out, &a.lnf_in, &a.hf, &a.lm_in, &a.logits, &a.ce_in}) add(b->data);
+    for (const auto* v : {&a.lnf_mean, &a.lnf_rstd, &a.probs, &a.max}) add(*v);
+    add(a.sums);
+    for (const BlockActs& s : a.blocks) acts(s);
+  }
+  acts(scratch_);
+  for (const Buf* b : {&scratch_att_, &scratch_y_, &gather_, &out_tmp_, &conv_tmp_}) add(b->data);
+  for (const Buf* b : {&d_.dres, &d_.dres2, &d_.tmp, &d_.d_ln_in, &d_.d_add, &d_.dm, &d_.dg_in,
+                       &d_.dg, &d_.df_in, &d_.df, &d_.dh_in, &d_.dh, &d_.dy, &d_.dqkv_in, &d_.dqkv,
+                       &d_.dattn_y, &d_.dlogits, &d_.dlnf, &d_.dx_lnf}) {
+    add(b->data);
+  }
+  add(input_grad_);
+  add(scratch_grad_);
+  return n;
+}
+
+int64_t OpGpt::CommBufferBytes() const {
+  return static_cast<int64_t>(sum_buf_.capacity() * sizeof(float));
+}
+
 Act OpGpt::New(Buf* b, int64_t rows, int64_t cols, Placement p) {
   b->act = Act{nullptr, rows, cols, p};
   b->data.resize(ctx_.LocalSize(b->act));
   b->act.data = b->data.data();
   return b->act;
+}
+
+bool OpGpt::Regather(const Edge& e) {
+  return e.from.split == 0 && !e.from.partial && e.to.split == -1;
 }
 
 Result<Act> OpGpt::Conv(Act& a, const Edge& e, Buf* buf) {
@@ -279,6 +340,64 @@ float* OpGpt::ParamGrad(int64_t offset, int64_t n, bool tp_sum, bool rows_over_t
   if (!tp_sum || rows_over_tp || ctx_.tp_rank() == 0) return G(offset);
   if (scratch_grad_.size() < static_cast<size_t>(n)) scratch_grad_.assign(n, 0.0f);
   return scratch_grad_.data();
+}
+
+Status OpGpt::BlockForward(const Block& b, Act& x, int T, BlockActs* acts, Buf* att, Buf* y_buf) {
+  const int64_t N = x.rows, C = config_.embed;
+  BlockActs& s = *acts;
+  ASSIGN_OR_RETURN(Act ln_in, Conv(x, b.e[0], &s.ln1_in));
+  Act h1 = New(&s.h1, N, C, b.ln1.info().output);
+  s.ln1_mean.resize(ctx_.LocalRows(h1));
+  s.ln1_rstd.resize(ctx_.LocalRows(h1));
+  b.ln1.Forward(ctx_, ln_in, P(b.ln1w), P(b.ln1b), &h1, s.ln1_mean.data(), s.ln1_rstd.data());
+  // A linear's input that a conversion gathers is not kept: backward
+  // gathers it again from the shard (Megatron's sequence parallelism).
+  ASSIGN_OR_RETURN(Act qkv_in, Conv(h1, b.e[1], Regather(b.e[1]) ? &gather_ : &s.qkv_in));
+  Act qkv = New(&s.qkv, N, 3 * C, b.qkv.info().output);
+  b.qkv.Forward(ctx_, qkv_in, P(b.qkvw), P(b.qkvb), &qkv);
+  ASSIGN_OR_RETURN(Act attn_in, Conv(qkv, b.e[2], &s.attn_in));
+  att->data.resize(b.attn.AttSize(ctx_, N, T));
+  Act y = New(y_buf, N, C, b.attn.info().output);
+  RETURN_IF_ERROR(b.attn.Forward(ctx_, attn_in, T, att->data.data(), &y));
+  ASSIGN_OR_RETURN(Act proj_in, Conv(y, b.e[3], &s.proj_in));
+  // The row-parallel outputs and their converted copies only feed the
+  // adds: transient buffers, shared by every block.
+  Act av = New(&out_tmp_, N, C, b.proj.info().output);
+  b.proj.Forward(ctx_, proj_in, P(b.projw), P(b.projb), &av);
+  // The residual stream feeds the layer norm and the add: one conversion
+  // when both want the same placement.
+  if (b.e[4].to == b.e[0].to) {
+    s.add1_a.act = ln_in;
+  } else {
+    RETURN_IF_ERROR(Conv(x, b.e[4], &s.add1_a).status());
+  }
+  ASSIGN_OR_RETURN(Act add_b, Conv(av, b.e[5], &conv_tmp_));
+  Act x1 = New(&s.x1, N, C, b.add1.info().output);
+  b.add1.Forward(ctx_, s.add1_a.act, add_b, &x1);
+
+  ASSIGN_OR_RETURN(Act ln2_in, Conv(x1, b.e[6], &s.ln2_in));
+  Act h2 = New(&s.h2, N, C, b.ln2.info().output);
+  s.ln2_mean.resize(ctx_.LocalRows(h2));
+  s.ln2_rstd.resize(ctx_.LocalRows(h2));
+  b.ln2.Forward(ctx_, ln2_in, P(b.ln2w), P(b.ln2b), &h2, s.ln2_mean.data(), s.ln2_rstd.data());
+  ASSIGN_OR_RETURN(Act fc_in, Conv(h2, b.e[7], Regather(b.e[7]) ? &gather_ : &s.fc_in));
+  Act f = New(&s.f, N, 4 * C, b.fc.info().output);
+  b.fc.Forward(ctx_, fc_in, P(b.fcw), P(b.fcb), &f);
+  ASSIGN_OR_RETURN(Act gelu_in, Conv(f, b.e[8], &s.gelu_in));
+  Act g = New(&s.g, N, 4 * C, b.gelu.info().output);
+  b.gelu.Forward(ctx_, gelu_in, &g);
+  ASSIGN_OR_RETURN(Act fcproj_in, Conv(g, b.e[9], &s.fcproj_in));
+  Act m = New(&out_tmp_, N, C, b.fcproj.info().output);
+  b.fcproj.Forward(ctx_, fcproj_in, P(b.fcprojw), P(b.fcprojb), &m);
+  if (b.e[10].to == b.e[6].to) {
+    s.add2_a.act = ln2_in;
+  } else {
+    RETURN_IF_ERROR(Conv(x1, b.e[10], &s.add2_a).status());
+  }
+  ASSIGN_OR_RETURN(Act add2_b, Conv(m, b.e[11], &conv_tmp_));
+  Act x2 = New(&s.x2, N, C, b.add2.info().output);
+  b.add2.Forward(ctx_, s.add2_a.act, add2_b, &x2);
+  return Status::Ok();
 }
 
 Result<float> OpGpt::ForwardStage(int slot, const int32_t* tokens, const float* x_in,
@@ -319,55 +438,20 @@ Result<float> OpGpt::ForwardStage(int slot, const int32_t* tokens, const float* 
   for (size_t l = 0; l < blocks_.size(); ++l) {
     const OpGpt::Block& b = blocks_[l];
     BlockActs& s = a.blocks[l];
-    ASSIGN_OR_RETURN(Act ln_in, Conv(x, b.e[0], &s.ln1_in));
-    Act h1 = New(&s.h1, N, C, b.ln1.info().output);
-    s.ln1_mean.resize(ctx_.LocalRows(h1));
-    s.ln1_rstd.resize(ctx_.LocalRows(h1));
-    b.ln1.Forward(ctx_, ln_in, P(b.ln1w), P(b.ln1b), &h1, s.ln1_mean.data(), s.ln1_rstd.data());
-    ASSIGN_OR_RETURN(Act qkv_in, Conv(h1, b.e[1], &s.qkv_in));
-    Act qkv = New(&s.qkv, N, 3 * C, b.qkv.info().output);
-    b.qkv.Forward(ctx_, qkv_in, P(b.qkvw), P(b.qkvb), &qkv);
-    ASSIGN_OR_RETURN(Act attn_in, Conv(qkv, b.e[2], &s.attn_in));
-    s.att.data.resize(b.attn.AttSize(ctx_, N, T));
-    Act y = New(&s.y, N, C, b.attn.info().output);
-    RETURN_IF_ERROR(b.attn.Forward(ctx_, attn_in, T, s.att.data.data(), &y));
-    ASSIGN_OR_RETURN(Act proj_in, Conv(y, b.e[3], &s.proj_in));
-    Act av = New(&s.a, N, C, b.proj.info().output);
-    b.proj.Forward(ctx_, proj_in, P(b.projw), P(b.projb), &av);
-    // The residual stream feeds the layer norm and the add: one conversion
-    // when both want the same placement.
-    if (b.e[4].to == b.e[0].to) {
-      s.add1_a.act = ln_in;
+    if (b.recompute == Recompute::kFull) {
+      // Only the block's input (as its conversions left it) and output stay.
+      RETURN_IF_ERROR(BlockForward(b, x, T, &scratch_, &scratch_att_, &scratch_y_));
+      s.input = x;
+      Act x2 = New(&s.x2, N, C, scratch_.x2.act.place);
+      std::copy(scratch_.x2.act.data, scratch_.x2.act.data + ctx_.LocalSize(x2), x2.data);
+      x = x2;
+    } else if (b.recompute == Recompute::kSelective) {
+      RETURN_IF_ERROR(BlockForward(b, x, T, &s, &scratch_att_, &scratch_y_));
+      x = s.x2.act;
     } else {
-      RETURN_IF_ERROR(Conv(x, b.e[4], &s.add1_a).status());
+      RETURN_IF_ERROR(BlockForward(b, x, T, &s, &s.att, &s.y));
+      x = s.x2.act;
     }
-    ASSIGN_OR_RETURN(Act add_b, Conv(av, b.e[5], &s.add1_b));
-    Act x1 = New(&s.x1, N, C, b.add1.info().output);
-    b.add1.Forward(ctx_, s.add1_a.act, add_b, &x1);
-
-    ASSIGN_OR_RETURN(Act ln2_in, Conv(x1, b.e[6], &s.ln2_in));
-    Act h2 = New(&s.h2, N, C, b.ln2.info().output);
-    s.ln2_mean.resize(ctx_.LocalRows(h2));
-    s.ln2_rstd.resize(ctx_.LocalRows(h2));
-    b.ln2.Forward(ctx_, ln2_in, P(b.ln2w), P(b.ln2b), &h2, s.ln2_mean.data(), s.ln2_rstd.data());
-    ASSIGN_OR_RETURN(Act fc_in, Conv(h2, b.e[7], &s.fc_in));
-    Act f = New(&s.f, N, 4 * C, b.fc.info().output);
-    b.fc.Forward(ctx_, fc_in, P(b.fcw), P(b.fcb), &f);
-    ASSIGN_OR_RETURN(Act gelu_in, Conv(f, b.e[8], &s.gelu_in));
-    Act g = New(&s.g, N, 4 * C, b.gelu.info().output);
-    b.gelu.Forward(ctx_, gelu_in, &g);
-    ASSIGN_OR_RETURN(Act fcproj_in, Conv(g, b.e[9], &s.fcproj_in));
-    Act m = New(&s.m, N, C, b.fcproj.info().output);
-    b.fcproj.Forward(ctx_, fcproj_in, P(b.fcprojw), P(b.fcprojb), &m);
-    if (b.e[10].to == b.e[6].to) {
-      s.add2_a.act = ln2_in;
-    } else {
-      RETURN_IF_ERROR(Conv(x1, b.e[10], &s.add2_a).status());
-    }
-    ASSIGN_OR_RETURN(Act add2_b, Conv(m, b.e[11], &s.add2_b));
-    Act x2 = New(&s.x2, N, C, b.add2.info().output);
-    b.add2.Forward(ctx_, s.add2_a.act, add2_b, &x2);
-    x = x2;
   }
   if (!stage_.last) {
     RETURN_IF_ERROR(Conv(x, out_e_, &a.out).status());
@@ -378,7 +462,7 @@ Result<float> OpGpt::ForwardStage(int slot, const int32_t* tokens, const float* 
   a.lnf_mean.resize(ctx_.LocalRows(hf));
   a.lnf_rstd.resize(ctx_.LocalRows(hf));
   lnf_.Forward(ctx_, lnf_in, P(lnfw_), P(lnfb_), &hf, a.lnf_mean.data(), a.lnf_rstd.data());
-  ASSIGN_OR_RETURN(Act lm_in, Conv(hf, lm_e_, &a.lm_in));
+  ASSIGN_OR_RETURN(Act lm_in, Conv(hf, lm_e_, Regather(lm_e_) ? &gather_ : &a.lm_in));
   Act logits = New(&a.logits, N, V, lm_head_.info().output);
   lm_head_.Forward(ctx_, lm_in, P(wte_), &logits);
   if (!a.has_targets) return 0.0f;
@@ -422,7 +506,12 @@ Status OpGpt::BackwardStage(int slot, const float* dy, float dloss) {
     Act dl{a.probs.data(), N, V, ce_e_.to};
     ASSIGN_OR_RETURN(Act dlog, ConvGrad(dl, ce_e_, &d_.dlogits));
     Act dh_in = New(&d_.dlnf, N, C, lm_head_.InputGradient());
-    lm_head_.Backward(ctx_, a.lm_in.act, P(wte_), dlog, &dh_in,
+    Act lm_in = a.lm_in.act;
+    if (Regather(lm_e_)) {
+      Act hf = a.hf.act;
+      ASSIGN_OR_RETURN(lm_in, Conv(hf, lm_e_, &gather_));
+    }
+    lm_head_.Backward(ctx_, lm_in, P(wte_), dlog, &dh_in,
                       ParamGrad(wte_, wte_n, wte_tp_sum_, lm_head_.info().rows_over_tp));
     ASSIGN_OR_RETURN(Act dh, ConvGrad(dh_in, lm_e_, &d_.dh));
     Act dx = New(&d_.dx_lnf, N, C, lnf_.info().inputs[0]);
@@ -461,7 +550,24 @@ Status OpGpt::BackwardStage(int slot, const float* dy, float dloss) {
   };
   for (size_t l = blocks_.size(); l-- > 0;) {
     const OpGpt::Block& b = blocks_[l];
-    BlockActs& s = a.blocks[l];
+    BlockActs* acts = &a.blocks[l];
+    const float* att = acts->att.data.data();
+    if (b.recompute == Recompute::kFull) {
+      // The block again from its input, into the scratch activations.
+      Act in = acts->input;
+      RETURN_IF_ERROR(BlockForward(b, in, T, &scratch_, &scratch_att_, &scratch_y_));
+      acts = &scratch_;
+      att = scratch_att_.data.data();
+    } else if (b.recompute == Recompute::kSelective) {
+      // The attention core again (scores, softmax, weighted sum) and
+      // c_proj's input from it.
+      scratch_att_.data.resize(b.attn.AttSize(ctx_, N, T));
+      Act y = New(&scratch_y_, N, C, b.attn.info().output);
+      RETURN_IF_ERROR(b.attn.Forward(ctx_, acts->attn_in.act, T, scratch_att_.data.data(), &y));
+      RETURN_IF_ERROR(Conv(y, b.e[3], &acts->proj_in).status());
+      att = scratch_att_.data.data();
+    }
+    BlockActs& s = *acts;
     // add_2: both inputs' gradient is dres.
     Act dm_in = dres;
     ASSIGN_OR_RETURN(Act dm, ConvGrad(dm_in, b.e[11], &d_.dm));
@@ -472,7 +578,12 @@ Status OpGpt::BackwardStage(int slot, const float* dy, float dloss) {
     b.gelu.Backward(ctx_, s.gelu_in.act, dg, &df_in);
     ASSIGN_OR_RETURN(Act df, ConvGrad(df_in, b.e[8], &d_.df));
     Act dh_in = New(&d_.dh_in, N, C, b.fc.InputGradient());
-    b.fc.Backward(ctx_, s.fc_in.act, P(b.fcw), df, &dh_in, G(b.fcw), G(b.fcb));
+    Act fc_in = s.fc_in.act;
+    if (Regather(b.e[7])) {
+      Act h2 = s.h2.act;
+      ASSIGN_OR_RETURN(fc_in, Conv(h2, b.e[7], &gather_));
+    }
+    b.fc.Backward(ctx_, fc_in, P(b.fcw), df, &dh_in, G(b.fcw), G(b.fcb));
     ASSIGN_OR_RETURN(Act dh, ConvGrad(dh_in, b.e[7], &d_.dh));
     if (fused(b.e[6], b.e[10])) {
       b.ln2.Backward(ctx_, s.ln2_in.act, P(b.ln2w), s.ln2_mean.data(), s.ln2_rstd.data(), dh,
@@ -490,10 +601,15 @@ Status OpGpt::BackwardStage(int slot, const float* dy, float dloss) {
     b.proj.Backward(ctx_, s.proj_in.act, P(b.projw), da, &dy_in, G(b.projw), G(b.projb));
     ASSIGN_OR_RETURN(Act dyv, ConvGrad(dy_in, b.e[3], &d_.dattn_y));
     Act dqkv_in = New(&d_.dqkv_in, N, 3 * C, b.attn.info().inputs[0]);
-    b.attn.Backward(ctx_, s.attn_in.act, s.att.data.data(), T, dyv, &dqkv_in);
+    b.attn.Backward(ctx_, s.attn_in.act, att, T, dyv, &dqkv_in);
     ASSIGN_OR_RETURN(Act dqkv, ConvGrad(dqkv_in, b.e[2], &d_.dqkv));
     Act dh1_in = New(&d_.dh_in, N, C, b.qkv.InputGradient());
-    b.qkv.Backward(ctx_, s.qkv_in.act, P(b.qkvw), dqkv, &dh1_in, G(b.qkvw), G(b.qkvb));
+    Act qkv_in = s.qkv_in.act;
+    if (Regather(b.e[1])) {
+      Act h1 = s.h1.act;
+      ASSIGN_OR_RETURN(qkv_in, Conv(h1, b.e[1], &gather_));
+    }
+    b.qkv.Backward(ctx_, qkv_in, P(b.qkvw), dqkv, &dh1_in, G(b.qkvw), G(b.qkvb));
     ASSIGN_OR_RETURN(Act dh1, ConvGrad(dh1_in, b.e[1], &d_.dh));
     if (fused(b.e[0], b.e[4])) {
       b.ln1.Backward(ctx_, s.ln1_in.act, P(b.ln1w), s.ln1_mean.data(), s.ln1_rstd.data(), dh1,
@@ -560,6 +676,10 @@ std::string OpGpt::Describe(int64_t rows) const {
     // Each operator, then the edges into it.
     const int into[10][2] = {{0, -1}, {1, -1}, {2, -1}, {3, -1}, {4, 5}, {6, -1}, {7, -1}, {8, -1},
                              {9, -1}, {10, 11}};
+    if (b.recompute != Recompute::kNone) {
+      out += "  h." + std::to_string(b.layer) + ": recompute " +
+             std::string(RecomputeName(b.recompute)) + "\n";
+    }
     for (int i = 0; i < 10; ++i) {
       for (int e : into[i]) {
         if (e < 0) continue;

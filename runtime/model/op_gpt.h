@@ -35,6 +35,16 @@
 
 namespace tessera {
 
+// Activation checkpointing of a block (MindSpore's `recompute` on a Cell):
+// kFull keeps only the block's input and output and runs the block again
+// in backward; kSelective (Korthikanti et al.) runs only the attention core
+// again (scores, softmax, weighted sum: the activations that grow with the
+// sequence squared). The numbers do not change: the kernels are
+// deterministic.
+enum class Recompute { kNone, kFull, kSelective };
+Result<Recompute> ParseRecompute(std::string_view text);  // none, full, selective
+std::string_view RecomputeName(Recompute r);
+
 class OpGpt {
  public:
   // Every operator of the whole model, for checking a strategy file.
@@ -61,6 +71,13 @@ class OpGpt {
   Status Bind(Gpt* model, Communicator* tp);
 
   void SetSlots(int n);
+  // Block `layer` of this stage (every block when layer < 0) recomputes.
+  void SetRecompute(int layer, Recompute mode);
+  // Bytes this rank holds in activations (every slot's, the recompute
+  // scratch, backward's gradients): the peak of a step, kept between steps
+  // for the next one. And in the buffers of the parameter-gradient sums.
+  int64_t ActivationBytes() const;
+  int64_t CommBufferBytes() const;
   int slots() const { return static_cast<int>(slots_.size()); }
   // As Gpt::ForwardStage / BackwardStage (tokens and targets are the
   // replica's [B, T]; x the previous stage's whole output). The loss is the
@@ -89,6 +106,8 @@ class OpGpt {
     int64_t cols = 0;
   };
   struct Block {
+    int layer = 0;
+    Recompute recompute = Recompute::kNone;
     LayerNormOp ln1, ln2;
     LinearOp qkv, proj, fc, fcproj;
     AttentionOp attn;
@@ -107,9 +126,10 @@ class OpGpt {
     Act act;
   };
   struct BlockActs {
-    Buf ln1_in, h1, qkv_in, qkv, attn_in, att, y, proj_in, a, add1_a, add1_b, x1, ln2_in, h2, fc_in,
-        f, gelu_in, g, fcproj_in, m, add2_a, add2_b, x2;
+    Buf ln1_in, h1, qkv_in, qkv, attn_in, att, y, proj_in, add1_a, x1, ln2_in, h2, fc_in, f,
+        gelu_in, g, fcproj_in, add2_a, x2;
     std::vector<float> ln1_mean, ln1_rstd, ln2_mean, ln2_rstd;
+    Act input;  // kFull: the block's input as its forward left it
   };
   struct Slot {
     int B = 0, T = 0;
@@ -123,6 +143,11 @@ class OpGpt {
   };
 
   OpGpt() = default;
+  // One block's forward on `x` into `acts`, the attention weights and output
+  // into `att` and `y` (the block's own, or scratch when recomputed).
+  Status BlockForward(const Block& b, Act& x, int T, BlockActs* acts, Buf* att, Buf* y);
+  // Whether an edge gathers rows (its result is rebuilt in backward).
+  static bool Regather(const Edge& e);
   Result<Act> Conv(Act& a, const Edge& e, Buf* buf);
   Result<Act> ConvGrad(Act& g, const Edge& e, Buf* buf);
   Act New(Buf* b, int64_t rows, int64_t cols, Placement p);
@@ -154,6 +179,12 @@ class OpGpt {
   Gpt* model_ = nullptr;
   OpContext ctx_{1, 0};
   std::vector<Slot> slots_ = std::vector<Slot>(1);
+  // Recompute's activations: one block's worth, shared by every block and slot.
+  BlockActs scratch_;
+  Buf scratch_att_, scratch_y_;
+  // Transient: a gathered linear input (rebuilt in backward), a row-parallel
+  // output and its converted copy (consumed by the add at once).
+  Buf gather_, out_tmp_, conv_tmp_;
   // Backward: one block's gradients, reused block after block.
   struct Grads {
     Buf dres, dres2, tmp, d_ln_in, d_add, dm, dg_in, dg, df_in, df, dh_in, dh, dy, dqkv_in, dqkv,

@@ -82,10 +82,32 @@ Result<std::unique_ptr<ParallelGpt>> ParallelGpt::Create(const GptConfig& config
   const int stage = static_cast<int>(mesh.Coordinate(world.rank(), mesh.FindAxis("pp")));
   const int tp_rank = static_cast<int>(mesh.Coordinate(world.rank(), mesh.FindAxis("tp")));
   GptStage gs = StageOf(config, parallel.pp, stage, parallel.tp, tp_rank, parallel.stage_layers);
-  if (parallel.tp > 1 || parallel.op_strategy != nullptr) {
-    ASSIGN_OR_RETURN(auto strategies, ResolveOpStrategies(StrategyFileOf(parallel),
-                                                          OpGpt::Signatures(config), mesh));
+  ASSIGN_OR_RETURN(const Recompute recompute, ParseRecompute(parallel.recompute));
+  const bool recomputes = recompute != Recompute::kNone ||
+                          (parallel.op_strategy != nullptr && !parallel.op_strategy->recompute.empty());
+  if (parallel.tp > 1 || parallel.op_strategy != nullptr || recomputes) {
+    const OpStrategyFile file = StrategyFileOf(parallel);
+    ASSIGN_OR_RETURN(auto strategies,
+                     ResolveOpStrategies(file, OpGpt::Signatures(config), mesh));
     ASSIGN_OR_RETURN(ops, OpGpt::Create(config, strategies, gs, parallel.dp));
+    ops->SetRecompute(-1, recompute);
+    // The file's blocks: patterns first, then exact names.
+    for (const bool exact : {false, true}) {
+      for (const auto& [pattern, mode] : file.recompute) {
+        if ((pattern.find('*') == std::string::npos) != exact) continue;
+        bool matched = false;
+        for (int i = 0; i < config.layers; ++i) {
+          if (!MatchesOpPattern(pattern, "h." + std::to_string(i))) continue;
+          matched = true;
+          ops->SetRecompute(i, *ParseRecompute(mode));
+        }
+        if (!matched) {
+          return InvalidArgumentError(file.source + ": recompute names '" + pattern +
+                                      "', which is no block of the model (h.0 to h." +
+                                      std::to_string(config.layers - 1) + ")");
+        }
+      }
+    }
     gs.tp_dims = std::make_shared<const std::map<std::string, int>>(ops->param_splits());
   } else if (parallel.sequence_parallel) {
     return InvalidArgumentError("sequence parallelism cuts the sequence over tp: it needs tp > 1");
@@ -97,6 +119,21 @@ Result<std::unique_ptr<ParallelGpt>> ParallelGpt::Create(const GptConfig& config
   p->ops_ = std::move(ops);
   RETURN_IF_ERROR(p->Build());
   return p;
+}
+
+MemoryUse ParallelGpt::Memory() const {
+  auto bytes = [](const std::vector<float>& v) {
+    return static_cast<int64_t>(v.capacity() * sizeof(float));
+  };
+  MemoryUse m;
+  m.parameters = bytes(model_.weights());
+  m.gradients = bytes(model_.grads());
+  m.optimizer = bytes(model_.adam_m()) + bytes(model_.adam_v()) + bytes(shard_m_) + bytes(shard_v_);
+  m.activations = ops_ ? ops_->ActivationBytes() : model_.ActivationBytes();
+  m.communication = bytes(send_) + bytes(recv_) + bytes(recv_x_) + bytes(recv_dy_) +
+                    (ops_ ? ops_->CommBufferBytes() : 0);
+  for (const std::vector<float>& v : send_dx_) m.communication += bytes(v);
+  return m;
 }
 
 OpStrategyFile ParallelGpt::StrategyFileOf(const ParallelConfig& parallel) {

@@ -66,9 +66,20 @@ struct ParallelConfig {
   // sequence parallelism when `sequence_parallel`.
   std::shared_ptr<const OpStrategyFile> op_strategy;
   bool sequence_parallel = false;
+  // Activation recompute of every block: none, full or selective (the
+  // strategy file's "recompute" entries override it per block).
+  std::string recompute = "none";
   // The mesh "pp=P,dp=D,tp=T" (ranks row-major: tp fastest).
   Result<Mesh> MakeMesh() const;
   Status Validate(int world_size) const;
+};
+
+// Bytes one rank holds, by what they are for (ParallelGpt::Memory).
+struct MemoryUse {
+  int64_t parameters = 0, gradients = 0, optimizer = 0;
+  int64_t activations = 0;    // every slot's saved activations and backward's buffers
+  int64_t communication = 0;  // ZeRO's, the pipeline's and the tp sums' buffers
+  int64_t total() const { return parameters + gradients + optimizer + activations + communication; }
 };
 
 class ParallelGpt {
@@ -90,6 +101,9 @@ class ParallelGpt {
   // The operators (null without tp and without a strategy file: then each
   // rank runs its stage's Gpt whole).
   const OpGpt* ops() const { return ops_.get(); }
+  // What this rank holds, after a step: its peak (buffers are kept at
+  // their largest for the next step).
+  MemoryUse Memory() const;
   // The strategy file the operators run (the file, or the Megatron preset).
   static OpStrategyFile StrategyFileOf(const ParallelConfig& parallel);
   // Every stage's operators with their strategies and the redistributions

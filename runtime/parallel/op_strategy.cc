@@ -163,6 +163,15 @@ Result<OpStrategyFile> OpStrategyFile::Parse(std::string_view text, const std::s
         }
         file.stage_layers.push_back(n.get<int>());
       }
+    } else if (key == "recompute") {
+      if (!value.is_object()) return fail("\"recompute\" must map blocks (\"h.*\") to modes");
+      for (const auto& [block, mode] : value.items()) {
+        const std::string m = mode.is_string() ? mode.get<std::string>() : mode.dump();
+        if (m != "none" && m != "full" && m != "selective") {
+          return fail("recompute of '" + block + "' is " + m + ", not none, full or selective");
+        }
+        file.recompute.emplace_back(block, m);
+      }
     } else {
       return fail("unknown key \"" + key + "\"");
     }

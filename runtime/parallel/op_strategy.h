@@ -10,6 +10,7 @@
 //     "zero": 1,                                    // optional: ZeRO-1
 //     "micro_batches": 4,                           // optional (pp > 1)
 //     "stage_layers": [3, 1],                       // optional: layers per stage
+//     "recompute": {"h.*": "selective"},            // optional, per block
 //     "operators": {
 //       "h.*.attn.c_attn": [["dp", null], [null, "tp"]],
 //       "h.*.mlp.c_fc":    [[2, 1], [1, 4]],
@@ -79,6 +80,9 @@ struct OpStrategyFile {
   std::string source;  // the path (or "<text>"), for messages
   std::optional<int> pp, dp, tp, zero, micro_batches;
   std::vector<int> stage_layers;
+  // "recompute": {"h.*": "selective", "h.0": "full"}: blocks (patterns as
+  // for operators; an exact name wins) and none, full or selective.
+  std::vector<std::pair<std::string, std::string>> recompute;
   struct Entry {
     std::string pattern;
     // Per input, per dimension: axis names, or a split count to map.

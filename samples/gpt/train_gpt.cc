@@ -23,6 +23,7 @@
 // rank 0 gathers every stage's and slice's tensors; on resume each rank
 // reads only its own slices).
 #include <signal.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -389,6 +390,27 @@ Status Train(const Options& o, Communicator& world) {
                   o.export_dir.c_str(), name.c_str());
     }
   }
+  if (model.step() > 0) {
+    // What the ranks hold (the largest of each figure over the ranks:
+    // pipeline stages differ), and this process's peak resident set.
+    const MemoryUse m = trainer->Memory();
+    double figures[] = {static_cast<double>(m.parameters), static_cast<double>(m.gradients),
+                        static_cast<double>(m.optimizer), static_cast<double>(m.activations),
+                        static_cast<double>(m.communication), static_cast<double>(m.total())};
+    RETURN_IF_ERROR(world.AllReduce(figures, figures, 6, DType::kF64, ReduceOp::kMax));
+    struct rusage usage {};
+    getrusage(RUSAGE_SELF, &usage);
+    if (first && !o.quiet) {
+      auto mib = [](double b) { return b / (1 << 20); };
+      std::printf("memory per rank (largest): parameters %.2f MiB, gradients %.2f MiB, optimizer "
+                  "%.2f MiB, activations %.2f MiB (peak of a step), communication buffers %.2f "
+                  "MiB, total %.2f MiB; peak RSS %.1f MiB (%s)\n",
+                  mib(figures[0]), mib(figures[1]), mib(figures[2]), mib(figures[3]),
+                  mib(figures[4]), mib(figures[5]), usage.ru_maxrss / 1024.0,
+                  world.size() > 1 && !LaunchedByMpirun() ? "the process, every in-process rank"
+                                                          : "rank 0's process");
+    }
+  }
   if (timed_steps > 0 && first) {
     // Model FLOPs per token: 6 per parameter (forward + backward) plus the
     // attention products, 12 * layers * seq * embed.
@@ -458,6 +480,10 @@ int main(int argc, char** argv) {
                  "zero, micro_batches and stage_layers apply unless given here)");
   app.add_flag("--sequence-parallel", o.parallel.sequence_parallel,
                "Megatron's sequence parallelism with --tp (layer norms and residuals cut by rows)");
+  app.add_option("--recompute", o.parallel.recompute,
+                 "activation recompute of every block: none, full (keep each block's input, "
+                 "run it again in backward) or selective (the attention core only)")
+      ->check(CLI::IsMember({"none", "full", "selective"}));
   app.add_flag("--print-op-strategy", o.print_ops,
                "print each operator's strategy, the redistributions inserted between them and "
                "the parameters' layouts (with --steps 0: print only)");

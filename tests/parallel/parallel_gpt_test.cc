@@ -75,7 +75,7 @@ struct Held {
   std::vector<float> w, m, v;
 };
 
-Run Parallel(const ParallelConfig& config, int ranks) {
+Run Parallel(const ParallelConfig& config, int ranks, MemoryUse* memory = nullptr) {
   Run run;
   std::multimap<std::string, Held> held;
   std::mutex mu;
@@ -92,6 +92,7 @@ Run Parallel(const ParallelConfig& config, int ranks) {
         run.norms.push_back(norm);
       }
     }
+    if (memory != nullptr && world.rank() == 0) *memory = p->Memory();
     RETURN_IF_ERROR(p->GatherOptimizerState());
     const Gpt& g = p->model();
     std::lock_guard<std::mutex> lock(mu);
@@ -403,6 +404,62 @@ TEST_CASE("hand-written operator strategies reproduce the single-process run") {
               reference);
     }
   }
+}
+
+
+TEST_CASE("recompute (full, selective) keeps every configuration's losses, bit for bit") {
+  kernels::SetComputeThreads(1);
+  const Run reference = Reference();
+  struct Config {
+    int tp, dp, pp, zero;
+    bool sp;
+  };
+  for (const Config c : {Config{2, 1, 1, 0, false}, Config{4, 1, 1, 0, false},
+                         Config{2, 1, 1, 0, true}, Config{2, 2, 1, 1, true},
+                         Config{2, 1, 2, 0, true}}) {
+    const ParallelConfig base{.dp = c.dp, .tp = c.tp, .pp = c.pp, .zero = c.zero,
+                              .bucket_bytes = 4096, .sequence_parallel = c.sp};
+    const Run plain = Parallel(base, c.tp * c.dp * c.pp);
+    for (const char* mode : {"full", "selective"}) {
+      DYNAMIC_SECTION("tp" << c.tp << " dp" << c.dp << " pp" << c.pp << " zero" << c.zero
+                           << (c.sp ? " sp" : "") << " recompute " << mode) {
+        ParallelConfig config = base;
+        config.recompute = mode;
+        const Run run = Parallel(config, c.tp * c.dp * c.pp);
+        Compare(run, reference);
+        CHECK(run.losses == plain.losses);
+        CHECK(run.weights == plain.weights);
+      }
+    }
+  }
+  // Per block, from a strategy file: selective everywhere but one full block.
+  const Run mixed = Parallel(
+      {.tp = 2, .bucket_bytes = 4096,
+       .op_strategy = StrategyFile(R"({"format": "tessera.op_strategy", "operators": {},
+           "recompute": {"h.*": "selective", "h.2": "full"}})")},
+      2);
+  Compare(mixed, reference);
+  // Without tp, recompute runs through the operators too.
+  Compare(Parallel({.dp = 2, .bucket_bytes = 4096, .recompute = "full"}, 2), reference);
+}
+
+TEST_CASE("memory accounting: recompute and sequence parallelism hold fewer activation bytes") {
+  kernels::SetComputeThreads(1);
+  auto activations = [](ParallelConfig config, int ranks) {
+    MemoryUse m;
+    config.bucket_bytes = 4096;
+    Parallel(config, ranks, &m);
+    CHECK(m.parameters > 0);
+    CHECK(m.gradients == m.parameters);
+    CHECK(m.optimizer == 2 * m.parameters);
+    return m.activations;
+  };
+  const int64_t none = activations({.tp = 2}, 2);
+  const int64_t selective = activations({.tp = 2, .recompute = "selective"}, 2);
+  const int64_t full = activations({.tp = 2, .recompute = "full"}, 2);
+  CHECK(full < selective);
+  CHECK(selective < none);
+  CHECK(activations({.tp = 4, .sequence_parallel = true}, 4) < activations({.tp = 4}, 4));
 }
 
 }  // namespace
