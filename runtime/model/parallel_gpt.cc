@@ -54,6 +54,11 @@ Status ParallelConfig::Validate(int world_size) const {
                                     std::to_string(have));
       }
     }
+    if (f.dataset_count > 0 && f.dataset_count != dp) {
+      return InvalidArgumentError(f.source + ": dataset_strategy cuts the batch " +
+                                  std::to_string(f.dataset_count) + " ways, but dp is " +
+                                  std::to_string(dp) + " (the batch is cut over dp only)");
+    }
   }
   return Status::Ok();
 }
@@ -459,15 +464,25 @@ Result<float> ParallelGpt::Step(const int32_t* tokens, const int32_t* targets, i
     return InvalidArgumentError("batch " + std::to_string(B) + " is not a multiple of dp " +
                                 std::to_string(dp));
   }
+  const int64_t first = static_cast<int64_t>(dp_rank_) * (B / dp) * T;
+  return StepRows(tokens + first, targets + first, B, T, adam, max_norm, norm);
+}
+
+Result<float> ParallelGpt::StepRows(const int32_t* tokens, const int32_t* targets, int B, int T,
+                                    const AdamWConfig& adam, float max_norm, float* norm) {
+  const int dp = parallel_.dp;
+  if (B % dp != 0) {
+    return InvalidArgumentError("batch " + std::to_string(B) + " is not a multiple of dp " +
+                                std::to_string(dp));
+  }
   const int local = B / dp;
   if (local % micro_batches_ != 0) {
     return InvalidArgumentError("the " + std::to_string(local) + " rows of a dp rank are not a " +
                                 "multiple of the " + std::to_string(micro_batches_) +
                                 " micro-batches");
   }
-  const int64_t first = static_cast<int64_t>(dp_rank_) * local * T;
   model_.ZeroGrad();
-  ASSIGN_OR_RETURN(double loss, RunPipeline(tokens + first, targets + first, local, T));
+  ASSIGN_OR_RETURN(double loss, RunPipeline(tokens, targets, local, T));
   loss /= micro_batches_;  // the mean over this rank's rows (last stage; 0 elsewhere)
   if (ops_) RETURN_IF_ERROR(ops_->ReduceParamGradients());
   RETURN_IF_ERROR(ReduceTiedEmbedding());

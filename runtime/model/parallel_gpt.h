@@ -126,6 +126,13 @@ class ParallelGpt {
   // not null) receives the gradient norm before clipping.
   Result<float> Step(const int32_t* tokens, const int32_t* targets, int B, int T,
                      const AdamWConfig& adam, float max_norm, float* norm);
+  // The same step from this replica's rows only (`tokens`, `targets`: its
+  // [B / dp, T], rows [dp_rank B/dp, (dp_rank+1) B/dp) of the global batch
+  // of B): for a dataset read per replica (dataset_strategy data_parallel).
+  Result<float> StepRows(const int32_t* tokens, const int32_t* targets, int B, int T,
+                         const AdamWConfig& adam, float max_norm, float* norm);
+  // This rank's replica (its dp coordinate): which rows of a batch it reads.
+  int dp_rank() const { return dp_rank_; }
 
   // Seconds this rank has spent in the collectives of Step (reductions,
   // the loss, the norm, ZeRO's gathers) and waiting for pipeline

@@ -163,6 +163,31 @@ Result<OpStrategyFile> OpStrategyFile::Parse(std::string_view text, const std::s
         }
         file.stage_layers.push_back(n.get<int>());
       }
+    } else if (key == "dataset_strategy") {
+      if (value.is_string()) {
+        file.dataset_strategy = value.get<std::string>();
+        if (file.dataset_strategy != "data_parallel" && file.dataset_strategy != "full_batch") {
+          return fail("dataset_strategy '" + file.dataset_strategy +
+                      "' is not data_parallel, full_batch or a layout like [[\"dp\", 1], [\"dp\", 1]]");
+        }
+        continue;
+      }
+      // The inputs' layouts: each [batch, sequence], the batch over dp only.
+      const std::string bad = "dataset_strategy " + value.dump() +
+                              ": only the batch cut over dp is supported ([[\"dp\", 1], "
+                              "[\"dp\", 1]]; the sequence whole), or full_batch";
+      if (!value.is_array() || value.empty()) return fail(bad);
+      for (const Json& input : value) {
+        DimAxes batch, seq;
+        int64_t bc = 1, sc = 1;
+        if (!input.is_array() || input.size() != 2 || !ParseDim(input[0], &batch, &bc).ok() ||
+            !ParseDim(input[1], &seq, &sc).ok() || !seq.empty() || sc != 1 ||
+            !(batch == DimAxes{"dp"} || (batch.empty() && bc >= 1))) {
+          return fail(bad);
+        }
+        if (batch.empty()) file.dataset_count = static_cast<int>(bc);
+      }
+      file.dataset_strategy = "data_parallel";
     } else if (key == "recompute") {
       if (!value.is_object()) return fail("\"recompute\" must map blocks (\"h.*\") to modes");
       for (const auto& [block, mode] : value.items()) {

@@ -11,6 +11,7 @@
 //     "micro_batches": 4,                           // optional (pp > 1)
 //     "stage_layers": [3, 1],                       // optional: layers per stage
 //     "recompute": {"h.*": "selective"},            // optional, per block
+//     "dataset_strategy": "data_parallel",          // optional, or "full_batch"
 //     "operators": {
 //       "h.*.attn.c_attn": [["dp", null], [null, "tp"]],
 //       "h.*.mlp.c_fc":    [[2, 1], [1, 4]],
@@ -83,6 +84,12 @@ struct OpStrategyFile {
   // "recompute": {"h.*": "selective", "h.0": "full"}: blocks (patterns as
   // for operators; an exact name wins) and none, full or selective.
   std::vector<std::pair<std::string, std::string>> recompute;
+  // MindSpore's dataset_strategy: "data_parallel" (each replica reads its
+  // rows of the batch), "full_batch" (every rank reads the whole batch, the
+  // strategy cuts it), or the layout of the inputs, [[dp, 1], [dp, 1]] (=
+  // data_parallel: the batch cut over dp, the sequence whole). Empty: unset.
+  std::string dataset_strategy;
+  int dataset_count = 0;  // a split count given for the batch (checked against dp)
   struct Entry {
     std::string pattern;
     // Per input, per dimension: axis names, or a split count to map.

@@ -69,6 +69,10 @@ class TokenLoader {
 
   // inputs, targets: [B, T].
   Status NextBatch(int32_t* inputs, int32_t* targets);
+  // Rows [first, first + rows) of the next batch only ([rows, T] each): a
+  // data-parallel replica reads its own rows. The position moves past the
+  // whole batch, as on every other rank.
+  Status NextBatchRows(int first, int rows, int32_t* inputs, int32_t* targets);
   const DataPosition& position() const { return position_; }
   Status Restore(const DataPosition& position);
   int64_t windows() const { return windows_; }

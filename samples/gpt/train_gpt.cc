@@ -157,6 +157,7 @@ struct Options {
   AdamWConfig adam;
   float max_norm = 1.0f;
   bool resume = false, quiet = false, async_save = false, print_ops = false;
+  std::string dataset_strategy = "data_parallel";  // or full_batch
   ParallelConfig parallel;
 };
 
@@ -298,10 +299,19 @@ Status Train(const Options& o, Communicator& world) {
     fault.At("step", model.step() + 1, world.rank());
     RETURN_IF_ERROR(heartbeat.Beat());
     const auto t0 = std::chrono::steady_clock::now();
-    RETURN_IF_ERROR(loader.NextBatch(inputs.data(), targets.data()));
     float norm = 0;
-    ASSIGN_OR_RETURN(float loss, trainer->Step(inputs.data(), targets.data(), o.batch, o.seq,
+    float loss = 0;
+    if (o.dataset_strategy == "full_batch") {  // every rank reads the batch; Step takes its rows
+      RETURN_IF_ERROR(loader.NextBatch(inputs.data(), targets.data()));
+      ASSIGN_OR_RETURN(loss, trainer->Step(inputs.data(), targets.data(), o.batch, o.seq, o.adam,
+                                           o.max_norm, &norm));
+    } else {  // data_parallel: each replica reads its own rows only
+      const int rows = o.batch / parallel.dp;
+      RETURN_IF_ERROR(loader.NextBatchRows(trainer->dp_rank() * rows, rows, inputs.data(),
+                                           targets.data()));
+      ASSIGN_OR_RETURN(loss, trainer->StepRows(inputs.data(), targets.data(), o.batch, o.seq,
                                                o.adam, o.max_norm, &norm));
+    }
     const double seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     loss_value = loss;
@@ -480,6 +490,10 @@ int main(int argc, char** argv) {
                  "zero, micro_batches and stage_layers apply unless given here)");
   app.add_flag("--sequence-parallel", o.parallel.sequence_parallel,
                "Megatron's sequence parallelism with --tp (layer norms and residuals cut by rows)");
+  app.add_option("--dataset-strategy", o.dataset_strategy,
+                 "data_parallel: each data-parallel replica reads only its rows of the batch; "
+                 "full_batch: every rank reads the whole batch and keeps its rows")
+      ->check(CLI::IsMember({"data_parallel", "full_batch"}));
   app.add_option("--recompute", o.parallel.recompute,
                  "activation recompute of every block: none, full (keep each block's input, "
                  "run it again in backward) or selective (the attention core only)")
@@ -580,6 +594,14 @@ int main(int argc, char** argv) {
       }
     }
     o.parallel.stage_layers = file->stage_layers;
+    if (!file->dataset_strategy.empty()) {
+      if (app.count("--dataset-strategy") > 0 && o.dataset_strategy != file->dataset_strategy) {
+        return Fail(InvalidArgumentError(op_strategy + " sets dataset_strategy " +
+                                         file->dataset_strategy + " but --dataset-strategy is " +
+                                         o.dataset_strategy));
+      }
+      o.dataset_strategy = file->dataset_strategy;
+    }
     o.parallel.op_strategy = std::make_shared<const OpStrategyFile>(std::move(*file));
   }
   if (Result<Redundancy> r = Redundancy::Parse(redundancy); r.ok()) {

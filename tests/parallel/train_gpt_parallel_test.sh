@@ -48,7 +48,10 @@ check "... and says its tensor parallelism" grep -q "tensor parallel: tp=2" "$WO
 STRATEGIES=$(cd "$(dirname "$0")/../../samples/gpt/strategies" && pwd)
 for setting in "--ranks 2 --tp 2 --sequence-parallel" \
   "--ranks 4 --tp 2 --pp 2 --zero 1 --sequence-parallel" \
-  "--ranks 4 --op-strategy $STRATEGIES/mlp_batch_split.json"; do
+  "--ranks 4 --op-strategy $STRATEGIES/mlp_batch_split.json" \
+  "--ranks 2 --tp 2 --sequence-parallel --recompute selective" \
+  "--ranks 4 --dp 2 --tp 2 --recompute full --dataset-strategy full_batch" \
+  "--ranks 2 --dataset-strategy full_batch"; do
   # shellcheck disable=SC2086
   "$BIN" "${SMALL[@]}" --steps 30 $setting >"$WORK/par.log" 2>&1
   check "$setting: the single-process losses" close "$WORK/par.log" "$WORK/one.log"
@@ -59,6 +62,20 @@ check "mpirun -np 4, megatron_sp.json on dp2 x tp2 with ZeRO-1: the single-proce
   close "$WORK/mpisp.log" "$WORK/one.log"
 check "... and says its strategy" grep -q "tensor parallel: tp=2 (operator strategy .*megatron_sp.json)" \
   "$WORK/mpisp.log"
+check "... and what each rank holds" \
+  grep -q "memory per rank (largest): parameters .* activations .* (peak of a step), .* peak RSS" \
+  "$WORK/mpisp.log"
+"${MPIRUN[@]}" -np 2 "$BIN" "${SMALL[@]}" --steps 30 --tp 2 --sequence-parallel --recompute full \
+  >"$WORK/mpirc.log" 2>&1
+check "mpirun -np 2, tp2 sequence parallel with full recompute: the single-process losses" \
+  close "$WORK/mpirc.log" "$WORK/one.log"
+printf '{"format": "tessera.op_strategy", "dataset_strategy": [[2, 1], [2, 1]], "operators": {}}' \
+  >"$WORK/data.json"
+"$BIN" "${SMALL[@]}" --steps 30 --ranks 4 --tp 2 --op-strategy "$WORK/data.json" >"$WORK/data.log" 2>&1
+check "a dataset_strategy [[2, 1], [2, 1]] file on dp2 x tp2: the single-process losses" \
+  close "$WORK/data.log" "$WORK/one.log"
+out=$("$BIN" "${SMALL[@]}" --steps 1 --op-strategy "$WORK/data.json" 2>&1)
+check "... refused where dp is not 2" grep -q "dataset_strategy cuts the batch 2 ways, but dp is 1" <<<"$out"
 "$BIN" "${SMALL[@]}" --steps 0 --ranks 4 --op-strategy "$STRATEGIES/mlp_batch_split.json" \
   --print-op-strategy >"$WORK/print.log" 2>&1
 check "the file's mesh and zero apply" grep -q "ranks: 4 (inprocess), dp=2 zero=1" "$WORK/print.log"

@@ -44,6 +44,29 @@ TEST_CASE("TokenLoader: shuffled windows, every window once per epoch, restorabl
   CHECK_FALSE(TokenLoader::Create(std::vector<int32_t>(15), 2, 10, 1).ok());
 }
 
+TEST_CASE("TokenLoader: a replica's rows of each batch, read alone, across epochs") {
+  std::vector<int32_t> tokens(101);
+  for (int i = 0; i < 101; ++i) tokens[i] = i;
+  auto whole = TokenLoader::Create(tokens, 4, 5, 3);  // 20 windows: 5 batches an epoch
+  REQUIRE(whole.ok());
+  std::vector<TokenLoader> replicas;
+  for (int r = 0; r < 2; ++r) replicas.push_back(*TokenLoader::Create(tokens, 4, 5, 3));
+  for (int step = 0; step < 12; ++step) {
+    std::vector<int32_t> in(20), target(20);
+    REQUIRE(whole->NextBatch(in.data(), target.data()).ok());
+    for (int r = 0; r < 2; ++r) {
+      std::vector<int32_t> rin(10), rtarget(10);
+      REQUIRE(replicas[r].NextBatchRows(2 * r, 2, rin.data(), rtarget.data()).ok());
+      CHECK(rin == std::vector<int32_t>(in.begin() + 10 * r, in.begin() + 10 * (r + 1)));
+      CHECK(rtarget == std::vector<int32_t>(target.begin() + 10 * r, target.begin() + 10 * (r + 1)));
+      CHECK(replicas[r].position().ToString() == whole->position().ToString());
+    }
+  }
+  std::vector<int32_t> x(20);
+  CHECK_THAT(replicas[0].NextBatchRows(3, 2, x.data(), x.data()).message(),
+             Catch::Contains("rows [3, 5) are not inside a batch of 4"));
+}
+
 TEST_CASE("token files: uint16 and uint32, read on demand, same batches as in memory") {
   std::unique_ptr<Env> env = NewMemEnv();
   for (int32_t top : {50256, 128255}) {  // GPT-2's and Llama 3's last token
