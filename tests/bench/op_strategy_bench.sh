@@ -34,3 +34,28 @@ row "tp2 + sequence parallel, -np 2" 2 --tp 2 --sequence-parallel
 row "dp2 x tp2 (Megatron), -np 4" 4 --dp 2 --tp 2
 row "dp2 x tp2 mlp_batch_split.json, -np 4" 4 --op-strategy "$STRATEGIES/mlp_batch_split.json"
 printf "%-52s %10s\n" "PyTorch DDP, gloo, 2 processes (peer)" "$ddp"
+
+# Memory per rank with sequence parallelism and recompute (the runtime's own
+# accounting: activations at the step's peak; and each process's peak RSS),
+# with the time each costs. Deterministic bytes; tokens/s median of ROUNDS.
+echo
+printf "%-40s %14s %12s %10s %9s\n" "per rank, mpirun" "activations" "peak RSS" "tokens/s" "vs none"
+for tp in 2 4; do
+  base=""
+  for sp in "" "--sequence-parallel"; do
+    for rc in none selective full; do
+      all="" act="" rss=""
+      for _ in $(seq "$ROUNDS"); do
+        out=$(env -u OPENBLAS_CORETYPE "$MPIRUN" --allow-run-as-root --oversubscribe -np "$tp" "$TRAIN" \
+          --data "$CORPUS" --steps $STEPS "${MODEL[@]}" --tp "$tp" $sp --recompute "$rc" 2>&1)
+        all+=" $(awk '/^done/ {print $6}' <<<"$out")"
+        act=$(sed -n 's/.*activations \([0-9.]*\) MiB.*/\1/p' <<<"$out")
+        rss=$(sed -n 's/.*peak RSS \([0-9.]*\) MiB.*/\1/p' <<<"$out")
+      done
+      m=$(median <<<"$all")
+      [ "$rc" = none ] && base=$m
+      printf "%-40s %10s MiB %8s MiB %10s %8.3fx\n" "tp$tp ${sp:+sp }recompute $rc" "$act" "$rss" "$m" \
+        "$(awk "BEGIN{print $m / $base}")"
+    done
+  done
+done
