@@ -271,27 +271,34 @@ const float* Gpt::StageOutput(int slot) const {
   return nl == 0 ? a.encoded.data() : a.residual3.data() + (nl - 1) * nc;
 }
 
-Result<float> Gpt::ForwardStage(int slot, const int32_t* tokens, const float* x,
-                                const int32_t* targets, int B, int T) {
-  if (slot < 0 || slot >= slots()) {
+Status CheckStageBatch(const GptConfig& config, const GptStage& stage, int slot, int slots,
+                       const int32_t* tokens, const int32_t* targets, int B, int T) {
+  if (slot < 0 || slot >= slots) {
     return InvalidArgumentError("GPT forward: slot " + std::to_string(slot) + " of " +
-                                std::to_string(slots()));
+                                std::to_string(slots));
   }
-  if (B < 1 || T < 1 || T > config_.context) {
+  if (B < 1 || T < 1 || T > config.context) {
     return InvalidArgumentError("GPT forward: batch " + std::to_string(B) + " x sequence " +
                                 std::to_string(T) + " (context is " +
-                                std::to_string(config_.context) + ")");
+                                std::to_string(config.context) + ")");
   }
   const int64_t N = static_cast<int64_t>(B) * T;
-  const bool check_tokens = stage_.first, check_targets = stage_.last && targets != nullptr;
+  const bool check_tokens = stage.first, check_targets = stage.last && targets != nullptr;
   for (int64_t i = 0; i < N; ++i) {
-    if ((check_tokens && (tokens[i] < 0 || tokens[i] >= config_.vocab)) ||
-        (check_targets && (targets[i] < 0 || targets[i] >= config_.vocab))) {
+    if ((check_tokens && (tokens[i] < 0 || tokens[i] >= config.vocab)) ||
+        (check_targets && (targets[i] < 0 || targets[i] >= config.vocab))) {
       return InvalidArgumentError("GPT forward: token at position " + std::to_string(i) +
                                   " is outside the vocabulary of " +
-                                  std::to_string(config_.vocab));
+                                  std::to_string(config.vocab));
     }
   }
+  return Status::Ok();
+}
+
+Result<float> Gpt::ForwardStage(int slot, const int32_t* tokens, const float* x,
+                                const int32_t* targets, int B, int T) {
+  RETURN_IF_ERROR(CheckStageBatch(config_, stage_, slot, slots(), tokens, targets, B, T));
+  const int64_t N = static_cast<int64_t>(B) * T;
   Activations& a = slots_[slot];
   if (a.B != B || a.T != T) Resize(a, B, T);
   if (stage_.first) a.tokens.assign(tokens, tokens + N);

@@ -86,6 +86,12 @@ struct ParamInfo {
   const std::vector<int64_t>& split_shape() const { return view.empty() ? full_shape : view; }
 };
 
+// The checks a stage's forward makes of its batch: a slot it has, B >= 1,
+// 1 <= T <= context, tokens (first stage) and targets (last stage, when
+// given) inside the vocabulary. Errors say the position at fault.
+Status CheckStageBatch(const GptConfig& config, const GptStage& stage, int slot, int slots,
+                       const int32_t* tokens, const int32_t* targets, int B, int T);
+
 class Gpt {
  public:
   static Result<Gpt> Create(const GptConfig& config, const GptStage& stage = {});

@@ -403,24 +403,9 @@ Status OpGpt::BlockForward(const Block& b, Act& x, int T, BlockActs* acts, Buf* 
 Result<float> OpGpt::ForwardStage(int slot, const int32_t* tokens, const float* x_in,
                                   const int32_t* targets, int B, int T) {
   if (model_ == nullptr) return FailedPreconditionError("GPT operators: Bind first");
-  if (slot < 0 || slot >= slots()) {
-    return InvalidArgumentError("GPT forward: slot " + std::to_string(slot) + " of " +
-                                std::to_string(slots()));
-  }
-  if (B < 1 || T < 1 || T > config_.context) {
-    return InvalidArgumentError("GPT forward: batch " + std::to_string(B) + " x sequence " +
-                                std::to_string(T) + " (context is " +
-                                std::to_string(config_.context) + ")");
-  }
+  RETURN_IF_ERROR(CheckStageBatch(config_, stage_, slot, slots(), tokens, targets, B, T));
   const int64_t N = static_cast<int64_t>(B) * T, C = config_.embed, V = config_.vocab;
   const bool check_targets = stage_.last && targets != nullptr;
-  for (int64_t i = 0; i < N; ++i) {
-    if ((stage_.first && (tokens[i] < 0 || tokens[i] >= V)) ||
-        (check_targets && (targets[i] < 0 || targets[i] >= V))) {
-      return InvalidArgumentError("GPT forward: token at position " + std::to_string(i) +
-                                  " is outside the vocabulary of " + std::to_string(V));
-    }
-  }
   Slot& a = slots_[slot];
   a.B = B;
   a.T = T;
@@ -475,6 +460,49 @@ Result<float> OpGpt::ForwardStage(int slot, const int32_t* tokens, const float* 
 
 const float* OpGpt::StageOutput(int slot) const { return slots_[slot].out.act.data; }
 
+void OpGpt::Keep(const Act& r, std::initializer_list<Buf*> from) {
+  for (Buf* b : from) {
+    if (!b->data.empty() && r.data == b->data.data() && b != &d_.dres) std::swap(b->data, d_.dres.data);
+  }
+  dres_ = r;
+  dres_.data = d_.dres.data.data();
+  d_.dres.act = dres_;
+}
+
+Result<Act> OpGpt::LinearInput(const Edge& e, const Buf& kept, const Buf& source) {
+  if (!Regather(e)) return kept.act;
+  Act from = source.act;
+  return Conv(from, e, &gather_);
+}
+
+Status OpGpt::LayerNormBackward(const LayerNormOp& ln, const Act& in, const std::vector<float>& mean,
+                                const std::vector<float>& rstd, int64_t w, int64_t bias,
+                                const Act& dy, const Edge& ln_edge, const Edge& add_edge) {
+  // The layer norm and the add take the residual stream as it is: the input
+  // gradient accumulates straight into dres_ (llm.c's fusion: no
+  // conversion, no second pass).
+  if (ln_edge.to == add_edge.to && ln_edge.from == ln_edge.to) {
+    ln.Backward(ctx_, in, P(w), mean.data(), rstd.data(), dy, &dres_, G(w), G(bias),
+                /*accumulate=*/true);
+    return Status::Ok();
+  }
+  Act dln = New(&d_.d_ln_in, in.rows, in.cols, ln.info().inputs[0]);
+  ln.Backward(ctx_, in, P(w), mean.data(), rstd.data(), dy, &dln, G(w), G(bias));
+  if (ln_edge.to == add_edge.to) {  // one conversion served both consumers
+    kernels::ResidualForward(dln.data, dln.data, dres_.data, ctx_.LocalSize(dln));
+    ASSIGN_OR_RETURN(Act r, ConvGrad(dln, ln_edge, &d_.dres2));
+    Keep(r, {&d_.dres2, &d_.d_ln_in});
+    return Status::Ok();
+  }
+  // Each consumer's gradient back to the stream's placement, then summed.
+  ASSIGN_OR_RETURN(Act from_add, ConvGrad(dres_, add_edge, &d_.tmp));
+  ASSIGN_OR_RETURN(Act from_ln, ConvGrad(dln, ln_edge, &d_.d_add));
+  Act sum = New(&d_.dres2, from_ln.rows, from_ln.cols, from_ln.place);
+  kernels::ResidualForward(sum.data, from_ln.data, from_add.data, ctx_.LocalSize(sum));
+  Keep(sum, {&d_.dres2});
+  return Status::Ok();
+}
+
 Status OpGpt::BackwardStage(int slot, const float* dy, float dloss) {
   if (slot < 0 || slot >= slots()) {
     return InvalidArgumentError("GPT backward: slot " + std::to_string(slot) + " of " +
@@ -488,29 +516,13 @@ Status OpGpt::BackwardStage(int slot, const float* dy, float dloss) {
   const int T = a.T;
   const int64_t N = static_cast<int64_t>(a.B) * T, C = config_.embed, V = config_.vocab;
   const int64_t wte_n = model_->FindParam("wte") ? model_->FindParam("wte")->numel : 0;
-  // dres: the gradient of the residual stream, always held in d_.dres.
-  Act dres;
-  // Moves a result into d_.dres without copying: swaps buffers with the
-  // one the result lies in.
-  auto keep = [&](const Act& r, std::initializer_list<Buf*> from) {
-    for (Buf* b : from) {
-      if (!b->data.empty() && r.data == b->data.data() && b != &d_.dres) std::swap(b->data, d_.dres.data);
-    }
-    dres = r;
-    dres.data = d_.dres.data.data();
-    d_.dres.act = dres;
-  };
   if (stage_.last) {
     Act ce_in = a.ce_in.act;
     loss_.Backward(ctx_, ce_in, a.probs.data(), a.targets.data(), dloss, a.probs.data());
     Act dl{a.probs.data(), N, V, ce_e_.to};
     ASSIGN_OR_RETURN(Act dlog, ConvGrad(dl, ce_e_, &d_.dlogits));
     Act dh_in = New(&d_.dlnf, N, C, lm_head_.InputGradient());
-    Act lm_in = a.lm_in.act;
-    if (Regather(lm_e_)) {
-      Act hf = a.hf.act;
-      ASSIGN_OR_RETURN(lm_in, Conv(hf, lm_e_, &gather_));
-    }
+    ASSIGN_OR_RETURN(Act lm_in, LinearInput(lm_e_, a.lm_in, a.hf));
     lm_head_.Backward(ctx_, lm_in, P(wte_), dlog, &dh_in,
                       ParamGrad(wte_, wte_n, wte_tp_sum_, lm_head_.info().rows_over_tp));
     ASSIGN_OR_RETURN(Act dh, ConvGrad(dh_in, lm_e_, &d_.dh));
@@ -518,36 +530,13 @@ Status OpGpt::BackwardStage(int slot, const float* dy, float dloss) {
     lnf_.Backward(ctx_, a.lnf_in.act, P(lnfw_), a.lnf_mean.data(), a.lnf_rstd.data(), dh, &dx,
                   G(lnfw_), G(lnfb_));
     ASSIGN_OR_RETURN(Act r, ConvGrad(dx, lnf_e_, &d_.dres2));
-    keep(r, {&d_.dres2, &d_.dx_lnf});
+    Keep(r, {&d_.dres2, &d_.dx_lnf});
   } else {
     Act in = New(&d_.tmp, N, C, Placement{-1});
     std::copy(dy, dy + N * C, in.data);
     ASSIGN_OR_RETURN(Act r, ConvGrad(in, out_e_, &d_.dres2));
-    keep(r, {&d_.dres2, &d_.tmp});
+    Keep(r, {&d_.dres2, &d_.tmp});
   }
-  // Adds the gradients a residual stream gets from its two consumers (the
-  // layer norm's, in `ln_in` placement, and the add's, `dres`) into its own
-  // placement; `share`: both consumers took one conversion.
-  auto merge = [&](Act& dln, const Edge& ln_edge, const Edge& add_edge) -> Status {
-    if (ln_edge.to == add_edge.to) {
-      kernels::ResidualForward(dln.data, dln.data, dres.data, ctx_.LocalSize(dln));
-      ASSIGN_OR_RETURN(Act r, ConvGrad(dln, ln_edge, &d_.dres2));
-      keep(r, {&d_.dres2, &d_.d_ln_in});
-      return Status::Ok();
-    }
-    ASSIGN_OR_RETURN(Act from_add, ConvGrad(dres, add_edge, &d_.tmp));
-    ASSIGN_OR_RETURN(Act from_ln, ConvGrad(dln, ln_edge, &d_.d_add));
-    Act sum = New(&d_.dres2, from_ln.rows, from_ln.cols, from_ln.place);
-    kernels::ResidualForward(sum.data, from_ln.data, from_add.data, ctx_.LocalSize(sum));
-    keep(sum, {&d_.dres2});
-    return Status::Ok();
-  };
-  // When the layer norm and the add take the residual stream as it is, the
-  // layer norm's input gradient accumulates straight into dres (llm.c's
-  // fusion: no conversion, no second pass).
-  auto fused = [](const Edge& ln_edge, const Edge& add_edge) {
-    return ln_edge.to == add_edge.to && ln_edge.from == ln_edge.to;
-  };
   for (size_t l = blocks_.size(); l-- > 0;) {
     const OpGpt::Block& b = blocks_[l];
     BlockActs* acts = &a.blocks[l];
@@ -569,7 +558,7 @@ Status OpGpt::BackwardStage(int slot, const float* dy, float dloss) {
     }
     BlockActs& s = *acts;
     // add_2: both inputs' gradient is dres.
-    Act dm_in = dres;
+    Act dm_in = dres_;
     ASSIGN_OR_RETURN(Act dm, ConvGrad(dm_in, b.e[11], &d_.dm));
     Act dg_in = New(&d_.dg_in, N, 4 * C, b.fcproj.InputGradient());
     b.fcproj.Backward(ctx_, s.fcproj_in.act, P(b.fcprojw), dm, &dg_in, G(b.fcprojw), G(b.fcprojb));
@@ -578,24 +567,13 @@ Status OpGpt::BackwardStage(int slot, const float* dy, float dloss) {
     b.gelu.Backward(ctx_, s.gelu_in.act, dg, &df_in);
     ASSIGN_OR_RETURN(Act df, ConvGrad(df_in, b.e[8], &d_.df));
     Act dh_in = New(&d_.dh_in, N, C, b.fc.InputGradient());
-    Act fc_in = s.fc_in.act;
-    if (Regather(b.e[7])) {
-      Act h2 = s.h2.act;
-      ASSIGN_OR_RETURN(fc_in, Conv(h2, b.e[7], &gather_));
-    }
+    ASSIGN_OR_RETURN(Act fc_in, LinearInput(b.e[7], s.fc_in, s.h2));
     b.fc.Backward(ctx_, fc_in, P(b.fcw), df, &dh_in, G(b.fcw), G(b.fcb));
     ASSIGN_OR_RETURN(Act dh, ConvGrad(dh_in, b.e[7], &d_.dh));
-    if (fused(b.e[6], b.e[10])) {
-      b.ln2.Backward(ctx_, s.ln2_in.act, P(b.ln2w), s.ln2_mean.data(), s.ln2_rstd.data(), dh,
-                     &dres, G(b.ln2w), G(b.ln2b), /*accumulate=*/true);
-    } else {
-      Act dln2 = New(&d_.d_ln_in, N, C, b.ln2.info().inputs[0]);
-      b.ln2.Backward(ctx_, s.ln2_in.act, P(b.ln2w), s.ln2_mean.data(), s.ln2_rstd.data(), dh,
-                     &dln2, G(b.ln2w), G(b.ln2b));
-      RETURN_IF_ERROR(merge(dln2, b.e[6], b.e[10]));
-    }
+    RETURN_IF_ERROR(LayerNormBackward(b.ln2, s.ln2_in.act, s.ln2_mean, s.ln2_rstd, b.ln2w, b.ln2b,
+                                      dh, b.e[6], b.e[10]));
     // add_1, then the attention half.
-    Act da_in = dres;
+    Act da_in = dres_;
     ASSIGN_OR_RETURN(Act da, ConvGrad(da_in, b.e[5], &d_.dm));
     Act dy_in = New(&d_.dy, N, C, b.proj.InputGradient());
     b.proj.Backward(ctx_, s.proj_in.act, P(b.projw), da, &dy_in, G(b.projw), G(b.projb));
@@ -604,29 +582,18 @@ Status OpGpt::BackwardStage(int slot, const float* dy, float dloss) {
     b.attn.Backward(ctx_, s.attn_in.act, att, T, dyv, &dqkv_in);
     ASSIGN_OR_RETURN(Act dqkv, ConvGrad(dqkv_in, b.e[2], &d_.dqkv));
     Act dh1_in = New(&d_.dh_in, N, C, b.qkv.InputGradient());
-    Act qkv_in = s.qkv_in.act;
-    if (Regather(b.e[1])) {
-      Act h1 = s.h1.act;
-      ASSIGN_OR_RETURN(qkv_in, Conv(h1, b.e[1], &gather_));
-    }
+    ASSIGN_OR_RETURN(Act qkv_in, LinearInput(b.e[1], s.qkv_in, s.h1));
     b.qkv.Backward(ctx_, qkv_in, P(b.qkvw), dqkv, &dh1_in, G(b.qkvw), G(b.qkvb));
     ASSIGN_OR_RETURN(Act dh1, ConvGrad(dh1_in, b.e[1], &d_.dh));
-    if (fused(b.e[0], b.e[4])) {
-      b.ln1.Backward(ctx_, s.ln1_in.act, P(b.ln1w), s.ln1_mean.data(), s.ln1_rstd.data(), dh1,
-                     &dres, G(b.ln1w), G(b.ln1b), /*accumulate=*/true);
-    } else {
-      Act dln1 = New(&d_.d_ln_in, N, C, b.ln1.info().inputs[0]);
-      b.ln1.Backward(ctx_, s.ln1_in.act, P(b.ln1w), s.ln1_mean.data(), s.ln1_rstd.data(), dh1,
-                     &dln1, G(b.ln1w), G(b.ln1b));
-      RETURN_IF_ERROR(merge(dln1, b.e[0], b.e[4]));
-    }
+    RETURN_IF_ERROR(LayerNormBackward(b.ln1, s.ln1_in.act, s.ln1_mean, s.ln1_rstd, b.ln1w, b.ln1b,
+                                      dh1, b.e[0], b.e[4]));
   }
   if (stage_.first) {
-    embedding_.Backward(ctx_, a.tokens.data(), T, dres,
+    embedding_.Backward(ctx_, a.tokens.data(), T, dres_,
                         ParamGrad(wte_, wte_n, wte_tp_sum_, embedding_.info().rows_over_tp),
                         G(wpe_));
   } else {
-    input_grad_.assign(dres.data, dres.data + N * C);  // placed whole: the stage input's
+    input_grad_.assign(dres_.data, dres_.data + N * C);  // placed whole: the stage input's
   }
   return Status::Ok();
 }

@@ -24,6 +24,7 @@
 #ifndef TESSERA_RUNTIME_MODEL_OP_GPT_H_
 #define TESSERA_RUNTIME_MODEL_OP_GPT_H_
 
+#include <initializer_list>
 #include <map>
 #include <memory>
 #include <string>
@@ -146,6 +147,17 @@ class OpGpt {
   // One block's forward on `x` into `acts`, the attention weights and output
   // into `att` and `y` (the block's own, or scratch when recomputed).
   Status BlockForward(const Block& b, Act& x, int T, BlockActs* acts, Buf* att, Buf* y);
+  // Backward's pieces. Keep: a result becomes dres_ (the residual stream's
+  // gradient, always held in d_.dres: the buffer it lies in is swapped in).
+  void Keep(const Act& r, std::initializer_list<Buf*> from);
+  // A linear's input for its backward: as kept, or gathered again from the
+  // shard it came from (Regather).
+  Result<Act> LinearInput(const Edge& e, const Buf& kept, const Buf& source);
+  // A block's layer norm backward, its input gradient added to dres_ (the
+  // add's gradient of the same stream) in the stream's placement.
+  Status LayerNormBackward(const LayerNormOp& ln, const Act& in, const std::vector<float>& mean,
+                           const std::vector<float>& rstd, int64_t w, int64_t bias, const Act& dy,
+                           const Edge& ln_edge, const Edge& add_edge);
   // Whether an edge gathers rows (its result is rebuilt in backward).
   static bool Regather(const Edge& e);
   Result<Act> Conv(Act& a, const Edge& e, Buf* buf);
@@ -190,6 +202,7 @@ class OpGpt {
     Buf dres, dres2, tmp, d_ln_in, d_add, dm, dg_in, dg, df_in, df, dh_in, dh, dy, dqkv_in, dqkv,
         dattn_y, dlogits, dlnf, dx_lnf;
   } d_;
+  Act dres_;
   std::vector<float> input_grad_;
 };
 

@@ -234,6 +234,31 @@ Result<bool> RowsOverTp(const DimAxes& rows, int dp, const std::string& op, cons
                               "then tp; not " + OpStrategy{{{rows}}}.ToString());
 }
 
+namespace {
+
+// A product's cuts over tp: x's rows, the contracted dimension (cut alike
+// in x and in the weight, `w_dim`), the output columns (`n`, in `groups`).
+// At most one of them; a contracted cut leaves the output partial.
+Status MatMulCuts(bool rows, bool kx, bool kw, bool n, int groups, const std::string& w_dim,
+                  const std::string& n_name, OpInfo* info) {
+  const std::string& name = info->name;
+  if (kx != kw) {
+    return InvalidArgumentError("operator '" + name + "': the contracted dimension is cut " +
+                                (kx ? "over tp" : "nowhere") + " in " + Input(0, "x", 1) +
+                                " but " + (kw ? "over tp" : "nowhere") + " in " + w_dim +
+                                "; it must be cut alike in both");
+  }
+  RETURN_IF_ERROR(TpOnce(rows + kx + n, name, "more than one of x's rows, the contracted "
+                                              "dimension and " + n_name));
+  info->rows_over_tp = rows;
+  info->inputs = {Placement{rows ? 0 : kx ? 1 : -1}};
+  info->output = rows ? Placement{0} : n ? Placement{1, groups} : Placement{-1};
+  info->output.partial = kx;
+  return Status::Ok();
+}
+
+}  // namespace
+
 // ---- Linear ----
 
 Result<LinearOp> LinearOp::Create(std::string name, const OpStrategy& s, int64_t K, int64_t M,
@@ -248,18 +273,8 @@ Result<LinearOp> LinearOp::Create(std::string name, const OpStrategy& s, int64_t
   ASSIGN_OR_RETURN(const bool kx, DimOverTp(s.inputs[0][1], name, Input(0, "x", 1)));
   ASSIGN_OR_RETURN(const bool kw, DimOverTp(s.inputs[1][0], name, Input(1, "weight", 0)));
   ASSIGN_OR_RETURN(const bool m, DimOverTp(s.inputs[1][1], name, Input(1, "weight", 1)));
-  if (kx != kw) {
-    return InvalidArgumentError("operator '" + name + "': the contracted dimension is cut " +
-                                (kx ? "over tp" : "nowhere") + " in " + Input(0, "x", 1) +
-                                " but " + (kw ? "over tp" : "nowhere") + " in " +
-                                Input(1, "weight", 0) + "; it must be cut alike in both");
-  }
-  RETURN_IF_ERROR(TpOnce(rows + kx + m, name, "more than one of x's rows, the contracted "
-                                              "dimension and the weight's columns"));
-  op.info_.rows_over_tp = rows;
-  op.info_.inputs = {Placement{rows ? 0 : kx ? 1 : -1}};
-  op.info_.output = rows ? Placement{0} : m ? Placement{1, groups} : Placement{-1};
-  op.info_.output.partial = kx;
+  RETURN_IF_ERROR(MatMulCuts(rows, kx, kw, m, groups, Input(1, "weight", 0),
+                             "the weight's columns", &op.info_));
   op.weight_split_ = kx ? 0 : m ? 1 : -1;
   return op;
 }
@@ -492,18 +507,7 @@ Result<LmHeadOp> LmHeadOp::Create(std::string name, const OpStrategy& s, int64_t
   ASSIGN_OR_RETURN(const bool kx, DimOverTp(s.inputs[0][1], name, Input(0, "x", 1)));
   ASSIGN_OR_RETURN(const bool v, DimOverTp(s.inputs[1][0], name, Input(1, "wte", 0) + " (vocabulary)"));
   ASSIGN_OR_RETURN(const bool kw, DimOverTp(s.inputs[1][1], name, Input(1, "wte", 1)));
-  if (kx != kw) {
-    return InvalidArgumentError("operator '" + name + "': the contracted dimension is cut " +
-                                (kx ? "over tp" : "nowhere") + " in " + Input(0, "x", 1) +
-                                " but " + (kw ? "over tp" : "nowhere") + " in " +
-                                Input(1, "wte", 1) + "; it must be cut alike in both");
-  }
-  RETURN_IF_ERROR(TpOnce(rows + kx + v, name, "more than one of x's rows, the contracted "
-                                              "dimension and the vocabulary"));
-  op.info_.rows_over_tp = rows;
-  op.info_.inputs = {Placement{rows ? 0 : kx ? 1 : -1}};
-  op.info_.output = rows ? Placement{0} : v ? Placement{1} : Placement{-1};
-  op.info_.output.partial = kx;
+  RETURN_IF_ERROR(MatMulCuts(rows, kx, kw, v, 1, Input(1, "wte", 1), "the vocabulary", &op.info_));
   op.weight_split_ = v ? 0 : kx ? 1 : -1;
   return op;
 }
