@@ -342,6 +342,21 @@ float* OpGpt::ParamGrad(int64_t offset, int64_t n, bool tp_sum, bool rows_over_t
   return scratch_grad_.data();
 }
 
+Result<Act> OpGpt::Residual(const AddOp& add, Act& x, const Act& ln_in, const Edge& ln_e,
+                            const Edge& a_e, Act& branch, const Edge& b_e, Buf* a_buf, Buf* out) {
+  // The residual stream feeds the layer norm and the add: one conversion
+  // when both want the same placement.
+  if (a_e.to == ln_e.to) {
+    a_buf->act = ln_in;
+  } else {
+    RETURN_IF_ERROR(Conv(x, a_e, a_buf).status());
+  }
+  ASSIGN_OR_RETURN(Act b, Conv(branch, b_e, &conv_tmp_));
+  Act y = New(out, x.rows, x.cols, add.info().output);
+  add.Forward(ctx_, a_buf->act, b, &y);
+  return y;
+}
+
 Status OpGpt::BlockForward(const Block& b, Act& x, int T, BlockActs* acts, Buf* att, Buf* y_buf) {
   const int64_t N = x.rows, C = config_.embed;
   BlockActs& s = *acts;
@@ -364,16 +379,7 @@ Status OpGpt::BlockForward(const Block& b, Act& x, int T, BlockActs* acts, Buf* 
   // adds: transient buffers, shared by every block.
   Act av = New(&out_tmp_, N, C, b.proj.info().output);
   b.proj.Forward(ctx_, proj_in, P(b.projw), P(b.projb), &av);
-  // The residual stream feeds the layer norm and the add: one conversion
-  // when both want the same placement.
-  if (b.e[4].to == b.e[0].to) {
-    s.add1_a.act = ln_in;
-  } else {
-    RETURN_IF_ERROR(Conv(x, b.e[4], &s.add1_a).status());
-  }
-  ASSIGN_OR_RETURN(Act add_b, Conv(av, b.e[5], &conv_tmp_));
-  Act x1 = New(&s.x1, N, C, b.add1.info().output);
-  b.add1.Forward(ctx_, s.add1_a.act, add_b, &x1);
+  ASSIGN_OR_RETURN(Act x1, Residual(b.add1, x, ln_in, b.e[0], b.e[4], av, b.e[5], &s.add1_a, &s.x1));
 
   ASSIGN_OR_RETURN(Act ln2_in, Conv(x1, b.e[6], &s.ln2_in));
   Act h2 = New(&s.h2, N, C, b.ln2.info().output);
@@ -389,15 +395,7 @@ Status OpGpt::BlockForward(const Block& b, Act& x, int T, BlockActs* acts, Buf* 
   ASSIGN_OR_RETURN(Act fcproj_in, Conv(g, b.e[9], &s.fcproj_in));
   Act m = New(&out_tmp_, N, C, b.fcproj.info().output);
   b.fcproj.Forward(ctx_, fcproj_in, P(b.fcprojw), P(b.fcprojb), &m);
-  if (b.e[10].to == b.e[6].to) {
-    s.add2_a.act = ln2_in;
-  } else {
-    RETURN_IF_ERROR(Conv(x1, b.e[10], &s.add2_a).status());
-  }
-  ASSIGN_OR_RETURN(Act add2_b, Conv(m, b.e[11], &conv_tmp_));
-  Act x2 = New(&s.x2, N, C, b.add2.info().output);
-  b.add2.Forward(ctx_, s.add2_a.act, add2_b, &x2);
-  return Status::Ok();
+  return Residual(b.add2, x1, ln2_in, b.e[6], b.e[10], m, b.e[11], &s.add2_a, &s.x2).status();
 }
 
 Result<float> OpGpt::ForwardStage(int slot, const int32_t* tokens, const float* x_in,

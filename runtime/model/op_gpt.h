@@ -147,6 +147,11 @@ class OpGpt {
   // One block's forward on `x` into `acts`, the attention weights and output
   // into `att` and `y` (the block's own, or scratch when recomputed).
   Status BlockForward(const Block& b, Act& x, int T, BlockActs* acts, Buf* att, Buf* y);
+  // x + branch through `add` into `out`: x converted by edge a_e (or taken
+  // as the layer norm took it, `ln_in`, when ln_e wants the same), the
+  // branch by b_e into a transient buffer.
+  Result<Act> Residual(const AddOp& add, Act& x, const Act& ln_in, const Edge& ln_e,
+                       const Edge& a_e, Act& branch, const Edge& b_e, Buf* a_buf, Buf* out);
   // Backward's pieces. Keep: a result becomes dres_ (the residual stream's
   // gradient, always held in d_.dres: the buffer it lies in is swapped in).
   void Keep(const Act& r, std::initializer_list<Buf*> from);

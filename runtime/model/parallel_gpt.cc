@@ -1,28 +1,12 @@
 #include "runtime/model/parallel_gpt.h"
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 
+#include "core/timer.h"
 #include "runtime/train/optim.h"
 
 namespace tessera {
-namespace {
-
-// Adds the seconds of its lifetime to a counter.
-class Timed {
- public:
-  explicit Timed(double* total) : total_(total), start_(std::chrono::steady_clock::now()) {}
-  ~Timed() {
-    *total_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
-  }
-
- private:
-  double* total_;
-  std::chrono::steady_clock::time_point start_;
-};
-
-}  // namespace
 
 Result<Mesh> ParallelConfig::MakeMesh() const {
   return Mesh::Create({"pp", "dp", "tp"}, {pp, dp, tp});
@@ -295,7 +279,7 @@ void ParallelGpt::Init(uint64_t seed) {
 }
 
 Status ParallelGpt::ReduceGradients() {
-  Timed timed(&comm_seconds_);
+  AddElapsed timed(&comm_seconds_);
   float* grads = model_.grads().data();
   const int dp = parallel_.dp;
   for (const Bucket& b : buckets_) {
@@ -335,7 +319,7 @@ Result<double> ParallelGpt::ShardedSquaredNorm() {
     if (s.param->tp_dim < 0 && !lead) continue;  // counted on tp rank 0
     sum += SquaredNorm(model_.grads().data() + s.param->offset + s.begin, s.counts[dp_rank_]);
   }
-  Timed timed(&comm_seconds_);
+  AddElapsed timed(&comm_seconds_);
   RETURN_IF_ERROR(dp_->AllReduce(&sum, &sum, 1, DType::kF64, ReduceOp::kSum));
   return sum;
 }
@@ -352,7 +336,7 @@ Status ParallelGpt::ShardedUpdate(const AdamWConfig& adam, float clip) {
                 shard_v_.data() + s.offset, n, model_.step(), adam, s.param->decay);
   }
   // Everyone's new rows to everyone, bucket by bucket.
-  Timed timed(&comm_seconds_);
+  AddElapsed timed(&comm_seconds_);
   const int dp = parallel_.dp;
   for (const Bucket& b : buckets_) {
     float* out = send_.data();
@@ -396,11 +380,11 @@ Result<double> ParallelGpt::RunPipeline(const int32_t* tokens, const int32_t* ta
     const int slot = i % slots;
     const int64_t at = static_cast<int64_t>(i) * mb * T;
     if (s > 0) {
-      Timed timed(&comm_seconds_);
+      AddElapsed timed(&comm_seconds_);
       RETURN_IF_ERROR(pp_->Recv(recv_x_.data(), n, DType::kF32, prev, 2 * i));
     }
     if (slot_send[slot].pending()) {  // the slot's last output has left
-      Timed timed(&comm_seconds_);
+      AddElapsed timed(&comm_seconds_);
       RETURN_IF_ERROR(slot_send[slot].Wait());
     }
     ASSIGN_OR_RETURN(float l,
@@ -416,7 +400,7 @@ Result<double> ParallelGpt::RunPipeline(const int32_t* tokens, const int32_t* ta
   };
   auto backward = [&](int j) -> Status {
     if (s < P - 1) {
-      Timed timed(&comm_seconds_);
+      AddElapsed timed(&comm_seconds_);
       RETURN_IF_ERROR(pp_->Recv(recv_dy_.data(), n, DType::kF32, next, 2 * j + 1));
     }
     if (ops_) {
@@ -439,7 +423,7 @@ Result<double> ParallelGpt::RunPipeline(const int32_t* tokens, const int32_t* ta
     if (status.ok()) status = backward(j);
   }
   for (int j = M - warmup; j < M && status.ok(); ++j) status = backward(j);
-  Timed timed(&comm_seconds_);
+  AddElapsed timed(&comm_seconds_);
   const Status sends = WaitAll(slot_send);
   const Status dxs = WaitAll(dx_send);
   RETURN_IF_ERROR(status);
@@ -452,7 +436,7 @@ Status ParallelGpt::ReduceTiedEmbedding() {
   if (tied_ == nullptr) return Status::Ok();
   const ParamInfo* wte = model_.FindParam("wte");
   if (wte == nullptr) return InternalError("a first or last pipeline stage without wte");
-  Timed timed(&comm_seconds_);
+  AddElapsed timed(&comm_seconds_);
   float* g = model_.grads().data() + wte->offset;
   return tied_->AllReduce(g, g, wte->numel, DType::kF32, ReduceOp::kSum);
 }
@@ -494,7 +478,7 @@ Result<float> ParallelGpt::StepRows(const int32_t* tokens, const int32_t* target
     squared = model_.GradSquaredNorm();  // the same on every dp replica
   }
   {
-    Timed timed(&comm_seconds_);
+    AddElapsed timed(&comm_seconds_);
     RETURN_IF_ERROR(dp_->AllReduce(&loss, &loss, 1, DType::kF64, ReduceOp::kAvg));
     if (parallel_.pp > 1 || parallel_.tp > 1) {
       // Only the last stage has a loss, the same on every tp rank; each

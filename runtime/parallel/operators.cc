@@ -1,9 +1,9 @@
 #include "runtime/parallel/operators.h"
 
 #include <algorithm>
-#include <chrono>
 #include <cstring>
 
+#include "core/timer.h"
 #include "runtime/kernels.h"
 #include "runtime/parallel/dtensor.h"
 
@@ -43,17 +43,6 @@ Status TpOnce(int uses, const std::string& op, const std::string& what) {
                               "; the output would be cut twice over one axis");
 }
 
-class Timer {
- public:
-  explicit Timer(double* total) : total_(total), start_(std::chrono::steady_clock::now()) {}
-  ~Timer() {
-    *total_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
-  }
-
- private:
-  double* total_;
-  std::chrono::steady_clock::time_point start_;
-};
 
 enum class Step { kAllReduce, kReduceScatter, kAllGather, kSlice, kRedistribute };
 
@@ -123,7 +112,7 @@ int64_t OpContext::FirstRow(const Act& a) const {
 
 Status OpContext::AllReduce(void* data, int64_t n, DType dtype, ReduceOp op) {
   if (tp_size_ == 1) return Status::Ok();
-  Timer t(&comm_seconds_);
+  AddElapsed t(&comm_seconds_);
   comm_bytes_ += n * static_cast<int64_t>(DTypeSize(dtype));
   return comm_->AllReduce(data, data, n, dtype, op);
 }
@@ -154,7 +143,7 @@ Result<Act> OpContext::Convert(Act& a, const Placement& to, std::vector<float>* 
   }
   Act out{nullptr, a.rows, a.cols, to};
   for (Step s : Decide(a.place, to, a.rows, tp_size_)) {
-    Timer timer(&comm_seconds_);
+    AddElapsed timer(&comm_seconds_);
     switch (s) {
       case Step::kAllReduce: {
         const int64_t n = LocalSize(a);
