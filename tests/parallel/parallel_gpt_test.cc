@@ -385,6 +385,11 @@ TEST_CASE("hand-written operator strategies reproduce the single-process run") {
       "loss": [["dp", "tp"], ["dp"]]}})";
   // No operator named: everything data parallel over dp x tp.
   const char* data_parallel = R"({"format": "tessera.op_strategy", "operators": {}})";
+  // The embedding's rows cut over tp (data parallel) but the output
+  // projection's not: wte's gradient is partial from one and whole from
+  // the other, and must be summed once.
+  const char* wte_mixed = R"({"format": "tessera.op_strategy",
+    "operators": {"lm_head": [["dp", null], [null, null]], "loss": [["dp", null], ["dp"]]}})";
   struct Config {
     const char* name;
     const char* json;
@@ -395,7 +400,9 @@ TEST_CASE("hand-written operator strategies reproduce the single-process run") {
                          Config{"other orientation", other_orientation, 2, 1, 1, 0},
                          Config{"other orientation", other_orientation, 2, 1, 2, 1},
                          Config{"data parallel", data_parallel, 2, 1, 1, 0},
-                         Config{"data parallel", data_parallel, 2, 2, 2, 0}}) {
+                         Config{"data parallel", data_parallel, 2, 2, 2, 0},
+                         Config{"wte rows mixed", wte_mixed, 2, 1, 1, 0},
+                         Config{"wte rows mixed", wte_mixed, 2, 1, 2, 0}}) {
     DYNAMIC_SECTION(c.name << " tp" << c.tp << " dp" << c.dp << " pp" << c.pp << " zero"
                            << c.zero) {
       Compare(Parallel({.dp = c.dp, .tp = c.tp, .pp = c.pp, .zero = c.zero, .bucket_bytes = 4096,
