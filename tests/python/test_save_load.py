@@ -35,8 +35,11 @@ def test_bad_calls_raise_on_every_rank(tmp_path):
 def test_replicas_once_redundancy_and_gil(tmp_path, ckpt_bin):
     res = launch("replicas", 2, tmp_path)
     assert all(r["ok"] for r in res)
-    # Another thread ran while load_shards read (the GIL was released).
-    assert all(r["ticks_during_load"] > 100 for r in res), res
+    # Another thread ran while load_shards read (the GIL was released): a
+    # thread that yields the GIL at every tick gets at most one tick between
+    # two calls that hold it; here it gets about 20 per call (this VM, 2
+    # processes on 2 cores), so more than 3 per call is the test.
+    assert all(r["ticks_during_load"] > 3 * r["loads"] for r in res), res
     ck = tmp_path / "rep"
     r = tessera.open(ck)
     assert r.step == 5
