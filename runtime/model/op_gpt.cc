@@ -256,6 +256,8 @@ Status OpGpt::Bind(Gpt* model, Communicator* tp) {
     if (lm_head_.info().rows_over_tp && ctx_.tp() > 1) wte_tp_sum_ = true;
   }
   if (wte_tp_sum_) sum(wte_, "wte");
+  const ParamInfo* wte = model->FindParam("wte");
+  wte_numel_ = wte != nullptr ? wte->numel : 0;
   return Status::Ok();
 }
 
@@ -513,7 +515,6 @@ Status OpGpt::BackwardStage(int slot, const float* dy, float dloss) {
   a.has_targets = false;  // the probabilities become the logits' gradient below
   const int T = a.T;
   const int64_t N = static_cast<int64_t>(a.B) * T, C = config_.embed, V = config_.vocab;
-  const int64_t wte_n = model_->FindParam("wte") ? model_->FindParam("wte")->numel : 0;
   if (stage_.last) {
     Act ce_in = a.ce_in.act;
     loss_.Backward(ctx_, ce_in, a.probs.data(), a.targets.data(), dloss, a.probs.data());
@@ -522,7 +523,7 @@ Status OpGpt::BackwardStage(int slot, const float* dy, float dloss) {
     Act dh_in = New(&d_.dlnf, N, C, lm_head_.InputGradient());
     ASSIGN_OR_RETURN(Act lm_in, LinearInput(lm_e_, a.lm_in, a.hf));
     lm_head_.Backward(ctx_, lm_in, P(wte_), dlog, &dh_in,
-                      ParamGrad(wte_, wte_n, wte_tp_sum_, lm_head_.info().rows_over_tp));
+                      ParamGrad(wte_, wte_numel_, wte_tp_sum_, lm_head_.info().rows_over_tp));
     ASSIGN_OR_RETURN(Act dh, ConvGrad(dh_in, lm_e_, &d_.dh));
     Act dx = New(&d_.dx_lnf, N, C, lnf_.info().inputs[0]);
     lnf_.Backward(ctx_, a.lnf_in.act, P(lnfw_), a.lnf_mean.data(), a.lnf_rstd.data(), dh, &dx,
@@ -588,7 +589,7 @@ Status OpGpt::BackwardStage(int slot, const float* dy, float dloss) {
   }
   if (stage_.first) {
     embedding_.Backward(ctx_, a.tokens.data(), T, dres_,
-                        ParamGrad(wte_, wte_n, wte_tp_sum_, embedding_.info().rows_over_tp),
+                        ParamGrad(wte_, wte_numel_, wte_tp_sum_, embedding_.info().rows_over_tp),
                         G(wpe_));
   } else {
     input_grad_.assign(dres_.data, dres_.data + N * C);  // placed whole: the stage input's

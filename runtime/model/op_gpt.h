@@ -184,13 +184,13 @@ class OpGpt {
   LayerNormOp lnf_;
   LmHeadOp lm_head_;
   CrossEntropyOp loss_;
-  Edge emb_in_;  // boundary (or embedding) -> stage's residual stream (not a conversion)
   Edge lnf_e_, lm_e_, ce_e_, out_e_;  // x_L->ln_f, hf->lm_head, logits->loss, x_L->next stage
   Placement stream_in_;  // the placement of x0
   int64_t wte_ = -1, wpe_ = -1, lnfw_ = 0, lnfb_ = 0;
   // Parameters whose gradient is summed over tp: offset, count.
   std::vector<std::pair<int64_t, int64_t>> tp_sums_;
   bool wte_tp_sum_ = false;
+  int64_t wte_numel_ = 0;  // of this stage's wte (or its tied copy)
   std::vector<float> scratch_grad_, sum_buf_;
 
   Gpt* model_ = nullptr;

@@ -113,7 +113,6 @@ int64_t OpContext::FirstRow(const Act& a) const {
 Status OpContext::AllReduce(void* data, int64_t n, DType dtype, ReduceOp op) {
   if (tp_size_ == 1) return Status::Ok();
   AddElapsed t(&comm_seconds_);
-  comm_bytes_ += n * static_cast<int64_t>(DTypeSize(dtype));
   return comm_->AllReduce(data, data, n, dtype, op);
 }
 
@@ -147,7 +146,6 @@ Result<Act> OpContext::Convert(Act& a, const Placement& to, std::vector<float>* 
     switch (s) {
       case Step::kAllReduce: {
         const int64_t n = LocalSize(a);
-        comm_bytes_ += n * 4;
         RETURN_IF_ERROR(comm_->AllReduce(a.data, a.data, n, DType::kF32, ReduceOp::kSum));
         a.place.partial = false;
         if (a.place == to) return a;
@@ -155,7 +153,6 @@ Result<Act> OpContext::Convert(Act& a, const Placement& to, std::vector<float>* 
       }
       case Step::kReduceScatter: {
         storage->resize(LocalSize(out));
-        comm_bytes_ += LocalSize(a) * 4;
         RETURN_IF_ERROR(comm_->ReduceScatter(a.data, storage->data(), LocalSize(out), DType::kF32,
                                              ReduceOp::kSum));
         out.data = storage->data();
@@ -163,7 +160,6 @@ Result<Act> OpContext::Convert(Act& a, const Placement& to, std::vector<float>* 
       }
       case Step::kAllGather: {
         storage->resize(LocalSize(out));
-        comm_bytes_ += LocalSize(a) * 4;
         RETURN_IF_ERROR(comm_->AllGather(a.data, LocalSize(a), storage->data(), DType::kF32));
         out.data = storage->data();
         return out;
@@ -190,7 +186,6 @@ Result<Act> OpContext::Convert(Act& a, const Placement& to, std::vector<float>* 
         const int64_t bytes = LocalSize(a) * 4;
         std::vector<char> local(bytes);
         std::memcpy(local.data(), a.data, bytes);
-        comm_bytes_ += bytes;
         auto t = DTensor::FromLocal(mesh_, a.place.ToLayout(a.rows, a.cols), tp_rank_,
                                     std::move(local));
         if (!t.ok()) {

@@ -104,14 +104,12 @@ class OpContext {
   // gradient, the loss's sums), counted as communication.
   Status AllReduce(void* data, int64_t n, DType dtype, ReduceOp op);
   double comm_seconds() const { return comm_seconds_; }
-  int64_t comm_bytes() const { return comm_bytes_; }
 
  private:
   Communicator* comm_ = nullptr;
   int tp_size_ = 1, tp_rank_ = 0;
   Mesh mesh_;  // {tp}
   double comm_seconds_ = 0;
-  int64_t comm_bytes_ = 0;
 };
 
 // What every operator knows of itself.
@@ -143,7 +141,6 @@ class LinearOp {
   // is cut) is sized by the caller; dw, db accumulate.
   void Backward(const OpContext& ctx, const Act& x, const float* w, const Act& dy, Act* dx,
                 float* dw, float* db) const;
-  Placement OutputOf() const { return info_.output; }
   Placement InputGradient() const;
 
  private:
