@@ -669,3 +669,310 @@ std::string OpGpt::Describe(int64_t rows) const {
 }
 
 }  // namespace tessera
+
+namespace tessera {
+
+int64_t StageWork::shared_bytes() const {
+  int64_t n = 0;
+  for (int64_t b : shared) n += b;
+  return n;
+}
+
+void StageWork::Add(const StageWork& o) { AddTimes(o, 1); }
+
+void StageWork::AddTimes(const StageWork& o, int64_t n) {
+  if (n <= 0) return;
+  flops += o.flops * n;
+  bytes += o.bytes * n;
+  for (int k = 0; k < 4; ++k) {
+    comm_count[k] += o.comm_count[k] * static_cast<int>(n);
+    comm_bytes[k] += o.comm_bytes[k] * n;
+  }
+  slot_bytes += o.slot_bytes * n;
+  for (int i = 0; i < kSharedCount; ++i) shared[i] = std::max(shared[i], o.shared[i]);
+  tp_sum_floats += o.tp_sum_floats * n;
+}
+
+namespace {
+
+// Sizes and collectives of placements on tp rank 0 (the largest shard).
+struct Sizer {
+  int tp = 1;
+  int64_t Rows(const Placement& p, int64_t rows) const {
+    return p.split == 0 && tp > 1 ? (rows + tp - 1) / tp : rows;
+  }
+  int64_t Cols(const Placement& p, int64_t cols) const {
+    if (p.split != 1 || tp == 1) return cols;
+    const int64_t g = p.groups;
+    return g * ((cols / g + tp - 1) / tp);
+  }
+  // Bytes of a shard.
+  int64_t Local(const Placement& p, int64_t rows, int64_t cols) const {
+    return Rows(p, rows) * Cols(p, cols) * 4;
+  }
+  // What Convert allocates for from -> to: a new shard unless `from`
+  // already is `to` (a lone AllReduce resolves in place).
+  int64_t Storage(const Placement& from, const Placement& to, int64_t rows, int64_t cols) const {
+    return tp > 1 && from.Resolved() != to ? Local(to, rows, cols) : 0;
+  }
+  // The collectives of from -> to, counted into `w`.
+  void Comm(const Placement& from, const Placement& to, int64_t rows, int64_t cols,
+            StageWork* w) const {
+    if (tp == 1) return;
+    const double whole = static_cast<double>(rows) * cols * 4;
+    for (RedistStep s : PlanSteps(from, to, rows, tp)) {
+      int k = -1;
+      double b = 0;
+      switch (s) {
+        case RedistStep::kAllReduce: k = 0; b = from.split == -1 ? whole : whole / tp; break;
+        case RedistStep::kReduceScatter: k = 1; b = whole; break;
+        case RedistStep::kAllGather: k = 2; b = whole; break;
+        case RedistStep::kRedistribute: k = 3; b = whole / tp; break;
+        case RedistStep::kSlice: w->bytes += 2.0 * Local(to, rows, cols); break;
+      }
+      if (k >= 0) {
+        ++w->comm_count[k];
+        w->comm_bytes[k] += b;
+      }
+    }
+  }
+  // Forward and backward of an edge (the backward converts the consumer's
+  // input gradient `grad` back to the producer's placement).
+  void Edge(const Placement& from, const Placement& to, const Placement& grad, int64_t rows,
+            int64_t cols, StageWork* w, bool forward = true, bool backward = true) const {
+    if (forward) Comm(from, to, rows, cols, w);
+    if (backward) Comm(grad, from.Resolved(), rows, cols, w);
+  }
+  // A linear's forward flops: rows x its input's columns x its output's.
+  double LinearFlops(const OpInfo& op, int64_t rows, int64_t k, int64_t m) const {
+    return 2.0 * Rows(op.output, rows) * Cols(op.inputs[0], k) * Cols(op.output, m);
+  }
+};
+
+void Grow(StageWork* w, StageWork::Shared id, int64_t bytes) {
+  w->shared[id] = std::max(w->shared[id], bytes);
+}
+
+// Floats of a linear's weight and bias held on one rank.
+int64_t LinearParams(const LinearOp& op, int64_t K, int64_t M, int tp) {
+  const int s = tp > 1 ? op.weight_split() : -1;
+  const int64_t w = s == 0 ? (K + tp - 1) / tp * M : s == 1 ? K * ((M + tp - 1) / tp) : K * M;
+  return w + (s == 1 ? (M + tp - 1) / tp : M);
+}
+
+}  // namespace
+
+StageWork OpGpt::BlockWork(const Block& b, Placement x, int64_t N, int T) const {
+  const Sizer z{stage_.tp};
+  const int64_t C = config_.embed, tp = stage_.tp;
+  StageWork fw;  // forward: its activations are the slot's (or the scratch's)
+  StageWork w;   // backward, and what recompute does again
+  // Half 1: x -> ln_1 -> c_attn -> attention -> c_proj -> add_1 (+ x).
+  fw.slot_bytes += z.Storage(x, b.e[0].to, N, C);
+  z.Comm(x, b.e[0].to, N, C, &fw);
+  auto ln = [&](const LayerNormOp& op, StageWork* s) {
+    s->slot_bytes += z.Local(op.info().output, N, C) + 2 * 4 * z.Rows(op.info().output, N);
+    s->bytes += 2.0 * z.Local(op.info().inputs[0], N, C);
+    w.bytes += 3.0 * z.Local(op.info().inputs[0], N, C);
+  };
+  // A linear's input: gathered into the shared buffer (and again in
+  // backward), else kept.
+  auto linear_in = [&](const Edge& e, int64_t cols, StageWork* s) {
+    z.Comm(e.from, e.to, N, cols, s);
+    if (Regather(e)) {
+      Grow(s, StageWork::kGather, z.Local(e.to, N, cols));
+      z.Comm(e.from, e.to, N, cols, &w);
+    } else {
+      s->slot_bytes += z.Storage(e.from, e.to, N, cols);
+    }
+  };
+  auto linear = [&](const LinearOp& op, int64_t K, int64_t M, StageWork* s) {
+    const double f = z.LinearFlops(op.info(), N, K, M);
+    s->flops += f;
+    w.flops += 2 * f;
+    w.tp_sum_floats += op.info().rows_over_tp && tp > 1 ? LinearParams(op, K, M, stage_.tp) : 0;
+  };
+  ln(b.ln1, &fw);
+  w.tp_sum_floats += b.ln1.info().rows_over_tp && tp > 1 ? 2 * C : 0;
+  linear_in(b.e[1], C, &fw);
+  linear(b.qkv, C, 3 * C, &fw);
+  fw.slot_bytes += z.Local(b.qkv.info().output, N, 3 * C);
+  fw.slot_bytes += z.Storage(b.e[2].from, b.e[2].to, N, 3 * C);
+  z.Comm(b.e[2].from, b.e[2].to, N, 3 * C, &fw);
+  // The attention core: what selective recompute runs again.
+  StageWork core;
+  {
+    const Placement in = b.attn.info().inputs[0];
+    const int64_t seqs = z.Rows(in, N) / T;
+    const int64_t heads = in.split == 1 && tp > 1 ? config_.heads / tp : config_.heads;
+    const int64_t hs = C / config_.heads;
+    core.flops += 2.0 * seqs * heads * T * T * hs;
+    core.bytes += 3.0 * seqs * heads * T * T * 4;
+    const int64_t att = seqs * heads * T * T * 4, y = z.Local(b.attn.info().output, N, C);
+    if (b.recompute == Recompute::kNone) {
+      core.slot_bytes += att + y;
+    } else {
+      Grow(&core, StageWork::kScratchAtt, att);
+      Grow(&core, StageWork::kScratchY, y);
+    }
+    z.Comm(b.e[3].from, b.e[3].to, N, C, &core);
+    w.flops += 2 * core.flops;
+    w.bytes += 2 * core.bytes;
+  }
+  fw.Add(core);
+  fw.slot_bytes += z.Storage(b.e[3].from, b.e[3].to, N, C);
+  linear(b.proj, C, C, &fw);
+  Grow(&fw, StageWork::kOutTmp, z.Local(b.proj.info().output, N, C));
+  auto residual = [&](const AddOp& add, const Placement& stream, const Edge& ln_e, const Edge& a_e,
+                      const Edge& b_e, StageWork* s) {
+    if (a_e.to != ln_e.to) {
+      s->slot_bytes += z.Storage(stream, a_e.to, N, C);
+      z.Comm(stream, a_e.to, N, C, s);
+    }
+    Grow(s, StageWork::kConvTmp, z.Storage(b_e.from, b_e.to, N, C));
+    z.Comm(b_e.from, b_e.to, N, C, s);
+    s->slot_bytes += z.Local(add.info().output, N, C);
+    s->bytes += 3.0 * z.Local(add.info().output, N, C);
+  };
+  residual(b.add1, x, b.e[0], b.e[4], b.e[5], &fw);
+  // Half 2: x1 -> ln_2 -> c_fc -> gelu -> c_proj -> add_2 (+ x1).
+  const Placement x1 = b.add1.info().output;
+  fw.slot_bytes += z.Storage(x1, b.e[6].to, N, C);
+  z.Comm(x1, b.e[6].to, N, C, &fw);
+  ln(b.ln2, &fw);
+  w.tp_sum_floats += b.ln2.info().rows_over_tp && tp > 1 ? 2 * C : 0;
+  linear_in(b.e[7], C, &fw);
+  linear(b.fc, C, 4 * C, &fw);
+  fw.slot_bytes += z.Local(b.fc.info().output, N, 4 * C);
+  fw.slot_bytes += z.Storage(b.e[8].from, b.e[8].to, N, 4 * C);
+  z.Comm(b.e[8].from, b.e[8].to, N, 4 * C, &fw);
+  fw.slot_bytes += z.Local(b.gelu.info().output, N, 4 * C);
+  fw.bytes += 2.0 * z.Local(b.gelu.info().output, N, 4 * C);
+  w.bytes += 3.0 * z.Local(b.gelu.info().output, N, 4 * C);
+  fw.slot_bytes += z.Storage(b.e[9].from, b.e[9].to, N, 4 * C);
+  z.Comm(b.e[9].from, b.e[9].to, N, 4 * C, &fw);
+  linear(b.fcproj, 4 * C, C, &fw);
+  Grow(&fw, StageWork::kOutTmp, z.Local(b.fcproj.info().output, N, C));
+  residual(b.add2, x1, b.e[6], b.e[10], b.e[11], &fw);
+
+  // Backward: the edges' duals, into the shared gradient buffers.
+  auto grad = [&](const Edge& e, int64_t cols, StageWork::Shared id) {
+    Grow(&w, id, z.Storage(e.grad, e.from.Resolved(), N, cols));
+    z.Comm(e.grad, e.from.Resolved(), N, cols, &w);
+  };
+  auto ln_backward = [&](const LayerNormOp& op, const Placement& stream, const Edge& ln_e,
+                         const Edge& add_e) {
+    if (ln_e.to == add_e.to && ln_e.from == ln_e.to) return;
+    Grow(&w, StageWork::kDLnIn, z.Local(op.info().inputs[0], N, C));
+    if (ln_e.to == add_e.to) {
+      grad(ln_e, C, StageWork::kDres2);
+      return;
+    }
+    grad(add_e, C, StageWork::kTmp);
+    grad(ln_e, C, StageWork::kDAdd);
+    Grow(&w, StageWork::kDres2, z.Local(stream.Resolved(), N, C));
+  };
+  Grow(&w, StageWork::kDres, z.Local(x.Resolved(), N, C));
+  grad(b.e[11], C, StageWork::kDm);
+  Grow(&w, StageWork::kDgIn, z.Local(b.fcproj.InputGradient(), N, 4 * C));
+  grad(b.e[9], 4 * C, StageWork::kDg);
+  Grow(&w, StageWork::kDfIn, z.Local(b.gelu.info().inputs[0], N, 4 * C));
+  grad(b.e[8], 4 * C, StageWork::kDf);
+  Grow(&w, StageWork::kDhIn, z.Local(b.fc.InputGradient(), N, C));
+  grad(b.e[7], C, StageWork::kDh);
+  ln_backward(b.ln2, x1, b.e[6], b.e[10]);
+  grad(b.e[5], C, StageWork::kDm);
+  Grow(&w, StageWork::kDy, z.Local(b.proj.InputGradient(), N, C));
+  grad(b.e[3], C, StageWork::kDattnY);
+  Grow(&w, StageWork::kDqkvIn, z.Local(b.attn.info().inputs[0], N, 3 * C));
+  grad(b.e[2], 3 * C, StageWork::kDqkv);
+  Grow(&w, StageWork::kDhIn, z.Local(b.qkv.InputGradient(), N, C));
+  grad(b.e[1], C, StageWork::kDh);
+  ln_backward(b.ln1, x, b.e[0], b.e[4]);
+
+  if (b.recompute == Recompute::kFull) {
+    // The forward's activations live in the shared scratch block; the slot
+    // keeps the block's output. The forward runs again in backward.
+    StageWork r = fw;
+    r.Add(fw);  // the forward again
+    r.slot_bytes = z.Local(b.add2.info().output, N, C);
+    Grow(&r, StageWork::kScratchBlock, fw.slot_bytes);
+    r.Add(w);
+    return r;
+  }
+  if (b.recompute == Recompute::kSelective) {
+    StageWork again = core;
+    again.slot_bytes = 0;
+    fw.Add(again);
+  }
+  fw.Add(w);
+  return fw;
+}
+
+StageWork OpGpt::Estimate(int64_t N, int T, std::vector<StageWork>* per_block,
+                          StageWork* ends) const {
+  const Sizer z{stage_.tp};
+  const int64_t C = config_.embed, V = config_.vocab, tp = stage_.tp;
+  StageWork e;  // everything but the blocks
+  Placement x = stream_in_;
+  e.slot_bytes += z.Local(x, N, C);  // x0: the embedding's, or the previous stage's output
+  if (stage_.first) {
+    e.slot_bytes += N * 4;  // tokens
+    e.bytes += 3.0 * z.Local(x, N, C) * 2;
+    if (embedding_.info().rows_over_tp && tp > 1) e.tp_sum_floats += config_.context * C;
+  } else {
+    Grow(&e, StageWork::kInputGrad, N * C * 4);
+  }
+  StageWork total;
+  if (per_block != nullptr) per_block->clear();
+  for (const Block& b : blocks_) {
+    const StageWork bw = BlockWork(b, x, N, T);
+    if (per_block != nullptr) per_block->push_back(bw);
+    total.Add(bw);
+    x = b.add2.info().output;
+  }
+  if (stage_.last) {
+    e.slot_bytes += N * 4;  // targets
+    e.slot_bytes += z.Storage(x, lnf_e_.to, N, C);
+    z.Edge(x, lnf_e_.to, lnf_e_.grad, N, C, &e);
+    e.slot_bytes += z.Local(lnf_.info().output, N, C) + 2 * 4 * z.Rows(lnf_.info().output, N);
+    e.bytes += 5.0 * z.Local(lnf_.info().inputs[0], N, C);
+    if (lnf_.info().rows_over_tp && tp > 1) e.tp_sum_floats += 2 * C;
+    z.Edge(lm_e_.from, lm_e_.to, lm_e_.grad, N, C, &e);
+    if (Regather(lm_e_)) {
+      Grow(&e, StageWork::kGather, z.Local(lm_e_.to, N, C));
+      z.Comm(lm_e_.from, lm_e_.to, N, C, &e);
+    } else {
+      e.slot_bytes += z.Storage(lm_e_.from, lm_e_.to, N, C);
+    }
+    const double f = z.LinearFlops(lm_head_.info(), N, C, V);
+    e.flops += 3 * f;
+    const int64_t logits = z.Local(lm_head_.info().output, N, V);
+    e.slot_bytes += logits + z.Storage(ce_e_.from, ce_e_.to, N, V);
+    e.slot_bytes += z.Local(ce_e_.to, N, V);  // probabilities
+    e.slot_bytes += z.Rows(ce_e_.to, N) * (4 + 16);  // the loss's max and sums
+    z.Edge(ce_e_.from, ce_e_.to, ce_e_.grad, N, V, &e);
+    e.bytes += 6.0 * z.Local(ce_e_.to, N, V);
+    Grow(&e, StageWork::kDlogits, z.Storage(ce_e_.grad, ce_e_.from.Resolved(), N, V));
+    Grow(&e, StageWork::kDlnf, z.Local(lm_head_.InputGradient(), N, C));
+    Grow(&e, StageWork::kDh, z.Storage(lm_e_.grad, lm_e_.from.Resolved(), N, C));
+    Grow(&e, StageWork::kDxLnf, z.Local(lnf_.info().inputs[0], N, C));
+    Grow(&e, StageWork::kDres2, z.Storage(lnf_e_.grad, lnf_e_.from.Resolved(), N, C));
+  } else {
+    e.slot_bytes += z.Storage(x, out_e_.to, N, C);
+    z.Edge(x, out_e_.to, out_e_.grad, N, C, &e);
+    Grow(&e, StageWork::kTmp, N * C * 4);
+    Grow(&e, StageWork::kDres2, z.Storage(out_e_.grad, out_e_.from.Resolved(), N, C));
+  }
+  // wte: once, whichever of its operators makes its gradient partial.
+  if (tp > 1 && ((stage_.first && embedding_.info().rows_over_tp) ||
+                 (stage_.last && lm_head_.info().rows_over_tp))) {
+    const int s = embedding_.weight_split();
+    e.tp_sum_floats += (s == 0 ? (V + tp - 1) / tp * C : s == 1 ? V * ((C + tp - 1) / tp) : V * C);
+  }
+  if (ends != nullptr) *ends = e;
+  total.Add(e);
+  return total;
+}
+
+}  // namespace tessera

@@ -43,6 +43,39 @@ namespace tessera {
 // sequence squared). The numbers do not change: the kernels are
 // deterministic.
 enum class Recompute { kNone, kFull, kSelective };
+
+// What one stage costs a rank (tp rank 0), for the cost model
+// (gpt_search.h): the arithmetic, the redistributions over tp and the
+// activation buffers, walked over the same operators, placements and
+// edges that run, buffer by buffer as ForwardStage and BackwardStage
+// allocate them.
+struct StageWork {
+  // Forward + backward (+ recompute) of one micro-batch.
+  double flops = 0;  // matrix products
+  double bytes = 0;  // element-wise memory traffic
+  // Collectives over tp, by RedistStep-like kind (CollectiveKind order:
+  // AllReduce, ReduceScatter, AllGather, AllToAll): how many and bytes,
+  // sized as MachineProfile::CollectiveSeconds takes them.
+  int comm_count[4] = {};
+  double comm_bytes[4] = {};
+  // Activations one micro-batch keeps from its forward to its backward.
+  int64_t slot_bytes = 0;
+  // Buffers shared by the micro-batches and blocks (the recompute scratch,
+  // transient conversions, backward's gradients): each at its largest.
+  enum Shared {
+    kGather, kOutTmp, kConvTmp, kScratchBlock, kScratchAtt, kScratchY, kDres, kDres2, kTmp,
+    kDLnIn, kDAdd, kDm, kDgIn, kDg, kDfIn, kDf, kDhIn, kDh, kDy, kDqkvIn, kDqkv, kDattnY,
+    kDlogits, kDlnf, kDxLnf, kInputGrad, kSharedCount
+  };
+  int64_t shared[kSharedCount] = {};
+  // Parameter gradients summed over tp once per step (floats).
+  int64_t tp_sum_floats = 0;
+  int64_t shared_bytes() const;
+  // Adds `o`: sums, shared buffers at the larger of the two.
+  void Add(const StageWork& o);
+  // Adds `o` n times (identical blocks).
+  void AddTimes(const StageWork& o, int64_t n);
+};
 Result<Recompute> ParseRecompute(std::string_view text);  // none, full, selective
 std::string_view RecomputeName(Recompute r);
 
@@ -98,6 +131,12 @@ class OpGpt {
   // collective and bytes per rank for a batch of `rows` = B x T rows.
   std::string Describe(int64_t rows) const;
 
+  // The stage's work on one rank for micro-batches of `rows` = b x T rows
+  // of a replica (StageWork). With `per_block`, also each block's own (the
+  // ends in `ends`), for a per-operator breakdown.
+  StageWork Estimate(int64_t rows, int T, std::vector<StageWork>* per_block = nullptr,
+                     StageWork* ends = nullptr) const;
+
  private:
   // A redistribution between a producer and a consumer's input.
   struct Edge {
@@ -144,6 +183,8 @@ class OpGpt {
   };
 
   OpGpt() = default;
+  // One block's work (Estimate), its input placed as `x`.
+  StageWork BlockWork(const Block& b, Placement x, int64_t N, int T) const;
   // One block's forward on `x` into `acts`, the attention weights and output
   // into `att` and `y` (the block's own, or scratch when recomputed).
   Status BlockForward(const Block& b, Act& x, int T, BlockActs* acts, Buf* att, Buf* y);

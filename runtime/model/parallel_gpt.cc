@@ -47,6 +47,38 @@ Status ParallelConfig::Validate(int world_size) const {
   return Status::Ok();
 }
 
+Result<std::unique_ptr<OpGpt>> ParallelGpt::StageOps(const GptConfig& config,
+                                                     const ParallelConfig& parallel,
+                                                     const Mesh& mesh, const GptStage& gs) {
+  std::unique_ptr<OpGpt> ops;
+  ASSIGN_OR_RETURN(const Recompute recompute, ParseRecompute(parallel.recompute));
+  const bool recomputes = recompute != Recompute::kNone ||
+                          (parallel.op_strategy != nullptr && !parallel.op_strategy->recompute.empty());
+  if (parallel.tp == 1 && parallel.op_strategy == nullptr && !recomputes) return ops;
+  const OpStrategyFile file = StrategyFileOf(parallel);
+  ASSIGN_OR_RETURN(auto strategies, ResolveOpStrategies(file, OpGpt::Signatures(config), mesh));
+  ASSIGN_OR_RETURN(ops, OpGpt::Create(config, strategies, gs, parallel.dp));
+  ops->SetRecompute(-1, recompute);
+  // The file's blocks: patterns first, then exact names.
+  for (const bool exact : {false, true}) {
+    for (const auto& [pattern, mode] : file.recompute) {
+      if ((pattern.find('*') == std::string::npos) != exact) continue;
+      bool matched = false;
+      for (int i = 0; i < config.layers; ++i) {
+        if (!MatchesOpPattern(pattern, "h." + std::to_string(i))) continue;
+        matched = true;
+        ops->SetRecompute(i, *ParseRecompute(mode));
+      }
+      if (!matched) {
+        return InvalidArgumentError(file.source + ": recompute names '" + pattern +
+                                    "', which is no block of the model (h.0 to h." +
+                                    std::to_string(config.layers - 1) + ")");
+      }
+    }
+  }
+  return ops;
+}
+
 Result<std::unique_ptr<ParallelGpt>> ParallelGpt::Create(const GptConfig& config,
                                                          const ParallelConfig& parallel,
                                                          Communicator& world) {
@@ -71,32 +103,8 @@ Result<std::unique_ptr<ParallelGpt>> ParallelGpt::Create(const GptConfig& config
   const int stage = static_cast<int>(mesh.Coordinate(world.rank(), mesh.FindAxis("pp")));
   const int tp_rank = static_cast<int>(mesh.Coordinate(world.rank(), mesh.FindAxis("tp")));
   GptStage gs = StageOf(config, parallel.pp, stage, parallel.tp, tp_rank, parallel.stage_layers);
-  ASSIGN_OR_RETURN(const Recompute recompute, ParseRecompute(parallel.recompute));
-  const bool recomputes = recompute != Recompute::kNone ||
-                          (parallel.op_strategy != nullptr && !parallel.op_strategy->recompute.empty());
-  if (parallel.tp > 1 || parallel.op_strategy != nullptr || recomputes) {
-    const OpStrategyFile file = StrategyFileOf(parallel);
-    ASSIGN_OR_RETURN(auto strategies,
-                     ResolveOpStrategies(file, OpGpt::Signatures(config), mesh));
-    ASSIGN_OR_RETURN(ops, OpGpt::Create(config, strategies, gs, parallel.dp));
-    ops->SetRecompute(-1, recompute);
-    // The file's blocks: patterns first, then exact names.
-    for (const bool exact : {false, true}) {
-      for (const auto& [pattern, mode] : file.recompute) {
-        if ((pattern.find('*') == std::string::npos) != exact) continue;
-        bool matched = false;
-        for (int i = 0; i < config.layers; ++i) {
-          if (!MatchesOpPattern(pattern, "h." + std::to_string(i))) continue;
-          matched = true;
-          ops->SetRecompute(i, *ParseRecompute(mode));
-        }
-        if (!matched) {
-          return InvalidArgumentError(file.source + ": recompute names '" + pattern +
-                                      "', which is no block of the model (h.0 to h." +
-                                      std::to_string(config.layers - 1) + ")");
-        }
-      }
-    }
+  ASSIGN_OR_RETURN(ops, StageOps(config, parallel, mesh, gs));
+  if (ops != nullptr) {
     gs.tp_dims = std::make_shared<const std::map<std::string, int>>(ops->param_splits());
   } else if (parallel.sequence_parallel) {
     return InvalidArgumentError("sequence parallelism cuts the sequence over tp: it needs tp > 1");

@@ -104,6 +104,12 @@ class ParallelGpt {
   // What this rank holds, after a step: its peak (buffers are kept at
   // their largest for the next step).
   MemoryUse Memory() const;
+  // The operators of stage `gs` (its tp rank's) as `parallel` makes them,
+  // recompute set; null when the stage runs its Gpt whole (tp = 1, no
+  // strategy file, no recompute).
+  static Result<std::unique_ptr<OpGpt>> StageOps(const GptConfig& config,
+                                                 const ParallelConfig& parallel, const Mesh& mesh,
+                                                 const GptStage& gs);
   // The strategy file the operators run (the file, or the Megatron preset).
   static OpStrategyFile StrategyFileOf(const ParallelConfig& parallel);
   // Every stage's operators with their strategies and the redistributions

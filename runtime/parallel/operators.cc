@@ -44,28 +44,26 @@ Status TpOnce(int uses, const std::string& op, const std::string& what) {
 }
 
 
-enum class Step { kAllReduce, kReduceScatter, kAllGather, kSlice, kRedistribute };
+}  // namespace
 
 // The steps that turn `from` into `to` (resolved) over tp ranks.
-std::vector<Step> Decide(Placement from, const Placement& to, int64_t rows, int tp) {
-  std::vector<Step> steps;
+std::vector<RedistStep> PlanSteps(Placement from, const Placement& to, int64_t rows, int tp) {
+  std::vector<RedistStep> steps;
   if (from.partial) {
-    if (to.split == 0 && from.split == -1 && rows % tp == 0) return {Step::kReduceScatter};
-    steps.push_back(Step::kAllReduce);
+    if (to.split == 0 && from.split == -1 && rows % tp == 0) return {RedistStep::kReduceScatter};
+    steps.push_back(RedistStep::kAllReduce);
     from.partial = false;
   }
   if (from == to) return steps;
   if (from.split == -1) {
-    steps.push_back(Step::kSlice);
+    steps.push_back(RedistStep::kSlice);
   } else if (from.split == 0 && to.split == -1 && rows % tp == 0) {
-    steps.push_back(Step::kAllGather);
+    steps.push_back(RedistStep::kAllGather);
   } else {
-    steps.push_back(Step::kRedistribute);
+    steps.push_back(RedistStep::kRedistribute);
   }
   return steps;
 }
-
-}  // namespace
 
 Layout Placement::ToLayout(int64_t rows, int64_t cols) const {
   Layout l = Layout::Replicated({rows, cols}, DType::kF32);
@@ -121,14 +119,14 @@ OpContext::Redistribution OpContext::Plan(const Placement& from, const Placement
   Redistribution r;
   if (tp_size_ == 1) return r;
   const int64_t whole = rows * cols * 4;
-  for (Step s : Decide(from, to, rows, tp_size_)) {
+  for (RedistStep s : PlanSteps(from, to, rows, tp_size_)) {
     const char* names[] = {"AllReduce", "ReduceScatter", "AllGather", "Split (local slice)",
                            "Redistribute (AllToAllV)"};
     r.collective += (r.collective.empty() ? "" : " + ") + std::string(names[static_cast<int>(s)]);
     // The bytes this rank contributes.
-    if (s == Step::kAllReduce) r.bytes += from.split == -1 ? whole : whole / tp_size_;
-    if (s == Step::kReduceScatter) r.bytes += whole;
-    if (s == Step::kAllGather || s == Step::kRedistribute) r.bytes += whole / tp_size_;
+    if (s == RedistStep::kAllReduce) r.bytes += from.split == -1 ? whole : whole / tp_size_;
+    if (s == RedistStep::kReduceScatter) r.bytes += whole;
+    if (s == RedistStep::kAllGather || s == RedistStep::kRedistribute) r.bytes += whole / tp_size_;
   }
   return r;
 }
@@ -141,30 +139,30 @@ Result<Act> OpContext::Convert(Act& a, const Placement& to, std::vector<float>* 
     return a;
   }
   Act out{nullptr, a.rows, a.cols, to};
-  for (Step s : Decide(a.place, to, a.rows, tp_size_)) {
+  for (RedistStep s : PlanSteps(a.place, to, a.rows, tp_size_)) {
     AddElapsed timer(&comm_seconds_);
     switch (s) {
-      case Step::kAllReduce: {
+      case RedistStep::kAllReduce: {
         const int64_t n = LocalSize(a);
         RETURN_IF_ERROR(comm_->AllReduce(a.data, a.data, n, DType::kF32, ReduceOp::kSum));
         a.place.partial = false;
         if (a.place == to) return a;
         break;
       }
-      case Step::kReduceScatter: {
+      case RedistStep::kReduceScatter: {
         storage->resize(LocalSize(out));
         RETURN_IF_ERROR(comm_->ReduceScatter(a.data, storage->data(), LocalSize(out), DType::kF32,
                                              ReduceOp::kSum));
         out.data = storage->data();
         return out;
       }
-      case Step::kAllGather: {
+      case RedistStep::kAllGather: {
         storage->resize(LocalSize(out));
         RETURN_IF_ERROR(comm_->AllGather(a.data, LocalSize(a), storage->data(), DType::kF32));
         out.data = storage->data();
         return out;
       }
-      case Step::kSlice: {
+      case RedistStep::kSlice: {
         storage->resize(LocalSize(out));
         out.data = storage->data();
         const int64_t r0 = FirstRow(out), n = LocalRows(out), cl = LocalCols(out);
@@ -182,7 +180,7 @@ Result<Act> OpContext::Convert(Act& a, const Placement& to, std::vector<float>* 
         }
         return out;
       }
-      case Step::kRedistribute: {
+      case RedistStep::kRedistribute: {
         const int64_t bytes = LocalSize(a) * 4;
         std::vector<char> local(bytes);
         std::memcpy(local.data(), a.data, bytes);

@@ -62,6 +62,13 @@ struct Placement {
   std::string ToString() const;
 };
 
+// The steps Convert takes from `from` to `to` (not partial) over `tp`
+// ranks for `rows` rows: a partial resolves by an AllReduce, or by a
+// ReduceScatter when `to` cuts the rows; then cut rows gather, a
+// replicated tensor is sliced, anything else is redistributed.
+enum class RedistStep { kAllReduce, kReduceScatter, kAllGather, kSlice, kRedistribute };
+std::vector<RedistStep> PlanSteps(Placement from, const Placement& to, int64_t rows, int tp);
+
 // One activation: this rank's shard (dense, row-major over its box) of a
 // [rows, cols] tensor of one replica.
 struct Act {

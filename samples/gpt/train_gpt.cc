@@ -34,6 +34,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "core/byte_size.h"
 #include "ckpt/ops.h"
 #include "ckpt/repair.h"
 #include "formats/native_files.h"
@@ -44,6 +45,7 @@
 #include "runtime/model/gpt.h"
 #include "runtime/model/gpt_checkpoint.h"
 #include "runtime/kernels.h"
+#include "runtime/model/gpt_search.h"
 #include "runtime/model/parallel_gpt.h"
 
 using namespace tessera;
@@ -159,14 +161,56 @@ struct Options {
   bool resume = false, quiet = false, async_save = false, print_ops = false;
   std::string dataset_strategy = "data_parallel";  // or full_batch
   ParallelConfig parallel;
+  // --auto-parallel: the search's mode; the machine's profile (empty:
+  // calibrate now); the per-rank memory budget.
+  std::string auto_parallel, profile, calibrate_out;
+  int64_t rank_memory = 0;
 };
+
+// --auto-parallel: the configuration the search predicts fastest for this
+// job's ranks, the same on every rank (the search is deterministic).
+Result<ParallelConfig> AutoParallel(const Options& o, Communicator& world) {
+  MachineProfile profile;
+  if (!o.profile.empty()) {
+    ASSIGN_OR_RETURN(profile, MachineProfile::Load(o.profile));
+  } else {
+    ASSIGN_OR_RETURN(profile, Calibrate(world));
+  }
+  SearchOptions search;
+  search.mode = o.auto_parallel;
+  search.rank_memory = o.rank_memory;
+  search.bucket_bytes = o.parallel.bucket_bytes;
+  ASSIGN_OR_RETURN(SearchResult r,
+                   SearchGptParallel(o.config, o.batch, o.seq, world.size(), profile, search));
+  if (world.rank() == 0 && !o.quiet) {
+    std::printf("auto-parallel (%s, profile %s, %lld configurations costed): %s\n  predicted %s\n",
+                o.auto_parallel.c_str(), profile.name.c_str(),
+                static_cast<long long>(r.candidates), r.name.c_str(),
+                r.predicted.ToString().c_str());
+    for (const auto& [name, p] : r.alternatives) {
+      std::printf("  runner-up %s: step %.3g ms (%+.1f%%), %s per rank\n", name.c_str(),
+                  p.seconds * 1e3, 100 * (p.seconds / r.predicted.seconds - 1),
+                  HumanBytes(p.memory.total()).c_str());
+    }
+  }
+  return r.parallel;
+}
 
 // The whole run on one rank; rank 0 talks.
 Status Train(const Options& o, Communicator& world) {
   const bool talk = world.rank() == 0 && !o.quiet;
   const bool first = world.rank() == 0;
   Env* env = Env::Default();
+  if (!o.calibrate_out.empty()) {
+    ASSIGN_OR_RETURN(MachineProfile profile, Calibrate(world));
+    if (first) RETURN_IF_ERROR(WriteFileAtomically(env, o.calibrate_out, profile.ToJson()));
+    if (talk) std::printf("calibrated: %s", profile.ToJson().c_str());
+    return Status::Ok();
+  }
   ParallelConfig parallel = o.parallel;
+  if (!o.auto_parallel.empty()) {
+    ASSIGN_OR_RETURN(parallel, AutoParallel(o, world));
+  }
   if (parallel.dp == 0) parallel.dp = world.size() / (parallel.tp * parallel.pp);
   ASSIGN_OR_RETURN(std::unique_ptr<ParallelGpt> trainer,
                    ParallelGpt::Create(o.config, parallel, world));
@@ -556,8 +600,39 @@ int main(int argc, char** argv) {
                  "at the end, write the weights alone (no optimizer state) as a checkpoint here");
   app.add_option("--export-dtype", o.export_dtype, "dtype of the exported weights")
       ->check(CLI::IsMember({"f32", "bf16", "f16"}));
+  app.add_option("--auto-parallel", o.auto_parallel,
+                 "choose the parallel configuration (mesh, operator strategies, micro-batches, "
+                 "ZeRO, recompute, pipeline stages) by a cost-model search: fast")
+      ->check(CLI::IsMember({"fast"}));
+  std::string rank_memory;
+  app.add_option("--rank-memory", rank_memory,
+                 "--auto-parallel: memory per rank the configuration must fit (2GiB; default: "
+                 "the profile's device memory)");
+  app.add_option("--profile", o.profile,
+                 "--auto-parallel: machine profile (JSON, \"format\": \"tessera.machine_profile\"; "
+                 "default: measure this machine at start-up)")
+      ->check(CLI::ExistingFile);
+  app.add_option("--calibrate", o.calibrate_out,
+                 "measure this machine (matrix products, memory, the ranks' collectives) and "
+                 "write its profile here, then exit");
   app.add_flag("--quiet", o.quiet, "log only the summary");
   CLI11_PARSE(app, argc, argv);
+  if (!rank_memory.empty()) {
+    Result<int64_t> bytes = ParseByteSize(rank_memory);
+    if (!bytes.ok()) return Fail(bytes.status());
+    o.rank_memory = *bytes;
+  }
+  if (!o.auto_parallel.empty()) {
+    for (const char* flag : {"--dp", "--tp", "--pp", "--zero", "--micro-batches", "--recompute",
+                             "--sequence-parallel", "--op-strategy"}) {
+      if (app.count(flag) > 0) {
+        return Fail(InvalidArgumentError(std::string("--auto-parallel chooses ") + (flag + 2) +
+                                         ": drop " + flag));
+      }
+    }
+  } else if (!rank_memory.empty() || !o.profile.empty()) {
+    return Fail(InvalidArgumentError("--rank-memory and --profile are for --auto-parallel"));
+  }
   if (o.seq <= 0) o.seq = o.config.context;
   if (o.seq > o.config.context) {
     return Fail(InvalidArgumentError("--seq is longer than --context"));

@@ -30,6 +30,30 @@ for setting in "--ranks 2" "--ranks 2 --zero 1" "--ranks 4 --zero 1 --bucket-mib
   "$BIN" "${SMALL[@]}" --steps 30 $setting >"$WORK/par.log" 2>&1
   check "$setting: the single-process losses" close "$WORK/par.log" "$WORK/one.log"
 done
+# --auto-parallel: the search's choice on this machine's shipped profile
+# (deterministic: the same file, the same choice), trained, reproduces the
+# single-process losses; a budget nothing fits is refused with nothing run.
+PROFILE="$(dirname "$0")/../../samples/gpt/profiles/debian-vm-2core.json"
+for budget in "400KiB:pp=2,dp=1,tp=2 megatron_sp" "2MiB:pp=1,dp=4,tp=1 data_parallel"; do
+  "$BIN" "${SMALL[@]}" --steps 30 --ranks 4 --auto-parallel fast --profile "$PROFILE" \
+    --rank-memory "${budget%%:*}" >"$WORK/auto.log" 2>&1
+  check "--auto-parallel fast --rank-memory ${budget%%:*}: chooses ${budget#*:}" \
+    grep -q "): ${budget#*:} " "$WORK/auto.log"
+  check "... and reproduces the single-process losses" close "$WORK/auto.log" "$WORK/one.log"
+done
+"$BIN" "${SMALL[@]}" --steps 30 --ranks 4 --auto-parallel fast --profile "$PROFILE" \
+  --rank-memory 300KiB >"$WORK/auto.log" 2>&1
+check "--auto-parallel under a budget nothing fits: refused" test $? -ne 0
+check "... saying the least any configuration needs" \
+  grep -q "fits 300.0 KiB per rank; the least memory any needs is" "$WORK/auto.log"
+check "... with nothing run" test "$(grep -c "^step" "$WORK/auto.log")" = 0
+"$BIN" "${SMALL[@]}" --ranks 4 --auto-parallel fast --tp 2 >"$WORK/auto.log" 2>&1
+check "--auto-parallel with --tp: refused" grep -q "auto-parallel chooses tp: drop --tp" "$WORK/auto.log"
+"$BIN" --ranks 2 --calibrate "$WORK/profile.json" --quiet >"$WORK/cal.log" 2>&1
+check "--calibrate writes a profile" grep -q '"format": "tessera.machine_profile"' "$WORK/profile.json"
+"$BIN" "${SMALL[@]}" --steps 0 --ranks 2 --auto-parallel fast --profile "$WORK/profile.json" \
+  >"$WORK/auto.log" 2>&1
+check "... that --auto-parallel reads" grep -q "profile calibrated" "$WORK/auto.log"
 "${MPIRUN[@]}" -np 2 "$BIN" "${SMALL[@]}" --steps 30 --zero 1 >"$WORK/mpi.log" 2>&1
 check "mpirun -np 2 --zero 1: the single-process losses" close "$WORK/mpi.log" "$WORK/one.log"
 check "mpirun run says its ranks" grep -q "ranks: 2 (mpi), dp=2 zero=1" "$WORK/mpi.log"

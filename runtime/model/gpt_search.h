@@ -1,0 +1,88 @@
+// Automatic parallelism for the GPT (MindSpore's AUTO_PARALLEL): a cost
+// model that predicts a parallel configuration's step time and per-rank
+// memory on a machine (cost_model.h's profile), and a search over the
+// configurations a job of N ranks can run.
+//
+// The prediction walks the same operators, placements, redistributions
+// and buffers that run (OpGpt::Estimate): compute from the matrix
+// products' flops and the element-wise kernels' bytes, collectives over
+// tp per micro-batch, the 1F1B pipeline (sum of the stages plus
+// (micro-batches - 1) x the slowest), the data-parallel gradient sums in
+// buckets (ZeRO-1: reduce-scatter + all-gather), the tied embedding's sum
+// between the end stages, the tp sums of partial parameter gradients and
+// AdamW's memory traffic. Memory is ParallelGpt::Memory()'s accounting:
+// parameters, gradients, Adam moments (sharded over dp under ZeRO-1),
+// activations of the micro-batches in flight plus shared buffers, and
+// communication buffers.
+//
+// The search (`fast`, this step of the work) chooses the mesh
+// factorisation (pp x dp x tp), micro-batches, ZeRO, recompute and the
+// operator strategy among data parallelism, Megatron and Megatron with
+// sequence parallelism, with the pipeline's layers balanced by cost (the
+// last stage's ln_f, output projection and loss counted), under a per-rank
+// memory budget. Ties are broken by a fixed order, so the result does not
+// depend on anything but its inputs.
+#ifndef TESSERA_RUNTIME_MODEL_GPT_SEARCH_H_
+#define TESSERA_RUNTIME_MODEL_GPT_SEARCH_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+#include "runtime/model/gpt.h"
+#include "runtime/model/parallel_gpt.h"
+#include "runtime/parallel/cost_model.h"
+
+namespace tessera {
+
+struct StepPrediction {
+  double seconds = 0;  // one training step
+  // Its parts on the critical path: the pipeline (compute and tp
+  // collectives of every micro-batch, the transfers between stages), of
+  // which `bubble` is idle, then the gradient sums and the update.
+  double pipeline = 0, compute = 0, tp_comm = 0, pp_comm = 0, bubble = 0;
+  double dp_comm = 0, optimizer = 0;
+  MemoryUse memory;      // the rank that holds the most
+  int memory_stage = 0;  // its stage
+  std::vector<double> stage_seconds;  // per micro-batch, forward + backward
+  std::vector<MemoryUse> stage_memory;  // each stage's (its tp rank 0's)
+  std::string ToString() const;
+};
+
+// The predicted step of `parallel` (any configuration ParallelGpt runs:
+// a strategy file, Megatron's preset, recompute) for a global batch of
+// B x T tokens. Errors name what does not fit (a batch not divisible by
+// dp x micro-batches, a bad strategy).
+Result<StepPrediction> PredictGptStep(const GptConfig& config, int B, int T,
+                                      const ParallelConfig& parallel, const MachineProfile& profile);
+
+struct SearchOptions {
+  std::string mode = "fast";  // the search algorithm (fast)
+  int64_t rank_memory = 0;    // bytes per rank; 0: the profile's device memory (or no limit)
+  int64_t bucket_bytes = int64_t{25} << 20;
+};
+
+struct SearchResult {
+  ParallelConfig parallel;  // op_strategy set: the file to run
+  StepPrediction predicted;
+  std::string name;         // "pp=2,dp=2,tp=2 megatron_sp zero=1 mb=4 recompute=selective"
+  int64_t candidates = 0;   // configurations costed
+  // The runners-up (best first), for the report.
+  std::vector<std::pair<std::string, StepPrediction>> alternatives;
+};
+
+// The fastest configuration of `devices` ranks under the budget. When none
+// fits, the error says the smallest memory any configuration needs and
+// which one.
+Result<SearchResult> SearchGptParallel(const GptConfig& config, int B, int T, int devices,
+                                       const MachineProfile& profile, const SearchOptions& options);
+
+// The layers per stage that balance the stages' predicted times (the first
+// stage also embeds, the last also runs ln_f, the output projection and the
+// loss): `block` seconds per block, `first` and `last` the ends' extra.
+std::vector<int> BalanceStages(int layers, int pp, double block, double first, double last);
+
+}  // namespace tessera
+
+#endif  // TESSERA_RUNTIME_MODEL_GPT_SEARCH_H_

@@ -1,0 +1,256 @@
+#include "runtime/parallel/cost_model.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <nlohmann/json.hpp>
+#include <thread>
+#include <unistd.h>
+#include <vector>
+
+#include "core/env.h"
+#include "runtime/kernels.h"
+
+namespace tessera {
+namespace {
+
+using Json = nlohmann::ordered_json;
+
+double Now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// The median of `runs` timings of fn().
+template <typename F>
+double MedianSeconds(int runs, F&& fn) {
+  std::vector<double> t;
+  for (int i = 0; i < runs; ++i) {
+    const double start = Now();
+    fn();
+    t.push_back(Now() - start);
+  }
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+Status Positive(const std::string& source, const char* key, double v) {
+  if (v > 0 && std::isfinite(v)) return Status::Ok();
+  return InvalidArgumentError(source + ": \"" + key + "\" must be a positive number");
+}
+
+}  // namespace
+
+std::string_view CollectiveName(CollectiveKind kind) {
+  switch (kind) {
+    case CollectiveKind::kAllReduce: return "AllReduce";
+    case CollectiveKind::kReduceScatter: return "ReduceScatter";
+    case CollectiveKind::kAllGather: return "AllGather";
+    case CollectiveKind::kAllToAll: return "AllToAll";
+    case CollectiveKind::kSendRecv: return "SendRecv";
+  }
+  return "?";
+}
+
+Result<MachineProfile> MachineProfile::Parse(std::string_view text, const std::string& source) {
+  Json j;
+  try {
+    j = Json::parse(text);
+  } catch (const std::exception& e) {
+    return InvalidArgumentError(source + ": not JSON: " + e.what());
+  }
+  if (!j.is_object() || j.value("format", "") != kMachineProfileFormat) {
+    return InvalidArgumentError(source + ": not a machine profile (\"format\" must be \"" +
+                                std::string(kMachineProfileFormat) + "\")");
+  }
+  MachineProfile p;
+  try {
+    if (j.value("version", 0) != 1) {
+      return InvalidArgumentError(source + ": machine profile version " +
+                                  j.value("version", Json(0)).dump() + " (this build reads 1)");
+    }
+    p.name = j.value("name", "");
+    p.source = j.value("source", "");
+    p.backend = j.value("backend", "");
+    p.devices_per_host = j.value("devices_per_host", 1);
+    p.hosts = j.value("hosts", 0);
+    if (!j.contains("device") || !j["device"].is_object()) {
+      return InvalidArgumentError(source + ": no \"device\" object");
+    }
+    const Json& d = j["device"];
+    p.matmul_flops = d.value("matmul_flops", 0.0);
+    p.memory_bandwidth = d.value("memory_bandwidth", 0.0);
+    p.memory_bytes = static_cast<int64_t>(d.value("memory_bytes", 0.0));
+    RETURN_IF_ERROR(Positive(source, "device.matmul_flops", p.matmul_flops));
+    RETURN_IF_ERROR(Positive(source, "device.memory_bandwidth", p.memory_bandwidth));
+    for (auto [key, link] : {std::pair{"intra_host", &p.intra_host}, {"inter_host", &p.inter_host}}) {
+      if (!j.contains(key)) {
+        if (std::string(key) == "inter_host") {  // one host: never used
+          p.inter_host = p.intra_host;
+          continue;
+        }
+        return InvalidArgumentError(source + ": no \"" + key + "\" link");
+      }
+      const Json& l = j[key];
+      link->latency_s = l.value("latency_s", 0.0);
+      link->bandwidth = l.value("bandwidth", 0.0);
+      RETURN_IF_ERROR(Positive(source, (std::string(key) + ".bandwidth").c_str(), link->bandwidth));
+      if (link->latency_s < 0) {
+        return InvalidArgumentError(source + ": \"" + key + ".latency_s\" must be >= 0");
+      }
+    }
+  } catch (const std::exception& e) {
+    return InvalidArgumentError(source + ": " + e.what());
+  }
+  if (p.devices_per_host < 1 || p.hosts < 0) {
+    return InvalidArgumentError(source + ": devices_per_host must be >= 1 and hosts >= 0");
+  }
+  return p;
+}
+
+Result<MachineProfile> MachineProfile::Load(const std::string& path) {
+  auto text = ReadFileToString(Env::Default(), path);
+  if (!text.ok()) {
+    return Status(text.status().code(), "machine profile " + path + ": " + text.status().message());
+  }
+  return Parse(*text, path);
+}
+
+std::string MachineProfile::ToJson() const {
+  Json j;
+  j["format"] = kMachineProfileFormat;
+  j["version"] = 1;
+  j["name"] = name;
+  j["source"] = source;
+  if (!backend.empty()) j["backend"] = backend;
+  j["devices_per_host"] = devices_per_host;
+  j["hosts"] = hosts;
+  j["device"] = {{"matmul_flops", matmul_flops},
+                 {"memory_bandwidth", memory_bandwidth},
+                 {"memory_bytes", static_cast<double>(memory_bytes)}};
+  j["intra_host"] = {{"latency_s", intra_host.latency_s}, {"bandwidth", intra_host.bandwidth}};
+  j["inter_host"] = {{"latency_s", inter_host.latency_s}, {"bandwidth", inter_host.bandwidth}};
+  return j.dump(2) + "\n";
+}
+
+MachineProfile MachineProfile::ForRanks(int ranks) const {
+  MachineProfile p = *this;
+  const int64_t devices = static_cast<int64_t>(hosts) * devices_per_host;
+  p.ranks_per_device = hosts > 0 && ranks > devices ? static_cast<int>((ranks + devices - 1) / devices) : 1;
+  return p;
+}
+
+double MachineProfile::ComputeSeconds(double flops, double bytes) const {
+  return (flops / matmul_flops + bytes / memory_bandwidth) * ranks_per_device;
+}
+
+double MachineProfile::CollectiveSeconds(CollectiveKind kind, double bytes, int group,
+                                         bool inter_host) const {
+  if (group <= 1 || bytes <= 0) return 0;
+  const LinkProfile& l = inter_host ? this->inter_host : intra_host;
+  const double n = group, share = (n - 1) / n;
+  switch (kind) {
+    case CollectiveKind::kAllReduce: return 2 * (n - 1) * l.latency_s + 2 * share * bytes / l.bandwidth;
+    case CollectiveKind::kReduceScatter:
+    case CollectiveKind::kAllGather:
+    case CollectiveKind::kAllToAll: return (n - 1) * l.latency_s + share * bytes / l.bandwidth;
+    case CollectiveKind::kSendRecv: return l.latency_s + bytes / l.bandwidth;
+  }
+  return 0;
+}
+
+bool MachineProfile::CrossesHosts(int64_t stride, int64_t size) const {
+  return size > 1 && stride * size > devices_per_host;
+}
+
+double MeasureMatmulFlops(int64_t n) {
+  const int64_t C = 256, M = 4 * C;
+  const int64_t N = std::max<int64_t>(n, 64);
+  std::vector<float> x(N * C, 0.5f), w(C * M, 0.25f), b(M, 0.0f), y(N * M);
+  kernels::MatmulForward(y.data(), x.data(), w.data(), b.data(), static_cast<int>(N),
+                         static_cast<int>(C), static_cast<int>(M));  // warm up
+  const double s = MedianSeconds(5, [&] {
+    kernels::MatmulForward(y.data(), x.data(), w.data(), b.data(), static_cast<int>(N),
+                           static_cast<int>(C), static_cast<int>(M));
+  });
+  return 2.0 * N * C * M / s;
+}
+
+double MeasureMemoryBandwidth(int64_t floats) {
+  std::vector<float> a(floats, 1.0f), b(floats, 2.0f), out(floats);
+  kernels::ResidualForward(out.data(), a.data(), b.data(), floats);
+  const double s = MedianSeconds(7, [&] { kernels::ResidualForward(out.data(), a.data(), b.data(), floats); });
+  return 12.0 * static_cast<double>(floats) / s;
+}
+
+Result<LinkProfile> MeasureLink(Communicator& comm, int64_t max_bytes) {
+  const int n = comm.size();
+  if (n < 2) return InvalidArgumentError("measuring a link needs at least 2 ranks");
+  // The latency from one-float AllReduces (2 (n - 1) steps), then the
+  // bandwidth by least squares of what remains of each timing against the
+  // bytes moved per rank (AllReduce and AllGather, 4 KiB to max_bytes).
+  float one = 1.0f, sum = 0.0f;
+  RETURN_IF_ERROR(comm.Barrier());
+  Status status = Status::Ok();
+  double t1 = MedianSeconds(21, [&] {
+    Status s = comm.AllReduce(&one, &sum, 1, DType::kF32, ReduceOp::kSum);
+    if (status.ok()) status = s;
+  });
+  RETURN_IF_ERROR(status);
+  RETURN_IF_ERROR(comm.Broadcast(&t1, 1, DType::kF64, 0));
+  LinkProfile link;
+  link.latency_s = t1 / (2.0 * (n - 1));
+  double sbb = 0, sbt = 0;
+  std::vector<float> send, recv;
+  for (int64_t bytes = 4096; bytes <= max_bytes; bytes *= 4) {
+    const int64_t count = bytes / 4;
+    send.assign(count, 1.0f);
+    recv.assign(count * n, 0.0f);
+    for (int kind = 0; kind < 2; ++kind) {
+      RETURN_IF_ERROR(comm.Barrier());
+      double t = MedianSeconds(5, [&] {
+        Status s = kind == 0 ? comm.AllReduce(send.data(), recv.data(), count, DType::kF32, ReduceOp::kSum)
+                             : comm.AllGather(send.data(), count / n, recv.data(), DType::kF32);
+        if (status.ok()) status = s;
+      });
+      RETURN_IF_ERROR(status);
+      RETURN_IF_ERROR(comm.Broadcast(&t, 1, DType::kF64, 0));  // rank 0's timing everywhere
+      const double steps = kind == 0 ? 2.0 * (n - 1) : n - 1;
+      const double moved = (kind == 0 ? 2.0 : 1.0) * (n - 1) / n * static_cast<double>(bytes);
+      sbb += moved * moved;
+      sbt += moved * std::max(0.0, t - steps * link.latency_s);
+    }
+  }
+  link.bandwidth = sbt > 0 ? sbb / sbt : 1e12;
+  return link;
+}
+
+Result<MachineProfile> Calibrate(Communicator& world) {
+  MachineProfile p;
+  p.name = "calibrated";
+  p.source = "measured by Calibrate on " + std::to_string(world.size()) + " " +
+             std::string(world.backend()) + " rank(s)";
+  p.backend = std::string(world.backend());
+  const int cores = std::max(1u, std::thread::hardware_concurrency());
+  p.devices_per_host = cores;
+  p.hosts = 1;
+  double figures[2] = {0, 0};
+  RETURN_IF_ERROR(world.Barrier());
+  if (world.rank() == 0) {
+    figures[0] = MeasureMatmulFlops(1024);
+    figures[1] = MeasureMemoryBandwidth(int64_t{8} << 20);
+  }
+  RETURN_IF_ERROR(world.Broadcast(figures, 2, DType::kF64, 0));
+  p.matmul_flops = figures[0];
+  p.memory_bandwidth = figures[1];
+  const double pages = static_cast<double>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGESIZE);
+  p.memory_bytes = static_cast<int64_t>(pages / cores);
+  if (world.size() > 1) {
+    ASSIGN_OR_RETURN(p.intra_host, MeasureLink(world, int64_t{16} << 20));
+  } else {
+    p.intra_host = {1e-6, figures[1] / 3};  // one rank: a copy through memory
+  }
+  p.inter_host = p.intra_host;
+  return p;
+}
+
+}  // namespace tessera

@@ -1,0 +1,97 @@
+// The machine half of the automatic-parallelism cost model: what one device
+// computes per second, how fast its memory moves, and what a collective
+// costs over the links inside a host and between hosts (latency +
+// bytes / bandwidth, ring algorithms). A profile is JSON, measured on this
+// machine by calibration (train_gpt --calibrate) or written by hand for
+// machines we do not have:
+//
+//   {
+//     "format": "tessera.machine_profile", "version": 1,
+//     "name": "dgx-a100", "source": "NVIDIA DGX A100 datasheet ...",
+//     "devices_per_host": 8,
+//     "device": {"matmul_flops": 1.56e14, "memory_bandwidth": 1.555e12,
+//                "memory_bytes": 4.295e10},
+//     "intra_host": {"latency_s": 5e-6, "bandwidth": 2.4e11},
+//     "inter_host": {"latency_s": 1e-5, "bandwidth": 2.5e10},
+//     "hosts": 0
+//   }
+//
+// Bandwidths are bytes per second one rank moves (a ring's bus
+// bandwidth). `hosts` (0: as many as a job needs) bounds the devices: a
+// job with more ranks than hosts x devices_per_host shares devices (more
+// ranks than cores on a CPU), which divides their throughput.
+// The model (the GPT's operators, their placements and buffers) is the
+// other half: runtime/model/gpt_search.h.
+#ifndef TESSERA_RUNTIME_PARALLEL_COST_MODEL_H_
+#define TESSERA_RUNTIME_PARALLEL_COST_MODEL_H_
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "core/status.h"
+#include "runtime/comm/communicator.h"
+
+namespace tessera {
+
+inline constexpr std::string_view kMachineProfileFormat = "tessera.machine_profile";
+
+struct LinkProfile {
+  double latency_s = 0;  // per message step
+  double bandwidth = 0;  // bytes per second
+};
+
+enum class CollectiveKind { kAllReduce, kReduceScatter, kAllGather, kAllToAll, kSendRecv };
+std::string_view CollectiveName(CollectiveKind kind);
+
+struct MachineProfile {
+  std::string name, source;
+  std::string backend;  // what the links were measured over ("inprocess", "mpi", ...)
+  int devices_per_host = 1;
+  double matmul_flops = 0;      // FLOP/s of one device in f32 matrix products
+  double memory_bandwidth = 0;  // bytes/s of one device's element-wise kernels
+  int64_t memory_bytes = 0;     // one device's memory (0: unknown)
+  LinkProfile intra_host, inter_host;
+  int hosts = 0;
+  // Ranks sharing one device (ForRanks sets it; not in the file).
+  int ranks_per_device = 1;
+  // This machine running a job of `ranks`.
+  MachineProfile ForRanks(int ranks) const;
+
+  static Result<MachineProfile> Parse(std::string_view json, const std::string& source);
+  static Result<MachineProfile> Load(const std::string& path);
+  std::string ToJson() const;
+
+  // Seconds for `flops` of matrix products and `bytes` of element-wise
+  // memory traffic on one rank (shared devices divide the throughput).
+  double ComputeSeconds(double flops, double bytes) const;
+  // Seconds for one collective over `group` ranks on `link` (true: crosses
+  // hosts) with `bytes` the size of the whole tensor (AllReduce), of the
+  // gathered result (AllGather, ReduceScatter's input), of what each rank
+  // sends (AllToAll, SendRecv).
+  double CollectiveSeconds(CollectiveKind kind, double bytes, int group, bool inter_host) const;
+  // Whether a group of `size` ranks `stride` apart in the rank order spans
+  // more than one host.
+  bool CrossesHosts(int64_t stride, int64_t size) const;
+};
+
+// Calibration: the figures a profile holds, measured here.
+// f32 matrix products of the sizes the GPT's linears have ([rows, C] x
+// [C, 4C]), on the threads the kernels have been given.
+double MeasureMatmulFlops(int64_t n);
+// The element-wise kernels' memory throughput (a residual add over
+// `floats` floats, counting 3 x 4 bytes per element).
+double MeasureMemoryBandwidth(int64_t floats);
+// A link's latency and bandwidth, fitted (least squares) to AllReduce and
+// AllGather times over `comm` at sizes from 4 KiB to `max_bytes`.
+// Collective; every rank returns the same figures.
+Result<LinkProfile> MeasureLink(Communicator& comm, int64_t max_bytes);
+// This machine as `world` runs on it: rank 0's matrix products and memory
+// (the others wait), the link measured over `world` (one host: intra_host
+// and inter_host alike), devices = cores, ranks_per_device from how many
+// ranks share them. Collective; every rank returns the same profile.
+Result<MachineProfile> Calibrate(Communicator& world);
+
+}  // namespace tessera
+
+#endif  // TESSERA_RUNTIME_PARALLEL_COST_MODEL_H_
