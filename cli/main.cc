@@ -16,7 +16,8 @@ int main(int argc, char** argv) {
   std::function<int()> run;
   namespace cli = tessera::cli;
   for (auto add : {cli::AddMergeVerb, cli::AddSplitVerb, cli::AddReshardVerb, cli::AddConvertVerb,
-                   cli::AddInspectVerb, cli::AddVerifyVerb, cli::AddDiffVerb, cli::AddPlanVerb}) {
+                   cli::AddInspectVerb, cli::AddVerifyVerb, cli::AddDiffVerb, cli::AddPlanVerb,
+                   cli::AddAutoParallelVerb}) {
     add(app, &run);
   }
 

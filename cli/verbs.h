@@ -22,6 +22,7 @@ inline int Report(const Status& status) {
 
 // Each returns the sub-command; `run` is set to the verb's action.
 CLI::App* AddPlanVerb(CLI::App& app, std::function<int()>* run);
+CLI::App* AddAutoParallelVerb(CLI::App& app, std::function<int()>* run);
 CLI::App* AddMergeVerb(CLI::App& app, std::function<int()>* run);
 CLI::App* AddSplitVerb(CLI::App& app, std::function<int()>* run);
 CLI::App* AddReshardVerb(CLI::App& app, std::function<int()>* run);

@@ -26,6 +26,7 @@
 #define TESSERA_RUNTIME_MODEL_GPT_SEARCH_H_
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -58,7 +59,12 @@ Result<StepPrediction> PredictGptStep(const GptConfig& config, int B, int T,
                                       const ParallelConfig& parallel, const MachineProfile& profile);
 
 struct SearchOptions {
-  std::string mode = "fast";  // the search algorithm (fast)
+  // fast: the operator strategies among data parallelism, Megatron and
+  // Megatron-SP; exact: every operator's own choice (identical blocks
+  // folded into one decision); propagate: exact, with what `fixed` sets
+  // (operators, mesh, zero, micro-batches, recompute) kept.
+  std::string mode = "fast";
+  std::shared_ptr<const OpStrategyFile> fixed;
   int64_t rank_memory = 0;    // bytes per rank; 0: the profile's device memory (or no limit)
   int64_t bucket_bytes = int64_t{25} << 20;
 };

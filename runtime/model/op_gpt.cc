@@ -11,6 +11,12 @@ namespace {
 
 std::string BlockPrefix(int i) { return "h." + std::to_string(i) + "."; }
 
+// Whether a linear's input conversion gathers rows: its result is not kept
+// but gathered again in backward (Megatron's sequence parallelism).
+bool Regathers(const Placement& from, const Placement& to) {
+  return from.split == 0 && !from.partial && to.split == -1;
+}
+
 OpSignature::Input In(std::string name, std::vector<int64_t> shape, std::string param = "",
                       std::vector<int> uneven = {}) {
   return {std::move(name), std::move(shape), std::move(param), std::move(uneven)};
@@ -73,6 +79,31 @@ OpStrategyFile OpGpt::Megatron(bool sequence_parallel) {
   return f;
 }
 
+void OpGpt::BlockParamSplits(int layer, int tp, const LinearOp& qkv_op, const LinearOp& proj,
+                             const LinearOp& fc, const LinearOp& fcproj,
+                             std::map<std::string, int>* splits) {
+  const std::string p = BlockPrefix(layer);
+  // c_attn's weight is cut in its [C, 3, C] view (by heads) when tp > 1.
+  const int qkv = qkv_op.weight_split();
+  (*splits)[p + "attn.c_attn.weight"] = qkv == 1 ? (tp > 1 ? 2 : 1) : qkv;
+  (*splits)[p + "attn.c_attn.bias"] = qkv == 1 ? (tp > 1 ? 1 : 0) : -1;
+  for (const auto& [name, op] : {std::pair{"attn.c_proj", &proj}, {"mlp.c_fc", &fc},
+                                 {"mlp.c_proj", &fcproj}}) {
+    (*splits)[p + name + ".weight"] = op->weight_split();
+    (*splits)[p + name + ".bias"] = op->bias_split() ? 0 : -1;
+  }
+  for (const char* ln : {"ln_1", "ln_2"}) {
+    (*splits)[p + ln + ".weight"] = -1;
+    (*splits)[p + ln + ".bias"] = -1;
+  }
+}
+
+void OpGpt::EndParamSplits(const EmbeddingOp& embedding, std::map<std::string, int>* splits) {
+  (*splits)["wte"] = embedding.weight_split();
+  (*splits)["wpe"] = embedding.weight_split() == 1 ? 1 : -1;
+  (*splits)["ln_f.weight"] = (*splits)["ln_f.bias"] = -1;
+}
+
 Result<std::unique_ptr<OpGpt>> OpGpt::Create(const GptConfig& config,
                                              const std::map<std::string, OpStrategy>& strategies,
                                              const GptStage& stage, int dp) {
@@ -91,8 +122,7 @@ Result<std::unique_ptr<OpGpt>> OpGpt::Create(const GptConfig& config,
   std::map<std::string, int>& splits = g->param_splits_;
   ASSIGN_OR_RETURN(const OpStrategy* s, strategy("embedding"));
   ASSIGN_OR_RETURN(g->embedding_, EmbeddingOp::Create("embedding", *s, V, C, dp));
-  splits["wte"] = g->embedding_.weight_split();
-  splits["wpe"] = g->embedding_.weight_split() == 1 ? 1 : -1;
+  EndParamSplits(g->embedding_, &splits);
   const int last_layer = stage.last_layer < 0 ? config.layers : stage.last_layer;
   // Every block is checked; the stage keeps its own.
   for (int i = 0; i < config.layers; ++i) {
@@ -123,19 +153,7 @@ Result<std::unique_ptr<OpGpt>> OpGpt::Create(const GptConfig& config,
     ASSIGN_OR_RETURN(b.fcproj, LinearOp::Create(p + "mlp.c_proj", *s, 4 * C, C, 1, dp));
     ASSIGN_OR_RETURN(s, strategy(p + "add_2"));
     ASSIGN_OR_RETURN(b.add2, AddOp::Create(p + "add_2", *s, dp));
-    // c_attn's weight is cut in its [C, 3, C] view (by heads) when tp > 1.
-    const int qkv = b.qkv.weight_split();
-    splits[p + "attn.c_attn.weight"] = qkv == 1 ? (tp > 1 ? 2 : 1) : qkv;
-    splits[p + "attn.c_attn.bias"] = qkv == 1 ? (tp > 1 ? 1 : 0) : -1;
-    for (const auto& [name, op] : {std::pair{"attn.c_proj", &b.proj}, {"mlp.c_fc", &b.fc},
-                                   {"mlp.c_proj", &b.fcproj}}) {
-      splits[p + name + ".weight"] = op->weight_split();
-      splits[p + name + ".bias"] = op->bias_split() ? 0 : -1;
-    }
-    for (const char* ln : {"ln_1", "ln_2"}) {
-      splits[p + ln + ".weight"] = -1;
-      splits[p + ln + ".bias"] = -1;
-    }
+    BlockParamSplits(i, tp, b.qkv, b.proj, b.fc, b.fcproj, &splits);
     b.layer = i;
     if (i >= stage.first_layer && i < last_layer) g->blocks_.push_back(std::move(b));
   }
@@ -145,7 +163,6 @@ Result<std::unique_ptr<OpGpt>> OpGpt::Create(const GptConfig& config,
   ASSIGN_OR_RETURN(g->lm_head_, LmHeadOp::Create("lm_head", *s, V, C, dp));
   ASSIGN_OR_RETURN(s, strategy("loss"));
   ASSIGN_OR_RETURN(g->loss_, CrossEntropyOp::Create("loss", *s, V, dp));
-  splits["ln_f.weight"] = splits["ln_f.bias"] = -1;
   if (tp == 1) {  // a cut over one rank is no cut
     for (auto& [name, dim] : splits) dim = -1;
   }
@@ -323,9 +340,7 @@ Act OpGpt::New(Buf* b, int64_t rows, int64_t cols, Placement p) {
   return b->act;
 }
 
-bool OpGpt::Regather(const Edge& e) {
-  return e.from.split == 0 && !e.from.partial && e.to.split == -1;
-}
+bool OpGpt::Regather(const Edge& e) { return Regathers(e.from, e.to); }
 
 Result<Act> OpGpt::Conv(Act& a, const Edge& e, Buf* buf) {
   ASSIGN_OR_RETURN(buf->act, ctx_.Convert(a, e.to, &buf->data, e.label, "forward"));
@@ -762,167 +777,217 @@ int64_t LinearParams(const LinearOp& op, int64_t K, int64_t M, int tp) {
 
 }  // namespace
 
-StageWork OpGpt::BlockWork(const Block& b, Placement x, int64_t N, int T) const {
-  const Sizer z{stage_.tp};
-  const int64_t C = config_.embed, tp = stage_.tp;
-  StageWork fw;  // forward: its activations are the slot's (or the scratch's)
-  StageWork w;   // backward, and what recompute does again
-  // Half 1: x -> ln_1 -> c_attn -> attention -> c_proj -> add_1 (+ x).
-  fw.slot_bytes += z.Storage(x, b.e[0].to, N, C);
-  z.Comm(x, b.e[0].to, N, C, &fw);
-  auto ln = [&](const LayerNormOp& op, StageWork* s) {
-    s->slot_bytes += z.Local(op.info().output, N, C) + 2 * 4 * z.Rows(op.info().output, N);
-    s->bytes += 2.0 * z.Local(op.info().inputs[0], N, C);
-    w.bytes += 3.0 * z.Local(op.info().inputs[0], N, C);
-  };
-  // A linear's input: gathered into the shared buffer (and again in
-  // backward), else kept.
-  auto linear_in = [&](const Edge& e, int64_t cols, StageWork* s) {
-    z.Comm(e.from, e.to, N, cols, s);
-    if (Regather(e)) {
-      Grow(s, StageWork::kGather, z.Local(e.to, N, cols));
-      z.Comm(e.from, e.to, N, cols, &w);
-    } else {
-      s->slot_bytes += z.Storage(e.from, e.to, N, cols);
-    }
-  };
-  auto linear = [&](const LinearOp& op, int64_t K, int64_t M, StageWork* s) {
+OpGpt::HalfWork OpGpt::EstimateHalf(const GptConfig& config, int tp, const HalfOps& h, Placement x,
+                                    int64_t N, int T, Recompute rc) {
+  const Sizer z{tp};
+  const int64_t C = config.embed;
+  const bool attention = h.attn != nullptr;
+  const int64_t mid = attention ? 3 * C : 4 * C;  // the first linear's output columns
+  const int64_t k2 = attention ? C : 4 * C;       // the second linear's input columns
+  const OpInfo& mid_info = attention ? h.attn->info() : h.gelu->info();
+  const OpInfo &ln = h.ln->info(), &in = h.in->info(), &out = h.out->info(), &add = h.add->info();
+  HalfWork r;
+  StageWork& fw = r.forward;  // its activations are the slot's (or the scratch's)
+  StageWork& w = r.backward;  // and what recompute does again
+  auto linear = [&](const LinearOp& op, int64_t K, int64_t M) {
     const double f = z.LinearFlops(op.info(), N, K, M);
-    s->flops += f;
+    fw.flops += f;
     w.flops += 2 * f;
-    w.tp_sum_floats += op.info().rows_over_tp && tp > 1 ? LinearParams(op, K, M, stage_.tp) : 0;
+    if (op.info().rows_over_tp && tp > 1) w.tp_sum_floats += LinearParams(op, K, M, tp);
   };
-  ln(b.ln1, &fw);
-  w.tp_sum_floats += b.ln1.info().rows_over_tp && tp > 1 ? 2 * C : 0;
-  linear_in(b.e[1], C, &fw);
-  linear(b.qkv, C, 3 * C, &fw);
-  fw.slot_bytes += z.Local(b.qkv.info().output, N, 3 * C);
-  fw.slot_bytes += z.Storage(b.e[2].from, b.e[2].to, N, 3 * C);
-  z.Comm(b.e[2].from, b.e[2].to, N, 3 * C, &fw);
-  // The attention core: what selective recompute runs again.
-  StageWork core;
-  {
-    const Placement in = b.attn.info().inputs[0];
-    const int64_t seqs = z.Rows(in, N) / T;
-    const int64_t heads = in.split == 1 && tp > 1 ? config_.heads / tp : config_.heads;
-    const int64_t hs = C / config_.heads;
+  // x -> ln
+  fw.slot_bytes += z.Storage(x, ln.inputs[0], N, C);
+  z.Comm(x, ln.inputs[0], N, C, &fw);
+  fw.slot_bytes += z.Local(ln.output, N, C) + 2 * 4 * z.Rows(ln.output, N);
+  fw.bytes += 2.0 * z.Local(ln.inputs[0], N, C);
+  w.bytes += 3.0 * z.Local(ln.inputs[0], N, C);
+  if (ln.rows_over_tp && tp > 1) w.tp_sum_floats += 2 * C;
+  // ln -> the first linear
+  z.Comm(ln.output, in.inputs[0], N, C, &fw);
+  if (Regathers(ln.output, in.inputs[0])) {
+    Grow(&fw, StageWork::kGather, z.Local(in.inputs[0], N, C));
+    z.Comm(ln.output, in.inputs[0], N, C, &w);
+  } else {
+    fw.slot_bytes += z.Storage(ln.output, in.inputs[0], N, C);
+  }
+  linear(*h.in, C, mid);
+  fw.slot_bytes += z.Local(in.output, N, mid);
+  // -> the middle operator
+  fw.slot_bytes += z.Storage(in.output, mid_info.inputs[0], N, mid);
+  z.Comm(in.output, mid_info.inputs[0], N, mid, &fw);
+  if (attention) {
+    // The attention core: what selective recompute runs again, with the
+    // conversion of its output for c_proj.
+    StageWork core;
+    const Placement qkv = mid_info.inputs[0];
+    const int64_t seqs = z.Rows(qkv, N) / T;
+    const int64_t heads = qkv.split == 1 && tp > 1 ? config.heads / tp : config.heads;
+    const int64_t hs = C / config.heads;
     core.flops += 2.0 * seqs * heads * T * T * hs;
     core.bytes += 3.0 * seqs * heads * T * T * 4;
-    const int64_t att = seqs * heads * T * T * 4, y = z.Local(b.attn.info().output, N, C);
-    if (b.recompute == Recompute::kNone) {
+    const int64_t att = seqs * heads * T * T * 4, y = z.Local(mid_info.output, N, C);
+    if (rc == Recompute::kNone) {
       core.slot_bytes += att + y;
     } else {
       Grow(&core, StageWork::kScratchAtt, att);
       Grow(&core, StageWork::kScratchY, y);
     }
-    z.Comm(b.e[3].from, b.e[3].to, N, C, &core);
+    z.Comm(mid_info.output, out.inputs[0], N, C, &core);
     w.flops += 2 * core.flops;
     w.bytes += 2 * core.bytes;
+    fw.Add(core);
+    if (rc == Recompute::kSelective) {
+      core.slot_bytes = 0;
+      w.Add(core);
+    }
+  } else {
+    fw.slot_bytes += z.Local(mid_info.output, N, 4 * C);
+    fw.bytes += 2.0 * z.Local(mid_info.output, N, 4 * C);
+    w.bytes += 3.0 * z.Local(mid_info.output, N, 4 * C);
+    z.Comm(mid_info.output, out.inputs[0], N, k2, &fw);
   }
-  fw.Add(core);
-  fw.slot_bytes += z.Storage(b.e[3].from, b.e[3].to, N, C);
-  linear(b.proj, C, C, &fw);
-  Grow(&fw, StageWork::kOutTmp, z.Local(b.proj.info().output, N, C));
-  auto residual = [&](const AddOp& add, const Placement& stream, const Edge& ln_e, const Edge& a_e,
-                      const Edge& b_e, StageWork* s) {
-    if (a_e.to != ln_e.to) {
-      s->slot_bytes += z.Storage(stream, a_e.to, N, C);
-      z.Comm(stream, a_e.to, N, C, s);
-    }
-    Grow(s, StageWork::kConvTmp, z.Storage(b_e.from, b_e.to, N, C));
-    z.Comm(b_e.from, b_e.to, N, C, s);
-    s->slot_bytes += z.Local(add.info().output, N, C);
-    s->bytes += 3.0 * z.Local(add.info().output, N, C);
-  };
-  residual(b.add1, x, b.e[0], b.e[4], b.e[5], &fw);
-  // Half 2: x1 -> ln_2 -> c_fc -> gelu -> c_proj -> add_2 (+ x1).
-  const Placement x1 = b.add1.info().output;
-  fw.slot_bytes += z.Storage(x1, b.e[6].to, N, C);
-  z.Comm(x1, b.e[6].to, N, C, &fw);
-  ln(b.ln2, &fw);
-  w.tp_sum_floats += b.ln2.info().rows_over_tp && tp > 1 ? 2 * C : 0;
-  linear_in(b.e[7], C, &fw);
-  linear(b.fc, C, 4 * C, &fw);
-  fw.slot_bytes += z.Local(b.fc.info().output, N, 4 * C);
-  fw.slot_bytes += z.Storage(b.e[8].from, b.e[8].to, N, 4 * C);
-  z.Comm(b.e[8].from, b.e[8].to, N, 4 * C, &fw);
-  fw.slot_bytes += z.Local(b.gelu.info().output, N, 4 * C);
-  fw.bytes += 2.0 * z.Local(b.gelu.info().output, N, 4 * C);
-  w.bytes += 3.0 * z.Local(b.gelu.info().output, N, 4 * C);
-  fw.slot_bytes += z.Storage(b.e[9].from, b.e[9].to, N, 4 * C);
-  z.Comm(b.e[9].from, b.e[9].to, N, 4 * C, &fw);
-  linear(b.fcproj, 4 * C, C, &fw);
-  Grow(&fw, StageWork::kOutTmp, z.Local(b.fcproj.info().output, N, C));
-  residual(b.add2, x1, b.e[6], b.e[10], b.e[11], &fw);
+  // -> the second linear, its output transient
+  fw.slot_bytes += z.Storage(mid_info.output, out.inputs[0], N, k2);
+  linear(*h.out, k2, C);
+  Grow(&fw, StageWork::kOutTmp, z.Local(out.output, N, C));
+  // add(x, out): x converted unless the layer norm's conversion serves
+  if (add.inputs[0] != ln.inputs[0]) {
+    fw.slot_bytes += z.Storage(x, add.inputs[0], N, C);
+    z.Comm(x, add.inputs[0], N, C, &fw);
+  }
+  Grow(&fw, StageWork::kConvTmp, z.Storage(out.output, add.inputs[1], N, C));
+  z.Comm(out.output, add.inputs[1], N, C, &fw);
+  fw.slot_bytes += z.Local(add.output, N, C);
+  fw.bytes += 3.0 * z.Local(add.output, N, C);
 
-  // Backward: the edges' duals, into the shared gradient buffers.
-  auto grad = [&](const Edge& e, int64_t cols, StageWork::Shared id) {
-    Grow(&w, id, z.Storage(e.grad, e.from.Resolved(), N, cols));
-    z.Comm(e.grad, e.from.Resolved(), N, cols, &w);
-  };
-  auto ln_backward = [&](const LayerNormOp& op, const Placement& stream, const Edge& ln_e,
-                         const Edge& add_e) {
-    if (ln_e.to == add_e.to && ln_e.from == ln_e.to) return;
-    Grow(&w, StageWork::kDLnIn, z.Local(op.info().inputs[0], N, C));
-    if (ln_e.to == add_e.to) {
-      grad(ln_e, C, StageWork::kDres2);
-      return;
-    }
-    grad(add_e, C, StageWork::kTmp);
-    grad(ln_e, C, StageWork::kDAdd);
-    Grow(&w, StageWork::kDres2, z.Local(stream.Resolved(), N, C));
+  // Backward: each edge's dual, into the shared gradient buffers.
+  auto grad = [&](const Placement& from, const Placement& g, int64_t cols, StageWork::Shared id) {
+    Grow(&w, id, z.Storage(g, from.Resolved(), N, cols));
+    z.Comm(g, from.Resolved(), N, cols, &w);
   };
   Grow(&w, StageWork::kDres, z.Local(x.Resolved(), N, C));
-  grad(b.e[11], C, StageWork::kDm);
-  Grow(&w, StageWork::kDgIn, z.Local(b.fcproj.InputGradient(), N, 4 * C));
-  grad(b.e[9], 4 * C, StageWork::kDg);
-  Grow(&w, StageWork::kDfIn, z.Local(b.gelu.info().inputs[0], N, 4 * C));
-  grad(b.e[8], 4 * C, StageWork::kDf);
-  Grow(&w, StageWork::kDhIn, z.Local(b.fc.InputGradient(), N, C));
-  grad(b.e[7], C, StageWork::kDh);
-  ln_backward(b.ln2, x1, b.e[6], b.e[10]);
-  grad(b.e[5], C, StageWork::kDm);
-  Grow(&w, StageWork::kDy, z.Local(b.proj.InputGradient(), N, C));
-  grad(b.e[3], C, StageWork::kDattnY);
-  Grow(&w, StageWork::kDqkvIn, z.Local(b.attn.info().inputs[0], N, 3 * C));
-  grad(b.e[2], 3 * C, StageWork::kDqkv);
-  Grow(&w, StageWork::kDhIn, z.Local(b.qkv.InputGradient(), N, C));
-  grad(b.e[1], C, StageWork::kDh);
-  ln_backward(b.ln1, x, b.e[0], b.e[4]);
+  grad(out.output, add.inputs[1], C, StageWork::kDm);
+  Grow(&w, attention ? StageWork::kDy : StageWork::kDgIn, z.Local(h.out->InputGradient(), N, k2));
+  grad(mid_info.output, h.out->InputGradient(), k2, attention ? StageWork::kDattnY : StageWork::kDg);
+  Grow(&w, attention ? StageWork::kDqkvIn : StageWork::kDfIn, z.Local(mid_info.inputs[0], N, mid));
+  grad(in.output, mid_info.inputs[0], mid, attention ? StageWork::kDqkv : StageWork::kDf);
+  Grow(&w, StageWork::kDhIn, z.Local(h.in->InputGradient(), N, C));
+  grad(ln.output, h.in->InputGradient(), C, StageWork::kDh);
+  // The layer norm's and the add's gradients of the stream (LayerNormBackward).
+  if (!(ln.inputs[0] == add.inputs[0] && x == ln.inputs[0])) {
+    Grow(&w, StageWork::kDLnIn, z.Local(ln.inputs[0], N, C));
+    if (ln.inputs[0] == add.inputs[0]) {
+      grad(x, ln.inputs[0], C, StageWork::kDres2);
+    } else {
+      grad(x, add.inputs[0], C, StageWork::kTmp);
+      grad(x, ln.inputs[0], C, StageWork::kDAdd);
+      Grow(&w, StageWork::kDres2, z.Local(x.Resolved(), N, C));
+    }
+  }
+  return r;
+}
 
-  if (b.recompute == Recompute::kFull) {
+StageWork OpGpt::EstimateBlock(const HalfWork& attention, const HalfWork& mlp, Recompute rc,
+                               int64_t out_bytes) {
+  StageWork r;
+  r.Add(attention.forward);
+  r.Add(mlp.forward);
+  if (rc == Recompute::kFull) {
     // The forward's activations live in the shared scratch block; the slot
     // keeps the block's output. The forward runs again in backward.
-    StageWork r = fw;
-    r.Add(fw);  // the forward again
-    r.slot_bytes = z.Local(b.add2.info().output, N, C);
-    Grow(&r, StageWork::kScratchBlock, fw.slot_bytes);
-    r.Add(w);
-    return r;
+    const int64_t block = r.slot_bytes;
+    r.Add(attention.forward);
+    r.Add(mlp.forward);
+    r.slot_bytes = out_bytes;
+    Grow(&r, StageWork::kScratchBlock, block);
   }
-  if (b.recompute == Recompute::kSelective) {
-    StageWork again = core;
-    again.slot_bytes = 0;
-    fw.Add(again);
+  r.Add(attention.backward);
+  r.Add(mlp.backward);
+  return r;
+}
+
+StageWork OpGpt::BlockWork(const Block& b, Placement x, int64_t N, int T) const {
+  const HalfWork h1 = EstimateHalf(config_, stage_.tp, {&b.ln1, &b.qkv, &b.attn, nullptr, &b.proj, &b.add1},
+                                   x, N, T, b.recompute);
+  const HalfWork h2 = EstimateHalf(config_, stage_.tp, {&b.ln2, &b.fc, nullptr, &b.gelu, &b.fcproj, &b.add2},
+                                   b.add1.info().output, N, T, b.recompute);
+  return EstimateBlock(h1, h2, b.recompute,
+                       Sizer{stage_.tp}.Local(b.add2.info().output, N, config_.embed));
+}
+
+StageWork OpGpt::EstimateInput(const GptConfig& config, int tp, const EmbeddingOp* embedding,
+                               int64_t N) {
+  const Sizer z{tp};
+  const int64_t C = config.embed, V = config.vocab;
+  StageWork e;
+  if (embedding == nullptr) {  // the previous stage's output, whole
+    e.slot_bytes += N * C * 4;
+    Grow(&e, StageWork::kInputGrad, N * C * 4);
+    return e;
   }
-  fw.Add(w);
-  return fw;
+  const Placement x = embedding->info().output;
+  e.slot_bytes += z.Local(x, N, C) + N * 4;  // x0, tokens
+  e.bytes += 3.0 * z.Local(x, N, C) * 2;
+  if (embedding->info().rows_over_tp && tp > 1) {
+    const int s = embedding->weight_split();
+    e.tp_sum_floats += config.context * C +  // wpe, and wte
+                       (s == 0 ? (V + tp - 1) / tp * C : s == 1 ? V * ((C + tp - 1) / tp) : V * C);
+  }
+  return e;
+}
+
+StageWork OpGpt::EstimateOutput(const GptConfig& config, int tp, Placement x, const HeadOps* head,
+                                int64_t N, bool wte_summed) {
+  const Sizer z{tp};
+  const int64_t C = config.embed, V = config.vocab;
+  StageWork e;
+  const Placement whole{-1};
+  if (head == nullptr) {  // to the next stage, whole
+    e.slot_bytes += z.Storage(x, whole, N, C);
+    z.Edge(x, whole, whole, N, C, &e);
+    Grow(&e, StageWork::kTmp, N * C * 4);
+    Grow(&e, StageWork::kDres2, z.Storage(whole, x.Resolved(), N, C));
+    return e;
+  }
+  const OpInfo &lnf = head->lnf->info(), &lm = head->lm_head->info(), &loss = head->loss->info();
+  e.slot_bytes += N * 4;  // targets
+  e.slot_bytes += z.Storage(x, lnf.inputs[0], N, C);
+  z.Edge(x, lnf.inputs[0], lnf.inputs[0], N, C, &e);
+  e.slot_bytes += z.Local(lnf.output, N, C) + 2 * 4 * z.Rows(lnf.output, N);
+  e.bytes += 5.0 * z.Local(lnf.inputs[0], N, C);
+  if (lnf.rows_over_tp && tp > 1) e.tp_sum_floats += 2 * C;
+  const Placement lm_grad = head->lm_head->InputGradient();
+  z.Edge(lnf.output, lm.inputs[0], lm_grad, N, C, &e);
+  if (Regathers(lnf.output, lm.inputs[0])) {
+    Grow(&e, StageWork::kGather, z.Local(lm.inputs[0], N, C));
+    z.Comm(lnf.output, lm.inputs[0], N, C, &e);
+  } else {
+    e.slot_bytes += z.Storage(lnf.output, lm.inputs[0], N, C);
+  }
+  e.flops += 3 * z.LinearFlops(lm, N, C, V);
+  const Placement ce = loss.inputs[0];
+  e.slot_bytes += z.Local(lm.output, N, V) + z.Storage(lm.output, ce, N, V);
+  e.slot_bytes += z.Local(ce, N, V);         // probabilities
+  e.slot_bytes += z.Rows(ce, N) * (4 + 16);  // the loss's max and sums
+  z.Edge(lm.output, ce, ce, N, V, &e);
+  e.bytes += 6.0 * z.Local(ce, N, V);
+  Grow(&e, StageWork::kDlogits, z.Storage(ce, lm.output.Resolved(), N, V));
+  Grow(&e, StageWork::kDlnf, z.Local(lm_grad, N, C));
+  Grow(&e, StageWork::kDh, z.Storage(lm_grad, lnf.output.Resolved(), N, C));
+  Grow(&e, StageWork::kDxLnf, z.Local(lnf.inputs[0], N, C));
+  Grow(&e, StageWork::kDres2, z.Storage(lnf.inputs[0], x.Resolved(), N, C));
+  if (lm.rows_over_tp && tp > 1 && !wte_summed) {
+    const int s = head->lm_head->weight_split();
+    e.tp_sum_floats += s == 0 ? (V + tp - 1) / tp * C : s == 1 ? V * ((C + tp - 1) / tp) : V * C;
+  }
+  return e;
 }
 
 StageWork OpGpt::Estimate(int64_t N, int T, std::vector<StageWork>* per_block,
                           StageWork* ends) const {
-  const Sizer z{stage_.tp};
-  const int64_t C = config_.embed, V = config_.vocab, tp = stage_.tp;
-  StageWork e;  // everything but the blocks
+  const int tp = stage_.tp;
+  StageWork e = EstimateInput(config_, tp, stage_.first ? &embedding_ : nullptr, N);
   Placement x = stream_in_;
-  e.slot_bytes += z.Local(x, N, C);  // x0: the embedding's, or the previous stage's output
-  if (stage_.first) {
-    e.slot_bytes += N * 4;  // tokens
-    e.bytes += 3.0 * z.Local(x, N, C) * 2;
-    if (embedding_.info().rows_over_tp && tp > 1) e.tp_sum_floats += config_.context * C;
-  } else {
-    Grow(&e, StageWork::kInputGrad, N * C * 4);
-  }
   StageWork total;
   if (per_block != nullptr) per_block->clear();
   for (const Block& b : blocks_) {
@@ -931,45 +996,9 @@ StageWork OpGpt::Estimate(int64_t N, int T, std::vector<StageWork>* per_block,
     total.Add(bw);
     x = b.add2.info().output;
   }
-  if (stage_.last) {
-    e.slot_bytes += N * 4;  // targets
-    e.slot_bytes += z.Storage(x, lnf_e_.to, N, C);
-    z.Edge(x, lnf_e_.to, lnf_e_.grad, N, C, &e);
-    e.slot_bytes += z.Local(lnf_.info().output, N, C) + 2 * 4 * z.Rows(lnf_.info().output, N);
-    e.bytes += 5.0 * z.Local(lnf_.info().inputs[0], N, C);
-    if (lnf_.info().rows_over_tp && tp > 1) e.tp_sum_floats += 2 * C;
-    z.Edge(lm_e_.from, lm_e_.to, lm_e_.grad, N, C, &e);
-    if (Regather(lm_e_)) {
-      Grow(&e, StageWork::kGather, z.Local(lm_e_.to, N, C));
-      z.Comm(lm_e_.from, lm_e_.to, N, C, &e);
-    } else {
-      e.slot_bytes += z.Storage(lm_e_.from, lm_e_.to, N, C);
-    }
-    const double f = z.LinearFlops(lm_head_.info(), N, C, V);
-    e.flops += 3 * f;
-    const int64_t logits = z.Local(lm_head_.info().output, N, V);
-    e.slot_bytes += logits + z.Storage(ce_e_.from, ce_e_.to, N, V);
-    e.slot_bytes += z.Local(ce_e_.to, N, V);  // probabilities
-    e.slot_bytes += z.Rows(ce_e_.to, N) * (4 + 16);  // the loss's max and sums
-    z.Edge(ce_e_.from, ce_e_.to, ce_e_.grad, N, V, &e);
-    e.bytes += 6.0 * z.Local(ce_e_.to, N, V);
-    Grow(&e, StageWork::kDlogits, z.Storage(ce_e_.grad, ce_e_.from.Resolved(), N, V));
-    Grow(&e, StageWork::kDlnf, z.Local(lm_head_.InputGradient(), N, C));
-    Grow(&e, StageWork::kDh, z.Storage(lm_e_.grad, lm_e_.from.Resolved(), N, C));
-    Grow(&e, StageWork::kDxLnf, z.Local(lnf_.info().inputs[0], N, C));
-    Grow(&e, StageWork::kDres2, z.Storage(lnf_e_.grad, lnf_e_.from.Resolved(), N, C));
-  } else {
-    e.slot_bytes += z.Storage(x, out_e_.to, N, C);
-    z.Edge(x, out_e_.to, out_e_.grad, N, C, &e);
-    Grow(&e, StageWork::kTmp, N * C * 4);
-    Grow(&e, StageWork::kDres2, z.Storage(out_e_.grad, out_e_.from.Resolved(), N, C));
-  }
-  // wte: once, whichever of its operators makes its gradient partial.
-  if (tp > 1 && ((stage_.first && embedding_.info().rows_over_tp) ||
-                 (stage_.last && lm_head_.info().rows_over_tp))) {
-    const int s = embedding_.weight_split();
-    e.tp_sum_floats += (s == 0 ? (V + tp - 1) / tp * C : s == 1 ? V * ((C + tp - 1) / tp) : V * C);
-  }
+  const HeadOps head{&lnf_, &lm_head_, &loss_};
+  e.Add(EstimateOutput(config_, tp, x, stage_.last ? &head : nullptr, N,
+                       stage_.first && embedding_.info().rows_over_tp));
   if (ends != nullptr) *ends = e;
   total.Add(e);
   return total;

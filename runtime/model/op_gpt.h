@@ -99,6 +99,14 @@ class OpGpt {
   // none): what GptStage::tp_dims takes. The same for every stage.
   const std::map<std::string, int>& param_splits() const { return param_splits_; }
 
+  // What param_splits() holds for block `layer`'s parameters (its linears'
+  // strategies) and for wte, wpe and ln_f (the embedding's); tp = 1 cuts
+  // nothing (the caller sets every entry to -1).
+  static void BlockParamSplits(int layer, int tp, const LinearOp& qkv, const LinearOp& proj,
+                               const LinearOp& fc, const LinearOp& fcproj,
+                               std::map<std::string, int>* splits);
+  static void EndParamSplits(const EmbeddingOp& embedding, std::map<std::string, int>* splits);
+
   // Binds the operators to the stage's parameters (a Gpt created with
   // param_splits()) and to the tp group (null when tp = 1); both must
   // outlive this.
@@ -130,6 +138,43 @@ class OpGpt {
   // every redistribution inserted between them (forward and backward), its
   // collective and bytes per rank for a batch of `rows` = B x T rows.
   std::string Describe(int64_t rows) const;
+
+  // One half of a block (x --ln--> --in--> --attn or gelu--> --out--> add(x,
+  // .)), from its operators: what a search puts together.
+  struct HalfOps {
+    const LayerNormOp* ln;
+    const LinearOp* in;
+    const AttentionOp* attn;  // the attention half, or
+    const GeluOp* gelu;       // the MLP half
+    const LinearOp* out;
+    const AddOp* add;
+  };
+  // Its work with its input stream placed as `x`: the forward (whose
+  // slot_bytes are its activations) and the backward (with what
+  // selective recompute runs again).
+  struct HalfWork {
+    StageWork forward, backward;
+  };
+  static HalfWork EstimateHalf(const GptConfig& config, int tp, const HalfOps& h, Placement x,
+                               int64_t N, int T, Recompute rc);
+  // The ends of a stage: its input (the embedding's output on the first
+  // stage, else the previous stage's output) and its output (ln_f, the
+  // output projection and the loss on the last, else the transfer to the
+  // next stage), the stream arriving placed as `x`. `wte_summed`: the
+  // embedding of the same stage already sums wte's partial gradient.
+  struct HeadOps {
+    const LayerNormOp* lnf;
+    const LmHeadOp* lm_head;
+    const CrossEntropyOp* loss;
+  };
+  static StageWork EstimateInput(const GptConfig& config, int tp, const EmbeddingOp* embedding,
+                                 int64_t N);
+  static StageWork EstimateOutput(const GptConfig& config, int tp, Placement x,
+                                  const HeadOps* head, int64_t N, bool wte_summed);
+  // A block from its halves (full recompute: the forward twice, the slot
+  // keeping only the output, `out_bytes`).
+  static StageWork EstimateBlock(const HalfWork& attention, const HalfWork& mlp, Recompute rc,
+                                 int64_t out_bytes);
 
   // The stage's work on one rank for micro-batches of `rows` = b x T rows
   // of a replica (StageWork). With `per_block`, also each block's own (the

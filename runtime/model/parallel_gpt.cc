@@ -183,15 +183,16 @@ GptStage ParallelGpt::Stage(int s, int t) const {
   return g;
 }
 
-Layout ParallelGpt::LayoutOf(const ParamInfo& p, int stage, bool optimizer) const {
+Layout ParallelGpt::LayoutOf(const ParallelConfig& parallel, const ParamInfo& p, int stage,
+                             bool optimizer) {
   Layout layout = Layout::Replicated(p.full_shape, DType::kF32);
   layout.view = p.view;
   if (p.tp_dim >= 0) {
     layout.dim_axes.assign(p.split_shape().size(), {});
     layout.dim_axes[p.tp_dim] = {"tp"};
   }
-  if (optimizer && parallel_.zero == 1) layout.opt_axes = {"dp"};
-  if (parallel_.pp > 1) {
+  if (optimizer && parallel.zero == 1) layout.opt_axes = {"dp"};
+  if (parallel.pp > 1) {
     layout.stage_axis = "pp";
     layout.stage = stage;
   }
@@ -225,7 +226,7 @@ Status ParallelGpt::Build() {
     std::vector<int64_t> coords = comms_.coordinates();
     const int dp_axis = comms_.mesh().FindAxis("dp");
     for (const ParamInfo& p : params) {
-      ASSIGN_OR_RETURN(ShardGrid grid, ShardGrid::Create(comms_.mesh(), LayoutOf(p, stage_, true)));
+      ASSIGN_OR_RETURN(ShardGrid grid, ShardGrid::Create(comms_.mesh(), LayoutOf(parallel_, p, stage_, true)));
       const int64_t row = p.box[0].size() > 0 ? p.numel / p.box[0].size() : 0;
       Shard s{&p, 0, {}, {}, offset};
       for (int r = 0; r < dp; ++r) {
@@ -508,22 +509,32 @@ Result<float> ParallelGpt::StepRows(const int32_t* tokens, const int32_t* target
   return static_cast<float>(loss);
 }
 
-Result<Strategy> ParallelGpt::strategy() const {
+Result<Strategy> ParallelGpt::strategy() const { return StrategyOf(model_.config(), parallel_); }
+
+Result<Strategy> ParallelGpt::StrategyOf(const GptConfig& config, const ParallelConfig& parallel) {
+  ASSIGN_OR_RETURN(Mesh mesh, parallel.MakeMesh());
+  // The parameters' cuts: what the operators make of them (the same on
+  // every stage).
+  GptStage first = StageOf(config, parallel.pp, 0, parallel.tp, 0, parallel.stage_layers);
+  ASSIGN_OR_RETURN(std::unique_ptr<OpGpt> ops, StageOps(config, parallel, mesh, first));
+  std::shared_ptr<const std::map<std::string, int>> dims;
+  if (ops != nullptr) dims = std::make_shared<const std::map<std::string, int>>(ops->param_splits());
   // Every stage's parameters (the tied copy is not a tensor of its own),
   // each on its stage of the pp axis when there are several.
-  const int pp = parallel_.pp;
+  const int pp = parallel.pp;
   std::vector<std::pair<ParamInfo, int>> all;
   for (int s = 0; s < pp; ++s) {
-    ASSIGN_OR_RETURN(std::vector<ParamInfo> params,
-                     Gpt::Params(model_.config(), Stage(s, 0)));
+    GptStage stage = StageOf(config, pp, s, parallel.tp, 0, parallel.stage_layers);
+    stage.tp_dims = dims;
+    ASSIGN_OR_RETURN(std::vector<ParamInfo> params, Gpt::Params(config, stage));
     for (ParamInfo& p : params) {
       if (!p.tied_copy) all.emplace_back(std::move(p), s);
     }
   }
-  Strategy strategy(comms_.mesh());
-  for (const auto& [p, s] : all) RETURN_IF_ERROR(strategy.Add({p.name, LayoutOf(p, s, false)}));
+  Strategy strategy(mesh);
+  for (const auto& [p, s] : all) RETURN_IF_ERROR(strategy.Add({p.name, LayoutOf(parallel, p, s, false)}));
   for (const auto& [p, s] : all) {
-    const Layout layout = LayoutOf(p, s, true);
+    const Layout layout = LayoutOf(parallel, p, s, true);
     RETURN_IF_ERROR(strategy.Add({"optimizer." + p.name + ".exp_avg", layout}));
     RETURN_IF_ERROR(strategy.Add({"optimizer." + p.name + ".exp_avg_sq", layout}));
   }

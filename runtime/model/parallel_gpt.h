@@ -148,6 +148,9 @@ class ParallelGpt {
   // The layout of every parameter and optimizer state on the mesh, named as
   // checkpoints name them ("wte", "optimizer.wte.exp_avg", ...).
   Result<Strategy> strategy() const;
+  // The same without a job: the layouts `parallel` gives `config`'s
+  // parameters and optimizer states (for a plan made on paper).
+  static Result<Strategy> StrategyOf(const GptConfig& config, const ParallelConfig& parallel);
 
   // Collective. Under ZeRO-1, assembles the whole Adam moments into
   // model().adam_m/adam_v on every rank (for a merged save); a no-op
@@ -192,7 +195,8 @@ class ParallelGpt {
   Status Build();
   // The layout of parameter `p` (of a stage `stage`; its optimizer state's
   // when `optimizer`) on the mesh: what strategy() records.
-  Layout LayoutOf(const ParamInfo& p, int stage, bool optimizer) const;
+  static Layout LayoutOf(const ParallelConfig& parallel, const ParamInfo& p, int stage,
+                         bool optimizer);
   // Forward and backward of this rank's rows [first row, + rows) in
   // micro-batches (1F1B over the stages); returns the sum of the
   // micro-batches' mean losses on the last stage, 0 elsewhere.

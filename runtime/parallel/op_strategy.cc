@@ -237,6 +237,66 @@ Result<OpStrategyFile> OpStrategyFile::Parse(std::string_view text, const std::s
   return file;
 }
 
+std::string OpStrategyFile::ToJson() const {
+  Json root;
+  root["format"] = kOpStrategyFormat;
+  root["version"] = 1;
+  Json mesh = Json::object();
+  for (auto [name, v] : {std::pair{"pp", pp}, {"dp", dp}, {"tp", tp}}) {
+    if (v.has_value()) mesh[name] = *v;
+  }
+  if (!mesh.empty()) root["mesh"] = mesh;
+  if (zero.has_value()) root["zero"] = *zero;
+  if (micro_batches.has_value()) root["micro_batches"] = *micro_batches;
+  if (!stage_layers.empty()) root["stage_layers"] = stage_layers;
+  if (!recompute.empty()) {
+    Json r = Json::object();
+    for (const auto& [block, mode] : recompute) r[block] = mode;
+    root["recompute"] = r;
+  }
+  if (!dataset_strategy.empty()) root["dataset_strategy"] = dataset_strategy;
+  Json ops = Json::object();
+  for (const Entry& e : operators) {
+    Json inputs = Json::array();
+    for (size_t i = 0; i < e.axes.size(); ++i) {
+      Json dims = Json::array();
+      for (size_t d = 0; d < e.axes[i].size(); ++d) {
+        const DimAxes& a = e.axes[i][d];
+        const int64_t count = i < e.counts.size() && d < e.counts[i].size() ? e.counts[i][d] : 1;
+        if (a.empty()) {
+          dims.push_back(count > 1 ? Json(count) : Json(nullptr));
+        } else if (a.size() == 1) {
+          dims.push_back(a[0]);
+        } else {
+          dims.push_back(a);
+        }
+      }
+      inputs.push_back(dims);
+    }
+    ops[e.pattern] = inputs;
+  }
+  root["operators"] = ops;
+  // One operator per line: the strategies stay readable.
+  std::string out = "{\n";
+  bool first = true;
+  for (const auto& [key, value] : root.items()) {
+    out += first ? "" : ",\n";
+    first = false;
+    if (key != "operators") {
+      out += "  " + Json(key).dump() + ": " + value.dump();
+      continue;
+    }
+    out += "  \"operators\": {";
+    bool first_op = true;
+    for (const auto& [name, st] : value.items()) {
+      out += std::string(first_op ? "\n" : ",\n") + "    " + Json(name).dump() + ": " + st.dump();
+      first_op = false;
+    }
+    out += "\n  }";
+  }
+  return out + "\n}\n";
+}
+
 Result<OpStrategyFile> OpStrategyFile::Load(const std::string& path) {
   auto text = ReadFileToString(Env::Default(), path);
   if (!text.ok()) {

@@ -99,6 +99,9 @@ struct OpStrategyFile {
   std::vector<Entry> operators;
 
   static Result<OpStrategyFile> Parse(std::string_view json, const std::string& source);
+  // The file's text (Parse reads it back to an equal file; split counts
+  // are written as counts, axes as names).
+  std::string ToJson() const;
   static Result<OpStrategyFile> Load(const std::string& path);
 };
 

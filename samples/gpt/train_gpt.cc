@@ -178,6 +178,7 @@ Result<ParallelConfig> AutoParallel(const Options& o, Communicator& world) {
   }
   SearchOptions search;
   search.mode = o.auto_parallel;
+  if (o.auto_parallel == "propagate") search.fixed = o.parallel.op_strategy;
   search.rank_memory = o.rank_memory;
   search.bucket_bytes = o.parallel.bucket_bytes;
   ASSIGN_OR_RETURN(SearchResult r,
@@ -602,8 +603,10 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"f32", "bf16", "f16"}));
   app.add_option("--auto-parallel", o.auto_parallel,
                  "choose the parallel configuration (mesh, operator strategies, micro-batches, "
-                 "ZeRO, recompute, pipeline stages) by a cost-model search: fast")
-      ->check(CLI::IsMember({"fast"}));
+                 "ZeRO, recompute, pipeline stages) by a cost-model search: fast (among data "
+                 "parallelism, Megatron and Megatron-SP), exact (every operator's own choice) or "
+                 "propagate (exact, keeping what --op-strategy FILE sets)")
+      ->check(CLI::IsMember({"fast", "exact", "propagate"}));
   std::string rank_memory;
   app.add_option("--rank-memory", rank_memory,
                  "--auto-parallel: memory per rank the configuration must fit (2GiB; default: "
@@ -623,8 +626,13 @@ int main(int argc, char** argv) {
     o.rank_memory = *bytes;
   }
   if (!o.auto_parallel.empty()) {
+    if ((o.auto_parallel == "propagate") != !op_strategy.empty()) {
+      return Fail(InvalidArgumentError(o.auto_parallel == "propagate"
+                                           ? "--auto-parallel propagate completes --op-strategy FILE: give one"
+                                           : "--op-strategy fixes the strategy: use --auto-parallel propagate"));
+    }
     for (const char* flag : {"--dp", "--tp", "--pp", "--zero", "--micro-batches", "--recompute",
-                             "--sequence-parallel", "--op-strategy"}) {
+                             "--sequence-parallel"}) {
       if (app.count(flag) > 0) {
         return Fail(InvalidArgumentError(std::string("--auto-parallel chooses ") + (flag + 2) +
                                          ": drop " + flag));
