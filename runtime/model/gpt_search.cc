@@ -608,16 +608,13 @@ Result<SearchResult> SearchGptParallel(const GptConfig& config, int B, int T, in
       // The user's operators (propagate), resolved on this mesh.
       std::map<std::string, OpStrategy> user;
       if (fixed != nullptr) {
-        auto r = ResolveOpStrategies(*fixed, OpGpt::Signatures(config), mesh);
+        auto r = ResolveOpStrategies(*fixed, OpGpt::Signatures(config), mesh, /*named_only=*/true);
         if (!r.ok()) {
           if (why_none.empty()) why_none = r.status().message();
           continue;
         }
         std::map<std::string, OpStrategy> named;
         for (const auto& [name, st] : *r) {
-          bool listed = false;
-          for (const auto& e : fixed->operators) listed = listed || MatchesOpPattern(e.pattern, name);
-          if (!listed) continue;
           // Blocks fold: h.<i>.<op> must agree for every i.
           std::string key = name;
           if (name.starts_with("h.")) key = "h.0." + name.substr(name.find('.', 2) + 1);

@@ -308,7 +308,7 @@ Result<OpStrategyFile> OpStrategyFile::Load(const std::string& path) {
 
 Result<std::map<std::string, OpStrategy>> ResolveOpStrategies(const OpStrategyFile& file,
                                                               const std::vector<OpSignature>& ops,
-                                                              const Mesh& mesh) {
+                                                              const Mesh& mesh, bool named_only) {
   const std::string where = file.source.empty() ? "operator strategy" : file.source;
   auto fail = [&](const std::string& op, const std::string& what) {
     return InvalidArgumentError(where + ": operator '" + op + "': " + what);
@@ -348,6 +348,7 @@ Result<std::map<std::string, OpStrategy>> ResolveOpStrategies(const OpStrategyFi
   for (const OpSignature& op : ops) {
     OpStrategy s;
     auto it = chosen.find(op.name);
+    if (it == chosen.end() && named_only) continue;
     if (it == chosen.end()) {
       for (size_t i = 0; i < op.inputs.size(); ++i) {
         InputStrategy in(op.inputs[i].shape.size());

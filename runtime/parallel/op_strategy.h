@@ -117,9 +117,12 @@ bool MatchesOpPattern(std::string_view pattern, std::string_view name);
 // twice in one input, a cut that does not divide its dimension, an
 // ambiguous split count, a parameter given different layouts by two
 // operators (both named).
+// With `named_only`, only the operators the file names (what a search
+// completes).
 Result<std::map<std::string, OpStrategy>> ResolveOpStrategies(const OpStrategyFile& file,
                                                               const std::vector<OpSignature>& ops,
-                                                              const Mesh& mesh);
+                                                              const Mesh& mesh,
+                                                              bool named_only = false);
 
 }  // namespace tessera
 

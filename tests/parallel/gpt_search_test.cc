@@ -228,3 +228,292 @@ TEST_CASE("the search is deterministic, keeps the budget, and says what would fi
 
 }  // namespace
 }  // namespace tessera
+
+namespace tessera {
+namespace {
+
+const MachineProfile& Dgx() {
+  static const MachineProfile p = [] {
+    auto r = MachineProfile::Load(std::string(TESSERA_SOURCE_DIR) +
+                                  "/samples/gpt/profiles/dgx-a100-80gb.json");
+    REQUIRE(r.ok());
+    return *r;
+  }();
+  return p;
+}
+
+OpStrategyFile::Entry Entry(const std::string& pattern, std::vector<InputStrategy> inputs) {
+  OpStrategyFile::Entry e;
+  e.pattern = pattern;
+  for (const auto& in : inputs) e.counts.emplace_back(in.size(), 1);
+  e.axes = std::move(inputs);
+  return e;
+}
+
+// The search's choice for every operator of block 0 and the ends.
+std::map<std::string, std::string> Chosen(const GptConfig& c, const SearchResult& r) {
+  auto mesh = Mesh::Create({"pp", "dp", "tp"}, {r.parallel.pp, r.parallel.dp, r.parallel.tp});
+  REQUIRE(mesh.ok());
+  REQUIRE(r.parallel.op_strategy != nullptr);
+  auto s = ResolveOpStrategies(*r.parallel.op_strategy, OpGpt::Signatures(c), *mesh);
+  REQUIRE(s.ok());
+  std::map<std::string, std::string> out;
+  for (const auto& [name, st] : *s) {
+    if (!name.starts_with("h.") || name.starts_with("h.0.")) out[name] = st.ToString();
+  }
+  return out;
+}
+
+Result<SearchResult> Propagate(const GptConfig& c, int B, int T, int devices, const OpStrategyFile& f,
+                               int64_t budget = 0) {
+  SearchOptions o;
+  o.mode = "propagate";
+  o.fixed = std::make_shared<OpStrategyFile>(f);
+  o.rank_memory = budget;
+  return SearchGptParallel(c, B, T, devices, Dgx(), o);
+}
+
+TEST_CASE("the exact search equals brute force on a small graph, with and without a budget") {
+  // One block on tp = 2: eight operators fixed, six free (c_attn,
+  // attention, c_proj, c_fc, mlp.c_proj, lm_head): 1,536 assignments, each
+  // predicted by the full walk (PredictGptStep), against the search's sums
+  // of halves with its dominance pruning and bounds.
+  const GptConfig c{.layers = 1, .heads = 4, .embed = 32, .context = 16, .vocab = 96};
+  const int B = 8, T = 16;
+  const DimAxes none, d{"dp"}, t{"tp"}, dt{"dp", "tp"};
+  OpStrategyFile fixed;
+  fixed.source = "<fixed>";
+  fixed.pp = 1;
+  fixed.dp = 1;
+  fixed.tp = 2;
+  fixed.zero = 0;
+  fixed.micro_batches = 1;
+  fixed.recompute = {{"h.*", "none"}};
+  fixed.operators = {Entry("h.*.ln_1", {{dt, none}}),          Entry("h.*.ln_2", {{dt, none}}),
+                     Entry("ln_f", {{dt, none}}),              Entry("h.*.add_1", {{dt, none}, {dt, none}}),
+                     Entry("h.*.add_2", {{dt, none}, {dt, none}}), Entry("h.*.mlp.gelu", {{d, t}}),
+                     Entry("embedding", {{none, none}, {dt}}),  Entry("loss", {{d, t}, {d}})};
+  const std::vector<InputStrategy> linear[] = {{{d, none}, {none, none}}, {{d, none}, {none, t}},
+                                               {{d, t}, {t, none}}, {{dt, none}, {none, none}}};
+  const std::vector<InputStrategy> attention[] = {{{d, none}}, {{d, t}}, {{dt, none}}};
+  const std::vector<InputStrategy> head[] = {{{d, none}, {none, none}}, {{dt, none}, {none, none}}};
+  struct Best {
+    double seconds = 1e300;
+    int64_t memory = 0;
+    std::map<std::string, std::string> ops;
+  };
+  auto brute = [&](int64_t budget) {
+    Best best;
+    int64_t runs = 0;
+    for (const auto& qkv : linear) for (const auto& attn : attention) for (const auto& proj : linear)
+    for (const auto& fc : linear) for (const auto& fcproj : linear) for (const auto& lm : head) {
+      OpStrategyFile f = fixed;
+      f.operators.push_back(Entry("h.*.attn.c_attn", qkv));
+      f.operators.push_back(Entry("h.*.attn.attention", attn));
+      f.operators.push_back(Entry("h.*.attn.c_proj", proj));
+      f.operators.push_back(Entry("h.*.mlp.c_fc", fc));
+      f.operators.push_back(Entry("h.*.mlp.c_proj", fcproj));
+      f.operators.push_back(Entry("lm_head", lm));
+      ParallelConfig par;
+      par.tp = 2;
+      par.micro_batches = 1;
+      par.op_strategy = std::make_shared<OpStrategyFile>(f);
+      auto p = PredictGptStep(c, B, T, par, Dgx());
+      if (!p.ok()) continue;  // a strategy that cannot run here
+      ++runs;
+      if (p->memory.total() > budget || !(p->seconds < best.seconds)) continue;
+      SearchResult as{par, *p};
+      best = {p->seconds, p->memory.total(), Chosen(c, as)};
+    }
+    CHECK(runs > 1000);
+    return best;
+  };
+  const Best free = brute(std::numeric_limits<int64_t>::max());
+  auto r = Propagate(c, B, T, 2, fixed);
+  INFO(r.status().ToString());
+  REQUIRE(r.ok());
+  CHECK(r->predicted.seconds == Approx(free.seconds).epsilon(1e-12));
+  CHECK(Chosen(c, *r) == free.ops);
+  // Under a budget below that optimum's memory, another optimum.
+  const Best tight = brute(free.memory - 1);
+  REQUIRE(tight.seconds < 1e300);
+  CHECK(tight.seconds > free.seconds);
+  auto rt = Propagate(c, B, T, 2, fixed, free.memory - 1);
+  INFO(rt.status().ToString());
+  REQUIRE(rt.ok());
+  CHECK(rt->predicted.seconds == Approx(tight.seconds).epsilon(1e-12));
+  CHECK(Chosen(c, *rt) == tight.ops);
+}
+
+TEST_CASE("exact rediscovers Megatron's column/row alternation when weights dominate") {
+  // Model: 2 blocks, C = 4096, 32 heads, vocabulary 32768; batch 4 x 128
+  // tokens; mesh tp = 8 (the file fixes only the mesh and the settings);
+  // no budget. Expected: c_attn and c_fc by columns, c_proj and mlp.c_proj
+  // by rows, attention by heads, vocabulary-parallel embedding and loss.
+  const GptConfig c{.layers = 2, .heads = 32, .embed = 4096, .context = 128, .vocab = 32768};
+  OpStrategyFile mesh;
+  mesh.source = "<tp8>";
+  mesh.pp = 1;
+  mesh.dp = 1;
+  mesh.tp = 8;
+  mesh.zero = 0;
+  mesh.micro_batches = 1;
+  auto r = Propagate(c, 4, 128, 8, mesh);
+  INFO(r.status().ToString());
+  REQUIRE(r.ok());
+  INFO(r->name);
+  const auto ops = Chosen(c, *r);
+  CHECK(ops.at("h.0.attn.c_attn") == "((dp, -), (-, tp))");
+  CHECK(ops.at("h.0.attn.attention") == "((dp, tp),)");
+  CHECK(ops.at("h.0.attn.c_proj") == "((dp, tp), (tp, -))");
+  CHECK(ops.at("h.0.mlp.c_fc") == "((dp, -), (-, tp))");
+  CHECK(ops.at("h.0.mlp.c_proj") == "((dp, tp), (tp, -))");
+  CHECK(ops.at("embedding") == "((tp, -), (dp,))");
+  CHECK(ops.at("loss") == "((dp, tp), (dp,))");
+  // Short sequences: the layer norms stay whole (no sequence parallelism).
+  CHECK(ops.at("h.0.ln_1") == "((dp, -),)");
+  // Long ones (2048 tokens): activations dominate, and the layer norms and
+  // residual adds are cut by rows over tp (Megatron's sequence
+  // parallelism) while the MLP stays Megatron's.
+  GptConfig longer = c;
+  longer.context = 2048;
+  longer.vocab = 8192;
+  auto l = Propagate(longer, 4, 2048, 8, mesh);
+  REQUIRE(l.ok());
+  INFO(l->name);
+  const auto lops = Chosen(longer, *l);
+  for (const char* op : {"h.0.ln_1", "h.0.ln_2"}) CHECK(lops.at(op) == "((dp*tp, -),)");
+  for (const char* op : {"h.0.add_1", "h.0.add_2"}) CHECK(lops.at(op) == "((dp*tp, -), (dp*tp, -))");
+  CHECK(lops.at("h.0.mlp.c_fc") == "((dp, -), (-, tp))");
+  CHECK(lops.at("h.0.mlp.c_proj") == "((dp, tp), (tp, -))");
+}
+
+TEST_CASE("exact chooses pure data parallelism when the batch dwarfs the hidden size") {
+  // MindSpore's own test: a MatMul on 16 devices whose batch dwarfs its
+  // weights gets [[16, 1], [1, 1]]. Model: 2 blocks, C = 64; batch 512 x 64.
+  const GptConfig c{.layers = 2, .heads = 4, .embed = 64, .context = 64, .vocab = 512};
+  SearchOptions o;
+  o.mode = "exact";
+  auto r = SearchGptParallel(c, 512, 64, 16, Dgx(), o);
+  INFO(r.status().ToString());
+  REQUIRE(r.ok());
+  INFO(r->name);
+  // Every rank a replica: the rows cut over all 16 devices (over dp, or
+  // over dp and then tp, where the cost model sums the gradients over tp
+  // inside a host first), the weights whole.
+  CHECK(r->parallel.pp == 1);
+  CHECK(r->parallel.dp * r->parallel.tp == 16);
+  const auto ops = Chosen(c, *r);
+  for (const char* op : {"h.0.attn.c_attn", "h.0.attn.c_proj", "h.0.mlp.c_fc", "h.0.mlp.c_proj"}) {
+    CHECK(ops.at(op) == (r->parallel.tp == 1 ? "((dp, -), (-, -))" : "((dp*tp, -), (-, -))"));
+  }
+}
+
+TEST_CASE("exact is never slower than fast, and its answer does not depend on the file's order") {
+  const GptConfig c{.layers = 4, .heads = 8, .embed = 256, .context = 256, .vocab = 4096};
+  SearchOptions o;
+  o.mode = "fast";
+  auto f = SearchGptParallel(c, 16, 256, 8, Dgx(), o);
+  o.mode = "exact";
+  auto e = SearchGptParallel(c, 16, 256, 8, Dgx(), o);
+  REQUIRE(f.ok());
+  REQUIRE(e.ok());
+  CHECK(e->predicted.seconds <= f->predicted.seconds);
+  // propagate from a file, its operators listed in two orders.
+  const DimAxes none, d{"dp"}, t{"tp"};
+  OpStrategyFile a;
+  a.source = "<a>";
+  a.tp = 4;
+  a.operators = {Entry("h.*.mlp.c_fc", {{d, none}, {none, t}}), Entry("h.*.attn.c_attn", {{d, none}, {none, t}}),
+                 Entry("embedding", {{t, none}, {d}})};
+  OpStrategyFile b = a;
+  std::reverse(b.operators.begin(), b.operators.end());
+  auto ra = Propagate(c, 16, 256, 8, a), rb = Propagate(c, 16, 256, 8, b);
+  INFO(ra.status().ToString());
+  REQUIRE(ra.ok());
+  REQUIRE(rb.ok());
+  CHECK(ra->name == rb->name);
+  CHECK(ra->parallel.op_strategy->ToJson() == rb->parallel.op_strategy->ToJson());
+  // The file's choices are kept.
+  const auto ops = Chosen(c, *ra);
+  CHECK(ops.at("h.0.mlp.c_fc") == "((dp, -), (-, tp))");
+  CHECK(ra->parallel.tp == 4);
+  // A strategy the operator refuses is named.
+  OpStrategyFile bad = a;
+  bad.operators.push_back(Entry("h.*.ln_1", {{t, none}}));
+  auto rbad = Propagate(c, 16, 256, 8, bad);
+  REQUIRE_FALSE(rbad.ok());
+  CHECK(rbad.status().message().find("ln_1") != std::string::npos);
+}
+
+TEST_CASE("operator strategy files round-trip through ToJson") {
+  OpStrategyFile f = OpGpt::Megatron(true);
+  f.pp = 2;
+  f.dp = 2;
+  f.tp = 2;
+  f.zero = 1;
+  f.micro_batches = 4;
+  f.stage_layers = {3, 1};
+  f.recompute = {{"h.*", "selective"}};
+  auto back = OpStrategyFile::Parse(f.ToJson(), "<json>");
+  INFO(f.ToJson());
+  REQUIRE(back.ok());
+  CHECK(back->ToJson() == f.ToJson());
+  CHECK(back->stage_layers == f.stage_layers);
+  REQUIRE(back->operators.size() == f.operators.size());
+  for (size_t i = 0; i < f.operators.size(); ++i) CHECK(back->operators[i].axes == f.operators[i].axes);
+}
+
+}  // namespace
+}  // namespace tessera
+
+#include "ckpt/mindspore.h"
+
+namespace tessera {
+namespace {
+
+TEST_CASE("a plan's checkpoint layouts convert to MindSpore's strategy form and back") {
+  const GptConfig c{.layers = 2, .heads = 4, .embed = 32, .context = 16, .vocab = 96};
+  // Megatron's c_attn is cut by heads, in its [C, 3, C] view: MindSpore
+  // cannot say that, and the error names the tensor.
+  ParallelConfig megatron;
+  megatron.dp = 2;
+  megatron.tp = 2;
+  auto m = ParallelGpt::StrategyOf(c, megatron);
+  REQUIRE(m.ok());
+  auto refused = StrategyToMindSpore(*m);
+  REQUIRE_FALSE(refused.ok());
+  CHECK(refused.status().message().find("h.0.attn.c_attn.weight") != std::string::npos);
+  // Data parallel with ZeRO-1 (optimizer states sharded over dp): MindSpore's
+  // opt_weight_shard.
+  ParallelConfig par;
+  par.dp = 4;
+  par.zero = 1;
+  auto layouts = ParallelGpt::StrategyOf(c, par);
+  INFO(layouts.status().ToString());
+  REQUIRE(layouts.ok());
+  auto ms = StrategyToMindSpore(*layouts);
+  INFO(ms.status().ToString());
+  REQUIRE(ms.ok());
+  auto back = MindSporeToStrategy({*ms}, *layouts);
+  INFO(back.status().ToString());
+  REQUIRE(back.ok());
+  // Every rank holds the same box of every parameter under both.
+  REQUIRE(back->tensors().size() == layouts->tensors().size());
+  for (size_t i = 0; i < layouts->tensors().size(); ++i) {
+    const TensorStrategy &a = layouts->tensors()[i], &b = back->tensors()[i];
+    INFO(a.name);
+    CHECK(a.name == b.name);
+    if (a.name.starts_with("optimizer.")) continue;  // parameters: what the file records
+    for (int64_t r = 0; r < 4; ++r) {
+      auto x = ShardOf(a.layout, layouts->mesh(), r);
+      auto y = ShardOf(b.layout, back->mesh(), r);
+      REQUIRE(x.ok());
+      REQUIRE(y.ok());
+      CHECK(*x == *y);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace tessera

@@ -34,11 +34,12 @@ done
 # (deterministic: the same file, the same choice), trained, reproduces the
 # single-process losses; a budget nothing fits is refused with nothing run.
 PROFILE="$(dirname "$0")/../../samples/gpt/profiles/debian-vm-2core.json"
-for budget in "400KiB:pp=2,dp=1,tp=2 megatron_sp" "2MiB:pp=1,dp=4,tp=1 data_parallel"; do
+for budget in "400KiB:pp=2,dp=1,tp=2 micro_batches=8 zero=0 recompute=none [ln_1 rows, c_attn col" \
+  "2MiB:pp=1,dp=4,tp=1 micro_batches=1 zero=1 recompute=none [data parallel]"; do
   "$BIN" "${SMALL[@]}" --steps 30 --ranks 4 --auto-parallel fast --profile "$PROFILE" \
     --rank-memory "${budget%%:*}" >"$WORK/auto.log" 2>&1
   check "--auto-parallel fast --rank-memory ${budget%%:*}: chooses ${budget#*:}" \
-    grep -q "): ${budget#*:} " "$WORK/auto.log"
+    grep -qF "): ${budget#*:}" "$WORK/auto.log"
   check "... and reproduces the single-process losses" close "$WORK/auto.log" "$WORK/one.log"
 done
 "$BIN" "${SMALL[@]}" --steps 30 --ranks 4 --auto-parallel fast --profile "$PROFILE" \
@@ -47,6 +48,19 @@ check "--auto-parallel under a budget nothing fits: refused" test $? -ne 0
 check "... saying the least any configuration needs" \
   grep -q "fits 300.0 KiB per rank; the least memory any needs is" "$WORK/auto.log"
 check "... with nothing run" test "$(grep -c "^step" "$WORK/auto.log")" = 0
+# ckpt auto-parallel searches on paper (exact), writes the operator
+# strategy train_gpt then runs (the single-process losses again), the
+# checkpoint layouts train_gpt's --strategy-out writes for that run, and
+# answers "why not" with the alternative's predicted cost.
+"$CKPT" auto-parallel --profile "$PROFILE" --devices 4 --mode exact --layers 2 --heads 2 --embed 32 \
+  --context 32 --vocab 256 --batch 8 --rank-memory 400KiB --write-op-strategy "$WORK/auto.json" \
+  --write-strategy "$WORK/auto.layouts.json" --why "pp=1,dp=4,tp=1,zero=1" >"$WORK/search.log" 2>&1
+check "ckpt auto-parallel --mode exact: a plan within the budget" grep -q "^chosen: pp=" "$WORK/search.log"
+check "... answers why not pp=1,dp=4 (over the budget)" grep -q "over the 400.0 KiB budget" "$WORK/search.log"
+"$BIN" "${SMALL[@]}" --steps 30 --ranks 4 --op-strategy "$WORK/auto.json" \
+  --strategy-out "$WORK/run.layouts.json" >"$WORK/auto.log" 2>&1
+check "... its strategy file trains with the single-process losses" close "$WORK/auto.log" "$WORK/one.log"
+check "... and its checkpoint layouts are the run's" cmp -s "$WORK/auto.layouts.json" "$WORK/run.layouts.json"
 "$BIN" "${SMALL[@]}" --ranks 4 --auto-parallel fast --tp 2 >"$WORK/auto.log" 2>&1
 check "--auto-parallel with --tp: refused" grep -q "auto-parallel chooses tp: drop --tp" "$WORK/auto.log"
 "$BIN" --ranks 2 --calibrate "$WORK/profile.json" --quiet >"$WORK/cal.log" 2>&1
