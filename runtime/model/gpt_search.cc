@@ -130,20 +130,19 @@ StageCost CostOf(const StageWork& w, const ParamStats& ps, const ParallelConfig&
 }
 
 // The step from its stages' costs.
-// The step from its stages' costs. With `share` ranks to a device (more
-// ranks than cores), a stage waiting in the pipeline leaves its core to the
-// others: the pipeline takes its critical path at a device's full speed, or
-// the devices' total work, whichever is longer.
-StepPrediction Combine(const std::vector<StageCost>& stages, int m, int share) {
+// The step from its stages' costs: 1F1B's critical path, the stages' sum
+// plus micro-batches - 1 times the slowest. Ranks sharing a device (more
+// ranks than cores) are charged the device's share throughout: a rank
+// waiting in the pipeline does not lend its core here, as this runtime's
+// waits (in-process and Open MPI alike) poll (BENCHMARKS.md measured a
+// model that lent it ranking worse).
+StepPrediction Combine(const std::vector<StageCost>& stages, int m) {
   StepPrediction p;
   double sum = 0, slowest = 0, after = 0;
   int slow = 0;
-  const int pp = static_cast<int>(stages.size());
-  std::vector<double> alone(pp);  // per micro-batch, its device to itself
-  for (int s = 0; s < pp; ++s) {
-    alone[s] = stages[s].micro - stages[s].compute * (share - 1) / share;
-    sum += alone[s];
-    if (alone[s] > slowest) slowest = alone[s], slow = s;
+  for (size_t s = 0; s < stages.size(); ++s) {
+    sum += stages[s].micro;
+    if (stages[s].micro > slowest) slowest = stages[s].micro, slow = static_cast<int>(s);
     if (stages[s].after > after) {
       after = stages[s].after;
       p.dp_comm = stages[s].dp_comm;
@@ -153,16 +152,14 @@ StepPrediction Combine(const std::vector<StageCost>& stages, int m, int share) {
     p.stage_memory.push_back(stages[s].memory);
     if (stages[s].memory.total() > p.memory.total()) {
       p.memory = stages[s].memory;
-      p.memory_stage = s;
+      p.memory_stage = static_cast<int>(s);
     }
   }
-  const double critical = sum + (m - 1) * slowest;
-  const double work = static_cast<double>(share) * m * sum / pp;
-  p.pipeline = std::max(critical, work);
+  p.pipeline = sum + (m - 1) * slowest;
   p.compute = m * stages[slow].compute;
   p.tp_comm = m * stages[slow].tp_comm;
   p.pp_comm = m * stages[slow].pp_comm;
-  p.bubble = std::max(0.0, p.pipeline - share * m * slowest);
+  p.bubble = p.pipeline - m * slowest;
   p.seconds = p.pipeline + after;
   return p;
 }
@@ -218,7 +215,7 @@ Result<StepPrediction> PredictGptStep(const GptConfig& config, int B, int T,
     const ParamStats ps = StatsOf(params, par.dp, par.zero, par.bucket_bytes);
     stages.push_back(CostOf(ops->Estimate(N, T), ps, par, s, m, act_bytes, profile));
   }
-  return Combine(stages, m, profile.ranks_per_device);
+  return Combine(stages, m);
 }
 
 std::vector<int> BalanceStages(int layers, int pp, double block, double first, double last) {
@@ -589,9 +586,6 @@ Result<SearchResult> SearchGptParallel(const GptConfig& config, int B, int T, in
 
   SearchResult best;
   bool found = false;
-  // The bounds below hold where every rank has its device (on shared ones
-  // a waiting stage's core works for another).
-  const bool bounded = profile.ranks_per_device == 1;
   if (!fast && fixed == nullptr) {
     // Start from fast's answer (its choices are among exact's): the
     // bound below then skips most block strategies at once.
@@ -856,7 +850,7 @@ Result<SearchResult> SearchGptParallel(const GptConfig& config, int B, int T, in
                 for (const Kept& a : s1[x * ns + x1]) {
                   for (const Kept& b : s2[x1 * ns + x]) {
                     const double lower = a.sum->fw + a.sum->bw + b.sum->fw + b.sum->bw;
-                    if (bounded && found && blocks * lower >= best.predicted.seconds) continue;
+                    if (found && blocks * lower >= best.predicted.seconds) continue;
                     halves.Unpack1(a.id, &p);
                     halves.Unpack2(b.id, &p);
                     double t;
@@ -896,7 +890,7 @@ Result<SearchResult> SearchGptParallel(const GptConfig& config, int B, int T, in
           // can win.
           const int64_t layers = config.layers, deepest = (layers + pp - 1) / pp;
           for (const BlockPoint& bp : points) {
-            if (bounded && found && (static_cast<double>(layers - pp) + (m - 1.0) * (deepest - 1)) * bp.seconds >=
+            if (found && (static_cast<double>(layers - pp) + (m - 1.0) * (deepest - 1)) * bp.seconds >=
                              best.predicted.seconds) {
               break;
             }
@@ -1005,7 +999,7 @@ Result<SearchResult> SearchGptParallel(const GptConfig& config, int B, int T, in
                   stages.push_back(CostOf(w, it->second, par, s, m, N * config.embed * 4, profile));
                 }
                 if (!ok) continue;
-                const StepPrediction pred = Combine(stages, m, profile.ranks_per_device);
+                const StepPrediction pred = Combine(stages, m);
                 ++best.candidates;
                 if (pred.memory.total() > budget) {
                   if (pred.memory.total() < least) {

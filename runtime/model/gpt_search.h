@@ -15,13 +15,25 @@
 // activations of the micro-batches in flight plus shared buffers, and
 // communication buffers.
 //
-// The search (`fast`, this step of the work) chooses the mesh
-// factorisation (pp x dp x tp), micro-batches, ZeRO, recompute and the
-// operator strategy among data parallelism, Megatron and Megatron with
-// sequence parallelism, with the pipeline's layers balanced by cost (the
-// last stage's ln_f, output projection and loss counted), under a per-rank
-// memory budget. Ties are broken by a fixed order, so the result does not
-// depend on anything but its inputs.
+// The search chooses the mesh factorisation (pp x dp x tp), micro-batches,
+// ZeRO, recompute, every operator's strategy and the pipeline's layers
+// (balanced by cost: the last stage's ln_f, output projection and loss
+// counted) under a per-rank memory budget, in one of three modes:
+// - fast: the operators among data parallelism, Megatron and Megatron-SP;
+// - exact: every operator's own choice among its candidates (columns,
+//   rows, batch, whole; for attention heads or whole sequences), the
+//   blocks folded into one decision. A block is two halves that meet in
+//   their stream placements; each half's options dominated by another of
+//   the same input and output placements (time, activations, every shared
+//   buffer, tp sums, parameters) are dropped, the blocks' Pareto front kept,
+//   the heads likewise, and a lower bound on the step (its blocks' time)
+//   against the best so far skips the rest. Under the cost model this is
+//   the optimum of the folded space (tests/parallel/gpt_search_test.cc
+//   checks it against brute force);
+// - propagate: exact, keeping what a strategy file fixes (operators,
+//   mesh, zero, micro-batches, recompute).
+// Ties go to the first in a fixed enumeration order, so the result depends
+// on nothing but the inputs (not on a file's order).
 #ifndef TESSERA_RUNTIME_MODEL_GPT_SEARCH_H_
 #define TESSERA_RUNTIME_MODEL_GPT_SEARCH_H_
 

@@ -159,7 +159,11 @@ double MachineProfile::CollectiveSeconds(CollectiveKind kind, double bytes, int 
 }
 
 bool MachineProfile::CrossesHosts(int64_t stride, int64_t size) const {
-  return size > 1 && stride * size > devices_per_host;
+  // The ranks are row-major over the mesh, so such a group lies in an
+  // aligned block of stride x size ranks: inside one host when the block
+  // divides a host, else some group straddles two.
+  const int64_t block = stride * size;
+  return size > 1 && (block > devices_per_host || devices_per_host % block != 0);
 }
 
 double MeasureMatmulFlops(int64_t n) {

@@ -70,8 +70,8 @@ struct MachineProfile {
   // gathered result (AllGather, ReduceScatter's input), of what each rank
   // sends (AllToAll, SendRecv).
   double CollectiveSeconds(CollectiveKind kind, double bytes, int group, bool inter_host) const;
-  // Whether a group of `size` ranks `stride` apart in the rank order spans
-  // more than one host.
+  // Whether some group of `size` ranks `stride` apart in the rank order
+  // (an axis of a row-major mesh) spans more than one host.
   bool CrossesHosts(int64_t stride, int64_t size) const;
 };
 

@@ -51,6 +51,8 @@ TEST_CASE("machine profiles parse, round-trip and name what is wrong") {
   CHECK(p.CollectiveSeconds(CollectiveKind::kAllReduce, 8e9, 1, false) == 0);
   CHECK_FALSE(p.CrossesHosts(1, 8));
   CHECK(p.CrossesHosts(8, 2));
+  CHECK(p.CrossesHosts(1, 6));  // groups of 6 straddle hosts of 8
+  CHECK_FALSE(p.CrossesHosts(2, 4));
 }
 
 const GptConfig kConfig{.layers = 4, .heads = 4, .embed = 32, .context = 16, .vocab = 96};
