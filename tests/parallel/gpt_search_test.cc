@@ -252,6 +252,18 @@ OpStrategyFile::Entry Entry(const std::string& pattern, std::vector<InputStrateg
   return e;
 }
 
+// A file that fixes the mesh and the settings (and no operator yet).
+OpStrategyFile Settings(const std::string& source, int tp) {
+  OpStrategyFile f;
+  f.source = source;
+  f.pp = 1;
+  f.dp = 1;
+  f.tp = tp;
+  f.zero = 0;
+  f.micro_batches = 1;
+  return f;
+}
+
 // The search's choice for every operator of block 0 and the ends.
 std::map<std::string, std::string> Chosen(const GptConfig& c, const SearchResult& r) {
   auto mesh = Mesh::Create({"pp", "dp", "tp"}, {r.parallel.pp, r.parallel.dp, r.parallel.tp});
@@ -283,13 +295,7 @@ TEST_CASE("the exact search equals brute force on a small graph, with and withou
   const GptConfig c{.layers = 1, .heads = 4, .embed = 32, .context = 16, .vocab = 96};
   const int B = 8, T = 16;
   const DimAxes none, d{"dp"}, t{"tp"}, dt{"dp", "tp"};
-  OpStrategyFile fixed;
-  fixed.source = "<fixed>";
-  fixed.pp = 1;
-  fixed.dp = 1;
-  fixed.tp = 2;
-  fixed.zero = 0;
-  fixed.micro_batches = 1;
+  OpStrategyFile fixed = Settings("<fixed>", 2);
   fixed.recompute = {{"h.*", "none"}};
   fixed.operators = {Entry("h.*.ln_1", {{dt, none}}),          Entry("h.*.ln_2", {{dt, none}}),
                      Entry("ln_f", {{dt, none}}),              Entry("h.*.add_1", {{dt, none}, {dt, none}}),
@@ -353,13 +359,7 @@ TEST_CASE("exact rediscovers Megatron's column/row alternation when weights domi
   // no budget. Expected: c_attn and c_fc by columns, c_proj and mlp.c_proj
   // by rows, attention by heads, vocabulary-parallel embedding and loss.
   const GptConfig c{.layers = 2, .heads = 32, .embed = 4096, .context = 128, .vocab = 32768};
-  OpStrategyFile mesh;
-  mesh.source = "<tp8>";
-  mesh.pp = 1;
-  mesh.dp = 1;
-  mesh.tp = 8;
-  mesh.zero = 0;
-  mesh.micro_batches = 1;
+  const OpStrategyFile mesh = Settings("<tp8>", 8);
   auto r = Propagate(c, 4, 128, 8, mesh);
   INFO(r.status().ToString());
   REQUIRE(r.ok());
