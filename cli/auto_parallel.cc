@@ -124,6 +124,24 @@ Status RunAuto(const AutoArgs& a, std::ostream& out) {
     out << "  runner-up " << name << ": " << Ms(p.seconds) << " (" << pct << "), "
         << HumanBytes(p.memory.total()) << " per rank\n";
   }
+  {
+    // Where a micro-batch's time goes, operator by operator.
+    ASSIGN_OR_RETURN(auto stages, BreakdownGptStep(a.config, a.batch, T, par, profile));
+    for (size_t s = 0; s < stages.size(); ++s) {
+      if (stages.size() > 2 && s > 0 && s + 1 < stages.size()) continue;  // middles repeat
+      const GptStage gs = ParallelGpt::StageOf(a.config, par.pp, static_cast<int>(s), par.tp, 0,
+                                               par.stage_layers);
+      const int blocks = (gs.last_layer < 0 ? a.config.layers : gs.last_layer) - gs.first_layer;
+      out << "per operator, one micro-batch" << (stages.size() > 1 ? " on stage " + std::to_string(s) : "")
+          << " (compute + tp collectives; block operators once per block, x" << blocks << "):\n";
+      for (const OpCost& c : stages[s]) {
+        char line[160];
+        std::snprintf(line, sizeof line, "  %-24s %10s + %10s\n", c.name.c_str(), Ms(c.compute).c_str(),
+                      Ms(c.comm).c_str());
+        out << line;
+      }
+    }
+  }
   if (a.describe) {
     // Every operator of each stage with its placements and the
     // redistributions inserted between them.

@@ -218,6 +218,34 @@ Result<StepPrediction> PredictGptStep(const GptConfig& config, int B, int T,
   return Combine(stages, m);
 }
 
+Result<std::vector<std::vector<OpCost>>> BreakdownGptStep(const GptConfig& config, int B, int T,
+                                                          const ParallelConfig& parallel,
+                                                          const MachineProfile& machine) {
+  RETURN_IF_ERROR(parallel.Validate(parallel.dp * parallel.tp * parallel.pp));
+  const MachineProfile profile = machine.ForRanks(parallel.dp * parallel.tp * parallel.pp);
+  const int m = parallel.micro_batches > 0 ? parallel.micro_batches : parallel.pp;
+  if (B % parallel.dp != 0 || (B / parallel.dp) % m != 0) {
+    return InvalidArgumentError("a batch of " + std::to_string(B) + " does not cut into dp " +
+                                std::to_string(parallel.dp) + " x " + std::to_string(m) +
+                                " micro-batches");
+  }
+  ASSIGN_OR_RETURN(Mesh mesh, parallel.MakeMesh());
+  ParallelConfig par = parallel;
+  if (par.op_strategy == nullptr && par.tp == 1) par.op_strategy = std::make_shared<OpStrategyFile>();
+  const int64_t N = static_cast<int64_t>(B) / par.dp / m * T;
+  std::vector<std::vector<OpCost>> out;
+  for (int s = 0; s < par.pp; ++s) {
+    const GptStage gs = ParallelGpt::StageOf(config, par.pp, s, par.tp, 0, par.stage_layers);
+    ASSIGN_OR_RETURN(std::unique_ptr<OpGpt> ops, ParallelGpt::StageOps(config, par, mesh, gs));
+    std::vector<OpCost> stage;
+    for (const auto& [name, w] : ops->EstimateOps(N, T)) {
+      stage.push_back({name, profile.ComputeSeconds(w.flops, w.bytes), TpSeconds(w, profile, par.tp)});
+    }
+    out.push_back(std::move(stage));
+  }
+  return out;
+}
+
 std::vector<int> BalanceStages(int layers, int pp, double block, double first, double last) {
   std::vector<double> extra(pp, 0.0);
   extra[0] += first;
@@ -1019,7 +1047,9 @@ Result<SearchResult> SearchGptParallel(const GptConfig& config, int B, int T, in
                 if (found && !(pred.seconds < best.predicted.seconds)) {
                   // A runner-up: kept among the five fastest.
                   auto& alt = best.alternatives;
-                  if (alt.size() < 5 || pred.seconds < alt.back().second.seconds) {
+                  const bool named = name == best.name ||
+                                     std::any_of(alt.begin(), alt.end(), [&](const auto& a) { return a.first == name; });
+                  if (!named && (alt.size() < 5 || pred.seconds < alt.back().second.seconds)) {
                     auto at = std::upper_bound(alt.begin(), alt.end(), pred.seconds,
                                                [](double v, const auto& a) { return v < a.second.seconds; });
                     alt.insert(at, {name, pred});
@@ -1056,6 +1086,7 @@ Result<SearchResult> SearchGptParallel(const GptConfig& config, int B, int T, in
                 entry("loss", ops.loss[p.loss].info().strategy);
                 par.op_strategy = file;
                 if (found) {
+                  std::erase_if(best.alternatives, [&](const auto& a) { return a.first == name || a.first == best.name; });
                   best.alternatives.insert(best.alternatives.begin(), {best.name, best.predicted});
                   if (best.alternatives.size() > 5) best.alternatives.pop_back();
                 }

@@ -70,6 +70,18 @@ struct StepPrediction {
 Result<StepPrediction> PredictGptStep(const GptConfig& config, int B, int T,
                                       const ParallelConfig& parallel, const MachineProfile& profile);
 
+// Where one micro-batch's time goes on each stage, operator by operator
+// (its first block's operators stand for each block of the stage; their
+// conversions and duals included): seconds of compute and of collectives
+// over tp.
+struct OpCost {
+  std::string name;
+  double compute = 0, comm = 0;
+};
+Result<std::vector<std::vector<OpCost>>> BreakdownGptStep(const GptConfig& config, int B, int T,
+                                                          const ParallelConfig& parallel,
+                                                          const MachineProfile& profile);
+
 struct SearchOptions {
   // fast: the operator strategies among data parallelism, Megatron and
   // Megatron-SP; exact: every operator's own choice (identical blocks

@@ -768,6 +768,19 @@ void Grow(StageWork* w, StageWork::Shared id, int64_t bytes) {
   w->shared[id] = std::max(w->shared[id], bytes);
 }
 
+// The work `now` holds beyond `before`: flops, bytes and collectives (what
+// an operator adds to a half, for the per-operator breakdown).
+StageWork Since(const StageWork& now, const StageWork& before) {
+  StageWork d;
+  d.flops = now.flops - before.flops;
+  d.bytes = now.bytes - before.bytes;
+  for (int k = 0; k < 4; ++k) {
+    d.comm_count[k] = now.comm_count[k] - before.comm_count[k];
+    d.comm_bytes[k] = now.comm_bytes[k] - before.comm_bytes[k];
+  }
+  return d;
+}
+
 // Floats of a linear's weight and bias held on one rank.
 int64_t LinearParams(const LinearOp& op, int64_t K, int64_t M, int tp) {
   const int s = tp > 1 ? op.weight_split() : -1;
@@ -789,6 +802,21 @@ OpGpt::HalfWork OpGpt::EstimateHalf(const GptConfig& config, int tp, const HalfO
   HalfWork r;
   StageWork& fw = r.forward;  // its activations are the slot's (or the scratch's)
   StageWork& w = r.backward;  // and what recompute does again
+  // Each operator's share (with the conversions into it and their duals):
+  // what fw and w gained since the last mark.
+  StageWork seen;
+  auto mark = [&](int op) {
+    StageWork both = fw;
+    both.Add(w);
+    StageWork d = Since(both, seen);
+    r.ops[op].flops += d.flops;
+    r.ops[op].bytes += d.bytes;
+    for (int k = 0; k < 4; ++k) {
+      r.ops[op].comm_count[k] += d.comm_count[k];
+      r.ops[op].comm_bytes[k] += d.comm_bytes[k];
+    }
+    seen = both;
+  };
   auto linear = [&](const LinearOp& op, int64_t K, int64_t M) {
     const double f = z.LinearFlops(op.info(), N, K, M);
     fw.flops += f;
@@ -802,6 +830,7 @@ OpGpt::HalfWork OpGpt::EstimateHalf(const GptConfig& config, int tp, const HalfO
   fw.bytes += 2.0 * z.Local(ln.inputs[0], N, C);
   w.bytes += 3.0 * z.Local(ln.inputs[0], N, C);
   if (ln.rows_over_tp && tp > 1) w.tp_sum_floats += 2 * C;
+  mark(0);
   // ln -> the first linear
   z.Comm(ln.output, in.inputs[0], N, C, &fw);
   if (Regathers(ln.output, in.inputs[0])) {
@@ -812,6 +841,7 @@ OpGpt::HalfWork OpGpt::EstimateHalf(const GptConfig& config, int tp, const HalfO
   }
   linear(*h.in, C, mid);
   fw.slot_bytes += z.Local(in.output, N, mid);
+  mark(1);
   // -> the middle operator
   fw.slot_bytes += z.Storage(in.output, mid_info.inputs[0], N, mid);
   z.Comm(in.output, mid_info.inputs[0], N, mid, &fw);
@@ -846,10 +876,12 @@ OpGpt::HalfWork OpGpt::EstimateHalf(const GptConfig& config, int tp, const HalfO
     w.bytes += 3.0 * z.Local(mid_info.output, N, 4 * C);
     z.Comm(mid_info.output, out.inputs[0], N, k2, &fw);
   }
+  mark(2);
   // -> the second linear, its output transient
   fw.slot_bytes += z.Storage(mid_info.output, out.inputs[0], N, k2);
   linear(*h.out, k2, C);
   Grow(&fw, StageWork::kOutTmp, z.Local(out.output, N, C));
+  mark(3);
   // add(x, out): x converted unless the layer norm's conversion serves
   if (add.inputs[0] != ln.inputs[0]) {
     fw.slot_bytes += z.Storage(x, add.inputs[0], N, C);
@@ -859,6 +891,7 @@ OpGpt::HalfWork OpGpt::EstimateHalf(const GptConfig& config, int tp, const HalfO
   z.Comm(out.output, add.inputs[1], N, C, &fw);
   fw.slot_bytes += z.Local(add.output, N, C);
   fw.bytes += 3.0 * z.Local(add.output, N, C);
+  mark(4);
 
   // Backward: each edge's dual, into the shared gradient buffers.
   auto grad = [&](const Placement& from, const Placement& g, int64_t cols, StageWork::Shared id) {
@@ -867,12 +900,16 @@ OpGpt::HalfWork OpGpt::EstimateHalf(const GptConfig& config, int tp, const HalfO
   };
   Grow(&w, StageWork::kDres, z.Local(x.Resolved(), N, C));
   grad(out.output, add.inputs[1], C, StageWork::kDm);
+  mark(4);
   Grow(&w, attention ? StageWork::kDy : StageWork::kDgIn, z.Local(h.out->InputGradient(), N, k2));
   grad(mid_info.output, h.out->InputGradient(), k2, attention ? StageWork::kDattnY : StageWork::kDg);
+  mark(3);
   Grow(&w, attention ? StageWork::kDqkvIn : StageWork::kDfIn, z.Local(mid_info.inputs[0], N, mid));
   grad(in.output, mid_info.inputs[0], mid, attention ? StageWork::kDqkv : StageWork::kDf);
+  mark(2);
   Grow(&w, StageWork::kDhIn, z.Local(h.in->InputGradient(), N, C));
   grad(ln.output, h.in->InputGradient(), C, StageWork::kDh);
+  mark(1);
   // The layer norm's and the add's gradients of the stream (LayerNormBackward).
   if (!(ln.inputs[0] == add.inputs[0] && x == ln.inputs[0])) {
     Grow(&w, StageWork::kDLnIn, z.Local(ln.inputs[0], N, C));
@@ -884,6 +921,7 @@ OpGpt::HalfWork OpGpt::EstimateHalf(const GptConfig& config, int tp, const HalfO
       Grow(&w, StageWork::kDres2, z.Local(x.Resolved(), N, C));
     }
   }
+  mark(0);
   return r;
 }
 
@@ -937,7 +975,7 @@ StageWork OpGpt::EstimateInput(const GptConfig& config, int tp, const EmbeddingO
 }
 
 StageWork OpGpt::EstimateOutput(const GptConfig& config, int tp, Placement x, const HeadOps* head,
-                                int64_t N, bool wte_summed) {
+                                int64_t N, bool wte_summed, StageWork* parts) {
   const Sizer z{tp};
   const int64_t C = config.embed, V = config.vocab;
   StageWork e;
@@ -956,6 +994,12 @@ StageWork OpGpt::EstimateOutput(const GptConfig& config, int tp, Placement x, co
   e.slot_bytes += z.Local(lnf.output, N, C) + 2 * 4 * z.Rows(lnf.output, N);
   e.bytes += 5.0 * z.Local(lnf.inputs[0], N, C);
   if (lnf.rows_over_tp && tp > 1) e.tp_sum_floats += 2 * C;
+  StageWork seen;
+  auto mark = [&](int op) {
+    if (parts != nullptr) parts[op] = Since(e, seen);
+    seen = e;
+  };
+  mark(0);
   const Placement lm_grad = head->lm_head->InputGradient();
   z.Edge(lnf.output, lm.inputs[0], lm_grad, N, C, &e);
   if (Regathers(lnf.output, lm.inputs[0])) {
@@ -965,12 +1009,14 @@ StageWork OpGpt::EstimateOutput(const GptConfig& config, int tp, Placement x, co
     e.slot_bytes += z.Storage(lnf.output, lm.inputs[0], N, C);
   }
   e.flops += 3 * z.LinearFlops(lm, N, C, V);
+  mark(1);
   const Placement ce = loss.inputs[0];
   e.slot_bytes += z.Local(lm.output, N, V) + z.Storage(lm.output, ce, N, V);
   e.slot_bytes += z.Local(ce, N, V);         // probabilities
   e.slot_bytes += z.Rows(ce, N) * (4 + 16);  // the loss's max and sums
   z.Edge(lm.output, ce, ce, N, V, &e);
   e.bytes += 6.0 * z.Local(ce, N, V);
+  mark(2);
   Grow(&e, StageWork::kDlogits, z.Storage(ce, lm.output.Resolved(), N, V));
   Grow(&e, StageWork::kDlnf, z.Local(lm_grad, N, C));
   Grow(&e, StageWork::kDh, z.Storage(lm_grad, lnf.output.Resolved(), N, C));
@@ -981,6 +1027,38 @@ StageWork OpGpt::EstimateOutput(const GptConfig& config, int tp, Placement x, co
     e.tp_sum_floats += s == 0 ? (V + tp - 1) / tp * C : s == 1 ? V * ((C + tp - 1) / tp) : V * C;
   }
   return e;
+}
+
+std::vector<std::pair<std::string, StageWork>> OpGpt::EstimateOps(int64_t N, int T) const {
+  std::vector<std::pair<std::string, StageWork>> out;
+  const int tp = stage_.tp;
+  if (stage_.first) out.emplace_back("embedding", EstimateInput(config_, tp, &embedding_, N));
+  Placement x = stream_in_;
+  if (!blocks_.empty()) {
+    // A block entered from another (the second, when the stage has two).
+    const Block& b = blocks_.size() > 1 ? blocks_[1] : blocks_[0];
+    if (blocks_.size() > 1) x = blocks_[0].add2.info().output;
+    const HalfWork h1 = EstimateHalf(config_, tp, {&b.ln1, &b.qkv, &b.attn, nullptr, &b.proj, &b.add1},
+                                     x, N, T, b.recompute);
+    const HalfWork h2 = EstimateHalf(config_, tp, {&b.ln2, &b.fc, nullptr, &b.gelu, &b.fcproj, &b.add2},
+                                     b.add1.info().output, N, T, b.recompute);
+    const char* names[10] = {"ln_1", "attn.c_attn", "attn.attention", "attn.c_proj", "add_1",
+                             "ln_2", "mlp.c_fc",    "mlp.gelu",       "mlp.c_proj",  "add_2"};
+    const std::string p = BlockPrefix(b.layer);
+    for (int i = 0; i < 10; ++i) out.emplace_back(p + names[i], i < 5 ? h1.ops[i] : h2.ops[i - 5]);
+    x = blocks_.back().add2.info().output;
+  }
+  if (stage_.last) {
+    StageWork parts[3];
+    const HeadOps head{&lnf_, &lm_head_, &loss_};
+    EstimateOutput(config_, tp, x, &head, N, stage_.first && embedding_.info().rows_over_tp, parts);
+    out.emplace_back("ln_f", parts[0]);
+    out.emplace_back("lm_head", parts[1]);
+    out.emplace_back("loss", parts[2]);
+  } else {
+    out.emplace_back("to the next stage", EstimateOutput(config_, tp, x, nullptr, N, false));
+  }
+  return out;
 }
 
 StageWork OpGpt::Estimate(int64_t N, int T, std::vector<StageWork>* per_block,

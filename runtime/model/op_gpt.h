@@ -154,6 +154,10 @@ class OpGpt {
   // selective recompute runs again).
   struct HalfWork {
     StageWork forward, backward;
+    // Each operator's share of the flops, bytes and collectives (with the
+    // conversions into it and their duals): the layer norm, the first
+    // linear, attention or GELU, the second linear, the add.
+    StageWork ops[5];
   };
   static HalfWork EstimateHalf(const GptConfig& config, int tp, const HalfOps& h, Placement x,
                                int64_t N, int T, Recompute rc);
@@ -169,12 +173,20 @@ class OpGpt {
   };
   static StageWork EstimateInput(const GptConfig& config, int tp, const EmbeddingOp* embedding,
                                  int64_t N);
+  // `parts` (3, when given): ln_f's, lm_head's and the loss's shares.
   static StageWork EstimateOutput(const GptConfig& config, int tp, Placement x,
-                                  const HeadOps* head, int64_t N, bool wte_summed);
+                                  const HeadOps* head, int64_t N, bool wte_summed,
+                                  StageWork* parts = nullptr);
   // A block from its halves (full recompute: the forward twice, the slot
   // keeping only the output, `out_bytes`).
   static StageWork EstimateBlock(const HalfWork& attention, const HalfWork& mlp, Recompute rc,
                                  int64_t out_bytes);
+
+  // Every operator's share of one micro-batch's work on this stage: its
+  // first block's operators (each block costs the same but the first's
+  // entry) and the stage's ends, in order, named as strategy files name
+  // them. Full recompute's second forward is not in the shares.
+  std::vector<std::pair<std::string, StageWork>> EstimateOps(int64_t rows, int T) const;
 
   // The stage's work on one rank for micro-batches of `rows` = b x T rows
   // of a replica (StageWork). With `per_block`, also each block's own (the

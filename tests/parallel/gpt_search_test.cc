@@ -519,3 +519,37 @@ TEST_CASE("a plan's checkpoint layouts convert to MindSpore's strategy form and 
 
 }  // namespace
 }  // namespace tessera
+
+namespace tessera {
+namespace {
+
+TEST_CASE("the per-operator shares add up to the stage's work") {
+  const GptConfig c{.layers = 3, .heads = 4, .embed = 32, .context = 16, .vocab = 96};
+  for (bool sp : {false, true}) {
+    ParallelConfig par;
+    par.tp = 2;
+    par.sequence_parallel = sp;
+    auto mesh = par.MakeMesh();
+    REQUIRE(mesh.ok());
+    const GptStage gs = ParallelGpt::StageOf(c, 1, 0, 2, 0);
+    auto ops = ParallelGpt::StageOps(c, par, *mesh, gs);
+    REQUIRE(ops.ok());
+    const StageWork whole = (*ops)->Estimate(128, 16);
+    double flops = 0, bytes = 0, comm = 0;
+    for (const auto& [name, w] : (*ops)->EstimateOps(128, 16)) {
+      const double n = name.starts_with("h.") ? c.layers : 1;  // each block alike
+      flops += n * w.flops;
+      bytes += n * w.bytes;
+      for (double b : w.comm_bytes) comm += n * b;
+    }
+    double whole_comm = 0;
+    for (double b : whole.comm_bytes) whole_comm += b;
+    CHECK(flops == Approx(whole.flops));
+    CHECK(bytes == Approx(whole.bytes));
+    // The first block enters from the embedding: its conversion differs.
+    CHECK(comm == Approx(whole_comm).epsilon(0.2));
+  }
+}
+
+}  // namespace
+}  // namespace tessera

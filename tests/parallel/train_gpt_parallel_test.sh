@@ -57,6 +57,7 @@ check "... with nothing run" test "$(grep -c "^step" "$WORK/auto.log")" = 0
   --write-strategy "$WORK/auto.layouts.json" --why "pp=1,dp=4,tp=1,zero=1" >"$WORK/search.log" 2>&1
 check "ckpt auto-parallel --mode exact: a plan within the budget" grep -q "^chosen: pp=" "$WORK/search.log"
 check "... answers why not pp=1,dp=4 (over the budget)" grep -q "over the 400.0 KiB budget" "$WORK/search.log"
+check "... and says where a micro-batch's time goes, operator by operator" grep -q "^  h.0.mlp.c_fc " "$WORK/search.log"
 "$BIN" "${SMALL[@]}" --steps 30 --ranks 4 --op-strategy "$WORK/auto.json" \
   --strategy-out "$WORK/run.layouts.json" >"$WORK/auto.log" 2>&1
 check "... its strategy file trains with the single-process losses" close "$WORK/auto.log" "$WORK/one.log"
