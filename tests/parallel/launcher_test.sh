@@ -75,6 +75,7 @@ resume_run "$WORK/h.out" --nproc-per-node 2 --heartbeat-timeout 3 -- "$BIN" "${S
   --tp 2 "${SAVE[@]}" --fault-hang step:10:1
 check "a hung worker: noticed by its heartbeat, the job restarted and finished" \
   bash -c "grep -q 'hung: rank 1 ' '$WORK/h.out' && grep -q 'finished after 1 restart' '$WORK/h.out'"
+grep -q 'finished after 1 restart' "$WORK/h.out" || tail -20 "$WORK/h.out" | sed 's/^/    /'
 
 # SIGTERM to the launcher reaches every worker; nothing is left running.
 "$RUN" --nproc-per-node 2 -- "$BIN" "${SMALL[@]}" --steps 100000 --tp 2 >"$WORK/s.out" 2>&1 &
