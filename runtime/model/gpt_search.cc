@@ -185,61 +185,75 @@ std::string StepPrediction::ToString() const {
   return out;
 }
 
-Result<StepPrediction> PredictGptStep(const GptConfig& config, int B, int T,
-                                      const ParallelConfig& parallel, const MachineProfile& machine) {
+namespace {
+
+// What predicting a job needs from its configuration: the machine as the
+// job runs on it, the configuration on the operator path (without a file,
+// every operator data parallel), its mesh, micro-batches and rows per
+// micro-batch of a replica.
+struct Job {
+  MachineProfile profile;
+  ParallelConfig par;
+  Mesh mesh;
+  int micro_batches = 1;
+  int64_t rows = 0;
+};
+
+Result<Job> PrepareJob(int B, int T, const ParallelConfig& parallel, const MachineProfile& machine) {
   const int world = parallel.dp * parallel.tp * parallel.pp;
-  const MachineProfile profile = machine.ForRanks(world);
   RETURN_IF_ERROR(parallel.Validate(world));
+  Job job;
+  job.profile = machine.ForRanks(world);
   const int m = parallel.micro_batches > 0 ? parallel.micro_batches : parallel.pp;
   if (B % parallel.dp != 0 || (B / parallel.dp) % m != 0) {
     return InvalidArgumentError("a batch of " + std::to_string(B) + " does not cut into dp " +
                                 std::to_string(parallel.dp) + " x " + std::to_string(m) +
                                 " micro-batches");
   }
-  ASSIGN_OR_RETURN(Mesh mesh, parallel.MakeMesh());
-  // The operator path always: without a file, every operator data parallel.
-  ParallelConfig par = parallel;
-  if (par.op_strategy == nullptr && par.tp == 1) {
+  ASSIGN_OR_RETURN(job.mesh, parallel.MakeMesh());
+  job.par = parallel;
+  if (job.par.op_strategy == nullptr && job.par.tp == 1) {
     auto file = std::make_shared<OpStrategyFile>();
     file->source = "<data parallel>";
-    par.op_strategy = file;
+    job.par.op_strategy = file;
   }
-  const int64_t N = static_cast<int64_t>(B) / par.dp / m * T;
-  const int64_t act_bytes = N * config.embed * 4;
+  job.micro_batches = m;
+  job.rows = static_cast<int64_t>(B) / parallel.dp / m * T;
+  return job;
+}
+
+}  // namespace
+
+Result<StepPrediction> PredictGptStep(const GptConfig& config, int B, int T,
+                                      const ParallelConfig& parallel, const MachineProfile& machine) {
+  ASSIGN_OR_RETURN(const Job job, PrepareJob(B, T, parallel, machine));
+  const ParallelConfig& par = job.par;
+  const int64_t act_bytes = job.rows * config.embed * 4;
   std::vector<StageCost> stages;
   for (int s = 0; s < par.pp; ++s) {
     GptStage gs = ParallelGpt::StageOf(config, par.pp, s, par.tp, 0, par.stage_layers);
-    ASSIGN_OR_RETURN(std::unique_ptr<OpGpt> ops, ParallelGpt::StageOps(config, par, mesh, gs));
+    ASSIGN_OR_RETURN(std::unique_ptr<OpGpt> ops, ParallelGpt::StageOps(config, par, job.mesh, gs));
     gs.tp_dims = std::make_shared<const std::map<std::string, int>>(ops->param_splits());
     ASSIGN_OR_RETURN(std::vector<ParamInfo> params, Gpt::Params(config, gs));
     const ParamStats ps = StatsOf(params, par.dp, par.zero, par.bucket_bytes);
-    stages.push_back(CostOf(ops->Estimate(N, T), ps, par, s, m, act_bytes, profile));
+    stages.push_back(CostOf(ops->Estimate(job.rows, T), ps, par, s, job.micro_batches, act_bytes,
+                            job.profile));
   }
-  return Combine(stages, m);
+  return Combine(stages, job.micro_batches);
 }
 
 Result<std::vector<std::vector<OpCost>>> BreakdownGptStep(const GptConfig& config, int B, int T,
                                                           const ParallelConfig& parallel,
                                                           const MachineProfile& machine) {
-  RETURN_IF_ERROR(parallel.Validate(parallel.dp * parallel.tp * parallel.pp));
-  const MachineProfile profile = machine.ForRanks(parallel.dp * parallel.tp * parallel.pp);
-  const int m = parallel.micro_batches > 0 ? parallel.micro_batches : parallel.pp;
-  if (B % parallel.dp != 0 || (B / parallel.dp) % m != 0) {
-    return InvalidArgumentError("a batch of " + std::to_string(B) + " does not cut into dp " +
-                                std::to_string(parallel.dp) + " x " + std::to_string(m) +
-                                " micro-batches");
-  }
-  ASSIGN_OR_RETURN(Mesh mesh, parallel.MakeMesh());
-  ParallelConfig par = parallel;
-  if (par.op_strategy == nullptr && par.tp == 1) par.op_strategy = std::make_shared<OpStrategyFile>();
-  const int64_t N = static_cast<int64_t>(B) / par.dp / m * T;
+  ASSIGN_OR_RETURN(const Job job, PrepareJob(B, T, parallel, machine));
+  const ParallelConfig& par = job.par;
   std::vector<std::vector<OpCost>> out;
   for (int s = 0; s < par.pp; ++s) {
     const GptStage gs = ParallelGpt::StageOf(config, par.pp, s, par.tp, 0, par.stage_layers);
-    ASSIGN_OR_RETURN(std::unique_ptr<OpGpt> ops, ParallelGpt::StageOps(config, par, mesh, gs));
+    ASSIGN_OR_RETURN(std::unique_ptr<OpGpt> ops, ParallelGpt::StageOps(config, par, job.mesh, gs));
     std::vector<OpCost> stage;
-    for (const auto& [name, w] : ops->EstimateOps(N, T)) {
-      stage.push_back({name, profile.ComputeSeconds(w.flops, w.bytes), TpSeconds(w, profile, par.tp)});
+    for (const auto& [name, w] : ops->EstimateOps(job.rows, T)) {
+      stage.push_back({name, job.profile.ComputeSeconds(w.flops, w.bytes), TpSeconds(w, job.profile, par.tp)});
     }
     out.push_back(std::move(stage));
   }
