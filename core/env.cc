@@ -171,6 +171,12 @@ class MemEnvImpl : public Env {
     files_[p] = file;
     return std::unique_ptr<WritableFile>(new MemWritableFile(file));
   }
+  Result<std::unique_ptr<WritableFile>> OpenWritableFile(const std::string& path) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = files_.find(Normalize(path));
+    if (it == files_.end()) return NotFoundError("open '" + path + "': no such file");
+    return std::unique_ptr<WritableFile>(new MemWritableFile(it->second));
+  }
   Result<std::unique_ptr<RandomAccessFile>> NewRandomAccessFile(
       const std::string& path) override {
     std::lock_guard<std::mutex> lock(mu_);
@@ -282,8 +288,9 @@ std::unique_ptr<Env> NewMemEnv() { return std::make_unique<MemEnvImpl>(); }
 
 class FaultWritableFile : public WritableFile {
  public:
-  FaultWritableFile(FaultInjectionEnv* env, std::string path, std::unique_ptr<WritableFile> base)
-      : env_(env), path_(std::move(path)), base_(std::move(base)) {}
+  FaultWritableFile(FaultInjectionEnv* env, std::string path, std::unique_ptr<WritableFile> base,
+                    uint64_t size = 0)
+      : env_(env), path_(std::move(path)), base_(std::move(base)), size_(size) {}
   Status Append(const void* data, size_t size) override {
     RETURN_IF_ERROR(env_->BeforeWrite().Annotate("write '" + path_ + "'"));
     RETURN_IF_ERROR(base_->Append(data, size));
@@ -296,6 +303,13 @@ class FaultWritableFile : public WritableFile {
     RETURN_IF_ERROR(base_->WriteAt(offset, data, size));
     std::lock_guard<std::mutex> lock(mu_);
     size_ = std::max<uint64_t>(size_, offset + size);
+    return Status::Ok();
+  }
+  Status Preallocate(uint64_t size) override {
+    RETURN_IF_ERROR(env_->BeforeWrite().Annotate("write '" + path_ + "'"));
+    RETURN_IF_ERROR(base_->Preallocate(size));
+    std::lock_guard<std::mutex> lock(mu_);
+    size_ = std::max<uint64_t>(size_, size);
     return Status::Ok();
   }
   Status Sync() override {
@@ -347,6 +361,14 @@ Result<std::unique_ptr<WritableFile>> FaultInjectionEnv::NewWritableFile(const s
   synced_size_[path] = 0;  // truncated: nothing durable yet
   if (!existed) new_files_.insert(path);
   return std::unique_ptr<WritableFile>(new FaultWritableFile(this, path, std::move(file)));
+}
+
+Result<std::unique_ptr<WritableFile>> FaultInjectionEnv::OpenWritableFile(const std::string& path) {
+  ASSIGN_OR_RETURN(const uint64_t size, base_->GetFileSize(path));
+  ASSIGN_OR_RETURN(auto file, base_->OpenWritableFile(path));
+  // What was durable stays so; a Sync here makes everything up to the
+  // larger of the file's size and this handle's writes durable.
+  return std::unique_ptr<WritableFile>(new FaultWritableFile(this, path, std::move(file), size));
 }
 
 Status FaultInjectionEnv::RenameFile(const std::string& from, const std::string& to) {

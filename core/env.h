@@ -28,6 +28,15 @@ class WritableFile {
   // MindSpore .ckpt). Thread-safe with other WriteAt calls; not to be mixed
   // with concurrent Appends.
   virtual Status WriteAt(uint64_t offset, const void* data, size_t size) = 0;
+  // Makes the file `size` bytes long (never shorter), its blocks allocated
+  // now where the file system can (fallocate), so that writers filling it
+  // at planned offsets do not allocate piecemeal; the new bytes read as
+  // zeros. By default the last byte is written.
+  virtual Status Preallocate(uint64_t size) {
+    if (size == 0) return Status::Ok();
+    const char zero = 0;
+    return WriteAt(size - 1, &zero, 1);
+  }
   // Makes everything appended so far durable.
   virtual Status Sync() = 0;
   virtual Status Close() = 0;
@@ -88,6 +97,10 @@ class Env {
 
   // Creates or truncates `path`.
   virtual Result<std::unique_ptr<WritableFile>> NewWritableFile(const std::string& path) = 0;
+  // Opens the existing `path` for WriteAt, keeping its bytes: for a file
+  // several writers fill at planned offsets (a merged save's data file,
+  // written by every rank), one of them having created it.
+  virtual Result<std::unique_ptr<WritableFile>> OpenWritableFile(const std::string& path) = 0;
   virtual Result<std::unique_ptr<RandomAccessFile>> NewRandomAccessFile(
       const std::string& path) = 0;
   virtual bool FileExists(const std::string& path) = 0;
@@ -146,6 +159,7 @@ class FaultInjectionEnv : public Env {
   Status SimulateCrash();
 
   Result<std::unique_ptr<WritableFile>> NewWritableFile(const std::string& path) override;
+  Result<std::unique_ptr<WritableFile>> OpenWritableFile(const std::string& path) override;
   Result<std::unique_ptr<RandomAccessFile>> NewRandomAccessFile(
       const std::string& path) override {
     return base_->NewRandomAccessFile(path);

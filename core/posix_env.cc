@@ -52,9 +52,15 @@ class PosixWritableFile : public WritableFile {
       p += n;
       offset += static_cast<uint64_t>(n);
       size -= static_cast<size_t>(n);
-      Wrote(static_cast<uint64_t>(n));
+      Wrote(static_cast<uint64_t>(n), offset + static_cast<uint64_t>(n));
     }
     return Status::Ok();
+  }
+  Status Preallocate(uint64_t size) override {
+    const int rc = ::posix_fallocate(fd_, 0, static_cast<off_t>(size));
+    if (rc == 0) return Status::Ok();
+    if (rc == EOPNOTSUPP || rc == EINVAL) return WritableFile::Preallocate(size);  // e.g. tmpfs quirks
+    return PosixError("fallocate", path_, rc);
   }
   Status Sync() override {
     if (::fdatasync(fd_) != 0) return PosixError("fdatasync", path_, errno);
@@ -75,10 +81,22 @@ class PosixWritableFile : public WritableFile {
   // pile up to the kernel's throttling limits (RocksDB's bytes_per_sync).
   // A hint: its errors surface in Sync.
   static constexpr uint64_t kWritebackBytes = uint64_t{16} << 20;
-  void Wrote(uint64_t n) {
-    if (unsynced_.fetch_add(n, std::memory_order_relaxed) + n < kWritebackBytes) return;
+  // Positional writes (`end`: where the write ended) hand over the range
+  // before `end` that this handle wrote since, not the whole file: a file
+  // several writers fill at once (a merged save's) would otherwise have
+  // every writer start the writeback of everyone's pages, and wait on it
+  // (measured: a 1.4 GiB merged save's writes took 0.6-3 s instead of 0.6).
+  void Wrote(uint64_t n, uint64_t end = 0) {
+    const uint64_t unsynced = unsynced_.fetch_add(n, std::memory_order_relaxed) + n;
+    if (unsynced < kWritebackBytes) return;
     unsynced_.store(0, std::memory_order_relaxed);
-    (void)::sync_file_range(fd_, 0, 0, SYNC_FILE_RANGE_WRITE);
+    if (end == 0) {
+      (void)::sync_file_range(fd_, 0, 0, SYNC_FILE_RANGE_WRITE);
+    } else {
+      const uint64_t from = end > unsynced ? end - unsynced : 0;
+      (void)::sync_file_range(fd_, static_cast<off_t>(from), static_cast<off_t>(end - from),
+                              SYNC_FILE_RANGE_WRITE);
+    }
   }
   std::string path_;
   int fd_;
@@ -156,6 +174,11 @@ class PosixEnv : public Env {
  public:
   Result<std::unique_ptr<WritableFile>> NewWritableFile(const std::string& path) override {
     int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) return PosixError("open", path, errno);
+    return std::unique_ptr<WritableFile>(new PosixWritableFile(path, fd));
+  }
+  Result<std::unique_ptr<WritableFile>> OpenWritableFile(const std::string& path) override {
+    int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
     if (fd < 0) return PosixError("open", path, errno);
     return std::unique_ptr<WritableFile>(new PosixWritableFile(path, fd));
   }

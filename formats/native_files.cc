@@ -27,6 +27,39 @@ std::string DataFileHeader() {
   return header;
 }
 
+namespace {
+
+// A raw piece's record (at `offset` of file `file_index`), its bytes handed
+// to `write` (bytes, count, offset in the piece) a checksum block at a
+// time: the block's checksum, the piece's (streamed) and the write all
+// read the block while it is in cache, instead of three passes over the
+// piece from memory. The records are those EncodeStoredPiece gives.
+template <typename Write>
+Result<PieceInfo> WriteRawBlocks(const std::string& path, const void* raw, size_t size,
+                                 const Box& box, uint32_t file_index, uint64_t offset,
+                                 Write&& write) {
+  PieceInfo p;
+  p.box = box;
+  p.codec = Codec::kRaw;
+  p.raw_length = size;
+  p.file = file_index;
+  p.offset = offset;
+  p.length = size;
+  Xxh3Hasher piece;
+  const char* data = static_cast<const char*>(raw);
+  for (uint64_t off = 0; off < size; off += kChecksumBlock) {
+    const size_t n = static_cast<size_t>(std::min<uint64_t>(kChecksumBlock, size - off));
+    if (size > kChecksumBlock) p.block_checksums.push_back(Xxh3(data + off, n));
+    piece.Update(data + off, n);
+    Status s = write(data + off, n, off);
+    if (!s.ok()) return s.Annotate("data file '" + path + "'");
+  }
+  p.checksum = piece.Digest();
+  return p;
+}
+
+}  // namespace
+
 Result<std::unique_ptr<DataFileWriter>> DataFileWriter::Create(Env* env, const std::string& path,
                                                                uint32_t file_index) {
   ASSIGN_OR_RETURN(auto file, env->NewWritableFile(path));
@@ -77,23 +110,10 @@ Result<PieceInfo> DataFileWriter::Append(const void* raw, size_t size, const Box
   // checksum, the piece's (streamed), the file's and the write all read the
   // block while it is in cache, instead of three passes over the piece
   // from memory. The records are those EncodeStoredPiece gives.
-  PieceInfo p;
-  p.box = box;
-  p.codec = Codec::kRaw;
-  p.raw_length = size;
-  p.file = index_;
-  p.offset = size_;
-  p.length = size;
-  Xxh3Hasher piece;
-  const char* data = static_cast<const char*>(raw);
-  for (uint64_t off = 0; off < size; off += kChecksumBlock) {
-    const size_t n = static_cast<size_t>(std::min<uint64_t>(kChecksumBlock, size - off));
-    p.block_checksums.push_back(Xxh3(data + off, n));
-    piece.Update(data + off, n);
-    Status s = Write(data + off, n);
-    if (!s.ok()) return s.Annotate("data file '" + path_ + "'");
-  }
-  p.checksum = piece.Digest();
+  ASSIGN_OR_RETURN(PieceInfo p, WriteRawBlocks(path_, raw, size, box, index_, size_,
+                                                [&](const char* data, size_t n, uint64_t) {
+                                                  return Write(data, n);
+                                                }));
   RETURN_IF_ERROR(Pad(size));
   return p;
 }
@@ -124,6 +144,58 @@ Result<uint64_t> DataFileWriter::Finish() {
   RETURN_IF_ERROR(file_->Sync());
   RETURN_IF_ERROR(file_->Close());
   return size_;
+}
+
+std::pair<std::vector<uint64_t>, uint64_t> PlacedDataFile::Place(
+    const std::vector<uint64_t>& bytes) {
+  std::vector<uint64_t> offsets;
+  offsets.reserve(bytes.size());
+  uint64_t at = kHeaderSize;
+  for (uint64_t b : bytes) {
+    offsets.push_back(at);
+    at += (b + kPieceAlignment - 1) / kPieceAlignment * kPieceAlignment;
+  }
+  return {std::move(offsets), at};
+}
+
+Result<std::unique_ptr<PlacedDataFile>> PlacedDataFile::Create(Env* env, const std::string& path,
+                                                               uint32_t file_index,
+                                                               uint64_t size) {
+  if (size < kHeaderSize) {
+    return InvalidArgumentError("data file '" + path + "': " + std::to_string(size) +
+                                " bytes cannot hold its header");
+  }
+  ASSIGN_OR_RETURN(auto file, env->NewWritableFile(path));
+  const std::string header = DataFileHeader();
+  RETURN_IF_ERROR(file->WriteAt(0, header.data(), header.size()));
+  // The final size now, its blocks allocated at once (several writers
+  // filling holes would have the file system allocate them piecemeal).
+  RETURN_IF_ERROR(file->Preallocate(size));
+  return std::unique_ptr<PlacedDataFile>(new PlacedDataFile(path, std::move(file), file_index));
+}
+
+Result<std::unique_ptr<PlacedDataFile>> PlacedDataFile::Open(Env* env, const std::string& path,
+                                                             uint32_t file_index) {
+  ASSIGN_OR_RETURN(auto file, env->OpenWritableFile(path));
+  return std::unique_ptr<PlacedDataFile>(new PlacedDataFile(path, std::move(file), file_index));
+}
+
+Result<PieceInfo> PlacedDataFile::WriteRaw(uint64_t offset, const void* raw, size_t size,
+                                           const Box& box) {
+  if (offset < kHeaderSize || offset % kPieceAlignment != 0) {
+    return InvalidArgumentError("data file '" + path_ + "': offset " + std::to_string(offset) +
+                                " is not a piece's");
+  }
+  WritableFile& file = *file_;
+  return WriteRawBlocks(path_, raw, size, box, index_, offset,
+                        [&](const char* data, size_t n, uint64_t off) {
+                          return file.WriteAt(offset + off, data, n);
+                        });
+}
+
+Status PlacedDataFile::Finish() {
+  RETURN_IF_ERROR(file_->Sync());
+  return file_->Close();
 }
 
 Status CheckDataFileHeader(const RandomAccessFile& file, const std::string& path) {

@@ -5,6 +5,7 @@
 
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/checksum.h"
@@ -67,6 +68,39 @@ class DataFileWriter {
   uint32_t index_;
   uint64_t size_ = 0;
   Xxh3Hasher whole_;
+};
+
+// A data file whose pieces are placed before they are written, so that
+// several writers fill it at once: the ranks of a merged save, each in its
+// own process, every one writing its pieces at the offsets all of them
+// planned alike (Place). One writer creates the file (its header written,
+// the file at its final size), the others open it; each writes its pieces
+// with WriteRaw and makes them durable with Finish. Raw pieces only (an
+// encoded piece's size is not known before it is encoded); the padding
+// between pieces reads as zeros. Thread-safe.
+class PlacedDataFile {
+ public:
+  // The offsets of pieces of `bytes` each, in order, each at a 4 KiB
+  // boundary after the header; and the file's size (after the last one's
+  // padding).
+  static std::pair<std::vector<uint64_t>, uint64_t> Place(const std::vector<uint64_t>& bytes);
+  static Result<std::unique_ptr<PlacedDataFile>> Create(Env* env, const std::string& path,
+                                                        uint32_t file_index, uint64_t size);
+  static Result<std::unique_ptr<PlacedDataFile>> Open(Env* env, const std::string& path,
+                                                      uint32_t file_index);
+  // Writes and checksums one raw piece holding `box`, `size` bytes, at
+  // `offset` (one of Place's).
+  Result<PieceInfo> WriteRaw(uint64_t offset, const void* raw, size_t size, const Box& box);
+  // Makes this writer's pieces durable and closes it.
+  Status Finish();
+  const std::string& path() const { return path_; }
+
+ private:
+  PlacedDataFile(std::string path, std::unique_ptr<WritableFile> file, uint32_t index)
+      : path_(std::move(path)), file_(std::move(file)), index_(index) {}
+  std::string path_;
+  std::unique_ptr<WritableFile> file_;
+  uint32_t index_;
 };
 
 // The 4 KiB a data file starts with (magic, version, header size).

@@ -111,9 +111,25 @@ Result<std::unique_ptr<SlicedCheckpointWriter>> SlicedCheckpointWriter::Create(
                                 std::to_string(options.hosts.size()) + " host names for " +
                                 std::to_string(comm.size()) + " ranks");
   }
+  if (options.merged && !options.redundancy.none()) {
+    return InvalidArgumentError("merged checkpoint '" + path + "': redundancy " +
+                                options.redundancy.ToString() +
+                                " needs a sliced save (a merged one is one data file)");
+  }
+  if (options.merged && options.native.codec != Codec::kRaw) {
+    return InvalidArgumentError("merged checkpoint '" + path +
+                                "': its pieces are placed before they are written, so they "
+                                "cannot be compressed; compress with a sliced save");
+  }
   Result<SavePlan> plan = PlanSave(w->strategy_, HostIds(options.hosts), options.redundancy);
   if (!plan.ok()) return plan.status().Annotate("sliced checkpoint '" + path + "'");
   w->plan_ = std::move(*plan);
+  uint64_t placed_size = 0;
+  if (options.merged) {  // every rank places every piece alike
+    std::vector<uint64_t> bytes;
+    for (const PlannedPiece& p : w->plan_.pieces) bytes.push_back(static_cast<uint64_t>(p.bytes));
+    std::tie(w->offsets_, placed_size) = PlacedDataFile::Place(bytes);
+  }
   for (size_t i = 0; i < w->plan_.pieces.size(); ++i) {
     const PlannedPiece& p = w->plan_.pieces[i];
     w->plan_index_[{p.tensor, p.box.origin()}] = i;
@@ -128,6 +144,16 @@ Result<std::unique_ptr<SlicedCheckpointWriter>> SlicedCheckpointWriter::Create(
     Result<OutputPaths> out = PrepareOutput(env, path, native.overwrite, /*directory=*/true);
     prepared = out.status();
     if (out.ok()) tmp = out->tmp;
+    if (prepared.ok() && w->options_.merged) {  // the one data file, before the others open it
+      Result<std::unique_ptr<PlacedDataFile>> file = PlacedDataFile::Create(
+          env, JoinPath(tmp, RankFileName("data", 0)), 0, placed_size);
+      prepared = file.status();
+      if (file.ok()) {
+        w->placed_ = std::move(*file);
+      } else {
+        RemoveOutput(env, {path, tmp});
+      }
+    }
   }
   // The temporary's name, or (negative length) why rank 0 failed.
   std::string message = prepared.ok() ? tmp : prepared.message();
@@ -142,9 +168,22 @@ Result<std::unique_ptr<SlicedCheckpointWriter>> SlicedCheckpointWriter::Create(
   }
   tmp = message;
   w->tmp_ = tmp;
-  w->file_name_ = RankFileName("data", comm.rank());
+  w->file_name_ = RankFileName("data", w->options_.merged ? 0 : comm.rank());
   // A rank that cannot open its file reports it at Commit, so that every
   // rank reaches the same collectives.
+  if (w->options_.merged) {
+    w->data_size_ = placed_size;
+    if (comm.rank() != 0) {
+      Result<std::unique_ptr<PlacedDataFile>> file =
+          PlacedDataFile::Open(env, JoinPath(tmp, w->file_name_), 0);
+      if (file.ok()) {
+        w->placed_ = std::move(*file);
+      } else {
+        w->failed_ = file.status();
+      }
+    }
+    return w;
+  }
   Result<std::unique_ptr<DataFileWriter>> file =
       DataFileWriter::Create(env, JoinPath(tmp, w->file_name_), 0);
   if (file.ok()) {
@@ -185,6 +224,11 @@ Status SlicedCheckpointWriter::WritePiece(size_t index, const Box& box, const vo
                                   " is not one rank " + std::to_string(rank) + " writes");
     }
     const size_t size = static_cast<size_t>(NumElements(box) * DTypeSize(t->layout.dtype));
+    if (placed_) {
+      ASSIGN_OR_RETURN(PieceInfo info, placed_->WriteRaw(offsets_[it->second], data, size, box));
+      pieces_[index].push_back(std::move(info));
+      return Status::Ok();
+    }
     ASSIGN_OR_RETURN(PieceInfo info, file_->Append(data, size, box, t->layout.dtype,
                                                    options_.native.codec, options_.native.level));
     (slot == 0 ? pieces_ : copies_)[index].push_back(std::move(info));
@@ -199,6 +243,7 @@ Status SlicedCheckpointWriter::FinishData() {
   if (data_finished_) return failed_;
   data_finished_ = true;
   if (!failed_.ok()) return failed_;
+  if (placed_) return SyncData();  // its size was planned; no whole-file checksum (many writers)
   data_size_ = file_->size();
   data_checksum_ = file_->checksum();
   // With a redundancy phase to come, the data file is made durable after
@@ -211,6 +256,10 @@ Status SlicedCheckpointWriter::FinishData() {
 Status SlicedCheckpointWriter::SyncData() {
   if (data_synced_ || !failed_.ok()) return failed_;
   data_synced_ = true;
+  if (placed_) {
+    failed_ = placed_->Finish();
+    return failed_;
+  }
   Result<uint64_t> bytes = file_->Finish();
   if (!bytes.ok()) {
     failed_ = bytes.status();
@@ -374,6 +423,17 @@ Status SlicedCheckpointWriter::Commit() {
       for (const TensorStrategy& t : strategy_.tensors()) {
         m.tensors.push_back({t.name, t.layout, t.mesh, {}, {}});
       }
+      if (options_.merged) {
+        // Whole tensors on one rank: nothing split, every stage's. The
+        // pieces stay boxes of the split shape, so a view stays.
+        m.mesh = *Mesh::Create({"r"}, {1});
+        for (TensorEntry& t : m.tensors) {
+          Layout whole = Layout::Replicated(t.layout.shape, t.layout.dtype);
+          whole.view = t.layout.view;
+          t.layout = std::move(whole);
+          t.mesh.reset();
+        }
+      }
       // Files: every rank's data file (index = rank), then the copies and
       // parity files in rank order.
       std::vector<Manifest> ps;
@@ -383,13 +443,15 @@ Status SlicedCheckpointWriter::Commit() {
         if (p.files.empty() || p.tensors.size() != 2 * m.tensors.size()) {
           return InternalError(where + ": not this checkpoint's");
         }
-        m.files.push_back(p.files[0]);
-        m.files.back().host = options_.hosts[r];
+        if (r == 0 || !options_.merged) {  // merged: every rank's pieces are in rank 0's file
+          m.files.push_back(p.files[0]);
+          m.files.back().host = options_.hosts[r];
+        }
         ps.push_back(std::move(p));
       }
       std::map<std::string, uint32_t> index;
       for (int r = 0; r < size; ++r) {
-        std::vector<uint32_t> renumber = {static_cast<uint32_t>(r)};
+        std::vector<uint32_t> renumber = {static_cast<uint32_t>(options_.merged ? 0 : r)};
         for (size_t f = 1; f < ps[r].files.size(); ++f) {
           renumber.push_back(static_cast<uint32_t>(m.files.size()));
           index[ps[r].files[f].name] = renumber.back();

@@ -1,6 +1,7 @@
 // A native checkpoint written by every rank of a job at once (a sliced
 // save): each rank writes the pieces it holds to its own data file
-// (`data-<rank>.tsr`) in the shared temporary directory, and the collective
+// (`data-<rank>.tsr`; with SlicedWriteOptions::merged, all of them into
+// one, at planned offsets) in the shared temporary directory, and the collective
 // Commit gathers every rank's piece records on rank 0, which checks that
 // every tensor is covered, writes the manifest and renames the directory
 // into place. Until then nothing exists at the final path; if any rank
@@ -65,6 +66,14 @@ struct SlicedWriteOptions {
   // place, "committed" on rank 0 once it is there, before `latest` names
   // it): fault-injection tests kill the process there.
   std::function<void(std::string_view point, int64_t step)> fault_hook;  // step: meta.step
+  // A merged save: the same pieces, but every rank writes its own into one
+  // data file at offsets all ranks plan alike from the strategy (no rank
+  // gathers anything), and the manifest records whole tensors (one rank,
+  // nothing split), so the checkpoint is a merged one: the same tensors,
+  // bit for bit, that rank 0 gathering and writing them would give. Raw
+  // pieces only, and no redundancy (one file: replicas and parity are the
+  // sliced save's).
+  bool merged = false;
 };
 
 class SlicedCheckpointWriter {
@@ -120,6 +129,9 @@ class SlicedCheckpointWriter {
   SavePlan plan_;
   std::map<std::pair<size_t, std::vector<int64_t>>, size_t> plan_index_;  // (tensor, origin)
   std::unique_ptr<DataFileWriter> file_;
+  // A merged save's one data file, and every planned piece's offset in it.
+  std::unique_ptr<PlacedDataFile> placed_;
+  std::vector<uint64_t> offsets_;
   std::string file_name_;
   uint64_t data_size_ = 0;
   uint64_t data_checksum_ = 0;  // of every byte of the data file

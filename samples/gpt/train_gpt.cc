@@ -9,19 +9,19 @@
 //   mpirun -np 4 train_gpt [--tp 2] [--pp 2] [--zero 1] ...   (4 processes)
 // Logs the loss and tokens/s of every step (rank 0). With --save it writes
 // native checkpoints DIR/step-<N> (parameters, Adam moments, step, data
-// position, config) and keeps DIR/latest on the newest: merged (rank 0
-// gathers whole tensors and writes one data file) or, with --save-mode
-// sliced, every rank writing its own pieces (tp slices, ZeRO shards;
-// replicas take turns) into one checkpoint, with --async-save in the
-// background while training goes on, and with --redundancy replicas:K /
-// parity:G / rs:K+M what rebuilds lost files (done at load, and said);
+// position, config) and keeps DIR/latest on the newest: merged (whole
+// tensors in one data file, every rank writing its own pieces at their
+// places in it) or, with --save-mode sliced, every rank writing its own
+// pieces (tp slices, ZeRO shards; replicas take turns) into a data file of
+// its own; with --async-save in the background while training goes on,
+// and with --redundancy replicas:K / parity:G / rs:K+M (sliced) what
+// rebuilds lost files (done at load, and said);
 // --hosts (or TESSERA_HOSTS) gives in-process ranks fake hosts, so that
 // host-aware placement can be tried on one machine;
 // --keep N removes all but the newest N; --resume continues
 // from DIR/latest when there is one, bit for bit as if never stopped on the
-// same ranks, and on any other mesh (the save is merged: under --pp or --tp
-// rank 0 gathers every stage's and slice's tensors; on resume each rank
-// reads only its own slices).
+// same ranks, and on any other mesh (on resume each rank reads only its own
+// slices).
 #include <signal.h>
 #include <sys/resource.h>
 #include <unistd.h>
@@ -303,6 +303,7 @@ Status Train(const Options& o, Communicator& world) {
   const FaultKill& fault = o.fault;
   SlicedWriteOptions save_options;
   save_options.redundancy = o.redundancy;
+  save_options.merged = o.save_mode == "merged";
   if (!o.hosts.empty()) {
     if (static_cast<int>(o.hosts.size()) != world.size()) {
       return InvalidArgumentError("--hosts names " + std::to_string(o.hosts.size()) +
@@ -314,7 +315,7 @@ Status Train(const Options& o, Communicator& world) {
   save_options.fault_hook = [&fault, &world](std::string_view point, int64_t step) {
     fault.At(point, step, world.rank());
   };
-  // A rank holding part of the model gathers it to rank 0 for saving.
+  // A rank holding part of the model gathers it to rank 0 for an export.
   const bool gather = parallel.pp > 1 || parallel.tp > 1;
   AsyncSlicedSave async(env, world);
   if (o.async_save && !o.save.empty() && o.steps > model.step()) {
@@ -383,7 +384,8 @@ Status Train(const Options& o, Communicator& world) {
         RETURN_IF_ERROR(poll(true));  // at most one save in flight
         ASSIGN_OR_RETURN(Strategy strategy, trainer->strategy());
         RETURN_IF_ERROR(async.Start(
-            o.save, name, strategy, {model.step(), metadata, "tessera train_gpt (sliced, async)"},
+            o.save, name, strategy,
+            {model.step(), metadata, "tessera train_gpt (" + o.save_mode + ", async)"},
             save_options,
             [&](const std::vector<PieceToWrite>& mine) {
               return trainer->SlicedPieces(strategy, mine);
@@ -391,41 +393,28 @@ Status Train(const Options& o, Communicator& world) {
             o.keep));
         continue;
       }
-      if (o.save_mode == "sliced") {
-        // Every rank writes its own pieces (replicas take turns); nothing
-        // is gathered. Rank 0 commits, then points `latest` at it.
-        ASSIGN_OR_RETURN(Strategy strategy, trainer->strategy());
-        RETURN_IF_ERROR(env->CreateDirs(o.save));
-        ASSIGN_OR_RETURN(std::unique_ptr<SlicedCheckpointWriter> writer,
-                         SlicedCheckpointWriter::Create(
-                             env, world, o.save + "/" + name, strategy,
-                             {model.step(), metadata, "tessera train_gpt (sliced)"},
-                             save_options));
-        const Status wrote = trainer->WriteSliced(*writer, strategy);
-        const Status committed = writer->Commit();  // collective: every rank gets here
-        RETURN_IF_ERROR(wrote);
-        RETURN_IF_ERROR(committed);
-        RETURN_IF_ERROR(PointLatest(env, world, o.save, name, o.keep));
-        if (talk) {
-          std::printf("saved %s/%s (sliced over %d ranks, redundancy %s)\n", o.save.c_str(),
-                      name.c_str(), world.size(), writer->plan().Describe().c_str());
-        }
-        continue;
+      // Every rank writes its own pieces (replicas take turns), into its
+      // own data file (sliced) or at their places in the one file (merged);
+      // nothing is gathered. Rank 0 commits, then points `latest` at it.
+      ASSIGN_OR_RETURN(Strategy strategy, trainer->strategy());
+      RETURN_IF_ERROR(env->CreateDirs(o.save));
+      ASSIGN_OR_RETURN(std::unique_ptr<SlicedCheckpointWriter> writer,
+                       SlicedCheckpointWriter::Create(
+                           env, world, o.save + "/" + name, strategy,
+                           {model.step(), metadata, "tessera train_gpt (" + o.save_mode + ")"},
+                           save_options));
+      const Status wrote = trainer->WriteSliced(*writer, strategy);
+      const Status committed = writer->Commit();  // collective: every rank gets here
+      RETURN_IF_ERROR(wrote);
+      RETURN_IF_ERROR(committed);
+      RETURN_IF_ERROR(PointLatest(env, world, o.save, name, o.keep));
+      if (talk && save_options.merged) {
+        std::printf("saved %s/%s (merged, written by %d ranks)\n", o.save.c_str(), name.c_str(),
+                    world.size());
+      } else if (talk) {
+        std::printf("saved %s/%s (sliced over %d ranks, redundancy %s)\n", o.save.c_str(),
+                    name.c_str(), world.size(), writer->plan().Describe().c_str());
       }
-      // A merged save: the moments are gathered, rank 0 writes.
-      RETURN_IF_ERROR(trainer->GatherOptimizerState());
-      // Under pp or tp, rank 0 assembles every stage's and slice's tensors first.
-      Gpt full;
-      Status saved = gather ? trainer->GatherModel(&full) : Status::Ok();
-      if (first && saved.ok()) saved = SaveGpt(env, gather ? full : model, o.save, name, metadata,
-                                      {.overwrite = from.ok()});
-      if (first && saved.ok() && o.keep > 0) saved = PruneCheckpoints(env, o.save, o.keep);
-      trainer->ShardOptimizerState();
-      int ok = saved.ok() ? 1 : 0;  // every rank learns whether rank 0 managed
-      RETURN_IF_ERROR(world.Broadcast(&ok, 1, DType::kI32, 0));
-      if (!saved.ok()) return saved;
-      if (ok == 0) return AbortedError("rank 0 failed to save " + name);
-      if (talk) std::printf("saved %s/%s\n", o.save.c_str(), name.c_str());
     }
   }
   RETURN_IF_ERROR(poll(true));  // the last save, if still being written
@@ -559,11 +548,12 @@ int main(int argc, char** argv) {
                  "keep the newest N checkpoints in --save (and the one latest names); 0: all")
       ->check(CLI::NonNegativeNumber);
   app.add_flag("--async-save", o.async_save,
-               "sliced saves written in the background: training stalls only to copy each "
-               "rank's pieces to host memory (implies --save-mode sliced)");
+               "saves written in the background: training stalls only to copy each rank's "
+               "pieces to host memory (sliced unless --save-mode merged is given)");
   app.add_option("--save-mode", o.save_mode,
-                 "merged: rank 0 gathers and writes whole tensors; sliced: every rank writes "
-                 "its own pieces (replicas take turns), nothing is gathered")
+                 "merged: whole tensors in one data file, every rank writing its pieces at "
+                 "their places in it; sliced: every rank writes its own pieces (replicas take "
+                 "turns) to its own file. Nothing is gathered either way")
       ->check(CLI::IsMember({"merged", "sliced"}));
   std::string redundancy = "none";
   app.add_option("--redundancy", redundancy,
@@ -646,12 +636,7 @@ int main(int argc, char** argv) {
     return Fail(InvalidArgumentError("--seq is longer than --context"));
   }
   if (o.resume && o.save.empty()) return Fail(InvalidArgumentError("--resume needs --save DIR"));
-  if (o.async_save) {
-    if (o.save_mode == "merged" && app.count("--save-mode") > 0) {
-      return Fail(InvalidArgumentError("--async-save writes sliced saves, not --save-mode merged"));
-    }
-    o.save_mode = "sliced";
-  }
+  if (o.async_save && app.count("--save-mode") == 0) o.save_mode = "sliced";
   o.parallel.bucket_bytes = static_cast<int64_t>(bucket_mib * (1 << 20));
   if (!op_strategy.empty()) {
     if (o.parallel.sequence_parallel) {

@@ -2,15 +2,19 @@
 // weights and Adam moments) trained on 4 in-process ranks (dp2 x tp2,
 // ZeRO-1), saved
 //   sliced: every rank writes its own pieces (SlicedCheckpointWriter), and
-//   merged: moments and slices gathered on rank 0, which writes alone
-//           (GatherOptimizerState + GatherModel + SaveGpt),
+//   merged: whole tensors in one data file, every rank writing its own
+//           pieces at their planned offsets (SlicedWriteOptions::merged),
+//           and, once, as it was done before: moments and slices gathered
+//           on rank 0, which writes alone (GatherOptimizerState +
+//           GatherModel + SaveGpt: "merged_gather"),
 //   async:  a sliced save in the background (AsyncSlicedSave): the stall
 //           (each rank copying its pieces) and the time to the commit,
 //   rs:     the sliced and the async save again with --redundancy rs:4+2
 //           (one Reed-Solomon group of the 4 data files, 2 parity files
 //           encoded with ISA-L by two ranks after the data phase),
+//   async merged: the merged save in the background,
 // each through commit and fsync, alternating within each of 5 rounds.
-// Prints the median of 5 saves of each (merged: of 3) (the
+// Prints the median of 5 saves of each (the
 // async saver is kept between them, as in training, its snapshot arena
 // made before the first save as train_gpt does ("prepare"); the first
 // save's stall is printed apart as "stall_first")
@@ -42,8 +46,9 @@ double Median(std::vector<double> v) {
 }
 
 struct Times {
-  std::vector<double> sliced, merged, stall, async, sliced_rs, stall_rs, async_rs;
-  double stall_first = 0, prepare = 0;
+  std::vector<double> sliced, merged, stall, async, sliced_rs, stall_rs, async_rs, stall_merged,
+      async_merged;
+  double stall_first = 0, prepare = 0, merged_gather = 0;
 };
 
 Status Run(Communicator& world, const std::string& dir, Times* times) {
@@ -60,8 +65,9 @@ Status Run(Communicator& world, const std::string& dir, Times* times) {
   };
   auto now = [] { return std::chrono::steady_clock::now(); };
   AsyncSlicedSave save(env, world);  // kept, as a training run keeps it
-  SlicedWriteOptions none, rs;
+  SlicedWriteOptions none, rs, merged;
   ASSIGN_OR_RETURN(rs.redundancy, Redundancy::Parse("rs:4+2"));
+  merged.merged = true;
   {
     // As train_gpt --async-save does at start-up: the snapshot arena made
     // and faulted in before the first save; timed to the end of the
@@ -104,49 +110,52 @@ Status Run(Communicator& world, const std::string& dir, Times* times) {
     return std::chrono::duration<double>(now() - t2).count();
   };
   for (int round = 0; round < 5; ++round) {
-    // Without and with rs:4+2 side by side, in turns (odd rounds start
-    // with rs): a save runs slower right after another's writeback.
-    const bool rs_first = round % 2 == 1;
-    double ts = 0, ts_rs = 0;
-    for (int i = 0; i < 2; ++i) {
-      if ((i == 0) != rs_first) {
-        ASSIGN_OR_RETURN(ts, sliced(dir + "/sliced", none));
-      } else {
-        ASSIGN_OR_RETURN(ts_rs, sliced(dir + "/sliced-rs", rs));
+    // The saves side by side, their order turning each round (a save runs
+    // slower right after another's writeback).
+    double ts = 0, ts_rs = 0, tm = 0;
+    for (int i = 0; i < 3; ++i) {
+      switch ((i + round) % 3) {
+        case 0: { ASSIGN_OR_RETURN(ts, sliced(dir + "/sliced", none)); break; }
+        case 1: { ASSIGN_OR_RETURN(ts_rs, sliced(dir + "/sliced-rs", rs)); break; }
+        default: { ASSIGN_OR_RETURN(tm, sliced(dir + "/merged", merged)); break; }
       }
     }
-    double tm = 0;
-    if (round < 3) {  // 5 to 10 s each: three are enough
-      const std::string m = dir + "/merged";
+    if (round == 0) {  // the merged save as it was (6-10 s): once, for the record
+      const std::string m = dir + "/merged-gather";
       RETURN_IF_ERROR(clean(m));
       const auto t1 = now();
       RETURN_IF_ERROR(trainer->GatherOptimizerState());
       Gpt full;
       RETURN_IF_ERROR(trainer->GatherModel(&full));
-      if (world.rank() == 0) RETURN_IF_ERROR(SaveGpt(env, full, dir, "merged", {}));
+      if (world.rank() == 0) RETURN_IF_ERROR(SaveGpt(env, full, dir, "merged-gather", {}));
       trainer->ShardOptimizerState();
       RETURN_IF_ERROR(world.Barrier());
-      tm = std::chrono::duration<double>(now() - t1).count();
+      times->merged_gather = std::chrono::duration<double>(now() - t1).count();
+      RETURN_IF_ERROR(clean(m));
     }
-    double stall = 0, stall_rs = 0, ta = 0, ta_rs = 0;
-    for (int i = 0; i < 2; ++i) {
-      if ((i == 0) != rs_first) {
-        ASSIGN_OR_RETURN(ta, async(dir + "/async", none, &stall));
-      } else {
-        ASSIGN_OR_RETURN(ta_rs, async(dir + "/async-rs", rs, &stall_rs));
+    double stall = 0, stall_rs = 0, stall_m = 0, ta = 0, ta_rs = 0, ta_m = 0;
+    for (int i = 0; i < 3; ++i) {
+      switch ((i + round) % 3) {
+        case 0: { ASSIGN_OR_RETURN(ta, async(dir + "/async", none, &stall)); break; }
+        case 1: { ASSIGN_OR_RETURN(ta_rs, async(dir + "/async-rs", rs, &stall_rs)); break; }
+        default: { ASSIGN_OR_RETURN(ta_m, async(dir + "/async-merged", merged, &stall_m)); break; }
       }
     }
     RETURN_IF_ERROR(clean(dir + "/sliced-rs"));
+    RETURN_IF_ERROR(clean(dir + "/merged"));
     RETURN_IF_ERROR(clean(dir + "/async-rs/step-1"));
+    RETURN_IF_ERROR(clean(dir + "/async-merged/step-1"));
     if (world.rank() == 0) {
       if (round == 0) times->stall_first = stall;  // the first async save: without rs
       times->sliced.push_back(ts);
-      if (round < 3) times->merged.push_back(tm);
+      times->merged.push_back(tm);
       times->stall.push_back(stall);
       times->async.push_back(ta);
       times->sliced_rs.push_back(ts_rs);
       times->stall_rs.push_back(stall_rs);
       times->async_rs.push_back(ta_rs);
+      times->stall_merged.push_back(stall_m);
+      times->async_merged.push_back(ta_m);
     }
   }
   return Status::Ok();
@@ -166,9 +175,11 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "save_bench: %s\n", s.ToString().c_str());
     return 1;
   }
-  std::printf("sliced %.3f\nmerged %.3f\nstall %.4f\nstall_first %.4f\nasync %.3f\n"
-              "sliced_rs %.3f\nstall_rs %.4f\nasync_rs %.3f\nprepare %.3f\n",
-              Median(t.sliced), Median(t.merged), Median(t.stall), t.stall_first,
-              Median(t.async), Median(t.sliced_rs), Median(t.stall_rs), Median(t.async_rs), t.prepare);
+  std::printf("sliced %.3f\nmerged %.3f\nmerged_gather %.3f\nstall %.4f\nstall_first %.4f\n"
+              "async %.3f\nsliced_rs %.3f\nstall_rs %.4f\nasync_rs %.3f\nstall_merged %.4f\n"
+              "async_merged %.3f\nprepare %.3f\n",
+              Median(t.sliced), Median(t.merged), t.merged_gather, Median(t.stall), t.stall_first,
+              Median(t.async), Median(t.sliced_rs), Median(t.stall_rs), Median(t.async_rs),
+              Median(t.stall_merged), Median(t.async_merged), t.prepare);
   return 0;
 }

@@ -64,6 +64,22 @@ void ExerciseEnv(Env* env, const std::string& root) {
   CHECK(missing.status().code() == StatusCode::kNotFound);
   CHECK(missing.status().message().find("data.bin") != std::string::npos);
 
+  // A file several writers fill at planned offsets: one creates and
+  // preallocates it, another opens it without truncating.
+  const std::string shared = JoinPath(dir, "shared.bin");
+  CHECK(env->OpenWritableFile(shared).status().code() == StatusCode::kNotFound);
+  auto first = env->NewWritableFile(shared);
+  REQUIRE(first.ok());
+  REQUIRE((*first)->Preallocate(10).ok());
+  REQUIRE((*first)->WriteAt(0, "ab", 2).ok());
+  auto second = env->OpenWritableFile(shared);
+  REQUIRE(second.ok());
+  REQUIRE((*second)->WriteAt(6, "cd", 2).ok());
+  REQUIRE((*second)->Sync().ok());
+  REQUIRE((*first)->Close().ok());
+  REQUIRE((*second)->Close().ok());
+  CHECK(*ReadFileToString(env, shared) == std::string("ab\0\0\0\0cd\0\0", 10));
+
   REQUIRE(DeleteRecursively(env, JoinPath(root, "a")).ok());
   CHECK_FALSE(env->FileExists(dir));
 }

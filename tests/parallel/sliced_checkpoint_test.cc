@@ -104,6 +104,69 @@ TEST_CASE("sliced checkpoint: every rank writes its pieces once, the whole reads
   CHECK(ReadAllBack(env.get(), "/ck/step-1", full).empty());
 }
 
+TEST_CASE("merged checkpoint: every rank writes its pieces into one file; whole tensors on one rank") {
+  auto env = NewMemEnv();
+  REQUIRE(env->CreateDirs("/ck").ok());
+  const Strategy strategy = ThreeTensors();
+  const std::vector<std::vector<float>> full = {Values(32, 0), Values(6, 100), Values(8, 200)};
+  SlicedWriteOptions options;
+  options.merged = true;
+  const Status s = RunInProcess(4, [&](Communicator& world) -> Status {
+    ASSIGN_OR_RETURN(auto writer, SlicedCheckpointWriter::Create(env.get(), world, "/ck/step-1",
+                                                                 strategy, {1, {}, "test"}, options));
+    for (const PieceToWrite& p : writer->Pieces()) {
+      const Layout& layout = strategy.tensors()[p.tensor].layout;
+      std::vector<float> data(NumElements(p.box));
+      CopyBox(full[p.tensor].data(), layout.shape, p.box, data.data(), p.box.extents(),
+              Box::FromShape(p.box.extents()), sizeof(float));
+      RETURN_IF_ERROR(writer->WritePiece(p.tensor, p.box, data.data()));
+    }
+    return writer->Commit();
+  });
+  INFO(s.ToString());
+  REQUIRE(s.ok());
+  auto children = env->GetChildren("/ck/step-1");
+  REQUIRE(children.ok());
+  CHECK(std::count_if(children->begin(), children->end(),
+                      [](const std::string& n) { return n.ends_with(".tsr"); }) == 1);
+  auto reader = OpenNativeCheckpoint(env.get(), "/ck/step-1");
+  REQUIRE(reader.ok());
+  CHECK((*reader)->strategy().mesh().world_size() == 1);
+  for (const TensorStrategy& t : (*reader)->strategy().tensors()) {
+    INFO(t.name);
+    CHECK(t.layout.dim_axes.empty());
+  }
+  CHECK(ReadAllBack(env.get(), "/ck/step-1", full).empty());
+  auto verified = VerifyNativeCheckpoint(env.get(), "/ck/step-1", {});
+  REQUIRE(verified.ok());
+  CHECK(verified->ok());
+  CHECK(verified->pieces == 7);  // every rank's pieces, each once
+}
+
+TEST_CASE("merged checkpoint: redundancy or compression is refused, naming the path") {
+  auto env = NewMemEnv();
+  REQUIRE(env->CreateDirs("/ck").ok());
+  const Strategy strategy = ThreeTensors();
+  for (int which = 0; which < 2; ++which) {
+    SlicedWriteOptions options;
+    options.merged = true;
+    if (which == 0) options.redundancy = *Redundancy::Parse("replicas:2");
+    if (which == 1) options.native.codec = Codec::kZstd;
+    const std::vector<Status> results = RankResults([&](Communicator& world, Status* result) {
+      *result = SlicedCheckpointWriter::Create(env.get(), world, "/ck/step-4", strategy,
+                                               {4, {}, "test"}, options)
+                    .status();
+      return Status::Ok();
+    });
+    for (const Status& r : results) {
+      CHECK_THAT(r.message(), Catch::Contains("merged checkpoint '/ck/step-4'"));
+      CHECK_THAT(r.message(), Catch::Contains(which == 0 ? "replicas:2 needs a sliced save"
+                                                          : "cannot be compressed"));
+    }
+    CHECK_FALSE(env->FileExists("/ck/step-4"));
+  }
+}
+
 TEST_CASE("sliced checkpoint: a rank that fails aborts the save everywhere") {
   auto env = NewMemEnv();
   REQUIRE(env->CreateDirs("/ck").ok());

@@ -213,8 +213,28 @@ check "... and reports its stall and background time" \
 check "... every save committed, latest on the last" grep -qx step-6 "$WORK/async/latest"
 resumed "resume on 1 rank from async saves of 2 MPI tp ranks" ck9 \
   "mpi --tp 2 --async-save --save-every 4" ""
-out=$("$BIN" "${SMALL[@]}" --steps 1 --async-save --save-mode merged --save "$WORK/x" 2>&1)
-check "--async-save with --save-mode merged is refused" grep -q "not --save-mode merged" <<<"$out"
+# Merged saves: every rank writes its pieces into the one data file (no
+# gather); whole tensors on one rank in the manifest; async too, and by
+# several processes into one file under mpirun.
+check "a merged save is one data file" test "$(ls "$WORK"/merged/step-6/data-*.tsr | wc -l)" -eq 1
+"$CKPT" inspect "$WORK/merged/step-6" >"$WORK/inspect.log" 2>&1
+check "... whose manifest holds whole tensors on one rank" grep -q "^mesh *\[r=1\] (1 ranks)" "$WORK/inspect.log"
+"$CKPT" verify "$WORK/merged" >"$WORK/verify.log" 2>&1
+check "ckpt verify passes on a merged save" test $? -eq 0
+for format in safetensors mindspore; do
+  "$CKPT" merge "$WORK/merged/step-6" -o "$WORK/m.$format" --format "$format" --quiet &&
+    "$CKPT" merge "$WORK/sliced/step-6" -o "$WORK/s.$format" --format "$format" --quiet
+  check "ckpt merge --format $format of it: the file the sliced save gives, byte for byte" \
+    diff -r "$WORK/m.$format" "$WORK/s.$format"
+done
+train "$WORK/am.log" --ranks 4 --dp 2 --tp 2 --zero 1 --steps 6 --save "$WORK/amerged" \
+  --async-save --save-mode merged --save-every 3
+"$CKPT" diff "$WORK/merged/step-6" "$WORK/amerged/step-6" >"$WORK/amdiff.log" 2>&1
+check "an async merged save equals the synchronous one (ckpt diff)" test $? -eq 0
+resumed "resume on 1 rank from async merged saves of 2 MPI tp ranks (one file, two processes)" \
+  ck13 "mpi --tp 2 --pp 1 --async-save --save-mode merged --save-every 4" ""
+out=$("$BIN" "${SMALL[@]}" --steps 1 --save-mode merged --redundancy replicas:2 --save "$WORK/x" 2>&1)
+check "--redundancy with a merged save is refused" grep -q "needs --save-mode sliced" <<<"$out"
 
 out=$("$BIN" --data "$CORPUS" --layers 1 --heads 2 --embed 32 --context 32 --batch 3 --steps 1 \
   --ranks 2 2>&1)
