@@ -56,6 +56,7 @@
 #include "core/env.h"
 #include "formats/native_files.h"
 #include "runtime/comm/kv_store.h"
+#include "runtime/comm/launch.h"
 
 using namespace tessera;
 using Clock = std::chrono::steady_clock;
@@ -482,9 +483,15 @@ std::string RunWorkers(const std::vector<std::string>& args, const WorkerOptions
     }
     if (g_signal != 0 && failure.empty()) failure = "signal " + std::to_string(g_signal);
     if (failure.empty() && o.heartbeat_timeout > 0) {
-      // Every silent worker, the longest silent first: the one that hung
-      // (its peers then wait for it in a collective and go silent later).
-      std::vector<std::pair<double, const Worker*>> silent;
+      // Every silent worker, the one that got least far first (then the
+      // longest silent): the one that hung, its peers waiting for it in a
+      // collective having beaten once more.
+      struct Silent {
+        int64_t progress;
+        double idle;
+        const Worker* w;
+      };
+      std::vector<Silent> silent;
       for (const Worker& w : workers) {
         if (w.exited) continue;
         // Counted from the first beat: start-up (the rendezvous, loading a
@@ -495,15 +502,20 @@ std::string RunWorkers(const std::vector<std::string>& args, const WorkerOptions
                                 std::chrono::system_clock::now().time_since_epoch())
                                 .count() -
                             (st.st_mtim.tv_sec + st.st_mtim.tv_nsec * 1e-9);
-        if (idle > o.heartbeat_timeout) silent.push_back({idle, &w});
+        if (idle > o.heartbeat_timeout) {
+          silent.push_back({Heartbeat::ReadProgress(w.heartbeat), idle, &w});
+        }
       }
-      std::sort(silent.begin(), silent.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+      std::sort(silent.begin(), silent.end(), [](const Silent& a, const Silent& b) {
+        return a.progress != b.progress ? a.progress < b.progress : a.idle > b.idle;
+      });
       for (size_t i = 0; i < silent.size(); ++i) {
-        char text[160];
+        char text[200];
         std::snprintf(text, sizeof(text), "%srank %d (pid %d) no heartbeat for %.1f s",
-                      i == 0 ? "hung: " : ", ", silent[i].second->rank,
-                      static_cast<int>(silent[i].second->pid), silent[i].first);
+                      i == 0 ? "hung: " : ", ", silent[i].w->rank,
+                      static_cast<int>(silent[i].w->pid), silent[i].idle);
         failure += text;
+        if (silent[i].progress >= 0) failure += " (at " + std::to_string(silent[i].progress) + ")";
       }
     }
     if (failure.empty() && Since(last_poll) > 0.2) {

@@ -7,6 +7,7 @@
 #include <cerrno>
 #include <charconv>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 
@@ -145,19 +146,35 @@ Heartbeat Heartbeat::FromEnv() {
   return h;
 }
 
-Status Heartbeat::Beat() {
+Heartbeat::~Heartbeat() {
+  if (fd_ >= 0) close(fd_);
+}
+
+Status Heartbeat::Beat(int64_t progress) {
   if (path_.empty()) return Status::Ok();
-  const int64_t now = std::chrono::duration_cast<std::chrono::milliseconds>(
-                          std::chrono::steady_clock::now().time_since_epoch())
-                          .count();
-  if (last_ms_ >= 0 && now - last_ms_ < 200) return Status::Ok();
-  last_ms_ = now;
-  const int fd = open(path_.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
-  if (fd < 0) return IOError("heartbeat file '" + path_ + "': " + std::strerror(errno));
-  const int rc = futimens(fd, nullptr);  // now
-  close(fd);
-  if (rc != 0) return IOError("heartbeat file '" + path_ + "': " + std::strerror(errno));
+  if (fd_ < 0) {
+    fd_ = open(path_.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+    if (fd_ < 0) return IOError("heartbeat file '" + path_ + "': " + std::strerror(errno));
+  }
+  // Fixed width, so that a shorter number never leaves digits behind.
+  char text[24];
+  const int n = std::snprintf(text, sizeof(text), "%020lld\n", static_cast<long long>(progress));
+  if (pwrite(fd_, text, static_cast<size_t>(n), 0) != n) {
+    return IOError("heartbeat file '" + path_ + "': " + std::strerror(errno));
+  }
   return Status::Ok();
+}
+
+int64_t Heartbeat::ReadProgress(const std::string& path) {
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return -1;
+  char text[24] = {};
+  const ssize_t n = pread(fd, text, sizeof(text) - 1, 0);
+  close(fd);
+  if (n <= 0) return -1;
+  char* end = nullptr;
+  const long long v = std::strtoll(text, &end, 10);
+  return end == text ? -1 : static_cast<int64_t>(v);
 }
 
 }  // namespace tessera

@@ -63,17 +63,29 @@ Result<RankTable> RankTableFromEnv();
 
 // Tells a launcher this process is alive: tessera-run sets
 // TESSERA_HEARTBEAT_FILE for each worker and takes a worker whose file
-// goes stale for longer than its --heartbeat-timeout for hung. Beat()
-// touches the file (at most 5 times a second; a no-op without the variable).
+// goes stale for longer than its --heartbeat-timeout for hung. Beat(n)
+// writes the worker's progress `n` (train_gpt: the step it starts) into
+// the file, which also touches it: one positional write on a file kept
+// open, so every step can beat. A no-op without the variable. When several
+// workers fall silent (a hung one's peers wait for it in a collective),
+// the launcher names the one that got least far first: the times alone
+// cannot tell (the file system's clock ticks every few milliseconds, about
+// a step of a small model).
 class Heartbeat {
  public:
   static Heartbeat FromEnv();
+  Heartbeat() = default;
+  Heartbeat(Heartbeat&& o) noexcept : path_(std::move(o.path_)), fd_(o.fd_) { o.fd_ = -1; }
+  Heartbeat& operator=(Heartbeat&&) = delete;
+  ~Heartbeat();
   bool enabled() const { return !path_.empty(); }
-  Status Beat();
+  Status Beat(int64_t progress);
+  // The progress a heartbeat file records; -1 when it holds none.
+  static int64_t ReadProgress(const std::string& path);
 
  private:
   std::string path_;
-  int64_t last_ms_ = -1;
+  int fd_ = -1;
 };
 
 }  // namespace tessera

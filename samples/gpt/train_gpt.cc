@@ -343,7 +343,7 @@ Status Train(const Options& o, Communicator& world) {
   Heartbeat heartbeat = Heartbeat::FromEnv();
   while (model.step() < o.steps) {
     fault.At("step", model.step() + 1, world.rank());
-    RETURN_IF_ERROR(heartbeat.Beat());
+    RETURN_IF_ERROR(heartbeat.Beat(model.step() + 1));
     const auto t0 = std::chrono::steady_clock::now();
     float norm = 0;
     float loss = 0;
