@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <optional>
 #include <limits>
+#include <functional>
 #include <map>
 #include <memory>
 #include <tuple>
@@ -115,8 +116,15 @@ StageCost CostOf(const StageWork& w, const ParamStats& ps, const ParallelConfig&
     c.dp_comm += prof.CollectiveSeconds(CollectiveKind::kAllReduce, 4.0 * ps.wte, 2,
                                         prof.CrossesHosts(static_cast<int64_t>(pp - 1) * dp * tp, 2));
   }
-  // AdamW reads parameters, gradients and both moments and writes three.
-  c.optimizer = prof.ComputeSeconds(0, 28.0 * (par.zero == 1 ? ps.zero_shard : ps.floats));
+  // AdamW reads parameters, gradients and both moments and writes three;
+  // the gradients' squared norm reads them once more. Under ZeRO-1 the
+  // buckets are packed and unpacked around both collectives (read + write
+  // of every gradient into the send buffer and of the rank's averaged rows
+  // back; of the rank's new rows out and everyone's back in).
+  const double held = static_cast<double>(par.zero == 1 ? ps.zero_shard : ps.floats);
+  double traffic = 28.0 * held + 4.0 * held;
+  if (par.zero == 1) traffic += 16.0 * static_cast<double>(ps.floats) + 16.0 * held;
+  c.optimizer = prof.ComputeSeconds(0, traffic);
   c.after = c.dp_comm + c.optimizer;
   MemoryUse& mem = c.memory;
   mem.parameters = mem.gradients = 4 * ps.floats;
@@ -342,14 +350,30 @@ Result<MeshOps> MakeMeshOps(const GptConfig& c, int dp, int tp,
   const DimAxes none, d{"dp"}, t{"tp"}, dt{"dp", "tp"};
   const int64_t C = c.embed, V = c.vocab;
   MeshOps m;
-  // Each candidate its operator accepts; in propagate the user's strategy
-  // is the only one, and an error when the operator refuses it.
+  // Each candidate its operator accepts and that cuts the operator's
+  // dimensions evenly (what resolving the plan's file checks); in
+  // propagate the user's strategy is the only one, and an error when the
+  // operator refuses it.
+  std::map<std::string, OpSignature> signatures;
+  {
+    GptConfig one = c;  // blocks fold: block 0 says it all
+    one.layers = 1;
+    for (OpSignature& sig : OpGpt::Signatures(one)) signatures.emplace(sig.name, std::move(sig));
+  }
+  ASSIGN_OR_RETURN(const Mesh mesh, Mesh::Create({"pp", "dp", "tp"}, {1, dp, tp}));
   Status status = Status::Ok();
   auto each = [&](const std::string& name, std::vector<OpStrategy> cands, auto create, auto* out) {
     if (tp == 1) cands.resize(1);
     const bool user = fixed != nullptr && fixed->count(name) > 0;
     if (user) cands = {fixed->at(name)};
+    const auto sig = signatures.find(name);
     for (const OpStrategy& st : cands) {
+      if (sig != signatures.end()) {
+        if (Status fits = CheckOpStrategy(sig->second, st, mesh, "auto-parallel"); !fits.ok()) {
+          if (user && status.ok()) status = fits;
+          continue;
+        }
+      }
       auto op = create(st);
       if (op.ok()) {
         out->push_back(*op);
@@ -405,6 +429,53 @@ std::vector<int> Divisors(int n) {
     if (n % i == 0) d.push_back(i);
   }
   return d;
+}
+
+// Every operator has at least one strategy that runs.
+bool HasEveryOperator(const MeshOps& m) {
+  return !(m.ln1.empty() || m.ln2.empty() || m.lnf.empty() || m.qkv.empty() || m.attn.empty() ||
+           m.proj.empty() || m.add1.empty() || m.add2.empty() || m.fc.empty() || m.gelu.empty() ||
+           m.fcproj.empty() || m.emb.empty() || m.lm.empty() || m.loss.empty());
+}
+
+// Whether some pp x dp x tp configuration of `n` ranks runs the model at
+// all, memory aside: pp at most the layers, dp dividing the batch, every
+// operator with a strategy on tp. `memo` keeps each (dp, tp)'s answer.
+bool RunsOn(const GptConfig& c, int B, int n, std::map<std::pair<int, int>, bool>* memo) {
+  for (int pp : Divisors(n)) {
+    if (pp > c.layers) continue;
+    for (int tp : Divisors(n / pp)) {
+      const int dp = n / pp / tp;
+      if (B % dp != 0) continue;
+      auto [it, fresh] = memo->emplace(std::pair{dp, tp}, false);
+      if (fresh) {
+        Result<MeshOps> ops = MakeMeshOps(c, dp, tp, nullptr);
+        it->second = ops.ok() && HasEveryOperator(*ops);
+      }
+      if (it->second) return true;
+    }
+  }
+  return false;
+}
+
+// "4 or 8 ranks can": the nearest device counts below and above `n` (up
+// to 3 each side, within 32) for which `runs` holds.
+std::string RunnableNear(int n, const std::function<bool(int)>& runs) {
+  std::vector<int> below, above;
+  for (int k = n - 1; k >= std::max(1, n - 32) && below.size() < 3; --k) {
+    if (runs(k)) below.insert(below.begin(), k);
+  }
+  for (int k = n + 1; k <= n + 32 && above.size() < 3; ++k) {
+    if (runs(k)) above.push_back(k);
+  }
+  std::vector<int> all = below;
+  all.insert(all.end(), above.begin(), above.end());
+  if (all.empty()) return "";
+  std::string out;
+  for (size_t i = 0; i < all.size(); ++i) {
+    out += (i == 0 ? "" : i + 1 == all.size() ? " or " : ", ") + std::to_string(all[i]);
+  }
+  return out + " ranks can";
 }
 
 // Short names of an operator's choice, for a plan's name.
@@ -675,10 +746,7 @@ Result<SearchResult> SearchGptParallel(const GptConfig& config, int B, int T, in
         user = std::move(named);
       }
       ASSIGN_OR_RETURN(MeshOps ops, MakeMeshOps(config, dp, tp, fixed ? &user : nullptr));
-      if (ops.ln1.empty() || ops.ln2.empty() || ops.lnf.empty() || ops.qkv.empty() ||
-          ops.attn.empty() || ops.proj.empty() || ops.add1.empty() || ops.add2.empty() ||
-          ops.fc.empty() || ops.gelu.empty() || ops.fcproj.empty() ||
-          ops.emb.empty() || ops.lm.empty() || ops.loss.empty()) {
+      if (!HasEveryOperator(ops)) {
         if (why_none.empty()) {
           why_none = "on tp " + std::to_string(tp) + " some operator has no strategy that runs";
         }
@@ -1117,9 +1185,27 @@ Result<SearchResult> SearchGptParallel(const GptConfig& config, int B, int T, in
   }
   if (!found) {
     if (least_name.empty()) {
-      return InvalidArgumentError("no parallel configuration of " + std::to_string(devices) +
-                                  " ranks runs a batch of " + std::to_string(B) + " x " +
-                                  std::to_string(T) + (why_none.empty() ? "" : ": " + why_none));
+      // Nothing runs at all: say what would.
+      std::string msg = "no parallel configuration of " + std::to_string(devices) +
+                        " ranks runs a batch of " + std::to_string(B) + " x " +
+                        std::to_string(T) + " on " + std::to_string(config.layers) +
+                        " layers (pipeline stages at most the layers, data parallelism dividing "
+                        "the batch, tensor parallelism where every operator has a strategy)";
+      if (!why_none.empty()) msg += "; " + why_none;
+      if (fixed == nullptr && options.name_runnable_counts) {
+        // fast runs its templates only: ask it; exact, any operator's
+        // strategies: a configuration with one for every operator runs.
+        std::map<std::pair<int, int>, bool> memo;
+        SearchOptions quiet = options;
+        quiet.name_runnable_counts = false;
+        quiet.rank_memory = std::numeric_limits<int64_t>::max();  // memory aside
+        const std::string near = RunnableNear(devices, [&](int k) {
+          return fast ? SearchGptParallel(config, B, T, k, machine, quiet).ok()
+                      : RunsOn(config, B, k, &memo);
+        });
+        if (!near.empty()) msg += (fast ? "; in fast mode " : "; ") + near;
+      }
+      return InvalidArgumentError(msg);
     }
     return ResourceExhaustedError("no parallel configuration of " + std::to_string(devices) +
                                   " ranks fits " + HumanBytes(budget) + " per rank; the least " +

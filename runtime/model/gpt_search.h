@@ -91,6 +91,9 @@ struct SearchOptions {
   std::shared_ptr<const OpStrategyFile> fixed;
   int64_t rank_memory = 0;    // bytes per rank; 0: the profile's device memory (or no limit)
   int64_t bucket_bytes = int64_t{25} << 20;
+  // When no configuration of the device count runs at all, the error names
+  // the nearest counts (up to 3 each side) that do in this mode.
+  bool name_runnable_counts = true;
 };
 
 struct SearchResult {
@@ -104,7 +107,7 @@ struct SearchResult {
 
 // The fastest configuration of `devices` ranks under the budget. When none
 // fits, the error says the smallest memory any configuration needs and
-// which one.
+// which one; when none runs at all, why, and which device counts nearby do.
 Result<SearchResult> SearchGptParallel(const GptConfig& config, int B, int T, int devices,
                                        const MachineProfile& profile, const SearchOptions& options);
 

@@ -306,6 +306,52 @@ Result<OpStrategyFile> OpStrategyFile::Load(const std::string& path) {
   return Parse(*text, path);
 }
 
+Status CheckOpStrategy(const OpSignature& op, const OpStrategy& s, const Mesh& mesh,
+                       const std::string& where) {
+  auto fail = [&](const std::string& what) {
+    return InvalidArgumentError(where + ": operator '" + op.name + "': " + what);
+  };
+  if (s.inputs.size() != op.inputs.size()) {
+    return fail("a " + op.kind + " has " + std::to_string(op.inputs.size()) +
+                " inputs; the strategy gives " + std::to_string(s.inputs.size()));
+  }
+  for (size_t i = 0; i < op.inputs.size(); ++i) {
+    const OpSignature::Input& in = op.inputs[i];
+    if (s.inputs[i].size() != in.shape.size()) {
+      return fail("input " + std::to_string(i) + " (" + in.name + ") has " +
+                  std::to_string(in.shape.size()) + " dimensions; the strategy gives " +
+                  std::to_string(s.inputs[i].size()));
+    }
+    std::vector<std::string> used;
+    for (size_t d = 0; d < in.shape.size(); ++d) {
+      const std::string at =
+          "input " + std::to_string(i) + " (" + in.name + ") " + DimName(static_cast<int>(d));
+      int64_t ways = 1;
+      for (const std::string& a : s.inputs[i][d]) {
+        const int axis = mesh.FindAxis(a);
+        if (axis < 0) return fail(at + ": the mesh " + mesh.ToString() + " has no axis '" + a + "'");
+        if (a == "pp") return fail(at + ": 'pp' is the pipeline's axis; stages are set by stage_layers");
+        if (std::find(used.begin(), used.end(), a) != used.end()) {
+          return fail(at + ": axis '" + a + "' cuts two dimensions of one input");
+        }
+        used.push_back(a);
+        ways *= mesh.axis_size(axis);
+      }
+      const int64_t size = in.shape[d];
+      const bool uneven = std::find(in.uneven.begin(), in.uneven.end(), d) != in.uneven.end();
+      if (size >= 0 && !uneven && size % ways != 0) {
+        return fail(at + " of size " + std::to_string(size) + " is not divisible by " +
+                    AxesText(s.inputs[i][d]) + " = " + std::to_string(ways));
+      }
+      if (size >= 0 && uneven && size < ways) {
+        return fail(at + " of size " + std::to_string(size) + " cannot be cut " +
+                    std::to_string(ways) + " ways");
+      }
+    }
+  }
+  return Status::Ok();
+}
+
 Result<std::map<std::string, OpStrategy>> ResolveOpStrategies(const OpStrategyFile& file,
                                                               const std::vector<OpSignature>& ops,
                                                               const Mesh& mesh, bool named_only) {
@@ -390,35 +436,9 @@ Result<std::map<std::string, OpStrategy>> ResolveOpStrategies(const OpStrategyFi
         s.inputs.push_back(std::move(dims));
       }
     }
-    // Axes exist, each at most once per input, and cut their dimension evenly.
+    RETURN_IF_ERROR(CheckOpStrategy(op, s, mesh, where));
     for (size_t i = 0; i < op.inputs.size(); ++i) {
       const OpSignature::Input& in = op.inputs[i];
-      std::vector<std::string> used;
-      for (size_t d = 0; d < in.shape.size(); ++d) {
-        const std::string at =
-            "input " + std::to_string(i) + " (" + in.name + ") " + DimName(static_cast<int>(d));
-        int64_t ways = 1;
-        for (const std::string& a : s.inputs[i][d]) {
-          const int axis = mesh.FindAxis(a);
-          if (axis < 0) return fail(op.name, at + ": the mesh " + mesh.ToString() + " has no axis '" + a + "'");
-          if (a == "pp") return fail(op.name, at + ": 'pp' is the pipeline's axis; stages are set by stage_layers");
-          if (std::find(used.begin(), used.end(), a) != used.end()) {
-            return fail(op.name, at + ": axis '" + a + "' cuts two dimensions of one input");
-          }
-          used.push_back(a);
-          ways *= mesh.axis_size(axis);
-        }
-        const int64_t size = in.shape[d];
-        const bool uneven = std::find(in.uneven.begin(), in.uneven.end(), d) != in.uneven.end();
-        if (size >= 0 && !uneven && size % ways != 0) {
-          return fail(op.name, at + " of size " + std::to_string(size) + " is not divisible by " +
-                                   AxesText(s.inputs[i][d]) + " = " + std::to_string(ways));
-        }
-        if (size >= 0 && uneven && size < ways) {
-          return fail(op.name, at + " of size " + std::to_string(size) + " cannot be cut " +
-                                   std::to_string(ways) + " ways");
-        }
-      }
       if (!in.param.empty()) {
         auto [p, inserted] = params.emplace(in.param, std::pair{s.inputs[i], op.name});
         if (!inserted && p->second.first != s.inputs[i]) {

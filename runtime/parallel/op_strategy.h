@@ -109,6 +109,13 @@ struct OpStrategyFile {
 // '.').
 bool MatchesOpPattern(std::string_view pattern, std::string_view name);
 
+// Whether strategy `s` fits operator `op` on `mesh`: as many inputs and
+// dimensions as the operator's, axes the mesh has (not "pp"), each at
+// most once per input, cutting their dimensions evenly. The error starts
+// with `where` and names the operator, the input and the dimension.
+Status CheckOpStrategy(const OpSignature& op, const OpStrategy& s, const Mesh& mesh,
+                       const std::string& where);
+
 // The strategy of every operator of `ops` on `mesh` (axes "pp", "dp", "tp"
 // as ParallelConfig makes them): the file's where it names the operator,
 // else data parallel. Errors name the file, the operator, the input and

@@ -223,9 +223,19 @@ TEST_CASE("the search is deterministic, keeps the budget, and says what would fi
   CHECK(none.status().message().find("fits 1.0 MiB per rank") != std::string::npos);
   CHECK(none.status().message().find("the least memory any needs is") != std::string::npos);
   // A device count no configuration can use with this batch.
+  // It says why, and which device counts nearby can.
   auto odd = SearchGptParallel(c, 3, 256, 5, TestProfile(), SearchOptions{});
   REQUIRE_FALSE(odd.ok());
-  CHECK(odd.status().message().find("5 ranks") != std::string::npos);
+  INFO(odd.status().message());
+  CHECK(odd.status().message().find("no parallel configuration of 5 ranks runs a batch of 3 x 256 "
+                                    "on 4 layers (pipeline stages at most the layers") !=
+        std::string::npos);
+  CHECK(odd.status().message().find("; in fast mode 2, 3, 4, 6, 8 or 9 ranks can") != std::string::npos);
+  // Each of those does run.
+  for (int n : {2, 3, 4, 6, 8, 9}) {
+    INFO(n << " ranks");
+    CHECK(SearchGptParallel(c, 3, 256, n, TestProfile(), SearchOptions{}).ok());
+  }
 }
 
 }  // namespace
@@ -285,6 +295,23 @@ Result<SearchResult> Propagate(const GptConfig& c, int B, int T, int devices, co
   o.fixed = std::make_shared<OpStrategyFile>(f);
   o.rank_memory = budget;
   return SearchGptParallel(c, B, T, devices, Dgx(), o);
+}
+
+TEST_CASE("exact keeps to strategies that cut every dimension evenly (7 devices, nothing divisible)") {
+  // 7 divides no weight dimension here: only the (uneven) rows may be cut.
+  const GptConfig c{.layers = 2, .heads = 2, .embed = 32, .context = 32, .vocab = 256};
+  SearchOptions o;
+  o.mode = "exact";
+  // This VM's profile: where the search once chose c_fc cut by columns,
+  // which resolving the plan's file then refused.
+  auto vm = MachineProfile::Load(std::string(TESSERA_SOURCE_DIR) +
+                                 "/samples/gpt/profiles/debian-vm-2core.json");
+  REQUIRE(vm.ok());
+  auto r = SearchGptParallel(c, 8, 32, 7, *vm, o);
+  INFO((r.ok() ? r->name : r.status().message()));
+  REQUIRE(r.ok());
+  CHECK(r->parallel.tp == 7);  // the only factorization: pp 7 > 2 layers, dp 7 does not divide 8
+  CHECK(Chosen(c, *r).size() == 14);  // every operator's strategy resolves (REQUIREd inside)
 }
 
 TEST_CASE("the exact search equals brute force on a small graph, with and without a budget") {
