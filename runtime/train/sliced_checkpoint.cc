@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <numeric>
 #include <tuple>
 
 #include "ckpt/output.h"
@@ -125,10 +126,23 @@ Result<std::unique_ptr<SlicedCheckpointWriter>> SlicedCheckpointWriter::Create(
   if (!plan.ok()) return plan.status().Annotate("sliced checkpoint '" + path + "'");
   w->plan_ = std::move(*plan);
   uint64_t placed_size = 0;
-  if (options.merged) {  // every rank places every piece alike
+  if (options.merged) {
+    // Every rank places every piece alike: rank 0's pieces first, then rank
+    // 1's, ..., so that each rank writes one region of the file front to
+    // back (as it would its own file) instead of pieces interleaved with
+    // the others'.
+    const std::vector<PlannedPiece>& planned = w->plan_.pieces;
+    std::vector<size_t> order(planned.size());
+    std::iota(order.begin(), order.end(), size_t{0});
+    std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+      return planned[a].writers[0] < planned[b].writers[0];
+    });
     std::vector<uint64_t> bytes;
-    for (const PlannedPiece& p : w->plan_.pieces) bytes.push_back(static_cast<uint64_t>(p.bytes));
-    std::tie(w->offsets_, placed_size) = PlacedDataFile::Place(bytes);
+    for (size_t i : order) bytes.push_back(static_cast<uint64_t>(planned[i].bytes));
+    std::vector<uint64_t> offsets;
+    std::tie(offsets, placed_size) = PlacedDataFile::Place(bytes);
+    w->offsets_.resize(planned.size());
+    for (size_t k = 0; k < order.size(); ++k) w->offsets_[order[k]] = offsets[k];
   }
   for (size_t i = 0; i < w->plan_.pieces.size(); ++i) {
     const PlannedPiece& p = w->plan_.pieces[i];
