@@ -185,25 +185,19 @@ Result<std::unique_ptr<SlicedCheckpointWriter>> SlicedCheckpointWriter::Create(
   w->file_name_ = RankFileName("data", w->options_.merged ? 0 : comm.rank());
   // A rank that cannot open its file reports it at Commit, so that every
   // rank reaches the same collectives.
+  auto keep = [&](auto file, auto* into) {
+    if (file.ok()) {
+      *into = std::move(*file);
+    } else {
+      w->failed_ = file.status();
+    }
+  };
+  const std::string data_path = JoinPath(tmp, w->file_name_);
   if (w->options_.merged) {
     w->data_size_ = placed_size;
-    if (comm.rank() != 0) {
-      Result<std::unique_ptr<PlacedDataFile>> file =
-          PlacedDataFile::Open(env, JoinPath(tmp, w->file_name_), 0);
-      if (file.ok()) {
-        w->placed_ = std::move(*file);
-      } else {
-        w->failed_ = file.status();
-      }
-    }
-    return w;
-  }
-  Result<std::unique_ptr<DataFileWriter>> file =
-      DataFileWriter::Create(env, JoinPath(tmp, w->file_name_), 0);
-  if (file.ok()) {
-    w->file_ = std::move(*file);
+    if (comm.rank() != 0) keep(PlacedDataFile::Open(env, data_path, 0), &w->placed_);
   } else {
-    w->failed_ = file.status();
+    keep(DataFileWriter::Create(env, data_path, 0), &w->file_);
   }
   return w;
 }

@@ -38,6 +38,19 @@ std::vector<float> Values(int64_t n, float base) {
   return v;
 }
 
+// Writes the writer's pieces of the tensors `full` holds.
+Status WritePieces(SlicedCheckpointWriter& writer, const Strategy& strategy,
+                   const std::vector<std::vector<float>>& full) {
+  for (const PieceToWrite& p : writer.Pieces()) {
+    const Layout& layout = strategy.tensors()[p.tensor].layout;
+    std::vector<float> data(NumElements(p.box));
+    CopyBox(full[p.tensor].data(), layout.shape, p.box, data.data(), p.box.extents(),
+            Box::FromShape(p.box.extents()), sizeof(float));
+    RETURN_IF_ERROR(writer.WritePiece(p.tensor, p.box, data.data()));
+  }
+  return Status::Ok();
+}
+
 // Reads every tensor of the checkpoint at `path`, checks it against `full`
 // and returns the reader's recoveries.
 std::vector<std::string> ReadAllBack(Env* env, const std::string& path,
@@ -114,13 +127,7 @@ TEST_CASE("merged checkpoint: every rank writes its pieces into one file; whole 
   const Status s = RunInProcess(4, [&](Communicator& world) -> Status {
     ASSIGN_OR_RETURN(auto writer, SlicedCheckpointWriter::Create(env.get(), world, "/ck/step-1",
                                                                  strategy, {1, {}, "test"}, options));
-    for (const PieceToWrite& p : writer->Pieces()) {
-      const Layout& layout = strategy.tensors()[p.tensor].layout;
-      std::vector<float> data(NumElements(p.box));
-      CopyBox(full[p.tensor].data(), layout.shape, p.box, data.data(), p.box.extents(),
-              Box::FromShape(p.box.extents()), sizeof(float));
-      RETURN_IF_ERROR(writer->WritePiece(p.tensor, p.box, data.data()));
-    }
+    RETURN_IF_ERROR(WritePieces(*writer, strategy, full));
     return writer->Commit();
   });
   INFO(s.ToString());
@@ -265,13 +272,7 @@ void SaveWithRedundancy(Env* env, const std::string& redundancy,
     options.hosts = {"a", "a", "b", "b"};
     ASSIGN_OR_RETURN(auto writer, SlicedCheckpointWriter::Create(env, world, "/ck/step-1", strategy,
                                                                  {1, {}, "test"}, options));
-    for (const PieceToWrite& p : writer->Pieces()) {
-      const Layout& layout = strategy.tensors()[p.tensor].layout;
-      std::vector<float> data(NumElements(p.box));
-      CopyBox(full[p.tensor].data(), layout.shape, p.box, data.data(), p.box.extents(),
-              Box::FromShape(p.box.extents()), sizeof(float));
-      RETURN_IF_ERROR(writer->WritePiece(p.tensor, p.box, data.data()));
-    }
+    RETURN_IF_ERROR(WritePieces(*writer, strategy, full));
     return writer->Commit();
   });
   INFO(s.ToString());
