@@ -52,7 +52,7 @@ class PosixWritableFile : public WritableFile {
       p += n;
       offset += static_cast<uint64_t>(n);
       size -= static_cast<size_t>(n);
-      Wrote(static_cast<uint64_t>(n), offset + static_cast<uint64_t>(n));
+      Wrote(static_cast<uint64_t>(n), offset);  // offset: already past this write
     }
     return Status::Ok();
   }

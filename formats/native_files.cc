@@ -106,10 +106,8 @@ Result<PieceInfo> DataFileWriter::Append(const void* raw, size_t size, const Box
     ASSIGN_OR_RETURN(StoredPiece stored, EncodeStoredPiece(raw, size, box, dtype, codec, level));
     return Append(stored);
   }
-  // A large raw piece in one pass, a checksum block at a time: the block's
-  // checksum, the piece's (streamed), the file's and the write all read the
-  // block while it is in cache, instead of three passes over the piece
-  // from memory. The records are those EncodeStoredPiece gives.
+  // A large raw piece in one pass (WriteRawBlocks); Write adds the file's
+  // whole-file checksum while the block is in cache.
   ASSIGN_OR_RETURN(PieceInfo p, WriteRawBlocks(path_, raw, size, box, index_, size_,
                                                 [&](const char* data, size_t n, uint64_t) {
                                                   return Write(data, n);
