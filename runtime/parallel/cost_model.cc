@@ -225,36 +225,6 @@ Result<LinkProfile> MeasureLink(Communicator& comm, int64_t max_bytes) {
     }
   }
   link.bandwidth = sbt > 0 ? sbb / sbt : 1e12;
-  // Training issues its collectives between kernels: the ranks arrive a
-  // little apart, and one that waited may have to be woken up (an MPI rank
-  // on a shared core yields). Measured there, a small AllReduce costs far
-  // more than back to back (MPI on this VM: 0.5 us a step back to back,
-  // while Megatron-SP, collectives between every pair of operators,
-  // measured 10-20% slower than plans with few). So the latency is the
-  // larger of the two: what a one-float AllReduce adds after each of a run
-  // of matrix products of about a millisecond.
-  {
-    const int64_t N = 256, C = 256, M = 1024;
-    std::vector<float> x(N * C, 0.5f), w(C * M, 0.25f), b(M, 0.0f), y(N * M);
-    auto product = [&] {
-      kernels::MatmulForward(y.data(), x.data(), w.data(), b.data(), static_cast<int>(N),
-                             static_cast<int>(C), static_cast<int>(M));
-    };
-    product();  // warm up
-    RETURN_IF_ERROR(comm.Barrier());
-    double times[2] = {0, 0};
-    times[0] = MedianSeconds(15, product);
-    RETURN_IF_ERROR(comm.Barrier());
-    times[1] = MedianSeconds(15, [&] {
-      product();
-      Status s = comm.AllReduce(&one, &sum, 1, DType::kF32, ReduceOp::kSum);
-      if (status.ok()) status = s;
-    });
-    RETURN_IF_ERROR(status);
-    RETURN_IF_ERROR(comm.Broadcast(times, 2, DType::kF64, 0));  // rank 0's timings everywhere
-    const double loaded = std::max(0.0, times[1] - times[0]) / (2.0 * (n - 1));
-    link.latency_s = std::max(link.latency_s, loaded);
-  }
   return link;
 }
 

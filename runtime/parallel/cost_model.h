@@ -83,10 +83,8 @@ double MeasureMatmulFlops(int64_t n);
 // `floats` floats, counting 3 x 4 bytes per element).
 double MeasureMemoryBandwidth(int64_t floats);
 // A link's latency and bandwidth, fitted (least squares) to AllReduce and
-// AllGather times over `comm` at sizes from 4 KiB to `max_bytes`; the
-// latency at least what a one-float AllReduce adds after a matrix product
-// (collectives between kernels, as training issues them). Collective;
-// every rank returns the same figures.
+// AllGather times over `comm` at sizes from 4 KiB to `max_bytes`.
+// Collective; every rank returns the same figures.
 Result<LinkProfile> MeasureLink(Communicator& comm, int64_t max_bytes);
 // This machine as `world` runs on it: rank 0's matrix products and memory
 // (the others wait), the link measured over `world` (one host: intra_host
