@@ -1,11 +1,13 @@
 #include "formats/manifest.h"
 
 #include <algorithm>
+#include <climits>
 #include <cstring>
 #include <set>
 
 #include <google/protobuf/io/coded_stream.h>
 #include <google/protobuf/io/zero_copy_stream_impl_lite.h>
+#include <google/protobuf/wire_format_lite.h>
 
 #include "core/checksum.h"
 #include "core/endian.h"
@@ -62,48 +64,48 @@ Result<PieceInfo> PieceFromProto(const native::PieceProto& pp, const TensorEntry
   }
   pc.box = Box(t.layout.rank());
   for (int d = 0; d < t.layout.rank(); ++d) pc.box[d] = {pp.begin(d), pp.end(d)};
-  const std::string pctx = ctx + ": piece " + ToString(pc.box);
-  if (!Contains(whole, pc.box) || IsEmpty(pc.box)) {
-    return DataLossError(pctx + " is empty or outside the shape");
-  }
+  // Built only for an error: a manifest can hold half a million pieces.
+  auto bad = [&](const std::string& what) {
+    return DataLossError(ctx + ": piece " + ToString(pc.box) + what);
+  };
+  if (!Contains(whole, pc.box) || IsEmpty(pc.box)) return bad(" is empty or outside the shape");
   if (pp.file() >= files.size()) {
-    return DataLossError(pctx + " names file #" + std::to_string(pp.file()) + " of " +
-                         std::to_string(files.size()));
+    return bad(" names file #" + std::to_string(pp.file()) + " of " + std::to_string(files.size()));
   }
   pc.file = pp.file();
   pc.offset = pp.offset();
   pc.length = pp.length();
   if (pc.offset + pc.length > files[pc.file].size || pc.offset + pc.length < pc.offset) {
-    return DataLossError(pctx + " lies past the end of file '" + files[pc.file].name + "'");
+    return bad(" lies past the end of file '" + files[pc.file].name + "'");
   }
   if (pp.codec() != native::RAW && pp.codec() != native::ZSTD) {
-    return DataLossError(pctx + " has unknown codec " + std::to_string(pp.codec()));
+    return bad(" has unknown codec " + std::to_string(pp.codec()));
   }
   pc.codec = static_cast<Codec>(pp.codec());
   pc.raw_length = pp.raw_length();
   if (pc.raw_length != static_cast<uint64_t>(NumElements(pc.box) * DTypeSize(t.layout.dtype))) {
-    return DataLossError(pctx + " records " + std::to_string(pc.raw_length) +
-                         " raw bytes, which does not match its box");
+    return bad(" records " + std::to_string(pc.raw_length) +
+               " raw bytes, which does not match its box");
   }
   // A zstd block holds at most 128 KiB and costs at least 4 bytes (an
   // RLE block), so no frame expands more than 32768-fold; a piece that
   // claims more is hostile or corrupt and is refused before a reader
   // allocates its raw bytes.
   if (pc.codec == Codec::kZstd && pc.raw_length / 32768 > pc.length) {
-    return DataLossError(pctx + " claims " + std::to_string(pc.raw_length) + " raw bytes from " +
-                         std::to_string(pc.length) + " stored: more than zstd can expand");
+    return bad(" claims " + std::to_string(pc.raw_length) + " raw bytes from " +
+               std::to_string(pc.length) + " stored: more than zstd can expand");
   }
   if (pc.codec == Codec::kRaw && pc.length != pc.raw_length) {
-    return DataLossError(pctx + " is raw but stores " + std::to_string(pc.length) + " of " +
-                         std::to_string(pc.raw_length) + " bytes");
+    return bad(" is raw but stores " + std::to_string(pc.length) + " of " +
+               std::to_string(pc.raw_length) + " bytes");
   }
   pc.checksum = pp.checksum();
   pc.stage = pp.stage();
   pc.block_checksums.assign(pp.block_checksums().begin(), pp.block_checksums().end());
   const uint64_t blocks = (pc.length + kChecksumBlock - 1) / kChecksumBlock;
   if (!pc.block_checksums.empty() && pc.block_checksums.size() != blocks) {
-    return DataLossError(pctx + " has " + std::to_string(pc.block_checksums.size()) +
-                         " block checksums for " + std::to_string(blocks) + " blocks");
+    return bad(" has " + std::to_string(pc.block_checksums.size()) + " block checksums for " +
+               std::to_string(blocks) + " blocks");
   }
   return pc;
 }
@@ -190,55 +192,104 @@ std::vector<DifferingCopy> DifferingStageCopies(const Manifest& m) {
 }
 
 std::string SerializeManifest(const Manifest& m) {
-  native::Manifest p;
-  p.set_format_version(m.format_version);
-  p.set_step(m.step);
-  p.set_created_by(m.created_by);
-  ToProto(m.mesh, p.mutable_mesh());
+  // A protobuf message is its fields in field order, so the manifest is
+  // written as three parts: the fields before `tensors` (5), each tensor as
+  // one field 5, then the fields after it. Deterministic serialization of
+  // the whole message gives the same bytes; this way only one tensor's
+  // protobuf exists at a time (a 4,096-rank manifest holds half a million
+  // pieces).
+  native::Manifest head, tail;
+  head.set_format_version(m.format_version);
+  head.set_step(m.step);
+  ToProto(m.mesh, head.mutable_mesh());
   for (const FileInfo& f : m.files) {
-    auto* fp = p.add_files();
+    auto* fp = head.add_files();
     fp->set_name(f.name);
     fp->set_size(f.size);
     fp->set_checksum(f.checksum);
     fp->set_host(f.host);
   }
-  for (const TensorEntry& t : m.tensors) {
-    auto* tp = p.add_tensors();
-    tp->set_name(t.name);
-    ToProto(t.layout, tp->mutable_layout());
-    if (t.mesh) ToProto(*t.mesh, tp->mutable_mesh());
-    for (const PieceInfo& pc : t.pieces) PieceToProto(pc, tp->add_pieces());
-    for (const PieceInfo& pc : t.copies) PieceToProto(pc, tp->add_copies());
-  }
+  for (const auto& [k, v] : m.metadata) (*tail.mutable_metadata())[k] = v;
+  tail.set_created_by(m.created_by);
   for (const ParityGroup& g : m.parity_groups) {
-    auto* gp = p.add_parity_groups();
+    auto* gp = tail.add_parity_groups();
     for (uint32_t f : g.members) gp->add_members(f);
     gp->set_parity(g.parity);
   }
   for (const ErasureGroup& g : m.erasure_groups) {
-    auto* gp = p.add_erasure_groups();
+    auto* gp = tail.add_erasure_groups();
     gp->set_code(g.code);
     for (uint32_t f : g.members) gp->add_members(f);
     for (uint32_t f : g.parity) gp->add_parity(f);
   }
-  for (const auto& [k, v] : m.metadata) (*p.mutable_metadata())[k] = v;
-  std::string payload;
-  // Deterministic: the same manifest always frames to the same bytes.
+  // Format 2 and later: the frame's header first, filled in below.
+  const size_t header = m.format_version < 2 ? 0 : kManifestHeader;
+  std::string out(header, '\0');
   {
-    google::protobuf::io::StringOutputStream stream(&payload);
+    google::protobuf::io::StringOutputStream stream(&out);
     google::protobuf::io::CodedOutputStream coded(&stream);
+    // Deterministic: the same manifest always frames to the same bytes.
     coded.SetSerializationDeterministic(true);
-    p.SerializeToCodedStream(&coded);
+    head.SerializeToCodedStream(&coded);
+    native::TensorProto tp;  // reused: its pieces' storage too
+    for (const TensorEntry& t : m.tensors) {
+      tp.Clear();
+      tp.set_name(t.name);
+      ToProto(t.layout, tp.mutable_layout());
+      if (t.mesh) ToProto(*t.mesh, tp.mutable_mesh());
+      for (const PieceInfo& pc : t.pieces) PieceToProto(pc, tp.add_pieces());
+      for (const PieceInfo& pc : t.copies) PieceToProto(pc, tp.add_copies());
+      coded.WriteTag(google::protobuf::internal::WireFormatLite::MakeTag(
+          native::Manifest::kTensorsFieldNumber,
+          google::protobuf::internal::WireFormatLite::WIRETYPE_LENGTH_DELIMITED));
+      coded.WriteVarint32(static_cast<uint32_t>(tp.ByteSizeLong()));
+      tp.SerializeWithCachedSizes(&coded);
+    }
+    tail.SerializeToCodedStream(&coded);
   }
-  if (m.format_version < 2) return payload;  // format 1: the bare protobuf
-  std::string out(kManifestHeader, '\0');
+  if (header == 0) return out;  // format 1: the bare protobuf
+  const std::string_view payload = std::string_view(out).substr(header);
   std::memcpy(out.data(), kManifestMagic, sizeof(kManifestMagic));
   PutLittleEndian<uint32_t>(out.data() + 8, m.format_version);
   PutLittleEndian<uint32_t>(out.data() + 12, kManifestHeader);
   PutLittleEndian<uint64_t>(out.data() + 16, payload.size());
   PutLittleEndian<uint64_t>(out.data() + 24, FrameChecksum(out, payload));
-  return out + payload;
+  return out;
 }
+
+namespace {
+
+// The manifest protobuf `payload` with its tensors (field 5) apart: `rest`
+// holds every other field's bytes, `tensors` each tensor's message, so
+// that tensors are parsed one at a time. False when it is not a valid
+// protobuf.
+bool SplitTensors(std::string_view payload, std::string* rest,
+                  std::vector<std::string_view>* tensors) {
+  using google::protobuf::internal::WireFormatLite;
+  google::protobuf::io::CodedInputStream in(reinterpret_cast<const uint8_t*>(payload.data()),
+                                            static_cast<int>(payload.size()));
+  while (true) {
+    const int start = in.CurrentPosition();
+    const uint32_t tag = in.ReadTag();
+    if (tag == 0) break;
+    if (WireFormatLite::GetTagFieldNumber(tag) == native::Manifest::kTensorsFieldNumber &&
+        WireFormatLite::GetTagWireType(tag) == WireFormatLite::WIRETYPE_LENGTH_DELIMITED) {
+      uint32_t length = 0;
+      if (!in.ReadVarint32(&length)) return false;
+      const int at = in.CurrentPosition();
+      if (length > payload.size() - static_cast<size_t>(at) || !in.Skip(static_cast<int>(length))) {
+        return false;
+      }
+      tensors->push_back(payload.substr(at, length));
+    } else {
+      if (!WireFormatLite::SkipField(&in, tag)) return false;
+      rest->append(payload.substr(start, in.CurrentPosition() - start));
+    }
+  }
+  return static_cast<size_t>(in.CurrentPosition()) == payload.size();
+}
+
+}  // namespace
 
 Result<Manifest> ParseManifest(std::string_view bytes, const std::string& path, bool bare_ok) {
   const std::string where = "manifest '" + path + "'";
@@ -263,8 +314,15 @@ Result<Manifest> ParseManifest(std::string_view bytes, const std::string& path, 
     return DataLossError(where + " is corrupt: its header is damaged (the checkpoint is format 2 "
                          "or later, whose manifests start with TSRMNFST)");
   }
+  // Tensors are parsed one at a time (SplitTensors): the manifest of a
+  // 4,096-rank checkpoint would otherwise exist twice, as protobuf and as
+  // Manifest.
   native::Manifest p;
-  if (!p.ParseFromArray(payload.data(), static_cast<int>(payload.size()))) {
+  std::string rest;
+  std::vector<std::string_view> tensor_bytes;
+  if (payload.size() > static_cast<size_t>(INT32_MAX) ||
+      !SplitTensors(payload, &rest, &tensor_bytes) ||
+      !p.ParseFromArray(rest.data(), static_cast<int>(rest.size()))) {
     return DataLossError(where + ": not a valid manifest (truncated or corrupt protobuf)");
   }
   if (p.format_version() == 0 || p.format_version() > kNativeFormatVersion ||
@@ -290,7 +348,13 @@ Result<Manifest> ParseManifest(std::string_view bytes, const std::string& path, 
   m.mesh = *mesh;
   for (const auto& f : p.files()) m.files.push_back({f.name(), f.size(), f.checksum(), f.host()});
   std::set<std::string> names;
-  for (const auto& tp : p.tensors()) {
+  native::TensorProto tp;  // reused: its pieces' storage too
+  m.tensors.reserve(tensor_bytes.size());
+  for (std::string_view bytes_of_tensor : tensor_bytes) {
+    if (!tp.ParseFromArray(bytes_of_tensor.data(), static_cast<int>(bytes_of_tensor.size()))) {
+      return DataLossError(where + ": not a valid manifest (tensor #" +
+                           std::to_string(m.tensors.size()) + " is a corrupt protobuf)");
+    }
     const std::string tctx = where + ": tensor '" + tp.name() + "'";
     if (!names.insert(tp.name()).second) return DataLossError(tctx + " appears twice");
     TensorEntry t;
@@ -305,6 +369,8 @@ Result<Manifest> ParseManifest(std::string_view bytes, const std::string& path, 
     }
     RETURN_IF_ERROR(ValidateLayout(t.layout, t.mesh ? *t.mesh : m.mesh).Annotate(tctx));
     const Box whole = Box::FromShape(t.layout.split_shape());  // piece boxes are over the view
+    t.pieces.reserve(tp.pieces_size());
+    t.copies.reserve(tp.copies_size());
     for (const auto& pp : tp.pieces()) {
       ASSIGN_OR_RETURN(PieceInfo pc, PieceFromProto(pp, t, whole, m.files, tctx));
       t.pieces.push_back(std::move(pc));
