@@ -102,6 +102,13 @@ class CheckpointWriter {
   // `shard_rank` is the rank that holds the box, which picks the data file.
   // Thread-safe; the boxes of one tensor must be disjoint.
   virtual Status WritePiece(size_t index, int64_t shard_rank, const Box& box, const void* data) = 0;
+  // A hint: the pieces of `shard_rank` written so far will not be followed
+  // by more soon. Writers that gather small pieces in memory write that
+  // rank's out now and free the memory for another. Never required.
+  virtual Status Flush(int64_t shard_rank) {
+    (void)shard_rank;
+    return Status::Ok();
+  }
   // Checks that every tensor is covered, makes everything durable and moves
   // the output into place. Nothing is visible at the final path before.
   virtual Status Commit() = 0;

@@ -5,6 +5,7 @@
 #include <map>
 #include <mutex>
 #include <numeric>
+#include <optional>
 
 #include "ckpt/output.h"
 #include "core/thread_pool.h"
@@ -80,6 +81,12 @@ class PieceIndex {
 
 // Data files synced at once when a checkpoint is committed.
 constexpr size_t kConcurrentSyncs = 32;
+// Pieces smaller than this are gathered per data file (DataFileWriter::
+// Stage) and written a buffer at a time, at most kStagingBuffers buffers
+// at once: files beyond them write straight through until a Flush or
+// Commit returns a buffer.
+constexpr size_t kStageBytes = size_t{1} << 20;
+constexpr size_t kStagingBuffers = 64;
 
 class NativeReader : public CheckpointReader {
  public:
@@ -407,16 +414,44 @@ class NativeWriter : public CheckpointWriter {
       }
     }
     for (const auto& [stage, rank] : places) {
-      ASSIGN_OR_RETURN(Slot * slot, SlotFor(rank));
+      Slot* slot = SlotFor(rank);
       PieceInfo info;
       {
         std::lock_guard<std::mutex> lock(slot->mu);
+        // Created by the first writer to the file, under its lock only:
+        // creating 2,048 files took a second, which a writer-wide lock made
+        // every other file wait for.
+        if (!slot->writer) {
+          ASSIGN_OR_RETURN(slot->writer,
+                           DataFileWriter::Create(env_, JoinPath(tmp_, slot->name), slot->index));
+        }
+        if (stored.size < kStageBytes && !slot->writer->staging()) {
+          std::optional<std::string> buffer = TakeBuffer();
+          if (buffer) slot->writer->Stage(std::move(*buffer), kStageBytes);
+        }
         ASSIGN_OR_RETURN(info, slot->writer->Append(stored));
       }
       info.stage = stage;
       std::lock_guard<std::mutex> lock(mu_);
       (stage == 0 ? pieces_ : copies_)[index].push_back(std::move(info));
     }
+    return Status::Ok();
+  }
+
+  Status Flush(int64_t shard_rank) override {
+    Slot* slot = nullptr;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = slots_.find(shard_rank);
+      if (it == slots_.end()) return Status::Ok();
+      slot = it->second.get();
+    }
+    std::lock_guard<std::mutex> lock(slot->mu);
+    if (!slot->writer || !slot->writer->staging()) return Status::Ok();
+    ASSIGN_OR_RETURN(std::string buffer, slot->writer->Unstage());
+    std::lock_guard<std::mutex> pool(buffers_mu_);
+    spare_.push_back(std::move(buffer));
+    --staging_;
     return Status::Ok();
   }
 
@@ -430,7 +465,13 @@ class NativeWriter : public CheckpointWriter {
     // on a pool of its own: a sync waits for the disk, and 2,048 of them
     // one after another took seconds where together they take one flush.
     std::vector<Slot*> in_order;
-    for (auto& [rank, slot] : slots_) in_order.push_back(slot.get());
+    for (auto& [rank, slot] : slots_) {
+      if (!slot->writer) {  // its creation failed, and so did the WritePiece that tried
+        return FailedPreconditionError("checkpoint '" + path_ + "': data file '" + slot->name +
+                                       "' was never created");
+      }
+      in_order.push_back(slot.get());
+    }
     std::vector<uint64_t> sizes(in_order.size());
     {
       ThreadPool syncs(static_cast<int>(std::min<size_t>(in_order.size(), kConcurrentSyncs)));
@@ -520,17 +561,28 @@ class NativeWriter : public CheckpointWriter {
     return Status::Ok();
   }
 
-  Result<Slot*> SlotFor(int64_t rank) {
+  // A staging buffer, if fewer than kStagingBuffers are out.
+  std::optional<std::string> TakeBuffer() {
+    std::lock_guard<std::mutex> lock(buffers_mu_);
+    if (staging_ >= kStagingBuffers) return std::nullopt;
+    ++staging_;
+    if (spare_.empty()) return std::string();
+    std::string b = std::move(spare_.back());
+    spare_.pop_back();
+    return b;
+  }
+
+  // The slot of `rank`'s data file; its writer is created by its first
+  // user.
+  Slot* SlotFor(int64_t rank) {
     std::lock_guard<std::mutex> lock(mu_);
     auto& slot = slots_[rank];
     if (!slot) {
       char name[32];
       std::snprintf(name, sizeof(name), "data-%05lld.tsr", static_cast<long long>(rank));
-      auto s = std::make_unique<Slot>();
-      s->index = static_cast<uint32_t>(slots_.size() - 1);
-      s->name = name;
-      ASSIGN_OR_RETURN(s->writer, DataFileWriter::Create(env_, JoinPath(tmp_, name), s->index));
-      slot = std::move(s);
+      slot = std::make_unique<Slot>();
+      slot->index = static_cast<uint32_t>(slots_.size() - 1);
+      slot->name = name;
     }
     return slot.get();
   }
@@ -545,6 +597,9 @@ class NativeWriter : public CheckpointWriter {
   std::map<int64_t, std::unique_ptr<Slot>> slots_;
   std::vector<std::vector<PieceInfo>> pieces_;
   std::vector<std::vector<PieceInfo>> copies_;  // of copy stages
+  std::mutex buffers_mu_;
+  size_t staging_ = 0;              // staging buffers out
+  std::vector<std::string> spare_;  // returned ones, capacity kept
   bool committed_ = false;
 };
 

@@ -7,6 +7,7 @@
 #include <mutex>
 
 #include "core/buffer.h"
+#include "core/status.h"
 #include "core/thread_pool.h"
 #include "transform/reshard_plan.h"
 
@@ -98,7 +99,6 @@ Result<TransformStats> Transform(const CheckpointReader& src, const Strategy& ds
   }
   PlanOptions plan_options;
   plan_options.one_per_replica_group = true;
-  ASSIGN_OR_RETURN(ReshardPlan plan, PlanReshard(from, dst, plan_options));
 
   ThreadPool pool(options.threads);
   // Each worker holds one slab and, at worst, a staged source piece or an
@@ -106,27 +106,47 @@ Result<TransformStats> Transform(const CheckpointReader& src, const Strategy& ds
   const int64_t slab_limit =
       std::max<int64_t>(int64_t{64} << 10, options.memory_budget / (3 * pool.size()));
 
+  // What to copy, one item per destination box: compact, since a
+  // checkpoint of thousands of ranks has hundreds of thousands. Each
+  // tensor is planned on its own and its plan dropped once its boxes are
+  // taken: the plan's source boxes are the reader's business.
   struct Item {
-    size_t tensor;
+    uint32_t tensor;
+    bool direct;     // one source piece's contiguous bytes: try ViewRegion
+    uint32_t box;    // its box: boxes[box .. box + 2 * rank), begins then ends
     int64_t rank;
-    Box box;
-    bool direct;  // one source piece's contiguous bytes: try ViewRegion
   };
   std::vector<Item> items;
-  TransformStats stats;
-  for (size_t i = 0; i < plan.tensors.size(); ++i) {
-    const TensorPlan& tp = plan.tensors[i];
-    if (dst.tensors()[i].name != from.tensors()[i].name) {
-      return InvalidArgumentError("the destination strategy lists tensor '" +
-                                  dst.tensors()[i].name + "' where checkpoint '" + src.path() +
-                                  "' has '" + from.tensors()[i].name + "'");
+  std::vector<int64_t> boxes;
+  std::vector<std::vector<int64_t>> coords(from.tensors().size());  // the plan's, per tensor
+  auto add = [&](uint32_t tensor, int64_t rank, const Box& box, bool direct) -> Status {
+    if (boxes.size() > UINT32_MAX - 2 * kMaxRank) {
+      return ResourceExhaustedError("checkpoint '" + src.path() + "': too many pieces to plan");
     }
+    items.push_back({tensor, direct, static_cast<uint32_t>(boxes.size()), rank});
+    for (int d = 0; d < box.rank(); ++d) boxes.push_back(box[d].begin);
+    for (int d = 0; d < box.rank(); ++d) boxes.push_back(box[d].end);
+    return Status::Ok();
+  };
+  TransformStats stats;
+  std::vector<int64_t> src_load;
+  for (size_t i = 0; i < dst.tensors().size(); ++i) {
+    const TensorStrategy& d = dst.tensors()[i];
+    const TensorStrategy& f = from.tensors()[i];
+    if (d.name != f.name) {
+      return InvalidArgumentError("the destination strategy lists tensor '" + d.name +
+                                  "' where checkpoint '" + src.path() + "' has '" + f.name + "'");
+    }
+    ASSIGN_OR_RETURN(TensorPlan tp, PlanTensorReshard(d.name, from.MeshOf(f), f.layout,
+                                                      dst.MeshOf(d), d.layout, plan_options,
+                                                      &src_load));
     const int64_t es = DTypeSize(tp.dtype);
+    coords[i] = tp.src_layout.split_shape();
     // Copied without a staging buffer when the source lends its bytes: a
     // shard whose every piece is one contiguous run of it (rows of a
     // row-split tensor), in the same coordinates on both sides.
-    const bool same_coords = tp.src_layout.split_shape() == from.tensors()[i].layout.split_shape() &&
-                             tp.src_layout.split_shape() == dst.tensors()[i].layout.split_shape();
+    const bool same_coords = coords[i] == f.layout.split_shape() &&
+                             coords[i] == d.layout.split_shape();
     for (const ShardPlan& shard : tp.shards) {
       const std::vector<int64_t> ext = shard.shard.extents();
       bool direct = same_coords && shard.copies.size() > 1;
@@ -134,55 +154,88 @@ Result<TransformStats> Transform(const CheckpointReader& src, const Strategy& ds
         direct = direct && NumElements(c.dst_box) * es >= kDirectMinBytes &&
                  ByteRuns(ext, c.dst_box, ext, c.dst_box, es).size() == 1;
       }
-      std::vector<Box> boxes;
+      std::vector<Box> parts;
       if (direct) {
-        for (const PieceCopy& c : shard.copies) boxes.push_back(Shift(c.dst_box, shard.shard));
+        for (const PieceCopy& c : shard.copies) parts.push_back(Shift(c.dst_box, shard.shard));
       } else {
-        boxes.push_back(shard.shard);
+        parts.push_back(shard.shard);
       }
-      for (const Box& box : boxes) {
+      for (const Box& box : parts) {
         for (const Box& slab : SplitBox(box, es, slab_limit)) {
-          items.push_back({i, shard.dst_rank, slab, direct || shard.copies.size() == 1});
+          RETURN_IF_ERROR(add(static_cast<uint32_t>(i), shard.dst_rank, slab,
+                              direct || shard.copies.size() == 1));
           stats.bytes += NumElements(slab) * es;
         }
       }
     }
   }
-  stats.tensors = static_cast<int64_t>(plan.tensors.size());
+  stats.tensors = static_cast<int64_t>(dst.tensors().size());
   stats.pieces = static_cast<int64_t>(items.size());
+
+  // Worked through by destination rank (each rank's tensors in order), in
+  // tasks of consecutive items of one rank: a data file is filled by one
+  // worker at a time, its small pieces gathered into large writes, and
+  // handed back (Flush) when the worker is done with it.
+  std::stable_sort(items.begin(), items.end(),
+                   [](const Item& a, const Item& b) { return a.rank < b.rank; });
+  constexpr int64_t kTaskBytes = int64_t{16} << 20;
+  std::vector<std::pair<size_t, size_t>> tasks;  // [begin, end) of items
+  {
+    int64_t task_bytes = 0;
+    for (size_t k = 0; k < items.size(); ++k) {
+      if (tasks.empty() || items[k].rank != items[k - 1].rank || task_bytes >= kTaskBytes) {
+        tasks.push_back({k, k});
+        task_bytes = 0;
+      }
+      ++tasks.back().second;
+      const int rank = static_cast<int>(coords[items[k].tensor].size());
+      int64_t n = DTypeSize(dst.tensors()[items[k].tensor].layout.dtype);
+      for (int d = 0; d < rank; ++d) {
+        n *= boxes[items[k].box + rank + d] - boxes[items[k].box + d];
+      }
+      task_bytes += n;
+    }
+  }
 
   BufferPool buffers;
   std::mutex progress_mu;
   int64_t done = 0;
   const int64_t total = stats.bytes;
   if (options.progress) options.progress(0, total);
-  RETURN_IF_ERROR(pool.ParallelFor(static_cast<int64_t>(items.size()), [&](int64_t k) -> Status {
-    const Item& item = items[k];
-    const TensorStrategy& t = dst.tensors()[item.tensor];
-    const int64_t bytes = NumElements(item.box) * DTypeSize(t.layout.dtype);
-    // The plan's boxes are over its coordinates (the finer view when the
-    // source and destination split different views of the tensor).
-    const std::vector<int64_t>& coords = plan.tensors[item.tensor].src_layout.split_shape();
-    std::unique_ptr<FileView> view;
-    if (item.direct && coords == from.tensors()[item.tensor].layout.split_shape()) {
-      ASSIGN_OR_RETURN(view, src.ViewRegion(item.tensor, item.box));
+  RETURN_IF_ERROR(pool.ParallelFor(static_cast<int64_t>(tasks.size()), [&](int64_t t) -> Status {
+    for (size_t k = tasks[t].first; k < tasks[t].second; ++k) {
+      const Item& item = items[k];
+      const TensorStrategy& ts = dst.tensors()[item.tensor];
+      // The plan's boxes are over its coordinates (the finer view when the
+      // source and destination split different views of the tensor).
+      const std::vector<int64_t>& c = coords[item.tensor];
+      const int rank = static_cast<int>(c.size());
+      Box box(rank);
+      for (int d = 0; d < rank; ++d) box[d] = {boxes[item.box + d], boxes[item.box + rank + d]};
+      const int64_t bytes = NumElements(box) * DTypeSize(ts.layout.dtype);
+      std::unique_ptr<FileView> view;
+      if (item.direct && c == from.tensors()[item.tensor].layout.split_shape()) {
+        ASSIGN_OR_RETURN(view, src.ViewRegion(item.tensor, box));
+      }
+      if (view != nullptr) {
+        RETURN_IF_ERROR(WritePieceOver(out, ts.layout, item.tensor, item.rank, c, box,
+                                       view->data()));
+      } else {
+        Result<BufferPool::Lease> buf = buffers.Get(bytes, "a slab");
+        if (!buf.ok()) {
+          return buf.status().Annotate("tensor '" + ts.name + "' " + ToString(box));
+        }
+        RETURN_IF_ERROR(ReadRegionOver(src, item.tensor, c, box, buf->get()));
+        RETURN_IF_ERROR(WritePieceOver(out, ts.layout, item.tensor, item.rank, c, box,
+                                       buf->get()));
+      }
+      if (options.progress) {
+        std::lock_guard<std::mutex> lock(progress_mu);
+        done += bytes;
+        options.progress(done, total);
+      }
     }
-    if (view != nullptr) {
-      RETURN_IF_ERROR(WritePieceOver(out, t.layout, item.tensor, item.rank, coords, item.box,
-                                     view->data()));
-    } else {
-      ASSIGN_OR_RETURN(auto buf,
-                       buffers.Get(bytes, "tensor '" + t.name + "' " + ToString(item.box)));
-      RETURN_IF_ERROR(ReadRegionOver(src, item.tensor, coords, item.box, buf.get()));
-      RETURN_IF_ERROR(WritePieceOver(out, t.layout, item.tensor, item.rank, coords, item.box,
-                                     buf.get()));
-    }
-    if (options.progress) {
-      std::lock_guard<std::mutex> lock(progress_mu);
-      done += bytes;
-      options.progress(done, total);
-    }
-    return Status::Ok();
+    return out.Flush(items[tasks[t].first].rank);
   }));
   stats.seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

@@ -72,7 +72,35 @@ Result<std::unique_ptr<DataFileWriter>> DataFileWriter::Create(Env* env, const s
 
 Status DataFileWriter::Write(const void* data, size_t size) {
   whole_.Update(data, size);
+  if (stage_limit_ > 0) {
+    if (staged_.size() + size > stage_limit_) RETURN_IF_ERROR(WriteStaged());
+    if (size < stage_limit_) {
+      staged_.append(static_cast<const char*>(data), size);
+      return Status::Ok();
+    }
+  }
   return file_->Append(data, size);
+}
+
+Status DataFileWriter::WriteStaged() {
+  if (staged_.empty()) return Status::Ok();
+  Status s = file_->Append(staged_.data(), staged_.size());
+  staged_.clear();
+  return s;
+}
+
+void DataFileWriter::Stage(std::string buffer, size_t limit) {
+  staged_ = std::move(buffer);
+  staged_.clear();
+  staged_.reserve(limit);
+  stage_limit_ = limit;
+}
+
+Result<std::string> DataFileWriter::Unstage() {
+  Status s = WriteStaged();
+  if (!s.ok()) return s.Annotate("data file '" + path_ + "'");
+  stage_limit_ = 0;
+  return std::move(staged_);
 }
 
 Result<StoredPiece> EncodeStoredPiece(const void* raw, size_t size, const Box& box, DType dtype,
@@ -139,6 +167,7 @@ Status DataFileWriter::Pad(uint64_t stored) {
 }
 
 Result<uint64_t> DataFileWriter::Finish() {
+  if (staging()) RETURN_IF_ERROR(Unstage().status());
   RETURN_IF_ERROR(file_->Sync());
   RETURN_IF_ERROR(file_->Close());
   return size_;
@@ -213,14 +242,24 @@ Status CheckDataFileHeader(const RandomAccessFile& file, const std::string& path
 
 namespace {
 
-// Errors about one piece start with this.
-std::string PieceContext(const std::string& path, const std::string& tensor, const PieceInfo& p) {
-  return "file '" + path + "': tensor '" + tensor + "' piece " + ToString(p.box);
+// Errors about one piece start with its name ("file 'x': tensor 'y' piece
+// [0:4, 0:8]"), spelled out only when an error needs it: a reshard of a
+// 4,096-rank checkpoint reads half a million pieces.
+struct PieceName {
+  const std::string& path;
+  const std::string& tensor;
+  const PieceInfo& piece;
+  std::string str() const {
+    return "file '" + path + "': tensor '" + tensor + "' piece " + ToString(piece.box);
+  }
+};
+std::string operator+(const PieceName& name, std::string_view more) {
+  return name.str().append(more);
 }
 
 // Reads the stored bytes of `piece` into `dst` and checks their checksum.
 // Checks a piece's stored bytes against its one checksum.
-Status CheckStored(const PieceInfo& piece, const void* stored, const std::string& ctx) {
+Status CheckStored(const PieceInfo& piece, const void* stored, const PieceName& ctx) {
   if (Xxh3(stored, piece.length) != piece.checksum) {
     return DataLossError(ctx + ": checksum mismatch (corrupt data)");
   }
@@ -228,7 +267,7 @@ Status CheckStored(const PieceInfo& piece, const void* stored, const std::string
 }
 
 Status ReadStored(const RandomAccessFile& file, const PieceInfo& piece, void* dst,
-                  const std::string& ctx) {
+                  const PieceName& ctx) {
   Status s = file.Read(piece.offset, piece.length, dst);
   if (!s.ok()) return DataLossError(ctx + ": " + s.message());
   return CheckStored(piece, dst, ctx);
@@ -238,12 +277,12 @@ Status ReadStored(const RandomAccessFile& file, const PieceInfo& piece, void* ds
 
 Status ReadPiece(const RandomAccessFile& file, const std::string& path, const std::string& tensor,
                  const PieceInfo& piece, DType dtype, void* raw) {
-  const std::string ctx = PieceContext(path, tensor, piece);
+  const PieceName ctx{path, tensor, piece};
   // Raw pieces land directly in the caller's buffer; encoded ones are staged.
   if (piece.codec == Codec::kRaw) return ReadStored(file, piece, raw, ctx);
-  ASSIGN_OR_RETURN(auto stored, AllocateBytes(piece.length, ctx));
+  ASSIGN_OR_RETURN(auto stored, AllocateBytes(piece.length, ctx.str()));
   RETURN_IF_ERROR(ReadStored(file, piece, stored.get(), ctx));
-  return DecodePiece(stored.get(), piece.length, piece.codec, dtype, raw, piece.raw_length, ctx);
+  return DecodePiece(stored.get(), piece.length, piece.codec, dtype, raw, piece.raw_length, ctx.str());
 }
 
 namespace {
@@ -257,7 +296,7 @@ std::pair<uint64_t, uint64_t> BlockRange(const PieceInfo& piece, uint64_t first,
 
 // Checks blocks [first, last) of a raw piece, whose bytes start at `bytes`.
 Status CheckBlocks(const PieceInfo& piece, uint64_t first, uint64_t last, const char* bytes,
-                   const std::string& ctx) {
+                   const PieceName& ctx) {
   const auto [begin, end] = BlockRange(piece, first, last);
   for (uint64_t b = first; b < last; ++b) {
     const uint64_t off = b * kChecksumBlock - begin;
@@ -272,7 +311,7 @@ Status CheckBlocks(const PieceInfo& piece, uint64_t first, uint64_t last, const 
 
 // Reads blocks [first, last) of a raw piece into `buf` and checks each one.
 Status ReadBlocks(const RandomAccessFile& file, const PieceInfo& piece, uint64_t first,
-                  uint64_t last, char* buf, const std::string& ctx) {
+                  uint64_t last, char* buf, const PieceName& ctx) {
   const auto [begin, end] = BlockRange(piece, first, last);
   Status s = file.Read(piece.offset + begin, end - begin, buf);
   if (!s.ok()) return DataLossError(ctx + ": " + s.message());
@@ -283,7 +322,7 @@ Status ReadBlocks(const RandomAccessFile& file, const PieceInfo& piece, uint64_t
 // verified; null when the file lends no bytes.
 Result<std::unique_ptr<FileView>> ViewBlocks(const RandomAccessFile& file, const PieceInfo& piece,
                                              uint64_t first, uint64_t last,
-                                             const std::string& ctx) {
+                                             const PieceName& ctx) {
   const auto [begin, end] = BlockRange(piece, first, last);
   Result<std::unique_ptr<FileView>> view = file.View(piece.offset + begin, end - begin);
   if (!view.ok()) return DataLossError(ctx + ": " + view.status().message());
@@ -305,7 +344,7 @@ Result<std::unique_ptr<FileView>> ViewPieceRegion(const RandomAccessFile& file,
                Box::FromShape(region.extents()), es);
   if (runs.size() != 1) return std::unique_ptr<FileView>();  // not one contiguous run
   const ByteRun& r = runs[0];
-  const std::string ctx = PieceContext(path, tensor, piece);
+  const PieceName ctx{path, tensor, piece};
   if (piece.block_checksums.empty() && piece.length < kViewAtLeast) {
     // A small piece is read, not lent: a mapping and its unmapping per
     // piece cost more than copying it, and unmapping from several threads
@@ -342,14 +381,14 @@ Status ReadPieceRegion(const RandomAccessFile& file, const std::string& path,
   if (whole_dst) return ReadPiece(file, path, tensor, piece, dtype, dst);
   if (piece.codec != Codec::kRaw || piece.block_checksums.empty()) {
     // Encoded or small: the whole piece, then the region out of it.
-    ASSIGN_OR_RETURN(auto raw, AllocateBytes(piece.raw_length, PieceContext(path, tensor, piece)));
+    ASSIGN_OR_RETURN(auto raw, AllocateBytes(piece.raw_length, PieceName{path, tensor, piece}.str()));
     RETURN_IF_ERROR(ReadPiece(file, path, tensor, piece, dtype, raw.get()));
     CopyBox(raw.get(), piece_ext, rel, dst, dst_extents, dst_box, es);
     return Status::Ok();
   }
   // Raw with block checksums: read only the blocks the region touches, a
   // window of consecutive touched blocks at a time.
-  const std::string ctx = PieceContext(path, tensor, piece);
+  const PieceName ctx{path, tensor, piece};
   const std::vector<ByteRun> runs = ByteRuns(piece_ext, rel, dst_extents, dst_box, es);
   // Runs ascend in the piece, so the touched blocks come out sorted.
   std::vector<uint64_t> touched;
@@ -416,9 +455,9 @@ Status ReadPieceRegion(const RandomAccessFile& file, const std::string& path,
 
 Status VerifyPiece(const RandomAccessFile& file, const std::string& path,
                    const std::string& tensor, const PieceInfo& piece, DType dtype) {
-  const std::string ctx = PieceContext(path, tensor, piece);
+  const PieceName ctx{path, tensor, piece};
   if (piece.codec != Codec::kRaw || piece.block_checksums.empty()) {
-    ASSIGN_OR_RETURN(auto raw, AllocateBytes(piece.raw_length, ctx));
+    ASSIGN_OR_RETURN(auto raw, AllocateBytes(piece.raw_length, ctx.str()));
     return ReadPiece(file, path, tensor, piece, dtype, raw.get());
   }
   std::unique_ptr<char[]> window(new char[kReadWindowBlocks * kChecksumBlock]);
