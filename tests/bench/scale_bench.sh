@@ -6,7 +6,10 @@
 # strategies from make_checkpoint --strategy-out), beside the 8 -> 4 figure
 # of the same bytes: seconds and peak RSS (GNU time), medians of 3. Goal
 # (issue 21): 4,096 -> 2,048 within 2x the time of 8 -> 4, peak RSS at most
-# the memory budget (256 MiB) plus 4x the manifest.
+# the memory budget (256 MiB) plus 4x the manifest. The peer: `cp -r` of
+# the reshard's own output and `sync` (the same files created, the same
+# bytes written and made durable; medians of 3), a floor no reshard of
+# those files can go under on this file system.
 # Usage: scale_bench.sh CKPT MAKE_CHECKPOINT WORK_DIR [RANKS...]
 set -euo pipefail
 CKPT=$1
@@ -26,7 +29,8 @@ mesh_of() {  # the source mesh for N ranks, and its half
     *) echo "scale_bench: no mesh for $1 ranks" >&2; exit 2 ;;
   esac
 }
-printf "%-34s %8s %10s %10s %10s %9s\n" "ranks (source -> destination)" "pieces" "manifest" "seconds" "peak RSS" "vs 8->4"
+printf "%-34s %8s %10s %10s %10s %9s %10s %8s\n" "ranks (source -> destination)" "pieces" "manifest" \
+  "seconds" "peak RSS" "vs 8->4" "cp+sync" "vs cp"
 base=""
 for n in "${ranks[@]}"; do
   read -r src dst <<<"$(mesh_of "$n")"
@@ -46,10 +50,18 @@ print(sum(t['pieces'] for t in json.load(sys.stdin)['tensors']))")
   done
   s=$(printf '%s\n' "${secs[@]}" | median)
   r=$(printf '%s\n' "${rss[@]}" | median)
+  copies=()
+  for _ in 1 2 3; do
+    rm -rf "$work/copy-$n"
+    sync
+    read -r t _ < <(timed bash -c "cp -r '$work/out-$n' '$work/copy-$n' && sync")
+    copies+=("$t")
+  done
+  c=$(printf '%s\n' "${copies[@]}" | median)
   [ -z "$base" ] && base=$s
-  printf "%-34s %8d %9.1fM %10.3f %9.0fM %8.2fx\n" "$n ($src -> $dst)" "$pieces" \
+  printf "%-34s %8d %9.1fM %10.3f %9.0fM %8.2fx %10.3f %7.2fx\n" "$n ($src -> $dst)" "$pieces" \
     "$(awk "BEGIN {print $manifest / 1048576}")" "$s" "$(awk "BEGIN {print $r / 1024}")" \
-    "$(awk "BEGIN {print $s / $base}")"
-  rm -rf "$work/src-$n" "$work/out-$n"
+    "$(awk "BEGIN {print $s / $base}")" "$c" "$(awk "BEGIN {print $s / $c}")"
+  rm -rf "$work/src-$n" "$work/out-$n" "$work/copy-$n"
 done
 rm -rf "$work"
