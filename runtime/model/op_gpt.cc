@@ -804,18 +804,22 @@ OpGpt::HalfWork OpGpt::EstimateHalf(const GptConfig& config, int tp, const HalfO
   StageWork& w = r.backward;  // and what recompute does again
   // Each operator's share (with the conversions into it and their duals):
   // what fw and w gained since the last mark.
-  StageWork seen;
+  StageWork seen, seen_fw;
+  auto take = [](const StageWork& d, StageWork* to) {
+    to->flops += d.flops;
+    to->bytes += d.bytes;
+    for (int k = 0; k < 4; ++k) {
+      to->comm_count[k] += d.comm_count[k];
+      to->comm_bytes[k] += d.comm_bytes[k];
+    }
+  };
   auto mark = [&](int op) {
     StageWork both = fw;
     both.Add(w);
-    StageWork d = Since(both, seen);
-    r.ops[op].flops += d.flops;
-    r.ops[op].bytes += d.bytes;
-    for (int k = 0; k < 4; ++k) {
-      r.ops[op].comm_count[k] += d.comm_count[k];
-      r.ops[op].comm_bytes[k] += d.comm_bytes[k];
-    }
+    take(Since(both, seen), &r.ops[op]);
+    take(Since(fw, seen_fw), &r.forward_ops[op]);
     seen = both;
+    seen_fw = fw;
   };
   auto linear = [&](const LinearOp& op, int64_t K, int64_t M) {
     const double f = z.LinearFlops(op.info(), N, K, M);
@@ -1045,7 +1049,20 @@ std::vector<std::pair<std::string, StageWork>> OpGpt::EstimateOps(int64_t N, int
     const char* names[10] = {"ln_1", "attn.c_attn", "attn.attention", "attn.c_proj", "add_1",
                              "ln_2", "mlp.c_fc",    "mlp.gelu",       "mlp.c_proj",  "add_2"};
     const std::string p = BlockPrefix(b.layer);
-    for (int i = 0; i < 10; ++i) out.emplace_back(p + names[i], i < 5 ? h1.ops[i] : h2.ops[i - 5]);
+    for (int i = 0; i < 10; ++i) {
+      StageWork share = i < 5 ? h1.ops[i] : h2.ops[i - 5];
+      // Full recompute runs each operator's forward again in backward.
+      if (b.recompute == Recompute::kFull) {
+        const StageWork& again = i < 5 ? h1.forward_ops[i] : h2.forward_ops[i - 5];
+        share.flops += again.flops;
+        share.bytes += again.bytes;
+        for (int k = 0; k < 4; ++k) {
+          share.comm_count[k] += again.comm_count[k];
+          share.comm_bytes[k] += again.comm_bytes[k];
+        }
+      }
+      out.emplace_back(p + names[i], share);
+    }
     x = blocks_.back().add2.info().output;
   }
   if (stage_.last) {

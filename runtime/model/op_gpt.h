@@ -158,6 +158,8 @@ class OpGpt {
     // conversions into it and their duals): the layer norm, the first
     // linear, attention or GELU, the second linear, the add.
     StageWork ops[5];
+    // The forward part of each share: what full recompute runs again.
+    StageWork forward_ops[5];
   };
   static HalfWork EstimateHalf(const GptConfig& config, int tp, const HalfOps& h, Placement x,
                                int64_t N, int T, Recompute rc);

@@ -552,10 +552,13 @@ namespace {
 
 TEST_CASE("the per-operator shares add up to the stage's work") {
   const GptConfig c{.layers = 3, .heads = 4, .embed = 32, .context = 16, .vocab = 96};
-  for (bool sp : {false, true}) {
+  for (auto [sp, rc] : {std::pair<bool, const char*>{false, "none"}, {true, "none"},
+                        {false, "full"}, {true, "selective"}}) {
+    INFO("sequence parallel " << sp << ", recompute " << rc);
     ParallelConfig par;
     par.tp = 2;
     par.sequence_parallel = sp;
+    par.recompute = rc;
     auto mesh = par.MakeMesh();
     REQUIRE(mesh.ok());
     const GptStage gs = ParallelGpt::StageOf(c, 1, 0, 2, 0);
