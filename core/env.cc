@@ -312,6 +312,7 @@ class FaultWritableFile : public WritableFile {
     size_ = std::max<uint64_t>(size_, size);
     return Status::Ok();
   }
+  void StartWriteback() override { base_->StartWriteback(); }
   Status Sync() override {
     RETURN_IF_ERROR(base_->Sync());
     std::lock_guard<std::mutex> lock(mu_);

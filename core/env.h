@@ -37,6 +37,10 @@ class WritableFile {
     const char zero = 0;
     return WriteAt(size - 1, &zero, 1);
   }
+  // A hint: hands what was written so far to the disk without waiting
+  // for it, so that a later Sync has less to wait for. Errors surface in
+  // Sync.
+  virtual void StartWriteback() {}
   // Makes everything appended so far durable.
   virtual Status Sync() = 0;
   virtual Status Close() = 0;

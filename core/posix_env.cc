@@ -62,6 +62,10 @@ class PosixWritableFile : public WritableFile {
     if (rc == EOPNOTSUPP || rc == EINVAL) return WritableFile::Preallocate(size);  // e.g. tmpfs quirks
     return PosixError("fallocate", path_, rc);
   }
+  void StartWriteback() override {
+    unsynced_.store(0, std::memory_order_relaxed);
+    (void)::sync_file_range(fd_, 0, 0, SYNC_FILE_RANGE_WRITE);
+  }
   Status Sync() override {
     if (::fdatasync(fd_) != 0) return PosixError("fdatasync", path_, errno);
     return Status::Ok();

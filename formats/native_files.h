@@ -58,6 +58,9 @@ class DataFileWriter {
   // Writes what is staged and stops staging; returns the buffer, empty
   // with its capacity kept, for another file.
   Result<std::string> Unstage();
+  // Hands what was written to the disk without waiting (a later Finish
+  // then waits less); staged bytes are not written by it.
+  void StartWriteback() { file_->StartWriteback(); }
   // Syncs and closes; the file's final size.
   Result<uint64_t> Finish();
   // Bytes written so far. Unless staging, every write goes straight to the
