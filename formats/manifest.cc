@@ -11,6 +11,7 @@
 
 #include "core/checksum.h"
 #include "core/endian.h"
+#include "core/thread_pool.h"
 #include "formats/native.pb.h"
 
 namespace tessera {
@@ -291,6 +292,48 @@ bool SplitTensors(std::string_view payload, std::string* rest,
 
 }  // namespace
 
+namespace {
+
+// Manifests at least this long have their tensors parsed on a pool.
+constexpr size_t kParallelManifestBytes = size_t{4} << 20;
+
+// Tensor #index of manifest `m` (its mesh and files parsed), from its
+// protobuf bytes, parsed into `tp`.
+Result<TensorEntry> TensorFromProto(std::string_view bytes, size_t index, native::TensorProto* tp,
+                                    const Manifest& m, const std::string& where) {
+  if (!tp->ParseFromArray(bytes.data(), static_cast<int>(bytes.size()))) {
+    return DataLossError(where + ": not a valid manifest (tensor #" + std::to_string(index) +
+                         " is a corrupt protobuf)");
+  }
+  const std::string tctx = where + ": tensor '" + tp->name() + "'";
+  TensorEntry t;
+  t.name = tp->name();
+  auto layout = FromProto(tp->layout());
+  if (!layout.ok()) return layout.status().Annotate(tctx);
+  t.layout = *layout;
+  if (tp->has_mesh()) {
+    auto tm = FromProto(tp->mesh());
+    if (!tm.ok()) return tm.status().Annotate(tctx);
+    t.mesh = *tm;
+  }
+  RETURN_IF_ERROR(ValidateLayout(t.layout, t.mesh ? *t.mesh : m.mesh).Annotate(tctx));
+  const Box whole = Box::FromShape(t.layout.split_shape());  // piece boxes are over the view
+  t.pieces.reserve(tp->pieces_size());
+  t.copies.reserve(tp->copies_size());
+  for (const auto& pp : tp->pieces()) {
+    ASSIGN_OR_RETURN(PieceInfo pc, PieceFromProto(pp, t, whole, m.files, tctx));
+    t.pieces.push_back(std::move(pc));
+  }
+  for (const auto& pp : tp->copies()) {
+    ASSIGN_OR_RETURN(PieceInfo pc, PieceFromProto(pp, t, whole, m.files, tctx + ": copy"));
+    RETURN_IF_ERROR(CheckCopy(t, pc, m.files[pc.file].name, tctx));
+    t.copies.push_back(std::move(pc));
+  }
+  return t;
+}
+
+}  // namespace
+
 Result<Manifest> ParseManifest(std::string_view bytes, const std::string& path, bool bare_ok) {
   const std::string where = "manifest '" + path + "'";
   std::string_view payload = bytes;
@@ -347,41 +390,33 @@ Result<Manifest> ParseManifest(std::string_view bytes, const std::string& path, 
   if (!mesh.ok()) return mesh.status().Annotate(where);
   m.mesh = *mesh;
   for (const auto& f : p.files()) m.files.push_back({f.name(), f.size(), f.checksum(), f.host()});
-  std::set<std::string> names;
-  native::TensorProto tp;  // reused: its pieces' storage too
-  m.tensors.reserve(tensor_bytes.size());
-  for (std::string_view bytes_of_tensor : tensor_bytes) {
-    if (!tp.ParseFromArray(bytes_of_tensor.data(), static_cast<int>(bytes_of_tensor.size()))) {
-      return DataLossError(where + ": not a valid manifest (tensor #" +
-                           std::to_string(m.tensors.size()) + " is a corrupt protobuf)");
+  // Tensors parsed on a pool when there are many (a 4,096-rank manifest
+  // holds half a million pieces), in contiguous ranges, each reusing one
+  // TensorProto; the first error by tensor order is the one reported.
+  std::vector<TensorEntry> tensors(tensor_bytes.size());
+  auto parse_range = [&](size_t lo, size_t hi) -> Status {
+    native::TensorProto tp;  // reused: its pieces' storage too
+    for (size_t i = lo; i < hi; ++i) {
+      ASSIGN_OR_RETURN(tensors[i], TensorFromProto(tensor_bytes[i], i, &tp, m, where));
     }
-    const std::string tctx = where + ": tensor '" + tp.name() + "'";
-    if (!names.insert(tp.name()).second) return DataLossError(tctx + " appears twice");
-    TensorEntry t;
-    t.name = tp.name();
-    auto layout = FromProto(tp.layout());
-    if (!layout.ok()) return layout.status().Annotate(tctx);
-    t.layout = *layout;
-    if (tp.has_mesh()) {
-      auto tm = FromProto(tp.mesh());
-      if (!tm.ok()) return tm.status().Annotate(tctx);
-      t.mesh = *tm;
-    }
-    RETURN_IF_ERROR(ValidateLayout(t.layout, t.mesh ? *t.mesh : m.mesh).Annotate(tctx));
-    const Box whole = Box::FromShape(t.layout.split_shape());  // piece boxes are over the view
-    t.pieces.reserve(tp.pieces_size());
-    t.copies.reserve(tp.copies_size());
-    for (const auto& pp : tp.pieces()) {
-      ASSIGN_OR_RETURN(PieceInfo pc, PieceFromProto(pp, t, whole, m.files, tctx));
-      t.pieces.push_back(std::move(pc));
-    }
-    for (const auto& pp : tp.copies()) {
-      ASSIGN_OR_RETURN(PieceInfo pc, PieceFromProto(pp, t, whole, m.files, tctx + ": copy"));
-      RETURN_IF_ERROR(CheckCopy(t, pc, m.files[pc.file].name, tctx));
-      t.copies.push_back(std::move(pc));
-    }
-    m.tensors.push_back(std::move(t));
+    return Status::Ok();
+  };
+  if (payload.size() < kParallelManifestBytes) {
+    RETURN_IF_ERROR(parse_range(0, tensors.size()));
+  } else {
+    ThreadPool pool(0);
+    const size_t ranges = static_cast<size_t>(pool.size()) * 4;
+    RETURN_IF_ERROR(pool.ParallelFor(static_cast<int64_t>(ranges), [&](int64_t r) {
+      return parse_range(tensors.size() * r / ranges, tensors.size() * (r + 1) / ranges);
+    }));
   }
+  std::set<std::string_view> names;
+  for (const TensorEntry& t : tensors) {
+    if (!names.insert(t.name).second) {
+      return DataLossError(where + ": tensor '" + t.name + "' appears twice");
+    }
+  }
+  m.tensors = std::move(tensors);
   std::set<uint32_t> grouped;
   for (const auto& gp : p.parity_groups()) {
     ParityGroup g;

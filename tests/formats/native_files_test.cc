@@ -151,6 +151,51 @@ TEST_CASE("a manifest, written tensor by tensor, is the whole message's determin
   CHECK(bad.status().message().find("/ck/manifest.pb") != std::string::npos);
 }
 
+TEST_CASE("a manifest of 160,000 pieces parses on a pool, errors reported in tensor order") {
+  // Past the size at which tensors are parsed in parallel ranges.
+  Manifest m;
+  m.mesh = *Mesh::Parse("r=1");
+  m.files.push_back({"data-00000.tsr", uint64_t{1} << 40});
+  const int tensors = 40, pieces = 4000;
+  for (int t = 0; t < tensors; ++t) {
+    TensorEntry e;
+    e.name = "t" + std::to_string(t);
+    e.layout = Layout::Replicated({pieces}, DType::kF32);
+    for (int i = 0; i < pieces; ++i) {
+      PieceInfo p;
+      p.offset = (uint64_t{1} << 12) * (static_cast<uint64_t>(t) * pieces + i + 1);
+      p.length = p.raw_length = 4;
+      p.box = Box({{i, i + 1}});
+      p.checksum = static_cast<uint64_t>(t * pieces + i);
+      e.pieces.push_back(p);
+    }
+    m.tensors.push_back(std::move(e));
+  }
+  const std::string framed = SerializeManifest(m);
+  REQUIRE(framed.size() > (size_t{4} << 20));
+  auto back = ParseManifest(framed, "/big/manifest.pb", false);
+  REQUIRE(back.ok());
+  REQUIRE(back->tensors.size() == static_cast<size_t>(tensors));
+  CHECK(back->tensors[37].name == "t37");
+  CHECK(back->tensors[37].pieces[123].checksum == 37 * pieces + 123);
+  CHECK(SerializeManifest(*back) == framed);
+  SECTION("the first bad tensor is the one named, whichever range fails first") {
+    Manifest bad = m;
+    bad.tensors[31].pieces[9].box = Box({{pieces, pieces + 1}});  // outside its shape
+    bad.tensors[3].pieces[5].raw_length = 8;                      // does not match its box
+    auto r = ParseManifest(SerializeManifest(bad), "/big/manifest.pb", false);
+    REQUIRE_FALSE(r.ok());
+    CHECK(r.status().message().find("tensor 't3'") != std::string::npos);
+  }
+  SECTION("a name repeated in another range") {
+    Manifest bad = m;
+    bad.tensors[39].name = "t1";
+    auto r = ParseManifest(SerializeManifest(bad), "/big/manifest.pb", false);
+    REQUIRE_FALSE(r.ok());
+    CHECK(r.status().message().find("tensor 't1' appears twice") != std::string::npos);
+  }
+}
+
 TEST_CASE("region reads of a multi-block raw piece: staged and direct paths agree") {
   // A 9.5 MiB piece (rows of 3 KiB, not a divisor of the 1 MiB checksum
   // block): regions whose rows run over whole blocks are read straight into
