@@ -16,22 +16,30 @@ Status CheckNoViews(const Strategy& strategy, const std::string& where) {
   return Status::Ok();
 }
 
-Status CheckReadRegion(const TensorStrategy& t, const std::string& where, const Box& region) {
+namespace {
+std::string Where(std::string_view kind, std::string_view path) {
+  return std::string(kind) + " '" + std::string(path) + "'";
+}
+}  // namespace
+
+Status CheckReadRegion(const TensorStrategy& t, std::string_view kind, std::string_view path,
+                       const Box& region) {
   if (Contains(Box::FromShape(t.layout.split_shape()), region)) return Status::Ok();
-  return OutOfRangeError(where + ": tensor '" + t.name + "': box " + ToString(region) +
+  return OutOfRangeError(Where(kind, path) + ": tensor '" + t.name + "': box " + ToString(region) +
                          " lies outside " + (t.layout.view.empty() ? "shape " : "view ") +
                          ShapeToString(t.layout.split_shape()));
 }
 
-Result<const TensorStrategy*> CheckWritePiece(const Strategy& strategy, const std::string& where,
-                                              size_t index, const Box& box) {
+Result<const TensorStrategy*> CheckWritePiece(const Strategy& strategy, std::string_view kind,
+                                              std::string_view path, size_t index,
+                                              const Box& box) {
   if (index >= strategy.tensors().size()) {
-    return InvalidArgumentError(where + ": no tensor #" + std::to_string(index));
+    return InvalidArgumentError(Where(kind, path) + ": no tensor #" + std::to_string(index));
   }
   const TensorStrategy& t = strategy.tensors()[index];
   if (IsEmpty(box) || !Contains(Box::FromShape(t.layout.split_shape()), box)) {
-    return InvalidArgumentError(where + ": tensor '" + t.name + "': box " + ToString(box) +
-                                " is empty or outside " +
+    return InvalidArgumentError(Where(kind, path) + ": tensor '" + t.name + "': box " +
+                                ToString(box) + " is empty or outside " +
                                 (t.layout.view.empty() ? "shape " : "view ") +
                                 ShapeToString(t.layout.split_shape()));
   }

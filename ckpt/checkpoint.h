@@ -120,9 +120,13 @@ class CheckpointWriter {
 // with `where` ("checkpoint 'x'", "output 'y'"): a region to read must lie
 // inside the tensor; a piece to write must name a tensor and be a non-empty
 // box inside it (then its tensor is returned).
-Status CheckReadRegion(const TensorStrategy& t, const std::string& where, const Box& region);
-Result<const TensorStrategy*> CheckWritePiece(const Strategy& strategy, const std::string& where,
-                                              size_t index, const Box& box);
+// `kind` and `path` make `where` ("checkpoint" and "/x": "checkpoint
+// '/x'"), spelled out only for an error: readers check every region.
+Status CheckReadRegion(const TensorStrategy& t, std::string_view kind, std::string_view path,
+                       const Box& region);
+Result<const TensorStrategy*> CheckWritePiece(const Strategy& strategy, std::string_view kind,
+                                              std::string_view path, size_t index,
+                                              const Box& box);
 
 // Layouts over a view (Layout::view, the tensor-parallel fused-qkv layout)
 // are stored by the native format only; the other formats' writers refuse

@@ -55,7 +55,7 @@ class DenseReader : public CheckpointReader {
   Status ReadRegion(size_t index, const Box& region, void* dst,
                     const std::vector<int64_t>& dst_extents, const Box& dst_box) const override {
     const TensorStrategy& t = c_.strategy.tensors()[index];
-    RETURN_IF_ERROR(CheckReadRegion(t, c_.format + " checkpoint '" + c_.path + "'", region));
+    RETURN_IF_ERROR(CheckReadRegion(t, c_.format + " checkpoint", c_.path, region));
     const int64_t es = DTypeSize(t.layout.dtype);
     for (const DenseBlock& b : distinct_[index]) {
       const Box part = Intersect(b.box, region);
@@ -91,7 +91,7 @@ class DenseReader : public CheckpointReader {
   // file, lent from its mapping (these formats keep no checksums to check).
   Result<std::unique_ptr<FileView>> ViewRegion(size_t index, const Box& region) const override {
     const TensorStrategy& t = c_.strategy.tensors()[index];
-    RETURN_IF_ERROR(CheckReadRegion(t, c_.format + " checkpoint '" + c_.path + "'", region));
+    RETURN_IF_ERROR(CheckReadRegion(t, c_.format + " checkpoint", c_.path, region));
     for (const DenseBlock& b : distinct_[index]) {
       if (!Contains(b.box, region)) continue;
       if (!b.segments.empty()) break;
@@ -251,7 +251,7 @@ class DenseWriter : public CheckpointWriter {
   Status WritePiece(size_t index, int64_t /*shard_rank*/, const Box& box,
                     const void* data) override {
     ASSIGN_OR_RETURN(const TensorStrategy* tp,
-                     CheckWritePiece(strategy_, "output '" + out_.path + "'", index, box));
+                     CheckWritePiece(strategy_, "output", out_.path, index, box));
     const TensorStrategy& t = *tp;
     const int64_t es = DTypeSize(t.layout.dtype);
     const char* src = static_cast<const char*>(data);

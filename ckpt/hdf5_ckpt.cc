@@ -54,7 +54,7 @@ class Hdf5Reader : public CheckpointReader {
   Status ReadRegion(size_t index, const Box& region, void* dst,
                     const std::vector<int64_t>& dst_extents, const Box& dst_box) const override {
     const TensorStrategy& t = strategy_.tensors()[index];
-    RETURN_IF_ERROR(CheckReadRegion(t, "HDF5 checkpoint '" + path_ + "'", region));
+    RETURN_IF_ERROR(CheckReadRegion(t, "HDF5 checkpoint", path_, region));
     if (IsEmpty(region) && region.rank() > 0) return Status::Ok();
     return file_.ReadBox(t.name, t.layout.dtype, region, dst, dst_extents, dst_box);
   }
@@ -77,7 +77,7 @@ class Hdf5Writer : public CheckpointWriter {
 
   Status WritePiece(size_t index, int64_t, const Box& box, const void* data) override {
     ASSIGN_OR_RETURN(const TensorStrategy* t,
-                     CheckWritePiece(strategy_, "output '" + out_.path + "'", index, box));
+                     CheckWritePiece(strategy_, "output", out_.path, index, box));
     RETURN_IF_ERROR(file_->WriteBox(t->name, t->layout.dtype, box, data));
     std::lock_guard<std::mutex> lock(mu_);
     written_[index] += NumElements(box);

@@ -122,7 +122,7 @@ class NativeReader : public CheckpointReader {
   Status ReadRegion(size_t index, const Box& region, void* dst,
                     const std::vector<int64_t>& dst_extents, const Box& dst_box) const override {
     const TensorEntry& t = manifest_.tensors[index];
-    RETURN_IF_ERROR(CheckReadRegion(strategy_.tensors()[index], "checkpoint '" + dir_ + "'", region));
+    RETURN_IF_ERROR(CheckReadRegion(strategy_.tensors()[index], "checkpoint", dir_, region));
     int64_t covered = 0;
     Status failed;
     index_[index].ForEach(t.pieces, region, [&](const PieceInfo& p) -> bool {
@@ -159,7 +159,7 @@ class NativeReader : public CheckpointReader {
 
   Result<std::unique_ptr<FileView>> ViewRegion(size_t index, const Box& region) const override {
     const TensorEntry& t = manifest_.tensors[index];
-    RETURN_IF_ERROR(CheckReadRegion(strategy_.tensors()[index], "checkpoint '" + dir_ + "'", region));
+    RETURN_IF_ERROR(CheckReadRegion(strategy_.tensors()[index], "checkpoint", dir_, region));
     std::unique_ptr<FileView> out;
     index_[index].ForEach(t.pieces, region, [&](const PieceInfo& p) -> bool {
       if (Intersect(p.box, region) != region) return true;
@@ -393,7 +393,7 @@ class NativeWriter : public CheckpointWriter {
 
   Status WritePiece(size_t index, int64_t shard_rank, const Box& box, const void* data) override {
     ASSIGN_OR_RETURN(const TensorStrategy* tp,
-                     CheckWritePiece(strategy_, "checkpoint '" + path_ + "'", index, box));
+                     CheckWritePiece(strategy_, "checkpoint", path_, index, box));
     const TensorStrategy& t = *tp;
     const size_t size = static_cast<size_t>(NumElements(box) * DTypeSize(t.layout.dtype));
     // Encoding and checksumming run outside any lock.

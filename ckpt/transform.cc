@@ -116,32 +116,32 @@ Result<TransformStats> Transform(const CheckpointReader& src, const Strategy& ds
     uint32_t box;    // its box: boxes[box .. box + 2 * rank), begins then ends
     int64_t rank;
   };
-  std::vector<Item> items;
-  std::vector<int64_t> boxes;
-  std::vector<std::vector<int64_t>> coords(from.tensors().size());  // the plan's, per tensor
-  auto add = [&](uint32_t tensor, int64_t rank, const Box& box, bool direct) -> Status {
-    if (boxes.size() > UINT32_MAX - 2 * kMaxRank) {
-      return ResourceExhaustedError("checkpoint '" + src.path() + "': too many pieces to plan");
-    }
-    items.push_back({tensor, direct, static_cast<uint32_t>(boxes.size()), rank});
-    for (int d = 0; d < box.rank(); ++d) boxes.push_back(box[d].begin);
-    for (int d = 0; d < box.rank(); ++d) boxes.push_back(box[d].end);
-    return Status::Ok();
+  // Planned on the pool, a tensor per task, then joined in tensor order.
+  // The replicas a plan chooses to read from do not matter here (the
+  // reader reads whichever piece holds a box), so each tensor balances
+  // its own.
+  struct Planned {
+    std::vector<Item> items;
+    std::vector<int64_t> boxes;
+    int64_t bytes = 0;
   };
-  TransformStats stats;
-  std::vector<int64_t> src_load;
-  for (size_t i = 0; i < dst.tensors().size(); ++i) {
+  std::vector<Planned> planned(dst.tensors().size());
+  std::vector<std::vector<int64_t>> coords(from.tensors().size());  // the plan's, per tensor
+  RETURN_IF_ERROR(pool.ParallelFor(static_cast<int64_t>(planned.size()), [&](int64_t ti) -> Status {
+    const size_t i = static_cast<size_t>(ti);
     const TensorStrategy& d = dst.tensors()[i];
     const TensorStrategy& f = from.tensors()[i];
     if (d.name != f.name) {
       return InvalidArgumentError("the destination strategy lists tensor '" + d.name +
                                   "' where checkpoint '" + src.path() + "' has '" + f.name + "'");
     }
+    std::vector<int64_t> src_load;
     ASSIGN_OR_RETURN(TensorPlan tp, PlanTensorReshard(d.name, from.MeshOf(f), f.layout,
                                                       dst.MeshOf(d), d.layout, plan_options,
                                                       &src_load));
     const int64_t es = DTypeSize(tp.dtype);
     coords[i] = tp.src_layout.split_shape();
+    Planned& out = planned[i];
     // Copied without a staging buffer when the source lends its bytes: a
     // shard whose every piece is one contiguous run of it (rows of a
     // row-split tensor), in the same coordinates on both sides.
@@ -162,12 +162,31 @@ Result<TransformStats> Transform(const CheckpointReader& src, const Strategy& ds
       }
       for (const Box& box : parts) {
         for (const Box& slab : SplitBox(box, es, slab_limit)) {
-          RETURN_IF_ERROR(add(static_cast<uint32_t>(i), shard.dst_rank, slab,
-                              direct || shard.copies.size() == 1));
-          stats.bytes += NumElements(slab) * es;
+          out.items.push_back({static_cast<uint32_t>(i), direct || shard.copies.size() == 1,
+                               static_cast<uint32_t>(out.boxes.size()), shard.dst_rank});
+          for (int k = 0; k < slab.rank(); ++k) out.boxes.push_back(slab[k].begin);
+          for (int k = 0; k < slab.rank(); ++k) out.boxes.push_back(slab[k].end);
+          out.bytes += NumElements(slab) * es;
         }
       }
     }
+    return Status::Ok();
+  }));
+  std::vector<Item> items;
+  std::vector<int64_t> boxes;
+  TransformStats stats;
+  for (Planned& p : planned) {
+    if (boxes.size() + p.boxes.size() > UINT32_MAX) {
+      return ResourceExhaustedError("checkpoint '" + src.path() + "': too many pieces to plan");
+    }
+    const uint32_t at = static_cast<uint32_t>(boxes.size());
+    for (Item item : p.items) {
+      item.box += at;
+      items.push_back(item);
+    }
+    boxes.insert(boxes.end(), p.boxes.begin(), p.boxes.end());
+    stats.bytes += p.bytes;
+    p = Planned();
   }
   stats.tensors = static_cast<int64_t>(dst.tensors().size());
   stats.pieces = static_cast<int64_t>(items.size());

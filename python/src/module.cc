@@ -197,7 +197,7 @@ class Reader {
     const size_t index = Index(name);
     const Layout& layout = r.strategy().tensors()[index].layout;
     const Box region = dims ? ToBox(*dims) : Box::FromShape(layout.split_shape());
-    Check(CheckReadRegion(r.strategy().tensors()[index], "checkpoint '" + r.path() + "'", region));
+    Check(CheckReadRegion(r.strategy().tensors()[index], "checkpoint", r.path(), region));
     std::vector<py::ssize_t> shape = Extents(region);
     if (!dims) shape.assign(layout.shape.begin(), layout.shape.end());
     const py::dtype dt = NumpyDType(layout.dtype);
@@ -232,7 +232,7 @@ class Reader {
     const size_t index = Index(name);
     const Layout& layout = r.strategy().tensors()[index].layout;
     const Box region = ToBox(dims);
-    Check(CheckReadRegion(r.strategy().tensors()[index], "checkpoint '" + r.path() + "'", region));
+    Check(CheckReadRegion(r.strategy().tensors()[index], "checkpoint", r.path(), region));
     Check(CheckArray(out, layout.dtype, NumElements(region), "tensor '" + name + "'", true));
     if (NumElements(region) == 0) return;
     ReadDense(r, index, region, out.mutable_data());

@@ -215,7 +215,7 @@ Status SlicedCheckpointWriter::WritePiece(size_t index, const Box& box, const vo
   Status s = [&]() -> Status {
     if (data_finished_) return FailedPreconditionError("its data file is finished");
     ASSIGN_OR_RETURN(const TensorStrategy* t,
-                     CheckWritePiece(strategy_, "checkpoint '" + path_ + "'", index, box));
+                     CheckWritePiece(strategy_, "checkpoint", path_, index, box));
     // This rank must be one of the piece's writers from memory; the first
     // stores the piece, the others copies.
     const auto it = plan_index_.find({index, box.origin()});
