@@ -24,11 +24,13 @@ Interval ChunkOf(const Interval& whole, int64_t n, int64_t i) {
   return {whole.begin + b, whole.begin + e};
 }
 
-Box::Box(int rank) : rank_(rank) { assert(rank >= 0 && rank <= kMaxRank); }
+Box::Box(int rank) : rank_(rank) {
+  assert(rank >= 0 && rank <= kMaxRank);
+  if (rank_ > kInlineRank) heap_.reset(new Interval[rank_]);
+}
 
-Box::Box(std::initializer_list<Interval> dims) : rank_(static_cast<int>(dims.size())) {
-  assert(rank_ <= kMaxRank);
-  std::copy(dims.begin(), dims.end(), dims_.begin());
+Box::Box(std::initializer_list<Interval> dims) : Box(static_cast<int>(dims.size())) {
+  std::copy(dims.begin(), dims.end(), data());
 }
 
 Box Box::FromShape(const std::vector<int64_t>& shape) {
@@ -39,20 +41,20 @@ Box Box::FromShape(const std::vector<int64_t>& shape) {
 
 std::vector<int64_t> Box::extents() const {
   std::vector<int64_t> e(rank_);
-  for (int d = 0; d < rank_; ++d) e[d] = dims_[d].size();
+  for (int d = 0; d < rank_; ++d) e[d] = (*this)[d].size();
   return e;
 }
 
 std::vector<int64_t> Box::origin() const {
   std::vector<int64_t> o(rank_);
-  for (int d = 0; d < rank_; ++d) o[d] = dims_[d].begin;
+  for (int d = 0; d < rank_; ++d) o[d] = (*this)[d].begin;
   return o;
 }
 
 bool Box::operator==(const Box& o) const {
   if (rank_ != o.rank_) return false;
   for (int d = 0; d < rank_; ++d) {
-    if (dims_[d] != o.dims_[d]) return false;
+    if ((*this)[d] != o[d]) return false;
   }
   return true;
 }

@@ -5,7 +5,9 @@
 
 #include <array>
 #include <cstdint>
+#include <algorithm>
 #include <initializer_list>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -35,18 +37,44 @@ bool Contains(const Interval& outer, const Interval& inner);
 Interval ChunkOf(const Interval& whole, int64_t n, int64_t i);
 
 // A product of intervals, one per dimension; rank 0 is a scalar (one
-// element). Stored inline: copying a Box never allocates.
+// element). Up to kInlineRank dimensions are stored inline, so copying
+// such a Box never allocates; more (up to kMaxRank) are on the heap. A
+// manifest of a 4,096-rank checkpoint holds half a million boxes: inline
+// room for all kMaxRank dimensions made each 136 bytes, now 80.
 class Box {
  public:
+  static constexpr int kInlineRank = 4;
+
   Box() = default;
   explicit Box(int rank);  // all dimensions [0, 0)
   Box(std::initializer_list<Interval> dims);
+  Box(const Box& o) : rank_(o.rank_) { CopyFrom(o); }
+  Box(Box&& o) noexcept : rank_(o.rank_), heap_(std::move(o.heap_)) {
+    std::copy(o.inline_.begin(), o.inline_.end(), inline_.begin());
+    o.rank_ = 0;
+  }
+  Box& operator=(const Box& o) {
+    if (this != &o) {
+      rank_ = o.rank_;
+      CopyFrom(o);
+    }
+    return *this;
+  }
+  Box& operator=(Box&& o) noexcept {
+    if (this != &o) {
+      rank_ = o.rank_;
+      heap_ = std::move(o.heap_);
+      std::copy(o.inline_.begin(), o.inline_.end(), inline_.begin());
+      o.rank_ = 0;
+    }
+    return *this;
+  }
   // [0, shape[d]) for every d.
   static Box FromShape(const std::vector<int64_t>& shape);
 
   int rank() const { return rank_; }
-  Interval& operator[](int d) { return dims_[d]; }
-  const Interval& operator[](int d) const { return dims_[d]; }
+  Interval& operator[](int d) { return data()[d]; }
+  const Interval& operator[](int d) const { return data()[d]; }
   std::vector<int64_t> extents() const;
   std::vector<int64_t> origin() const;
 
@@ -54,8 +82,21 @@ class Box {
   bool operator!=(const Box& o) const { return !(*this == o); }
 
  private:
+  Interval* data() { return rank_ <= kInlineRank ? inline_.data() : heap_.get(); }
+  const Interval* data() const { return rank_ <= kInlineRank ? inline_.data() : heap_.get(); }
+  // The dimensions of `o` (rank_ already set to o.rank_).
+  void CopyFrom(const Box& o) {
+    inline_ = o.inline_;
+    if (rank_ > kInlineRank) {
+      heap_.reset(new Interval[rank_]);
+      std::copy(o.heap_.get(), o.heap_.get() + rank_, heap_.get());
+    } else {
+      heap_.reset();
+    }
+  }
   int rank_ = 0;
-  std::array<Interval, kMaxRank> dims_{};
+  std::array<Interval, kInlineRank> inline_{};
+  std::unique_ptr<Interval[]> heap_;  // rank_ > kInlineRank
 };
 
 bool IsEmpty(const Box& box);

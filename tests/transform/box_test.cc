@@ -93,6 +93,48 @@ TEST_CASE("Box: Intersect, Contains, IsEmpty on all 2-D placements") {
   CHECK(RelativeTo(Box{{4, 6}, {2, 3}}, Box{{4, 8}, {1, 3}}) == Box{{0, 2}, {1, 2}});
 }
 
+TEST_CASE("Box: copies, moves and assignments across inline and heap ranks (0..8)") {
+  auto make = [](int rank, int64_t seed) {
+    Box b(rank);
+    for (int d = 0; d < rank; ++d) b[d] = {seed + d, seed + 2 * d + 3};
+    return b;
+  };
+  for (int a = 0; a <= kMaxRank; ++a) {
+    const Box x = make(a, 10);
+    CHECK(x.rank() == a);
+    CHECK(Box(a) == Box(a));
+    for (int d = 0; d < a; ++d) CHECK(Box(a)[d] == Interval{0, 0});
+    Box copy = x;
+    CHECK(copy == x);
+    copy[0 < a ? a - 1 : 0] = a > 0 ? Interval{-1, 7} : Interval{};
+    if (a > 0) CHECK(copy != x);  // a deep copy: x is untouched
+    CHECK(x == make(a, 10));
+    Box moved = std::move(copy);
+    CHECK(moved.rank() == a);
+    CHECK(copy.rank() == 0);  // NOLINT(bugprone-use-after-move): moved-from is empty
+    for (int b = 0; b <= kMaxRank; ++b) {
+      INFO("rank " << a << " assigned rank " << b);
+      Box y = make(b, 100);
+      y = x;
+      CHECK(y == x);
+      CHECK(ToString(y) == ToString(x));
+      Box z = make(b, 200);
+      Box w = x;
+      z = std::move(w);
+      CHECK(z == x);
+      CHECK(NumElements(z) == NumElements(x));
+      CHECK(Intersect(z, x) == x);
+      Box self = make(b, 300);
+      const Box before = self;
+      self = *&self;
+      CHECK(self == before);
+    }
+  }
+  CHECK(Box({{1, 2}, {3, 4}, {5, 6}, {7, 8}, {9, 10}, {11, 12}}).extents() ==
+        std::vector<int64_t>{1, 1, 1, 1, 1, 1});
+  CHECK(sizeof(Box) <= 80);
+}
+
 TEST_CASE("CopyBox moves exactly the box, for random boxes of rank 0..4") {
   std::mt19937_64 rng(testing::TestSeed());
   for (int iter = 0; iter < 300; ++iter) {
