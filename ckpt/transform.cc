@@ -174,6 +174,15 @@ Result<TransformStats> Transform(const CheckpointReader& src, const Strategy& ds
   }));
   std::vector<Item> items;
   std::vector<int64_t> boxes;
+  {
+    size_t n_items = 0, n_bounds = 0;
+    for (const Planned& p : planned) {
+      n_items += p.items.size();
+      n_bounds += p.boxes.size();
+    }
+    items.reserve(n_items);
+    boxes.reserve(n_bounds);
+  }
   TransformStats stats;
   for (Planned& p : planned) {
     if (boxes.size() + p.boxes.size() > UINT32_MAX) {
@@ -197,6 +206,14 @@ Result<TransformStats> Transform(const CheckpointReader& src, const Strategy& ds
   // handed back (Flush) when the worker is done with it.
   std::stable_sort(items.begin(), items.end(),
                    [](const Item& a, const Item& b) { return a.rank < b.rank; });
+  // An item's box (over the plan's coordinates: the finer view when the
+  // source and destination split different views of the tensor).
+  auto box_of = [&](const Item& item) {
+    const int rank = static_cast<int>(coords[item.tensor].size());
+    Box box(rank);
+    for (int d = 0; d < rank; ++d) box[d] = {boxes[item.box + d], boxes[item.box + rank + d]};
+    return box;
+  };
   constexpr int64_t kTaskBytes = int64_t{16} << 20;
   std::vector<std::pair<size_t, size_t>> tasks;  // [begin, end) of items
   {
@@ -207,12 +224,8 @@ Result<TransformStats> Transform(const CheckpointReader& src, const Strategy& ds
         task_bytes = 0;
       }
       ++tasks.back().second;
-      const int rank = static_cast<int>(coords[items[k].tensor].size());
-      int64_t n = DTypeSize(dst.tensors()[items[k].tensor].layout.dtype);
-      for (int d = 0; d < rank; ++d) {
-        n *= boxes[items[k].box + rank + d] - boxes[items[k].box + d];
-      }
-      task_bytes += n;
+      const int64_t es = DTypeSize(dst.tensors()[items[k].tensor].layout.dtype);
+      task_bytes += NumElements(box_of(items[k])) * es;
     }
   }
 
@@ -225,12 +238,8 @@ Result<TransformStats> Transform(const CheckpointReader& src, const Strategy& ds
     for (size_t k = tasks[t].first; k < tasks[t].second; ++k) {
       const Item& item = items[k];
       const TensorStrategy& ts = dst.tensors()[item.tensor];
-      // The plan's boxes are over its coordinates (the finer view when the
-      // source and destination split different views of the tensor).
       const std::vector<int64_t>& c = coords[item.tensor];
-      const int rank = static_cast<int>(c.size());
-      Box box(rank);
-      for (int d = 0; d < rank; ++d) box[d] = {boxes[item.box + d], boxes[item.box + rank + d]};
+      const Box box = box_of(item);
       const int64_t bytes = NumElements(box) * DTypeSize(ts.layout.dtype);
       std::unique_ptr<FileView> view;
       if (item.direct && c == from.tensors()[item.tensor].layout.split_shape()) {
