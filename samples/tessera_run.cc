@@ -28,6 +28,7 @@
 //
 // In COMMAND, {ranks} becomes the job's number of ranks in each attempt.
 // Every process gets TESSERA_RESTART_COUNT (0 in the first attempt).
+#include <dirent.h>
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <sys/prctl.h>
@@ -549,6 +550,22 @@ std::string RunWorkers(const std::vector<std::string>& args, const WorkerOptions
 
 }  // namespace
 
+// Heartbeat files that launchers killed outright (SIGKILL: no chance to
+// clean up) left in /tmp: those named for a process that no longer runs.
+static void RemoveStaleHeartbeats() {
+  DIR* dir = opendir("/tmp");
+  if (dir == nullptr) return;
+  while (const dirent* e = readdir(dir)) {
+    int pid = 0, rank = 0, used = 0;
+    if (std::sscanf(e->d_name, "tessera-run-%d-heartbeat-%d%n", &pid, &rank, &used) != 2 ||
+        e->d_name[used] != '\0' || pid <= 0) {
+      continue;
+    }
+    if (kill(pid, 0) != 0 && errno == ESRCH) unlink((std::string("/tmp/") + e->d_name).c_str());
+  }
+  closedir(dir);
+}
+
 int main(int argc, char** argv) {
   CLI::App app{"Start a job's processes (Gloo workers, mpirun or in-process ranks) and restart "
                "it from its newest checkpoint when a process dies or hangs"};
@@ -590,6 +607,7 @@ int main(int argc, char** argv) {
   app.add_option("command", command, "the job (after --)")->required();
   app.positionals_at_end();
   CLI11_PARSE(app, argc, argv);
+  RemoveStaleHeartbeats();
   if ((nproc > 0) + (np > 0) + (ranks > 0) != 1) {
     std::fprintf(stderr, "tessera-run: give one of --nproc-per-node (Gloo workers), --np "
                          "(mpirun) or --ranks (in-process ranks)\n");

@@ -46,6 +46,17 @@ check "RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT from a shell loop: the single-pro
 wait
 check "--rank/--world-size/--master flags start a gloo job" grep -q "ranks: 2 (gloo)" "$WORK/flags0.log"
 
+# Heartbeat files left by launchers killed outright (SIGKILL) are swept by
+# the next launcher: those of processes that no longer run, only.
+sleep 0 &
+dead=$!
+wait "$dead"
+touch "/tmp/tessera-run-$dead-heartbeat-0" "/tmp/tessera-run-$$-heartbeat-7"
+timeout 60 "$RUN" --nproc-per-node 1 -q -- /bin/true >"$WORK/sweep.out" 2>&1
+check "a dead launcher's heartbeat file is removed, a live one's kept" \
+  bash -c "test ! -e /tmp/tessera-run-$dead-heartbeat-0 && test -e /tmp/tessera-run-$$-heartbeat-7"
+rm -f "/tmp/tessera-run-$$-heartbeat-7"
+
 # Output: prefixed on the terminal, one log per worker.
 timeout 300 "$RUN" --nproc-per-node 2 --log-dir "$WORK/logs" -- "$BIN" "${SMALL[@]}" --steps 3 --tp 2 \
   >"$WORK/p.out" 2>&1
