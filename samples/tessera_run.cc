@@ -18,7 +18,9 @@
 // SIGTERM are forwarded to every worker. A worker that dies, or that stops
 // touching its heartbeat file (TESSERA_HEARTBEAT_FILE, which train_gpt
 // touches every step) for --heartbeat-timeout seconds, ends the attempt on
-// every node: all workers are stopped and the job starts again, up to
+// every node (heartbeat files are in LOG_DIR, else /tmp, where a launcher
+// removes those that launchers killed outright left behind): all workers
+// are stopped and the job starts again, up to
 // --max-restarts times, from its newest complete checkpoint (the job
 // resumes itself: train_gpt --resume). Elastic: a node whose launcher does
 // not come back within --join-timeout is left out and the job restarts on
