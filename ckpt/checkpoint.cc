@@ -138,8 +138,8 @@ Status WritePieceOver(CheckpointWriter& writer, const Layout& layout, size_t ind
       [&](const Box& part, const std::vector<int64_t>& extents, const Box& at) -> Status {
         if (IsEmpty(part)) return Status::Ok();
         const std::vector<int64_t> pext = part.extents();
-        ASSIGN_OR_RETURN(auto tmp, AllocateBytes(NumElements(part) * es, "a piece of " +
-                                                                            ToString(part)));
+        ASSIGN_OR_RETURN(auto tmp, AllocateBytesFor(NumElements(part) * es,
+                                                    [&] { return "a piece of " + ToString(part); }));
         CopyBox(data, extents, at, tmp.get(), pext, Box::FromShape(pext), es);
         return writer.WritePiece(index, shard_rank, part, tmp.get());
       });

@@ -16,13 +16,21 @@
 
 namespace tessera {
 
-// Uninitialised bytes (at least one, so a zero-size buffer is valid).
-inline Result<std::unique_ptr<char[]>> AllocateBytes(size_t size, const std::string& what) {
+// Uninitialised bytes (at least one, so a zero-size buffer is valid);
+// `describe()` says what they are for, called only if they cannot be had
+// (hot paths allocate per piece and should not build the text each time).
+template <typename Describe>
+Result<std::unique_ptr<char[]>> AllocateBytesFor(size_t size, Describe&& describe) {
   std::unique_ptr<char[]> p(new (std::nothrow) char[size == 0 ? 1 : size]);
   if (!p) {
-    return ResourceExhaustedError("cannot allocate " + std::to_string(size) + " bytes for " + what);
+    return ResourceExhaustedError("cannot allocate " + std::to_string(size) + " bytes for " +
+                                  describe());
   }
   return p;
+}
+
+inline Result<std::unique_ptr<char[]>> AllocateBytes(size_t size, const std::string& what) {
+  return AllocateBytesFor(size, [&] { return what; });
 }
 
 // Buffers reused across the iterations of a loop that moves many large

@@ -280,7 +280,7 @@ Status ReadPiece(const RandomAccessFile& file, const std::string& path, const st
   const PieceName ctx{path, tensor, piece};
   // Raw pieces land directly in the caller's buffer; encoded ones are staged.
   if (piece.codec == Codec::kRaw) return ReadStored(file, piece, raw, ctx);
-  ASSIGN_OR_RETURN(auto stored, AllocateBytes(piece.length, ctx.str()));
+  ASSIGN_OR_RETURN(auto stored, AllocateBytesFor(piece.length, [&] { return ctx.str(); }));
   RETURN_IF_ERROR(ReadStored(file, piece, stored.get(), ctx));
   return DecodePiece(stored.get(), piece.length, piece.codec, dtype, raw, piece.raw_length, ctx.str());
 }
@@ -381,7 +381,8 @@ Status ReadPieceRegion(const RandomAccessFile& file, const std::string& path,
   if (whole_dst) return ReadPiece(file, path, tensor, piece, dtype, dst);
   if (piece.codec != Codec::kRaw || piece.block_checksums.empty()) {
     // Encoded or small: the whole piece, then the region out of it.
-    ASSIGN_OR_RETURN(auto raw, AllocateBytes(piece.raw_length, PieceName{path, tensor, piece}.str()));
+    const PieceName name{path, tensor, piece};
+    ASSIGN_OR_RETURN(auto raw, AllocateBytesFor(piece.raw_length, [&] { return name.str(); }));
     RETURN_IF_ERROR(ReadPiece(file, path, tensor, piece, dtype, raw.get()));
     CopyBox(raw.get(), piece_ext, rel, dst, dst_extents, dst_box, es);
     return Status::Ok();
@@ -457,7 +458,7 @@ Status VerifyPiece(const RandomAccessFile& file, const std::string& path,
                    const std::string& tensor, const PieceInfo& piece, DType dtype) {
   const PieceName ctx{path, tensor, piece};
   if (piece.codec != Codec::kRaw || piece.block_checksums.empty()) {
-    ASSIGN_OR_RETURN(auto raw, AllocateBytes(piece.raw_length, ctx.str()));
+    ASSIGN_OR_RETURN(auto raw, AllocateBytesFor(piece.raw_length, [&] { return ctx.str(); }));
     return ReadPiece(file, path, tensor, piece, dtype, raw.get());
   }
   std::unique_ptr<char[]> window(new char[kReadWindowBlocks * kChecksumBlock]);
