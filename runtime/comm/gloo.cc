@@ -12,6 +12,8 @@
 #include <gloo/transport/tcp/device.h>
 #include <gloo/transport/unbound_buffer.h>
 
+#include <signal.h>
+
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
@@ -595,8 +597,29 @@ Status Join(KvClient& kv, const RankTable& t, const std::string& who, millisecon
 
 }  // namespace
 
+namespace {
+
+// Gloo's TCP pairs write with writev(), so a write to a peer that died
+// raises SIGPIPE, whose default action kills this rank before the error
+// can be returned (seen in comm_gloo_test deadpeer: one run in 7 under
+// load). A process that left SIGPIPE at its default gets it ignored, so the
+// write fails with EPIPE and Gloo's error names the peer; a handler the
+// program installed itself is kept. (Python ignores SIGPIPE already.)
+void IgnoreSigpipeUnlessHandled() {
+  struct sigaction current = {};
+  if (sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL) {
+    struct sigaction ignore = {};
+    ignore.sa_handler = SIG_IGN;
+    sigemptyset(&ignore.sa_mask);
+    sigaction(SIGPIPE, &ignore, nullptr);
+  }
+}
+
+}  // namespace
+
 Result<std::unique_ptr<Communicator>> CreateGlooWorld(const RankTable& table,
                                                       const CommOptions& options) {
+  IgnoreSigpipeUnlessHandled();
   auto world = std::make_shared<GlooWorld>();
   world->options = options;
   world->world_rank = table.rank;

@@ -26,7 +26,8 @@ namespace tessera {
 
 // Collective over the table's world: rendezvous at table.master_host:port
 // (rank 0 serves it on that port), then a full mesh of TCP pairs. A world
-// of one needs no master.
+// of one needs no master. A process whose SIGPIPE is at its default gets
+// it ignored, so a peer that dies mid-write is an error, not this rank's end.
 Result<std::unique_ptr<Communicator>> CreateGlooWorld(const RankTable& table,
                                                       const CommOptions& options = {});
 

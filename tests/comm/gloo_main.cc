@@ -60,6 +60,7 @@ std::vector<int> ForkEach(int n, const std::function<int(int rank, int port)>& f
     int status = 0;
     waitpid(pids[i++], &status, 0);
     codes[r] = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    if (WIFSIGNALED(status)) std::printf("worker %d killed by signal %d\n", r, WTERMSIG(status));
   }
   return codes;
 }
@@ -152,7 +153,11 @@ int DeadPeer() {
   // Rank 1's SIGKILL is the point: only rank 0's result counts.
   return ForkEach(2, [&](int rank, int port) {
     auto world = World(rank, 2, port, {.timeout = std::chrono::seconds(10)});
-    if (!world.ok() || !(*world)->Barrier().ok()) return 1;
+    const Status ready = world.ok() ? (*world)->Barrier() : world.status();
+    if (!ready.ok()) {
+      std::printf("rank %d before the allreduce: %s\n", rank, ready.ToString().c_str());
+      return 1;
+    }
     if (rank == 1) raise(SIGKILL);
     float buf[4] = {};
     const auto t0 = std::chrono::steady_clock::now();
