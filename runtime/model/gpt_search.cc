@@ -132,7 +132,7 @@ StageCost CostOf(const StageWork& w, const ParamStats& ps, const ParallelConfig&
   mem.activations = std::min(m, pp - s) * w.slot_bytes + w.shared_bytes();
   mem.communication = (par.zero == 1 ? 2 * 4 * ps.largest_bucket * dp : 0) +
                       (tp > 1 ? 4 * w.tp_sum_floats : 0);
-  if (s > 0) mem.communication += act_bytes * (1 + m);
+  if (s > 0) mem.communication += act_bytes * (1 + DxSendBuffers(m));
   if (s < pp - 1) mem.communication += act_bytes;
   return c;
 }

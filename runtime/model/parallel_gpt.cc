@@ -377,11 +377,12 @@ Result<double> ParallelGpt::RunPipeline(const int32_t* tokens, const int32_t* ta
   const float dloss = 1.0f / static_cast<float>(M);
   if (s > 0) recv_x_.resize(n);
   if (s < P - 1) recv_dy_.resize(n);
+  const int dx_buffers = DxSendBuffers(M);
   if (s > 0) {  // kept between steps: the sizes change only with the batch shape
-    send_dx_.resize(M);
+    send_dx_.resize(dx_buffers);
     for (std::vector<float>& b : send_dx_) b.resize(n);
   }
-  std::vector<Request> slot_send(slots), dx_send(M);
+  std::vector<Request> slot_send(slots), dx_send(s > 0 ? dx_buffers : 0);
   double loss = 0;
   // Tags: 2i carries micro-batch i's activations forward, 2i + 1 their
   // gradient back.
@@ -418,9 +419,14 @@ Result<double> ParallelGpt::RunPipeline(const int32_t* tokens, const int32_t* ta
       RETURN_IF_ERROR(model_.BackwardStage(j % slots, recv_dy_.data(), dloss));
     }
     if (s > 0) {
+      const int b = j % dx_buffers;
+      if (dx_send[b].pending()) {  // micro-batch j - dx_buffers's gradient has left
+        AddElapsed timed(&comm_seconds_);
+        RETURN_IF_ERROR(dx_send[b].Wait());
+      }
       const float* dx = ops_ ? ops_->InputGradient() : model_.InputGradient();
-      std::copy(dx, dx + n, send_dx_[j].begin());
-      ASSIGN_OR_RETURN(dx_send[j], pp_->ISend(send_dx_[j].data(), n, DType::kF32, prev, 2 * j + 1));
+      std::copy(dx, dx + n, send_dx_[b].begin());
+      ASSIGN_OR_RETURN(dx_send[b], pp_->ISend(send_dx_[b].data(), n, DType::kF32, prev, 2 * j + 1));
     }
     return Status::Ok();
   };

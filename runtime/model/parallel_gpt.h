@@ -82,6 +82,12 @@ struct MemoryUse {
   int64_t total() const { return parameters + gradients + optimizer + activations + communication; }
 };
 
+// Buffers a pipeline stage sends its input gradients from, reused in turn:
+// the gradient of micro-batch j waits for that of j - 2 to have left. One
+// per micro-batch (as before) held M activations' worth: 100 GiB a rank for
+// the 512 micro-batches of the SC'21 Megatron paper's 1T-parameter run.
+inline int DxSendBuffers(int micro_batches) { return micro_batches < 2 ? micro_batches : 2; }
+
 class ParallelGpt {
  public:
   // Collective over `world` (its size must be dp * tp * pp), which must
@@ -222,7 +228,7 @@ class ParallelGpt {
   // sum the tied embedding's gradient (null elsewhere and when pp = 1).
   std::unique_ptr<Communicator> tied_;
   std::vector<float> recv_x_, recv_dy_;              // one micro-batch's [b,T,C]
-  std::vector<std::vector<float>> send_dx_;          // per micro-batch
+  std::vector<std::vector<float>> send_dx_;          // DxSendBuffers(M), in turn
 
   std::vector<Bucket> buckets_;
   std::vector<Shard> shards_;  // ZeRO: one per parameter

@@ -141,6 +141,24 @@ TEST_CASE("predicted per-rank memory matches the runtime's accounting") {
   }
 }
 
+TEST_CASE("a pipeline stage's send buffers do not grow with the micro-batches") {
+  // pp2, 8 micro-batches of one sequence: stage 1 receives one micro-batch's
+  // activations and sends input gradients from two buffers in turn (one per
+  // micro-batch, as before, was 100 GiB a rank of the SC'21 1T-parameter
+  // run); stage 0 receives one micro-batch's output gradient.
+  ParallelConfig par;
+  par.pp = 2;
+  par.micro_batches = kB;
+  par.op_strategy = std::make_shared<OpStrategyFile>();
+  const std::vector<MemoryUse> got = Measured(par, 2);
+  const int64_t micro = int64_t{kT} * kConfig.embed * 4;  // one sequence's [T, C] floats
+  CHECK(got[0].communication == micro);
+  CHECK(got[1].communication == 3 * micro);
+  auto pred = PredictGptStep(kConfig, kB, kT, par, TestProfile());
+  REQUIRE(pred.ok());
+  CHECK(pred->stage_memory[1].communication == 3 * micro);
+}
+
 TEST_CASE("pipeline stages are balanced by cost: the last stage's head takes layers away") {
   CHECK(BalanceStages(8, 2, 1.0, 0.0, 0.0) == std::vector<int>{4, 4});
   // The head costs 1.3 blocks: the last stage gets fewer layers.
