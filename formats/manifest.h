@@ -21,7 +21,21 @@ namespace tessera {
 // keeps a second copy of it, and records tensors held by several pipeline
 // stages, data-file hosts, whole-file checksums and erasure-code groups.
 inline constexpr uint32_t kNativeFormatVersion = 2;
+// Pieces of at least kPackedPieceLimit stored bytes start at a multiple of
+// kPieceAlignment (a page: one can be mapped, or read directly, without
+// its neighbours); smaller ones are packed at multiples of
+// kSmallPieceAlignment (writers since session 18; readers take every
+// offset from the manifest and never required either). A 4,096-rank
+// checkpoint has half a million pieces of 0.03-5 KiB: page-aligned, they
+// took 1.9 GB on disk for 0.9 GB of tensors.
 inline constexpr uint64_t kPieceAlignment = 4096;
+inline constexpr uint64_t kSmallPieceAlignment = 64;
+inline constexpr uint64_t kPackedPieceLimit = 64 << 10;
+// Where a piece of `stored` bytes goes in a data file whose bytes end at `end`.
+inline uint64_t PieceStart(uint64_t end, uint64_t stored) {
+  const uint64_t a = stored < kPackedPieceLimit ? kSmallPieceAlignment : kPieceAlignment;
+  return (end + a - 1) / a * a;
+}
 // Raw pieces longer than this carry one checksum per block of this size.
 inline constexpr uint64_t kChecksumBlock = 1 << 20;
 

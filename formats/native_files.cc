@@ -136,37 +136,44 @@ Result<PieceInfo> DataFileWriter::Append(const void* raw, size_t size, const Box
   }
   // A large raw piece in one pass (WriteRawBlocks); Write adds the file's
   // whole-file checksum while the block is in cache.
+  RETURN_IF_ERROR(PadTo(PieceStart(size_, size)));
   ASSIGN_OR_RETURN(PieceInfo p, WriteRawBlocks(path_, raw, size, box, index_, size_,
                                                 [&](const char* data, size_t n, uint64_t) {
                                                   return Write(data, n);
                                                 }));
-  RETURN_IF_ERROR(Pad(size));
+  size_ += size;
   return p;
 }
 
 Result<PieceInfo> DataFileWriter::Append(const StoredPiece& stored) {
+  RETURN_IF_ERROR(PadTo(PieceStart(size_, stored.size)));
   PieceInfo p = stored.info;
   p.file = index_;
   p.offset = size_;
   p.length = stored.size;
   Status s = Write(stored.data, stored.size);
   if (!s.ok()) return s.Annotate("data file '" + path_ + "'");
-  RETURN_IF_ERROR(Pad(stored.size));
+  size_ += stored.size;
   return p;
 }
 
-Status DataFileWriter::Pad(uint64_t stored) {
+Status DataFileWriter::PadTo(uint64_t offset) {
   static const char kZeros[kPieceAlignment] = {};
-  const uint64_t padding = (kPieceAlignment - stored % kPieceAlignment) % kPieceAlignment;
-  if (padding > 0) {
-    Status s = Write(kZeros, padding);
+  while (size_ < offset) {
+    const uint64_t n = std::min<uint64_t>(offset - size_, sizeof(kZeros));
+    Status s = Write(kZeros, n);
     if (!s.ok()) return s.Annotate("data file '" + path_ + "'");
+    size_ += n;
   }
-  size_ += stored + padding;
   return Status::Ok();
 }
 
+Status DataFileWriter::EndPieces() {
+  return PadTo((size_ + kPieceAlignment - 1) / kPieceAlignment * kPieceAlignment);
+}
+
 Result<uint64_t> DataFileWriter::Finish() {
+  RETURN_IF_ERROR(EndPieces());
   if (staging()) RETURN_IF_ERROR(Unstage().status());
   RETURN_IF_ERROR(file_->Sync());
   RETURN_IF_ERROR(file_->Close());

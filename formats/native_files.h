@@ -40,12 +40,16 @@ class DataFileWriter {
   // in Manifest::files, recorded in every piece.
   static Result<std::unique_ptr<DataFileWriter>> Create(Env* env, const std::string& path,
                                                         uint32_t file_index);
-  // Encodes, pads to the next 4 KiB boundary, writes and checksums one
-  // piece holding `box` of a `dtype` tensor.
+  // Encodes, writes and checksums one piece holding `box` of a `dtype`
+  // tensor, at PieceStart (zeros before it: a piece of 64 KiB or more
+  // starts at a 4 KiB boundary, a smaller one at the next 64 bytes).
   Result<PieceInfo> Append(const void* raw, size_t size, const Box& box, DType dtype, Codec codec,
                            int level);
-  // Pads to the next 4 KiB boundary and writes an encoded piece.
+  // Writes an encoded piece at PieceStart.
   Result<PieceInfo> Append(const StoredPiece& piece);
+  // Zeros to the next 4 KiB boundary, where the file ends: after it, size()
+  // and checksum() are the file's final ones (Finish does it too).
+  Status EndPieces();
   const std::string& path() const { return path_; }
   // Gathers small writes in memory from now on: pieces and padding shorter
   // than `limit` bytes are staged in `buffer` (its capacity reused) and
@@ -63,8 +67,9 @@ class DataFileWriter {
   void StartWriteback() { file_->StartWriteback(); }
   // Syncs and closes; the file's final size.
   Result<uint64_t> Finish();
-  // Bytes written so far. Unless staging, every write goes straight to the
-  // file, so other readers see them before Finish makes them durable.
+  // Bytes written so far (up to the end of the last piece until EndPieces).
+  // Unless staging, every write goes straight to the file, so other
+  // readers see them before Finish makes them durable.
   uint64_t size() const { return size_; }
   // XXH3-64 of every byte written so far (header and padding included): the
   // whole-file checksum FileInfo records.
@@ -75,9 +80,8 @@ class DataFileWriter {
       : path_(std::move(path)), file_(std::move(file)), index_(index) {}
   Status Write(const void* data, size_t size);
   Status WriteStaged();
-  // After a piece of `stored` bytes: zeros to the next 4 KiB boundary, and
-  // the size moved past both.
-  Status Pad(uint64_t stored);
+  // Zeros up to `offset`, and the size moved there.
+  Status PadTo(uint64_t offset);
   std::string path_;
   std::unique_ptr<WritableFile> file_;
   uint32_t index_;

@@ -252,6 +252,8 @@ Status SlicedCheckpointWriter::FinishData() {
   data_finished_ = true;
   if (!failed_.ok()) return failed_;
   if (placed_) return SyncData();  // its size was planned; no whole-file checksum (many writers)
+  failed_ = file_->EndPieces();
+  if (!failed_.ok()) return failed_;
   data_size_ = file_->size();
   data_checksum_ = file_->checksum();
   // With a redundancy phase to come, the data file is made durable after

@@ -41,6 +41,7 @@ Written WriteCheckpoint(Env* env, const std::string& dir, std::mt19937_64& rng, 
     writers.push_back(std::move(*writer));
     w.manifest.files.push_back({name, 0});
   }
+  uint64_t ends[2] = {4096, 4096};  // of each file's last piece (the header first)
   for (int t = 0; t < count; ++t) {
     TensorEntry e;
     e.name = "t" + std::to_string(t);
@@ -59,7 +60,16 @@ Written WriteCheckpoint(Env* env, const std::string& dir, std::mt19937_64& rng, 
               Box::FromShape(g.box.extents()), DTypeSize(dtype));
       auto info = writers[g.ranks[0] % 2]->Append(piece.data(), piece.size(), g.box, dtype, codec, 3);
       REQUIRE(info.ok());
-      CHECK(info->offset % kPieceAlignment == 0);
+      // A piece of 64 KiB or more starts on the first page after the
+      // previous piece of its file; a smaller one is packed right after it,
+      // at the next multiple of 64 bytes.
+      const uint64_t align =
+          info->length < kPackedPieceLimit ? kSmallPieceAlignment : kPieceAlignment;
+      uint64_t& end = ends[g.ranks[0] % 2];
+      CHECK(info->offset % align == 0);
+      CHECK(info->offset >= end);
+      CHECK(info->offset - end < align);
+      end = info->offset + info->length;
       e.pieces.push_back(*info);
     }
     w.manifest.tensors.push_back(std::move(e));
