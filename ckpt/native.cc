@@ -504,7 +504,8 @@ class NativeWriter : public CheckpointWriter {
                              std::to_string(NumElements(ts.layout)) + " elements");
       }
       const auto by_origin = [](const PieceInfo& a, const PieceInfo& b) {
-        return std::make_pair(a.box.origin(), a.stage) < std::make_pair(b.box.origin(), b.stage);
+        if (OriginLess(a.box, b.box)) return true;
+        return !OriginLess(b.box, a.box) && a.stage < b.stage;
       };
       std::sort(t.pieces.begin(), t.pieces.end(), by_origin);
       std::sort(t.copies.begin(), t.copies.end(), by_origin);

@@ -79,6 +79,14 @@ Box Intersect(const Box& a, const Box& b) {
   return r;
 }
 
+bool OriginLess(const Box& a, const Box& b) {
+  const int n = std::min(a.rank(), b.rank());
+  for (int d = 0; d < n; ++d) {
+    if (a[d].begin != b[d].begin) return a[d].begin < b[d].begin;
+  }
+  return a.rank() < b.rank();
+}
+
 bool Contains(const Box& outer, const Box& inner) {
   if (outer.rank() != inner.rank()) return false;
   if (IsEmpty(inner)) return true;

@@ -499,7 +499,7 @@ Status SlicedCheckpointWriter::Commit() {
         }
       }
       auto by_origin = [](const PieceInfo& a, const PieceInfo& b) {
-        return a.box.origin() < b.box.origin();
+        return OriginLess(a.box, b.box);
       };
       for (TensorEntry& t : m.tensors) {
         int64_t covered = 0;

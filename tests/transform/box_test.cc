@@ -135,6 +135,25 @@ TEST_CASE("Box: copies, moves and assignments across inline and heap ranks (0..8
   CHECK(sizeof(Box) <= 80);
 }
 
+TEST_CASE("OriginLess orders boxes as their origin vectors compare") {
+  std::mt19937_64 rng(7);
+  std::vector<Box> boxes;
+  for (int i = 0; i < 300; ++i) {
+    Box b(static_cast<int>(rng() % 7));  // ranks 0..6: inline and heap
+    for (int d = 0; d < b.rank(); ++d) {
+      const int64_t lo = static_cast<int64_t>(rng() % 3);
+      b[d] = {lo, lo + 1 + static_cast<int64_t>(rng() % 2)};
+    }
+    boxes.push_back(std::move(b));
+  }
+  for (const Box& a : boxes) {
+    for (const Box& b : boxes) {
+      INFO(ToString(a) << " < " << ToString(b));
+      CHECK(OriginLess(a, b) == (a.origin() < b.origin()));
+    }
+  }
+}
+
 TEST_CASE("CopyBox moves exactly the box, for random boxes of rank 0..4") {
   std::mt19937_64 rng(testing::TestSeed());
   for (int iter = 0; iter < 300; ++iter) {
