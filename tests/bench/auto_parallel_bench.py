@@ -1,15 +1,18 @@
 """The auto-parallel cost model against measurement.
 
 A reduced GPT under a fixed list of hand-written configurations, run with
-train_gpt on 2 ranks in-process, 2 MPI processes, and 4 in-process ranks
-(ranks sharing the 2 cores: the profile says so), interleaved, ROUNDS runs
+train_gpt on 2 ranks in-process, 2 MPI processes, 2 Gloo processes
+(tessera-run, beside train_gpt), and 4 in-process ranks (ranks sharing the
+2 cores: the profile says so), interleaved, ROUNDS runs
 each; beside each the step time and per-rank memory ckpt auto-parallel
 predicts (--why) from a profile calibrated on this machine in the same run.
 Prints both, Spearman's rank correlation, the searched plan (exact) measured
 beside the best hand-written one, the memory error, and whether a plan
 chosen under a budget stays in it.
 
-Usage: auto_parallel_bench.py TRAIN_GPT CKPT CORPUS WORKDIR [ROUNDS]
+Usage: auto_parallel_bench.py TRAIN_GPT CKPT CORPUS WORKDIR [ROUNDS [SETTINGS]]
+SETTINGS: a comma-separated subset of inprocess2,mpi2,gloo2,inprocess4 (all
+by default).
 """
 import json
 import os
@@ -20,6 +23,8 @@ import sys
 
 TRAIN, CKPT, CORPUS, WORK = sys.argv[1:5]
 ROUNDS = int(sys.argv[5]) if len(sys.argv) > 5 else 5
+SETTINGS = (sys.argv[6] if len(sys.argv) > 6 else "inprocess2,mpi2,gloo2,inprocess4").split(",")
+RUN = os.path.join(os.path.dirname(os.path.abspath(TRAIN)), "tessera-run")  # built beside train_gpt
 MODEL = ["--layers", "4", "--heads", "4", "--embed", "128", "--context", "128", "--vocab", "256"]
 B, T, STEPS = 8, 128, 10
 os.makedirs(WORK, exist_ok=True)
@@ -95,9 +100,15 @@ def launch(mode, n, flags):
     base = ["--data", CORPUS, "--steps", str(STEPS), "--batch", str(B), "--seq", str(T)] + MODEL + flags
     if mode == "mpi":
         cmd = MPIRUN + ["-np", str(n), TRAIN] + base
+    elif mode == "gloo":
+        logs = os.path.join(WORK, "gloo-logs")
+        cmd = [RUN, "--nproc-per-node", str(n), "-q", "--log-dir", logs, "--", TRAIN] + base
     else:
         cmd = [TRAIN, "--ranks", str(n)] + base
     out = subprocess.run(cmd, capture_output=True, text=True, env=ENV).stdout
+    if mode == "gloo":  # rank 0's own output
+        with open(os.path.join(logs, "rank-0.log")) as f:
+            out = f.read().split("== attempt")[-1]
     done = re.search(r"^done: step \d+, loss \S+, ([0-9.]+) tokens/s", out, re.M)
     mem = re.search(r"memory per rank \(largest\):.* total ([0-9.]+) MiB", out)
     if not done or not mem:
@@ -124,17 +135,20 @@ def spearman(a, b):
     return cov / (sum((x - ma) ** 2 for x in ra) * sum((y - mb) ** 2 for y in rb)) ** 0.5
 
 
-# The machine, measured in this run: in-process ranks and MPI processes.
-profiles = {"inprocess": os.path.join(WORK, "profile-inprocess.json"), "mpi": os.path.join(WORK, "profile-mpi.json")}
+# The machine, measured in this run: in-process ranks, MPI and Gloo processes.
+profiles = {m: os.path.join(WORK, "profile-%s.json" % m) for m in ("inprocess", "mpi", "gloo")}
 subprocess.run([TRAIN, "--ranks", "2", "--quiet", "--calibrate", profiles["inprocess"]], check=True, env=ENV,
                capture_output=True)
 subprocess.run(MPIRUN + ["-np", "2", TRAIN, "--quiet", "--calibrate", profiles["mpi"]], check=True, env=ENV,
                capture_output=True)
+subprocess.run([RUN, "--nproc-per-node", "2", "-q", "--", TRAIN, "--quiet", "--calibrate", profiles["gloo"]],
+               check=True, env=ENV, capture_output=True)
 
 print("model: layers 4, heads 4, C 128, T 128, batch 8, vocabulary 256; %d steps a run, %d rounds interleaved"
       % (STEPS, ROUNDS))
 summary = []
-for mode, n in (("inprocess", 2), ("mpi", 2), ("inprocess", 4)):
+for mode, n in [(m, n) for m, n in (("inprocess", 2), ("mpi", 2), ("gloo", 2), ("inprocess", 4))
+                if "%s%d" % (m, n) in SETTINGS]:
     profile = profiles[mode]
     cs = configs(n)
     preds = [predict(profile, n, spec) for _, _, spec in cs]

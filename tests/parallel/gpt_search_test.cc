@@ -55,6 +55,22 @@ TEST_CASE("machine profiles parse, round-trip and name what is wrong") {
   CHECK_FALSE(p.CrossesHosts(2, 4));
 }
 
+TEST_CASE("the shipped machine profiles load, each for its backend") {
+  const std::string dir = std::string(TESSERA_SOURCE_DIR) + "/samples/gpt/profiles/";
+  for (const auto& [file, backend] : std::vector<std::pair<std::string, std::string>>{
+           {"debian-vm-2core.json", "inprocess"},
+           {"debian-vm-2core-mpi.json", "mpi"},
+           {"debian-vm-2core-gloo.json", "gloo"}}) {
+    INFO(file);
+    auto p = MachineProfile::Load(dir + file);
+    REQUIRE(p.ok());
+    CHECK(p->backend == backend);
+    CHECK(p->devices_per_host == 2);
+    CHECK(p->intra_host.latency_s > 0);
+    CHECK(p->intra_host.bandwidth > 0);
+  }
+}
+
 const GptConfig kConfig{.layers = 4, .heads = 4, .embed = 32, .context = 16, .vocab = 96};
 constexpr int kB = 8, kT = 16;
 
