@@ -1,8 +1,12 @@
 #include "ckpt/native.h"
 
+#include <sys/resource.h>
+
 #include <algorithm>
 #include <cstdio>
+#include <list>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <numeric>
 #include <optional>
@@ -88,6 +92,12 @@ constexpr size_t kConcurrentSyncs = 32;
 constexpr size_t kStageBytes = size_t{1} << 20;
 constexpr size_t kStagingBuffers = 64;
 
+size_t MaxOpenDataFiles() {
+  struct rlimit limit = {};
+  if (getrlimit(RLIMIT_NOFILE, &limit) != 0 || limit.rlim_cur == RLIM_INFINITY) return 1024;
+  return std::clamp<size_t>(static_cast<size_t>(limit.rlim_cur) / 4, 16, 1024);
+}
+
 class NativeReader : public CheckpointReader {
  public:
   // `manifest_note`: how the manifest was read when manifest.pb was lost.
@@ -97,7 +107,8 @@ class NativeReader : public CheckpointReader {
         dir_(std::move(dir)),
         manifest_(std::move(manifest)),
         strategy_(std::move(strategy)),
-        files_(manifest_.files.size()) {
+        files_(manifest_.files.size()),
+        where_(manifest_.files.size()) {
     if (!manifest_note.empty()) recoveries_.push_back(std::move(manifest_note));
     meta_.step = manifest_.step;
     meta_.metadata = manifest_.metadata;
@@ -137,7 +148,7 @@ class NativeReader : public CheckpointReader {
         return ReadPieceRegion(file, FilePath(from.file), t.name, from, t.layout.dtype, part, dst,
                                dst_extents, at);
       };
-      Result<const RandomAccessFile*> file = File(p.file);
+      Result<std::shared_ptr<const RandomAccessFile>> file = File(p.file);
       Status s = file.ok() ? read(p, **file) : file.status();
       if (!s.ok()) s = Recover(t, p, s, read);
       if (!s.ok()) {
@@ -165,7 +176,7 @@ class NativeReader : public CheckpointReader {
       if (Intersect(p.box, region) != region) return true;
       // A piece that cannot be read is left to ReadRegion, which reads
       // around it.
-      Result<const RandomAccessFile*> file = File(p.file);
+      Result<std::shared_ptr<const RandomAccessFile>> file = File(p.file);
       if (!file.ok()) return false;
       Result<std::unique_ptr<FileView>> view =
           ViewPieceRegion(**file, FilePath(p.file), t.name, p, t.layout.dtype, region);
@@ -230,7 +241,7 @@ class NativeReader : public CheckpointReader {
       if (c.box != p.box || c.file == p.file || c.checksum != p.checksum || c.length != p.length) {
         continue;
       }
-      Result<const RandomAccessFile*> file = File(c.file);
+      Result<std::shared_ptr<const RandomAccessFile>> file = File(c.file);
       Status s = file.ok() ? read(c, **file) : file.status();
       if (s.ok()) {
         Note(p.file, "read from its copies in " + manifest_.files[c.file].name);
@@ -340,24 +351,37 @@ class NativeReader : public CheckpointReader {
   }
 
   // Opens data files on first use and checks their header and size.
-  Result<const RandomAccessFile*> File(uint32_t i) const {
+  // Data file i, opened and checked on first use. At most max_open_ stay
+  // open, the least recently used closed first (a reader still holding
+  // one keeps it open until it is done): a reshard of a 16,384-rank
+  // checkpoint that kept every file open ran out of descriptors (20,000
+  // here), the writer holding its 8,192 as well.
+  Result<std::shared_ptr<const RandomAccessFile>> File(uint32_t i) const {
     std::lock_guard<std::mutex> lock(mu_);
-    if (!files_[i]) {
-      const std::string path = FilePath(i);
-      if (!env_->FileExists(path)) {
-        return NotFoundError("checkpoint '" + dir_ + "': data file '" + path + "' is missing");
-      }
-      ASSIGN_OR_RETURN(auto file, env_->NewRandomAccessFile(path));
-      RETURN_IF_ERROR(CheckDataFileHeader(*file, path));
-      ASSIGN_OR_RETURN(uint64_t size, file->Size());
-      if (size != manifest_.files[i].size) {
-        return DataLossError("data file '" + path + "' has " + std::to_string(size) +
-                             " bytes, the manifest records " +
-                             std::to_string(manifest_.files[i].size) + " (truncated or replaced)");
-      }
-      files_[i] = std::move(file);
+    if (files_[i]) {
+      open_.splice(open_.begin(), open_, where_[i]);
+      return files_[i];
     }
-    return files_[i].get();
+    const std::string path = FilePath(i);
+    if (!env_->FileExists(path)) {
+      return NotFoundError("checkpoint '" + dir_ + "': data file '" + path + "' is missing");
+    }
+    ASSIGN_OR_RETURN(std::unique_ptr<RandomAccessFile> file, env_->NewRandomAccessFile(path));
+    RETURN_IF_ERROR(CheckDataFileHeader(*file, path));
+    ASSIGN_OR_RETURN(uint64_t size, file->Size());
+    if (size != manifest_.files[i].size) {
+      return DataLossError("data file '" + path + "' has " + std::to_string(size) +
+                           " bytes, the manifest records " +
+                           std::to_string(manifest_.files[i].size) + " (truncated or replaced)");
+    }
+    if (open_.size() >= max_open_) {
+      files_[open_.back()].reset();
+      open_.pop_back();
+    }
+    files_[i] = std::move(file);
+    open_.push_front(i);
+    where_[i] = open_.begin();
+    return files_[i];
   }
 
   Env* env_;
@@ -367,7 +391,12 @@ class NativeReader : public CheckpointReader {
   Strategy strategy_;
   CheckpointMeta meta_;
   mutable std::mutex mu_;
-  mutable std::vector<std::unique_ptr<RandomAccessFile>> files_;
+  // A quarter of the process's descriptors, at most 1,024: the rest are
+  // left to the writer of a reshard and to the caller.
+  const size_t max_open_ = MaxOpenDataFiles();
+  mutable std::vector<std::shared_ptr<const RandomAccessFile>> files_;
+  mutable std::list<uint32_t> open_;  // the open files, most recently used first
+  mutable std::vector<std::list<uint32_t>::iterator> where_;  // of each open file in open_
   mutable std::map<uint32_t, std::unique_ptr<RandomAccessFile>> rebuilt_;
   mutable std::map<uint32_t, bool> intact_;  // files checked for rebuilding others
   mutable std::vector<std::string> recoveries_;

@@ -85,7 +85,9 @@ Result<VerifyReport> VerifyNativeCheckpoint(Env* env, const std::string& path,
   for (const ErasureGroup& g : m.erasure_groups) {
     for (uint32_t f : g.parity) parity[f] = true;
   }
-  std::vector<std::unique_ptr<RandomAccessFile>> files(m.files.size());
+  // Data files that open with a good header. None is kept open: a
+  // checkpoint of 16,384 ranks has more files than a process may open.
+  std::vector<bool> usable(m.files.size(), false);
   // Files whose every byte matches the recorded whole-file checksum: their
   // pieces are as written (and were checked when written).
   std::vector<bool> intact(m.files.size(), false);
@@ -134,10 +136,11 @@ Result<VerifyReport> VerifyNativeCheckpoint(Env* env, const std::string& path,
         intact[f] = true;
         report.bytes += static_cast<int64_t>(*size);
       } else {  // its pieces are checked one by one below, to name the damage
-        report.problems.push_back({fp, "", "whole-file checksum mismatch (corrupt)"});
+        report.problems.push_back(
+            {fp, "", sum.ok() ? "whole-file checksum mismatch (corrupt)" : sum.status().message()});
       }
     }
-    files[f] = std::move(*file);
+    usable[f] = true;
   }
 
   // Pieces: every checksum, in parallel; a piece in an unusable file is
@@ -153,7 +156,7 @@ Result<VerifyReport> VerifyNativeCheckpoint(Env* env, const std::string& path,
     CheckTiling(t, &report.problems);
     for (const auto* list : {&t.pieces, &t.copies}) {
       for (const PieceInfo& p : *list) {
-        if (!files[p.file]) {
+        if (!usable[p.file]) {
           ++unreadable[{t.name, p.file}];
           continue;
         }
@@ -170,23 +173,43 @@ Result<VerifyReport> VerifyNativeCheckpoint(Env* env, const std::string& path,
     report.problems.push_back({JoinPath(dir, m.files[key.second].name), key.first,
                                std::to_string(n) + " piece(s) in this unusable file"});
   }
+  // In tasks of one file's pieces (at most 64 MiB of them), each opening
+  // its file for itself: at most one file per thread is open.
+  std::stable_sort(jobs.begin(), jobs.end(), [](const Job& a, const Job& b) {
+    return std::tie(a.piece->file, a.piece->offset) < std::tie(b.piece->file, b.piece->offset);
+  });
+  constexpr uint64_t kTaskBytes = uint64_t{64} << 20;
+  std::vector<std::pair<size_t, size_t>> tasks;  // [begin, end) of jobs
+  uint64_t task_bytes = 0;
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    if (tasks.empty() || jobs[i].piece->file != jobs[i - 1].piece->file || task_bytes >= kTaskBytes) {
+      tasks.push_back({i, i});
+      task_bytes = 0;
+    }
+    ++tasks.back().second;
+    task_bytes += jobs[i].piece->length;
+  }
   std::mutex mu;
   int64_t done = 0;
   ThreadPool pool(options.threads);
-  Status s = pool.ParallelFor(static_cast<int64_t>(jobs.size()), [&](int64_t i) {
-    const Job& j = jobs[i];
-    const std::string fp = JoinPath(dir, m.files[j.piece->file].name);
-    Status ps = VerifyPiece(*files[j.piece->file], fp, j.tensor->name, *j.piece,
-                            j.tensor->layout.dtype);
-    std::lock_guard<std::mutex> lock(mu);
-    ++report.pieces;
-    if (ps.ok()) {
-      report.bytes += static_cast<int64_t>(j.piece->length);
-    } else {
-      report.problems.push_back({fp, j.tensor->name, ps.message()});
+  Status s = pool.ParallelFor(static_cast<int64_t>(tasks.size()), [&](int64_t t) {
+    const auto [begin, end] = tasks[t];
+    const std::string fp = JoinPath(dir, m.files[jobs[begin].piece->file].name);
+    auto file = env->NewRandomAccessFile(fp);
+    for (size_t i = begin; i < end; ++i) {
+      const Job& j = jobs[i];
+      Status ps = file.ok() ? VerifyPiece(**file, fp, j.tensor->name, *j.piece, j.tensor->layout.dtype)
+                            : file.status();
+      std::lock_guard<std::mutex> lock(mu);
+      ++report.pieces;
+      if (ps.ok()) {
+        report.bytes += static_cast<int64_t>(j.piece->length);
+      } else {
+        report.problems.push_back({fp, j.tensor->name, ps.message()});
+      }
+      done += static_cast<int64_t>(j.piece->length);
+      if (options.progress) options.progress(done, total);
     }
-    done += static_cast<int64_t>(j.piece->length);
-    if (options.progress) options.progress(done, total);
     return Status::Ok();
   });
   RETURN_IF_ERROR(s);

@@ -174,6 +174,20 @@ check "a bad --compress is named" grep -q "lz4" out
 run "$ckpt" reshard a
 check "missing -o is a usage error (exit 2)" test $rc -eq 2
 
+# --- more data files than descriptors ------------------------------------------
+# The reader keeps at most a quarter of the descriptor limit open (the least
+# recently used closed first): 512 source files reshard, verify and diff
+# under a limit of 256 (a reshard of 16,384 ranks kept every file open and
+# ran out of descriptors).
+run "$make" -o many --layers 1 --embed 64 --vocab 512 --context 64 --mesh dp=64,tp=8 --zero --optimizer
+check "make a 512-rank checkpoint" test $rc -eq 0
+run bash -c "ulimit -n 256 && exec '$ckpt' reshard many -o few --mesh dp=8,tp=8 --quiet"
+check "reshard 512 data files under a limit of 256 descriptors" test $rc -eq 0
+run bash -c "ulimit -n 256 && exec '$ckpt' verify many"
+check "verify 512 data files under a limit of 256 descriptors" test $rc -eq 0
+run bash -c "ulimit -n 256 && exec '$ckpt' diff many few"
+check "diff of 512 and 64 data files under a limit of 256: equal" test $rc -eq 0
+
 # --- SIGKILL at random moments -------------------------------------------------
 run "$make" -o big --size 160MiB --mesh dp=2,tp=4 --zero --embed 512 --vocab 8192
 run "$ckpt" merge big -o big-full -q
