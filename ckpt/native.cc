@@ -356,11 +356,14 @@ class NativeReader : public CheckpointReader {
   // one keeps it open until it is done): a reshard of a 16,384-rank
   // checkpoint that kept every file open ran out of descriptors (20,000
   // here), the writer holding its 8,192 as well.
+  // Opening and checking run outside the lock, which every read takes.
   Result<std::shared_ptr<const RandomAccessFile>> File(uint32_t i) const {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (files_[i]) {
-      open_.splice(open_.begin(), open_, where_[i]);
-      return files_[i];
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (files_[i]) {
+        open_.splice(open_.begin(), open_, where_[i]);
+        return files_[i];
+      }
     }
     const std::string path = FilePath(i);
     if (!env_->FileExists(path)) {
@@ -373,6 +376,11 @@ class NativeReader : public CheckpointReader {
       return DataLossError("data file '" + path + "' has " + std::to_string(size) +
                            " bytes, the manifest records " +
                            std::to_string(manifest_.files[i].size) + " (truncated or replaced)");
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    if (files_[i]) {  // another reader opened it meanwhile
+      open_.splice(open_.begin(), open_, where_[i]);
+      return files_[i];
     }
     if (open_.size() >= max_open_) {
       files_[open_.back()].reset();

@@ -196,10 +196,16 @@ Result<VerifyReport> VerifyNativeCheckpoint(Env* env, const std::string& path,
     const auto [begin, end] = tasks[t];
     const std::string fp = JoinPath(dir, m.files[jobs[begin].piece->file].name);
     auto file = env->NewRandomAccessFile(fp);
+    if (!file.ok()) {  // it opened in the first pass: one problem for the file, not one a piece
+      std::lock_guard<std::mutex> lock(mu);
+      report.problems.push_back({fp, "", file.status().message()});
+      for (size_t i = begin; i < end; ++i) done += static_cast<int64_t>(jobs[i].piece->length);
+      if (options.progress) options.progress(done, total);
+      return Status::Ok();
+    }
     for (size_t i = begin; i < end; ++i) {
       const Job& j = jobs[i];
-      Status ps = file.ok() ? VerifyPiece(**file, fp, j.tensor->name, *j.piece, j.tensor->layout.dtype)
-                            : file.status();
+      Status ps = VerifyPiece(**file, fp, j.tensor->name, *j.piece, j.tensor->layout.dtype);
       std::lock_guard<std::mutex> lock(mu);
       ++report.pieces;
       if (ps.ok()) {

@@ -47,7 +47,8 @@ class WritableFile {
 };
 
 // Bytes of a file lent without a copy (a read-only mapping of the page
-// cache); valid until the view is destroyed.
+// cache); valid until the view is destroyed, also after the file that lent
+// it is closed (readers close files they have not used lately).
 class FileView {
  public:
   virtual ~FileView() = default;

@@ -22,8 +22,9 @@ namespace tessera {
 // stages, data-file hosts, whole-file checksums and erasure-code groups.
 inline constexpr uint32_t kNativeFormatVersion = 2;
 // Pieces of at least kPackedPieceLimit stored bytes start at a multiple of
-// kPieceAlignment (a page: one can be mapped, or read directly, without
-// its neighbours); smaller ones are packed at multiples of
+// kPieceAlignment (a page: one can be mapped, or read directly, from a page
+// boundary; its last page may hold small pieces packed after it); smaller
+// ones are packed at multiples of
 // kSmallPieceAlignment (writers since session 18; readers take every
 // offset from the manifest and never required either). A 4,096-rank
 // checkpoint has half a million pieces of 0.03-5 KiB: page-aligned, they

@@ -1,4 +1,5 @@
-// Native checkpoint files: data files of 4 KiB-aligned pieces, and the
+// Native checkpoint files: data files of pieces (from 64 KiB on a page, smaller
+// ones packed at 64 bytes), and the
 // manifest / `latest` commit protocol (formats/native.md).
 #ifndef TESSERA_FORMATS_NATIVE_FILES_H_
 #define TESSERA_FORMATS_NATIVE_FILES_H_
