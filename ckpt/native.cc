@@ -350,7 +350,6 @@ class NativeReader : public CheckpointReader {
     return slot.get();
   }
 
-  // Opens data files on first use and checks their header and size.
   // Data file i, opened and checked on first use. At most max_open_ stay
   // open, the least recently used closed first (a reader still holding
   // one keeps it open until it is done): a reshard of a 16,384-rank
@@ -360,10 +359,7 @@ class NativeReader : public CheckpointReader {
   Result<std::shared_ptr<const RandomAccessFile>> File(uint32_t i) const {
     {
       std::lock_guard<std::mutex> lock(mu_);
-      if (files_[i]) {
-        open_.splice(open_.begin(), open_, where_[i]);
-        return files_[i];
-      }
+      if (files_[i]) return Used(i);
     }
     const std::string path = FilePath(i);
     if (!env_->FileExists(path)) {
@@ -378,10 +374,7 @@ class NativeReader : public CheckpointReader {
                            std::to_string(manifest_.files[i].size) + " (truncated or replaced)");
     }
     std::lock_guard<std::mutex> lock(mu_);
-    if (files_[i]) {  // another reader opened it meanwhile
-      open_.splice(open_.begin(), open_, where_[i]);
-      return files_[i];
-    }
+    if (files_[i]) return Used(i);  // another reader opened it meanwhile
     if (open_.size() >= max_open_) {
       files_[open_.back()].reset();
       open_.pop_back();
@@ -389,6 +382,12 @@ class NativeReader : public CheckpointReader {
     files_[i] = std::move(file);
     open_.push_front(i);
     where_[i] = open_.begin();
+    return files_[i];
+  }
+
+  // Open file i, moved to the front of the open files. Caller holds mu_.
+  std::shared_ptr<const RandomAccessFile> Used(uint32_t i) const {
+    open_.splice(open_.begin(), open_, where_[i]);
     return files_[i];
   }
 

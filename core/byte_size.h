@@ -13,6 +13,8 @@ namespace tessera {
 Result<int64_t> ParseByteSize(const std::string& text);
 // 1536 -> "1.5 KiB".
 std::string HumanBytes(int64_t bytes);
+// `n` rounded up to a multiple of `to` (> 0).
+inline uint64_t RoundUp(uint64_t n, uint64_t to) { return (n + to - 1) / to * to; }
 
 }  // namespace tessera
 

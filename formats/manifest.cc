@@ -290,10 +290,6 @@ bool SplitTensors(std::string_view payload, std::string* rest,
   return static_cast<size_t>(in.CurrentPosition()) == payload.size();
 }
 
-}  // namespace
-
-namespace {
-
 // Manifests at least this long have their tensors parsed on a pool.
 constexpr size_t kParallelManifestBytes = size_t{4} << 20;
 

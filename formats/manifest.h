@@ -10,6 +10,7 @@
 #include <string_view>
 #include <vector>
 
+#include "core/byte_size.h"
 #include "core/status.h"
 #include "transform/box.h"
 #include "transform/layout.h"
@@ -34,8 +35,7 @@ inline constexpr uint64_t kSmallPieceAlignment = 64;
 inline constexpr uint64_t kPackedPieceLimit = 64 << 10;
 // Where a piece of `stored` bytes goes in a data file whose bytes end at `end`.
 inline uint64_t PieceStart(uint64_t end, uint64_t stored) {
-  const uint64_t a = stored < kPackedPieceLimit ? kSmallPieceAlignment : kPieceAlignment;
-  return (end + a - 1) / a * a;
+  return RoundUp(end, stored < kPackedPieceLimit ? kSmallPieceAlignment : kPieceAlignment);
 }
 // Raw pieces longer than this carry one checksum per block of this size.
 inline constexpr uint64_t kChecksumBlock = 1 << 20;

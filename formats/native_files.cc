@@ -169,7 +169,7 @@ Status DataFileWriter::PadTo(uint64_t offset) {
 }
 
 Status DataFileWriter::EndPieces() {
-  return PadTo((size_ + kPieceAlignment - 1) / kPieceAlignment * kPieceAlignment);
+  return PadTo(RoundUp(size_, kPieceAlignment));
 }
 
 Result<uint64_t> DataFileWriter::Finish() {
@@ -187,7 +187,7 @@ std::pair<std::vector<uint64_t>, uint64_t> PlacedDataFile::Place(
   uint64_t at = kHeaderSize;
   for (uint64_t b : bytes) {
     offsets.push_back(at);
-    at += (b + kPieceAlignment - 1) / kPieceAlignment * kPieceAlignment;
+    at += RoundUp(b, kPieceAlignment);
   }
   return {std::move(offsets), at};
 }

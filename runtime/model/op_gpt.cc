@@ -805,19 +805,11 @@ OpGpt::HalfWork OpGpt::EstimateHalf(const GptConfig& config, int tp, const HalfO
   // Each operator's share (with the conversions into it and their duals):
   // what fw and w gained since the last mark.
   StageWork seen, seen_fw;
-  auto take = [](const StageWork& d, StageWork* to) {
-    to->flops += d.flops;
-    to->bytes += d.bytes;
-    for (int k = 0; k < 4; ++k) {
-      to->comm_count[k] += d.comm_count[k];
-      to->comm_bytes[k] += d.comm_bytes[k];
-    }
-  };
   auto mark = [&](int op) {
     StageWork both = fw;
     both.Add(w);
-    take(Since(both, seen), &r.ops[op]);
-    take(Since(fw, seen_fw), &r.forward_ops[op]);
+    r.ops[op].Add(Since(both, seen));  // Since fills flops, bytes and collectives only
+    r.forward_ops[op].Add(Since(fw, seen_fw));
     seen = both;
     seen_fw = fw;
   };
@@ -1052,15 +1044,7 @@ std::vector<std::pair<std::string, StageWork>> OpGpt::EstimateOps(int64_t N, int
     for (int i = 0; i < 10; ++i) {
       StageWork share = i < 5 ? h1.ops[i] : h2.ops[i - 5];
       // Full recompute runs each operator's forward again in backward.
-      if (b.recompute == Recompute::kFull) {
-        const StageWork& again = i < 5 ? h1.forward_ops[i] : h2.forward_ops[i - 5];
-        share.flops += again.flops;
-        share.bytes += again.bytes;
-        for (int k = 0; k < 4; ++k) {
-          share.comm_count[k] += again.comm_count[k];
-          share.comm_bytes[k] += again.comm_bytes[k];
-        }
-      }
+      if (b.recompute == Recompute::kFull) share.Add(i < 5 ? h1.forward_ops[i] : h2.forward_ops[i - 5]);
       out.emplace_back(p + names[i], share);
     }
     x = blocks_.back().add2.info().output;

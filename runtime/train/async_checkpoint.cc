@@ -7,6 +7,7 @@
 #include <cstring>
 #include <functional>
 
+#include "core/byte_size.h"
 
 namespace tessera {
 namespace {
@@ -17,8 +18,6 @@ double Since(std::chrono::steady_clock::time_point t0) {
 
 constexpr size_t kHugePage = size_t{2} << 20;
 constexpr size_t kAlign = 64;  // each piece's start in the arena
-
-size_t RoundUp(size_t n, size_t to) { return (n + to - 1) / to * to; }
 
 }  // namespace
 
