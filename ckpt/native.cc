@@ -266,6 +266,9 @@ class NativeReader : public CheckpointReader {
     std::unique_ptr<FileView> out;
     index_[index].ForEach(t.pieces, region, [&](const PieceInfo& p) -> bool {
       if (Intersect(p.box, region) != region) return true;
+      // Small pieces are never lent (ViewPieceRegion): not worth opening
+      // the file for (a reshard asks for each of half a million).
+      if (p.block_checksums.empty() && p.length < kViewAtLeast) return false;
       // A piece that cannot be read is left to ReadRegion, which reads
       // around it.
       Result<std::shared_ptr<const RandomAccessFile>> file = File(p.file);
