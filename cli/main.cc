@@ -1,32 +1,18 @@
 // ckpt: strategy-aware checkpoint tools. Also answers to ckpt-<verb> names
 // (argv[0] dispatch), so `ckpt-plan A B` is `ckpt plan A B`.
-#include <sys/resource.h>
-
 #include <cstring>
 #include <string>
 #include <vector>
 
 #include "cli/verbs.h"
-
-namespace {
-
-// A reshard to thousands of ranks writes a data file per destination rank
-// at once (the reader of its source keeps at most a quarter of the limit
-// open): the soft limit on open files, often 1,024, is raised to the hard
-// limit, as any process may. Where even that is too low, the open that
-// fails names its file ("Too many open files").
-void RaiseOpenFileLimit() {
-  struct rlimit limit = {};
-  if (getrlimit(RLIMIT_NOFILE, &limit) == 0 && limit.rlim_cur < limit.rlim_max) {
-    limit.rlim_cur = limit.rlim_max;
-    setrlimit(RLIMIT_NOFILE, &limit);  // best effort: the old limit stays if refused
-  }
-}
-
-}  // namespace
+#include "core/env.h"
 
 int main(int argc, char** argv) {
-  RaiseOpenFileLimit();
+  // A reshard to thousands of ranks writes a data file per destination
+  // rank at once (the reader of its source keeps at most a quarter of the
+  // limit open). Where even the hard limit is too low, the open that fails
+  // names its file ("Too many open files").
+  tessera::RaiseOpenFileLimit();
   std::vector<std::string> args(argv, argv + argc);
   const std::string self = args[0].substr(args[0].rfind('/') + 1);
   if (self.rfind("ckpt-", 0) == 0) args.insert(args.begin() + 1, self.substr(5));

@@ -124,6 +124,13 @@ class Env {
   virtual Status SyncDir(const std::string& dir) = 0;
 };
 
+// Raises this process's soft limit on open files to its hard limit (best
+// effort), for tools about to write a data file per destination rank of a
+// reshard to thousands of ranks: the soft limit is often 1,024 while the
+// hard one is far higher. The ckpt binary and the Python package's
+// transform call it; a library call never does on its own.
+void RaiseOpenFileLimit();
+
 // "a/b/c" -> "a/b"; "c" -> ".".
 std::string Dirname(std::string_view path);
 // Joins with exactly one '/'.

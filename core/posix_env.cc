@@ -1,4 +1,5 @@
 // The POSIX Env: open/pread/write/fsync/rename.
+#include <sys/resource.h>
 #include <dirent.h>
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -253,6 +254,14 @@ class PosixEnv : public Env {
 Env* Env::Default() {
   static PosixEnv* env = new PosixEnv();
   return env;
+}
+
+void RaiseOpenFileLimit() {
+  struct rlimit limit = {};
+  if (getrlimit(RLIMIT_NOFILE, &limit) == 0 && limit.rlim_cur < limit.rlim_max) {
+    limit.rlim_cur = limit.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &limit);  // the old limit stays if refused
+  }
 }
 
 }  // namespace tessera

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import tessera
-from conftest import FIXTURES, run, whole
+from conftest import BUILD, FIXTURES, run, whole
 
 
 def test_metadata_and_layouts(sliced):
@@ -203,6 +203,33 @@ def test_load_shards_out(sliced):
         tessera.load_shards(sliced, None, 1, out={"wtee": buf})
     with pytest.raises(tessera.InvalidArgumentError, match="float64"):
         tessera.load_shards(sliced, None, 1, out={"wte": buf.astype(np.float64)})
+
+
+def test_transform_to_more_files_than_the_soft_descriptor_limit(tmp_path):
+    # 256 destination data files, written at once, under a soft limit of 64
+    # (hard limits are far higher: 1,024 / 4,096 soft against 500,000 hard
+    # is common): transform raises the soft limit as the ckpt binary does.
+    import resource
+    if resource.getrlimit(resource.RLIMIT_NOFILE)[1] < 1024:
+        pytest.skip("the hard limit on open files is under 1,024")
+    src = tmp_path / "src"
+    run(BUILD / "samples" / "make_checkpoint", "-o", src, "--mesh", "dp=8,tp=2", "--zero",
+        "--optimizer", "--layers", "1", "--embed", "64", "--vocab", "256", "--context", "32")
+    script = ("import sys, tessera; tessera.transform(sys.argv[1], sys.argv[2], mesh='dp=128,tp=2', "
+              "threads=1)")
+    subprocess.run(["bash", "-c", 'ulimit -Sn 64 && exec "$0" -c "$1" "$2" "$3"', sys.executable,
+                    script, str(src), str(tmp_path / "out")], check=True)
+    out = tessera.open(tmp_path / "out")
+    assert out.strategy.world_size == 256
+    ref = whole(tessera.open(src))
+    got = whole(out)
+    assert ref.keys() == got.keys() and all(np.array_equal(ref[k], got[k]) for k in ref)
+    # Without the raise the same transform runs out of descriptors: the test
+    # can fail.
+    probe = "import resource; print(resource.getrlimit(resource.RLIMIT_NOFILE)[0])"
+    soft = subprocess.run(["bash", "-c", 'ulimit -Sn 64 && exec "$0" -c "$1"', sys.executable, probe],
+                          check=True, capture_output=True, text=True).stdout.strip()
+    assert soft == "64"
 
 
 HOSTILE = r"""
