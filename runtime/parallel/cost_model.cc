@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <nlohmann/json.hpp>
 #include <thread>
 #include <unistd.h>
@@ -39,6 +40,25 @@ Status Positive(const std::string& source, const char* key, double v) {
 }
 
 }  // namespace
+
+std::vector<double> Ascending(const std::vector<double>& v) {
+  // Pool adjacent violators: blocks of equal values, merged while a block
+  // is below the one before it, each holding its members' mean.
+  std::vector<std::pair<double, int>> blocks;  // mean, members
+  for (double x : v) {
+    blocks.push_back({x, 1});
+    while (blocks.size() > 1 && blocks[blocks.size() - 2].first > blocks.back().first) {
+      auto [mean, count] = blocks.back();
+      blocks.pop_back();
+      auto& prev = blocks.back();
+      prev.first = (prev.first * prev.second + mean * count) / (prev.second + count);
+      prev.second += count;
+    }
+  }
+  std::vector<double> out;
+  for (auto [mean, count] : blocks) out.insert(out.end(), count, mean);
+  return out;
+}
 
 std::string_view CollectiveName(CollectiveKind kind) {
   switch (kind) {
@@ -98,6 +118,40 @@ Result<MachineProfile> MachineProfile::Parse(std::string_view text, const std::s
         return InvalidArgumentError(source + ": \"" + key + ".latency_s\" must be >= 0");
       }
     }
+    if (j.contains("collectives")) {
+      const Json& list = j["collectives"];
+      if (!list.is_array()) return InvalidArgumentError(source + ": \"collectives\" must be a list");
+      for (const Json& c : list) {
+        CollectiveTable t;
+        const std::string kind = c.value("kind", "");
+        const std::string where = source + ": collectives[" + std::to_string(p.collectives.size()) + "]";
+        if (kind == "AllReduce") {
+          t.kind = CollectiveKind::kAllReduce;
+        } else if (kind == "AllGather") {
+          t.kind = CollectiveKind::kAllGather;
+        } else if (kind == "ReduceScatter") {
+          t.kind = CollectiveKind::kReduceScatter;
+        } else {
+          return InvalidArgumentError(where + ": kind \"" + kind +
+                                      "\" (measured tables are of AllReduce, AllGather or "
+                                      "ReduceScatter)");
+        }
+        t.group = c.value("group", 0);
+        t.bytes = c.value("bytes", std::vector<double>{});
+        t.seconds = c.value("seconds", std::vector<double>{});
+        if (t.group < 2 || t.bytes.empty() || t.bytes.size() != t.seconds.size()) {
+          return InvalidArgumentError(where + ": needs a group of at least 2 and as many "
+                                      "\"seconds\" as \"bytes\" (at least one)");
+        }
+        for (size_t i = 0; i < t.bytes.size(); ++i) {
+          if (!(t.bytes[i] > 0 && t.seconds[i] > 0 && std::isfinite(t.seconds[i])) ||
+              (i > 0 && t.bytes[i] <= t.bytes[i - 1])) {
+            return InvalidArgumentError(where + ": sizes must ascend and every figure be positive");
+          }
+        }
+        p.collectives.push_back(std::move(t));
+      }
+    }
   } catch (const std::exception& e) {
     return InvalidArgumentError(source + ": " + e.what());
   }
@@ -129,6 +183,16 @@ std::string MachineProfile::ToJson() const {
                  {"memory_bytes", static_cast<double>(memory_bytes)}};
   j["intra_host"] = {{"latency_s", intra_host.latency_s}, {"bandwidth", intra_host.bandwidth}};
   j["inter_host"] = {{"latency_s", inter_host.latency_s}, {"bandwidth", inter_host.bandwidth}};
+  if (!collectives.empty()) {
+    Json list = Json::array();
+    for (const CollectiveTable& t : collectives) {
+      list.push_back({{"kind", CollectiveName(t.kind)},
+                      {"group", t.group},
+                      {"bytes", t.bytes},
+                      {"seconds", t.seconds}});
+    }
+    j["collectives"] = list;
+  }
   return j.dump(2) + "\n";
 }
 
@@ -148,14 +212,38 @@ double MachineProfile::CollectiveSeconds(CollectiveKind kind, double bytes, int 
   if (group <= 1 || bytes <= 0) return 0;
   const LinkProfile& l = inter_host ? this->inter_host : intra_host;
   const double n = group, share = (n - 1) / n;
+  double line = 0;
   switch (kind) {
-    case CollectiveKind::kAllReduce: return 2 * (n - 1) * l.latency_s + 2 * share * bytes / l.bandwidth;
+    case CollectiveKind::kAllReduce:
+      line = 2 * (n - 1) * l.latency_s + 2 * share * bytes / l.bandwidth;
+      break;
     case CollectiveKind::kReduceScatter:
     case CollectiveKind::kAllGather:
-    case CollectiveKind::kAllToAll: return (n - 1) * l.latency_s + share * bytes / l.bandwidth;
-    case CollectiveKind::kSendRecv: return l.latency_s + bytes / l.bandwidth;
+    case CollectiveKind::kAllToAll: line = (n - 1) * l.latency_s + share * bytes / l.bandwidth; break;
+    case CollectiveKind::kSendRecv: line = l.latency_s + bytes / l.bandwidth; break;
   }
-  return 0;
+  if (!inter_host) {
+    for (const CollectiveTable& t : collectives) {
+      if (t.kind != kind || t.group != group) continue;
+      double table;
+      if (bytes <= t.bytes.front()) {
+        table = t.seconds.front();
+      } else if (bytes >= t.bytes.back()) {
+        const double moved = (kind == CollectiveKind::kAllReduce ? 2 : 1) * share;
+        table = t.seconds.back() + moved * (bytes - t.bytes.back()) / l.bandwidth;
+      } else {
+        const size_t i = static_cast<size_t>(
+            std::upper_bound(t.bytes.begin(), t.bytes.end(), bytes) - t.bytes.begin());
+        const double f = std::log(bytes / t.bytes[i - 1]) / std::log(t.bytes[i] / t.bytes[i - 1]);
+        table = std::exp(std::log(t.seconds[i - 1]) + f * std::log(t.seconds[i] / t.seconds[i - 1]));
+      }
+      // Timed cold (the table) and back to back (the line), a collective
+      // costs at least the larger: on this VM either can be the slow one
+      // from one calibration to the next under Gloo.
+      return std::max(table, line);
+    }
+  }
+  return line;
 }
 
 bool MachineProfile::CrossesHosts(int64_t stride, int64_t size) const {
@@ -228,6 +316,52 @@ Result<LinkProfile> MeasureLink(Communicator& comm, int64_t max_bytes) {
   return link;
 }
 
+Result<std::vector<CollectiveTable>> MeasureCollectives(Communicator& comm, int64_t max_bytes) {
+  const int n = comm.size();
+  if (n < 2) return InvalidArgumentError("measuring collectives needs at least 2 ranks");
+  // Larger than a core's caches: written before each timing, so that the
+  // collective finds its buffers and the runtime's state cold.
+  std::vector<char> scratch(size_t{16} << 20);
+  // ReduceScatter is timed on its own: backends implement it differently
+  // (Gloo here as an AllReduce of the whole input, MPI as an AllToAll and
+  // a fold in rank order), so it costs what neither of the others does.
+  std::vector<CollectiveTable> out(3);
+  out[0].kind = CollectiveKind::kAllReduce;
+  out[1].kind = CollectiveKind::kAllGather;
+  out[2].kind = CollectiveKind::kReduceScatter;
+  std::vector<float> send, recv;
+  Status status = Status::Ok();
+  for (int64_t bytes = 4096; bytes <= max_bytes; bytes *= 4) {
+    const int64_t count = bytes / 4;
+    send.assign(count, 1.0f);
+    recv.assign(count * n, 0.0f);
+    for (int kind = 0; kind < 3; ++kind) {
+      std::vector<double> t;
+      for (int run = 0; run < 9; ++run) {
+        std::memset(scratch.data(), run + 1, scratch.size());
+        RETURN_IF_ERROR(comm.Barrier());
+        const double start = Now();
+        Status s =
+            kind == 0   ? comm.AllReduce(send.data(), recv.data(), count, DType::kF32, ReduceOp::kSum)
+            : kind == 1 ? comm.AllGather(send.data(), count / n, recv.data(), DType::kF32)
+                        : comm.ReduceScatter(send.data(), recv.data(), count / n, DType::kF32,
+                                             ReduceOp::kSum);
+        t.push_back(Now() - start);
+        if (status.ok()) status = s;
+      }
+      RETURN_IF_ERROR(status);
+      std::sort(t.begin(), t.end());
+      double median = t[t.size() / 2];
+      RETURN_IF_ERROR(comm.Broadcast(&median, 1, DType::kF64, 0));  // rank 0's timing everywhere
+      out[kind].group = n;
+      out[kind].bytes.push_back(static_cast<double>(bytes));
+      out[kind].seconds.push_back(median);
+    }
+  }
+  for (CollectiveTable& t : out) t.seconds = Ascending(t.seconds);
+  return out;
+}
+
 Result<MachineProfile> Calibrate(Communicator& world) {
   MachineProfile p;
   p.name = "calibrated";
@@ -250,6 +384,7 @@ Result<MachineProfile> Calibrate(Communicator& world) {
   p.memory_bytes = static_cast<int64_t>(pages / cores);
   if (world.size() > 1) {
     ASSIGN_OR_RETURN(p.intra_host, MeasureLink(world, int64_t{16} << 20));
+    ASSIGN_OR_RETURN(p.collectives, MeasureCollectives(world, int64_t{16} << 20));
   } else {
     p.intra_host = {1e-6, figures[1] / 3};  // one rank: a copy through memory
   }

@@ -13,8 +13,20 @@
 //                "memory_bytes": 4.295e10},
 //     "intra_host": {"latency_s": 5e-6, "bandwidth": 2.4e11},
 //     "inter_host": {"latency_s": 1e-5, "bandwidth": 2.5e10},
-//     "hosts": 0
+//     "hosts": 0,
+//     "collectives": [{"kind": "AllReduce", "group": 2,
+//                      "bytes": [4096, ...], "seconds": [1.2e-4, ...]}, ...]
 //   }
+//
+// "collectives" (optional; calibration writes it) holds collectives timed
+// at several sizes on a group of ranks of one host, each after the ranks
+// have done other work (as a training step's collectives follow its
+// kernels): back to back they run several times faster on some backends
+// (Gloo: 0.5 against 2 ms for 512 KiB here), which a line through the
+// sizes cannot say. For that kind and group size within a host a
+// collective costs the larger of the table's time (interpolated log-log
+// between its sizes; below the smallest: the smallest's time; above the
+// largest: the line's bandwidth beyond it) and the link's line.
 //
 // Bandwidths are bytes per second one rank moves (a ring's bus
 // bandwidth). `hosts` (0: as many as a job needs) bounds the devices: a
@@ -28,6 +40,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "core/status.h"
 #include "runtime/comm/communicator.h"
@@ -44,6 +57,14 @@ struct LinkProfile {
 enum class CollectiveKind { kAllReduce, kReduceScatter, kAllGather, kAllToAll, kSendRecv };
 std::string_view CollectiveName(CollectiveKind kind);
 
+// One collective's measured times on `group` ranks, by size (ascending
+// bytes, in CollectiveSeconds' sense of bytes).
+struct CollectiveTable {
+  CollectiveKind kind = CollectiveKind::kAllReduce;
+  int group = 2;
+  std::vector<double> bytes, seconds;
+};
+
 struct MachineProfile {
   std::string name, source;
   std::string backend;  // what the links were measured over ("inprocess", "mpi", ...)
@@ -53,6 +74,7 @@ struct MachineProfile {
   int64_t memory_bytes = 0;     // one device's memory (0: unknown)
   LinkProfile intra_host, inter_host;
   int hosts = 0;
+  std::vector<CollectiveTable> collectives;  // measured; see above
   // Ranks sharing one device (ForRanks sets it; not in the file).
   int ranks_per_device = 1;
   // This machine running a job of `ranks`.
@@ -86,10 +108,22 @@ double MeasureMemoryBandwidth(int64_t floats);
 // AllGather times over `comm` at sizes from 4 KiB to `max_bytes`.
 // Collective; every rank returns the same figures.
 Result<LinkProfile> MeasureLink(Communicator& comm, int64_t max_bytes);
+// The closest ascending sequence to `v` in least squares (isotonic
+// regression): measured times of growing sizes, where noise made a larger
+// size look cheaper, without letting one slow outlier raise all after it.
+std::vector<double> Ascending(const std::vector<double>& v);
+// AllReduce, AllGather and ReduceScatter timed over `comm` at sizes from
+// 4 KiB to `max_bytes`, each timing after the ranks wrote a buffer larger
+// than their caches and met at a barrier (so the collective starts cold
+// and together, as one after a step's kernels does, without their skew):
+// the median of nine, made ascending in size (Ascending). Collective;
+// every rank returns rank 0's tables.
+Result<std::vector<CollectiveTable>> MeasureCollectives(Communicator& comm, int64_t max_bytes);
 // This machine as `world` runs on it: rank 0's matrix products and memory
 // (the others wait), the link measured over `world` (one host: intra_host
-// and inter_host alike), devices = cores, ranks_per_device from how many
-// ranks share them. Collective; every rank returns the same profile.
+// and inter_host alike) and its collectives' table, devices = cores,
+// ranks_per_device from how many ranks share them. Collective; every rank
+// returns the same profile.
 Result<MachineProfile> Calibrate(Communicator& world);
 
 }  // namespace tessera

@@ -55,6 +55,91 @@ TEST_CASE("machine profiles parse, round-trip and name what is wrong") {
   CHECK_FALSE(p.CrossesHosts(2, 4));
 }
 
+TEST_CASE("measured collective tables price their kind and group, the line the rest") {
+  MachineProfile p = TestProfile();
+  auto with = MachineProfile::Parse(R"({
+    "format": "tessera.machine_profile", "version": 1, "name": "test",
+    "devices_per_host": 8,
+    "device": {"matmul_flops": 1e14, "memory_bandwidth": 1e12},
+    "intra_host": {"latency_s": 5e-6, "bandwidth": 1e11},
+    "inter_host": {"latency_s": 1e-5, "bandwidth": 1e10},
+    "collectives": [
+      {"kind": "AllReduce", "group": 2, "bytes": [1000, 100000], "seconds": [1e-3, 4e-3]},
+      {"kind": "AllGather", "group": 4, "bytes": [1000], "seconds": [2e-3]},
+      {"kind": "ReduceScatter", "group": 8, "bytes": [1000], "seconds": [1e-9]}]})",
+                                    "<tables>");
+  INFO(with.status().ToString());
+  REQUIRE(with.ok());
+  REQUIRE(with->collectives.size() == 3);
+  auto again = MachineProfile::Parse(with->ToJson(), "<again>");
+  REQUIRE(again.ok());
+  CHECK(again->ToJson() == with->ToJson());
+  const auto ar = CollectiveKind::kAllReduce;
+  // Inside the table: log-log between its sizes; below it: its smallest.
+  CHECK(with->CollectiveSeconds(ar, 1000, 2, false) == Approx(1e-3));
+  CHECK(with->CollectiveSeconds(ar, 10000, 2, false) == Approx(2e-3));  // halfway, in logs
+  CHECK(with->CollectiveSeconds(ar, 10, 2, false) == Approx(1e-3));
+  // Beyond it: the largest's time and the line's bandwidth for the rest.
+  CHECK(with->CollectiveSeconds(ar, 1e9, 2, false) == Approx(4e-3 + (1e9 - 1e5) / 1e11));
+  // Never below the line (the back-to-back figure): a table faster than
+  // the line's latencies gives way to it.
+  const auto rs = CollectiveKind::kReduceScatter;
+  CHECK(with->CollectiveSeconds(rs, 1e6, 8, false) == Approx(p.CollectiveSeconds(rs, 1e6, 8, false)));
+  CHECK(with->CollectiveSeconds(rs, 1e6, 8, false) == Approx(7 * 5e-6 + 7.0 / 8 * 1e6 / 1e11));
+  // Another group size, another host, a kind without a table: the line.
+  CHECK(with->CollectiveSeconds(ar, 1e5, 4, false) == p.CollectiveSeconds(ar, 1e5, 4, false));
+  CHECK(with->CollectiveSeconds(ar, 1e5, 2, true) == p.CollectiveSeconds(ar, 1e5, 2, true));
+  CHECK(with->CollectiveSeconds(CollectiveKind::kSendRecv, 1e5, 2, false) ==
+        p.CollectiveSeconds(CollectiveKind::kSendRecv, 1e5, 2, false));
+  CHECK(with->CollectiveSeconds(CollectiveKind::kAllGather, 500, 4, false) == Approx(2e-3));
+  CHECK(with->CollectiveSeconds(CollectiveKind::kReduceScatter, 5e6, 4, false) ==
+        p.CollectiveSeconds(CollectiveKind::kReduceScatter, 5e6, 4, false));
+  for (const char* bad : {R"([{"kind": "AllToAll", "group": 2, "bytes": [1], "seconds": [1]}])",
+                          R"([{"kind": "AllReduce", "group": 2, "bytes": [2, 1], "seconds": [1, 1]}])",
+                          R"([{"kind": "AllReduce", "group": 1, "bytes": [1], "seconds": [1]}])",
+                          R"([{"kind": "AllReduce", "group": 2, "bytes": [1], "seconds": [0]}])"}) {
+    INFO(bad);
+    auto r = MachineProfile::Parse(std::string(R"({"format": "tessera.machine_profile", "version": 1,
+      "device": {"matmul_flops": 1, "memory_bandwidth": 1}, "intra_host": {"bandwidth": 1},
+      "collectives": )") + bad + "}", "m.json");
+    REQUIRE_FALSE(r.ok());
+    CHECK(r.status().message().find("m.json: collectives[0]") != std::string::npos);
+  }
+}
+
+TEST_CASE("Ascending: the least-squares ascending fit, an outlier pooled with its neighbours") {
+  CHECK(Ascending({1, 2, 3}) == std::vector<double>{1, 2, 3});
+  CHECK(Ascending({1, 3, 2, 4}) == std::vector<double>{1, 2.5, 2.5, 4});
+  // One slow early outlier is averaged in, not carried to every later size.
+  CHECK(Ascending({1, 9, 2, 3, 20}) == std::vector<double>{1, 14.0 / 3, 14.0 / 3, 14.0 / 3, 20});
+  CHECK(Ascending({3, 2, 1}) == std::vector<double>{2, 2, 2});
+  CHECK(Ascending({}).empty());
+}
+
+TEST_CASE("calibration times collectives at every size, never less for more bytes") {
+  std::vector<CollectiveTable> tables;
+  std::mutex mu;
+  const Status s = RunInProcess(2, [&](Communicator& world) -> Status {
+    ASSIGN_OR_RETURN(std::vector<CollectiveTable> t, MeasureCollectives(world, int64_t{1} << 20));
+    std::lock_guard<std::mutex> lock(mu);
+    if (world.rank() == 1) tables = t;
+    return Status::Ok();
+  });
+  INFO(s.ToString());
+  REQUIRE(s.ok());
+  REQUIRE(tables.size() == 3);
+  CHECK(tables[0].kind == CollectiveKind::kAllReduce);
+  CHECK(tables[1].kind == CollectiveKind::kAllGather);
+  CHECK(tables[2].kind == CollectiveKind::kReduceScatter);
+  for (const CollectiveTable& t : tables) {
+    CHECK(t.group == 2);
+    CHECK(t.bytes == std::vector<double>{4096, 16384, 65536, 262144, 1048576});
+    REQUIRE(t.seconds.size() == t.bytes.size());
+    CHECK(t.seconds.front() > 0);
+    CHECK(std::is_sorted(t.seconds.begin(), t.seconds.end()));
+  }
+}
+
 TEST_CASE("the shipped machine profiles load, each for its backend") {
   const std::string dir = std::string(TESSERA_SOURCE_DIR) + "/samples/gpt/profiles/";
   for (const auto& [file, backend] : std::vector<std::pair<std::string, std::string>>{
@@ -68,6 +153,13 @@ TEST_CASE("the shipped machine profiles load, each for its backend") {
     CHECK(p->devices_per_host == 2);
     CHECK(p->intra_host.latency_s > 0);
     CHECK(p->intra_host.bandwidth > 0);
+    // Calibrated with the collectives' tables, every kind at 2 ranks.
+    REQUIRE(p->collectives.size() == 3);
+    for (const CollectiveTable& t : p->collectives) {
+      CHECK(t.group == 2);
+      CHECK(t.bytes.size() == 7);
+      CHECK(std::is_sorted(t.seconds.begin(), t.seconds.end()));
+    }
   }
 }
 
