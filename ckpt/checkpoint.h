@@ -104,7 +104,9 @@ class CheckpointWriter {
   virtual Status WritePiece(size_t index, int64_t shard_rank, const Box& box, const void* data) = 0;
   // A hint: the pieces of `shard_rank` written so far will not be followed
   // by more soon. Writers that gather small pieces in memory write that
-  // rank's out now and free the memory for another. Never required.
+  // rank's out now and free the memory for another; a writer holding more
+  // files open than the process may may close that rank's until needed.
+  // Never required.
   virtual Status Flush(int64_t shard_rank) {
     (void)shard_rank;
     return Status::Ok();

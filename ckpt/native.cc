@@ -7,6 +7,7 @@
 #include <atomic>
 #include <cstdio>
 #include <cstring>
+#include <limits>
 #include <list>
 #include <map>
 #include <memory>
@@ -116,7 +117,7 @@ class ReadAheadFile : public RandomAccessFile {
       : base_(std::move(base)), size_(size), id_(next_id_.fetch_add(1) + 1) {}
 
   Status Read(uint64_t offset, size_t size, void* dst) const override {
-    if (size >= kPackedPieceLimit) return base_->Read(offset, size, dst);
+    if (size == 0 || size >= kPackedPieceLimit) return base_->Read(offset, size, dst);
     Window& w = WindowOf(id_);
     if (offset >= w.begin && offset + size <= w.end) {
       std::memcpy(dst, w.bytes.get() + (offset - w.begin), size);
@@ -131,7 +132,10 @@ class ReadAheadFile : public RandomAccessFile {
     const uint64_t n = offset < size_ ? std::min<uint64_t>(size_ - offset, w.ahead) : 0;
     if (n <= size) return base_->Read(offset, size, dst);
     if (!w.bytes) w.bytes.reset(new char[kReadAheadMax]);
-    if (!base_->Read(offset, n, w.bytes.get()).ok()) return base_->Read(offset, size, dst);
+    if (!base_->Read(offset, n, w.bytes.get()).ok()) {
+      w.ahead = 0;
+      return base_->Read(offset, size, dst);
+    }
     w.begin = offset;
     w.end = offset + n;
     std::memcpy(dst, w.bytes.get(), size);
@@ -184,11 +188,23 @@ class ReadAheadFile : public RandomAccessFile {
   static inline std::atomic<uint64_t> next_id_{0};
 };
 
-size_t MaxOpenDataFiles() {
+// The soft limit on open files (unlimited: half the largest size_t).
+size_t DescriptorLimit() {
   struct rlimit limit = {};
-  if (getrlimit(RLIMIT_NOFILE, &limit) != 0 || limit.rlim_cur == RLIM_INFINITY) return 1024;
-  return std::clamp<size_t>(static_cast<size_t>(limit.rlim_cur) / 4, 16, 1024);
+  if (getrlimit(RLIMIT_NOFILE, &limit) != 0 || limit.rlim_cur == RLIM_INFINITY) {
+    return std::numeric_limits<size_t>::max() / 2;
+  }
+  return static_cast<size_t>(limit.rlim_cur);
 }
+
+size_t MaxOpenDataFiles() { return std::clamp<size_t>(DescriptorLimit() / 4, 16, 1024); }
+
+// A writer keeps about a third of the descriptor limit's data files open
+// (a reader of the same reshard takes a quarter, the commit's syncs at
+// most an eighth): those it is handed back (Flush) beyond that are parked,
+// to be reopened by their next write or by the commit's sync.
+size_t MaxOpenWrittenFiles() { return std::max<size_t>(DescriptorLimit() / 3, 8); }
+size_t ConcurrentSyncs() { return std::clamp<size_t>(DescriptorLimit() / 8, 1, kConcurrentSyncs); }
 
 class NativeReader : public CheckpointReader {
  public:
@@ -555,6 +571,9 @@ class NativeWriter : public CheckpointWriter {
         if (!slot->writer) {
           ASSIGN_OR_RETURN(slot->writer,
                            DataFileWriter::Create(env_, JoinPath(tmp_, slot->name), slot->index));
+          ++open_files_;
+        } else if (slot->writer->parked()) {
+          ++open_files_;  // reopened by the Append below
         }
         if (stored.size < kStageBytes && !slot->writer->staging()) {
           std::optional<std::string> buffer = TakeBuffer();
@@ -578,14 +597,22 @@ class NativeWriter : public CheckpointWriter {
       slot = it->second.get();
     }
     std::lock_guard<std::mutex> lock(slot->mu);
-    if (!slot->writer || !slot->writer->staging()) return Status::Ok();
-    ASSIGN_OR_RETURN(std::string buffer, slot->writer->Unstage());
+    if (!slot->writer || slot->writer->parked()) return Status::Ok();
+    if (slot->writer->staging()) {
+      ASSIGN_OR_RETURN(std::string buffer, slot->writer->Unstage());
+      std::lock_guard<std::mutex> pool(buffers_mu_);
+      spare_.push_back(std::move(buffer));
+      --staging_;
+    }
     // Its sync at commit then finds the disk done with most of it: 2,048
     // files synced at the end waited a second for their 2 GB.
     slot->writer->StartWriteback();
-    std::lock_guard<std::mutex> pool(buffers_mu_);
-    spare_.push_back(std::move(buffer));
-    --staging_;
+    // A reshard to more ranks than the process may hold files open: the
+    // files handed back beyond the limit are closed until needed.
+    if (open_files_ > max_open_files_) {
+      RETURN_IF_ERROR(slot->writer->Park());
+      --open_files_;
+    }
     return Status::Ok();
   }
 
@@ -608,7 +635,7 @@ class NativeWriter : public CheckpointWriter {
     }
     std::vector<uint64_t> sizes(in_order.size());
     {
-      ThreadPool syncs(static_cast<int>(std::min<size_t>(in_order.size(), kConcurrentSyncs)));
+      ThreadPool syncs(static_cast<int>(std::min<size_t>(in_order.size(), ConcurrentSyncs())));
       RETURN_IF_ERROR(syncs.ParallelFor(static_cast<int64_t>(in_order.size()), [&](int64_t i) {
         ASSIGN_OR_RETURN(sizes[i], in_order[i]->writer->Finish());
         return Status::Ok();
@@ -732,6 +759,8 @@ class NativeWriter : public CheckpointWriter {
   std::map<int64_t, std::unique_ptr<Slot>> slots_;
   std::vector<std::vector<PieceInfo>> pieces_;
   std::vector<std::vector<PieceInfo>> copies_;  // of copy stages
+  std::atomic<size_t> open_files_{0};  // data files open (not parked)
+  const size_t max_open_files_ = MaxOpenWrittenFiles();
   std::mutex buffers_mu_;
   size_t staging_ = 0;              // staging buffers out
   std::vector<std::string> spare_;  // returned ones, capacity kept

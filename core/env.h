@@ -127,8 +127,9 @@ class Env {
 // Raises this process's soft limit on open files to its hard limit (best
 // effort), for tools about to write a data file per destination rank of a
 // reshard to thousands of ranks: the soft limit is often 1,024 while the
-// hard one is far higher. The ckpt binary and the Python package's
-// transform call it; a library call never does on its own.
+// hard one is far higher. The ckpt binary calls it at start; a library
+// call never does (the native writer parks files beyond its share of the
+// limit instead, so a library caller under a low limit still succeeds).
 void RaiseOpenFileLimit();
 
 // "a/b/c" -> "a/b"; "c" -> ".".

@@ -63,7 +63,7 @@ Result<PieceInfo> WriteRawBlocks(const std::string& path, const void* raw, size_
 Result<std::unique_ptr<DataFileWriter>> DataFileWriter::Create(Env* env, const std::string& path,
                                                                uint32_t file_index) {
   ASSIGN_OR_RETURN(auto file, env->NewWritableFile(path));
-  std::unique_ptr<DataFileWriter> w(new DataFileWriter(path, std::move(file), file_index));
+  std::unique_ptr<DataFileWriter> w(new DataFileWriter(env, path, std::move(file), file_index));
   const std::string header = DataFileHeader();
   RETURN_IF_ERROR(w->Write(header.data(), header.size()));
   w->size_ = kHeaderSize;
@@ -79,14 +79,40 @@ Status DataFileWriter::Write(const void* data, size_t size) {
       return Status::Ok();
     }
   }
-  return file_->Append(data, size);
+  return Put(data, size);
+}
+
+Status DataFileWriter::Reopen() {
+  if (file_) return Status::Ok();
+  Result<std::unique_ptr<WritableFile>> file = env_->OpenWritableFile(path_);
+  if (!file.ok()) return file.status().Annotate("reopening data file '" + path_ + "'");
+  file_ = std::move(*file);
+  reopened_ = true;
+  return Status::Ok();
+}
+
+Status DataFileWriter::Put(const void* data, size_t size) {
+  RETURN_IF_ERROR(Reopen());
+  // A reopened file's own position is its start: written at its end.
+  Status s = reopened_ ? file_->WriteAt(in_file_, data, size) : file_->Append(data, size);
+  if (s.ok()) in_file_ += size;
+  return s;
 }
 
 Status DataFileWriter::WriteStaged() {
   if (staged_.empty()) return Status::Ok();
-  Status s = file_->Append(staged_.data(), staged_.size());
+  Status s = Put(staged_.data(), staged_.size());
   staged_.clear();
   return s;
+}
+
+Status DataFileWriter::Park() {
+  if (!file_) return Status::Ok();
+  if (staging()) RETURN_IF_ERROR(Unstage().status());
+  Status s = file_->Close();
+  file_.reset();
+  if (!s.ok()) return s.Annotate("data file '" + path_ + "'");
+  return Status::Ok();
 }
 
 void DataFileWriter::Stage(std::string buffer, size_t limit) {
@@ -175,6 +201,7 @@ Status DataFileWriter::EndPieces() {
 Result<uint64_t> DataFileWriter::Finish() {
   RETURN_IF_ERROR(EndPieces());
   if (staging()) RETURN_IF_ERROR(Unstage().status());
+  RETURN_IF_ERROR(Reopen());  // when parked: to be synced
   RETURN_IF_ERROR(file_->Sync());
   RETURN_IF_ERROR(file_->Close());
   return size_;

@@ -65,7 +65,15 @@ class DataFileWriter {
   Result<std::string> Unstage();
   // Hands what was written to the disk without waiting (a later Finish
   // then waits less); staged bytes are not written by it.
-  void StartWriteback() { file_->StartWriteback(); }
+  void StartWriteback() {
+    if (file_) file_->StartWriteback();
+  }
+  // Closes the file for now, staged bytes written first (and staging
+  // stopped): a writer of more data files than the process may hold open
+  // parks those it is done with for a while. The next write or Finish
+  // reopens it (Env::OpenWritableFile) and writes on at its end.
+  Status Park();
+  bool parked() const { return !file_; }
   // Syncs and closes; the file's final size.
   Result<uint64_t> Finish();
   // Bytes written so far (up to the end of the last piece until EndPieces).
@@ -77,16 +85,22 @@ class DataFileWriter {
   uint64_t checksum() const { return whole_.Digest(); }
 
  private:
-  DataFileWriter(std::string path, std::unique_ptr<WritableFile> file, uint32_t index)
-      : path_(std::move(path)), file_(std::move(file)), index_(index) {}
+  DataFileWriter(Env* env, std::string path, std::unique_ptr<WritableFile> file, uint32_t index)
+      : env_(env), path_(std::move(path)), file_(std::move(file)), index_(index) {}
   Status Write(const void* data, size_t size);
   Status WriteStaged();
+  // Writes `size` bytes at the file's end, reopening it when parked.
+  Status Put(const void* data, size_t size);
+  Status Reopen();  // when parked
+  Env* env_;
   // Zeros up to `offset`, and the size moved there.
   Status PadTo(uint64_t offset);
   std::string path_;
   std::unique_ptr<WritableFile> file_;
   uint32_t index_;
   uint64_t size_ = 0;
+  uint64_t in_file_ = 0;     // bytes the file holds (size_ less what is staged)
+  bool reopened_ = false;    // written at in_file_ (WriteAt) since a Park
   Xxh3Hasher whole_;
   std::string staged_;
   size_t stage_limit_ = 0;  // 0: not staging

@@ -273,7 +273,6 @@ py::dict Transform(const std::string& src, const std::string& out, const std::st
                    const std::string& redundancy, const py::object& memory_budget,
                    const py::object& max_shard_size, int threads, bool overwrite,
                    const std::string& prefix, py::object progress) {
-  RaiseOpenFileLimit();  // a data file per destination rank, as `ckpt` does
   std::unique_ptr<CheckpointReader> reader = OpenReader(src, src_strategy, "src_strategy=");
   WriteOptions o;
   Strategy dst;

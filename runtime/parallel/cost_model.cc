@@ -331,14 +331,18 @@ Result<std::vector<CollectiveTable>> MeasureCollectives(Communicator& comm, int6
   out[2].kind = CollectiveKind::kReduceScatter;
   std::vector<float> send, recv;
   Status status = Status::Ok();
-  for (int64_t bytes = 4096; bytes <= max_bytes; bytes *= 4) {
-    const int64_t count = bytes / 4;
+  for (int64_t size = 4096; size <= max_bytes; size *= 4) {
+    const int64_t count = size / 4 / n * n;  // a whole block per rank
+    const int64_t bytes = count * 4;
     send.assign(count, 1.0f);
     recv.assign(count * n, 0.0f);
     for (int kind = 0; kind < 3; ++kind) {
       std::vector<double> t;
       for (int run = 0; run < 9; ++run) {
         std::memset(scratch.data(), run + 1, scratch.size());
+        // The buffer is never read: without this the compiler may drop the
+        // writes, and the caches would stay warm.
+        asm volatile("" : : "r"(scratch.data()) : "memory");
         RETURN_IF_ERROR(comm.Barrier());
         const double start = Now();
         Status s =

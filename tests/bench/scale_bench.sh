@@ -27,6 +27,7 @@ if [ $# -eq 0 ]; then ranks=(8 1024 4096); else ranks=("$@"); fi
 source "$(dirname "$0")/lib.sh"
 rm -rf "$work"
 mkdir -p "$work"
+trap 'rm -rf "$work"' EXIT  # kept outputs go however the run ends
 MODEL=(--layers 96 --embed 256 --vocab 1024 --context 256 --optimizer --zero)
 mesh_of() {  # the source mesh for N ranks, and its half
   case $1 in

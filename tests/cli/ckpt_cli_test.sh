@@ -187,6 +187,14 @@ run bash -c "ulimit -n 256 && exec '$ckpt' verify many"
 check "verify 512 data files under a limit of 256 descriptors" test $rc -eq 0
 run bash -c "ulimit -n 256 && exec '$ckpt' diff many few"
 check "diff of 512 and 64 data files under a limit of 256: equal" test $rc -eq 0
+# And the other way: the writer keeps at most half the limit open, parking
+# the files it is done with and reopening them to sync at commit.
+run bash -c "ulimit -n 256 && exec '$ckpt' reshard few -o many-again --mesh dp=32,tp=16 --quiet"
+check "reshard 64 data files to 512 under a limit of 256 descriptors" test $rc -eq 0
+run "$ckpt" verify many-again -q
+check "... its 512 data files verify (sizes and whole-file checksums)" test $rc -eq 0
+run "$ckpt" diff many-again many -q
+check "... and hold the same tensors" test $rc -eq 0
 
 # --- SIGKILL at random moments -------------------------------------------------
 run "$make" -o big --size 160MiB --mesh dp=2,tp=4 --zero --embed 512 --vocab 8192

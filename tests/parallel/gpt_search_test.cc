@@ -117,17 +117,20 @@ TEST_CASE("Ascending: the least-squares ascending fit, an outlier pooled with it
 }
 
 TEST_CASE("calibration times collectives at every size, never less for more bytes") {
-  std::vector<CollectiveTable> tables;
+  std::vector<CollectiveTable> by_rank[2];
   std::mutex mu;
   const Status s = RunInProcess(2, [&](Communicator& world) -> Status {
     ASSIGN_OR_RETURN(std::vector<CollectiveTable> t, MeasureCollectives(world, int64_t{1} << 20));
     std::lock_guard<std::mutex> lock(mu);
-    if (world.rank() == 1) tables = t;
+    by_rank[world.rank()] = t;
     return Status::Ok();
   });
   INFO(s.ToString());
   REQUIRE(s.ok());
+  const std::vector<CollectiveTable>& tables = by_rank[1];
   REQUIRE(tables.size() == 3);
+  REQUIRE(by_rank[0].size() == 3);
+  for (size_t k = 0; k < 3; ++k) CHECK(by_rank[0][k].seconds == tables[k].seconds);  // rank 0's
   CHECK(tables[0].kind == CollectiveKind::kAllReduce);
   CHECK(tables[1].kind == CollectiveKind::kAllGather);
   CHECK(tables[2].kind == CollectiveKind::kReduceScatter);
