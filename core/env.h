@@ -153,12 +153,48 @@ Status DeleteRecursively(Env* env, const std::string& path);
 // All files in memory; for fast tests. Thread-safe.
 std::unique_ptr<Env> NewMemEnv();
 
+// Forwards every call to another Env: the base of Envs that change a few
+// (leveldb's EnvWrapper).
+class EnvWrapper : public Env {
+ public:
+  explicit EnvWrapper(Env* base) : base_(base) {}
+
+  Result<std::unique_ptr<WritableFile>> NewWritableFile(const std::string& path) override {
+    return base_->NewWritableFile(path);
+  }
+  Result<std::unique_ptr<WritableFile>> OpenWritableFile(const std::string& path) override {
+    return base_->OpenWritableFile(path);
+  }
+  Result<std::unique_ptr<RandomAccessFile>> NewRandomAccessFile(
+      const std::string& path) override {
+    return base_->NewRandomAccessFile(path);
+  }
+  bool FileExists(const std::string& path) override { return base_->FileExists(path); }
+  Result<uint64_t> GetFileSize(const std::string& path) override {
+    return base_->GetFileSize(path);
+  }
+  Status RenameFile(const std::string& from, const std::string& to) override {
+    return base_->RenameFile(from, to);
+  }
+  Status DeleteFile(const std::string& path) override { return base_->DeleteFile(path); }
+  Status CreateDirs(const std::string& path) override { return base_->CreateDirs(path); }
+  Status DeleteDir(const std::string& path) override { return base_->DeleteDir(path); }
+  Result<std::vector<std::string>> GetChildren(const std::string& dir) override {
+    return base_->GetChildren(dir);
+  }
+  bool IsDirectory(const std::string& path) override { return base_->IsDirectory(path); }
+  Status SyncDir(const std::string& dir) override { return base_->SyncDir(dir); }
+
+ protected:
+  Env* base_;
+};
+
 // Wraps another Env and remembers what was made durable, so a test can
 // simulate a power loss or kill -9 at any point (leveldb's FaultInjectionTestEnv
 // idea). Not for production.
-class FaultInjectionEnv : public Env {
+class FaultInjectionEnv : public EnvWrapper {
  public:
-  explicit FaultInjectionEnv(Env* base) : base_(base) {}
+  explicit FaultInjectionEnv(Env* base) : EnvWrapper(base) {}
 
   // The n-th Append from now on (1-based) fails with an IOError, and so do
   // all later ones while `sticky`; n == 0 disables the fault.
@@ -173,22 +209,8 @@ class FaultInjectionEnv : public Env {
 
   Result<std::unique_ptr<WritableFile>> NewWritableFile(const std::string& path) override;
   Result<std::unique_ptr<WritableFile>> OpenWritableFile(const std::string& path) override;
-  Result<std::unique_ptr<RandomAccessFile>> NewRandomAccessFile(
-      const std::string& path) override {
-    return base_->NewRandomAccessFile(path);
-  }
-  bool FileExists(const std::string& path) override { return base_->FileExists(path); }
-  Result<uint64_t> GetFileSize(const std::string& path) override {
-    return base_->GetFileSize(path);
-  }
   Status RenameFile(const std::string& from, const std::string& to) override;
   Status DeleteFile(const std::string& path) override;
-  Status CreateDirs(const std::string& path) override { return base_->CreateDirs(path); }
-  Status DeleteDir(const std::string& path) override { return base_->DeleteDir(path); }
-  Result<std::vector<std::string>> GetChildren(const std::string& dir) override {
-    return base_->GetChildren(dir);
-  }
-  bool IsDirectory(const std::string& path) override { return base_->IsDirectory(path); }
   Status SyncDir(const std::string& dir) override;
 
  private:
@@ -203,7 +225,6 @@ class FaultInjectionEnv : public Env {
     std::string old_to_contents;
   };
 
-  Env* base_;
   mutable std::mutex mu_;
   int64_t writes_ = 0;
   int64_t fail_at_ = 0;

@@ -788,9 +788,9 @@ TEST_CASE("a writer of more files than staging buffers: small pieces gathered, b
 }
 
 // Counts the reads of the files it opens; everything else is `base`'s.
-class ReadCountingEnv : public Env {
+class ReadCountingEnv : public EnvWrapper {
  public:
-  explicit ReadCountingEnv(Env* base) : base_(base) {}
+  explicit ReadCountingEnv(Env* base) : EnvWrapper(base) {}
   int64_t reads() const { return reads_; }
 
   Result<std::unique_ptr<RandomAccessFile>> NewRandomAccessFile(const std::string& path) override {
@@ -811,28 +811,8 @@ class ReadCountingEnv : public Env {
     ASSIGN_OR_RETURN(std::unique_ptr<RandomAccessFile> f, base_->NewRandomAccessFile(path));
     return std::unique_ptr<RandomAccessFile>(new Counted(std::move(f), &reads_));
   }
-  Result<std::unique_ptr<WritableFile>> NewWritableFile(const std::string& path) override {
-    return base_->NewWritableFile(path);
-  }
-  Result<std::unique_ptr<WritableFile>> OpenWritableFile(const std::string& path) override {
-    return base_->OpenWritableFile(path);
-  }
-  bool FileExists(const std::string& path) override { return base_->FileExists(path); }
-  Result<uint64_t> GetFileSize(const std::string& path) override { return base_->GetFileSize(path); }
-  Status RenameFile(const std::string& from, const std::string& to) override {
-    return base_->RenameFile(from, to);
-  }
-  Status DeleteFile(const std::string& path) override { return base_->DeleteFile(path); }
-  Status CreateDirs(const std::string& path) override { return base_->CreateDirs(path); }
-  Status DeleteDir(const std::string& path) override { return base_->DeleteDir(path); }
-  Result<std::vector<std::string>> GetChildren(const std::string& dir) override {
-    return base_->GetChildren(dir);
-  }
-  bool IsDirectory(const std::string& path) override { return base_->IsDirectory(path); }
-  Status SyncDir(const std::string& dir) override { return base_->SyncDir(dir); }
 
  private:
-  Env* base_;
   std::atomic<int64_t> reads_{0};
 };
 
