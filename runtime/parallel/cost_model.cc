@@ -39,6 +39,22 @@ Status Positive(const std::string& source, const char* key, double v) {
   return InvalidArgumentError(source + ": \"" + key + "\" must be a positive number");
 }
 
+// A ring collective over n ranks: its latency steps, and the share of
+// CollectiveSeconds' bytes each rank moves over the link.
+struct Ring {
+  double steps, moved;
+};
+Ring RingOf(CollectiveKind kind, double n) {
+  switch (kind) {
+    case CollectiveKind::kAllReduce: return {2 * (n - 1), 2 * (n - 1) / n};
+    case CollectiveKind::kReduceScatter:
+    case CollectiveKind::kAllGather:
+    case CollectiveKind::kAllToAll: return {n - 1, (n - 1) / n};
+    case CollectiveKind::kSendRecv: return {1, 1};
+  }
+  return {0, 0};
+}
+
 }  // namespace
 
 std::vector<double> Ascending(const std::vector<double>& v) {
@@ -211,17 +227,8 @@ double MachineProfile::CollectiveSeconds(CollectiveKind kind, double bytes, int 
                                          bool inter_host) const {
   if (group <= 1 || bytes <= 0) return 0;
   const LinkProfile& l = inter_host ? this->inter_host : intra_host;
-  const double n = group, share = (n - 1) / n;
-  double line = 0;
-  switch (kind) {
-    case CollectiveKind::kAllReduce:
-      line = 2 * (n - 1) * l.latency_s + 2 * share * bytes / l.bandwidth;
-      break;
-    case CollectiveKind::kReduceScatter:
-    case CollectiveKind::kAllGather:
-    case CollectiveKind::kAllToAll: line = (n - 1) * l.latency_s + share * bytes / l.bandwidth; break;
-    case CollectiveKind::kSendRecv: line = l.latency_s + bytes / l.bandwidth; break;
-  }
+  const Ring ring = RingOf(kind, group);
+  const double line = ring.steps * l.latency_s + ring.moved * bytes / l.bandwidth;
   if (!inter_host) {
     for (const CollectiveTable& t : collectives) {
       if (t.kind != kind || t.group != group) continue;
@@ -229,8 +236,7 @@ double MachineProfile::CollectiveSeconds(CollectiveKind kind, double bytes, int 
       if (bytes <= t.bytes.front()) {
         table = t.seconds.front();
       } else if (bytes >= t.bytes.back()) {
-        const double moved = (kind == CollectiveKind::kAllReduce ? 2 : 1) * share;
-        table = t.seconds.back() + moved * (bytes - t.bytes.back()) / l.bandwidth;
+        table = t.seconds.back() + ring.moved * (bytes - t.bytes.back()) / l.bandwidth;
       } else {
         const size_t i = static_cast<size_t>(
             std::upper_bound(t.bytes.begin(), t.bytes.end(), bytes) - t.bytes.begin());
@@ -290,7 +296,7 @@ Result<LinkProfile> MeasureLink(Communicator& comm, int64_t max_bytes) {
   RETURN_IF_ERROR(status);
   RETURN_IF_ERROR(comm.Broadcast(&t1, 1, DType::kF64, 0));
   LinkProfile link;
-  link.latency_s = t1 / (2.0 * (n - 1));
+  link.latency_s = t1 / RingOf(CollectiveKind::kAllReduce, n).steps;
   double sbb = 0, sbt = 0;
   std::vector<float> send, recv;
   for (int64_t bytes = 4096; bytes <= max_bytes; bytes *= 4) {
@@ -306,10 +312,10 @@ Result<LinkProfile> MeasureLink(Communicator& comm, int64_t max_bytes) {
       });
       RETURN_IF_ERROR(status);
       RETURN_IF_ERROR(comm.Broadcast(&t, 1, DType::kF64, 0));  // rank 0's timing everywhere
-      const double steps = kind == 0 ? 2.0 * (n - 1) : n - 1;
-      const double moved = (kind == 0 ? 2.0 : 1.0) * (n - 1) / n * static_cast<double>(bytes);
+      const Ring ring = RingOf(kind == 0 ? CollectiveKind::kAllReduce : CollectiveKind::kAllGather, n);
+      const double moved = ring.moved * static_cast<double>(bytes);
       sbb += moved * moved;
-      sbt += moved * std::max(0.0, t - steps * link.latency_s);
+      sbt += moved * std::max(0.0, t - ring.steps * link.latency_s);
     }
   }
   link.bandwidth = sbt > 0 ? sbb / sbt : 1e12;
