@@ -99,6 +99,7 @@ Result<TransformStats> Transform(const CheckpointReader& src, const Strategy& ds
   }
   PlanOptions plan_options;
   plan_options.one_per_replica_group = true;
+  plan_options.pick_sources = false;  // the reader finds the piece holding each box
 
   ThreadPool pool(options.threads);
   // Each worker holds one slab and, at worst, a staged source piece or an

@@ -122,6 +122,8 @@ class ShardGrid {
   int64_t num_pieces() const { return num_pieces_; }
   // The piece `rank` holds, or -1 when not on the stage.
   int64_t PieceId(int64_t rank) const;
+  // PieceId of every rank, in rank order.
+  std::vector<int64_t> PieceIds() const;
   Box PieceBox(int64_t piece_id) const;
   // For every piece id, the ranks holding it, ascending.
   std::vector<std::vector<int64_t>> Holders() const;
@@ -133,7 +135,9 @@ class ShardGrid {
   std::vector<std::vector<Interval>> pieces_;
   std::vector<int64_t> piece_stride_;  // row-major strides over piece counts
   int64_t num_pieces_ = 1;
+  std::vector<int64_t> axis_weight_;  // per mesh axis: what a coordinate adds to a piece id
   int stage_axis_ = -1;
+  std::vector<bool> on_stage_;  // per coordinate along stage_axis_
 };
 
 // Convenience over ShardGrid; errors name the rank when it is out of range.

@@ -54,15 +54,18 @@ Result<TensorPlan> PlanTensorReshard(const std::string& name, const Mesh& src_me
   const ShardGrid& sg = *src_grid_or;
   const ShardGrid& dg = *dst_grid_or;
 
-  const auto holders = sg.Holders();
-  for (int64_t id = 0; id < sg.num_pieces(); ++id) {
-    if (holders[id].empty() && !IsEmpty(sg.PieceBox(id))) {
-      return InternalError(context + ": source piece " + ToString(sg.PieceBox(id)) +
-                           " is held by no rank");
+  std::vector<std::vector<int64_t>> holders;
+  if (options.pick_sources) {
+    holders = sg.Holders();
+    for (int64_t id = 0; id < sg.num_pieces(); ++id) {
+      if (holders[id].empty() && !IsEmpty(sg.PieceBox(id))) {
+        return InternalError(context + ": source piece " + ToString(sg.PieceBox(id)) +
+                             " is held by no rank");
+      }
     }
-  }
-  if (static_cast<int64_t>(src_load->size()) < src_mesh.world_size()) {
-    src_load->resize(src_mesh.world_size(), 0);
+    if (static_cast<int64_t>(src_load->size()) < src_mesh.world_size()) {
+      src_load->resize(src_mesh.world_size(), 0);
+    }
   }
 
   TensorPlan plan;
@@ -78,8 +81,9 @@ Result<TensorPlan> PlanTensorReshard(const std::string& name, const Mesh& src_me
   // Per dimension: the source pieces overlapping the destination shard.
   std::vector<std::pair<int64_t, int64_t>> ranges(rank);
   std::vector<int64_t> idx(rank);
+  const std::vector<int64_t> dst_pieces = dg.PieceIds();
   for (int64_t r = 0; r < dst_mesh.world_size(); ++r) {
-    const int64_t dst_piece = dg.PieceId(r);
+    const int64_t dst_piece = dst_pieces[r];
     if (dst_piece < 0) continue;
     if (options.one_per_replica_group) {
       if (planned_piece[dst_piece]) continue;
@@ -105,17 +109,18 @@ Result<TensorPlan> PlanTensorReshard(const std::string& name, const Mesh& src_me
         region[d] = Intersect(sg.pieces(d)[idx[d]], shard[d]);
       }
       if (!IsEmpty(region)) {
-        const std::vector<int64_t>& cands = holders[src_piece];
         int64_t pick = -1;
-        if (options.prefer_local && std::binary_search(cands.begin(), cands.end(), r)) pick = r;
-        if (pick < 0) {
-          pick = cands.front();
-          for (int64_t c : cands) {
-            if ((*src_load)[c] < (*src_load)[pick]) pick = c;
+        if (options.pick_sources) {
+          const std::vector<int64_t>& cands = holders[src_piece];
+          if (options.prefer_local && std::binary_search(cands.begin(), cands.end(), r)) pick = r;
+          if (pick < 0) {
+            pick = cands.front();
+            for (int64_t c : cands) {
+              if ((*src_load)[c] < (*src_load)[pick]) pick = c;
+            }
           }
+          (*src_load)[pick] += NumElements(region) * esize;
         }
-        const int64_t bytes = NumElements(region) * esize;
-        (*src_load)[pick] += bytes;
         sp.copies.push_back(
             {pick, RelativeTo(region, sg.PieceBox(src_piece)), RelativeTo(region, shard)});
       }

@@ -58,14 +58,19 @@ struct PlanOptions {
   // Plan only the lowest rank of each destination replica group (a file
   // writer needs each distinct shard once).
   bool one_per_replica_group = false;
+  // Choose the source rank of each copy (balancing replicas over
+  // src_load). Off, every copy's src_rank is -1: for a reader that finds
+  // the piece holding a box itself (a checkpoint's), which then saves
+  // going over every source rank of every tensor.
+  bool pick_sources = true;
 };
 
 // Plans one tensor. Layouts over different views are planned over the
 // finer view when one refines the other and both can be expressed over it
 // (LayoutInView); otherwise the error names the tensor and both views.
-// `src_load` (indexed by source rank, grown as needed)
-// carries the bytes already assigned to each source, so that choices among
-// replicas balance over many tensors. Shapes must match, and so must dtypes:
+// `src_load` (indexed by source rank, grown as needed) carries the bytes
+// already assigned to each source, so that choices among replicas balance
+// over many tensors; without pick_sources it is unused and may be null. Shapes must match, and so must dtypes:
 // a dtype change is an explicit cast step, never part of a reshard.
 Result<TensorPlan> PlanTensorReshard(const std::string& name, const Mesh& src_mesh,
                                      const Layout& src, const Mesh& dst_mesh, const Layout& dst,

@@ -70,10 +70,14 @@ void CheckLayout(const Mesh& mesh, const Layout& l) {
   REQUIRE(grid.ok());
   const int64_t world = mesh.world_size();
   std::map<int64_t, Box> piece_box;
+  const std::vector<int64_t> ids = grid->PieceIds();  // counted, not divided out
+  REQUIRE(static_cast<int64_t>(ids.size()) == world);
   for (int64_t r = 0; r < world; ++r) {
     auto got = grid->ShardOf(r);
     auto want = ExpectedShard(mesh, l, r);
     REQUIRE(got == want);
+    REQUIRE(ids[r] == grid->PieceId(r));
+    REQUIRE((ids[r] >= 0) == got.has_value());
     if (got) {
       auto [it, inserted] = piece_box.emplace(grid->PieceId(r), *got);
       REQUIRE(it->second == *got);  // same piece id => same box (replicas)

@@ -41,6 +41,23 @@ void CheckRoundTrip(std::mt19937_64& rng, const Mesh& sm, const Layout& src, con
   std::vector<int64_t> load;
   auto plan = PlanTensorReshard("t", sm, src, dm, dst, options, &load);
   REQUIRE(plan.ok());
+  {  // Without choosing sources: the same shards and boxes, no source rank.
+    PlanOptions unpicked = options;
+    unpicked.pick_sources = false;
+    auto boxes_only = PlanTensorReshard("t", sm, src, dm, dst, unpicked, nullptr);
+    REQUIRE(boxes_only.ok());
+    REQUIRE(boxes_only->shards.size() == plan->shards.size());
+    for (size_t i = 0; i < plan->shards.size(); ++i) {
+      const ShardPlan& a = plan->shards[i];
+      const ShardPlan& b = boxes_only->shards[i];
+      REQUIRE((a.dst_rank == b.dst_rank && a.shard == b.shard));
+      REQUIRE(a.copies.size() == b.copies.size());
+      for (size_t k = 0; k < a.copies.size(); ++k) {
+        REQUIRE((b.copies[k].src_rank == -1 && a.copies[k].src_box == b.copies[k].src_box &&
+                 a.copies[k].dst_box == b.copies[k].dst_box));
+      }
+    }
+  }
   // The plan's boxes are over its layouts' split shape (a view, when the
   // source or destination has one); shards hold the same bytes either way.
   const std::vector<int64_t>& coords = plan->src_layout.split_shape();
