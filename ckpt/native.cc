@@ -24,27 +24,30 @@
 namespace tessera {
 namespace {
 
-// The pieces of one tensor by where they start along one dimension (the
-// one that tells them apart best), so that a region's reader visits only
-// the pieces that can meet it instead of all of them: a tensor of a
-// 4,096-rank checkpoint has thousands.
+// The pieces of one tensor indexed for the regions a reader asks for, so
+// that it visits only the pieces that can meet a region instead of all of
+// them: a tensor of a 4,096-rank checkpoint has thousands. Pieces that tile
+// the tensor as a grid (a sliced checkpoint's: every piece one cell between
+// consecutive cut points along each dimension) are found cell by cell,
+// exactly; others by where they start along the dimension that tells them
+// apart best (a superset of those that meet the region).
 class PieceIndex {
  public:
   static PieceIndex Of(const std::vector<PieceInfo>& pieces) {
     PieceIndex x;
     if (pieces.size() < kIndexed) return x;  // a scan is cheaper
     const int rank = pieces[0].box.rank();
-    size_t most = 0;
+    std::vector<std::vector<int64_t>> cuts(rank);  // per dimension: distinct begins, ascending
+    size_t cells = 1;
     for (int d = 0; d < rank; ++d) {
-      std::vector<int64_t> begins;
+      std::vector<int64_t>& begins = cuts[d];
       for (const PieceInfo& p : pieces) begins.push_back(p.box[d].begin);
       std::sort(begins.begin(), begins.end());
-      const size_t distinct = static_cast<size_t>(std::unique(begins.begin(), begins.end()) - begins.begin());
-      if (distinct > most) {
-        most = distinct;
-        x.dim_ = d;
-      }
+      begins.erase(std::unique(begins.begin(), begins.end()), begins.end());
+      if (begins.size() > cuts[x.dim_].size()) x.dim_ = d;
+      cells = cells <= pieces.size() ? cells * begins.size() : cells;
     }
+    if (cells == pieces.size() && x.MakeGrid(pieces, std::move(cuts))) return x;
     x.order_.resize(pieces.size());
     for (size_t i = 0; i < pieces.size(); ++i) x.order_[i] = static_cast<uint32_t>(i);
     const int d = x.dim_;
@@ -60,9 +63,13 @@ class PieceIndex {
   }
 
   // Calls fn on every piece that may meet `region` (a superset of those
-  // that do), until fn returns false.
+  // that do; exactly those on a grid), until fn returns false.
   template <typename Fn>
   void ForEach(const std::vector<PieceInfo>& pieces, const Box& region, Fn&& fn) const {
+    if (!grid_.empty() && region.rank() == static_cast<int>(cuts_.size())) {
+      ForEachCell(pieces, region, fn);
+      return;
+    }
     if (!indexed_ || region.rank() <= dim_) {
       for (const PieceInfo& p : pieces) {
         if (!fn(p)) return;
@@ -80,11 +87,91 @@ class PieceIndex {
 
  private:
   static constexpr size_t kIndexed = 16;
+  static constexpr uint32_t kNoPiece = UINT32_MAX;
+
+  // Whether the pieces are the cells of `cuts` (each piece from one cut to
+  // the next along every dimension, each cell one piece); if so, the grid.
+  bool MakeGrid(const std::vector<PieceInfo>& pieces, std::vector<std::vector<int64_t>> cuts) {
+    const int rank = static_cast<int>(cuts.size());
+    std::vector<uint32_t> grid(pieces.size(), kNoPiece);
+    for (size_t i = 0; i < pieces.size(); ++i) {
+      size_t cell = 0;
+      for (int d = 0; d < rank; ++d) {
+        const std::vector<int64_t>& c = cuts[d];
+        const size_t k = static_cast<size_t>(
+            std::lower_bound(c.begin(), c.end(), pieces[i].box[d].begin) - c.begin());
+        // Ends where the next cell begins (the last: anywhere past its begin).
+        if (k + 1 < c.size() && pieces[i].box[d].end != c[k + 1]) return false;
+        cell = cell * c.size() + k;
+      }
+      if (grid[cell] != kNoPiece) return false;
+      grid[cell] = static_cast<uint32_t>(i);
+    }
+    // The last cell along each dimension: all its pieces end alike.
+    for (int d = 0; d < rank; ++d) {
+      int64_t end = -1;
+      for (const PieceInfo& p : pieces) {
+        if (p.box[d].begin != cuts[d].back()) continue;
+        if (end >= 0 && p.box[d].end != end) return false;
+        end = p.box[d].end;
+      }
+      cuts[d].push_back(end);  // cuts[d][k + 1]: where cell k ends
+    }
+    cuts_ = std::move(cuts);
+    grid_ = std::move(grid);
+    return true;
+  }
+
+  template <typename Fn>
+  void ForEachCell(const std::vector<PieceInfo>& pieces, const Box& region, Fn& fn) const {
+    const int rank = static_cast<int>(cuts_.size());
+    std::array<size_t, Box::kInlineRank> lo_inline{}, hi_inline{}, at_inline{};
+    std::vector<size_t> lo_heap, hi_heap, at_heap;
+    size_t* lo = lo_inline.data();
+    size_t* hi = hi_inline.data();
+    size_t* at = at_inline.data();
+    if (rank > Box::kInlineRank) {
+      lo_heap.resize(rank);
+      hi_heap.resize(rank);
+      at_heap.resize(rank);
+      lo = lo_heap.data();
+      hi = hi_heap.data();
+      at = at_heap.data();
+    }
+    for (int d = 0; d < rank; ++d) {
+      const std::vector<int64_t>& c = cuts_[d];  // cells' begins, then the last one's end
+      if (region[d].begin >= region[d].end || region[d].end <= c.front() ||
+          region[d].begin >= c.back()) {
+        return;
+      }
+      // Cells k with c[k] < region end and c[k + 1] > region begin.
+      lo[d] = static_cast<size_t>(std::upper_bound(c.begin(), c.end() - 1, region[d].begin) -
+                                  c.begin());
+      lo[d] = lo[d] > 0 ? lo[d] - 1 : 0;
+      hi[d] = static_cast<size_t>(std::lower_bound(c.begin(), c.end() - 1, region[d].end) -
+                                  c.begin());
+      at[d] = lo[d];
+    }
+    for (;;) {
+      size_t cell = 0;
+      for (int d = 0; d < rank; ++d) cell = cell * (cuts_[d].size() - 1) + at[d];
+      if (!fn(pieces[grid_[cell]])) return;
+      int d = rank - 1;
+      for (; d >= 0; --d) {
+        if (++at[d] < hi[d]) break;
+        at[d] = lo[d];
+      }
+      if (d < 0) return;
+    }
+  }
+
   bool indexed_ = false;
   int dim_ = 0;
   int64_t longest_ = 0;
   std::vector<uint32_t> order_;  // piece indices by begin along dim_
   std::vector<int64_t> begins_;  // their begins, ascending
+  std::vector<std::vector<int64_t>> cuts_;  // a grid's: per dimension, cells' begins and the end
+  std::vector<uint32_t> grid_;  // a grid's: the piece of each cell, row-major
 };
 
 // Data files synced at once when a checkpoint is committed.

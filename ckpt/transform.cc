@@ -243,7 +243,10 @@ Result<TransformStats> Transform(const CheckpointReader& src, const Strategy& ds
       const Box box = box_of(item);
       const int64_t bytes = NumElements(box) * DTypeSize(ts.layout.dtype);
       std::unique_ptr<FileView> view;
-      if (item.direct && c == from.tensors()[item.tensor].layout.split_shape()) {
+      // A box smaller than kViewAtLeast is copied, never lent (a mapping
+      // costs more than the copy): not worth asking for.
+      if (item.direct && bytes >= static_cast<int64_t>(kViewAtLeast) &&
+          c == from.tensors()[item.tensor].layout.split_shape()) {
         ASSIGN_OR_RETURN(view, src.ViewRegion(item.tensor, box));
       }
       if (view != nullptr) {
