@@ -4,11 +4,13 @@ A reduced GPT under a fixed list of hand-written configurations, run with
 train_gpt on 2 ranks in-process, 2 MPI processes, 2 Gloo processes
 (tessera-run, beside train_gpt), and 4 in-process ranks (ranks sharing the
 2 cores: the profile says so), interleaved, ROUNDS runs
-each; beside each the step time and per-rank memory ckpt auto-parallel
+each (a run's step time: the median of its steps after the first, rank
+0's clock); beside each the step time and per-rank memory ckpt auto-parallel
 predicts (--why) from a profile calibrated on this machine in the same run.
 Prints both, Spearman's rank correlation, the searched plan (exact) measured
 beside the best hand-written one, the memory error, and whether a plan
-chosen under a budget stays in it.
+chosen under a budget stays in it. Every run's figures go to
+WORKDIR/results.json, to recompute from.
 
 Usage: auto_parallel_bench.py TRAIN_GPT CKPT CORPUS WORKDIR [ROUNDS [SETTINGS]]
 SETTINGS: a comma-separated subset of inprocess2,mpi2,gloo2,inprocess4 (all
@@ -26,7 +28,7 @@ ROUNDS = int(sys.argv[5]) if len(sys.argv) > 5 else 5
 SETTINGS = (sys.argv[6] if len(sys.argv) > 6 else "inprocess2,mpi2,gloo2,inprocess4").split(",")
 RUN = os.path.join(os.path.dirname(os.path.abspath(TRAIN)), "tessera-run")  # built beside train_gpt
 MODEL = ["--layers", "4", "--heads", "4", "--embed", "128", "--context", "128", "--vocab", "256"]
-B, T, STEPS = 8, 128, 10
+B, T, STEPS = 8, 128, 20
 os.makedirs(WORK, exist_ok=True)
 ENV = {k: v for k, v in os.environ.items() if k != "OPENBLAS_CORETYPE"}
 MPIRUN = ["mpirun", "--allow-run-as-root", "--oversubscribe"]
@@ -109,11 +111,13 @@ def launch(mode, n, flags):
     if mode == "gloo":  # rank 0's own output
         with open(os.path.join(logs, "rank-0.log")) as f:
             out = f.read().split("== attempt")[-1]
-    done = re.search(r"^done: step \d+, loss \S+, ([0-9.]+) tokens/s", out, re.M)
+    # The median step after the first (rank 0's clock): a step that another
+    # process on these 2 cores interrupted moves a mean, not a median.
+    steps = [float(ms) for k, ms in re.findall(r"^step +(\d+)/\d+ .* ([0-9.]+) ms$", out, re.M) if int(k) > 1]
     mem = re.search(r"memory per rank \(largest\):.* total ([0-9.]+) MiB", out)
-    if not done or not mem:
+    if len(steps) != STEPS - 1 or not mem:
         raise SystemExit("train_gpt %s failed:\n%s" % (" ".join(cmd), out[-2000:]))
-    return B * T / float(done.group(1)), float(mem.group(1)) * 2**20
+    return statistics.median(steps) * 1e-3, float(mem.group(1)) * 2**20
 
 
 def spearman(a, b):
@@ -147,6 +151,7 @@ subprocess.run([RUN, "--nproc-per-node", "2", "-q", "--", TRAIN, "--quiet", "--c
 print("model: layers 4, heads 4, C 128, T 128, batch 8, vocabulary 256; %d steps a run, %d rounds interleaved"
       % (STEPS, ROUNDS))
 summary = []
+results = []
 for mode, n in [(m, n) for m, n in (("inprocess", 2), ("mpi", 2), ("gloo", 2), ("inprocess", 4))
                 if "%s%d" % (m, n) in SETTINGS]:
     profile = profiles[mode]
@@ -201,6 +206,14 @@ for mode, n in [(m, n) for m, n in (("inprocess", 2), ("mpi", 2), ("gloo", 2), (
                 budget / 1024, "within" if pred[1] <= budget else "OVER", "within" if mems[len(cs) + j] <= budget
                 else "OVER"))
     summary.append((title, rho, statistics.median(runs[len(cs)]) / measured[best], mem_err))
+    results.append({"setting": title, "profile": profile,
+                    "configurations": [label for label, _, _ in cs] + [x[3] for x in searched],
+                    "predicted_s": [p[0] for p in preds] + [x[2][0] for x in searched],
+                    "predicted_bytes": [p[1] for p in preds] + [x[2][1] for x in searched],
+                    "measured_s": [runs[i] for i in range(len(cs) + len(searched))],
+                    "measured_bytes": [mems[i] for i in range(len(cs) + len(searched))]})
+    with open(os.path.join(WORK, "results.json"), "w") as f:
+        json.dump(results, f, indent=1)
 
 print("\n%-46s %8s %18s %12s" % ("summary", "rho", "searched/best", "memory err"))
 for title, rho, ratio, err in summary:
