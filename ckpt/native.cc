@@ -370,7 +370,7 @@ class NativeReader : public CheckpointReader {
     index_[index].ForEach(t.pieces, region, [&](const PieceInfo& p) -> bool {
       if (Intersect(p.box, region) != region) return true;
       // Small pieces are never lent (ViewPieceRegion): not worth opening
-      // the file for (a reshard asks for each of half a million).
+      // the file for.
       if (p.block_checksums.empty() && p.length < kViewAtLeast) return false;
       // A piece that cannot be read is left to ReadRegion, which reads
       // around it.
@@ -549,7 +549,7 @@ class NativeReader : public CheckpointReader {
   }
 
   // Data file i, opened and checked on first use. At most max_open_ stay
-  // open, the least recently used closed first (a reader still holding
+  // open, about the least recently used closed first (a reader still holding
   // one keeps it open until it is done): a reshard of a 16,384-rank
   // checkpoint that kept every file open ran out of descriptors (20,000
   // here), the writer holding its 8,192 as well.

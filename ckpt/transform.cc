@@ -118,9 +118,8 @@ Result<TransformStats> Transform(const CheckpointReader& src, const Strategy& ds
     int64_t rank;
   };
   // Planned on the pool, a tensor per task, then joined in tensor order.
-  // The replicas a plan chooses to read from do not matter here (the
-  // reader reads whichever piece holds a box), so each tensor balances
-  // its own.
+  // Which replicas to read from is not planned (pick_sources is off): the
+  // reader reads whichever piece holds a box.
   struct Planned {
     std::vector<Item> items;
     std::vector<int64_t> boxes;
@@ -136,10 +135,9 @@ Result<TransformStats> Transform(const CheckpointReader& src, const Strategy& ds
       return InvalidArgumentError("the destination strategy lists tensor '" + d.name +
                                   "' where checkpoint '" + src.path() + "' has '" + f.name + "'");
     }
-    std::vector<int64_t> src_load;
     ASSIGN_OR_RETURN(TensorPlan tp, PlanTensorReshard(d.name, from.MeshOf(f), f.layout,
                                                       dst.MeshOf(d), d.layout, plan_options,
-                                                      &src_load));
+                                                      nullptr));
     const int64_t es = DTypeSize(tp.dtype);
     coords[i] = tp.src_layout.split_shape();
     Planned& out = planned[i];

@@ -138,6 +138,10 @@ Result<TensorPlan> PlanTensorReshard(const std::string& name, const Mesh& src_me
 
 Result<ReshardPlan> PlanReshard(const Strategy& src, const Strategy& dst,
                                 const PlanOptions& options) {
+  if (!options.pick_sources) {
+    return InvalidArgumentError("a whole reshard plan picks its sources (pick_sources is for "
+                                "PlanTensorReshard callers that find them themselves)");
+  }
   ReshardPlan plan;
   plan.tensors.reserve(dst.tensors().size());
   for (const TensorStrategy& d : dst.tensors()) {

@@ -22,7 +22,7 @@ namespace tessera {
 // One region of a destination shard and where it comes from. The region's
 // global coordinates are dst_box shifted by the destination shard's origin.
 struct PieceCopy {
-  int64_t src_rank = 0;
+  int64_t src_rank = 0;  // -1 when planned without PlanOptions::pick_sources
   Box src_box;  // relative to the source rank's shard
   Box dst_box;  // relative to the destination rank's shard
 };
@@ -70,7 +70,8 @@ struct PlanOptions {
 // (LayoutInView); otherwise the error names the tensor and both views.
 // `src_load` (indexed by source rank, grown as needed) carries the bytes
 // already assigned to each source, so that choices among replicas balance
-// over many tensors; without pick_sources it is unused and may be null. Shapes must match, and so must dtypes:
+// over many tensors; without pick_sources it is unused and may be
+// null. Shapes must match, and so must dtypes:
 // a dtype change is an explicit cast step, never part of a reshard.
 Result<TensorPlan> PlanTensorReshard(const std::string& name, const Mesh& src_mesh,
                                      const Layout& src, const Mesh& dst_mesh, const Layout& dst,
@@ -79,7 +80,8 @@ Result<TensorPlan> PlanTensorReshard(const std::string& name, const Mesh& src_me
 // Executes one tensor's plan between dense row-major buffers in memory:
 // `src_data(rank)` is the source rank's shard, `dst_data(plan shard)` the
 // destination shard's buffer. `src_grid` is plan.src_layout on the source
-// mesh (a shard's bytes are the same whichever view describes it).
+// mesh (a shard's bytes are the same whichever view describes it). The
+// plan must have its sources (PlanOptions::pick_sources).
 void ExecuteTensorPlan(const TensorPlan& plan, const ShardGrid& src_grid,
                        const std::function<const void*(int64_t src_rank)>& src_data,
                        const std::function<void*(const ShardPlan& shard)>& dst_data);
@@ -89,7 +91,9 @@ void ExecuteTensorPlan(const TensorPlan& plan, const ShardGrid& src_grid,
 std::string DescribePlan(const ReshardPlan& plan, bool verbose);
 
 // Plans every tensor of `dst` (in its order); each must exist in `src`.
-// Source tensors absent from `dst` are not planned.
+// Source tensors absent from `dst` are not planned. Such a plan is for
+// describing and executing, so its sources are always picked: options
+// without pick_sources are refused.
 Result<ReshardPlan> PlanReshard(const Strategy& src, const Strategy& dst,
                                 const PlanOptions& options = {});
 

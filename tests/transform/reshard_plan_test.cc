@@ -211,6 +211,13 @@ TEST_CASE("PlanReshard refuses mismatches with named errors") {
   REQUIRE_FALSE(p.ok());
   CHECK(p.status().code() == StatusCode::kNotFound);
   CHECK(p.status().message().find("'wpe'") != std::string::npos);
+
+  // A whole plan is for executing: it has its sources.
+  PlanOptions unpicked;
+  unpicked.pick_sources = false;
+  p = PlanReshard(src, src, unpicked);
+  REQUIRE_FALSE(p.ok());
+  CHECK(p.status().message().find("pick_sources") != std::string::npos);
 }
 
 }  // namespace
