@@ -124,20 +124,8 @@ class PieceIndex {
 
   template <typename Fn>
   void ForEachCell(const std::vector<PieceInfo>& pieces, const Box& region, Fn& fn) const {
-    const int rank = static_cast<int>(cuts_.size());
-    std::array<size_t, Box::kInlineRank> lo_inline{}, hi_inline{}, at_inline{};
-    std::vector<size_t> lo_heap, hi_heap, at_heap;
-    size_t* lo = lo_inline.data();
-    size_t* hi = hi_inline.data();
-    size_t* at = at_inline.data();
-    if (rank > Box::kInlineRank) {
-      lo_heap.resize(rank);
-      hi_heap.resize(rank);
-      at_heap.resize(rank);
-      lo = lo_heap.data();
-      hi = hi_heap.data();
-      at = at_heap.data();
-    }
+    const int rank = static_cast<int>(cuts_.size());  // at most kMaxRank, as every Box
+    std::array<size_t, kMaxRank> lo{}, hi{}, at{};
     for (int d = 0; d < rank; ++d) {
       const std::vector<int64_t>& c = cuts_[d];  // cells' begins, then the last one's end
       if (region[d].begin >= region[d].end || region[d].end <= c.front() ||
