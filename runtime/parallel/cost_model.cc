@@ -141,13 +141,15 @@ Result<MachineProfile> MachineProfile::Parse(std::string_view text, const std::s
         CollectiveTable t;
         const std::string kind = c.value("kind", "");
         const std::string where = source + ": collectives[" + std::to_string(p.collectives.size()) + "]";
-        if (kind == "AllReduce") {
-          t.kind = CollectiveKind::kAllReduce;
-        } else if (kind == "AllGather") {
-          t.kind = CollectiveKind::kAllGather;
-        } else if (kind == "ReduceScatter") {
-          t.kind = CollectiveKind::kReduceScatter;
-        } else {
+        bool known = false;
+        for (CollectiveKind k : {CollectiveKind::kAllReduce, CollectiveKind::kAllGather,
+                                 CollectiveKind::kReduceScatter}) {
+          if (kind == CollectiveName(k)) {
+            t.kind = k;
+            known = true;
+          }
+        }
+        if (!known) {
           return InvalidArgumentError(where + ": kind \"" + kind +
                                       "\" (measured tables are of AllReduce, AllGather or "
                                       "ReduceScatter)");
