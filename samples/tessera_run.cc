@@ -8,7 +8,9 @@
 //   tessera-run --nnodes 2 --node-rank K --master HOST:PORT --nproc-per-node 4 -- ...
 //       the same on several hosts: run it once per host; node 0 (on HOST)
 //       keeps the launchers' store on PORT and its rank 0 worker serves the
-//       workers' rendezvous on PORT + 1 + attempt.
+//       workers' rendezvous on PORT + 1 + attempt (or, when something else
+//       holds that port on HOST, the next free one, which node 0 announces
+//       in its store).
 //   tessera-run --np 4 [--hostfile H] -- train_gpt ...     under mpirun
 //   tessera-run --ranks 4 -- train_gpt --ranks {ranks} ... one process of
 //       in-process ranks
@@ -32,9 +34,7 @@
 // Every process gets TESSERA_RESTART_COUNT (0 in the first attempt).
 #include <dirent.h>
 #include <fcntl.h>
-#include <netinet/in.h>
 #include <sys/prctl.h>
-#include <sys/socket.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/stat.h>
@@ -60,6 +60,7 @@
 #include "formats/native_files.h"
 #include "runtime/comm/kv_store.h"
 #include "runtime/comm/launch.h"
+#include "runtime/comm/tcp.h"
 
 using namespace tessera;
 using Clock = std::chrono::steady_clock;
@@ -167,21 +168,18 @@ pid_t Spawn(const std::vector<std::string>& args, const std::vector<std::string>
   _exit(127);
 }
 
-// A port nothing listens on now (the kernel's pick), or -1.
-int FreePort() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) return -1;
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_ANY);
-  socklen_t len = sizeof(addr);
-  int port = -1;
-  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
-      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
-    port = ntohs(addr.sin_port);
+// A port a listener can take now (bind and listen as the workers'
+// rendezvous does): `from` itself or the next free one above it (up to 64
+// on), or the kernel's pick when `from` is 0; -1 when none.
+int FreePort(int from) {
+  for (int p = from; p < from + 64 && p < 65536; ++p) {
+    Result<tcp::Socket> s = tcp::Listen(p, "probe");
+    if (!s.ok()) continue;
+    if (from != 0) return p;
+    Result<int> bound = tcp::BoundPort(*s);
+    return bound.ok() ? *bound : -1;
   }
-  close(fd);
-  return port;
+  return -1;
 }
 
 // Where the job would resume from, for the attempt's line.
@@ -271,6 +269,7 @@ void StopAll(std::vector<Worker>& workers, int sig = SIGTERM) {
 struct Membership {
   std::vector<int> nodes;  // node ranks taking part, ascending
   int index = 0;           // this node's position among them
+  int worker_port = 0;     // where rank 0 serves the workers' rendezvous
 };
 
 class Launcher {
@@ -293,8 +292,11 @@ class Launcher {
   int port() const { return port_; }
 
   // Joins attempt `a`: node 0 waits for the previous attempt's nodes (all
-  // nnodes at first) for --join-timeout, then names the members.
-  Result<Membership> JoinAttempt(int a) {
+  // nnodes at first) for --join-timeout, then names the members and the
+  // workers' rendezvous port: `worker_port` when it is free on node 0 (else
+  // the next free one above; another process may hold it, e.g. a
+  // connection's ephemeral port), or any free port when it is 0.
+  Result<Membership> JoinAttempt(int a, int worker_port) {
     const std::string k = "attempt/" + std::to_string(a);
     RETURN_IF_ERROR(kv_->Set(k + "/node/" + std::to_string(node_rank_), "1"));
     if (node_rank_ == 0) {
@@ -309,19 +311,27 @@ class Launcher {
         if (present.size() == expected_.size() || Clock::now() >= deadline) break;
         std::this_thread::sleep_for(milliseconds(50));
       }
+      // The members, or "!" and why the attempt cannot start.
       std::string list;
       for (int n : present) list += (list.empty() ? "" : ",") + std::to_string(n);
-      if (static_cast<int>(present.size()) < min_nodes_) list = "none";
+      const int port = FreePort(worker_port);
+      if (static_cast<int>(present.size()) < min_nodes_) {
+        list = "!fewer than --min-nodes " + std::to_string(min_nodes_) + " node(s) joined attempt " +
+               std::to_string(a + 1);
+      } else if (port < 0) {
+        list = "!no free port on node 0 for the workers' rendezvous, from " +
+               std::to_string(worker_port) + " to " + std::to_string(worker_port + 63);
+      }
+      RETURN_IF_ERROR(kv_->Set(k + "/port", std::to_string(port)));
       RETURN_IF_ERROR(kv_->Set(k + "/members", list));
     }
     ASSIGN_OR_RETURN(std::string list,
                      kv_->Get(k + "/members",
                               milliseconds(static_cast<int64_t>(join_timeout_ * 2000 + 10000))));
-    if (list == "none") {
-      return FailedPreconditionError("fewer than --min-nodes " + std::to_string(min_nodes_) +
-                                     " node(s) joined attempt " + std::to_string(a + 1));
-    }
+    if (!list.empty() && list[0] == '!') return FailedPreconditionError(list.substr(1));
     Membership m;
+    ASSIGN_OR_RETURN(std::string port, kv_->Get(k + "/port", milliseconds(10000)));
+    m.worker_port = std::stoi(port);
     std::stringstream ss(list);
     std::string item;
     while (std::getline(ss, item, ',')) m.nodes.push_back(std::stoi(item));
@@ -585,7 +595,8 @@ int main(int argc, char** argv) {
       ->check(CLI::NonNegativeNumber);
   app.add_option("--master", master,
                  "HOST:PORT of node 0 (its launcher's store on PORT, the workers' rendezvous on "
-                 "PORT + 1 + attempt); default 127.0.0.1 and a free port on one node");
+                 "PORT + 1 + attempt, or the next free one); default 127.0.0.1 and a free port "
+                 "on one node");
   app.add_option("--min-nodes", min_nodes, "restart on fewer nodes, down to this many")
       ->check(CLI::PositiveNumber);
   app.add_option("--join-timeout", join_timeout,
@@ -653,18 +664,19 @@ int main(int argc, char** argv) {
     const auto t0 = Clock::now();
     std::string failure;
     if (nproc > 0) {
-      Result<Membership> m = launcher->JoinAttempt(attempt);
+      // One node and no --master: any free port; else PORT + 1 + attempt (or
+      // the next free one above it), which node 0 announces.
+      const int wanted = master.empty() ? 0 : launcher->port() + 1 + attempt;
+      Result<Membership> m = launcher->JoinAttempt(attempt, wanted);
       if (!m.ok()) {
         std::fprintf(stderr, "tessera-run: %s\n", m.status().message().c_str());
         return 1;
       }
-      const int world = static_cast<int>(m->nodes.size()) * nproc;
-      // One node and no --master: any free port; else PORT + 1 + attempt,
-      // which every node can compute.
-      int worker_port = launcher->port() + 1 + attempt;
-      if (master.empty()) {
-        if (const int free = FreePort(); free > 0) worker_port = free;
+      if (wanted != 0 && m->worker_port != wanted) {
+        std::printf("tessera-run: the workers' rendezvous is on port %d (%d was taken on node 0)\n",
+                    m->worker_port, wanted);
       }
+      const int world = static_cast<int>(m->nodes.size()) * nproc;
       const std::vector<std::string> args = Substitute(command, world);
       std::printf("tessera-run: attempt %d: node %d of %zu, ranks %d-%d of %d, %s\n  $ %s\n",
                   attempt + 1, m->index, m->nodes.size(), m->index * nproc,
@@ -672,7 +684,7 @@ int main(int argc, char** argv) {
                   Join(args).c_str());
       std::fflush(stdout);
       failure = RunWorkers(args, {nproc, heartbeat_timeout, log_dir, quiet}, *m, attempt,
-                           master_host, worker_port, *launcher);
+                           master_host, m->worker_port, *launcher);
       if (failure.empty()) launcher->Done(attempt, *m, /*grace=*/60);
     } else {
       int n = np > 0 ? np : ranks;

@@ -30,8 +30,10 @@ for setting in "2 --zero 1" "2 --tp 2" "2 --pp 2" "4 --dp 2 --tp 2 --zero 1" "4 
 done
 check "... the workers say they run over gloo" grep -q "ranks: 4 (gloo)" "$WORK/l.log"
 
-# A plain shell loop with torchrun's variables (no launcher).
-port=$((20000 + RANDOM % 20000))
+# A plain shell loop with torchrun's variables (no launcher). Fixed ports
+# are drawn below Linux's ephemeral range (32768-60999), where no
+# connection's local port can hold them.
+port=$((10000 + RANDOM % 20000))
 for r in 0 1; do
   RANK=$r WORLD_SIZE=2 LOCAL_RANK=$r MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
     timeout 300 "$BIN" "${SMALL[@]}" --steps 30 --tp 2 >"$WORK/env$r.log" 2>&1 &
@@ -102,9 +104,15 @@ check "SIGTERM: the launcher exits 143 and no worker is left" \
 # Two nodes (two launchers here), 2 workers each, dp2 x tp2; node 1 (its
 # launcher and its workers) is killed at step 14 (its rank 2 holds the job
 # there: --fault-hang, first attempt only); node 0 restarts the job alone
-# (--min-nodes 1), tp2 on 2 ranks, from step 12, resharded.
+# (--min-nodes 1), tp2 on 2 ranks, from step 12, resharded. Another
+# process holds the first attempt's rendezvous port (PORT + 1): node 0
+# announces the next free one.
 rm -rf "$WORK/ck"
-mport=$((20000 + RANDOM % 20000))
+mport=$((10000 + RANDOM % 20000))
+python3 -c 'import socket, sys, time
+s = socket.socket(); s.bind(("127.0.0.1", int(sys.argv[1]))); s.listen(); time.sleep(600)' \
+  $((mport + 1)) &
+holder=$!
 NODE=(--nnodes 2 --master "127.0.0.1:$mport" --nproc-per-node 2 --min-nodes 1 --join-timeout 5)
 JOB=("$BIN" "${SMALL[@]}" --steps 30 --tp 2 "${SAVE[@]}" --fault-hang step:14:2)
 setsid "$RUN" "${NODE[@]}" --node-rank 1 -- "${JOB[@]}" >"$WORK/n1.out" 2>&1 &
@@ -115,7 +123,13 @@ for _ in $(seq 600); do grep -q "^\[rank 0\] step    13/" "$WORK/n0.out" && brea
 kill -9 -- -"$node1"  # the whole node: its launcher and its workers
 wait "$node0"
 rc=$?
+kill "$holder"
+[ $rc -eq 0 ] && grep -q "^tessera-run: attempt 2: node 0 of 1" "$WORK/n0.out" ||
+  grep "^tessera-run\|train_gpt:" "$WORK/n0.out"  # for the CI log
 check "two nodes, one killed: node 0 goes on alone and finishes" test $rc -eq 0
+check "... the first attempt's rendezvous port taken: the workers met on the next free one" \
+  grep -q "^tessera-run: the workers' rendezvous is on port [0-9]* ($((mport + 1)) was taken on node 0)" \
+  "$WORK/n0.out"
 check "... on 2 ranks of 1 node, from the newest checkpoint" \
   grep -q "attempt 2: node 0 of 1, ranks 0-1 of 2, from $WORK/ck/step-" "$WORK/n0.out"
 resumed_curve "$WORK/n0.out" "$WORK/ck" >"$WORK/n.log"
