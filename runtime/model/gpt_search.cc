@@ -137,14 +137,101 @@ StageCost CostOf(const StageWork& w, const ParamStats& ps, const ParallelConfig&
   return c;
 }
 
-// The step from its stages' costs.
+// What a rank waiting in a pipeline (for its neighbour stage) still costs
+// the ranks it shares devices with, as a fraction of a working rank.
+// Fitted, not measured: the model's two extremes (0: the waiting rank
+// lends all of its share; 1: none, session 20's model) ranked the 12
+// configurations of tests/bench/auto_parallel_bench.py on 4 in-process
+// ranks on 2 cores at rho 0.69-0.80 and 0.63-0.73 in session 20's runs 5
+// and 6 (BENCHMARKS.md); 0.2-0.35 gave 0.90-0.97 in both. A third run,
+// after the value was fixed, gave 0.834 (the extremes 0.855 and 0.434).
+// The waiting ranks sleep (the process's CPU time drops: 3.7 s against
+// 4.3 s for dp4 over the same steps), so this is not CPU they burn; where
+// the rest goes (cache refills after a switch, the runtime's wake-ups) is
+// not known.
+constexpr double kPipelineWaitShare = 0.3;
+
+// 1F1B on ranks that share devices (more ranks than cores), simulated:
+// each stage's `group` ranks run its micro-batches' forwards (a third of a
+// micro-batch's work) and backwards (the rest) in the runtime's 1F1B order,
+// a forward after the previous stage's, a backward after the next stage's;
+// the ranks that have work share the `devices` (processor sharing) with
+// the waiting ones, which count kPipelineWaitShare of a working rank
+// each. Compute runs at the share, collectives and transfers take their
+// own time. Returns the pipeline's seconds.
+double SharedPipeline(const std::vector<StageCost>& stages, int m, int rpd, int group, double devices) {
+  const int pp = static_cast<int>(stages.size());
+  struct Stage {
+    std::vector<std::pair<bool, int>> order;  // (backward?, micro-batch)
+    size_t next = 0;
+    bool comm_phase = false;
+    double left = 0;
+  };
+  std::vector<Stage> st(pp);
+  std::vector<std::vector<char>> fwd(pp, std::vector<char>(m, 0)), bwd(pp, std::vector<char>(m, 0));
+  constexpr double kForward = 1.0 / 3;
+  auto part = [&](int s, bool backward, bool comm) {
+    const double frac = backward ? 1 - kForward : kForward;
+    return frac * (comm ? stages[s].tp_comm + stages[s].pp_comm : stages[s].compute / rpd);
+  };
+  for (int s = 0; s < pp; ++s) {
+    const int warm = std::min(pp - s - 1, m);
+    for (int i = 0; i < warm; ++i) st[s].order.emplace_back(false, i);
+    for (int j = 0; j < m - warm; ++j) {
+      st[s].order.emplace_back(false, warm + j);
+      st[s].order.emplace_back(true, j);
+    }
+    for (int j = m - warm; j < m; ++j) st[s].order.emplace_back(true, j);
+    st[s].left = part(s, false, false);
+  }
+  double t = 0;
+  size_t done = 0, total = static_cast<size_t>(2) * pp * m;
+  std::vector<char> ready(pp);
+  while (done < total) {
+    int active = 0;
+    for (int s = 0; s < pp; ++s) {
+      ready[s] = 0;
+      if (st[s].next >= st[s].order.size()) continue;
+      const auto [backward, i] = st[s].order[st[s].next];
+      ready[s] = backward ? (s == pp - 1 || bwd[s + 1][i]) : (s == 0 || fwd[s - 1][i]);
+      active += ready[s] ? group : 0;
+    }
+    if (active == 0) return std::numeric_limits<double>::infinity();  // cannot happen: 1F1B ends
+    int waiting = 0;
+    for (int s = 0; s < pp; ++s) waiting += !ready[s] && st[s].next < st[s].order.size() ? group : 0;
+    const double rate = std::min(1.0, devices / (active + kPipelineWaitShare * waiting));
+    double dt = std::numeric_limits<double>::infinity();
+    for (int s = 0; s < pp; ++s) {
+      if (ready[s]) dt = std::min(dt, st[s].comm_phase ? st[s].left : st[s].left / rate);
+    }
+    t += dt;
+    for (int s = 0; s < pp; ++s) {
+      if (!ready[s]) continue;
+      Stage& x = st[s];
+      x.left -= x.comm_phase ? dt : dt * rate;
+      if (x.left > 1e-15) continue;
+      const auto [backward, i] = x.order[x.next];
+      if (!x.comm_phase) {
+        x.comm_phase = true;
+        x.left = part(s, backward, true);
+        if (x.left > 0) continue;
+      }
+      (backward ? bwd : fwd)[s][i] = 1;
+      ++done;
+      x.comm_phase = false;
+      if (++x.next < x.order.size()) x.left = part(s, x.order[x.next].first, false);
+    }
+  }
+  return t;
+}
+
 // The step from its stages' costs: 1F1B's critical path, the stages' sum
 // plus micro-batches - 1 times the slowest. Ranks sharing a device (more
-// ranks than cores) are charged the device's share throughout: a rank
-// waiting in the pipeline does not lend its core here, as this runtime's
-// waits (in-process and Open MPI alike) poll (BENCHMARKS.md measured a
-// model that lent it ranking worse).
-StepPrediction Combine(const std::vector<StageCost>& stages, int m) {
+// ranks than cores) are charged the device's share (their compute is
+// priced at it); in a pipeline the waiting ranks lend most of their share
+// to the working ones (SharedPipeline).
+StepPrediction Combine(const std::vector<StageCost>& stages, int m, const MachineProfile& prof,
+                       int group) {
   StepPrediction p;
   double sum = 0, slowest = 0, after = 0;
   int slow = 0;
@@ -164,10 +251,19 @@ StepPrediction Combine(const std::vector<StageCost>& stages, int m) {
     }
   }
   p.pipeline = sum + (m - 1) * slowest;
+  const int pp = static_cast<int>(stages.size());
+  if (pp > 1 && prof.ranks_per_device > 1) {
+    const int ranks = pp * group;
+    const double devices = prof.hosts > 0 ? std::min<double>(ranks, static_cast<double>(prof.hosts) *
+                                                                        prof.devices_per_host)
+                                          : ranks;
+    p.pipeline = std::min(p.pipeline, SharedPipeline(stages, m, prof.ranks_per_device,
+                                                     group, devices));
+  }
   p.compute = m * stages[slow].compute;
   p.tp_comm = m * stages[slow].tp_comm;
   p.pp_comm = m * stages[slow].pp_comm;
-  p.bubble = p.pipeline - m * slowest;
+  p.bubble = std::max(0.0, p.pipeline - m * slowest);
   p.seconds = p.pipeline + after;
   return p;
 }
@@ -247,7 +343,7 @@ Result<StepPrediction> PredictGptStep(const GptConfig& config, int B, int T,
     stages.push_back(CostOf(ops->Estimate(job.rows, T), ps, par, s, job.micro_batches, act_bytes,
                             job.profile));
   }
-  return Combine(stages, job.micro_batches);
+  return Combine(stages, job.micro_batches, job.profile, par.dp * par.tp);
 }
 
 Result<std::vector<std::vector<OpCost>>> BreakdownGptStep(const GptConfig& config, int B, int T,
@@ -781,6 +877,7 @@ Result<SearchResult> SearchGptParallel(const GptConfig& config, int B, int T, in
       for (int m : Divisors(rows)) {
         if (!allowed(fixed ? fixed->micro_batches : std::nullopt, m)) continue;
         const int64_t N = static_cast<int64_t>(rows / m) * T;
+        const double lent = pp > 1 && profile.ranks_per_device > 1 ? 1.0 / profile.ranks_per_device : 1.0;
         for (Recompute rc : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
           if (fixed_rc && *fixed_rc != rc) continue;
           Halves halves(config, ops, tp, N, T, rc, profile);
@@ -953,8 +1050,10 @@ Result<SearchResult> SearchGptParallel(const GptConfig& config, int B, int T, in
               }
             }
             // A block no faster than the bound below allows cannot win.
+            // (Pipelined ranks that share devices may run at a whole
+            // device while others wait: their blocks count 1 / rpd.)
             const int64_t L = config.layers, deepest = (L + pp - 1) / pp;
-            const double blocks = static_cast<double>(L - pp) + (m - 1.0) * (deepest - 1);
+            const double blocks = (static_cast<double>(L - pp) + (m - 1.0) * (deepest - 1)) * lent;
             for (size_t x = 0; x < ns; ++x) {
               for (size_t x1 = 0; x1 < ns; ++x1) {
                 for (const Kept& a : s1[x * ns + x1]) {
@@ -1000,7 +1099,7 @@ Result<SearchResult> SearchGptParallel(const GptConfig& config, int B, int T, in
           // can win.
           const int64_t layers = config.layers, deepest = (layers + pp - 1) / pp;
           for (const BlockPoint& bp : points) {
-            if (found && (static_cast<double>(layers - pp) + (m - 1.0) * (deepest - 1)) * bp.seconds >=
+            if (found && (static_cast<double>(layers - pp) + (m - 1.0) * (deepest - 1)) * lent * bp.seconds >=
                              best.predicted.seconds) {
               break;
             }
@@ -1109,7 +1208,7 @@ Result<SearchResult> SearchGptParallel(const GptConfig& config, int B, int T, in
                   stages.push_back(CostOf(w, it->second, par, s, m, N * config.embed * 4, profile));
                 }
                 if (!ok) continue;
-                const StepPrediction pred = Combine(stages, m);
+                const StepPrediction pred = Combine(stages, m, profile, dp * tp);
                 ++best.candidates;
                 if (pred.memory.total() > budget) {
                   if (pred.memory.total() < least) {

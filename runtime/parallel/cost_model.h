@@ -31,7 +31,8 @@
 // Bandwidths are bytes per second one rank moves (a ring's bus
 // bandwidth). `hosts` (0: as many as a job needs) bounds the devices: a
 // job with more ranks than hosts x devices_per_host shares devices (more
-// ranks than cores on a CPU), which divides their throughput.
+// ranks than cores on a CPU), which divides their throughput (a pipeline's
+// waiting ranks lend most of theirs: runtime/model/gpt_search.cc).
 // The model (the GPT's operators, their placements and buffers) is the
 // other half: runtime/model/gpt_search.h.
 #ifndef TESSERA_RUNTIME_PARALLEL_COST_MODEL_H_

@@ -15,6 +15,10 @@ WORKDIR/results.json, to recompute from.
 Usage: auto_parallel_bench.py TRAIN_GPT CKPT CORPUS WORKDIR [ROUNDS [SETTINGS]]
 SETTINGS: a comma-separated subset of inprocess2,mpi2,gloo2,inprocess4 (all
 by default).
+       auto_parallel_bench.py TRAIN_GPT CKPT CORPUS WORKDIR --rescore
+predicts WORKDIR/results.json's configurations again with this CKPT (the
+profiles calibrated in that run) and prints each setting's rho against that
+run's measurements: a change to the model scored on past runs, nothing run.
 """
 import json
 import os
@@ -24,7 +28,8 @@ import subprocess
 import sys
 
 TRAIN, CKPT, CORPUS, WORK = sys.argv[1:5]
-ROUNDS = int(sys.argv[5]) if len(sys.argv) > 5 else 5
+RESCORE = len(sys.argv) > 5 and sys.argv[5] == "--rescore"
+ROUNDS = int(sys.argv[5]) if len(sys.argv) > 5 and not RESCORE else 5
 SETTINGS = (sys.argv[6] if len(sys.argv) > 6 else "inprocess2,mpi2,gloo2,inprocess4").split(",")
 RUN = os.path.join(os.path.dirname(os.path.abspath(TRAIN)), "tessera-run")  # built beside train_gpt
 MODEL = ["--layers", "4", "--heads", "4", "--embed", "128", "--context", "128", "--vocab", "256"]
@@ -138,6 +143,24 @@ def spearman(a, b):
     cov = sum((x - ma) * (y - mb) for x, y in zip(ra, rb))
     return cov / (sum((x - ma) ** 2 for x in ra) * sum((y - mb) ** 2 for y in rb)) ** 0.5
 
+
+if RESCORE:
+    with open(os.path.join(WORK, "results.json")) as f:
+        past = json.load(f)
+    print("%-46s %10s %10s" % ("setting (predicted again)", "rho then", "rho now"))
+    for r in past:
+        n = int(r["setting"].split()[0])
+        by_label = {label: spec for label, _, spec in configs(n)}
+        hand = [c for c in r["configurations"] if c in by_label]
+        k = len(hand)
+        measured = [statistics.median(x) for x in r["measured_s"][:k]]
+        profile = os.path.join(WORK, os.path.basename(r["profile"]))
+        now = [predict(profile, n, by_label[c])[0] for c in hand]
+        print("%-46s %10.3f %10.3f" % (r["setting"], spearman(r["predicted_s"][:k], measured),
+                                       spearman(now, measured)))
+        for c, p0, p1, m in zip(hand, r["predicted_s"], now, measured):
+            print("  %-42s then %6.1f  now %6.1f  measured %6.1f ms" % (c, p0 * 1e3, p1 * 1e3, m * 1e3))
+    sys.exit(0)
 
 # The machine, measured in this run: in-process ranks, MPI and Gloo processes.
 profiles = {m: os.path.join(WORK, "profile-%s.json" % m) for m in ("inprocess", "mpi", "gloo")}
