@@ -161,65 +161,68 @@ constexpr double kPipelineWaitShare = 0.3;
 // own time. Returns the pipeline's seconds.
 double SharedPipeline(const std::vector<StageCost>& stages, int m, int rpd, int group, double devices) {
   const int pp = static_cast<int>(stages.size());
+  constexpr double kForward = 1.0 / 3;
+  // Per stage: its next task (k of 2m in 1F1B order), the forwards and
+  // backwards done (each in micro-batch order), which phase of the task
+  // runs (compute, then collectives and transfers) and what is left of it.
   struct Stage {
-    std::vector<std::pair<bool, int>> order;  // (backward?, micro-batch)
-    size_t next = 0;
-    bool comm_phase = false;
+    int k = 0, forwards = 0, backwards = 0;
+    bool comm = false, ready = false;
     double left = 0;
   };
-  std::vector<Stage> st(pp);
-  std::vector<std::vector<char>> fwd(pp, std::vector<char>(m, 0)), bwd(pp, std::vector<char>(m, 0));
-  constexpr double kForward = 1.0 / 3;
-  auto part = [&](int s, bool backward, bool comm) {
-    const double frac = backward ? 1 - kForward : kForward;
+  thread_local std::vector<Stage> st;
+  st.assign(pp, Stage{});
+  // Task k of stage s: `warm` forwards, then forward/backward pairs, then
+  // the remaining backwards.
+  auto backward = [&](int s, int k) {
+    const int warm = std::min(pp - s - 1, m);
+    return k >= warm && (k - warm >= 2 * (m - warm) || (k - warm) % 2 == 1);
+  };
+  auto part = [&](int s, bool bw, bool comm) {
+    const double frac = bw ? 1 - kForward : kForward;
     return frac * (comm ? stages[s].tp_comm + stages[s].pp_comm : stages[s].compute / rpd);
   };
-  for (int s = 0; s < pp; ++s) {
-    const int warm = std::min(pp - s - 1, m);
-    for (int i = 0; i < warm; ++i) st[s].order.emplace_back(false, i);
-    for (int j = 0; j < m - warm; ++j) {
-      st[s].order.emplace_back(false, warm + j);
-      st[s].order.emplace_back(true, j);
-    }
-    for (int j = m - warm; j < m; ++j) st[s].order.emplace_back(true, j);
-    st[s].left = part(s, false, false);
-  }
+  for (int s = 0; s < pp; ++s) st[s].left = part(s, false, false);
   double t = 0;
-  size_t done = 0, total = static_cast<size_t>(2) * pp * m;
-  std::vector<char> ready(pp);
-  while (done < total) {
-    int active = 0;
+  int finished = 0;
+  while (finished < pp) {
+    int active = 0, waiting = 0;
     for (int s = 0; s < pp; ++s) {
-      ready[s] = 0;
-      if (st[s].next >= st[s].order.size()) continue;
-      const auto [backward, i] = st[s].order[st[s].next];
-      ready[s] = backward ? (s == pp - 1 || bwd[s + 1][i]) : (s == 0 || fwd[s - 1][i]);
-      active += ready[s] ? group : 0;
+      Stage& x = st[s];
+      if (x.k >= 2 * m) {
+        x.ready = false;
+        continue;
+      }
+      // A forward after the previous stage's, a backward after the next's.
+      x.ready = backward(s, x.k) ? (s == pp - 1 || st[s + 1].backwards > x.backwards)
+                                 : (s == 0 || st[s - 1].forwards > x.forwards);
+      (x.ready ? active : waiting) += group;
     }
     if (active == 0) return std::numeric_limits<double>::infinity();  // cannot happen: 1F1B ends
-    int waiting = 0;
-    for (int s = 0; s < pp; ++s) waiting += !ready[s] && st[s].next < st[s].order.size() ? group : 0;
     const double rate = std::min(1.0, devices / (active + kPipelineWaitShare * waiting));
     double dt = std::numeric_limits<double>::infinity();
-    for (int s = 0; s < pp; ++s) {
-      if (ready[s]) dt = std::min(dt, st[s].comm_phase ? st[s].left : st[s].left / rate);
+    for (const Stage& x : st) {
+      if (x.ready) dt = std::min(dt, x.comm ? x.left : x.left / rate);
     }
     t += dt;
     for (int s = 0; s < pp; ++s) {
-      if (!ready[s]) continue;
       Stage& x = st[s];
-      x.left -= x.comm_phase ? dt : dt * rate;
+      if (!x.ready) continue;
+      x.left -= x.comm ? dt : dt * rate;
       if (x.left > 1e-15) continue;
-      const auto [backward, i] = x.order[x.next];
-      if (!x.comm_phase) {
-        x.comm_phase = true;
-        x.left = part(s, backward, true);
+      const bool bw = backward(s, x.k);
+      if (!x.comm) {
+        x.comm = true;
+        x.left = part(s, bw, true);
         if (x.left > 0) continue;
       }
-      (backward ? bwd : fwd)[s][i] = 1;
-      ++done;
-      x.comm_phase = false;
-      if (++x.next < x.order.size()) x.left = part(s, x.order[x.next].first, false);
+      ++(bw ? x.backwards : x.forwards);
+      x.comm = false;
+      if (++x.k < 2 * m) {
+        x.left = part(s, backward(s, x.k), false);
+      } else {
+        ++finished;
+      }
     }
   }
   return t;
@@ -230,8 +233,11 @@ double SharedPipeline(const std::vector<StageCost>& stages, int m, int rpd, int 
 // ranks than cores) are charged the device's share (their compute is
 // priced at it); in a pipeline the waiting ranks lend most of their share
 // to the working ones (SharedPipeline).
+// A step that could not come under `cutoff` may stop early: its seconds
+// are then a lower bound, itself at least `cutoff` (the search passes the
+// slowest plan it still keeps).
 StepPrediction Combine(const std::vector<StageCost>& stages, int m, const MachineProfile& prof,
-                       int group) {
+                       int group, double cutoff = std::numeric_limits<double>::infinity()) {
   StepPrediction p;
   double sum = 0, slowest = 0, after = 0;
   int slow = 0;
@@ -257,8 +263,18 @@ StepPrediction Combine(const std::vector<StageCost>& stages, int m, const Machin
     const double devices = prof.hosts > 0 ? std::min<double>(ranks, static_cast<double>(prof.hosts) *
                                                                         prof.devices_per_host)
                                           : ranks;
-    p.pipeline = std::min(p.pipeline, SharedPipeline(stages, m, prof.ranks_per_device,
-                                                     group, devices));
+    // What any schedule takes at least: one stage's own tasks at a whole
+    // device, and all stages' compute spread over every device.
+    double chain = 0, work = 0;
+    for (const StageCost& c : stages) {
+      chain = std::max(chain, m * (c.compute / prof.ranks_per_device + c.tp_comm + c.pp_comm));
+      work += static_cast<double>(group) * m * c.compute / prof.ranks_per_device;
+    }
+    const double lower = std::max(chain, work / devices);
+    p.pipeline = lower + after >= cutoff
+                     ? lower
+                     : std::min(p.pipeline, SharedPipeline(stages, m, prof.ranks_per_device, group,
+                                                           devices));
   }
   p.compute = m * stages[slow].compute;
   p.tp_comm = m * stages[slow].tp_comm;
@@ -1208,7 +1224,12 @@ Result<SearchResult> SearchGptParallel(const GptConfig& config, int B, int T, in
                   stages.push_back(CostOf(w, it->second, par, s, m, N * config.embed * 4, profile));
                 }
                 if (!ok) continue;
-                const StepPrediction pred = Combine(stages, m, profile, dp * tp);
+                // Only a plan faster than the best, or than the fifth
+                // runner-up, is kept: Combine may stop at a bound above it.
+                const StepPrediction pred = Combine(
+                    stages, m, profile, dp * tp,
+                    found && best.alternatives.size() >= 5 ? best.alternatives.back().second.seconds
+                                                           : std::numeric_limits<double>::infinity());
                 ++best.candidates;
                 if (pred.memory.total() > budget) {
                   if (pred.memory.total() < least) {
