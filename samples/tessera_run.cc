@@ -172,12 +172,13 @@ pid_t Spawn(const std::vector<std::string>& args, const std::vector<std::string>
 // rendezvous does): `from` itself or the next free one above it (up to 64
 // on), or the kernel's pick when `from` is 0; -1 when none.
 int FreePort(int from) {
-  for (int p = from; p < from + 64 && p < 65536; ++p) {
-    Result<tcp::Socket> s = tcp::Listen(p, "probe");
-    if (!s.ok()) continue;
-    if (from != 0) return p;
-    Result<int> bound = tcp::BoundPort(*s);
+  if (from == 0) {
+    Result<tcp::Socket> s = tcp::Listen(0, "probe");
+    Result<int> bound = s.ok() ? tcp::BoundPort(*s) : Result<int>(s.status());
     return bound.ok() ? *bound : -1;
+  }
+  for (int p = from; p < from + 64 && p < 65536; ++p) {
+    if (tcp::Listen(p, "probe").ok()) return p;
   }
   return -1;
 }

@@ -110,9 +110,10 @@ check "SIGTERM: the launcher exits 143 and no worker is left" \
 rm -rf "$WORK/ck"
 mport=$((10000 + RANDOM % 20000))
 python3 -c 'import socket, sys, time
-s = socket.socket(); s.bind(("127.0.0.1", int(sys.argv[1]))); s.listen(); time.sleep(600)' \
-  $((mport + 1)) &
+s = socket.socket(); s.bind(("127.0.0.1", int(sys.argv[1]))); s.listen()
+open(sys.argv[2], "w").close(); time.sleep(600)' $((mport + 1)) "$WORK/held" &
 holder=$!
+for _ in $(seq 100); do [ -f "$WORK/held" ] && break; sleep 0.1; done  # listening before node 0 looks
 NODE=(--nnodes 2 --master "127.0.0.1:$mport" --nproc-per-node 2 --min-nodes 1 --join-timeout 5)
 JOB=("$BIN" "${SMALL[@]}" --steps 30 --tp 2 "${SAVE[@]}" --fault-hang step:14:2)
 setsid "$RUN" "${NODE[@]}" --node-rank 1 -- "${JOB[@]}" >"$WORK/n1.out" 2>&1 &
