@@ -19,6 +19,16 @@ namespace {
 constexpr CollectiveKind kKinds[4] = {CollectiveKind::kAllReduce, CollectiveKind::kReduceScatter,
                                       CollectiveKind::kAllGather, CollectiveKind::kAllToAll};
 
+// Seconds of a stage's arithmetic: the linears' products, the copies and
+// every kernel's units.
+double ComputeOf(const StageWork& w, const MachineProfile& p) {
+  double t = p.ComputeSeconds(w.flops, w.bytes);
+  for (int k = 0; k < kKernelCount; ++k) {
+    if (w.kernel[k] > 0) t += p.KernelSeconds(static_cast<Kernel>(k), w.kernel[k]);
+  }
+  return t;
+}
+
 // Seconds of a stage's collectives over tp (tp neighbours in the rank order).
 double TpSeconds(const StageWork& w, const MachineProfile& p, int tp) {
   const bool inter = p.CrossesHosts(1, tp);
@@ -95,7 +105,7 @@ StageCost CostOf(const StageWork& w, const ParamStats& ps, const ParallelConfig&
                  int64_t act_bytes, const MachineProfile& prof) {
   StageCost c;
   const int pp = par.pp, dp = par.dp, tp = par.tp;
-  c.compute = prof.ComputeSeconds(w.flops, w.bytes);
+  c.compute = ComputeOf(w, prof);
   c.tp_comm = TpSeconds(w, prof, tp);
   const bool pp_inter = prof.CrossesHosts(static_cast<int64_t>(dp) * tp, 2);
   if (s < pp - 1) c.pp_comm += prof.CollectiveSeconds(CollectiveKind::kSendRecv, act_bytes, 2, pp_inter);
@@ -110,8 +120,14 @@ StageCost CostOf(const StageWork& w, const ParamStats& ps, const ParallelConfig&
   } else {
     c.dp_comm = ps.buckets * prof.CollectiveSeconds(CollectiveKind::kAllReduce, per_bucket, dp, dp_inter);
   }
-  c.dp_comm += prof.CollectiveSeconds(CollectiveKind::kAllReduce, 4.0 * w.tp_sum_floats, tp,
-                                      prof.CrossesHosts(1, tp));
+  // The partial gradients' sum over tp: packed into one buffer, summed in
+  // place, unpacked (OpGpt::ReduceParamGradients: each float read and
+  // written twice).
+  if (tp > 1 && w.tp_sum_floats > 0) {
+    c.dp_comm += prof.CollectiveSeconds(CollectiveKind::kAllReduce, 4.0 * w.tp_sum_floats, tp,
+                                        prof.CrossesHosts(1, tp)) +
+                 prof.ComputeSeconds(0, 16.0 * static_cast<double>(w.tp_sum_floats));
+  }
   if (pp > 1 && (s == 0 || s == pp - 1)) {
     c.dp_comm += prof.CollectiveSeconds(CollectiveKind::kAllReduce, 4.0 * ps.wte, 2,
                                         prof.CrossesHosts(static_cast<int64_t>(pp - 1) * dp * tp, 2));
@@ -122,9 +138,9 @@ StageCost CostOf(const StageWork& w, const ParamStats& ps, const ParallelConfig&
   // of every gradient into the send buffer and of the rank's averaged rows
   // back; of the rank's new rows out and everyone's back in).
   const double held = static_cast<double>(par.zero == 1 ? ps.zero_shard : ps.floats);
-  double traffic = 28.0 * held + 4.0 * held;
-  if (par.zero == 1) traffic += 16.0 * static_cast<double>(ps.floats) + 16.0 * held;
-  c.optimizer = prof.ComputeSeconds(0, traffic);
+  const double packing = par.zero == 1 ? 16.0 * static_cast<double>(ps.floats) + 16.0 * held : 0;
+  c.optimizer = prof.KernelSeconds(Kernel::kAdamW, held) + prof.KernelSeconds(Kernel::kSquaredNorm, held) +
+                prof.ComputeSeconds(0, packing);
   c.after = c.dp_comm + c.optimizer;
   MemoryUse& mem = c.memory;
   mem.parameters = mem.gradients = 4 * ps.floats;
@@ -137,28 +153,21 @@ StageCost CostOf(const StageWork& w, const ParamStats& ps, const ParallelConfig&
   return c;
 }
 
-// What a rank waiting in a pipeline (for its neighbour stage) still costs
-// the ranks it shares devices with, as a fraction of a working rank.
-// Fitted, not measured: the model's two extremes (0: the waiting rank
-// lends all of its share; 1: none, session 20's model) ranked the 12
-// configurations of tests/bench/auto_parallel_bench.py on 4 in-process
-// ranks on 2 cores at rho 0.69-0.80 and 0.63-0.73 in session 20's runs 5
-// and 6 (BENCHMARKS.md); 0.2-0.35 gave 0.90-0.97 in both. A third run,
-// after the value was fixed, gave 0.834 (the extremes 0.855 and 0.434).
-// The waiting ranks sleep (the process's CPU time drops: 3.7 s against
-// 4.3 s for dp4 over the same steps), so this is not CPU they burn; where
-// the rest goes (cache refills after a switch, the runtime's wake-ups) is
-// not known.
-constexpr double kPipelineWaitShare = 0.3;
-
 // 1F1B on ranks that share devices (more ranks than cores), simulated:
 // each stage's `group` ranks run its micro-batches' forwards (a third of a
 // micro-batch's work) and backwards (the rest) in the runtime's 1F1B order,
 // a forward after the previous stage's, a backward after the next stage's;
-// the ranks that have work share the `devices` (processor sharing) with
-// the waiting ones, which count kPipelineWaitShare of a working rank
-// each. Compute runs at the share, collectives and transfers take their
-// own time. Returns the pipeline's seconds.
+// the ranks that have work share the `devices` (processor sharing), those
+// waiting for their neighbour stage take none: the runtime's
+// point-to-point waits sleep (the process's CPU time drops: 3.7 s against
+// 4.3 s for dp4 over the same steps on 4 in-process ranks on 2 cores).
+// Compute runs at the share, collectives and transfers take their own
+// time. Returns the pipeline's seconds.
+//
+// (Sessions 20-21 charged a waiting rank 0.3 of a working one, a figure
+// fitted to the benchmark's rankings while element-wise kernels were
+// priced by the residual add's bandwidth. With each kernel measured the
+// physical 0 ranks as well or better on every run: BENCHMARKS.md.)
 double SharedPipeline(const std::vector<StageCost>& stages, int m, int rpd, int group, double devices) {
   const int pp = static_cast<int>(stages.size());
   constexpr double kForward = 1.0 / 3;
@@ -186,7 +195,7 @@ double SharedPipeline(const std::vector<StageCost>& stages, int m, int rpd, int 
   double t = 0;
   int finished = 0;
   while (finished < pp) {
-    int active = 0, waiting = 0;
+    int active = 0;
     for (int s = 0; s < pp; ++s) {
       Stage& x = st[s];
       if (x.k >= 2 * m) {
@@ -196,10 +205,10 @@ double SharedPipeline(const std::vector<StageCost>& stages, int m, int rpd, int 
       // A forward after the previous stage's, a backward after the next's.
       x.ready = backward(s, x.k) ? (s == pp - 1 || st[s + 1].backwards > x.backwards)
                                  : (s == 0 || st[s - 1].forwards > x.forwards);
-      (x.ready ? active : waiting) += group;
+      if (x.ready) active += group;
     }
     if (active == 0) return std::numeric_limits<double>::infinity();  // cannot happen: 1F1B ends
-    const double rate = std::min(1.0, devices / (active + kPipelineWaitShare * waiting));
+    const double rate = std::min(1.0, devices / active);
     double dt = std::numeric_limits<double>::infinity();
     for (const Stage& x : st) {
       if (x.ready) dt = std::min(dt, x.comm ? x.left : x.left / rate);
@@ -231,8 +240,8 @@ double SharedPipeline(const std::vector<StageCost>& stages, int m, int rpd, int 
 // The step from its stages' costs: 1F1B's critical path, the stages' sum
 // plus micro-batches - 1 times the slowest. Ranks sharing a device (more
 // ranks than cores) are charged the device's share (their compute is
-// priced at it); in a pipeline the waiting ranks lend most of their share
-// to the working ones (SharedPipeline).
+// priced at it); in a pipeline the waiting ranks lend their share to the
+// working ones (SharedPipeline).
 // A step that could not come under `cutoff` may stop early: its seconds
 // are then a lower bound, itself at least `cutoff` (the search passes the
 // slowest plan it still keeps).
@@ -373,7 +382,7 @@ Result<std::vector<std::vector<OpCost>>> BreakdownGptStep(const GptConfig& confi
     ASSIGN_OR_RETURN(std::unique_ptr<OpGpt> ops, ParallelGpt::StageOps(config, par, job.mesh, gs));
     std::vector<OpCost> stage;
     for (const auto& [name, w] : ops->EstimateOps(job.rows, T)) {
-      stage.push_back({name, job.profile.ComputeSeconds(w.flops, w.bytes), TpSeconds(w, job.profile, par.tp)});
+      stage.push_back({name, ComputeOf(w, job.profile), TpSeconds(w, job.profile, par.tp)});
     }
     out.push_back(std::move(stage));
   }
@@ -716,8 +725,8 @@ class Halves {
   }
   Sum Summarize(const OpGpt::HalfWork& h) const {
     Sum s;
-    s.fw = profile_.ComputeSeconds(h.forward.flops, h.forward.bytes) + TpSeconds(h.forward, profile_, tp_);
-    s.bw = profile_.ComputeSeconds(h.backward.flops, h.backward.bytes) + TpSeconds(h.backward, profile_, tp_);
+    s.fw = ComputeOf(h.forward, profile_) + TpSeconds(h.forward, profile_, tp_);
+    s.bw = ComputeOf(h.backward, profile_) + TpSeconds(h.backward, profile_, tp_);
     s.slot = h.forward.slot_bytes;
     s.tp_sum = h.forward.tp_sum_floats + h.backward.tp_sum_floats;
     for (int i = 0; i < StageWork::kSharedCount; ++i) {
@@ -921,7 +930,7 @@ Result<SearchResult> SearchGptParallel(const GptConfig& config, int B, int T, in
             return it->second;
           };
           auto seconds = [&](const StageWork& w) {
-            return profile.ComputeSeconds(w.flops, w.bytes) + TpSeconds(w, profile, tp);
+            return ComputeOf(w, profile) + TpSeconds(w, profile, tp);
           };
           // The heads (ln_f, lm_head, loss) worth trying after a stream
           // placed as `x` with wte cut as `ws`: those no other dominates

@@ -111,6 +111,17 @@ struct SearchResult {
 Result<SearchResult> SearchGptParallel(const GptConfig& config, int B, int T, int devices,
                                        const MachineProfile& profile, const SearchOptions& options);
 
+// The runtime's kernels (cost_model.h: Kernel) timed on this thread at
+// the sizes of a small GPT's activations, each the median of several runs,
+// into `profile`'s kernel_seconds. The attention core's cost per score
+// (the softmax) and per flop of its products come from a fit over three
+// head sizes.
+void MeasureKernels(MachineProfile* profile);
+// What train_gpt --calibrate measures: Calibrate (cost_model.h) and the
+// kernels, timed on rank 0 while the others wait. Collective; every rank
+// returns the same profile.
+Result<MachineProfile> CalibrateMachine(Communicator& world);
+
 // The layers per stage that balance the stages' predicted times (the first
 // stage also embeds, the last also runs ln_f, the output projection and the
 // loss): `block` seconds per block, `first` and `last` the ends' extra.

@@ -699,6 +699,7 @@ void StageWork::AddTimes(const StageWork& o, int64_t n) {
   if (n <= 0) return;
   flops += o.flops * n;
   bytes += o.bytes * n;
+  for (int k = 0; k < kKernelCount; ++k) kernel[k] += o.kernel[k] * n;
   for (int k = 0; k < 4; ++k) {
     comm_count[k] += o.comm_count[k] * static_cast<int>(n);
     comm_bytes[k] += o.comm_bytes[k] * n;
@@ -725,6 +726,10 @@ struct Sizer {
   int64_t Local(const Placement& p, int64_t rows, int64_t cols) const {
     return Rows(p, rows) * Cols(p, cols) * 4;
   }
+  // Its elements (a kernel's units).
+  double Elements(const Placement& p, int64_t rows, int64_t cols) const {
+    return static_cast<double>(Rows(p, rows)) * Cols(p, cols);
+  }
   // What Convert allocates for from -> to: a new shard unless `from`
   // already is `to` (a lone AllReduce resolves in place).
   int64_t Storage(const Placement& from, const Placement& to, int64_t rows, int64_t cols) const {
@@ -742,7 +747,14 @@ struct Sizer {
         case RedistStep::kAllReduce: k = 0; b = from.split == -1 ? whole : whole / tp; break;
         case RedistStep::kReduceScatter: k = 1; b = whole; break;
         case RedistStep::kAllGather: k = 2; b = whole; break;
-        case RedistStep::kRedistribute: k = 3; b = whole / tp; break;
+        case RedistStep::kRedistribute:
+          // An all-to-all, with the shard copied into a DTensor, packed,
+          // unpacked and copied out (OpContext::Convert): each read and
+          // written twice on either side.
+          k = 3;
+          b = whole / tp;
+          w->bytes += 4.0 * (Local(from, rows, cols) + Local(to, rows, cols));
+          break;
         case RedistStep::kSlice: w->bytes += 2.0 * Local(to, rows, cols); break;
       }
       if (k >= 0) {
@@ -764,6 +776,8 @@ struct Sizer {
   }
 };
 
+constexpr int K(Kernel k) { return static_cast<int>(k); }
+
 void Grow(StageWork* w, StageWork::Shared id, int64_t bytes) {
   w->shared[id] = std::max(w->shared[id], bytes);
 }
@@ -774,6 +788,7 @@ StageWork Since(const StageWork& now, const StageWork& before) {
   StageWork d;
   d.flops = now.flops - before.flops;
   d.bytes = now.bytes - before.bytes;
+  for (int k = 0; k < kKernelCount; ++k) d.kernel[k] = now.kernel[k] - before.kernel[k];
   for (int k = 0; k < 4; ++k) {
     d.comm_count[k] = now.comm_count[k] - before.comm_count[k];
     d.comm_bytes[k] = now.comm_bytes[k] - before.comm_bytes[k];
@@ -823,8 +838,8 @@ OpGpt::HalfWork OpGpt::EstimateHalf(const GptConfig& config, int tp, const HalfO
   fw.slot_bytes += z.Storage(x, ln.inputs[0], N, C);
   z.Comm(x, ln.inputs[0], N, C, &fw);
   fw.slot_bytes += z.Local(ln.output, N, C) + 2 * 4 * z.Rows(ln.output, N);
-  fw.bytes += 2.0 * z.Local(ln.inputs[0], N, C);
-  w.bytes += 3.0 * z.Local(ln.inputs[0], N, C);
+  fw.kernel[K(Kernel::kLayerNormForward)] += z.Elements(ln.inputs[0], N, C);
+  w.kernel[K(Kernel::kLayerNormBackward)] += z.Elements(ln.inputs[0], N, C);
   if (ln.rows_over_tp && tp > 1) w.tp_sum_floats += 2 * C;
   mark(0);
   // ln -> the first linear
@@ -849,8 +864,9 @@ OpGpt::HalfWork OpGpt::EstimateHalf(const GptConfig& config, int tp, const HalfO
     const int64_t seqs = z.Rows(qkv, N) / T;
     const int64_t heads = qkv.split == 1 && tp > 1 ? config.heads / tp : config.heads;
     const int64_t hs = C / config.heads;
-    core.flops += 2.0 * seqs * heads * T * T * hs;
-    core.bytes += 3.0 * seqs * heads * T * T * 4;
+    const double scores = static_cast<double>(seqs) * heads * T * T;
+    core.kernel[K(Kernel::kAttentionForwardScores)] += scores;
+    core.kernel[K(Kernel::kAttentionForwardProducts)] += 2.0 * scores * hs;
     const int64_t att = seqs * heads * T * T * 4, y = z.Local(mid_info.output, N, C);
     if (rc == Recompute::kNone) {
       core.slot_bytes += att + y;
@@ -859,8 +875,8 @@ OpGpt::HalfWork OpGpt::EstimateHalf(const GptConfig& config, int tp, const HalfO
       Grow(&core, StageWork::kScratchY, y);
     }
     z.Comm(mid_info.output, out.inputs[0], N, C, &core);
-    w.flops += 2 * core.flops;
-    w.bytes += 2 * core.bytes;
+    w.kernel[K(Kernel::kAttentionBackwardScores)] += scores;
+    w.kernel[K(Kernel::kAttentionBackwardProducts)] += 4.0 * scores * hs;
     fw.Add(core);
     if (rc == Recompute::kSelective) {
       core.slot_bytes = 0;
@@ -868,8 +884,8 @@ OpGpt::HalfWork OpGpt::EstimateHalf(const GptConfig& config, int tp, const HalfO
     }
   } else {
     fw.slot_bytes += z.Local(mid_info.output, N, 4 * C);
-    fw.bytes += 2.0 * z.Local(mid_info.output, N, 4 * C);
-    w.bytes += 3.0 * z.Local(mid_info.output, N, 4 * C);
+    fw.kernel[K(Kernel::kGeluForward)] += z.Elements(mid_info.output, N, 4 * C);
+    w.kernel[K(Kernel::kGeluBackward)] += z.Elements(mid_info.output, N, 4 * C);
     z.Comm(mid_info.output, out.inputs[0], N, k2, &fw);
   }
   mark(2);
@@ -886,7 +902,7 @@ OpGpt::HalfWork OpGpt::EstimateHalf(const GptConfig& config, int tp, const HalfO
   Grow(&fw, StageWork::kConvTmp, z.Storage(out.output, add.inputs[1], N, C));
   z.Comm(out.output, add.inputs[1], N, C, &fw);
   fw.slot_bytes += z.Local(add.output, N, C);
-  fw.bytes += 3.0 * z.Local(add.output, N, C);
+  fw.kernel[K(Kernel::kResidualAdd)] += z.Elements(add.output, N, C);
   mark(4);
 
   // Backward: each edge's dual, into the shared gradient buffers.
@@ -961,7 +977,8 @@ StageWork OpGpt::EstimateInput(const GptConfig& config, int tp, const EmbeddingO
   }
   const Placement x = embedding->info().output;
   e.slot_bytes += z.Local(x, N, C) + N * 4;  // x0, tokens
-  e.bytes += 3.0 * z.Local(x, N, C) * 2;
+  e.kernel[K(Kernel::kEmbeddingForward)] += z.Elements(x, N, C);
+  e.kernel[K(Kernel::kEmbeddingBackward)] += z.Elements(x, N, C);
   if (embedding->info().rows_over_tp && tp > 1) {
     const int s = embedding->weight_split();
     e.tp_sum_floats += config.context * C +  // wpe, and wte
@@ -988,7 +1005,8 @@ StageWork OpGpt::EstimateOutput(const GptConfig& config, int tp, Placement x, co
   e.slot_bytes += z.Storage(x, lnf.inputs[0], N, C);
   z.Edge(x, lnf.inputs[0], lnf.inputs[0], N, C, &e);
   e.slot_bytes += z.Local(lnf.output, N, C) + 2 * 4 * z.Rows(lnf.output, N);
-  e.bytes += 5.0 * z.Local(lnf.inputs[0], N, C);
+  e.kernel[K(Kernel::kLayerNormForward)] += z.Elements(lnf.inputs[0], N, C);
+  e.kernel[K(Kernel::kLayerNormBackward)] += z.Elements(lnf.inputs[0], N, C);
   if (lnf.rows_over_tp && tp > 1) e.tp_sum_floats += 2 * C;
   StageWork seen;
   auto mark = [&](int op) {
@@ -1011,7 +1029,8 @@ StageWork OpGpt::EstimateOutput(const GptConfig& config, int tp, Placement x, co
   e.slot_bytes += z.Local(ce, N, V);         // probabilities
   e.slot_bytes += z.Rows(ce, N) * (4 + 16);  // the loss's max and sums
   z.Edge(lm.output, ce, ce, N, V, &e);
-  e.bytes += 6.0 * z.Local(ce, N, V);
+  e.kernel[K(Kernel::kCrossEntropyForward)] += z.Elements(ce, N, V);
+  e.kernel[K(Kernel::kCrossEntropyBackward)] += z.Elements(ce, N, V);
   mark(2);
   Grow(&e, StageWork::kDlogits, z.Storage(ce, lm.output.Resolved(), N, V));
   Grow(&e, StageWork::kDlnf, z.Local(lm_grad, N, C));

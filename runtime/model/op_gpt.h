@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "runtime/model/gpt.h"
+#include "runtime/parallel/cost_model.h"
 #include "runtime/parallel/op_strategy.h"
 #include "runtime/parallel/operators.h"
 
@@ -51,8 +52,9 @@ enum class Recompute { kNone, kFull, kSelective };
 // allocate them.
 struct StageWork {
   // Forward + backward (+ recompute) of one micro-batch.
-  double flops = 0;  // matrix products
-  double bytes = 0;  // element-wise memory traffic
+  double flops = 0;  // the linears' matrix products
+  double bytes = 0;  // memory traffic of copies (slices, packing)
+  double kernel[kKernelCount] = {};  // units of each element-wise and attention kernel
   // Collectives over tp, by RedistStep-like kind (CollectiveKind order:
   // AllReduce, ReduceScatter, AllGather, AllToAll): how many and bytes,
   // sized as MachineProfile::CollectiveSeconds takes them.

@@ -55,7 +55,32 @@ Ring RingOf(CollectiveKind kind, double n) {
   return {0, 0};
 }
 
+// A kernel's roofline: bytes and flops per unit.
+struct Roofline {
+  double bytes, flops;
+};
+constexpr Roofline kRoofline[kKernelCount] = {
+    {8, 0},  {12, 0},  // layer norm: read x, write y; backward reads x, dy, writes dx
+    {8, 0},  {12, 0},  // GELU
+    {12, 0},           // residual add: two reads, a write
+    {12, 0}, {12, 0},  // embedding: wte and wpe rows into the output; back
+    {12, 0}, {12, 0},  // cross-entropy: logits, probabilities; back
+    {12, 0}, {0, 1},   // attention forward: scores written, read, the softmax; products
+    {24, 0}, {0, 1},   // attention backward
+    {28, 0},           // AdamW: parameter, gradient, two moments read, three written
+    {4, 0},            // squared norm: one read
+};
+
+constexpr std::string_view kKernelNames[kKernelCount] = {
+    "layer_norm_forward",         "layer_norm_backward",        "gelu_forward",
+    "gelu_backward",              "residual_add",               "embedding_forward",
+    "embedding_backward",         "cross_entropy_forward",      "cross_entropy_backward",
+    "attention_forward_scores",   "attention_forward_products", "attention_backward_scores",
+    "attention_backward_products", "adamw",                     "squared_norm"};
+
 }  // namespace
+
+std::string_view KernelName(Kernel kernel) { return kKernelNames[static_cast<int>(kernel)]; }
 
 std::vector<double> Ascending(const std::vector<double>& v) {
   // Pool adjacent violators: blocks of equal values, merged while a block
@@ -143,7 +168,7 @@ Result<MachineProfile> MachineProfile::Parse(std::string_view text, const std::s
         const std::string where = source + ": collectives[" + std::to_string(p.collectives.size()) + "]";
         bool known = false;
         for (CollectiveKind k : {CollectiveKind::kAllReduce, CollectiveKind::kAllGather,
-                                 CollectiveKind::kReduceScatter}) {
+                                 CollectiveKind::kReduceScatter, CollectiveKind::kSendRecv}) {
           if (kind == CollectiveName(k)) {
             t.kind = k;
             known = true;
@@ -151,8 +176,8 @@ Result<MachineProfile> MachineProfile::Parse(std::string_view text, const std::s
         }
         if (!known) {
           return InvalidArgumentError(where + ": kind \"" + kind +
-                                      "\" (measured tables are of AllReduce, AllGather or "
-                                      "ReduceScatter)");
+                                      "\" (measured tables are of AllReduce, AllGather, "
+                                      "ReduceScatter or SendRecv)");
         }
         t.group = c.value("group", 0);
         t.bytes = c.value("bytes", std::vector<double>{});
@@ -168,6 +193,26 @@ Result<MachineProfile> MachineProfile::Parse(std::string_view text, const std::s
           }
         }
         p.collectives.push_back(std::move(t));
+      }
+    }
+    if (j.contains("kernels")) {
+      const Json& kernels = j["kernels"];
+      if (!kernels.is_object()) return InvalidArgumentError(source + ": \"kernels\" must be an object");
+      for (const auto& [name, value] : kernels.items()) {
+        int k = 0;
+        while (k < kKernelCount && kKernelNames[k] != name) ++k;
+        if (k == kKernelCount) {
+          std::string known;
+          for (std::string_view n : kKernelNames) known += (known.empty() ? "" : ", ") + std::string(n);
+          return InvalidArgumentError(source + ": kernels: unknown kernel \"" + name + "\" (known: " +
+                                      known + ")");
+        }
+        const double v = value.is_number() ? value.get<double>() : -1;
+        if (!(v > 0 && std::isfinite(v))) {
+          return InvalidArgumentError(source + ": kernels: \"" + name +
+                                      "\" must be a positive number (seconds per unit)");
+        }
+        p.kernel_seconds[k] = v;
       }
     }
   } catch (const std::exception& e) {
@@ -211,6 +256,11 @@ std::string MachineProfile::ToJson() const {
     }
     j["collectives"] = list;
   }
+  Json kernels = Json::object();
+  for (int k = 0; k < kKernelCount; ++k) {
+    if (kernel_seconds[k] > 0) kernels[std::string(kKernelNames[k])] = kernel_seconds[k];
+  }
+  if (!kernels.empty()) j["kernels"] = kernels;
   return j.dump(2) + "\n";
 }
 
@@ -223,6 +273,12 @@ MachineProfile MachineProfile::ForRanks(int ranks) const {
 
 double MachineProfile::ComputeSeconds(double flops, double bytes) const {
   return (flops / matmul_flops + bytes / memory_bandwidth) * ranks_per_device;
+}
+
+double MachineProfile::KernelSeconds(Kernel kernel, double units) const {
+  const int k = static_cast<int>(kernel);
+  if (kernel_seconds[k] > 0) return units * kernel_seconds[k] * ranks_per_device;
+  return ComputeSeconds(units * kRoofline[k].flops, units * kRoofline[k].bytes);
 }
 
 double MachineProfile::CollectiveSeconds(CollectiveKind kind, double bytes, int group,
@@ -264,15 +320,19 @@ bool MachineProfile::CrossesHosts(int64_t stride, int64_t size) const {
 
 double MeasureMatmulFlops(int64_t n) {
   const int64_t C = 256, M = 4 * C;
-  const int64_t N = std::max<int64_t>(n, 64);
-  std::vector<float> x(N * C, 0.5f), w(C * M, 0.25f), b(M, 0.0f), y(N * M);
-  kernels::MatmulForward(y.data(), x.data(), w.data(), b.data(), static_cast<int>(N),
-                         static_cast<int>(C), static_cast<int>(M));  // warm up
-  const double s = MedianSeconds(5, [&] {
-    kernels::MatmulForward(y.data(), x.data(), w.data(), b.data(), static_cast<int>(N),
-                           static_cast<int>(C), static_cast<int>(M));
-  });
-  return 2.0 * N * C * M / s;
+  const int N = static_cast<int>(std::max<int64_t>(n, 64));
+  std::vector<float> x(N * C, 0.5f), w(C * M, 0.25f), b(M, 0.0f), y(N * M), dy(N * M, 0.01f),
+      dx(N * C), dw(C * M), db(M);
+  // A training linear: the forward and its backward (the input's and the
+  // weight's gradients, twice the forward's flops; on this VM 10-15%
+  // slower a flop than the forward).
+  auto both = [&] {
+    kernels::MatmulForward(y.data(), x.data(), w.data(), b.data(), N, C, M);
+    kernels::MatmulBackward(dx.data(), dw.data(), db.data(), dy.data(), x.data(), w.data(), N, C, M);
+  };
+  both();  // warm up
+  const double s = MedianSeconds(5, both);
+  return 6.0 * N * C * M / s;
 }
 
 double MeasureMemoryBandwidth(int64_t floats) {
@@ -333,10 +393,13 @@ Result<std::vector<CollectiveTable>> MeasureCollectives(Communicator& comm, int6
   // ReduceScatter is timed on its own: backends implement it differently
   // (Gloo here as an AllReduce of the whole input, MPI as an AllToAll and
   // a fold in rank order), so it costs what neither of the others does.
-  std::vector<CollectiveTable> out(3);
+  // SendRecv (a pipeline's transfer between neighbour stages) is timed as
+  // a ping-pong of ranks 0 and 1, half the round trip, the others idle.
+  std::vector<CollectiveTable> out(4);
   out[0].kind = CollectiveKind::kAllReduce;
   out[1].kind = CollectiveKind::kAllGather;
   out[2].kind = CollectiveKind::kReduceScatter;
+  out[3].kind = CollectiveKind::kSendRecv;
   std::vector<float> send, recv;
   Status status = Status::Ok();
   for (int64_t size = 4096; size <= max_bytes; size *= 4) {
@@ -344,7 +407,7 @@ Result<std::vector<CollectiveTable>> MeasureCollectives(Communicator& comm, int6
     const int64_t bytes = count * 4;
     send.assign(count, 1.0f);
     recv.assign(count * n, 0.0f);
-    for (int kind = 0; kind < 3; ++kind) {
+    for (int kind = 0; kind < 4; ++kind) {
       std::vector<double> t;
       for (int run = 0; run < 9; ++run) {
         std::memset(scratch.data(), run + 1, scratch.size());
@@ -353,19 +416,30 @@ Result<std::vector<CollectiveTable>> MeasureCollectives(Communicator& comm, int6
         asm volatile("" : : "r"(scratch.data()) : "memory");
         RETURN_IF_ERROR(comm.Barrier());
         const double start = Now();
-        Status s =
-            kind == 0   ? comm.AllReduce(send.data(), recv.data(), count, DType::kF32, ReduceOp::kSum)
-            : kind == 1 ? comm.AllGather(send.data(), count / n, recv.data(), DType::kF32)
-                        : comm.ReduceScatter(send.data(), recv.data(), count / n, DType::kF32,
-                                             ReduceOp::kSum);
-        t.push_back(Now() - start);
+        Status s = Status::Ok();
+        switch (kind) {
+          case 0: s = comm.AllReduce(send.data(), recv.data(), count, DType::kF32, ReduceOp::kSum); break;
+          case 1: s = comm.AllGather(send.data(), count / n, recv.data(), DType::kF32); break;
+          case 2:
+            s = comm.ReduceScatter(send.data(), recv.data(), count / n, DType::kF32, ReduceOp::kSum);
+            break;
+          default:
+            if (comm.rank() == 0) {
+              s = comm.Send(send.data(), count, DType::kF32, 1, run);
+              if (s.ok()) s = comm.Recv(recv.data(), count, DType::kF32, 1, run);
+            } else if (comm.rank() == 1) {
+              s = comm.Recv(recv.data(), count, DType::kF32, 0, run);
+              if (s.ok()) s = comm.Send(recv.data(), count, DType::kF32, 0, run);
+            }
+        }
+        t.push_back((Now() - start) / (kind == 3 ? 2 : 1));
         if (status.ok()) status = s;
       }
       RETURN_IF_ERROR(status);
       std::sort(t.begin(), t.end());
       double median = t[t.size() / 2];
       RETURN_IF_ERROR(comm.Broadcast(&median, 1, DType::kF64, 0));  // rank 0's timing everywhere
-      out[kind].group = n;
+      out[kind].group = kind == 3 ? 2 : n;
       out[kind].bytes.push_back(static_cast<double>(bytes));
       out[kind].seconds.push_back(median);
     }

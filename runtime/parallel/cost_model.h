@@ -15,7 +15,8 @@
 //     "inter_host": {"latency_s": 1e-5, "bandwidth": 2.5e10},
 //     "hosts": 0,
 //     "collectives": [{"kind": "AllReduce", "group": 2,
-//                      "bytes": [4096, ...], "seconds": [1.2e-4, ...]}, ...]
+//                      "bytes": [4096, ...], "seconds": [1.2e-4, ...]}, ...],
+//     "kernels": {"layer_norm_forward": 1.2e-9, ...}
 //   }
 //
 // "collectives" (optional; calibration writes it) holds collectives timed
@@ -32,7 +33,7 @@
 // bandwidth). `hosts` (0: as many as a job needs) bounds the devices: a
 // job with more ranks than hosts x devices_per_host shares devices (more
 // ranks than cores on a CPU), which divides their throughput (a pipeline's
-// waiting ranks lend most of theirs: runtime/model/gpt_search.cc).
+// waiting ranks lend theirs: runtime/model/gpt_search.cc).
 // The model (the GPT's operators, their placements and buffers) is the
 // other half: runtime/model/gpt_search.h.
 #ifndef TESSERA_RUNTIME_PARALLEL_COST_MODEL_H_
@@ -66,6 +67,35 @@ struct CollectiveTable {
   std::vector<double> bytes, seconds;
 };
 
+// The runtime's kernels (runtime/kernels.h, the optimizer's), which a
+// profile may price by measurement, each per its own unit. Calibration
+// times them (runtime/model/gpt_search.h: MeasureKernels); a kernel without
+// a measured figure costs its roofline: its bytes per unit at
+// memory_bandwidth and its flops per unit at matmul_flops. On this VM the
+// roofline misses by up to 3.5x either way (a layer norm's per-row
+// reductions, the attention core's exponentials and small products, a
+// residual add in cache): BENCHMARKS.md "Automatic parallelism".
+enum class Kernel {
+  kLayerNormForward,           // per element of its input
+  kLayerNormBackward,          // per element
+  kGeluForward,                // per element
+  kGeluBackward,               // per element
+  kResidualAdd,                // per element of the sum
+  kEmbeddingForward,           // per element of its output [rows, C]
+  kEmbeddingBackward,          // per element of its output gradient
+  kCrossEntropyForward,        // per logit (softmax and loss)
+  kCrossEntropyBackward,       // per logit
+  kAttentionForwardScores,     // per score (one head's query x key, T x T a sequence)
+  kAttentionForwardProducts,   // per flop of its products (2 x T x T x head size a head and sequence)
+  kAttentionBackwardScores,    // per score
+  kAttentionBackwardProducts,  // per flop (twice the forward's)
+  kAdamW,                      // per parameter updated
+  kSquaredNorm,                // per gradient float of the clipping norm
+  kCount
+};
+inline constexpr int kKernelCount = static_cast<int>(Kernel::kCount);
+std::string_view KernelName(Kernel kernel);
+
 struct MachineProfile {
   std::string name, source;
   std::string backend;  // what the links were measured over ("inprocess", "mpi", ...)
@@ -76,6 +106,9 @@ struct MachineProfile {
   LinkProfile intra_host, inter_host;
   int hosts = 0;
   std::vector<CollectiveTable> collectives;  // measured; see above
+  // Measured seconds per unit of each kernel (0: not measured, the
+  // roofline). JSON: "kernels": {"layer_norm_forward": 1.2e-9, ...}.
+  double kernel_seconds[kKernelCount] = {};
   // Ranks sharing one device (ForRanks sets it; not in the file).
   int ranks_per_device = 1;
   // This machine running a job of `ranks`.
@@ -88,6 +121,9 @@ struct MachineProfile {
   // Seconds for `flops` of matrix products and `bytes` of element-wise
   // memory traffic on one rank (shared devices divide the throughput).
   double ComputeSeconds(double flops, double bytes) const;
+  // Seconds for `units` of `kernel` on one rank: measured, else its
+  // roofline (shared devices divide the throughput).
+  double KernelSeconds(Kernel kernel, double units) const;
   // Seconds for one collective over `group` ranks on `link` (true: crosses
   // hosts) with `bytes` the size of the whole tensor (AllReduce), of the
   // gathered result (AllGather, ReduceScatter's input), of what each rank
@@ -100,7 +136,8 @@ struct MachineProfile {
 
 // Calibration: the figures a profile holds, measured here.
 // f32 matrix products of the sizes the GPT's linears have ([rows, C] x
-// [C, 4C]), on the threads the kernels have been given.
+// [C, 4C]), forward and backward, on the threads the kernels have been
+// given.
 double MeasureMatmulFlops(int64_t n);
 // The element-wise kernels' memory throughput (a residual add over
 // `floats` floats, counting 3 x 4 bytes per element).

@@ -174,7 +174,7 @@ Result<ParallelConfig> AutoParallel(const Options& o, Communicator& world) {
   if (!o.profile.empty()) {
     ASSIGN_OR_RETURN(profile, MachineProfile::Load(o.profile));
   } else {
-    ASSIGN_OR_RETURN(profile, Calibrate(world));
+    ASSIGN_OR_RETURN(profile, CalibrateMachine(world));
   }
   SearchOptions search;
   search.mode = o.auto_parallel;
@@ -203,7 +203,7 @@ Status Train(const Options& o, Communicator& world) {
   const bool first = world.rank() == 0;
   Env* env = Env::Default();
   if (!o.calibrate_out.empty()) {
-    ASSIGN_OR_RETURN(MachineProfile profile, Calibrate(world));
+    ASSIGN_OR_RETURN(MachineProfile profile, CalibrateMachine(world));
     if (first) RETURN_IF_ERROR(WriteFileAtomically(env, o.calibrate_out, profile.ToJson()));
     if (talk) std::printf("calibrated: %s", profile.ToJson().c_str());
     return Status::Ok();

@@ -66,11 +66,12 @@ TEST_CASE("measured collective tables price their kind and group, the line the r
     "collectives": [
       {"kind": "AllReduce", "group": 2, "bytes": [1000, 100000], "seconds": [1e-3, 4e-3]},
       {"kind": "AllGather", "group": 4, "bytes": [1000], "seconds": [2e-3]},
-      {"kind": "ReduceScatter", "group": 8, "bytes": [1000], "seconds": [1e-9]}]})",
+      {"kind": "ReduceScatter", "group": 8, "bytes": [1000], "seconds": [1e-9]},
+      {"kind": "SendRecv", "group": 2, "bytes": [1000, 100000], "seconds": [1e-3, 2e-3]}]})",
                                     "<tables>");
   INFO(with.status().ToString());
   REQUIRE(with.ok());
-  REQUIRE(with->collectives.size() == 3);
+  REQUIRE(with->collectives.size() == 4);
   auto again = MachineProfile::Parse(with->ToJson(), "<again>");
   REQUIRE(again.ok());
   CHECK(again->ToJson() == with->ToJson());
@@ -89,8 +90,10 @@ TEST_CASE("measured collective tables price their kind and group, the line the r
   // Another group size, another host, a kind without a table: the line.
   CHECK(with->CollectiveSeconds(ar, 1e5, 4, false) == p.CollectiveSeconds(ar, 1e5, 4, false));
   CHECK(with->CollectiveSeconds(ar, 1e5, 2, true) == p.CollectiveSeconds(ar, 1e5, 2, true));
-  CHECK(with->CollectiveSeconds(CollectiveKind::kSendRecv, 1e5, 2, false) ==
-        p.CollectiveSeconds(CollectiveKind::kSendRecv, 1e5, 2, false));
+  // A pipeline's transfer: its own table.
+  CHECK(with->CollectiveSeconds(CollectiveKind::kSendRecv, 1e4, 2, false) == Approx(std::sqrt(2) * 1e-3));
+  CHECK(with->CollectiveSeconds(CollectiveKind::kSendRecv, 1e4, 2, true) ==
+        p.CollectiveSeconds(CollectiveKind::kSendRecv, 1e4, 2, true));
   CHECK(with->CollectiveSeconds(CollectiveKind::kAllGather, 500, 4, false) == Approx(2e-3));
   CHECK(with->CollectiveSeconds(CollectiveKind::kReduceScatter, 5e6, 4, false) ==
         p.CollectiveSeconds(CollectiveKind::kReduceScatter, 5e6, 4, false));
@@ -105,6 +108,74 @@ TEST_CASE("measured collective tables price their kind and group, the line the r
     REQUIRE_FALSE(r.ok());
     CHECK(r.status().message().find("m.json: collectives[0]") != std::string::npos);
   }
+}
+
+TEST_CASE("measured kernels price their units, the roofline the rest, and bad names are named") {
+  const MachineProfile p = TestProfile();
+  auto with = MachineProfile::Parse(R"({
+    "format": "tessera.machine_profile", "version": 1, "name": "test",
+    "device": {"matmul_flops": 1e14, "memory_bandwidth": 1e12},
+    "intra_host": {"latency_s": 5e-6, "bandwidth": 1e11},
+    "kernels": {"layer_norm_forward": 2e-9, "attention_forward_products": 1e-12}})",
+                                    "<kernels>");
+  INFO(with.status().ToString());
+  REQUIRE(with.ok());
+  auto again = MachineProfile::Parse(with->ToJson(), "<again>");
+  REQUIRE(again.ok());
+  CHECK(again->ToJson() == with->ToJson());
+  CHECK(with->ToJson().find("\"layer_norm_forward\": 2e-09") != std::string::npos);
+  CHECK(p.ToJson().find("kernels") == std::string::npos);  // none measured, none written
+  CHECK(with->KernelSeconds(Kernel::kLayerNormForward, 1e6) == Approx(2e-3));
+  CHECK(with->KernelSeconds(Kernel::kAttentionForwardProducts, 1e9) == Approx(1e-3));
+  // Unmeasured: the roofline (a layer norm's backward reads x and dy and
+  // writes dx; the attention's products run at the matrix-product rate).
+  CHECK(with->KernelSeconds(Kernel::kLayerNormBackward, 1e6) == Approx(12e6 / 1e12));
+  CHECK(with->KernelSeconds(Kernel::kAttentionBackwardProducts, 1e9) == Approx(1e9 / 1e14));
+  CHECK(p.KernelSeconds(Kernel::kAdamW, 1e6) == Approx(28e6 / 1e12));
+  // Ranks sharing a device share its throughput, measured or not.
+  const MachineProfile shared = [&] {
+    MachineProfile q = *with;
+    q.hosts = 1;
+    return q.ForRanks(2);
+  }();
+  CHECK(shared.KernelSeconds(Kernel::kLayerNormForward, 1e6) == Approx(4e-3));
+  CHECK(shared.KernelSeconds(Kernel::kLayerNormBackward, 1e6) == Approx(2 * 12e6 / 1e12));
+  for (auto [kernels, says] : std::vector<std::pair<const char*, const char*>>{
+           {R"({"layer_norm_fwd": 1e-9})", "unknown kernel \"layer_norm_fwd\" (known: layer_norm_forward"},
+           {R"({"adamw": 0})", "\"adamw\" must be a positive number"},
+           {R"({"adamw": "fast"})", "\"adamw\" must be a positive number"},
+           {R"([1])", "\"kernels\" must be an object"}}) {
+    INFO(kernels);
+    auto r = MachineProfile::Parse(std::string(R"({"format": "tessera.machine_profile", "version": 1,
+      "device": {"matmul_flops": 1, "memory_bandwidth": 1}, "intra_host": {"bandwidth": 1},
+      "kernels": )") + kernels + "}", "k.json");
+    REQUIRE_FALSE(r.ok());
+    CHECK(r.status().message().find("k.json") != std::string::npos);
+    CHECK(r.status().message().find(says) != std::string::npos);
+  }
+}
+
+TEST_CASE("calibration measures every kernel, rank 0's figures on every rank") {
+  std::vector<MachineProfile> by_rank(2);
+  std::mutex mu;
+  const Status s = RunInProcess(2, [&](Communicator& world) -> Status {
+    ASSIGN_OR_RETURN(MachineProfile p, CalibrateMachine(world));
+    std::lock_guard<std::mutex> lock(mu);
+    by_rank[world.rank()] = p;
+    return Status::Ok();
+  });
+  INFO(s.ToString());
+  REQUIRE(s.ok());
+  for (int k = 0; k < kKernelCount; ++k) {
+    INFO(KernelName(static_cast<Kernel>(k)));
+    CHECK(std::isfinite(by_rank[0].kernel_seconds[k]));
+    CHECK(by_rank[0].kernel_seconds[k] > 0);
+    CHECK(by_rank[1].kernel_seconds[k] == by_rank[0].kernel_seconds[k]);
+  }
+  CHECK(by_rank[1].ToJson() == by_rank[0].ToJson());
+  auto parsed = MachineProfile::Parse(by_rank[0].ToJson(), "<calibrated>");
+  REQUIRE(parsed.ok());
+  CHECK(parsed->ToJson() == by_rank[0].ToJson());
 }
 
 TEST_CASE("Ascending: the least-squares ascending fit, an outlier pooled with its neighbours") {
@@ -128,12 +199,13 @@ TEST_CASE("calibration times collectives at every size, never less for more byte
   INFO(s.ToString());
   REQUIRE(s.ok());
   const std::vector<CollectiveTable>& tables = by_rank[1];
-  REQUIRE(tables.size() == 3);
-  REQUIRE(by_rank[0].size() == 3);
-  for (size_t k = 0; k < 3; ++k) CHECK(by_rank[0][k].seconds == tables[k].seconds);  // rank 0's
+  REQUIRE(tables.size() == 4);
+  REQUIRE(by_rank[0].size() == 4);
+  for (size_t k = 0; k < 4; ++k) CHECK(by_rank[0][k].seconds == tables[k].seconds);  // rank 0's
   CHECK(tables[0].kind == CollectiveKind::kAllReduce);
   CHECK(tables[1].kind == CollectiveKind::kAllGather);
   CHECK(tables[2].kind == CollectiveKind::kReduceScatter);
+  CHECK(tables[3].kind == CollectiveKind::kSendRecv);  // a ping-pong of ranks 0 and 1
   for (const CollectiveTable& t : tables) {
     CHECK(t.group == 2);
     CHECK(t.bytes == std::vector<double>{4096, 16384, 65536, 262144, 1048576});
@@ -157,11 +229,16 @@ TEST_CASE("the shipped machine profiles load, each for its backend") {
     CHECK(p->intra_host.latency_s > 0);
     CHECK(p->intra_host.bandwidth > 0);
     // Calibrated with the collectives' tables, every kind at 2 ranks.
-    REQUIRE(p->collectives.size() == 3);
+    REQUIRE(p->collectives.size() == 4);
     for (const CollectiveTable& t : p->collectives) {
       CHECK(t.group == 2);
       CHECK(t.bytes.size() == 7);
       CHECK(std::is_sorted(t.seconds.begin(), t.seconds.end()));
+    }
+    // And every kernel measured.
+    for (int k = 0; k < kKernelCount; ++k) {
+      INFO(KernelName(static_cast<Kernel>(k)));
+      CHECK(p->kernel_seconds[k] > 0);
     }
   }
 }
@@ -288,7 +365,7 @@ TEST_CASE("pipeline stages are balanced by cost: the last stage's head takes lay
   CHECK(s.back() < s.front());
 }
 
-TEST_CASE("ranks sharing devices: a pipeline's waiting stages lend most of their share") {
+TEST_CASE("ranks sharing devices: a pipeline's waiting stages lend their share") {
   // 4 ranks on one host of 2 CPU-like devices (two ranks a device) against
   // the same job with a device each.
   MachineProfile own = TestProfile();
@@ -312,6 +389,13 @@ TEST_CASE("ranks sharing devices: a pipeline's waiting stages lend most of their
   CHECK(a->pipeline > b->pipeline);
   CHECK(a->pipeline < 2 * b->pipeline * 0.9);
   CHECK(a->pipeline >= work / 2);
+  // One micro-batch: one stage works at a time, at a whole device (the
+  // others sleep), as fast as with a device each.
+  pp4.micro_batches = 1;
+  auto one = PredictGptStep(c, 8, 32, pp4, shared), mine = PredictGptStep(c, 8, 32, pp4, own);
+  REQUIRE(one.ok());
+  REQUIRE(mine.ok());
+  CHECK(one->pipeline == Approx(mine->pipeline).epsilon(1e-9));
   // Without a pipeline nobody waits: the shared device's price, twice the
   // compute (collectives, which the test profile's links make small, apart).
   ParallelConfig dp4;
@@ -599,6 +683,40 @@ TEST_CASE("exact rediscovers Megatron's column/row alternation when weights domi
   CHECK(lops.at("h.0.mlp.c_proj") == "((dp, tp), (tp, -))");
 }
 
+TEST_CASE("a layer norm measured slow tips the search to sequence parallelism") {
+  // The short-sequence job above keeps its layer norms whole on the DGX's
+  // roofline. Measured 40 times slower than that (a CPU's layer norm,
+  // whose per-row reductions this VM runs at 3x its roofline, and a GPU's
+  // unfused one are both far off it), they are worth cutting by rows over
+  // tp, with the residual adds between them.
+  const GptConfig c{.layers = 2, .heads = 32, .embed = 4096, .context = 128, .vocab = 32768};
+  SearchOptions o;
+  o.mode = "propagate";
+  o.fixed = std::make_shared<OpStrategyFile>(Settings("<tp8>", 8));
+  MachineProfile slow = Dgx();
+  slow.kernel_seconds[static_cast<int>(Kernel::kLayerNormForward)] = 40 * 8 / slow.memory_bandwidth;
+  slow.kernel_seconds[static_cast<int>(Kernel::kLayerNormBackward)] = 40 * 12 / slow.memory_bandwidth;
+  auto fast = SearchGptParallel(c, 4, 128, 8, Dgx(), o);
+  auto r = SearchGptParallel(c, 4, 128, 8, slow, o);
+  INFO(r.status().ToString());
+  REQUIRE(fast.ok());
+  REQUIRE(r.ok());
+  INFO(r->name);
+  CHECK(Chosen(c, *fast).at("h.0.ln_1") == "((dp, -),)");
+  const auto ops = Chosen(c, *r);
+  for (const char* op : {"h.0.ln_1", "h.0.ln_2"}) CHECK(ops.at(op) == "((dp*tp, -),)");
+  CHECK(ops.at("h.0.mlp.c_fc") == "((dp, -), (-, tp))");
+  CHECK(r->predicted.seconds > fast->predicted.seconds);
+  // The roofline's own figures, measured, change nothing.
+  MachineProfile roofline = Dgx();
+  roofline.kernel_seconds[static_cast<int>(Kernel::kLayerNormForward)] = 8 / roofline.memory_bandwidth;
+  roofline.kernel_seconds[static_cast<int>(Kernel::kLayerNormBackward)] = 12 / roofline.memory_bandwidth;
+  auto same = SearchGptParallel(c, 4, 128, 8, roofline, o);
+  REQUIRE(same.ok());
+  CHECK(same->name == fast->name);
+  CHECK(same->predicted.seconds == Approx(fast->predicted.seconds).epsilon(1e-9));
+}
+
 TEST_CASE("exact chooses pure data parallelism when the batch dwarfs the hidden size") {
   // MindSpore's own test: a MatMul on 16 devices whose batch dwarfs its
   // weights gets [[16, 1], [1, 1]]. Model: 2 blocks, C = 64; batch 512 x 64.
@@ -747,17 +865,25 @@ TEST_CASE("the per-operator shares add up to the stage's work") {
     auto ops = ParallelGpt::StageOps(c, par, *mesh, gs);
     REQUIRE(ops.ok());
     const StageWork whole = (*ops)->Estimate(128, 16);
-    double flops = 0, bytes = 0, comm = 0;
+    double flops = 0, bytes = 0, comm = 0, kernel[kKernelCount] = {};
     for (const auto& [name, w] : (*ops)->EstimateOps(128, 16)) {
       const double n = name.starts_with("h.") ? c.layers : 1;  // each block alike
       flops += n * w.flops;
       bytes += n * w.bytes;
+      for (int k = 0; k < kKernelCount; ++k) kernel[k] += n * w.kernel[k];
       for (double b : w.comm_bytes) comm += n * b;
     }
     double whole_comm = 0;
     for (double b : whole.comm_bytes) whole_comm += b;
     CHECK(flops == Approx(whole.flops));
     CHECK(bytes == Approx(whole.bytes));
+    for (int k = 0; k < kKernelCount; ++k) {
+      INFO(KernelName(static_cast<Kernel>(k)));
+      CHECK(kernel[k] == Approx(whole.kernel[k]));
+      if (k != static_cast<int>(Kernel::kSquaredNorm) && k != static_cast<int>(Kernel::kAdamW)) {
+        CHECK(whole.kernel[k] > 0);  // every kernel of a stage with both ends is counted
+      }
+    }
     // The first block enters from the embedding: its conversion differs.
     CHECK(comm == Approx(whole_comm).epsilon(0.2));
   }

@@ -35,7 +35,7 @@ done
 # single-process losses; a budget nothing fits is refused with nothing run.
 PROFILE="$(dirname "$0")/../../samples/gpt/profiles/debian-vm-2core.json"
 for budget in "400KiB:pp=2,dp=1,tp=2 micro_batches=8 zero=0 recompute=none [ln_1 whole, c_attn col" \
-  "2MiB:pp=1,dp=4,tp=1 micro_batches=1 zero=1 recompute=none [data parallel]"; do
+  "2MiB:pp=2,dp=2,tp=1 micro_batches=2 zero=1 recompute=none [data parallel]"; do
   "$BIN" "${SMALL[@]}" --steps 30 --ranks 4 --auto-parallel fast --profile "$PROFILE" \
     --rank-memory "${budget%%:*}" >"$WORK/auto.log" 2>&1
   check "--auto-parallel fast --rank-memory ${budget%%:*}: chooses ${budget#*:}" \
@@ -66,6 +66,9 @@ check "... and its checkpoint layouts are the run's" cmp -s "$WORK/auto.layouts.
 check "--auto-parallel with --tp: refused" grep -q "auto-parallel chooses tp: drop --tp" "$WORK/auto.log"
 "$BIN" --ranks 2 --calibrate "$WORK/profile.json" --quiet >"$WORK/cal.log" 2>&1
 check "--calibrate writes a profile" grep -q '"format": "tessera.machine_profile"' "$WORK/profile.json"
+check "... with every kernel measured" test "$(python3 -c 'import json, sys
+print(len(json.load(open(sys.argv[1]))["kernels"]))' "$WORK/profile.json")" = 15
+check "... and the pipeline transfer's table" grep -q '"kind": "SendRecv"' "$WORK/profile.json"
 "$BIN" "${SMALL[@]}" --steps 0 --ranks 2 --auto-parallel fast --profile "$WORK/profile.json" \
   >"$WORK/auto.log" 2>&1
 check "... that --auto-parallel reads" grep -q "profile calibrated" "$WORK/auto.log"
