@@ -740,7 +740,7 @@ class Halves {
     if (it == h1_.end()) {
       it = h1_.emplace(key, OpGpt::EstimateHalf(config_, tp_, {&ops_.ln1[p.ln1], &ops_.qkv[p.qkv], &ops_.attn[p.attn],
                                              nullptr, &ops_.proj[p.proj], &ops_.add1[p.add1]},
-                              x, N_, T_, rc_)).first;
+                              x, N_, T_, rc_, /*shares=*/false)).first;
     }
     return it->second;
   }
@@ -750,7 +750,7 @@ class Halves {
     if (it == h2_.end()) {
       it = h2_.emplace(key, OpGpt::EstimateHalf(config_, tp_, {&ops_.ln2[p.ln2], &ops_.fc[p.fc], nullptr,
                                              &ops_.gelu[p.gelu], &ops_.fcproj[p.fcproj], &ops_.add2[p.add2]},
-                              x, N_, T_, rc_)).first;
+                              x, N_, T_, rc_, /*shares=*/false)).first;
     }
     return it->second;
   }

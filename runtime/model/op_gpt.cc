@@ -806,7 +806,7 @@ int64_t LinearParams(const LinearOp& op, int64_t K, int64_t M, int tp) {
 }  // namespace
 
 OpGpt::HalfWork OpGpt::EstimateHalf(const GptConfig& config, int tp, const HalfOps& h, Placement x,
-                                    int64_t N, int T, Recompute rc) {
+                                    int64_t N, int T, Recompute rc, bool shares) {
   const Sizer z{tp};
   const int64_t C = config.embed;
   const bool attention = h.attn != nullptr;
@@ -821,6 +821,7 @@ OpGpt::HalfWork OpGpt::EstimateHalf(const GptConfig& config, int tp, const HalfO
   // what fw and w gained since the last mark.
   StageWork seen, seen_fw;
   auto mark = [&](int op) {
+    if (!shares) return;
     StageWork both = fw;
     both.Add(w);
     r.ops[op].Add(Since(both, seen));  // Since fills flops, bytes and collectives only

@@ -163,8 +163,10 @@ class OpGpt {
     // The forward part of each share: what full recompute runs again.
     StageWork forward_ops[5];
   };
+  // `shares`: fill ops and forward_ops (the per-operator breakdown; the
+  // search, which needs only the totals, skips them).
   static HalfWork EstimateHalf(const GptConfig& config, int tp, const HalfOps& h, Placement x,
-                               int64_t N, int T, Recompute rc);
+                               int64_t N, int T, Recompute rc, bool shares = true);
   // The ends of a stage: its input (the embedding's output on the first
   // stage, else the previous stage's output) and its output (ln_f, the
   // output projection and the loss on the last, else the transfer to the
