@@ -1,9 +1,12 @@
 // AddElapsed: adds the seconds of its own lifetime to a counter (time spent
-// in collectives, waits). Steady clock.
+// in collectives, waits); SteadySeconds and MedianSeconds, for the
+// calibrations that time kernels and collectives. Steady clock.
 #ifndef TESSERA_CORE_TIMER_H_
 #define TESSERA_CORE_TIMER_H_
 
+#include <algorithm>
 #include <chrono>
+#include <vector>
 
 namespace tessera {
 
@@ -20,6 +23,24 @@ class AddElapsed {
   double* total_;
   std::chrono::steady_clock::time_point start_;
 };
+
+// Seconds on the steady clock since its epoch.
+inline double SteadySeconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// The median of `runs` timings of fn().
+template <typename F>
+double MedianSeconds(int runs, F&& fn) {
+  std::vector<double> t;
+  for (int i = 0; i < runs; ++i) {
+    const double start = SteadySeconds();
+    fn();
+    t.push_back(SteadySeconds() - start);
+  }
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
 
 }  // namespace tessera
 

@@ -1,10 +1,10 @@
 // Calibration of the runtime's kernels for the cost model (gpt_search.h).
 
 #include <algorithm>
-#include <chrono>
 #include <cstdint>
 #include <vector>
 
+#include "core/timer.h"
 #include "runtime/kernels.h"
 #include "runtime/model/gpt_search.h"
 #include "runtime/train/optim.h"
@@ -12,22 +12,11 @@
 namespace tessera {
 namespace {
 
-double Now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
 // The median of `runs` timings of fn(), after one run that warms it up.
 template <typename F>
 double Median(int runs, F&& fn) {
   fn();
-  std::vector<double> t;
-  for (int i = 0; i < runs; ++i) {
-    const double start = Now();
-    fn();
-    t.push_back(Now() - start);
-  }
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
+  return MedianSeconds(runs, fn);
 }
 
 // Seconds per score and per flop of products minimizing the relative

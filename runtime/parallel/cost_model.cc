@@ -10,29 +10,13 @@
 #include <vector>
 
 #include "core/env.h"
+#include "core/timer.h"
 #include "runtime/kernels.h"
 
 namespace tessera {
 namespace {
 
 using Json = nlohmann::ordered_json;
-
-double Now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-// The median of `runs` timings of fn().
-template <typename F>
-double MedianSeconds(int runs, F&& fn) {
-  std::vector<double> t;
-  for (int i = 0; i < runs; ++i) {
-    const double start = Now();
-    fn();
-    t.push_back(Now() - start);
-  }
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
-}
 
 Status Positive(const std::string& source, const char* key, double v) {
   if (v > 0 && std::isfinite(v)) return Status::Ok();
@@ -415,7 +399,7 @@ Result<std::vector<CollectiveTable>> MeasureCollectives(Communicator& comm, int6
         // writes, and the caches would stay warm.
         asm volatile("" : : "r"(scratch.data()) : "memory");
         RETURN_IF_ERROR(comm.Barrier());
-        const double start = Now();
+        const double start = SteadySeconds();
         Status s = Status::Ok();
         switch (kind) {
           case 0: s = comm.AllReduce(send.data(), recv.data(), count, DType::kF32, ReduceOp::kSum); break;
@@ -432,7 +416,7 @@ Result<std::vector<CollectiveTable>> MeasureCollectives(Communicator& comm, int6
               if (s.ok()) s = comm.Send(recv.data(), count, DType::kF32, 0, run);
             }
         }
-        t.push_back((Now() - start) / (kind == 3 ? 2 : 1));
+        t.push_back((SteadySeconds() - start) / (kind == 3 ? 2 : 1));
         if (status.ok()) status = s;
       }
       RETURN_IF_ERROR(status);
