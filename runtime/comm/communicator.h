@@ -55,6 +55,13 @@ struct CommOptions {
   // MPI: reduce floating-point data in rank order (bitwise equal to the
   // in-process backend) instead of MPI's own order.
   bool deterministic = false;
+  // MPI: a ReduceScatter over at most this many ranks is an Alltoall and a
+  // fold in rank order (the deterministic path) whatever `deterministic`
+  // says; beyond it MPI's own MPI_Reduce_scatter_block. On this VM's Open
+  // MPI 4.1 the library's took 2-3.5x as long on 2 and 4 ranks (512 KiB-2
+  // MiB, BENCHMARKS.md "Collectives"); past a few ranks a rank's n - 1
+  // messages would cost more latency than its log n steps.
+  int fold_reduce_scatter_ranks = 8;
   // MPI: called from the watchdog thread with the error just before the job
   // is aborted after a timeout (say, to print it). Must not call MPI.
   std::function<void(const Status&)> on_timeout;

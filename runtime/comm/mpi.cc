@@ -354,7 +354,7 @@ class MpiCommunicator : public Communicator {
     RETURN_IF_ERROR(CheckFits(recv_count * size_, args));
     RETURN_IF_ERROR(Check(args));
     CollectiveWatch w(slot_, args);
-    if (FoldInRankOrder(dtype)) {
+    if (FoldInRankOrder(dtype) || size_ <= world_->options().fold_reduce_scatter_ranks) {
       // Every rank's block r lands here; fold them in rank order.
       std::vector<char> blocks(recv_count * size_ * DTypeSize(dtype));
       RETURN_IF_ERROR(Ok(MPI_Alltoall(send, static_cast<int>(recv_count), MpiType(dtype),

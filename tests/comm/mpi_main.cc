@@ -1,6 +1,10 @@
 // The collective suite under mpirun, and the MPI failure cases. Each mode
 // is one CTest entry (see tests/CMakeLists.txt):
-//   suite [deterministic]  every collective + mesh groups; exit 0 when all pass
+//   suite [deterministic|library]
+//                          every collective + mesh groups; exit 0 when all
+//                          pass (library: ReduceScatter through
+//                          MPI_Reduce_scatter_block, not the Alltoall and fold
+//                          small jobs use)
 //   mismatch               ranks pass different counts: every rank gets the error
 //   deadpeer               rank 1 is killed (SIGKILL) before an allreduce
 //   timeout                rank 1 never joins; the watchdog aborts the job
@@ -20,10 +24,11 @@ using namespace tessera;
 
 namespace {
 
-int Suite(bool deterministic) {
+int Suite(bool deterministic, bool library) {
   CommOptions options;
   options.check = true;
   options.deterministic = deterministic;
+  if (library) options.fold_reduce_scatter_ranks = 0;
   options.timeout = std::chrono::seconds(120);
   auto world = CreateMpiWorld(options);
   if (!world.ok()) {
@@ -90,7 +95,10 @@ int Timeout() {
 int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "suite";
   int rc = 2;
-  if (mode == "suite") rc = Suite(argc > 2 && std::strcmp(argv[2], "deterministic") == 0);
+  if (mode == "suite") {
+    const std::string how = argc > 2 ? argv[2] : "";
+    rc = Suite(how == "deterministic", how == "library");
+  }
   if (mode == "mismatch") rc = Mismatch();
   if (mode == "deadpeer") rc = DeadPeer();
   if (mode == "timeout") rc = Timeout();
