@@ -29,9 +29,10 @@ inline double SteadySeconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-// The median of `runs` timings of fn().
+// The median of `runs` (at least 1) timings of fn().
 template <typename F>
 double MedianSeconds(int runs, F&& fn) {
+  if (runs < 1) runs = 1;
   std::vector<double> t;
   for (int i = 0; i < runs; ++i) {
     const double start = SteadySeconds();

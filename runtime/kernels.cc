@@ -258,6 +258,15 @@ constexpr int kAttentionBlock = 64;
 
 }  // namespace
 
+int64_t AttentionScores(int T) {
+  int64_t n = 0;
+  for (int i0 = 0; i0 < T; i0 += kAttentionBlock) {
+    const int64_t i1 = std::min(T, i0 + kAttentionBlock);
+    n += (i1 - i0) * i1;
+  }
+  return n;
+}
+
 void AttentionForward(float* out, float* att, const float* qkv, int B, int T, int C, int NH) {
   const int hs = C / NH;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));

@@ -87,6 +87,11 @@ void MatmulTransposedBackward(float* dinp, float* dweight, const float* dout, co
 // masked triangle in blocks of 64 query rows, and heads run side by side on
 // the compute pool (each with single-threaded OpenBLAS).
 void AttentionForward(float* out, float* att, const float* qkv, int B, int T, int C, int NH);
+// The scores the causal products compute for one head of one sequence of
+// T tokens (blocks of 64 query rows skip the keys after the block):
+// T x T up to 64 tokens, T (T + 64) / 2 for multiples of 64. The cost
+// model's unit for the attention core.
+int64_t AttentionScores(int T);
 // dqkv: [B,T,3C] (=)
 void AttentionBackward(float* dqkv, const float* dout, const float* qkv, const float* att, int B,
                        int T, int C, int NH);

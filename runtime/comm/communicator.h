@@ -60,7 +60,9 @@ struct CommOptions {
   // says; beyond it MPI's own MPI_Reduce_scatter_block. On this VM's Open
   // MPI 4.1 the library's took 2-3.5x as long on 2 and 4 ranks (512 KiB-2
   // MiB, BENCHMARKS.md "Collectives"); past a few ranks a rank's n - 1
-  // messages would cost more latency than its log n steps.
+  // messages would cost more latency than its log n steps. Every rank of
+  // a job must pass the same value (as for `deterministic`): ranks that
+  // disagree call different MPI collectives and wait for ever.
   int fold_reduce_scatter_ranks = 8;
   // MPI: called from the watchdog thread with the error just before the job
   // is aborted after a timeout (say, to print it). Must not call MPI.

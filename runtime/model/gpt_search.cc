@@ -139,8 +139,9 @@ StageCost CostOf(const StageWork& w, const ParamStats& ps, const ParallelConfig&
   // back; of the rank's new rows out and everyone's back in).
   const double held = static_cast<double>(par.zero == 1 ? ps.zero_shard : ps.floats);
   const double packing = par.zero == 1 ? 16.0 * static_cast<double>(ps.floats) + 16.0 * held : 0;
+  // The gradients are zeroed once a step (Gpt::ZeroGrad).
   c.optimizer = prof.KernelSeconds(Kernel::kAdamW, held) + prof.KernelSeconds(Kernel::kSquaredNorm, held) +
-                prof.ComputeSeconds(0, packing);
+                prof.ComputeSeconds(0, packing + 4.0 * static_cast<double>(ps.floats));
   c.after = c.dp_comm + c.optimizer;
   MemoryUse& mem = c.memory;
   mem.parameters = mem.gradients = 4 * ps.floats;
@@ -667,8 +668,11 @@ class Halves {
   void BlockSum(const Pick& p, double* seconds, int64_t* slot, int64_t* shared, int64_t* tp_sum) {
     const Sum& a = Sum1(p, ops_.add2[p.add2].info().output);
     const Sum& b = Sum2(p, ops_.add1[p.add1].info().output);
-    *seconds = a.fw + a.bw + b.fw + b.bw + (rc_ == Recompute::kFull ? a.fw + b.fw : 0);
+    *seconds = a.fw + a.bw + b.fw + b.bw;
     *slot = rc_ == Recompute::kFull ? Sizer(ops_.add2[p.add2].info().output) : a.slot + b.slot;
+    if (rc_ == Recompute::kFull) {  // the forward again, its output copied out of the scratch
+      *seconds += a.fw + b.fw + profile_.ComputeSeconds(0, 2.0 * static_cast<double>(*slot));
+    }
     int64_t sh = 0;
     for (int i = 0; i < StageWork::kSharedCount; ++i) {
       int64_t v = std::max(a.shared[i], b.shared[i]);

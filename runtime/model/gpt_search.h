@@ -111,7 +111,7 @@ struct SearchResult {
 Result<SearchResult> SearchGptParallel(const GptConfig& config, int B, int T, int devices,
                                        const MachineProfile& profile, const SearchOptions& options);
 
-// The runtime's kernels (cost_model.h: Kernel) timed on this thread at
+// The runtime's kernels (cost_model.h: Kernel) timed on this rank's compute threads at
 // the sizes of a small GPT's activations, each the median of several runs,
 // into `profile`'s kernel_seconds. The attention core's cost per score
 // (the softmax) and per flop of its products come from a fit over three

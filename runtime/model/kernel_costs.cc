@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "core/timer.h"
@@ -90,16 +91,17 @@ void MeasureKernels(MachineProfile* profile) {
         }),
         static_cast<double>(logits.size()));
   }
-  // The attention core of 2 sequences of 256 tokens, 4 heads of 32, 64 and
-  // 128: its cost per score (the softmax) and per flop of its products.
+  // The attention core of 512 tokens (sequences of 128 and 256), 4 heads
+  // of 32 and 128: its cost per score computed (the softmax, the causal
+  // blocks' bookkeeping) and per flop of its products.
   {
-    const int B = 2, T = 256, NH = 4;
+    const int NH = 4;
     std::vector<double> scores, fw_products, bw_products, fw, bw;
-    for (int hs : {32, 64, 128}) {
-      const int C = NH * hs;
+    for (auto [T, hs] : {std::pair{128, 32}, {128, 128}, {256, 32}, {256, 128}}) {
+      const int B = 512 / T, C = NH * hs;
       std::vector<float> qkv(int64_t{B} * T * 3 * C, 0.01f), out(int64_t{B} * T * C),
           att(int64_t{B} * NH * T * T), dout(out.size(), 0.01f), dqkv(qkv.size());
-      const double s = static_cast<double>(B) * NH * T * T;
+      const double s = static_cast<double>(B) * NH * kernels::AttentionScores(T);
       scores.push_back(s);
       fw_products.push_back(2.0 * s * hs);
       bw_products.push_back(4.0 * s * hs);

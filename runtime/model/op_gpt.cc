@@ -865,7 +865,7 @@ OpGpt::HalfWork OpGpt::EstimateHalf(const GptConfig& config, int tp, const HalfO
     const int64_t seqs = z.Rows(qkv, N) / T;
     const int64_t heads = qkv.split == 1 && tp > 1 ? config.heads / tp : config.heads;
     const int64_t hs = C / config.heads;
-    const double scores = static_cast<double>(seqs) * heads * T * T;
+    const double scores = static_cast<double>(seqs) * heads * kernels::AttentionScores(T);
     core.kernel[K(Kernel::kAttentionForwardScores)] += scores;
     core.kernel[K(Kernel::kAttentionForwardProducts)] += 2.0 * scores * hs;
     const int64_t att = seqs * heads * T * T * 4, y = z.Local(mid_info.output, N, C);
@@ -925,13 +925,18 @@ OpGpt::HalfWork OpGpt::EstimateHalf(const GptConfig& config, int tp, const HalfO
   mark(1);
   // The layer norm's and the add's gradients of the stream (LayerNormBackward).
   if (!(ln.inputs[0] == add.inputs[0] && x == ln.inputs[0])) {
+    // Not fused: the layer norm's gradient into a zeroed buffer, summed
+    // with the add's by a residual add (before or after the conversions).
     Grow(&w, StageWork::kDLnIn, z.Local(ln.inputs[0], N, C));
+    w.bytes += z.Local(ln.inputs[0], N, C);
     if (ln.inputs[0] == add.inputs[0]) {
+      w.kernel[K(Kernel::kResidualAdd)] += z.Elements(ln.inputs[0], N, C);
       grad(x, ln.inputs[0], C, StageWork::kDres2);
     } else {
       grad(x, add.inputs[0], C, StageWork::kTmp);
       grad(x, ln.inputs[0], C, StageWork::kDAdd);
       Grow(&w, StageWork::kDres2, z.Local(x.Resolved(), N, C));
+      w.kernel[K(Kernel::kResidualAdd)] += z.Elements(x.Resolved(), N, C);
     }
   }
   mark(0);
@@ -950,6 +955,7 @@ StageWork OpGpt::EstimateBlock(const HalfWork& attention, const HalfWork& mlp, R
     r.Add(attention.forward);
     r.Add(mlp.forward);
     r.slot_bytes = out_bytes;
+    r.bytes += 2.0 * static_cast<double>(out_bytes);  // the output copied out of the scratch
     Grow(&r, StageWork::kScratchBlock, block);
   }
   r.Add(attention.backward);
@@ -974,6 +980,7 @@ StageWork OpGpt::EstimateInput(const GptConfig& config, int tp, const EmbeddingO
   if (embedding == nullptr) {  // the previous stage's output, whole
     e.slot_bytes += N * C * 4;
     Grow(&e, StageWork::kInputGrad, N * C * 4);
+    e.bytes += 2.0 * 2 * N * C * 4;  // copied in, and its gradient out
     return e;
   }
   const Placement x = embedding->info().output;
@@ -998,6 +1005,7 @@ StageWork OpGpt::EstimateOutput(const GptConfig& config, int tp, Placement x, co
     e.slot_bytes += z.Storage(x, whole, N, C);
     z.Edge(x, whole, whole, N, C, &e);
     Grow(&e, StageWork::kTmp, N * C * 4);
+    e.bytes += 2.0 * N * C * 4;  // the next stage's gradient copied in
     Grow(&e, StageWork::kDres2, z.Storage(whole, x.Resolved(), N, C));
     return e;
   }
@@ -1008,6 +1016,7 @@ StageWork OpGpt::EstimateOutput(const GptConfig& config, int tp, Placement x, co
   e.slot_bytes += z.Local(lnf.output, N, C) + 2 * 4 * z.Rows(lnf.output, N);
   e.kernel[K(Kernel::kLayerNormForward)] += z.Elements(lnf.inputs[0], N, C);
   e.kernel[K(Kernel::kLayerNormBackward)] += z.Elements(lnf.inputs[0], N, C);
+  e.bytes += z.Local(lnf.inputs[0], N, C);  // its input gradient zeroed first
   if (lnf.rows_over_tp && tp > 1) e.tp_sum_floats += 2 * C;
   StageWork seen;
   auto mark = [&](int op) {
@@ -1063,8 +1072,12 @@ std::vector<std::pair<std::string, StageWork>> OpGpt::EstimateOps(int64_t N, int
     const std::string p = BlockPrefix(b.layer);
     for (int i = 0; i < 10; ++i) {
       StageWork share = i < 5 ? h1.ops[i] : h2.ops[i - 5];
-      // Full recompute runs each operator's forward again in backward.
-      if (b.recompute == Recompute::kFull) share.Add(i < 5 ? h1.forward_ops[i] : h2.forward_ops[i - 5]);
+      // Full recompute runs each operator's forward again in backward (and
+      // copies the block's output out of the scratch: add_2's share).
+      if (b.recompute == Recompute::kFull) {
+        share.Add(i < 5 ? h1.forward_ops[i] : h2.forward_ops[i - 5]);
+        if (i == 9) share.bytes += 2.0 * Sizer{tp}.Local(b.add2.info().output, N, config_.embed);
+      }
       out.emplace_back(p + names[i], share);
     }
     x = blocks_.back().add2.info().output;

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <iterator>
 #include <nlohmann/json.hpp>
 #include <thread>
 #include <unistd.h>
@@ -43,7 +44,7 @@ Ring RingOf(CollectiveKind kind, double n) {
 struct Roofline {
   double bytes, flops;
 };
-constexpr Roofline kRoofline[kKernelCount] = {
+constexpr Roofline kRoofline[] = {
     {8, 0},  {12, 0},  // layer norm: read x, write y; backward reads x, dy, writes dx
     {8, 0},  {12, 0},  // GELU
     {12, 0},           // residual add: two reads, a write
@@ -55,12 +56,14 @@ constexpr Roofline kRoofline[kKernelCount] = {
     {4, 0},            // squared norm: one read
 };
 
-constexpr std::string_view kKernelNames[kKernelCount] = {
+constexpr std::string_view kKernelNames[] = {
     "layer_norm_forward",         "layer_norm_backward",        "gelu_forward",
     "gelu_backward",              "residual_add",               "embedding_forward",
     "embedding_backward",         "cross_entropy_forward",      "cross_entropy_backward",
     "attention_forward_scores",   "attention_forward_products", "attention_backward_scores",
     "attention_backward_products", "adamw",                     "squared_norm"};
+static_assert(std::size(kRoofline) == kKernelCount && std::size(kKernelNames) == kKernelCount,
+              "a roofline and a name for every Kernel");
 
 }  // namespace
 

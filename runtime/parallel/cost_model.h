@@ -72,7 +72,7 @@ struct CollectiveTable {
 // times them (runtime/model/gpt_search.h: MeasureKernels); a kernel without
 // a measured figure costs its roofline: its bytes per unit at
 // memory_bandwidth and its flops per unit at matmul_flops. On this VM the
-// roofline misses by up to 3.5x either way (a layer norm's per-row
+// roofline misses by up to 4x either way (a layer norm's per-row
 // reductions, the attention core's exponentials and small products, a
 // residual add in cache): BENCHMARKS.md "Automatic parallelism".
 enum class Kernel {
@@ -85,8 +85,8 @@ enum class Kernel {
   kEmbeddingBackward,          // per element of its output gradient
   kCrossEntropyForward,        // per logit (softmax and loss)
   kCrossEntropyBackward,       // per logit
-  kAttentionForwardScores,     // per score (one head's query x key, T x T a sequence)
-  kAttentionForwardProducts,   // per flop of its products (2 x T x T x head size a head and sequence)
+  kAttentionForwardScores,     // per score computed (kernels::AttentionScores a head and sequence)
+  kAttentionForwardProducts,   // per flop of its products (2 x head size a score)
   kAttentionBackwardScores,    // per score
   kAttentionBackwardProducts,  // per flop (twice the forward's)
   kAdamW,                      // per parameter updated
@@ -100,7 +100,10 @@ struct MachineProfile {
   std::string name, source;
   std::string backend;  // what the links were measured over ("inprocess", "mpi", ...)
   int devices_per_host = 1;
-  double matmul_flops = 0;      // FLOP/s of one device in f32 matrix products
+  // FLOP/s of one device in f32 matrix products: a training linear's
+  // forward and backward (profiles calibrated before 2026-11-26 measured
+  // the forward alone, 10-15% faster a flop here).
+  double matmul_flops = 0;
   double memory_bandwidth = 0;  // bytes/s of one device's element-wise kernels
   int64_t memory_bytes = 0;     // one device's memory (0: unknown)
   LinkProfile intra_host, inter_host;
@@ -154,7 +157,8 @@ std::vector<double> Ascending(const std::vector<double>& v);
 // 4 KiB to `max_bytes`, each timing after the ranks wrote a buffer larger
 // than their caches and met at a barrier (so the collective starts cold
 // and together, as one after a step's kernels does, without their skew):
-// the median of nine, made ascending in size (Ascending). Collective;
+// the median of nine, made ascending in size (Ascending); and SendRecv
+// (group 2), half a ping-pong of ranks 0 and 1 timed alike. Collective;
 // every rank returns rank 0's tables.
 Result<std::vector<CollectiveTable>> MeasureCollectives(Communicator& comm, int64_t max_bytes);
 // This machine as `world` runs on it: rank 0's matrix products and memory
