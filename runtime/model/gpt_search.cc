@@ -161,7 +161,9 @@ StageCost CostOf(const StageWork& w, const ParamStats& ps, const ParallelConfig&
 // the ranks that have work share the `devices` (processor sharing), those
 // waiting for their neighbour stage take none: the runtime's
 // point-to-point waits sleep (the process's CPU time drops: 3.7 s against
-// 4.3 s for dp4 over the same steps on 4 in-process ranks on 2 cores).
+// 4.3 s for dp4 over the same steps on 4 in-process ranks on 2 cores; Open
+// MPI's receives poll instead, so mpirun jobs with more ranks than cores
+// are priced optimistically).
 // Compute runs at the share, collectives and transfers take their own
 // time. Returns the pipeline's seconds.
 //

@@ -112,8 +112,10 @@ Result<SearchResult> SearchGptParallel(const GptConfig& config, int B, int T, in
                                        const MachineProfile& profile, const SearchOptions& options);
 
 // The runtime's kernels (cost_model.h: Kernel) timed on this rank's compute threads at
-// the sizes of a small GPT's activations, each the median of several runs,
-// into `profile`'s kernel_seconds. The attention core's cost per score
+// the sizes of a small GPT's activations (arrays of 2 MiB, run back to back:
+// warm caches, as a micro-batch's activations of that size are; larger
+// ones that spill to memory may cost more), each the median of several
+// runs, into `profile`'s kernel_seconds. The attention core's cost per score
 // (the softmax) and per flop of its products come from a fit over three
 // head sizes.
 void MeasureKernels(MachineProfile* profile);

@@ -4,7 +4,9 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <iterator>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <thread>
 #include <unistd.h>
@@ -377,60 +379,96 @@ Result<std::vector<CollectiveTable>> MeasureCollectives(Communicator& comm, int6
   // Larger than a core's caches: written before each timing, so that the
   // collective finds its buffers and the runtime's state cold.
   std::vector<char> scratch(size_t{16} << 20);
-  // ReduceScatter is timed on its own: backends implement it differently
-  // (Gloo here as an AllReduce of the whole input, MPI as an AllToAll and
-  // a fold in rank order), so it costs what neither of the others does.
-  // SendRecv (a pipeline's transfer between neighbour stages) is timed as
-  // a ping-pong of ranks 0 and 1, half the round trip, the others idle.
-  std::vector<CollectiveTable> out(4);
-  out[0].kind = CollectiveKind::kAllReduce;
-  out[1].kind = CollectiveKind::kAllGather;
-  out[2].kind = CollectiveKind::kReduceScatter;
-  out[3].kind = CollectiveKind::kSendRecv;
-  std::vector<float> send, recv;
-  Status status = Status::Ok();
-  for (int64_t size = 4096; size <= max_bytes; size *= 4) {
-    const int64_t count = size / 4 / n * n;  // a whole block per rank
-    const int64_t bytes = count * 4;
-    send.assign(count, 1.0f);
-    recv.assign(count * n, 0.0f);
-    for (int kind = 0; kind < 4; ++kind) {
-      std::vector<double> t;
-      for (int run = 0; run < 9; ++run) {
-        std::memset(scratch.data(), run + 1, scratch.size());
-        // The buffer is never read: without this the compiler may drop the
-        // writes, and the caches would stay warm.
-        asm volatile("" : : "r"(scratch.data()) : "memory");
-        RETURN_IF_ERROR(comm.Barrier());
-        const double start = SteadySeconds();
-        Status s = Status::Ok();
-        switch (kind) {
-          case 0: s = comm.AllReduce(send.data(), recv.data(), count, DType::kF32, ReduceOp::kSum); break;
-          case 1: s = comm.AllGather(send.data(), count / n, recv.data(), DType::kF32); break;
-          case 2:
-            s = comm.ReduceScatter(send.data(), recv.data(), count / n, DType::kF32, ReduceOp::kSum);
-            break;
-          default:
-            if (comm.rank() == 0) {
-              s = comm.Send(send.data(), count, DType::kF32, 1, run);
-              if (s.ok()) s = comm.Recv(recv.data(), count, DType::kF32, 1, run);
-            } else if (comm.rank() == 1) {
-              s = comm.Recv(recv.data(), count, DType::kF32, 0, run);
-              if (s.ok()) s = comm.Send(recv.data(), count, DType::kF32, 0, run);
-            }
-        }
-        t.push_back((SteadySeconds() - start) / (kind == 3 ? 2 : 1));
-        if (status.ok()) status = s;
-      }
-      RETURN_IF_ERROR(status);
-      std::sort(t.begin(), t.end());
-      double median = t[t.size() / 2];
-      RETURN_IF_ERROR(comm.Broadcast(&median, 1, DType::kF64, 0));  // rank 0's timing everywhere
-      out[kind].group = kind == 3 ? 2 : n;
-      out[kind].bytes.push_back(static_cast<double>(bytes));
-      out[kind].seconds.push_back(median);
+  // fn(run) on every rank, nine times, each after the cold write and a
+  // barrier of all ranks: rank 0's median, on every rank. A rank whose
+  // call failed fails them all (nobody is left waiting in the broadcast).
+  auto timed = [&](const std::function<Status(int)>& fn) -> Result<double> {
+    std::vector<double> t;
+    Status status = Status::Ok();
+    for (int run = 0; run < 9; ++run) {
+      std::memset(scratch.data(), run + 1, scratch.size());
+      // The buffer is never read: without this the compiler may drop the
+      // writes, and the caches would stay warm.
+      asm volatile("" : : "r"(scratch.data()) : "memory");
+      RETURN_IF_ERROR(comm.Barrier());
+      const double start = SteadySeconds();
+      const Status s = status.ok() ? fn(run) : Status::Ok();
+      t.push_back(SteadySeconds() - start);
+      if (status.ok()) status = s;
     }
+    int32_t failed = status.ok() ? 0 : 1;
+    RETURN_IF_ERROR(comm.AllReduce(&failed, &failed, 1, DType::kI32, ReduceOp::kMax));
+    RETURN_IF_ERROR(status);
+    if (failed != 0) return InternalError("measuring collectives: another rank's call failed");
+    std::sort(t.begin(), t.end());
+    double median = t[t.size() / 2];
+    RETURN_IF_ERROR(comm.Broadcast(&median, 1, DType::kF64, 0));  // rank 0's timing everywhere
+    return median;
+  };
+  std::vector<CollectiveTable> out;
+  // Every group size g >= 2 that divides the ranks, the n / g groups of
+  // consecutive ranks at once (as a mesh axis's groups run side by side,
+  // sharing the cores when ranks outnumber them). ReduceScatter is timed
+  // on its own: backends implement it differently (Gloo here as an
+  // AllReduce of the whole input, MPI as an AllToAll and a fold in rank
+  // order), so it costs what neither of the others does.
+  std::vector<float> send, recv;
+  for (int g = 2; g <= n; ++g) {
+    if (n % g != 0) continue;
+    std::unique_ptr<Communicator> sub;
+    Communicator* c = &comm;
+    if (g < n) {
+      ASSIGN_OR_RETURN(sub, comm.Split(comm.rank() / g, comm.rank()));
+      c = sub.get();
+    }
+    CollectiveTable tables[3];
+    tables[0].kind = CollectiveKind::kAllReduce;
+    tables[1].kind = CollectiveKind::kAllGather;
+    tables[2].kind = CollectiveKind::kReduceScatter;
+    for (int64_t size = 4096; size <= max_bytes; size *= 4) {
+      const int64_t count = size / 4 / g * g;  // a whole block per rank
+      send.assign(count, 1.0f);
+      recv.assign(count * g, 0.0f);
+      for (int kind = 0; kind < 3; ++kind) {
+        ASSIGN_OR_RETURN(double median, timed([&](int) {
+          switch (kind) {
+            case 0: return c->AllReduce(send.data(), recv.data(), count, DType::kF32, ReduceOp::kSum);
+            case 1: return c->AllGather(send.data(), count / g, recv.data(), DType::kF32);
+            default:
+              return c->ReduceScatter(send.data(), recv.data(), count / g, DType::kF32, ReduceOp::kSum);
+          }
+        }));
+        tables[kind].group = g;
+        tables[kind].bytes.push_back(static_cast<double>(count * 4));
+        tables[kind].seconds.push_back(median);
+      }
+    }
+    for (CollectiveTable& t : tables) out.push_back(std::move(t));
   }
+  // SendRecv (a pipeline's transfer between neighbour stages): half a
+  // ping-pong of ranks 0 and 1, the others idle.
+  CollectiveTable p2p;
+  p2p.kind = CollectiveKind::kSendRecv;
+  p2p.group = 2;
+  for (int64_t size = 4096; size <= max_bytes; size *= 4) {
+    const int64_t count = size / 4;
+    send.assign(count, 1.0f);
+    recv.assign(count, 0.0f);
+    ASSIGN_OR_RETURN(double round_trip, timed([&](int run) -> Status {
+      if (comm.rank() == 0) {
+        RETURN_IF_ERROR(comm.Send(send.data(), count, DType::kF32, 1, run));
+        return comm.Recv(recv.data(), count, DType::kF32, 1, run);
+      }
+      if (comm.rank() == 1) {
+        RETURN_IF_ERROR(comm.Recv(recv.data(), count, DType::kF32, 0, run));
+        return comm.Send(recv.data(), count, DType::kF32, 0, run);
+      }
+      return Status::Ok();
+    }));
+    p2p.bytes.push_back(static_cast<double>(count * 4));
+    p2p.seconds.push_back(round_trip / 2);
+  }
+  out.push_back(std::move(p2p));
   for (CollectiveTable& t : out) t.seconds = Ascending(t.seconds);
   return out;
 }

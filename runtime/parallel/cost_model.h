@@ -153,17 +153,22 @@ Result<LinkProfile> MeasureLink(Communicator& comm, int64_t max_bytes);
 // regression): measured times of growing sizes, where noise made a larger
 // size look cheaper, without letting one slow outlier raise all after it.
 std::vector<double> Ascending(const std::vector<double>& v);
-// AllReduce, AllGather and ReduceScatter timed over `comm` at sizes from
-// 4 KiB to `max_bytes`, each timing after the ranks wrote a buffer larger
-// than their caches and met at a barrier (so the collective starts cold
-// and together, as one after a step's kernels does, without their skew):
-// the median of nine, made ascending in size (Ascending); and SendRecv
-// (group 2), half a ping-pong of ranks 0 and 1 timed alike. Collective;
-// every rank returns rank 0's tables.
+// AllReduce, AllGather and ReduceScatter timed at sizes from 4 KiB to
+// `max_bytes` in groups of every size g >= 2 dividing `comm`'s ranks (the
+// n / g groups of consecutive ranks at once, as a mesh axis's groups run),
+// each timing after the ranks wrote a buffer larger than their caches and
+// met at a barrier (so the collective starts cold and together, as one
+// after a step's kernels does, without their skew): the median of nine,
+// made ascending in size (Ascending); and SendRecv (group 2), half a
+// ping-pong of ranks 0 and 1 timed alike. Tables by group size (AllReduce,
+// AllGather, ReduceScatter each), SendRecv last. Collective; every rank
+// returns rank 0's tables, or every rank an error when one rank's call
+// failed.
 Result<std::vector<CollectiveTable>> MeasureCollectives(Communicator& comm, int64_t max_bytes);
 // This machine as `world` runs on it: rank 0's matrix products and memory
 // (the others wait), the link measured over `world` (one host: intra_host
-// and inter_host alike) and its collectives' table, devices = cores,
+// and inter_host alike) and its collectives' tables (MeasureCollectives:
+// calibrated on 4 ranks, groups of 2 and 4), devices = cores,
 // ranks_per_device from how many ranks share them. Collective; every rank
 // returns the same profile.
 Result<MachineProfile> Calibrate(Communicator& world);

@@ -187,8 +187,9 @@ TEST_CASE("Ascending: the least-squares ascending fit, an outlier pooled with it
   CHECK(Ascending({}).empty());
 }
 
-TEST_CASE("calibration times collectives at every size, never less for more bytes") {
-  for (int n : {2, 3}) {  // 3: rank 2 sits out the ping-pong
+TEST_CASE("calibration times collectives at every size and group size, never less for more bytes") {
+  // 3: rank 2 sits out the ping-pong; 4: groups of 2 (two at once) and 4.
+  for (int n : {2, 3, 4}) {
     INFO(n << " ranks");
     std::vector<std::vector<CollectiveTable>> by_rank(n);
     std::mutex mu;
@@ -201,25 +202,36 @@ TEST_CASE("calibration times collectives at every size, never less for more byte
     INFO(s.ToString());
     REQUIRE(s.ok());
     const std::vector<CollectiveTable>& tables = by_rank[1];
-    REQUIRE(tables.size() == 4);
+    const std::vector<int> groups = n == 4 ? std::vector<int>{2, 4} : std::vector<int>{n};
+    REQUIRE(tables.size() == 3 * groups.size() + 1);
     for (int r = 0; r < n; ++r) {
-      REQUIRE(by_rank[r].size() == 4);
-      for (size_t k = 0; k < 4; ++k) CHECK(by_rank[r][k].seconds == tables[k].seconds);  // rank 0's
+      REQUIRE(by_rank[r].size() == tables.size());
+      for (size_t k = 0; k < tables.size(); ++k) CHECK(by_rank[r][k].seconds == tables[k].seconds);  // rank 0's
     }
-    CHECK(tables[0].kind == CollectiveKind::kAllReduce);
-    CHECK(tables[1].kind == CollectiveKind::kAllGather);
-    CHECK(tables[2].kind == CollectiveKind::kReduceScatter);
-    CHECK(tables[3].kind == CollectiveKind::kSendRecv);  // a ping-pong of ranks 0 and 1
+    for (size_t i = 0; i < groups.size(); ++i) {
+      CHECK(tables[3 * i].kind == CollectiveKind::kAllReduce);
+      CHECK(tables[3 * i + 1].kind == CollectiveKind::kAllGather);
+      CHECK(tables[3 * i + 2].kind == CollectiveKind::kReduceScatter);
+      for (int k = 0; k < 3; ++k) CHECK(tables[3 * i + k].group == groups[i]);
+    }
+    CHECK(tables.back().kind == CollectiveKind::kSendRecv);  // a ping-pong of ranks 0 and 1
+    CHECK(tables.back().group == 2);
+    CHECK(tables.back().bytes == std::vector<double>{4096, 16384, 65536, 262144, 1048576});
     for (const CollectiveTable& t : tables) {
-      CHECK(t.group == (t.kind == CollectiveKind::kSendRecv ? 2 : n));
-      const double block = n == 2 ? 1 : 3;  // whole blocks per rank: 4 KiB / 4 / 3 * 3 floats
       REQUIRE(t.bytes.size() == 5);
-      if (n == 2) CHECK(t.bytes == std::vector<double>{4096, 16384, 65536, 262144, 1048576});
-      CHECK(t.bytes.front() <= 4096);
-      CHECK(t.bytes.front() > 4096 - 4 * 3 * block);
+      // A whole block per rank: 4 KiB rounded down to a multiple of the group's floats.
+      CHECK(t.bytes.front() == 4 * (1024 / t.group * t.group));
       REQUIRE(t.seconds.size() == t.bytes.size());
       CHECK(t.seconds.front() > 0);
       CHECK(std::is_sorted(t.seconds.begin(), t.seconds.end()));
+    }
+    // The profile prices each group's collectives from its own table.
+    const MachineProfile line = TestProfile();
+    MachineProfile p = line;
+    p.collectives = tables;
+    for (const CollectiveTable& t : tables) {
+      CHECK(p.CollectiveSeconds(t.kind, t.bytes[2], t.group, false) ==
+            Approx(std::max(t.seconds[2], line.CollectiveSeconds(t.kind, t.bytes[2], t.group, false))));
     }
   }
 }
