@@ -29,6 +29,14 @@ MachineProfile TestProfile() {
   return *p;
 }
 
+// A minimal profile with `key` set to `value` (JSON), parsed as `source`.
+Result<MachineProfile> ParseWith(const char* key, const std::string& value, const char* source) {
+  return MachineProfile::Parse(std::string(R"({"format": "tessera.machine_profile", "version": 1,
+    "device": {"matmul_flops": 1, "memory_bandwidth": 1}, "intra_host": {"bandwidth": 1}, ")") +
+                                   key + "\": " + value + "}",
+                               source);
+}
+
 TEST_CASE("machine profiles parse, round-trip and name what is wrong") {
   const MachineProfile p = TestProfile();
   CHECK(p.devices_per_host == 8);
@@ -102,9 +110,7 @@ TEST_CASE("measured collective tables price their kind and group, the line the r
                           R"([{"kind": "AllReduce", "group": 1, "bytes": [1], "seconds": [1]}])",
                           R"([{"kind": "AllReduce", "group": 2, "bytes": [1], "seconds": [0]}])"}) {
     INFO(bad);
-    auto r = MachineProfile::Parse(std::string(R"({"format": "tessera.machine_profile", "version": 1,
-      "device": {"matmul_flops": 1, "memory_bandwidth": 1}, "intra_host": {"bandwidth": 1},
-      "collectives": )") + bad + "}", "m.json");
+    auto r = ParseWith("collectives", bad, "m.json");
     REQUIRE_FALSE(r.ok());
     CHECK(r.status().message().find("m.json: collectives[0]") != std::string::npos);
   }
@@ -146,9 +152,7 @@ TEST_CASE("measured kernels price their units, the roofline the rest, and bad na
            {R"({"adamw": "fast"})", "\"adamw\" must be a positive number"},
            {R"([1])", "\"kernels\" must be an object"}}) {
     INFO(kernels);
-    auto r = MachineProfile::Parse(std::string(R"({"format": "tessera.machine_profile", "version": 1,
-      "device": {"matmul_flops": 1, "memory_bandwidth": 1}, "intra_host": {"bandwidth": 1},
-      "kernels": )") + kernels + "}", "k.json");
+    auto r = ParseWith("kernels", kernels, "k.json");
     REQUIRE_FALSE(r.ok());
     CHECK(r.status().message().find("k.json") != std::string::npos);
     CHECK(r.status().message().find(says) != std::string::npos);
