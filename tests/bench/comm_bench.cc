@@ -43,7 +43,9 @@ struct Case {
 };
 
 const Case kCases[] = {
-    {"allreduce", 4 << 10, 200, 41},    {"allgather", 4 << 10, 200, 41},
+    {"allreduce", 4 << 10, 200, 41},    {"allreduce", 64 << 10, 50, 21},
+    {"allreduce", 512 << 10, 20, 21},   {"allreduce", 2 << 20, 10, 11},
+    {"allreduce", 16 << 20, 2, 7},      {"allgather", 4 << 10, 200, 41},
     {"reduce_scatter", 4 << 10, 200, 41}, {"reduce_scatter", 512 << 10, 20, 21},
     {"reduce_scatter", 2 << 20, 10, 11},  {"allreduce", 64 << 20, 2, 5},
     {"allgather", 64 << 20, 2, 5},      {"reduce_scatter", 64 << 20, 2, 5},
