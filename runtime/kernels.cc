@@ -56,6 +56,27 @@ bool Avx2Core(const std::string& core) { return core == "Haswell" || core == "Ze
 
 }  // namespace
 
+namespace {
+
+struct Tally {
+  bool on = false;
+  std::array<double, kKernelCount> units{};
+};
+thread_local Tally tally;
+
+inline void Count(Kernel k, double units) {
+  if (tally.on) tally.units[static_cast<int>(k)] += units;
+}
+
+}  // namespace
+
+void CountUnits(bool on) {
+  if (on) tally.units.fill(0);
+  tally.on = on;
+}
+
+std::array<double, kKernelCount> CountedUnits() { return tally.units; }
+
 void SetComputeThreads(int threads) {
   const int n = threads > 0 ? threads : openblas_get_num_procs();
   openblas_set_num_threads(n);
@@ -91,6 +112,7 @@ void ParallelChunks(int64_t n, int64_t grain, const std::function<void(int64_t, 
 
 void EncoderForward(float* out, const int32_t* inp, const float* wte, const float* wpe, int B,
                     int T, int C, int64_t v0, int64_t V) {
+  Count(Kernel::kEmbeddingForward, static_cast<double>(B) * T * C);
   for (int b = 0; b < B; ++b) {
     for (int t = 0; t < T; ++t) {
       float* o = out + (static_cast<int64_t>(b) * T + t) * C;
@@ -113,6 +135,7 @@ void EncoderForward(float* out, const int32_t* inp, const float* wte, const floa
 
 void EncoderBackward(float* dwte, float* dwpe, const float* dout, const int32_t* inp, int B, int T,
                      int C, int64_t v0, int64_t V) {
+  Count(Kernel::kEmbeddingBackward, static_cast<double>(B) * T * C);
   for (int b = 0; b < B; ++b) {
     for (int t = 0; t < T; ++t) {
       const float* d = dout + (static_cast<int64_t>(b) * T + t) * C;
@@ -135,6 +158,7 @@ constexpr int64_t kNormRows = 64;  // rows per chunk of the layernorm kernels
 
 void LayerNormForward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
                       const float* bias, int N, int C) {
+  Count(Kernel::kLayerNormForward, static_cast<double>(N) * C);
   constexpr float kEps = 1e-5f;
   ParallelChunks(N, kNormRows, [&](int64_t begin, int64_t end) {
     for (int64_t n = begin; n < end; ++n) {
@@ -157,6 +181,7 @@ void LayerNormForward(float* out, float* mean, float* rstd, const float* inp, co
 void LayerNormBackward(float* dinp, float* dweight, float* dbias, const float* dout,
                        const float* inp, const float* weight, const float* mean, const float* rstd,
                        int N, int C) {
+  Count(Kernel::kLayerNormBackward, static_cast<double>(N) * C);
   // Each chunk of rows sums its own dweight/dbias; the chunks are then
   // added in order, so the bits do not depend on the thread count.
   const int64_t chunks = (N + kNormRows - 1) / kNormRows;
@@ -268,6 +293,8 @@ int64_t AttentionScores(int T) {
 }
 
 void AttentionForward(float* out, float* att, const float* qkv, int B, int T, int C, int NH) {
+  Count(Kernel::kAttentionForwardScores, static_cast<double>(AttentionScores(T)) * B * NH);
+  Count(Kernel::kAttentionForwardProducts, 2.0 * AttentionScores(T) * B * NH * (C / NH));
   const int hs = C / NH;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
   const int64_t row = 3 * static_cast<int64_t>(C);
@@ -303,6 +330,8 @@ void AttentionForward(float* out, float* att, const float* qkv, int B, int T, in
 
 void AttentionBackward(float* dqkv, const float* dout, const float* qkv, const float* att, int B,
                        int T, int C, int NH) {
+  Count(Kernel::kAttentionBackwardScores, static_cast<double>(AttentionScores(T)) * B * NH);
+  Count(Kernel::kAttentionBackwardProducts, 4.0 * AttentionScores(T) * B * NH * (C / NH));
   const int hs = C / NH;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
   const int64_t row = 3 * static_cast<int64_t>(C);
@@ -382,22 +411,26 @@ TESSERA_CLONES void GeluBackwardRange(float* dinp, const float* inp, const float
 }  // namespace
 
 void GeluForward(float* out, const float* inp, int64_t N) {
+  Count(Kernel::kGeluForward, static_cast<double>(N));
   ParallelChunks(N, 1 << 14,
                  [&](int64_t begin, int64_t end) { GeluForwardRange(out, inp, begin, end); });
 }
 
 void GeluBackward(float* dinp, const float* inp, const float* dout, int64_t N) {
+  Count(Kernel::kGeluBackward, static_cast<double>(N));
   ParallelChunks(N, 1 << 14, [&](int64_t begin, int64_t end) {
     GeluBackwardRange(dinp, inp, dout, begin, end);
   });
 }
 
 void ResidualForward(float* out, const float* a, const float* b, int64_t N) {
+  Count(Kernel::kResidualAdd, static_cast<double>(N));
   for (int64_t i = 0; i < N; ++i) out[i] = a[i] + b[i];
 }
 
 float SoftmaxCrossEntropyForward(float* probs, const float* logits, const int32_t* targets, int N,
                                  int V) {
+  Count(Kernel::kCrossEntropyForward, static_cast<double>(N) * V);
   // Per-row losses, summed in row order afterwards: the same bits whatever
   // the thread count.
   std::vector<double> row_loss(N);
@@ -421,6 +454,7 @@ float SoftmaxCrossEntropyForward(float* probs, const float* logits, const int32_
 
 void SoftmaxCrossEntropyBackward(float* dlogits, const float* probs, const int32_t* targets,
                                  float dloss, int N, int V, int64_t v0) {
+  Count(Kernel::kCrossEntropyBackward, static_cast<double>(N) * V);
   const float g = dloss / N;
   ParallelChunks(N, 16, [&](int64_t begin, int64_t end) {
     for (int64_t n = begin; n < end; ++n) {
@@ -446,6 +480,7 @@ void RowMax(float* max, const float* logits, int N, int V) {
 
 void ShardedExp(float* probs, double* sums, const float* logits, const float* max,
                 const int32_t* targets, int N, int V, int64_t v0) {
+  Count(Kernel::kCrossEntropyForward, static_cast<double>(N) * V);
   ParallelChunks(N, 16, [&](int64_t begin, int64_t end) {
     for (int64_t n = begin; n < end; ++n) {
       const float* l = logits + n * V;

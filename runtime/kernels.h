@@ -14,11 +14,49 @@
 #ifndef TESSERA_RUNTIME_KERNELS_H_
 #define TESSERA_RUNTIME_KERNELS_H_
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <string>
 
+namespace tessera {
+
+// The kernels below and the optimizer's (runtime/train/optim.h), each by
+// the unit the cost model prices it in (runtime/parallel/cost_model.h:
+// MachineProfile::KernelSeconds).
+enum class Kernel {
+  kLayerNormForward,           // per element of its input
+  kLayerNormBackward,          // per element
+  kGeluForward,                // per element
+  kGeluBackward,               // per element
+  kResidualAdd,                // per element of the sum
+  kEmbeddingForward,           // per element of its output [rows, C]
+  kEmbeddingBackward,          // per element of its output gradient
+  kCrossEntropyForward,        // per logit (softmax and loss)
+  kCrossEntropyBackward,       // per logit
+  kAttentionForwardScores,     // per score computed (kernels::AttentionScores a head and sequence)
+  kAttentionForwardProducts,   // per flop of its products (2 x head size a score)
+  kAttentionBackwardScores,    // per score
+  kAttentionBackwardProducts,  // per flop (twice the forward's)
+  kAdamW,                      // per parameter updated
+  kSquaredNorm,                // per gradient float of the clipping norm
+  kCount
+};
+inline constexpr int kKernelCount = static_cast<int>(Kernel::kCount);
+
+}  // namespace tessera
+
 namespace tessera::kernels {
+
+// A per-thread tally of the units each kernel below processed, kept while
+// counting is on for the calling thread: what ties the cost model's counts
+// to the calls the runtime makes (tests/parallel/gpt_search_test.cc). The
+// vocabulary-parallel loss counts its logits once, in ShardedExp; the
+// optimizer's kernels are not tallied. CountUnits(true) zeroes the tally
+// and starts it, CountUnits(false) stops it; off, a kernel pays one test of
+// a thread-local flag.
+void CountUnits(bool on);
+std::array<double, kKernelCount> CountedUnits();
 
 // The threads the kernels use: OpenBLAS for the matrix products and a
 // pool for the element-wise kernels (<= 0: all cores). Results do not

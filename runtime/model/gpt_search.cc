@@ -362,16 +362,21 @@ Result<StepPrediction> PredictGptStep(const GptConfig& config, int B, int T,
   const ParallelConfig& par = job.par;
   const int64_t act_bytes = job.rows * config.embed * 4;
   std::vector<StageCost> stages;
+  std::vector<std::array<double, kKernelCount>> kernel_units;
   for (int s = 0; s < par.pp; ++s) {
     GptStage gs = ParallelGpt::StageOf(config, par.pp, s, par.tp, 0, par.stage_layers);
     ASSIGN_OR_RETURN(std::unique_ptr<OpGpt> ops, ParallelGpt::StageOps(config, par, job.mesh, gs));
     gs.tp_dims = std::make_shared<const std::map<std::string, int>>(ops->param_splits());
     ASSIGN_OR_RETURN(std::vector<ParamInfo> params, Gpt::Params(config, gs));
     const ParamStats ps = StatsOf(params, par.dp, par.zero, par.bucket_bytes);
-    stages.push_back(CostOf(ops->Estimate(job.rows, T), ps, par, s, job.micro_batches, act_bytes,
-                            job.profile));
+    const StageWork w = ops->Estimate(job.rows, T);
+    std::array<double, kKernelCount>& units = kernel_units.emplace_back();
+    for (int k = 0; k < kKernelCount; ++k) units[k] = w.kernel[k] * job.micro_batches;
+    stages.push_back(CostOf(w, ps, par, s, job.micro_batches, act_bytes, job.profile));
   }
-  return Combine(stages, job.micro_batches, job.profile, par.dp * par.tp);
+  StepPrediction out = Combine(stages, job.micro_batches, job.profile, par.dp * par.tp);
+  out.stage_kernel_units = std::move(kernel_units);
+  return out;
 }
 
 Result<std::vector<std::vector<OpCost>>> BreakdownGptStep(const GptConfig& config, int B, int T,

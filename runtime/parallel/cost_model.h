@@ -46,6 +46,7 @@
 
 #include "core/status.h"
 #include "runtime/comm/communicator.h"
+#include "runtime/kernels.h"
 
 namespace tessera {
 
@@ -75,25 +76,7 @@ struct CollectiveTable {
 // roofline misses by up to 4x either way (a layer norm's per-row
 // reductions, the attention core's exponentials and small products, a
 // residual add in cache): BENCHMARKS.md "Automatic parallelism".
-enum class Kernel {
-  kLayerNormForward,           // per element of its input
-  kLayerNormBackward,          // per element
-  kGeluForward,                // per element
-  kGeluBackward,               // per element
-  kResidualAdd,                // per element of the sum
-  kEmbeddingForward,           // per element of its output [rows, C]
-  kEmbeddingBackward,          // per element of its output gradient
-  kCrossEntropyForward,        // per logit (softmax and loss)
-  kCrossEntropyBackward,       // per logit
-  kAttentionForwardScores,     // per score computed (kernels::AttentionScores a head and sequence)
-  kAttentionForwardProducts,   // per flop of its products (2 x head size a score)
-  kAttentionBackwardScores,    // per score
-  kAttentionBackwardProducts,  // per flop (twice the forward's)
-  kAdamW,                      // per parameter updated
-  kSquaredNorm,                // per gradient float of the clipping norm
-  kCount
-};
-inline constexpr int kKernelCount = static_cast<int>(Kernel::kCount);
+// The enum itself is in runtime/kernels.h, beside the kernels.
 std::string_view KernelName(Kernel kernel);
 
 struct MachineProfile {
