@@ -214,6 +214,19 @@ void Gpt::ForEachBuffer(Activations& a, int B, int T, F f) const {
   f(a.probs, head * N * VL);
 }
 
+template <typename F>
+void Gpt::ForEachGradient(Gradients& d, int B, int T, F f) const {
+  const int64_t nc = static_cast<int64_t>(B) * T * config_.embed;
+  f(d.residual, nc);
+  f(d.lnf, nc);
+  f(d.ln1, nc);
+  f(d.qkv, 3 * nc);
+  f(d.atty, nc);
+  f(d.ln2, nc);
+  f(d.fch, 4 * nc);
+  f(d.fch_gelu, 4 * nc);
+}
+
 int64_t Gpt::ActivationBytes() const {
   int64_t n = 0;
   for (const Activations& a : slots_) {
@@ -222,11 +235,24 @@ int64_t Gpt::ActivationBytes() const {
     });
     n += static_cast<int64_t>((a.tokens.capacity() + a.targets.capacity()) * sizeof(int32_t));
   }
-  for (const std::vector<float>* v : {&grad_acts_.residual, &grad_acts_.lnf, &grad_acts_.ln1,
-                                      &grad_acts_.qkv, &grad_acts_.atty, &grad_acts_.ln2,
-                                      &grad_acts_.fch, &grad_acts_.fch_gelu}) {
-    n += static_cast<int64_t>(v->capacity() * sizeof(float));
-  }
+  ForEachGradient(const_cast<Gradients&>(grad_acts_), grad_acts_.B, grad_acts_.T,
+                  [&](std::vector<float>& v, int64_t) {
+                    n += static_cast<int64_t>(v.capacity() * sizeof(float));
+                  });
+  return n;
+}
+
+Result<int64_t> Gpt::ActivationBytesOf(const GptConfig& config, const GptStage& stage, int B,
+                                       int T, int slots) {
+  ASSIGN_OR_RETURN(const Gpt g, Create(config, stage, /*allocate=*/false));
+  int64_t floats = 0;
+  Activations a;
+  g.ForEachBuffer(a, B, T, [&](std::vector<float>&, int64_t n) { floats += n; });
+  // The tokens (first stage) and targets (last) each slot keeps.
+  const int64_t ints = (g.stage_.first ? 1 : 0) + (g.stage_.last ? 1 : 0);
+  int64_t n = std::max(1, slots) * (floats * 4 + ints * B * T * 4);
+  Gradients d;
+  g.ForEachGradient(d, B, T, [&](std::vector<float>&, int64_t m) { n += m * 4; });
   return n;
 }
 
@@ -239,13 +265,7 @@ void Gpt::Resize(Activations& a, int B, int T) const {
 void Gpt::Resize(Gradients& d, int B, int T) const {
   d.B = B;
   d.T = T;
-  const int64_t n = static_cast<int64_t>(B) * T, nc = n * config_.embed;
-  const int64_t ncl = n * config_.embed, nfl = 4 * ncl;
-  for (auto [v, size] : {std::pair{&d.residual, nc}, {&d.lnf, nc}, {&d.ln1, nc},
-                         {&d.qkv, 3 * ncl}, {&d.atty, ncl}, {&d.ln2, nc}, {&d.fch, nfl},
-                         {&d.fch_gelu, nfl}}) {
-    v->assign(size, 0.0f);
-  }
+  ForEachGradient(d, B, T, [](std::vector<float>& v, int64_t n) { v.assign(n, 0.0f); });
 }
 
 Result<float> Gpt::Forward(const int32_t* tokens, const int32_t* targets, int B, int T) {

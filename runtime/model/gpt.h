@@ -167,6 +167,11 @@ class Gpt {
 
   // Bytes held in activations (every slot's) and backward's buffers.
   int64_t ActivationBytes() const;
+  // What ActivationBytes() comes to for `stage` after micro-batches of
+  // [B,T] in `slots` slots, nothing allocated (the cost model's figure for a
+  // stage that runs its Gpt whole).
+  static Result<int64_t> ActivationBytesOf(const GptConfig& config, const GptStage& stage, int B,
+                                           int T, int slots);
   // The last Forward's logits [B,T,V].
   const std::vector<float>& logits() const { return slots_[0].logits; }
 
@@ -189,6 +194,9 @@ class Gpt {
   // Every activation buffer with its size for [B,T].
   template <typename F>
   void ForEachBuffer(Activations& a, int B, int T, F f) const;
+  // Every buffer of backward's with its size for [B,T].
+  template <typename F>
+  void ForEachGradient(Gradients& d, int B, int T, F f) const;
   void Resize(Activations& a, int B, int T) const;
   void Resize(Gradients& d, int B, int T) const;
   static Result<Gpt> Create(const GptConfig& config, const GptStage& stage, bool allocate);

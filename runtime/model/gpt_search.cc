@@ -363,6 +363,10 @@ Result<StepPrediction> PredictGptStep(const GptConfig& config, int B, int T,
   const int64_t act_bytes = job.rows * config.embed * 4;
   std::vector<StageCost> stages;
   std::vector<std::array<double, kKernelCount>> kernel_units;
+  // Without operators to run (tp = 1, no strategy file, no recompute), the
+  // runtime runs each stage's Gpt whole; the model prices the data-parallel
+  // operators' work, which is the same, and the Gpt's own buffers.
+  ASSIGN_OR_RETURN(const bool whole, ParallelGpt::RunsWhole(parallel));
   for (int s = 0; s < par.pp; ++s) {
     GptStage gs = ParallelGpt::StageOf(config, par.pp, s, par.tp, 0, par.stage_layers);
     ASSIGN_OR_RETURN(std::unique_ptr<OpGpt> ops, ParallelGpt::StageOps(config, par, job.mesh, gs));
@@ -373,6 +377,13 @@ Result<StepPrediction> PredictGptStep(const GptConfig& config, int B, int T,
     std::array<double, kKernelCount>& units = kernel_units.emplace_back();
     for (int k = 0; k < kKernelCount; ++k) units[k] = w.kernel[k] * job.micro_batches;
     stages.push_back(CostOf(w, ps, par, s, job.micro_batches, act_bytes, job.profile));
+    if (whole) {
+      // The runtime runs this stage's Gpt whole (no operators): its own
+      // buffers. The kernels are the operators' (tested unit for unit).
+      ASSIGN_OR_RETURN(stages.back().memory.activations,
+                       Gpt::ActivationBytesOf(config, gs, static_cast<int>(job.rows / T), T,
+                                              std::min(job.micro_batches, par.pp - s)));
+    }
   }
   StepPrediction out = Combine(stages, job.micro_batches, job.profile, par.dp * par.tp);
   out.stage_kernel_units = std::move(kernel_units);

@@ -47,14 +47,18 @@ Status ParallelConfig::Validate(int world_size) const {
   return Status::Ok();
 }
 
+Result<bool> ParallelGpt::RunsWhole(const ParallelConfig& parallel) {
+  ASSIGN_OR_RETURN(const Recompute recompute, ParseRecompute(parallel.recompute));
+  return parallel.tp == 1 && parallel.op_strategy == nullptr && recompute == Recompute::kNone;
+}
+
 Result<std::unique_ptr<OpGpt>> ParallelGpt::StageOps(const GptConfig& config,
                                                      const ParallelConfig& parallel,
                                                      const Mesh& mesh, const GptStage& gs) {
   std::unique_ptr<OpGpt> ops;
+  ASSIGN_OR_RETURN(const bool whole, RunsWhole(parallel));
+  if (whole) return ops;
   ASSIGN_OR_RETURN(const Recompute recompute, ParseRecompute(parallel.recompute));
-  const bool recomputes = recompute != Recompute::kNone ||
-                          (parallel.op_strategy != nullptr && !parallel.op_strategy->recompute.empty());
-  if (parallel.tp == 1 && parallel.op_strategy == nullptr && !recomputes) return ops;
   const OpStrategyFile file = StrategyFileOf(parallel);
   ASSIGN_OR_RETURN(auto strategies, ResolveOpStrategies(file, OpGpt::Signatures(config), mesh));
   ASSIGN_OR_RETURN(ops, OpGpt::Create(config, strategies, gs, parallel.dp));

@@ -110,9 +110,11 @@ class ParallelGpt {
   // What this rank holds, after a step: its peak (buffers are kept at
   // their largest for the next step).
   MemoryUse Memory() const;
+  // Whether `parallel` runs each stage's Gpt whole, without operators
+  // (tp = 1, no strategy file, no recompute).
+  static Result<bool> RunsWhole(const ParallelConfig& parallel);
   // The operators of stage `gs` (its tp rank's) as `parallel` makes them,
-  // recompute set; null when the stage runs its Gpt whole (tp = 1, no
-  // strategy file, no recompute).
+  // recompute set; null when the stage runs its Gpt whole (RunsWhole).
   static Result<std::unique_ptr<OpGpt>> StageOps(const GptConfig& config,
                                                  const ParallelConfig& parallel, const Mesh& mesh,
                                                  const GptStage& gs);

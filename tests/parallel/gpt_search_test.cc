@@ -317,11 +317,6 @@ std::shared_ptr<const OpStrategyFile> File(const std::string& name) {
 struct Case {
   const char* name;
   ParallelConfig par;
-  // Without a strategy file, tp = 1 and no recompute, the runtime runs its
-  // Gpt whole, whose buffers are laid out apart from the operators' (7% more
-  // activation bytes here); the prediction prices the operator path, the one
-  // the search's plans run. Its kernels are the same.
-  bool whole_gpt = false;
 };
 
 // Configurations of 4 ranks that the predictions are checked against.
@@ -348,8 +343,11 @@ std::vector<Case> Cases() {
   add("pp2 dp2 zero1, 2 micro-batches", 2, 2, 1, 1, 2, false, "none",
       std::make_shared<OpStrategyFile>());
   add("dp2 tp2 mlp_batch_split.json", 1, 2, 2, 1, 0, false, "none", File("mlp_batch_split.json"));
+  // No strategy file, tp = 1, no recompute: the runtime runs its Gpt whole,
+  // whose buffers are laid out apart from the operators' (7% more activation
+  // bytes here).
   add("dp4, no strategy file (the whole Gpt runs)", 1, 4, 1, 0, 0, false, "none");
-  cases.back().whole_gpt = true;
+  add("pp2 dp2, no strategy file, 4 micro-batches", 2, 2, 1, 0, 4, false, "none");
   add("tp2 dp2 megatron-sp, full recompute, 2 micro-batches", 1, 2, 2, 0, 2, true, "full");
   add("pp4, 8 micro-batches", 4, 1, 1, 0, 8, false, "none", std::make_shared<OpStrategyFile>());
   return cases;
@@ -364,7 +362,7 @@ TEST_CASE("predicted per-rank memory and kernel work match the runtime's") {
     INFO(pred.status().ToString());
     REQUIRE(pred.ok());
     const std::vector<RankRun> runs = Measured(c.par, 4);
-    for (int r = 0; r < 4 && !c.whole_gpt; ++r) {
+    for (int r = 0; r < 4; ++r) {
       if (r % c.par.tp != 0) continue;  // tp rank 0: the predicted shard
       const int stage = r / (c.par.dp * c.par.tp);
       const MemoryUse& want = pred->stage_memory[stage];
