@@ -77,6 +77,8 @@ void CountUnits(bool on) {
 
 std::array<double, kKernelCount> CountedUnits() { return tally.units; }
 
+void AddUnits(Kernel kernel, double units) { Count(kernel, units); }
+
 void SetComputeThreads(int threads) {
   const int n = threads > 0 ? threads : openblas_get_num_procs();
   openblas_set_num_threads(n);

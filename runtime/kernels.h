@@ -52,11 +52,12 @@ namespace tessera::kernels {
 // counting is on for the calling thread: what ties the cost model's counts
 // to the calls the runtime makes (tests/parallel/gpt_search_test.cc). The
 // vocabulary-parallel loss counts its logits once, in ShardedExp; the
-// optimizer's kernels are not tallied. CountUnits(true) zeroes the tally
-// and starts it, CountUnits(false) stops it; off, a kernel pays one test of
-// a thread-local flag.
+// optimizer's kernels (runtime/train/optim.h) tally through AddUnits.
+// CountUnits(true) zeroes the tally and starts it, CountUnits(false) stops
+// it; off, a kernel pays one test of a thread-local flag.
 void CountUnits(bool on);
 std::array<double, kKernelCount> CountedUnits();
+void AddUnits(Kernel kernel, double units);
 
 // The threads the kernels use: OpenBLAS for the matrix products and a
 // pool for the element-wise kernels (<= 0: all cores). Results do not

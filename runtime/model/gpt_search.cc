@@ -44,6 +44,7 @@ double TpSeconds(const StageWork& w, const MachineProfile& p, int tp) {
 // ZeRO-1 shard, and the largest gradient bucket's per-rank count.
 struct ParamStats {
   int64_t floats = 0, zero_shard = 0, largest_bucket = 0, buckets = 0, wte = 0;
+  int64_t norm_skip = 0;  // held floats the clipping norm does not read
 };
 
 // A stage's parameters as (numel, dimension 0) from its parts: the ends
@@ -52,7 +53,15 @@ struct ParamStats {
 struct ParamParts {
   std::vector<std::pair<int64_t, int64_t>> before, block, after;
   int64_t wte = 0;
+  std::pair<int64_t, int64_t> tied{0, 0};  // the last stage's copy of wte
 };
+
+// Adds q to `to`, one of parts' lists.
+void AddPart(ParamParts& parts, std::vector<std::pair<int64_t, int64_t>>& to, const ParamInfo& q) {
+  to.emplace_back(q.numel, q.shape.empty() ? 1 : q.shape[0]);
+  if (q.name == "wte") parts.wte = q.numel;
+  if (q.tied_copy) parts.tied = to.back();
+}
 
 ParamStats StatsOfParts(const ParamParts& parts, int n, int dp, int zero, int64_t bucket_bytes) {
   ParamStats s;
@@ -81,15 +90,14 @@ ParamStats StatsOfParts(const ParamParts& parts, int n, int dp, int zero, int64_
     for (auto it = parts.block.rbegin(); it != parts.block.rend(); ++it) visit(*it);
   }
   for (auto it = parts.before.rbegin(); it != parts.before.rend(); ++it) visit(*it);
+  // The clipping norm skips the tied copy (counted on the first stage).
+  s.norm_skip = zero == 1 ? shard(parts.tied) : parts.tied.first;
   return s;
 }
 
 ParamStats StatsOf(const std::vector<ParamInfo>& params, int dp, int zero, int64_t bucket_bytes) {
   ParamParts parts;
-  for (const ParamInfo& p : params) {
-    parts.before.emplace_back(p.numel, p.shape.empty() ? 1 : p.shape[0]);
-    if (p.name == "wte") parts.wte = p.numel;
-  }
+  for (const ParamInfo& p : params) AddPart(parts, parts.before, p);
   return StatsOfParts(parts, 0, dp, zero, bucket_bytes);
 }
 
@@ -100,6 +108,11 @@ struct StageCost {
   double after = 0, dp_comm = 0, optimizer = 0;  // once per step
   MemoryUse memory;
 };
+
+// The parameters a rank updates (its ZeRO-1 shard, else all its stage's).
+int64_t HeldParameters(const ParamStats& ps, const ParallelConfig& par) {
+  return par.zero == 1 ? ps.zero_shard : ps.floats;
+}
 
 StageCost CostOf(const StageWork& w, const ParamStats& ps, const ParallelConfig& par, int s, int m,
                  int64_t act_bytes, const MachineProfile& prof) {
@@ -137,10 +150,11 @@ StageCost CostOf(const StageWork& w, const ParamStats& ps, const ParallelConfig&
   // buckets are packed and unpacked around both collectives (read + write
   // of every gradient into the send buffer and of the rank's averaged rows
   // back; of the rank's new rows out and everyone's back in).
-  const double held = static_cast<double>(par.zero == 1 ? ps.zero_shard : ps.floats);
+  const double held = static_cast<double>(HeldParameters(ps, par));
   const double packing = par.zero == 1 ? 16.0 * static_cast<double>(ps.floats) + 16.0 * held : 0;
   // The gradients are zeroed once a step (Gpt::ZeroGrad).
-  c.optimizer = prof.KernelSeconds(Kernel::kAdamW, held) + prof.KernelSeconds(Kernel::kSquaredNorm, held) +
+  c.optimizer = prof.KernelSeconds(Kernel::kAdamW, held) +
+                prof.KernelSeconds(Kernel::kSquaredNorm, held - static_cast<double>(ps.norm_skip)) +
                 prof.ComputeSeconds(0, packing + 4.0 * static_cast<double>(ps.floats));
   c.after = c.dp_comm + c.optimizer;
   MemoryUse& mem = c.memory;
@@ -376,6 +390,9 @@ Result<StepPrediction> PredictGptStep(const GptConfig& config, int B, int T,
     const StageWork w = ops->Estimate(job.rows, T);
     std::array<double, kKernelCount>& units = kernel_units.emplace_back();
     for (int k = 0; k < kKernelCount; ++k) units[k] = w.kernel[k] * job.micro_batches;
+    units[static_cast<int>(Kernel::kAdamW)] = static_cast<double>(HeldParameters(ps, par));
+    units[static_cast<int>(Kernel::kSquaredNorm)] =
+        static_cast<double>(HeldParameters(ps, par) - ps.norm_skip);
     stages.push_back(CostOf(w, ps, par, s, job.micro_batches, act_bytes, job.profile));
     if (whole) {
       // The runtime runs this stage's Gpt whole (no operators): its own
@@ -1243,9 +1260,10 @@ Result<SearchResult> SearchGptParallel(const GptConfig& config, int B, int T, in
                       for (const ParamInfo& q : *params) {
                         const bool block = q.name.starts_with("h.");
                         seen_block = seen_block || block;
-                        auto& to = block ? pp_parts.block : seen_block ? pp_parts.after : pp_parts.before;
-                        to.emplace_back(q.numel, q.shape.empty() ? 1 : q.shape[0]);
-                        if (q.name == "wte") pp_parts.wte = q.numel;
+                        AddPart(pp_parts, block        ? pp_parts.block
+                                          : seen_block ? pp_parts.after
+                                                       : pp_parts.before,
+                                q);
                       }
                       parts = parts_memo.emplace(pkey, std::move(pp_parts)).first;
                     }

@@ -61,8 +61,7 @@ struct StepPrediction {
   int memory_stage = 0;  // its stage
   std::vector<double> stage_seconds;  // per micro-batch, forward + backward
   std::vector<MemoryUse> stage_memory;  // each stage's (its tp rank 0's)
-  // Each stage's (its tp rank 0's) units of each kernel over a step (the
-  // stage's kernels; the optimizer's are left at 0).
+  // Each stage's (its tp rank 0's) units of each kernel over a step.
   std::vector<std::array<double, kKernelCount>> stage_kernel_units;
   std::string ToString() const;
 };

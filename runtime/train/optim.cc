@@ -8,6 +8,7 @@ namespace tessera {
 
 void AdamWUpdate(float* param, const float* grad, float* m, float* v, int64_t n, int64_t step,
                  const AdamWConfig& c, bool decay) {
+  kernels::AddUnits(Kernel::kAdamW, static_cast<double>(n));
   // As torch.optim.AdamW's single-tensor path: the bias corrections in
   // double, then per element in f32: decay, m = m*b1 + g*(1-b1),
   // v = v*b2 + g*g*(1-b2), p += -step_size * m / (sqrt(v) / sqrt(bc2) + eps).
@@ -31,6 +32,7 @@ void AdamWUpdate(float* param, const float* grad, float* m, float* v, int64_t n,
 }
 
 double SquaredNorm(const float* grad, int64_t n) {
+  kernels::AddUnits(Kernel::kSquaredNorm, static_cast<double>(n));
   double s = 0;
   for (int64_t i = 0; i < n; ++i) s += static_cast<double>(grad[i]) * grad[i];
   return s;

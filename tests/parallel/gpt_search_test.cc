@@ -381,9 +381,15 @@ TEST_CASE("predicted per-rank memory and kernel work match the runtime's") {
       if (r % c.par.tp != 0) continue;
       const int stage = r / (c.par.dp * c.par.tp);
       INFO("rank " << r << " stage " << stage);
-      for (int k = 0; k < static_cast<int>(Kernel::kAdamW); ++k) {
+      for (int k = 0; k < kKernelCount; ++k) {
         INFO(KernelName(static_cast<Kernel>(k)));
-        CHECK(runs[r].units[k] == Approx(pred->stage_kernel_units[stage][k]).epsilon(1e-9));
+        // Under ZeRO-1 the optimizer's units are a rank's shard: the model
+        // takes ceil(rows / dp) of each parameter's tp slice, ShardGrid cuts
+        // the whole tensor's rows, which can give a rank one row more or
+        // less (0.14% in mlp_batch_split.json's case).
+        const bool shard = c.par.zero == 1 && k >= static_cast<int>(Kernel::kAdamW);
+        CHECK(runs[r].units[k] ==
+              Approx(pred->stage_kernel_units[stage][k]).epsilon(shard ? 0.005 : 1e-9));
       }
     }
   }
