@@ -295,8 +295,11 @@ int64_t AttentionScores(int T) {
 }
 
 void AttentionForward(float* out, float* att, const float* qkv, int B, int T, int C, int NH) {
-  Count(Kernel::kAttentionForwardScores, static_cast<double>(AttentionScores(T)) * B * NH);
-  Count(Kernel::kAttentionForwardProducts, 2.0 * AttentionScores(T) * B * NH * (C / NH));
+  if (tally.on) {
+    const double scores = static_cast<double>(AttentionScores(T)) * B * NH;
+    Count(Kernel::kAttentionForwardScores, scores);
+    Count(Kernel::kAttentionForwardProducts, 2.0 * scores * (C / NH));
+  }
   const int hs = C / NH;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
   const int64_t row = 3 * static_cast<int64_t>(C);
@@ -332,8 +335,11 @@ void AttentionForward(float* out, float* att, const float* qkv, int B, int T, in
 
 void AttentionBackward(float* dqkv, const float* dout, const float* qkv, const float* att, int B,
                        int T, int C, int NH) {
-  Count(Kernel::kAttentionBackwardScores, static_cast<double>(AttentionScores(T)) * B * NH);
-  Count(Kernel::kAttentionBackwardProducts, 4.0 * AttentionScores(T) * B * NH * (C / NH));
+  if (tally.on) {
+    const double scores = static_cast<double>(AttentionScores(T)) * B * NH;
+    Count(Kernel::kAttentionBackwardScores, scores);
+    Count(Kernel::kAttentionBackwardProducts, 4.0 * scores * (C / NH));
+  }
   const int hs = C / NH;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
   const int64_t row = 3 * static_cast<int64_t>(C);

@@ -20,10 +20,12 @@
 //  - Reductions: sum, max, min, avg over numeric dtypes. f16 and bf16 are
 //    accumulated in f32 and rounded once. bool: sum and max are logical or,
 //    min is logical and; avg is rejected. Integer avg truncates toward zero.
-//    With the in-process backend, and with MPI when CommOptions::deterministic
-//    is set, each element is the left fold over ranks in rank order
-//    (((x0 + x1) + x2) + ...), so the two backends agree bit for bit; plain
-//    MPI uses the library's algorithm (faster, order not specified).
+//    With the in-process backend, and with MPI and Gloo when
+//    CommOptions::deterministic is set, each element is the left fold over
+//    ranks in rank order (((x0 + x1) + x2) + ...), so the backends agree
+//    bit for bit; otherwise MPI and Gloo use the library's algorithm
+//    (faster, order not specified), except for ReduceScatter (see
+//    fold_reduce_scatter_ranks; Gloo's always folds in rank order).
 #ifndef TESSERA_RUNTIME_COMM_COMMUNICATOR_H_
 #define TESSERA_RUNTIME_COMM_COMMUNICATOR_H_
 
@@ -52,8 +54,8 @@ struct CommOptions {
   // arguments (one extra small allreduce). In-process always checks; NCCL
   // checks through its bootstrap communicator only at creation.
   bool check = false;
-  // MPI: reduce floating-point data in rank order (bitwise equal to the
-  // in-process backend) instead of MPI's own order.
+  // MPI and Gloo: reduce floating-point data in rank order (bitwise equal
+  // to the in-process backend) instead of the library's own order.
   bool deterministic = false;
   // MPI: a ReduceScatter over at most this many ranks is an Alltoall and a
   // fold in rank order (the deterministic path) whatever `deterministic`

@@ -221,14 +221,16 @@ class GlooCommunicator final : public Communicator {
     if (recv_count == 0) return Status::Ok();
     const size_t block = Bytes(recv_count, dtype);
     if (size() == 1) {
-      std::memcpy(recv, send, block);
+      if (send != recv) std::memcpy(recv, send, block);
       return Status::Ok();
     }
     // Gloo 2022 has no untyped reduce-scatter. Every rank's block r comes
     // here in one alltoall and is folded in rank order (deterministic, as
-    // in-process): (n-1)/n of the buffer moved, as a ring's reduce-scatter.
-    // An allreduce keeping our block moved twice that and, on 2 ranks,
-    // took 5.4 ms at 512 KiB where this takes 1.6-3.1 (comm_bench gloo).
+    // in-process): (n-1)/n of the buffer moved, as a ring's reduce-scatter,
+    // its n - 1 messages in flight at once (a ring's steps follow one
+    // another). An allreduce keeping our block moved twice that and, on 2
+    // ranks, took 5.4 ms at 512 KiB where this takes 1.6-3.2 (comm_bench
+    // gloo); measured on 2 and 4 ranks only.
     const std::vector<int64_t> counts(size(), recv_count);
     std::vector<char> blocks(block * size());
     RETURN_IF_ERROR(Exchange(send, counts, blocks.data(), counts, dtype, DescribeArgs(args)));
@@ -432,7 +434,7 @@ class GlooCommunicator final : public Communicator {
     std::vector<const void*> inputs(n);
     for (int r = 0; r < n; ++r) inputs[r] = blocks.data() + block * r;
     if (counts[me] > 0) ReduceRankOrder(dtype, op, inputs, folded.data(), counts[me]);
-    return GatherAll(folded.data(), counts[me], buf, counts, dtype);
+    return GatherAll(folded.data(), counts[me], buf, counts, dtype, what);
   }
 
   // An alltoallv, the arguments already checked; `what` names it in errors.
@@ -449,7 +451,7 @@ class GlooCommunicator final : public Communicator {
     const int64_t st = std::accumulate(sb.begin(), sb.end(), int64_t{0});
     const int64_t rt = std::accumulate(rb.begin(), rb.end(), int64_t{0});
     if (size() == 1) {
-      if (st > 0) std::memcpy(recv, send, static_cast<size_t>(st));
+      if (st > 0 && send != recv) std::memcpy(recv, send, static_cast<size_t>(st));
       return Status::Ok();
     }
     return Run(what, [&] {
@@ -481,8 +483,9 @@ class GlooCommunicator final : public Communicator {
     return CheckAgreement(all, name());
   }
 
+  // An allgatherv; `what` names it in errors (by default, itself).
   Status GatherAll(const void* send, int64_t count, void* recv, std::span<const int64_t> counts,
-                   DType dtype) {
+                   DType dtype, const std::string& what = "") {
     std::vector<size_t> bytes(size());
     size_t total = 0;
     for (int r = 0; r < size(); ++r) total += bytes[r] = Bytes(counts[r], dtype);
@@ -492,8 +495,9 @@ class GlooCommunicator final : public Communicator {
       return Status::Ok();
     }
     char dummy = 0;
-    return Run("allgatherv of " + std::to_string(total / DTypeSize(dtype)) + " " +
-                   std::string(DTypeName(dtype)),
+    return Run(!what.empty() ? what
+                             : "allgatherv of " + std::to_string(total / DTypeSize(dtype)) + " " +
+                                   std::string(DTypeName(dtype)),
                [&] {
                  gloo::AllgathervOptions opts(ctx_);
                  opts.setInput<uint8_t>(count > 0 ? static_cast<uint8_t*>(const_cast<void*>(send))

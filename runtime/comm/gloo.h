@@ -6,10 +6,12 @@
 // rank connects to it and then to every other rank directly.
 //
 // Collectives map onto Gloo's (allreduce, allgatherv, broadcast, alltoallv,
-// barrier); f16/bf16 and every other dtype reduce through reduce.h's
-// pairwise step (f16/bf16 rounded at each step of Gloo's algorithm, not
-// once: use CommOptions::deterministic for the single rounding); with CommOptions::deterministic, reductions fold in rank
-// order (bitwise equal to the in-process backend); gather(v)/scatter(v) and
+// barrier). AllReduce goes through Gloo's algorithms and reduce.h's
+// pairwise step (f16/bf16 rounded at each step, not once); with
+// CommOptions::deterministic it is an alltoallv, a fold in rank order and
+// an allgatherv instead (bitwise equal to the in-process backend, f16/bf16
+// rounded once). ReduceScatter is always that alltoallv and fold (Gloo
+// 2022 has no untyped reduce-scatter). gather(v)/scatter(v) and
 // tagged point-to-point use Gloo's unbound buffers. Every call takes at most
 // CommOptions::timeout and then fails with DeadlineExceeded naming this
 // rank, the communicator and the call; a peer that died fails its peers'

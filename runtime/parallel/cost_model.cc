@@ -409,9 +409,10 @@ Result<std::vector<CollectiveTable>> MeasureCollectives(Communicator& comm, int6
   // Every group size g >= 2 that divides the ranks, the n / g groups of
   // consecutive ranks at once (as a mesh axis's groups run side by side,
   // sharing the cores when ranks outnumber them). ReduceScatter is timed
-  // on its own: backends implement it differently (Gloo here as an
-  // AllReduce of the whole input, MPI as an AllToAll and a fold in rank
-  // order), so it costs what neither of the others does.
+  // on its own: backends implement it differently (Gloo and, up to
+  // CommOptions::fold_reduce_scatter_ranks, MPI as an AllToAll and a fold
+  // in rank order; NCCL its own), so it costs what neither of the others
+  // does.
   std::vector<float> send, recv;
   for (int g = 2; g <= n; ++g) {
     if (n % g != 0) continue;

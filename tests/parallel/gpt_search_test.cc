@@ -384,9 +384,10 @@ TEST_CASE("predicted per-rank memory and kernel work match the runtime's") {
       for (int k = 0; k < kKernelCount; ++k) {
         INFO(KernelName(static_cast<Kernel>(k)));
         // Under ZeRO-1 the optimizer's units are a rank's shard: the model
-        // takes ceil(rows / dp) of each parameter's tp slice, ShardGrid cuts
-        // the whole tensor's rows, which can give a rank one row more or
-        // less (0.14% in mlp_batch_split.json's case).
+        // takes ceil(rows / dp) of each parameter's tp slice (the largest
+        // shard; the cases here have dp = 2 or 4, where the shards are all
+        // but equal), ShardGrid cuts the whole tensor's rows, which can give
+        // a rank one row more or less (0.14% in mlp_batch_split.json's case).
         const bool shard = c.par.zero == 1 && k >= static_cast<int>(Kernel::kAdamW);
         CHECK(runs[r].units[k] ==
               Approx(pred->stage_kernel_units[stage][k]).epsilon(shard ? 0.005 : 1e-9));
