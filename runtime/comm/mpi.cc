@@ -360,7 +360,7 @@ class MpiCommunicator : public Communicator {
       RETURN_IF_ERROR(Ok(MPI_Alltoall(send, static_cast<int>(recv_count), MpiType(dtype),
                                       blocks.data(), static_cast<int>(recv_count),
                                       MpiType(dtype), comm_), args));
-      FoldBlocks(blocks.data(), recv_count, dtype, op, recv);
+      FoldBlocks(blocks.data(), size_, recv_count, dtype, op, recv);
       return Status::Ok();
     }
     RETURN_IF_ERROR(Ok(MPI_Reduce_scatter_block(send, recv, static_cast<int>(recv_count),
@@ -581,13 +581,6 @@ class MpiCommunicator : public Communicator {
     return world_->options().deterministic && IsFloatingPoint(dtype) && size_ > 1;
   }
 
-  // blocks: size_ blocks of `count`, block i from rank i; folds them.
-  void FoldBlocks(const char* blocks, int64_t count, DType dtype, ReduceOp op, void* out) const {
-    std::vector<const void*> in(size_);
-    for (int i = 0; i < size_; ++i) in[i] = blocks + i * count * DTypeSize(dtype);
-    ReduceRankOrder(dtype, op, in, out, count);
-  }
-
   // The in-process algorithm over MPI: rank r folds chunk r of every rank
   // in rank order (alltoall), then everyone gathers the chunks.
   Status DeterministicAllReduce(const void* send, void* recv, int64_t count, DType dtype,
@@ -595,15 +588,14 @@ class MpiCommunicator : public Communicator {
     RETURN_IF_ERROR(CheckFits(count, args));
     CollectiveWatch w(slot_, args);
     const int64_t esize = DTypeSize(dtype);
-    std::vector<int64_t> chunk(size_), from_each(size_);
-    for (int r = 0; r < size_; ++r) chunk[r] = count * (r + 1) / size_ - count * r / size_;
-    std::fill(from_each.begin(), from_each.end(), chunk[rank_]);
+    const std::vector<int64_t> chunk = RankChunks(count, size_);
+    const std::vector<int64_t> from_each(size_, chunk[rank_]);
     std::vector<char> blocks(chunk[rank_] * size_ * esize);
     const auto sc = ToInts(chunk), sd = Displacements(chunk);
     const auto rc = ToInts(from_each), rd = Displacements(from_each);
     RETURN_IF_ERROR(Ok(MPI_Alltoallv(send, sc.data(), sd.data(), MpiType(dtype), blocks.data(),
                                      rc.data(), rd.data(), MpiType(dtype), comm_), args));
-    FoldBlocks(blocks.data(), chunk[rank_], dtype, op, static_cast<char*>(recv) + sd[rank_] * esize);
+    FoldBlocks(blocks.data(), size_, chunk[rank_], dtype, op, static_cast<char*>(recv) + sd[rank_] * esize);
     return Ok(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, recv, sc.data(), sd.data(),
                              MpiType(dtype), comm_), args);
   }

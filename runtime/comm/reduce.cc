@@ -182,6 +182,18 @@ Status CheckReduction(DType dtype, ReduceOp op) {
   return Status::Ok();
 }
 
+void FoldBlocks(const void* blocks, int n, int64_t count, DType dtype, ReduceOp op, void* out) {
+  std::vector<const void*> in(n);
+  for (int i = 0; i < n; ++i) in[i] = static_cast<const char*>(blocks) + i * count * DTypeSize(dtype);
+  ReduceRankOrder(dtype, op, in, out, count);
+}
+
+std::vector<int64_t> RankChunks(int64_t count, int n) {
+  std::vector<int64_t> chunk(n);
+  for (int r = 0; r < n; ++r) chunk[r] = count * (r + 1) / n - count * r / n;
+  return chunk;
+}
+
 void ReduceRankOrder(DType dtype, ReduceOp op, std::span<const void* const> inputs,
                      void* out, int64_t count) {
   if (count <= 0 || inputs.empty()) return;

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <span>
+#include <vector>
 
 #include "core/dtype.h"
 #include "core/status.h"
@@ -21,6 +22,15 @@ Status CheckReduction(DType dtype, ReduceOp op);
 // round once; avg divides the sum by inputs.size() at the end.
 void ReduceRankOrder(DType dtype, ReduceOp op, std::span<const void* const> inputs,
                      void* out, int64_t count);
+
+// `blocks`: n blocks of `count` elements one after another, block i from
+// rank i (what an alltoall of a reduce-scatter delivers); `out` = their
+// ReduceRankOrder fold.
+void FoldBlocks(const void* blocks, int n, int64_t count, DType dtype, ReduceOp op, void* out);
+
+// Rank r's share of `count` elements cut over n ranks in order, as the
+// rank-order allreduces (MPI's and Gloo's deterministic ones) cut them.
+std::vector<int64_t> RankChunks(int64_t count, int n);
 
 // out[i] = op(a[i], b[i]) for i in [0, n): one step of a reduction, for
 // the libraries that reduce through a function of two buffers (Gloo's
