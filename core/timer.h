@@ -29,9 +29,11 @@ inline double SteadySeconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-// The median of `runs` (at least 1) timings of fn().
+// The median of `runs` (at least 1) timings of fn() (after one untimed
+// run that warms caches and lazily built state, with `warm_up`).
 template <typename F>
-double MedianSeconds(int runs, F&& fn) {
+double MedianSeconds(int runs, F&& fn, bool warm_up = false) {
+  if (warm_up) fn();
   if (runs < 1) runs = 1;
   std::vector<double> t;
   for (int i = 0; i < runs; ++i) {

@@ -109,9 +109,15 @@ struct StageCost {
   MemoryUse memory;
 };
 
-// The parameters a rank updates (its ZeRO-1 shard, else all its stage's).
-int64_t HeldParameters(const ParamStats& ps, const ParallelConfig& par) {
-  return par.zero == 1 ? ps.zero_shard : ps.floats;
+// The optimizer's kernels' units a step: AdamW over the parameters a rank
+// updates (its ZeRO-1 shard, else all its stage's), the clipping norm over
+// those less the tied copy (counted on the first stage).
+struct OptimizerUnits {
+  double adamw, norm;
+};
+OptimizerUnits OptimizerUnitsOf(const ParamStats& ps, const ParallelConfig& par) {
+  const double held = static_cast<double>(par.zero == 1 ? ps.zero_shard : ps.floats);
+  return {held, held - static_cast<double>(ps.norm_skip)};
 }
 
 StageCost CostOf(const StageWork& w, const ParamStats& ps, const ParallelConfig& par, int s, int m,
@@ -150,11 +156,11 @@ StageCost CostOf(const StageWork& w, const ParamStats& ps, const ParallelConfig&
   // buckets are packed and unpacked around both collectives (read + write
   // of every gradient into the send buffer and of the rank's averaged rows
   // back; of the rank's new rows out and everyone's back in).
-  const double held = static_cast<double>(HeldParameters(ps, par));
-  const double packing = par.zero == 1 ? 16.0 * static_cast<double>(ps.floats) + 16.0 * held : 0;
+  const OptimizerUnits units = OptimizerUnitsOf(ps, par);
+  const double packing = par.zero == 1 ? 16.0 * static_cast<double>(ps.floats) + 16.0 * units.adamw : 0;
   // The gradients are zeroed once a step (Gpt::ZeroGrad).
-  c.optimizer = prof.KernelSeconds(Kernel::kAdamW, held) +
-                prof.KernelSeconds(Kernel::kSquaredNorm, held - static_cast<double>(ps.norm_skip)) +
+  c.optimizer = prof.KernelSeconds(Kernel::kAdamW, units.adamw) +
+                prof.KernelSeconds(Kernel::kSquaredNorm, units.norm) +
                 prof.ComputeSeconds(0, packing + 4.0 * static_cast<double>(ps.floats));
   c.after = c.dp_comm + c.optimizer;
   MemoryUse& mem = c.memory;
@@ -390,9 +396,9 @@ Result<StepPrediction> PredictGptStep(const GptConfig& config, int B, int T,
     const StageWork w = ops->Estimate(job.rows, T);
     std::array<double, kKernelCount>& units = kernel_units.emplace_back();
     for (int k = 0; k < kKernelCount; ++k) units[k] = w.kernel[k] * job.micro_batches;
-    units[static_cast<int>(Kernel::kAdamW)] = static_cast<double>(HeldParameters(ps, par));
-    units[static_cast<int>(Kernel::kSquaredNorm)] =
-        static_cast<double>(HeldParameters(ps, par) - ps.norm_skip);
+    const OptimizerUnits optimizer = OptimizerUnitsOf(ps, par);
+    units[static_cast<int>(Kernel::kAdamW)] = optimizer.adamw;
+    units[static_cast<int>(Kernel::kSquaredNorm)] = optimizer.norm;
     stages.push_back(CostOf(w, ps, par, s, job.micro_batches, act_bytes, job.profile));
     if (whole) {
       // The runtime runs this stage's Gpt whole (no operators): its own

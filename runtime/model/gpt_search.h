@@ -114,7 +114,7 @@ struct SearchResult {
 Result<SearchResult> SearchGptParallel(const GptConfig& config, int B, int T, int devices,
                                        const MachineProfile& profile, const SearchOptions& options);
 
-// The runtime's kernels (cost_model.h: Kernel) timed on this rank's compute threads at
+// The runtime's kernels (runtime/kernels.h: Kernel) timed on this rank's compute threads at
 // the sizes of a small GPT's activations (arrays of 2 MiB, run back to back:
 // warm caches, as a micro-batch's activations of that size are; larger
 // ones that spill to memory may cost more), each the median of several

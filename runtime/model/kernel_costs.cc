@@ -13,11 +13,10 @@
 namespace tessera {
 namespace {
 
-// The median of `runs` timings of fn(), after one run that warms it up.
+// The median of `runs` timings of fn(), after one that warms it up.
 template <typename F>
 double Median(int runs, F&& fn) {
-  fn();
-  return MedianSeconds(runs, fn);
+  return MedianSeconds(runs, fn, /*warm_up=*/true);
 }
 
 // Seconds per score and per flop of products minimizing the relative

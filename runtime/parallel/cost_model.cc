@@ -319,15 +319,14 @@ double MeasureMatmulFlops(int64_t n) {
     kernels::MatmulForward(y.data(), x.data(), w.data(), b.data(), N, C, M);
     kernels::MatmulBackward(dx.data(), dw.data(), db.data(), dy.data(), x.data(), w.data(), N, C, M);
   };
-  both();  // warm up
-  const double s = MedianSeconds(5, both);
+  const double s = MedianSeconds(5, both, /*warm_up=*/true);
   return 6.0 * N * C * M / s;
 }
 
 double MeasureMemoryBandwidth(int64_t floats) {
   std::vector<float> a(floats, 1.0f), b(floats, 2.0f), out(floats);
-  kernels::ResidualForward(out.data(), a.data(), b.data(), floats);
-  const double s = MedianSeconds(7, [&] { kernels::ResidualForward(out.data(), a.data(), b.data(), floats); });
+  const double s = MedianSeconds(
+      7, [&] { kernels::ResidualForward(out.data(), a.data(), b.data(), floats); }, /*warm_up=*/true);
   return 12.0 * static_cast<double>(floats) / s;
 }
 
