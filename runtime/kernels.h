@@ -50,7 +50,7 @@ namespace tessera::kernels {
 
 // A per-thread tally of the units each kernel below processed, kept while
 // counting is on for the calling thread: what ties the cost model's counts
-// to the calls the runtime makes (tests/parallel/gpt_search_test.cc). The
+// to the calls the runtime makes (tests/runtime/model/gpt_search_test.cc). The
 // vocabulary-parallel loss counts its logits once, in ShardedExp; the
 // optimizer's kernels (runtime/train/optim.h) tally through AddUnits.
 // CountUnits(true) zeroes the tally and starts it, CountUnits(false) stops

@@ -28,7 +28,7 @@
 //   buffer, tp sums, parameters) are dropped, the blocks' Pareto front kept,
 //   the heads likewise, and a lower bound on the step (its blocks' time)
 //   against the best so far skips the rest. Under the cost model this is
-//   the optimum of the folded space (tests/parallel/gpt_search_test.cc
+//   the optimum of the folded space (tests/runtime/model/gpt_search_test.cc
 //   checks it against brute force);
 // - propagate: exact, keeping what a strategy file fixes (operators,
 //   mesh, zero, micro-batches, recompute).

@@ -8,7 +8,7 @@
 
 #include "runtime/comm/inprocess.h"
 #include "runtime/model/parallel_gpt.h"
-#include "tests/parallel/matmul_check.h"
+#include "tests/runtime/parallel/matmul_check.h"
 
 namespace tessera {
 namespace {

@@ -10,7 +10,7 @@
 
 #include "runtime/comm/kv_store.h"
 #include "runtime/comm/rendezvous.h"
-#include "tests/comm/free_port.h"
+#include "tests/runtime/comm/free_port.h"
 
 namespace tessera {
 namespace {

@@ -10,7 +10,7 @@
 #include "runtime/comm/inprocess.h"
 #include "runtime/comm/launch.h"
 #include "runtime/comm/reduce.h"
-#include "tests/comm/collective_suite.h"
+#include "tests/runtime/comm/collective_suite.h"
 
 namespace tessera {
 namespace {

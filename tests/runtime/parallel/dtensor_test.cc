@@ -10,7 +10,7 @@
 #include <random>
 
 #include "runtime/comm/inprocess.h"
-#include "tests/parallel/dtensor_check.h"
+#include "tests/runtime/parallel/dtensor_check.h"
 
 namespace tessera {
 namespace {

@@ -18,7 +18,7 @@
 #include <thread>
 
 #include "runtime/comm/mpi.h"
-#include "tests/comm/collective_suite.h"
+#include "tests/runtime/comm/collective_suite.h"
 
 using namespace tessera;
 

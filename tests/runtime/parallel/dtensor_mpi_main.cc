@@ -8,8 +8,8 @@
 #include <random>
 
 #include "runtime/comm/mpi.h"
-#include "tests/parallel/dtensor_check.h"
-#include "tests/parallel/matmul_check.h"
+#include "tests/runtime/parallel/dtensor_check.h"
+#include "tests/runtime/parallel/matmul_check.h"
 
 using namespace tessera;
 

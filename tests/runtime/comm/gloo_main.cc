@@ -28,8 +28,8 @@
 
 #include "runtime/comm/gloo.h"
 #include "runtime/comm/launch.h"
-#include "tests/comm/collective_suite.h"
-#include "tests/comm/free_port.h"
+#include "tests/runtime/comm/collective_suite.h"
+#include "tests/runtime/comm/free_port.h"
 
 using namespace tessera;
 

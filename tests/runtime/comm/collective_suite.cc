@@ -1,4 +1,4 @@
-#include "tests/comm/collective_suite.h"
+#include "tests/runtime/comm/collective_suite.h"
 
 #include <cmath>
 #include <cstring>

@@ -14,7 +14,7 @@
 #include "runtime/comm/launch.h"
 #include "runtime/comm/mpi.h"
 #include "runtime/comm/nccl.h"
-#include "tests/comm/collective_suite.h"
+#include "tests/runtime/comm/collective_suite.h"
 
 using namespace tessera;
 
