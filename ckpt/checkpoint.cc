@@ -31,8 +31,7 @@ Status CheckReadRegion(const TensorStrategy& t, std::string_view kind, std::stri
 }
 
 Result<const TensorStrategy*> CheckWritePiece(const Strategy& strategy, std::string_view kind,
-                                              std::string_view path, size_t index,
-                                              const Box& box) {
+                                              std::string_view path, size_t index, const Box& box) {
   if (index >= strategy.tensors().size()) {
     return InvalidArgumentError(Where(kind, path) + ": no tensor #" + std::to_string(index));
   }
@@ -119,11 +118,11 @@ Status ReadRegionOver(const CheckpointReader& reader, size_t index,
     const Box whole = Box::FromShape(own);
     return reader.ReadRegion(index, whole, dst, own, whole);
   }
-  return ForEachCoarsePart(region, coords, own,
-                           [&](const Box& part, const std::vector<int64_t>& extents,
-                               const Box& at) {
-                             return reader.ReadRegion(index, part, dst, extents, at);
-                           })
+  return ForEachCoarsePart(
+             region, coords, own,
+             [&](const Box& part, const std::vector<int64_t>& extents, const Box& at) {
+               return reader.ReadRegion(index, part, dst, extents, at);
+             })
       .Annotate("tensor '" + reader.strategy().tensors()[index].name + "'");
 }
 
@@ -138,8 +137,9 @@ Status WritePieceOver(CheckpointWriter& writer, const Layout& layout, size_t ind
       [&](const Box& part, const std::vector<int64_t>& extents, const Box& at) -> Status {
         if (IsEmpty(part)) return Status::Ok();
         const std::vector<int64_t> pext = part.extents();
-        ASSIGN_OR_RETURN(auto tmp, AllocateBytesFor(NumElements(part) * es,
-                                                    [&] { return "a piece of " + ToString(part); }));
+        ASSIGN_OR_RETURN(auto tmp, AllocateBytesFor(NumElements(part) * es, [&] {
+                           return "a piece of " + ToString(part);
+                         }));
         CopyBox(data, extents, at, tmp.get(), pext, Box::FromShape(pext), es);
         return writer.WritePiece(index, shard_rank, part, tmp.get());
       });

@@ -6,8 +6,8 @@
 #define TESSERA_CKPT_CHECKPOINT_H_
 
 #include <cstdint>
-#include <map>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -47,8 +47,8 @@ struct TensorStorage {
 struct StoredFile {
   std::string name;
   uint64_t bytes = 0;
-  std::string host;   // the host that wrote it; "" when not recorded
-  std::string group;  // "rs:4+2 group 0", "parity group 1", or "" when in none
+  std::string host;     // the host that wrote it; "" when not recorded
+  std::string group;    // "rs:4+2 group 0", "parity group 1", or "" when in none
   bool parity = false;  // a parity file of `group` (else a data file)
 };
 
@@ -127,8 +127,7 @@ class CheckpointWriter {
 Status CheckReadRegion(const TensorStrategy& t, std::string_view kind, std::string_view path,
                        const Box& region);
 Result<const TensorStrategy*> CheckWritePiece(const Strategy& strategy, std::string_view kind,
-                                              std::string_view path, size_t index,
-                                              const Box& box);
+                                              std::string_view path, size_t index, const Box& box);
 
 // Layouts over a view (Layout::view, the tensor-parallel fused-qkv layout)
 // are stored by the native format only; the other formats' writers refuse

@@ -1,9 +1,8 @@
 #include "ckpt/dense.h"
 
-#include <map>
-
 #include <algorithm>
 #include <cstring>
+#include <map>
 #include <mutex>
 
 #include "core/buffer.h"
@@ -11,7 +10,7 @@
 namespace tessera {
 namespace {
 
-constexpr uint64_t kMergeGap = 4096;           // read across gaps up to this
+constexpr uint64_t kMergeGap = 4096;                 // read across gaps up to this
 constexpr uint64_t kReadWindow = uint64_t{4} << 20;  // bytes staged per merged read
 
 // Calls fn(file, file offset, block byte, n) for the stored pieces of the
@@ -33,8 +32,7 @@ Status ForEachSegment(const DenseBlock& b, uint64_t pos, uint64_t len, Fn fn) {
 
 class DenseReader : public CheckpointReader {
  public:
-  DenseReader(Env* env, DenseCheckpoint c)
-      : env_(env), c_(std::move(c)), files_(c_.files.size()) {}
+  DenseReader(Env* env, DenseCheckpoint c) : env_(env), c_(std::move(c)), files_(c_.files.size()) {}
 
   const std::string& path() const override { return c_.path; }
   std::string_view format() const override { return c_.format; }
@@ -110,13 +108,13 @@ class DenseReader : public CheckpointReader {
     distinct_.resize(c_.blocks.size());
     for (size_t i = 0; i < c_.blocks.size(); ++i) {
       const TensorStrategy& t = c_.strategy.tensors()[i];
-      const std::string ctx =
-          c_.format + " checkpoint '" + c_.path + "': tensor '" + t.name + "'";
+      const std::string ctx = c_.format + " checkpoint '" + c_.path + "': tensor '" + t.name + "'";
       const Box whole = Box::FromShape(t.layout.shape);
       int64_t covered = 0;
       for (const DenseBlock& b : c_.blocks[i]) {
         bool files_ok = b.file < c_.files.size();
-        for (const DenseSegment& seg : b.segments) files_ok = files_ok && seg.file < c_.files.size();
+        for (const DenseSegment& seg : b.segments)
+          files_ok = files_ok && seg.file < c_.files.size();
         if (!files_ok || !Contains(whole, b.box)) {
           return DataLossError(ctx + ": a stored slice " + ToString(b.box) +
                                " lies outside shape " + ShapeToString(t.layout.shape));
@@ -137,9 +135,8 @@ class DenseReader : public CheckpointReader {
         covered += NumElements(b.box);
       }
       if (covered != NumElements(whole)) {
-        return DataLossError(ctx + ": its stored slices cover " + std::to_string(covered) +
-                             " of " + std::to_string(NumElements(whole)) +
-                             " elements (a slice is missing)");
+        return DataLossError(ctx + ": its stored slices cover " + std::to_string(covered) + " of " +
+                             std::to_string(NumElements(whole)) + " elements (a slice is missing)");
       }
     }
     return Status::Ok();
@@ -207,10 +204,11 @@ class DenseReader : public CheckpointReader {
   // The `n` dense bytes of block `b`.
   Result<std::string> BlockBytes(const DenseBlock& b, uint64_t n) const {
     std::string out(n, '\0');
-    RETURN_IF_ERROR(ForEachSegment(b, 0, n, [&](uint32_t f, uint64_t at, uint64_t pos, uint64_t len) {
-      ASSIGN_OR_RETURN(const RandomAccessFile* file, File(f));
-      return file->Read(at, len, out.data() + pos);
-    }));
+    RETURN_IF_ERROR(
+        ForEachSegment(b, 0, n, [&](uint32_t f, uint64_t at, uint64_t pos, uint64_t len) {
+          ASSIGN_OR_RETURN(const RandomAccessFile* file, File(f));
+          return file->Read(at, len, out.data() + pos);
+        }));
     return out;
   }
 
@@ -260,12 +258,13 @@ class DenseWriter : public CheckpointWriter {
       const DenseBlock& b = blocks[k];
       const Box part = Intersect(b.box, box);
       if (IsEmpty(part)) continue;
-      for (const ByteRun& r :
-           ByteRuns(box.extents(), RelativeTo(part, box), b.box.extents(), RelativeTo(part, b.box), es)) {
+      for (const ByteRun& r : ByteRuns(box.extents(), RelativeTo(part, box), b.box.extents(),
+                                       RelativeTo(part, b.box), es)) {
         RETURN_IF_ERROR(ForEachSegment(b, r.dst, r.len,
                                        [&](uint32_t f, uint64_t at_file, uint64_t pos, uint64_t n) {
                                          std::lock_guard<std::mutex> lock(file_mu_[f]);
-                                         return files_[f]->WriteAt(at_file, src + r.src + (pos - r.dst), n);
+                                         return files_[f]->WriteAt(at_file,
+                                                                   src + r.src + (pos - r.dst), n);
                                        })
                             .Annotate("output '" + out_.path + "': tensor '" + t.name + "'"));
       }
@@ -281,8 +280,8 @@ class DenseWriter : public CheckpointWriter {
         const DenseBlock& b = plan_.blocks[i][k];
         if (written_[i][k] != NumElements(b.box)) {
           return InternalError("output '" + out_.path + "': tensor '" +
-                               strategy_.tensors()[i].name + "': " +
-                               std::to_string(written_[i][k]) + " of the " +
+                               strategy_.tensors()[i].name +
+                               "': " + std::to_string(written_[i][k]) + " of the " +
                                std::to_string(NumElements(b.box)) + " elements of slice " +
                                ToString(b.box) + " were written");
         }

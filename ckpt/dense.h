@@ -51,7 +51,8 @@ struct DenseCheckpoint {
 };
 
 // Checks the table (blocks inside their tensors, disjoint, covering; the
-// format checked that they lie inside their files) and returns a reader over it. Files are opened on first use.
+// format checked that they lie inside their files) and returns a reader over it. Files are opened
+// on first use.
 Result<std::unique_ptr<CheckpointReader>> OpenDenseCheckpoint(Env* env, DenseCheckpoint ckpt);
 
 // A file of a planned output: its name relative to the output root ("" when

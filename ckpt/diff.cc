@@ -1,9 +1,9 @@
 #include "ckpt/diff.h"
 
 #include <algorithm>
-#include <limits>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <mutex>
 
@@ -35,24 +35,36 @@ double Load(const char* p) {
 
 double ValueAt(const char* p, DType dtype) {
   switch (dtype) {
-    case DType::kF32: return Load<float>(p);
-    case DType::kF64: return Load<double>(p);
-    case DType::kF16: return HalfToDouble(static_cast<uint16_t>(Load<uint16_t>(p)));
+    case DType::kF32:
+      return Load<float>(p);
+    case DType::kF64:
+      return Load<double>(p);
+    case DType::kF16:
+      return HalfToDouble(static_cast<uint16_t>(Load<uint16_t>(p)));
     case DType::kBF16: {
       const uint32_t bits = static_cast<uint32_t>(Load<uint16_t>(p)) << 16;
       float f;
       std::memcpy(&f, &bits, 4);
       return f;
     }
-    case DType::kI8: return Load<int8_t>(p);
-    case DType::kU8: return Load<uint8_t>(p);
-    case DType::kI16: return Load<int16_t>(p);
-    case DType::kU16: return Load<uint16_t>(p);
-    case DType::kI32: return Load<int32_t>(p);
-    case DType::kU32: return Load<uint32_t>(p);
-    case DType::kI64: return Load<int64_t>(p);
-    case DType::kU64: return Load<uint64_t>(p);
-    case DType::kBool: return p[0] != 0 ? 1 : 0;
+    case DType::kI8:
+      return Load<int8_t>(p);
+    case DType::kU8:
+      return Load<uint8_t>(p);
+    case DType::kI16:
+      return Load<int16_t>(p);
+    case DType::kU16:
+      return Load<uint16_t>(p);
+    case DType::kI32:
+      return Load<int32_t>(p);
+    case DType::kU32:
+      return Load<uint32_t>(p);
+    case DType::kI64:
+      return Load<int64_t>(p);
+    case DType::kU64:
+      return Load<uint64_t>(p);
+    case DType::kBool:
+      return p[0] != 0 ? 1 : 0;
   }
   return 0;
 }
@@ -95,7 +107,8 @@ Result<DiffReport> DiffCheckpoints(const CheckpointReader& a, const CheckpointRe
   std::vector<Job> jobs;
   ThreadPool pool(options.threads);
   // Per worker: one slab of each side, plus what a reader stages.
-  const int64_t slab = std::max<int64_t>(int64_t{64} << 10, options.memory_budget / (4 * pool.size()));
+  const int64_t slab =
+      std::max<int64_t>(int64_t{64} << 10, options.memory_budget / (4 * pool.size()));
   for (size_t ia = 0; ia < a.strategy().tensors().size(); ++ia) {
     const TensorStrategy& ta = a.strategy().tensors()[ia];
     TensorDiff d;
@@ -115,8 +128,9 @@ Result<DiffReport> DiffCheckpoints(const CheckpointReader& a, const CheckpointRe
         // readers can read; the whole tensor when neither refines the other.
         const std::vector<int64_t>& ca = ta.layout.split_shape();
         const std::vector<int64_t>& cb = tb->layout.split_shape();
-        const std::vector<int64_t> coords =
-            RefinesShape(ca, cb) ? ca : RefinesShape(cb, ca) ? cb : ta.layout.shape;
+        const std::vector<int64_t> coords = RefinesShape(ca, cb)   ? ca
+                                            : RefinesShape(cb, ca) ? cb
+                                                                   : ta.layout.shape;
         const bool whole = !RefinesShape(coords, ca) || !RefinesShape(coords, cb);
         const int64_t limit = whole ? std::numeric_limits<int64_t>::max() : slab;
         for (const Box& box : SplitBox(Box::FromShape(coords), DTypeSize(ta.layout.dtype), limit)) {

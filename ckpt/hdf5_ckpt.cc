@@ -41,7 +41,9 @@ std::vector<int64_t> ChunkOf(const Mesh& mesh, const Layout& layout) {
 class Hdf5Reader : public CheckpointReader {
  public:
   Hdf5Reader(std::string path, Hdf5File file, Strategy strategy, CheckpointMeta meta)
-      : path_(std::move(path)), file_(std::move(file)), strategy_(std::move(strategy)),
+      : path_(std::move(path)),
+        file_(std::move(file)),
+        strategy_(std::move(strategy)),
         meta_(std::move(meta)) {}
 
   const std::string& path() const override { return path_; }
@@ -69,8 +71,12 @@ class Hdf5Reader : public CheckpointReader {
 class Hdf5Writer : public CheckpointWriter {
  public:
   Hdf5Writer(Env* env, OutputPaths out, Strategy strategy, Hdf5File file, bool overwrite)
-      : env_(env), out_(std::move(out)), strategy_(std::move(strategy)),
-        file_(std::move(file)), overwrite_(overwrite), written_(strategy_.tensors().size(), 0) {}
+      : env_(env),
+        out_(std::move(out)),
+        strategy_(std::move(strategy)),
+        file_(std::move(file)),
+        overwrite_(overwrite),
+        written_(strategy_.tensors().size(), 0) {}
   ~Hdf5Writer() override {
     if (!committed_) Abort();
   }
@@ -88,8 +94,8 @@ class Hdf5Writer : public CheckpointWriter {
     for (size_t i = 0; i < written_.size(); ++i) {
       const TensorStrategy& t = strategy_.tensors()[i];
       if (written_[i] != NumElements(t.layout)) {
-        return InternalError("output '" + out_.path + "': tensor '" + t.name + "': " +
-                             std::to_string(written_[i]) + " of " +
+        return InternalError("output '" + out_.path + "': tensor '" + t.name +
+                             "': " + std::to_string(written_[i]) + " of " +
                              std::to_string(NumElements(t.layout)) + " elements written");
       }
     }
@@ -131,7 +137,7 @@ Result<std::unique_ptr<CheckpointReader>> OpenHdf5Checkpoint(const std::string& 
   for (const Hdf5Dataset& d : datasets) by_name[d.name] = &d;
   Strategy strategy;
   auto recorded = attrs.count(kStrategyAttribute) ? ParseStrategyJson(attrs[kStrategyAttribute])
-                                            : Result<Strategy>(NotFoundError(""));
+                                                  : Result<Strategy>(NotFoundError(""));
   if (recorded.ok() && recorded->tensors().size() == datasets.size()) {
     for (const TensorStrategy& t : recorded->tensors()) {
       auto it = by_name.find(t.name);

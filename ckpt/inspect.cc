@@ -1,12 +1,12 @@
 #include "ckpt/inspect.h"
 
-#include "core/byte_size.h"
-#include "core/utf8.h"
-
 #include <algorithm>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
+
+#include "core/byte_size.h"
+#include "core/utf8.h"
 
 namespace tessera {
 
@@ -85,8 +85,7 @@ std::string InspectText(const CheckpointReader& r, bool files) {
     pieces += s.pieces;
     rows.push_back({PrintableText(tensors[i].name), std::string(DTypeName(l.dtype)),
                     ShapeToString(l.shape), PrintableText(PlacementString(l)),
-                    HumanBytes(ByteSize(l)), std::to_string(s.pieces),
-                    HumanBytes(s.stored_bytes)});
+                    HumanBytes(ByteSize(l)), std::to_string(s.pieces), HumanBytes(s.stored_bytes)});
   }
   std::ostringstream out;
   // Everything taken from the file is shown as PrintableText.
@@ -188,9 +187,11 @@ std::string InspectJson(const CheckpointReader& r) {
   j["tensors"] = tensors;
   json files = json::array();
   for (const StoredFile& f : r.Files()) {
-    json entry = {{"name", IsUtf8(f.name) ? f.name : PrintableText(f.name)}, {"bytes", f.bytes},
+    json entry = {{"name", IsUtf8(f.name) ? f.name : PrintableText(f.name)},
+                  {"bytes", f.bytes},
                   {"host", IsUtf8(f.host) ? f.host : PrintableText(f.host)},
-                  {"group", f.group}, {"role", f.parity ? "parity" : "data"}};
+                  {"group", f.group},
+                  {"role", f.parity ? "parity" : "data"}};
     files.push_back(std::move(entry));
   }
   if (!files.empty()) j["files"] = files;

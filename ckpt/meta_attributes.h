@@ -27,8 +27,7 @@ std::pair<std::string, std::string> MetaAttribute(const std::string& key, const 
 // `text_only`: values that are not printable text are hex-encoded, and a
 // creator that is not is left out (safetensors' header holds JSON strings).
 std::map<std::string, std::string> EncodeMetaAttributes(const Strategy& strategy,
-                                                        const CheckpointMeta& meta,
-                                                        bool text_only);
+                                                        const CheckpointMeta& meta, bool text_only);
 
 // Fills `meta` from the keys above (others are ignored); errors start with
 // `where` and name the key.

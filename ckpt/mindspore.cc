@@ -52,11 +52,11 @@ Result<ParamIndex> IndexParams(const std::vector<MindSporeStrategyFile>& files) 
       }
       Entry& e = it->second;
       if (!(p.layout == e.param->layout)) {
-        return InvalidArgumentError(
-            "MindSpore strategy: parameter '" + p.name + "' is laid out differently on stages " +
-            std::to_string(std::min(stage, e.placement.stage)) + " and " +
-            std::to_string(std::max(stage, e.placement.stage)) +
-            "; Tessera holds a tensor on several stages with one layout");
+        return InvalidArgumentError("MindSpore strategy: parameter '" + p.name +
+                                    "' is laid out differently on stages " +
+                                    std::to_string(std::min(stage, e.placement.stage)) + " and " +
+                                    std::to_string(std::max(stage, e.placement.stage)) +
+                                    "; Tessera holds a tensor on several stages with one layout");
       }
       std::vector<int64_t> all = e.placement.copy_stages;
       all.push_back(e.placement.stage);
@@ -158,7 +158,8 @@ constexpr const char* kMapSuffixes[kMindSporeMapParts] = {".__map_keys__", ".__m
 Status AddMapRecord(const MindSporeRecord& r, bool more, uint32_t file_index,
                     const std::string& path, std::vector<Stored>* out) {
   auto bad = [&](const std::string& what) {
-    return DataLossError("MindSpore checkpoint '" + path + "': map tensor '" + r.tag + "': " + what);
+    return DataLossError("MindSpore checkpoint '" + path + "': map tensor '" + r.tag +
+                         "': " + what);
   };
   const int64_t n = r.map[0].dims.empty() ? -1 : r.map[0].dims[0];
   for (size_t i = 0; i < kMindSporeMapParts; ++i) {
@@ -174,13 +175,13 @@ Status AddMapRecord(const MindSporeRecord& r, bool more, uint32_t file_index,
     if (!dtype.ok()) return bad(dtype.status().message());
     const DenseSegment segment{file_index, part.content_offset, part.content_size};
     if (!more) {
-      out->push_back({r.tag + kMapSuffixes[i], *dtype, part.dims, {segment}, part.content_size, {},
-                      r.tag});
+      out->push_back(
+          {r.tag + kMapSuffixes[i], *dtype, part.dims, {segment}, part.content_size, {}, r.tag});
       continue;
     }
     Stored& s = (*out)[out->size() - kMindSporeMapParts + i];
-    if (s.dtype != *dtype || !std::equal(s.dims.begin() + 1, s.dims.end(), part.dims.begin() + 1,
-                                         part.dims.end())) {
+    if (s.dtype != *dtype ||
+        !std::equal(s.dims.begin() + 1, s.dims.end(), part.dims.begin() + 1, part.dims.end())) {
       return bad("its records disagree on the type or trailing dims of part " +
                  std::string(kMapSuffixes[i]));
     }
@@ -201,7 +202,8 @@ Result<std::vector<Stored>> GroupRecords(const RandomAccessFile& file, const Min
   for (const MindSporeRecord& r : f.records) {
     if (r.type == kMindSporeStringType) {
       auto bad = [&](const std::string& what) {
-        return DataLossError("MindSpore checkpoint '" + path + "': string '" + r.tag + "': " + what);
+        return DataLossError("MindSpore checkpoint '" + path + "': string '" + r.tag +
+                             "': " + what);
       };
       if (done.count(r.tag) || strings->count(r.tag)) return bad("the tag appears twice");
       if (r.content_size > kMindSporeMaxStringBytes) {
@@ -232,8 +234,8 @@ Result<std::vector<Stored>> GroupRecords(const RandomAccessFile& file, const Min
     }
     if (!out.empty() && out.back().tag == r.tag) {
       if (r.dims != out.back().dims || r.type != MindSporeDTypeName(out.back().dtype)) {
-        return DataLossError("MindSpore checkpoint '" + path + "': the records of tensor '" + r.tag +
-                             "' disagree on dims or type");
+        return DataLossError("MindSpore checkpoint '" + path + "': the records of tensor '" +
+                             r.tag + "' disagree on dims or type");
       }
       out.back().segments.push_back({file_index, r.content_offset, r.content_size});
       out.back().bytes += r.content_size;
@@ -246,11 +248,11 @@ Result<std::vector<Stored>> GroupRecords(const RandomAccessFile& file, const Min
     done[r.tag] = true;
     auto dtype = ParseMindSporeDType(r.type);
     if (!dtype.ok()) {
-      return DataLossError("MindSpore checkpoint '" + path + "': tensor '" + r.tag + "': " +
-                           dtype.status().message());
+      return DataLossError("MindSpore checkpoint '" + path + "': tensor '" + r.tag +
+                           "': " + dtype.status().message());
     }
-    out.push_back({r.tag, *dtype, r.dims, {{file_index, r.content_offset, r.content_size}},
-                   r.content_size});
+    out.push_back(
+        {r.tag, *dtype, r.dims, {{file_index, r.content_offset, r.content_size}}, r.content_size});
   }
   return out;
 }
@@ -400,7 +402,8 @@ Result<std::map<int64_t, std::string>> RankFiles(Env* env, const std::string& di
   for (const std::string& c : children) {
     if (c.rfind(kRankDirPrefix, 0) != 0) continue;
     const std::string digits = c.substr(sizeof(kRankDirPrefix) - 1);
-    if (digits.empty() || digits.size() > 9 || digits.find_first_not_of("0123456789") != std::string::npos) {
+    if (digits.empty() || digits.size() > 9 ||
+        digits.find_first_not_of("0123456789") != std::string::npos) {
       continue;
     }
     const std::string sub = JoinPath(dir, c);
@@ -424,8 +427,8 @@ Result<std::map<int64_t, std::string>> RankFiles(Env* env, const std::string& di
   int64_t expect = 0;
   for (const auto& [rank, file] : out) {
     if (rank != expect++) {
-      return NotFoundError("MindSpore checkpoint '" + dir + "': rank_" + std::to_string(expect - 1) +
-                           "/ is missing");
+      return NotFoundError("MindSpore checkpoint '" + dir + "': rank_" +
+                           std::to_string(expect - 1) + "/ is missing");
     }
   }
   return out;
@@ -487,16 +490,19 @@ Result<MindSporeStrategyFile> StrategyToMindSpore(const Strategy& strategy) {
     if (!ms.ok()) return ms.status().Annotate("tensor '" + t.name + "'");
     (t.layout.stage_axis.empty() ? unstaged : staged) = true;
     if (staged && unstaged) {
-      return InvalidArgumentError("tensor '" + t.name + "': MindSpore places every parameter of "
+      return InvalidArgumentError("tensor '" + t.name +
+                                  "': MindSpore places every parameter of "
                                   "a pipeline on a stage, but this strategy mixes staged and "
                                   "unstaged tensors");
     }
     out.params.push_back({t.name, *ms, t.layout.shape, 0, t.layout.stage});
-    for (int64_t c : t.layout.copy_stages) out.params.push_back({t.name, *ms, t.layout.shape, 0, c});
+    for (int64_t c : t.layout.copy_stages)
+      out.params.push_back({t.name, *ms, t.layout.shape, 0, c});
   }
   // Stage by stage, as merge_pipeline_strategys concatenates stage files.
-  std::stable_sort(out.params.begin(), out.params.end(),
-                   [](const MindSporeParam& a, const MindSporeParam& b) { return a.stage < b.stage; });
+  std::stable_sort(
+      out.params.begin(), out.params.end(),
+      [](const MindSporeParam& a, const MindSporeParam& b) { return a.stage < b.stage; });
   if (staged) {
     // What merge_pipeline_strategys writes: "<stage>-<name>", current_stage 1.
     out.merged_pipeline = true;
@@ -523,7 +529,7 @@ Result<std::unique_ptr<CheckpointReader>> OpenMindSporeCheckpoint(
   DenseCheckpoint c;
   c.path = path;
   c.format = "mindspore";
-  std::vector<std::vector<Stored>> stored;  // per rank
+  std::vector<std::vector<Stored>> stored;     // per rank
   std::map<std::string, std::string> strings;  // of the lowest rank holding each
   for (const auto& [rank, file] : rank_files) {
     std::map<std::string, std::string> rank_strings;
@@ -610,7 +616,8 @@ Result<std::unique_ptr<CheckpointReader>> OpenMindSporeCheckpoint(
                              ", its strategy gives that rank " +
                              (box ? ToString(*box) : std::string("no slice")));
       }
-      c.blocks[i].push_back({s.segments[0].file, s.segments[0].offset, *box, std::move(s.segments)});
+      c.blocks[i].push_back(
+          {s.segments[0].file, s.segments[0].offset, *box, std::move(s.segments)});
     }
   }
   return OpenDenseCheckpoint(env, std::move(c));
@@ -771,13 +778,16 @@ Result<std::unique_ptr<CheckpointWriter>> CreateMindSporeCheckpoint(
                                   "directories cannot hold (write one .ckpt)");
     }
     if (single && t.layout != Layout::Replicated(t.layout.shape, t.layout.dtype)) {
-      return InvalidArgumentError("output '" + path + "' is one .ckpt file of whole tensors, but "
-                                  "tensor '" + t.name + "' is laid out " + ToString(t.layout) +
+      return InvalidArgumentError("output '" + path +
+                                  "' is one .ckpt file of whole tensors, but "
+                                  "tensor '" +
+                                  t.name + "' is laid out " + ToString(t.layout) +
                                   " (write a directory, or merge)");
     }
     if (!single) {
       auto ms = ToMindSpore(mesh, t.layout);
-      if (!ms.ok()) return ms.status().Annotate("MindSpore output '" + path + "': tensor '" + t.name + "'");
+      if (!ms.ok())
+        return ms.status().Annotate("MindSpore output '" + path + "': tensor '" + t.name + "'");
     }
   }
   if (single) world = 1;

@@ -17,8 +17,8 @@
 
 #include "ckpt/output.h"
 #include "core/thread_pool.h"
-#include "formats/native_files.h"
 #include "formats/erasure.h"
+#include "formats/native_files.h"
 #include "formats/parity.h"
 
 namespace tessera {
@@ -136,8 +136,8 @@ class PieceIndex {
       lo[d] = static_cast<size_t>(std::upper_bound(c.begin(), c.end() - 1, region[d].begin) -
                                   c.begin());
       lo[d] = lo[d] > 0 ? lo[d] - 1 : 0;
-      hi[d] = static_cast<size_t>(std::lower_bound(c.begin(), c.end() - 1, region[d].end) -
-                                  c.begin());
+      hi[d] =
+          static_cast<size_t>(std::lower_bound(c.begin(), c.end() - 1, region[d].end) - c.begin());
       at[d] = lo[d];
     }
     for (;;) {
@@ -156,10 +156,10 @@ class PieceIndex {
   bool indexed_ = false;
   int dim_ = 0;
   int64_t longest_ = 0;
-  std::vector<uint32_t> order_;  // piece indices by begin along dim_
-  std::vector<int64_t> begins_;  // their begins, ascending
+  std::vector<uint32_t> order_;             // piece indices by begin along dim_
+  std::vector<int64_t> begins_;             // their begins, ascending
   std::vector<std::vector<int64_t>> cuts_;  // a grid's: per dimension, cells' begins and the end
-  std::vector<uint32_t> grid_;  // a grid's: the piece of each cell, row-major
+  std::vector<uint32_t> grid_;              // a grid's: the piece of each cell, row-major
 };
 
 // Data files synced at once when a checkpoint is committed.
@@ -444,8 +444,8 @@ class NativeReader : public CheckpointReader {
       }
       tried += "; rebuilding it from " + GroupText(p.file) + " failed too: " + s.message();
     } else if (!rebuilt.ok()) {
-      tried += "; rebuilding it from " + GroupText(p.file) + " failed too: " +
-               rebuilt.status().message();
+      tried += "; rebuilding it from " + GroupText(p.file) +
+               " failed too: " + rebuilt.status().message();
     }
     return Status(lost.code(), lost.message() + tried);
   }
@@ -529,9 +529,10 @@ class NativeReader : public CheckpointReader {
       for (uint32_t m : g->members) {
         if (m != file) others.push_back({FilePath(m), manifest_.files[m].size});
       }
-      ASSIGN_OR_RETURN(slot, OpenParityRebuild(env_, others,
-                                               {FilePath(g->parity), manifest_.files[g->parity].size},
-                                               manifest_.files[file].size));
+      ASSIGN_OR_RETURN(
+          slot,
+          OpenParityRebuild(env_, others, {FilePath(g->parity), manifest_.files[g->parity].size},
+                            manifest_.files[file].size));
     }
     return slot.get();
   }
@@ -604,8 +605,8 @@ class NativeReader : public CheckpointReader {
   // left to the writer of a reshard and to the caller.
   const size_t max_open_ = MaxOpenDataFiles();
   mutable std::vector<std::shared_ptr<const RandomAccessFile>> files_;
-  mutable std::shared_mutex files_mu_;  // of files_ and open_
-  mutable std::vector<uint32_t> open_;  // the open files
+  mutable std::shared_mutex files_mu_;                   // of files_ and open_
+  mutable std::vector<uint32_t> open_;                   // the open files
   mutable std::vector<std::atomic<uint64_t>> last_use_;  // opens_ when each file was last used
   mutable std::atomic<uint64_t> opens_{0};
   mutable std::map<uint32_t, std::unique_ptr<RandomAccessFile>> rebuilt_;
@@ -873,12 +874,12 @@ class NativeWriter : public CheckpointWriter {
   NativeWriteOptions options_;
   std::mutex mu_;
   std::map<int64_t, std::unique_ptr<Slot>> slots_;  // owns them; guarded by mu_
-  std::vector<std::atomic<Slot*>> by_rank_;  // slots_'s, by rank: read without mu_
+  std::vector<std::atomic<Slot*>> by_rank_;         // slots_'s, by rank: read without mu_
   static constexpr size_t kPieceLocks = 64;
   std::array<std::mutex, kPieceLocks> piece_mu_;  // of pieces_ and copies_, by tensor
   std::vector<std::vector<PieceInfo>> pieces_;
   std::vector<std::vector<PieceInfo>> copies_;  // of copy stages
-  std::atomic<size_t> open_files_{0};  // data files open (not parked)
+  std::atomic<size_t> open_files_{0};           // data files open (not parked)
   const size_t max_open_files_ = MaxOpenWrittenFiles();
   std::mutex buffers_mu_;
   size_t staging_ = 0;              // staging buffers out
@@ -900,10 +901,9 @@ Result<std::unique_ptr<CheckpointReader>> OpenNativeCheckpoint(Env* env, const s
       new NativeReader(env, dir, std::move(m), std::move(strategy), std::move(note)));
 }
 
-Result<std::unique_ptr<CheckpointWriter>> CreateNativeCheckpoint(Env* env, const std::string& path,
-                                                                 Strategy strategy,
-                                                                 CheckpointMeta meta,
-                                                                 const NativeWriteOptions& options) {
+Result<std::unique_ptr<CheckpointWriter>> CreateNativeCheckpoint(
+    Env* env, const std::string& path, Strategy strategy, CheckpointMeta meta,
+    const NativeWriteOptions& options) {
   ASSIGN_OR_RETURN(OutputPaths out, PrepareOutput(env, path, options.overwrite, true));
   return std::unique_ptr<CheckpointWriter>(
       new NativeWriter(env, std::move(out), std::move(strategy), std::move(meta), options));

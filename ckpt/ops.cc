@@ -31,17 +31,22 @@ Result<Format> ParseFormat(const std::string& name) {
   if (name == "mindspore") return Format::kMindSpore;
   if (name == "mindspore-safetensors") return Format::kMindSporeSafetensors;
   if (name == "hdf5") return Format::kHdf5;
-  return InvalidArgumentError("format '" + name +
-                              "': use native, safetensors, mindspore, mindspore-safetensors or hdf5");
+  return InvalidArgumentError(
+      "format '" + name + "': use native, safetensors, mindspore, mindspore-safetensors or hdf5");
 }
 
 std::string_view FormatName(Format format) {
   switch (format) {
-    case Format::kNative: return "native";
-    case Format::kSafetensors: return "safetensors";
-    case Format::kMindSpore: return "mindspore";
-    case Format::kMindSporeSafetensors: return "mindspore-safetensors";
-    case Format::kHdf5: return "hdf5";
+    case Format::kNative:
+      return "native";
+    case Format::kSafetensors:
+      return "safetensors";
+    case Format::kMindSpore:
+      return "mindspore";
+    case Format::kMindSporeSafetensors:
+      return "mindspore-safetensors";
+    case Format::kHdf5:
+      return "hdf5";
   }
   return "?";
 }
@@ -79,10 +84,10 @@ Result<TransformStats> WriteTransformed(Env* env, const CheckpointReader& src, c
     return InvalidArgumentError("compression is a native-format option; " +
                                 std::string(FormatName(options.format)) + " stores raw bytes");
   }
-  if (options.format != Format::kNative &&
-      options.native.redundancy.has_groups()) {
+  if (options.format != Format::kNative && options.native.redundancy.has_groups()) {
     return InvalidArgumentError("redundancy is a native-format option; " +
-                                std::string(FormatName(options.format)) + " has no place for parity");
+                                std::string(FormatName(options.format)) +
+                                " has no place for parity");
   }
   if (options.format != Format::kSafetensors && options.format != Format::kMindSporeSafetensors &&
       options.max_shard_size > 0) {
@@ -100,8 +105,8 @@ Result<TransformStats> WriteTransformed(Env* env, const CheckpointReader& src, c
   Strategy flow = complete;
   switch (options.format) {
     case Format::kNative: {
-      ASSIGN_OR_RETURN(writer, CreateNativeCheckpoint(env, out_path, complete, std::move(meta),
-                                                      options.native));
+      ASSIGN_OR_RETURN(
+          writer, CreateNativeCheckpoint(env, out_path, complete, std::move(meta), options.native));
       break;
     }
     case Format::kSafetensors: {
@@ -113,8 +118,8 @@ Result<TransformStats> WriteTransformed(Env* env, const CheckpointReader& src, c
       break;
     }
     case Format::kHdf5: {
-      ASSIGN_OR_RETURN(writer, CreateHdf5Checkpoint(env, out_path, complete, meta,
-                                                    options.native.overwrite));
+      ASSIGN_OR_RETURN(
+          writer, CreateHdf5Checkpoint(env, out_path, complete, meta, options.native.overwrite));
       flow = MergedStrategy(complete);
       break;
     }
@@ -179,10 +184,11 @@ Result<std::unique_ptr<CheckpointReader>> OpenSource(Env* env, const std::string
   for (const TensorStrategy& t : given.tensors()) {
     const TensorStrategy* r = recorded.Find(t.name);
     if (r == nullptr) {
-      return NotFoundError(flag + " '" + src_strategy + "' names tensor '" + t.name +
-                           "', which '" + path + "' does not have");
+      return NotFoundError(flag + " '" + src_strategy + "' names tensor '" + t.name + "', which '" +
+                           path + "' does not have");
     }
-    ASSIGN_OR_RETURN(bool same, Equivalent(recorded.MeshOf(*r), r->layout, given.MeshOf(t), t.layout));
+    ASSIGN_OR_RETURN(bool same,
+                     Equivalent(recorded.MeshOf(*r), r->layout, given.MeshOf(t), t.layout));
     if (!same) {
       return InvalidArgumentError("tensor '" + t.name + "': '" + path + "' records " +
                                   ToString(r->layout) + ", " + flag + " says " +
@@ -192,11 +198,12 @@ Result<std::unique_ptr<CheckpointReader>> OpenSource(Env* env, const std::string
   return reader;
 }
 
-Result<Strategy> DestinationStrategy(Env* env, const CheckpointReader& src,
-                                     const std::string& file, const std::string& mesh,
-                                     std::set<std::string>* unnamed, const DestinationFlags& flags) {
+Result<Strategy> DestinationStrategy(Env* env, const CheckpointReader& src, const std::string& file,
+                                     const std::string& mesh, std::set<std::string>* unnamed,
+                                     const DestinationFlags& flags) {
   if (!file.empty() && !mesh.empty()) {
-    return InvalidArgumentError("give either " + flags.strategy + " or " + flags.mesh + ", not both");
+    return InvalidArgumentError("give either " + flags.strategy + " or " + flags.mesh +
+                                ", not both");
   }
   if (!file.empty() && IsMindSporeStrategy(env, file)) {
     ASSIGN_OR_RETURN(auto files, ReadMindSporeStrategies(env, file));
@@ -208,7 +215,9 @@ Result<Strategy> DestinationStrategy(Env* env, const CheckpointReader& src,
     return dst;
   }
   if (!file.empty()) return LoadStrategyFile(env, file);
-  if (mesh.empty()) return InvalidArgumentError("give " + flags.strategy + " or " + flags.mesh + " (axis=size,...)");
+  if (mesh.empty())
+    return InvalidArgumentError("give " + flags.strategy + " or " + flags.mesh +
+                                " (axis=size,...)");
   ASSIGN_OR_RETURN(Mesh m, Mesh::Parse(mesh));
   return WithMesh(src.strategy(), m);
 }

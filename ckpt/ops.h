@@ -65,8 +65,8 @@ Result<Strategy> DestinationStrategy(Env* env, const CheckpointReader& src,
 
 struct WriteOptions {
   Format format = Format::kNative;
-  NativeWriteOptions native;       // codec (native only) and overwrite (all)
-  int64_t max_shard_size = 0;      // safetensors: shard the output
+  NativeWriteOptions native;        // codec (native only) and overwrite (all)
+  int64_t max_shard_size = 0;       // safetensors: shard the output
   MindSporeWriteOptions mindspore;  // prefix, record size
   TransformOptions transform;
 };

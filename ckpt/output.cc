@@ -70,7 +70,8 @@ Status CommitOutput(Env* env, const OutputPaths& out, bool overwrite) {
   std::string replaced;  // an existing output moved aside by --overwrite
   if (env->FileExists(out.path)) {
     if (!overwrite) {
-      return AlreadyExistsError("'" + out.path + "' already exists (pass --overwrite to replace it)");
+      return AlreadyExistsError("'" + out.path +
+                                "' already exists (pass --overwrite to replace it)");
     }
     replaced = out.tmp + "-old";
     RETURN_IF_ERROR(env->RenameFile(out.path, replaced));

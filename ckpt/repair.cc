@@ -5,8 +5,8 @@
 #include <set>
 
 #include "core/checksum.h"
-#include "formats/native_files.h"
 #include "formats/erasure.h"
+#include "formats/native_files.h"
 #include "formats/parity.h"
 
 namespace tessera {
@@ -42,7 +42,8 @@ class Repairer {
   // Rebuilds file `f` (known bad, every file in `bad` is bad); returns how,
   // or an error saying why it cannot.
   Result<std::string> Rebuild(uint32_t f, const std::set<uint32_t>& bad) {
-    if (auto it = parity_of_.find(f); it != parity_of_.end()) return RebuildParity(*it->second, bad);
+    if (auto it = parity_of_.find(f); it != parity_of_.end())
+      return RebuildParity(*it->second, bad);
     if (auto it = erasure_of_.find(f); it != erasure_of_.end() && headerless_.count(f)) {
       return FromErasure(f, *it->second, bad);
     }
@@ -139,7 +140,8 @@ class Repairer {
         ASSIGN_OR_RETURN(auto file, env_->NewRandomAccessFile(tmp));
         RETURN_IF_ERROR(CheckDataFileHeader(*file, tmp));
         for (const Record& r : RecordsIn(f)) {
-          RETURN_IF_ERROR(VerifyPiece(*file, tmp, r.tensor->name, *r.piece, r.tensor->layout.dtype));
+          RETURN_IF_ERROR(
+              VerifyPiece(*file, tmp, r.tensor->name, *r.piece, r.tensor->layout.dtype));
         }
       }
       RETURN_IF_ERROR(env_->RenameFile(tmp, path));
@@ -229,16 +231,17 @@ class Repairer {
       others.push_back({Path(x), m_.files[x].size});
       text += " " + Name(x);
     }
-    ASSIGN_OR_RETURN(auto src, OpenParityRebuild(env_, others,
-                                                 {Path(g.parity), m_.files[g.parity].size},
-                                                 m_.files[f].size));
+    ASSIGN_OR_RETURN(auto src,
+                     OpenParityRebuild(env_, others, {Path(g.parity), m_.files[g.parity].size},
+                                       m_.files[f].size));
     RETURN_IF_ERROR(ReplaceFrom(f, *src));
     return text;
   }
 
   // File `f` of erasure group `g` (a member or a parity file), from the
   // group's files that are not bad (any K of them).
-  Result<std::string> FromErasure(uint32_t f, const ErasureGroup& g, const std::set<uint32_t>& bad) {
+  Result<std::string> FromErasure(uint32_t f, const ErasureGroup& g,
+                                  const std::set<uint32_t>& bad) {
     ASSIGN_OR_RETURN(ErasureCode code, ErasureCodeOf(g));
     std::string text = "from its " + code.ToString() + " group:", unusable;
     for (const auto* list : {&g.members, &g.parity}) {
@@ -246,10 +249,11 @@ class Repairer {
         if (x != f) (bad.count(x) ? unusable : text) += " " + Name(x);
       }
     }
-    auto src = OpenErasureGroupRebuild(env_, dir_, m_, g, f,
-                                       [&](uint32_t x) { return !bad.count(x); });
+    auto src =
+        OpenErasureGroupRebuild(env_, dir_, m_, g, f, [&](uint32_t x) { return !bad.count(x); });
     if (!src.ok()) {
-      return DataLossError(src.status().message() + (unusable.empty() ? "" : " (lost too:" + unusable + ")"));
+      return DataLossError(src.status().message() +
+                           (unusable.empty() ? "" : " (lost too:" + unusable + ")"));
     }
     RETURN_IF_ERROR(ReplaceFrom(f, **src));
     return text;

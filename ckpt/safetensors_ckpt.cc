@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cstdio>
 #include <map>
-
 #include <nlohmann/json.hpp>
 
 #include "ckpt/dense.h"
@@ -16,7 +15,8 @@ namespace {
 
 constexpr uint64_t kMaxIndexBytes = uint64_t{64} << 20;
 
-std::map<std::string, std::string> MetadataOf(const Strategy& strategy, const CheckpointMeta& meta) {
+std::map<std::string, std::string> MetadataOf(const Strategy& strategy,
+                                              const CheckpointMeta& meta) {
   std::map<std::string, std::string> m = EncodeMetaAttributes(strategy, meta, /*text_only=*/true);
   m["format"] = "pt";
   return m;
@@ -45,7 +45,8 @@ Result<IndexFile> ReadIndex(Env* env, const std::string& path, bool flat) {
   const nlohmann::ordered_json& map = flat ? j : j["weight_map"];
   IndexFile index;
   for (auto it = map.begin(); it != map.end(); ++it) {
-    if (!it.value().is_string()) return bad("the file of tensor '" + it.key() + "' is not a string");
+    if (!it.value().is_string())
+      return bad("the file of tensor '" + it.key() + "' is not a string");
     const std::string file = it.value().get<std::string>();
     if (file.empty() || file.find('/') != std::string::npos || file == "." || file == "..") {
       return bad("tensor '" + it.key() + "' names file '" + file +
@@ -103,7 +104,8 @@ Result<std::unique_ptr<CheckpointWriter>> CreateUnifiedSafetensors(
       parts.emplace_back();
       used = 0;
     }
-    parts.back().push_back({tensors[i].name, tensors[i].layout.dtype, tensors[i].layout.shape, 0, 0});
+    parts.back().push_back(
+        {tensors[i].name, tensors[i].layout.dtype, tensors[i].layout.shape, 0, 0});
     used += bytes;
   }
   DensePlan plan;
@@ -118,8 +120,8 @@ Result<std::unique_ptr<CheckpointWriter>> CreateUnifiedSafetensors(
     if (!header.ok()) return header.status().Annotate("output '" + path + "'");
     for (const SafetensorsEntry& e : parts[p]) {
       const size_t i = static_cast<size_t>(strategy.Find(e.name) - tensors.data());
-      plan.blocks[i].push_back({static_cast<uint32_t>(p), header->size() + e.begin,
-                                Box::FromShape(e.shape)});
+      plan.blocks[i].push_back(
+          {static_cast<uint32_t>(p), header->size() + e.begin, Box::FromShape(e.shape)});
     }
     const uint64_t data = parts[p].empty() ? 0 : parts[p].back().end;
     plan.files.push_back({name, header->size() + data, {{0, *header}}});
@@ -226,8 +228,9 @@ Result<std::unique_ptr<CheckpointReader>> OpenSafetensorsCheckpoint(Env* env,
   RETURN_IF_ERROR(DecodeMetaAttributes("safetensors checkpoint '" + path + "'", metadata, &c.meta));
 
   // The recorded strategy when there is one and it matches the files.
-  auto recorded = metadata.count(kStrategyAttribute) ? ParseStrategyJson(metadata[kStrategyAttribute])
-                                               : Result<Strategy>(NotFoundError(""));
+  auto recorded = metadata.count(kStrategyAttribute)
+                      ? ParseStrategyJson(metadata[kStrategyAttribute])
+                      : Result<Strategy>(NotFoundError(""));
   if (recorded.ok() && recorded->tensors().size() == found.size()) {
     for (const TensorStrategy& t : recorded->tensors()) {
       auto it = by_name.find(t.name);
@@ -239,8 +242,7 @@ Result<std::unique_ptr<CheckpointReader>> OpenSafetensorsCheckpoint(Env* env,
       if (e.shape != t.layout.shape || e.dtype != t.layout.dtype) {
         return DataLossError("safetensors checkpoint '" + path + "': tensor '" + t.name +
                              "' is stored as " + std::string(DTypeName(e.dtype)) +
-                             ShapeToString(e.shape) + ", its strategy says " +
-                             ToString(t.layout));
+                             ShapeToString(e.shape) + ", its strategy says " + ToString(t.layout));
       }
       const Found& at = found[it->second];
       c.blocks.push_back({{at.file, at.offset, Box::FromShape(e.shape)}});
@@ -249,8 +251,9 @@ Result<std::unique_ptr<CheckpointReader>> OpenSafetensorsCheckpoint(Env* env,
   } else {
     c.strategy = Strategy(*Mesh::Create({"r"}, {1}));
     for (const Found& at : found) {
-      RETURN_IF_ERROR(c.strategy.Add({at.entry.name, Layout::Replicated(at.entry.shape, at.entry.dtype), {}})
-                          .Annotate("safetensors checkpoint '" + path + "'"));
+      RETURN_IF_ERROR(
+          c.strategy.Add({at.entry.name, Layout::Replicated(at.entry.shape, at.entry.dtype), {}})
+              .Annotate("safetensors checkpoint '" + path + "'"));
       c.blocks.push_back({{at.file, at.offset, Box::FromShape(at.entry.shape)}});
     }
   }

@@ -37,8 +37,9 @@ Result<Redundancy> Redundancy::Parse(std::string_view text) {
       used = 0;
     }
     if (colon == std::string::npos || used == 0 || colon + 1 + used != item.size()) {
-      return bad("use none, replicas:K, parity:G or rs:K+M (replicas may be combined with one "
-                 "of the others, comma-separated)");
+      return bad(
+          "use none, replicas:K, parity:G or rs:K+M (replicas may be combined with one "
+          "of the others, comma-separated)");
     }
     if (kind == "replicas" && n >= 1 && n <= 64 && !replicas_seen) {
       r.replicas = static_cast<int>(n);
@@ -181,8 +182,9 @@ std::string SavePlan::Describe() const {
          " of up to " + std::to_string(widest) + " data files";
   if (redundancy.erasure.k > 0 && static_cast<int>(widest) < redundancy.erasure.k &&
       static_cast<int64_t>(widest) < world) {
-    out += " (fewer than " + std::to_string(redundancy.erasure.k) + " so that no host holds more than " +
-           std::to_string(redundancy.erasure.m) + " files of a group)";
+    out += " (fewer than " + std::to_string(redundancy.erasure.k) +
+           " so that no host holds more than " + std::to_string(redundancy.erasure.m) +
+           " files of a group)";
   }
   return out;
 }

@@ -113,8 +113,8 @@ Result<TransformStats> Transform(const CheckpointReader& src, const Strategy& ds
   // taken: the plan's source boxes are the reader's business.
   struct Item {
     uint32_t tensor;
-    bool direct;     // one source piece's contiguous bytes: try ViewRegion
-    uint32_t box;    // its box: boxes[box .. box + 2 * rank), begins then ends
+    bool direct;   // one source piece's contiguous bytes: try ViewRegion
+    uint32_t box;  // its box: boxes[box .. box + 2 * rank), begins then ends
     int64_t rank;
   };
   // Planned on the pool, a tensor per task, then joined in tensor order.
@@ -135,17 +135,17 @@ Result<TransformStats> Transform(const CheckpointReader& src, const Strategy& ds
       return InvalidArgumentError("the destination strategy lists tensor '" + d.name +
                                   "' where checkpoint '" + src.path() + "' has '" + f.name + "'");
     }
-    ASSIGN_OR_RETURN(TensorPlan tp, PlanTensorReshard(d.name, from.MeshOf(f), f.layout,
-                                                      dst.MeshOf(d), d.layout, plan_options,
-                                                      nullptr));
+    ASSIGN_OR_RETURN(TensorPlan tp,
+                     PlanTensorReshard(d.name, from.MeshOf(f), f.layout, dst.MeshOf(d), d.layout,
+                                       plan_options, nullptr));
     const int64_t es = DTypeSize(tp.dtype);
     coords[i] = tp.src_layout.split_shape();
     Planned& out = planned[i];
     // Copied without a staging buffer when the source lends its bytes: a
     // shard whose every piece is one contiguous run of it (rows of a
     // row-split tensor), in the same coordinates on both sides.
-    const bool same_coords = coords[i] == f.layout.split_shape() &&
-                             coords[i] == d.layout.split_shape();
+    const bool same_coords =
+        coords[i] == f.layout.split_shape() && coords[i] == d.layout.split_shape();
     for (const ShardPlan& shard : tp.shards) {
       const std::vector<int64_t> ext = shard.shard.extents();
       bool direct = same_coords && shard.copies.size() > 1;
@@ -248,16 +248,15 @@ Result<TransformStats> Transform(const CheckpointReader& src, const Strategy& ds
         ASSIGN_OR_RETURN(view, src.ViewRegion(item.tensor, box));
       }
       if (view != nullptr) {
-        RETURN_IF_ERROR(WritePieceOver(out, ts.layout, item.tensor, item.rank, c, box,
-                                       view->data()));
+        RETURN_IF_ERROR(
+            WritePieceOver(out, ts.layout, item.tensor, item.rank, c, box, view->data()));
       } else {
         Result<BufferPool::Lease> buf = buffers.Get(bytes, "a slab");
         if (!buf.ok()) {
           return buf.status().Annotate("tensor '" + ts.name + "' " + ToString(box));
         }
         RETURN_IF_ERROR(ReadRegionOver(src, item.tensor, c, box, buf->get()));
-        RETURN_IF_ERROR(WritePieceOver(out, ts.layout, item.tensor, item.rank, c, box,
-                                       buf->get()));
+        RETURN_IF_ERROR(WritePieceOver(out, ts.layout, item.tensor, item.rank, c, box, buf->get()));
       }
       if (options.progress) {
         std::lock_guard<std::mutex> lock(progress_mu);
@@ -267,8 +266,7 @@ Result<TransformStats> Transform(const CheckpointReader& src, const Strategy& ds
     }
     return out.Flush(items[tasks[t].first].rank);
   }));
-  stats.seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return stats;
 }
 

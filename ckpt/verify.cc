@@ -1,14 +1,13 @@
 #include "ckpt/verify.h"
 
-#include "ckpt/save_plan.h"
-#include "core/buffer.h"
-#include "ckpt/transform.h"
-
 #include <algorithm>
 #include <map>
 #include <memory>
 #include <mutex>
 
+#include "ckpt/save_plan.h"
+#include "ckpt/transform.h"
+#include "core/buffer.h"
 #include "core/thread_pool.h"
 #include "formats/native_files.h"
 #include "formats/parity.h"
@@ -67,15 +66,16 @@ Result<VerifyReport> VerifyNativeCheckpoint(Env* env, const std::string& path,
     } else {
       Result<std::string> bytes = ReadFileToString(env, copy);
       Status s = bytes.ok() ? ParseManifest(*bytes, copy, false).status() : bytes.status();
-      if (s.ok() && *bytes != SerializeManifest(m)) s = DataLossError("it differs from manifest.pb");
+      if (s.ok() && *bytes != SerializeManifest(m))
+        s = DataLossError("it differs from manifest.pb");
       if (!s.ok()) report.problems.push_back({copy, "", s.message()});
     }
   }
   for (const DifferingCopy& d : DifferingStageCopies(m)) {
-    report.differing_copies.push_back(
-        {JoinPath(dir, m.files[d.copy->file].name), d.tensor->name,
-         "stage " + std::to_string(d.copy->stage) + "'s copy of " + ToString(d.copy->box) +
-             " differs from stage " + std::to_string(d.tensor->layout.stage) + "'s"});
+    report.differing_copies.push_back({JoinPath(dir, m.files[d.copy->file].name), d.tensor->name,
+                                       "stage " + std::to_string(d.copy->stage) + "'s copy of " +
+                                           ToString(d.copy->box) + " differs from stage " +
+                                           std::to_string(d.tensor->layout.stage) + "'s"});
   }
 
   // Files: present, the recorded size, a valid header; parity files their
@@ -94,16 +94,17 @@ Result<VerifyReport> VerifyNativeCheckpoint(Env* env, const std::string& path,
   for (size_t f = 0; f < m.files.size(); ++f) {
     const std::string fp = JoinPath(dir, m.files[f].name);
     if (!env->FileExists(fp)) {
-      report.problems.push_back({fp, "", parity[f] ? "parity file is missing" : "data file is missing"});
+      report.problems.push_back(
+          {fp, "", parity[f] ? "parity file is missing" : "data file is missing"});
       continue;
     }
     if (parity[f]) {
       auto size = env->GetFileSize(fp);
       if (!size.ok() || *size != m.files[f].size) {
-        report.problems.push_back({fp, "", "parity file has " +
-                                               (size.ok() ? std::to_string(*size) : "?") +
-                                               " bytes, the manifest records " +
-                                               std::to_string(m.files[f].size)});
+        report.problems.push_back({fp, "",
+                                   "parity file has " + (size.ok() ? std::to_string(*size) : "?") +
+                                       " bytes, the manifest records " +
+                                       std::to_string(m.files[f].size)});
         continue;
       }
       auto sum = FileChecksum(env, fp);  // read only when the size is right
@@ -121,8 +122,9 @@ Result<VerifyReport> VerifyNativeCheckpoint(Env* env, const std::string& path,
     }
     auto size = (*file)->Size();
     if (size.ok() && *size != m.files[f].size) {
-      report.problems.push_back({fp, "", "has " + std::to_string(*size) + " bytes, the manifest records " +
-                                             std::to_string(m.files[f].size)});
+      report.problems.push_back({fp, "",
+                                 "has " + std::to_string(*size) + " bytes, the manifest records " +
+                                     std::to_string(m.files[f].size)});
     }
     Status header = CheckDataFileHeader(**file, fp);
     if (!header.ok()) {
@@ -182,7 +184,8 @@ Result<VerifyReport> VerifyNativeCheckpoint(Env* env, const std::string& path,
   std::vector<std::pair<size_t, size_t>> tasks;  // [begin, end) of jobs
   uint64_t task_bytes = 0;
   for (size_t i = 0; i < jobs.size(); ++i) {
-    if (tasks.empty() || jobs[i].piece->file != jobs[i - 1].piece->file || task_bytes >= kTaskBytes) {
+    if (tasks.empty() || jobs[i].piece->file != jobs[i - 1].piece->file ||
+        task_bytes >= kTaskBytes) {
       tasks.push_back({i, i});
       task_bytes = 0;
     }
@@ -235,7 +238,8 @@ Result<int64_t> ReadEverything(const CheckpointReader& reader, int threads) {
   int64_t total = 0;
   for (size_t i = 0; i < reader.strategy().tensors().size(); ++i) {
     const Layout& l = reader.strategy().tensors()[i].layout;
-    for (const Box& b : SplitBox(Box::FromShape(l.split_shape()), DTypeSize(l.dtype), int64_t{64} << 20)) {
+    for (const Box& b :
+         SplitBox(Box::FromShape(l.split_shape()), DTypeSize(l.dtype), int64_t{64} << 20)) {
       items.push_back({i, b});
       total += NumElements(b) * DTypeSize(l.dtype);
     }

@@ -8,10 +8,10 @@
 #include <iostream>
 #include <sstream>
 
+#include "ckpt/mindspore.h"
 #include "cli/verbs.h"
 #include "core/byte_size.h"
 #include "core/env.h"
-#include "ckpt/mindspore.h"
 #include "formats/mindspore_strategy.h"
 #include "runtime/model/gpt_search.h"
 #include "transform/strategy.h"
@@ -103,7 +103,8 @@ Status RunAuto(const AutoArgs& a, std::ostream& out) {
   const auto start = std::chrono::steady_clock::now();
   ASSIGN_OR_RETURN(SearchResult r,
                    SearchGptParallel(a.config, a.batch, T, a.devices, profile, options));
-  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const double took =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   const int64_t budget = options.rank_memory > 0 ? options.rank_memory : profile.memory_bytes;
   out << "search: " << a.mode << " over " << a.devices << " devices of " << profile.name << ", "
       << r.candidates << " configurations costed in " << Ms(took) << "\n";
@@ -113,8 +114,9 @@ Status RunAuto(const AutoArgs& a, std::ostream& out) {
   if (par.pp > 1) {
     out << "  stages (layers, seconds per micro-batch, memory):";
     for (int s = 0; s < par.pp; ++s) {
-      out << (s ? "; " : " ") << par.stage_layers[s] << " layers " << Ms(r.predicted.stage_seconds[s])
-          << " " << HumanBytes(r.predicted.stage_memory[s].total());
+      out << (s ? "; " : " ") << par.stage_layers[s] << " layers "
+          << Ms(r.predicted.stage_seconds[s]) << " "
+          << HumanBytes(r.predicted.stage_memory[s].total());
     }
     out << "\n";
   }
@@ -129,15 +131,16 @@ Status RunAuto(const AutoArgs& a, std::ostream& out) {
     ASSIGN_OR_RETURN(auto stages, BreakdownGptStep(a.config, a.batch, T, par, profile));
     for (size_t s = 0; s < stages.size(); ++s) {
       if (stages.size() > 2 && s > 0 && s + 1 < stages.size()) continue;  // middles repeat
-      const GptStage gs = ParallelGpt::StageOf(a.config, par.pp, static_cast<int>(s), par.tp, 0,
-                                               par.stage_layers);
+      const GptStage gs =
+          ParallelGpt::StageOf(a.config, par.pp, static_cast<int>(s), par.tp, 0, par.stage_layers);
       const int blocks = (gs.last_layer < 0 ? a.config.layers : gs.last_layer) - gs.first_layer;
-      out << "per operator, one micro-batch" << (stages.size() > 1 ? " on stage " + std::to_string(s) : "")
+      out << "per operator, one micro-batch"
+          << (stages.size() > 1 ? " on stage " + std::to_string(s) : "")
           << " (compute + tp collectives; block operators once per block, x" << blocks << "):\n";
       for (const OpCost& c : stages[s]) {
         char line[160];
-        std::snprintf(line, sizeof line, "  %-24s %10s + %10s\n", c.name.c_str(), Ms(c.compute).c_str(),
-                      Ms(c.comm).c_str());
+        std::snprintf(line, sizeof line, "  %-24s %10s + %10s\n", c.name.c_str(),
+                      Ms(c.compute).c_str(), Ms(c.comm).c_str());
         out << line;
       }
     }
@@ -149,7 +152,8 @@ Status RunAuto(const AutoArgs& a, std::ostream& out) {
     const int64_t rows = static_cast<int64_t>(a.batch) / par.dp / par.micro_batches * T;
     for (int s = 0; s < par.pp; ++s) {
       const GptStage stage = ParallelGpt::StageOf(a.config, par.pp, s, par.tp, 0, par.stage_layers);
-      ASSIGN_OR_RETURN(std::unique_ptr<OpGpt> ops, ParallelGpt::StageOps(a.config, par, mesh, stage));
+      ASSIGN_OR_RETURN(std::unique_ptr<OpGpt> ops,
+                       ParallelGpt::StageOps(a.config, par, mesh, stage));
       if (par.pp > 1) out << "stage " << s << ":\n";
       out << ops->Describe(rows);
     }
@@ -203,7 +207,8 @@ CLI::App* AddAutoParallelVerb(CLI::App& app, std::function<int()>* run) {
   auto a = std::make_shared<AutoArgs>();
   CLI::App* cmd = app.add_subcommand(
       "auto-parallel", "Search a GPT's parallel configuration on a machine profile (no training)");
-  cmd->add_option("--profile", a->profile, "machine profile (JSON; train_gpt --calibrate writes one)")
+  cmd->add_option("--profile", a->profile,
+                  "machine profile (JSON; train_gpt --calibrate writes one)")
       ->required();
   cmd->add_option("--devices", a->devices, "ranks of the job")->check(CLI::PositiveNumber);
   cmd->add_option("--mode", a->mode, "propagate, fast or exact")
@@ -218,13 +223,15 @@ CLI::App* AddAutoParallelVerb(CLI::App& app, std::function<int()>* run) {
   cmd->add_option("--vocab", a->config.vocab)->check(CLI::PositiveNumber);
   cmd->add_option("--batch", a->batch, "global batch")->check(CLI::PositiveNumber);
   cmd->add_option("--seq", a->seq, "sequence length (default: the context)");
-  cmd->add_option("--bucket-mib", a->bucket_mib, "gradient bucket size")->check(CLI::PositiveNumber);
+  cmd->add_option("--bucket-mib", a->bucket_mib, "gradient bucket size")
+      ->check(CLI::PositiveNumber);
   cmd->add_flag("--describe", a->describe,
                 "print every operator's placements and the redistributions between them");
   cmd->add_option("--why", a->why,
                   "compare with another configuration: pp=,dp=,tp=,zero=,micro_batches=,"
                   "recompute=,strategy=megatron|megatron_sp|data_parallel|FILE");
-  cmd->add_option("--write-op-strategy", a->write_ops, "write the plan as an operator strategy file");
+  cmd->add_option("--write-op-strategy", a->write_ops,
+                  "write the plan as an operator strategy file");
   cmd->add_option("--write-strategy", a->write_strategy,
                   "write the plan's checkpoint layouts (a tessera strategy file)");
   cmd->add_option("--write-mindspore", a->write_mindspore,

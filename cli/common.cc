@@ -1,5 +1,4 @@
 #include "cli/common.h"
-#include "core/utf8.h"
 
 #include <unistd.h>
 
@@ -8,8 +7,9 @@
 #include <cstdio>
 #include <iostream>
 
-#include "core/byte_size.h"
 #include "cli/verbs.h"
+#include "core/byte_size.h"
+#include "core/utf8.h"
 
 namespace tessera::cli {
 
@@ -26,14 +26,16 @@ void AddIoFlags(CLI::App* cmd, IoFlags* f, bool output) {
   cmd->add_flag("--quiet,-q", f->quiet, "no progress bar, no summary");
   if (output) {
     cmd->add_option("--compress", f->compress, "none, zstd or zstd:LEVEL (1-19), native only");
-    cmd->add_option("--redundancy", f->redundancy,
-                    "native only: rs:K+M (Reed-Solomon, ISA-L: any M of each K data files and "
-                    "their M parity files rebuilt by verify --repair and on read) or parity:G (XOR)");
+    cmd->add_option(
+        "--redundancy", f->redundancy,
+        "native only: rs:K+M (Reed-Solomon, ISA-L: any M of each K data files and "
+        "their M parity files rebuilt by verify --repair and on read) or parity:G (XOR)");
     cmd->add_flag("--overwrite", f->overwrite, "replace an existing output checkpoint");
     cmd->add_option("--format", f->format,
                     "output format: native, safetensors, mindspore (.ckpt), "
                     "mindspore-safetensors (MindSpore 2.3+'s format=\"safetensors\"), hdf5")
-        ->check(CLI::IsMember({"native", "safetensors", "mindspore", "mindspore-safetensors", "hdf5"}));
+        ->check(
+            CLI::IsMember({"native", "safetensors", "mindspore", "mindspore-safetensors", "hdf5"}));
     cmd->add_option("--max-shard-size", f->max_shard_size,
                     "safetensors: shards of at most this size (e.g. 2GB) plus "
                     "model.safetensors.index.json; mindspore-safetensors merged: "
@@ -111,8 +113,7 @@ int PrintDifferingCopies(const CheckpointReader& reader, const std::string& what
 }
 
 int RunWrite(const CheckpointReader& src, const Strategy& dst, const std::string& out,
-             const IoFlags& flags, const std::string& verb,
-             const std::set<std::string>& unnamed) {
+             const IoFlags& flags, const std::string& verb, const std::set<std::string>& unnamed) {
   WriteOptions o;
   o.mindspore.order.unnamed = unnamed;
   Status s = ParseCompression(flags.compress, &o.native).Annotate("--compress");
@@ -147,12 +148,11 @@ int RunWrite(const CheckpointReader& src, const Strategy& dst, const std::string
   auto stats = WriteTransformed(Env::Default(), src, dst, out, o);
   if (!stats.ok()) return Report(stats.status());
   if (!flags.quiet) {
-    std::printf("%s: wrote %s: %lld tensors, %lld pieces, %s in %.2f s (%s/s)\n", verb.c_str(),
-                out.c_str(), static_cast<long long>(stats->tensors),
-                static_cast<long long>(stats->pieces), HumanBytes(stats->bytes).c_str(),
-                stats->seconds,
-                HumanBytes(static_cast<int64_t>(stats->bytes / std::max(stats->seconds, 1e-9)))
-                    .c_str());
+    std::printf(
+        "%s: wrote %s: %lld tensors, %lld pieces, %s in %.2f s (%s/s)\n", verb.c_str(), out.c_str(),
+        static_cast<long long>(stats->tensors), static_cast<long long>(stats->pieces),
+        HumanBytes(stats->bytes).c_str(), stats->seconds,
+        HumanBytes(static_cast<int64_t>(stats->bytes / std::max(stats->seconds, 1e-9))).c_str());
   }
   return 0;
 }

@@ -22,7 +22,7 @@ struct IoFlags {
   bool quiet = false;
   bool overwrite = false;
   std::string format = "native";
-  std::string max_shard_size;      // safetensors
+  std::string max_shard_size;          // safetensors
   std::string prefix = "checkpoint_";  // MindSpore rank files
   std::string save_mindspore_strategy;
 };

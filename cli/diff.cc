@@ -1,10 +1,11 @@
 // ckpt diff: compare two checkpoints tensor by tensor.
+#include "ckpt/diff.h"
+
 #include <cstdio>
 
-#include "ckpt/diff.h"
-#include "core/utf8.h"
 #include "cli/common.h"
 #include "cli/verbs.h"
+#include "core/utf8.h"
 
 namespace tessera::cli {
 

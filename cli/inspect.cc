@@ -1,7 +1,8 @@
 // ckpt inspect: what a checkpoint holds.
+#include "ckpt/inspect.h"
+
 #include <iostream>
 
-#include "ckpt/inspect.h"
 #include "cli/common.h"
 #include "cli/verbs.h"
 

@@ -10,7 +10,8 @@ CLI::App* AddReshardVerb(CLI::App& app, std::function<int()>* run) {
     IoFlags io;
   };
   auto a = std::make_shared<Args>();
-  CLI::App* cmd = app.add_subcommand("reshard", "Re-slice a checkpoint for another strategy or mesh");
+  CLI::App* cmd =
+      app.add_subcommand("reshard", "Re-slice a checkpoint for another strategy or mesh");
   cmd->add_option("src", a->src, "source checkpoint")->required();
   cmd->add_option("-o,--output", a->out, "output checkpoint directory")->required();
   cmd->add_option("--strategy,--dst-strategy", a->strategy, "destination strategy (JSON)");

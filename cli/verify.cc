@@ -1,13 +1,14 @@
 // ckpt verify: recompute every checksum; list what is missing or corrupt.
+#include "ckpt/verify.h"
+
 #include <iostream>
 
-#include "core/byte_size.h"
-#include "core/utf8.h"
 #include "ckpt/repair.h"
-#include "ckpt/verify.h"
-#include "formats/native_files.h"
 #include "cli/common.h"
 #include "cli/verbs.h"
+#include "core/byte_size.h"
+#include "core/utf8.h"
+#include "formats/native_files.h"
 
 namespace tessera::cli {
 
@@ -28,8 +29,9 @@ CLI::App* AddVerifyVerb(CLI::App& app, std::function<int()>* run) {
   cmd->callback([a, run] {
     *run = [a] {
       Env* env = Env::Default();
-      const bool native = env->IsDirectory(a->src) &&
-                          (HasManifest(env, a->src) || env->FileExists(JoinPath(a->src, kLatestName)));
+      const bool native =
+          env->IsDirectory(a->src) &&
+          (HasManifest(env, a->src) || env->FileExists(JoinPath(a->src, kLatestName)));
       if (!native && env->FileExists(a->src)) {
         // Other formats: the structure checks of opening them (header
         // bounds, coverage, MindSpore's CRC when written), then every byte
@@ -62,7 +64,8 @@ CLI::App* AddVerifyVerb(CLI::App& app, std::function<int()>* run) {
         for (const std::string& line : fixed->failed) {
           std::cerr << "ckpt: cannot rebuild " << PrintableText(line) << "\n";
         }
-        for (const std::string& line : fixed->other) std::cerr << "ckpt: " << PrintableText(line) << "\n";
+        for (const std::string& line : fixed->other)
+          std::cerr << "ckpt: " << PrintableText(line) << "\n";
         if (!fixed->ok()) return 1;
       }
       auto r = VerifyNativeCheckpoint(env, a->src, o);
@@ -76,8 +79,7 @@ CLI::App* AddVerifyVerb(CLI::App& app, std::function<int()>* run) {
         std::cerr << "ckpt: " << PrintableText(line + p.what) << "\n";
       }
       for (const VerifyProblem& p : r->differing_copies) {
-        std::cout << "note: "
-                  << PrintableText(p.file + ": tensor '" + p.tensor + "': " + p.what)
+        std::cout << "note: " << PrintableText(p.file + ": tensor '" + p.tensor + "': " + p.what)
                   << " (read from the lowest stage)\n";
       }
       for (const std::string& risk : r->host_loss_risks) {

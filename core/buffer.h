@@ -64,7 +64,8 @@ class BufferPool {
       std::lock_guard<std::mutex> lock(mu_);
       size_t best = free_.size();
       for (size_t i = 0; i < free_.size(); ++i) {
-        if (free_[i].first >= size && (best == free_.size() || free_[i].first < free_[best].first)) {
+        if (free_[i].first >= size &&
+            (best == free_.size() || free_[i].first < free_[best].first)) {
           best = i;
         }
       }

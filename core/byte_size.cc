@@ -21,7 +21,8 @@ Result<int64_t> ParseByteSize(const std::string& text) {
   if (unit == "m" || unit == "mb" || unit == "mib") shift = 20;
   if (unit == "g" || unit == "gb" || unit == "gib") shift = 30;
   if (unit == "t" || unit == "tb" || unit == "tib") shift = 40;
-  if (shift < 0 || value <= 0) return InvalidArgumentError("'" + text + "' is not a size (e.g. 256MiB)");
+  if (shift < 0 || value <= 0)
+    return InvalidArgumentError("'" + text + "' is not a size (e.g. 256MiB)");
   return static_cast<int64_t>(value * static_cast<double>(int64_t{1} << shift));
 }
 

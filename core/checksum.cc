@@ -1,9 +1,8 @@
 #include "core/checksum.h"
 
-#include <array>
-
 #include <xxhash.h>
 
+#include <array>
 #include <cstdio>
 
 namespace tessera {

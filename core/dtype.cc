@@ -57,19 +57,31 @@ namespace {
 // or with one rounding.
 float LoadF32(DType dtype, const void* src, int64_t i) {
   switch (dtype) {
-    case DType::kF32: return static_cast<const float*>(src)[i];
-    case DType::kF16: return HalfToFloat(static_cast<const uint16_t*>(src)[i]);
-    case DType::kBF16: return BF16ToFloat(static_cast<const uint16_t*>(src)[i]);
-    default: return static_cast<float>(static_cast<const double*>(src)[i]);
+    case DType::kF32:
+      return static_cast<const float*>(src)[i];
+    case DType::kF16:
+      return HalfToFloat(static_cast<const uint16_t*>(src)[i]);
+    case DType::kBF16:
+      return BF16ToFloat(static_cast<const uint16_t*>(src)[i]);
+    default:
+      return static_cast<float>(static_cast<const double*>(src)[i]);
   }
 }
 
 void StoreF32(DType dtype, void* dst, int64_t i, float v) {
   switch (dtype) {
-    case DType::kF32: static_cast<float*>(dst)[i] = v; break;
-    case DType::kF16: static_cast<uint16_t*>(dst)[i] = FloatToHalf(v); break;
-    case DType::kBF16: static_cast<uint16_t*>(dst)[i] = FloatToBF16(v); break;
-    default: static_cast<double*>(dst)[i] = v; break;
+    case DType::kF32:
+      static_cast<float*>(dst)[i] = v;
+      break;
+    case DType::kF16:
+      static_cast<uint16_t*>(dst)[i] = FloatToHalf(v);
+      break;
+    case DType::kBF16:
+      static_cast<uint16_t*>(dst)[i] = FloatToBF16(v);
+      break;
+    default:
+      static_cast<double*>(dst)[i] = v;
+      break;
   }
 }
 

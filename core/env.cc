@@ -104,9 +104,8 @@ class MemRandomAccessFile : public RandomAccessFile {
     std::lock_guard<std::mutex> lock(file_->mu);
     if (offset + size > file_->data.size()) {
       return DataLossError("file '" + path_ + "': read of " + std::to_string(size) +
-                           " bytes at offset " + std::to_string(offset) +
-                           " past its end (" + std::to_string(file_->data.size()) +
-                           " bytes)");
+                           " bytes at offset " + std::to_string(offset) + " past its end (" +
+                           std::to_string(file_->data.size()) + " bytes)");
     }
     if (size > 0) std::memcpy(dst, file_->data.data() + offset, size);  // dst may be null then
     return Status::Ok();
@@ -177,8 +176,7 @@ class MemEnvImpl : public Env {
     if (it == files_.end()) return NotFoundError("open '" + path + "': no such file");
     return std::unique_ptr<WritableFile>(new MemWritableFile(it->second));
   }
-  Result<std::unique_ptr<RandomAccessFile>> NewRandomAccessFile(
-      const std::string& path) override {
+  Result<std::unique_ptr<RandomAccessFile>> NewRandomAccessFile(const std::string& path) override {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = files_.find(Normalize(path));
     if (it == files_.end()) return NotFoundError("open '" + path + "': no such file");

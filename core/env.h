@@ -165,8 +165,7 @@ class EnvWrapper : public Env {
   Result<std::unique_ptr<WritableFile>> OpenWritableFile(const std::string& path) override {
     return base_->OpenWritableFile(path);
   }
-  Result<std::unique_ptr<RandomAccessFile>> NewRandomAccessFile(
-      const std::string& path) override {
+  Result<std::unique_ptr<RandomAccessFile>> NewRandomAccessFile(const std::string& path) override {
     return base_->NewRandomAccessFile(path);
   }
   bool FileExists(const std::string& path) override { return base_->FileExists(path); }

@@ -22,18 +22,18 @@ uint16_t FloatToHalf(float f) {
   const uint32_t u = std::bit_cast<uint32_t>(f);
   const uint16_t sign = static_cast<uint16_t>((u >> 16) & 0x8000u);
   const uint32_t abs = u & 0x7fffffffu;
-  if (abs > 0x7f800000u) return sign | 0x7e00u;           // NaN
-  if (abs >= 0x477ff000u) return sign | 0x7c00u;          // overflows to inf
-  if (abs >= 0x38800000u) {                               // normal half
-    uint32_t r = abs - 0x38000000u;                       // rebias exponent
-    r += 0xfffu + ((r >> 13) & 1);                        // round to nearest even
+  if (abs > 0x7f800000u) return sign | 0x7e00u;   // NaN
+  if (abs >= 0x477ff000u) return sign | 0x7c00u;  // overflows to inf
+  if (abs >= 0x38800000u) {                       // normal half
+    uint32_t r = abs - 0x38000000u;               // rebias exponent
+    r += 0xfffu + ((r >> 13) & 1);                // round to nearest even
     return sign | static_cast<uint16_t>(r >> 13);
   }
-  if (abs < 0x33000000u) return sign;                     // below half of min subnormal
+  if (abs < 0x33000000u) return sign;  // below half of min subnormal
   // Subnormal half: shift the full mantissa right with rounding.
   const uint32_t exp = abs >> 23;
   const uint32_t mant = (abs & 0x7fffffu) | 0x800000u;
-  const int shift = 126 - static_cast<int>(exp);          // 14..24
+  const int shift = 126 - static_cast<int>(exp);  // 14..24
   const uint32_t halfway = 1u << (shift - 1);
   uint32_t r = mant >> shift;
   const uint32_t rem = mant & ((1u << shift) - 1);

@@ -1,8 +1,8 @@
 // The POSIX Env: open/pread/write/fsync/rename.
-#include <sys/resource.h>
 #include <dirent.h>
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -60,7 +60,8 @@ class PosixWritableFile : public WritableFile {
   Status Preallocate(uint64_t size) override {
     const int rc = ::posix_fallocate(fd_, 0, static_cast<off_t>(size));
     if (rc == 0) return Status::Ok();
-    if (rc == EOPNOTSUPP || rc == EINVAL) return WritableFile::Preallocate(size);  // e.g. tmpfs quirks
+    if (rc == EOPNOTSUPP || rc == EINVAL)
+      return WritableFile::Preallocate(size);  // e.g. tmpfs quirks
     return PosixError("fallocate", path_, rc);
   }
   void StartWriteback() override {
@@ -125,8 +126,7 @@ class PosixRandomAccessFile : public RandomAccessFile {
       if (n == 0) {
         return DataLossError("file '" + path_ + "': read of " + std::to_string(size) +
                              " bytes at offset " + std::to_string(offset) +
-                             " ends early at offset " + std::to_string(off) +
-                             " (file truncated?)");
+                             " ends early at offset " + std::to_string(off) + " (file truncated?)");
       }
       p += n;
       off += static_cast<uint64_t>(n);
@@ -187,8 +187,7 @@ class PosixEnv : public Env {
     if (fd < 0) return PosixError("open", path, errno);
     return std::unique_ptr<WritableFile>(new PosixWritableFile(path, fd));
   }
-  Result<std::unique_ptr<RandomAccessFile>> NewRandomAccessFile(
-      const std::string& path) override {
+  Result<std::unique_ptr<RandomAccessFile>> NewRandomAccessFile(const std::string& path) override {
     int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
     if (fd < 0) return PosixError("open", path, errno);
     return std::unique_ptr<RandomAccessFile>(new PosixRandomAccessFile(path, fd));

@@ -18,10 +18,10 @@ enum class StatusCode {
   kNotFound,         // a file, tensor or rank that should exist does not
   kAlreadyExists,
   kOutOfRange,
-  kDataLoss,         // checksum mismatch, truncated or corrupt file
+  kDataLoss,  // checksum mismatch, truncated or corrupt file
   kFailedPrecondition,
   kUnimplemented,
-  kIOError,          // the operating system refused
+  kIOError,            // the operating system refused
   kResourceExhausted,  // out of memory for a size a file asked for
   kDeadlineExceeded,   // a collective or wait did not complete in time
   kAborted,            // a peer left (died or failed) and took the group down
@@ -76,7 +76,7 @@ Status InternalError(std::string message);
 template <typename T>
 class [[nodiscard]] Result {
  public:
-  Result(T value) : value_(std::move(value)) {}  // NOLINT: implicit by design
+  Result(T value) : value_(std::move(value)) {}         // NOLINT: implicit by design
   Result(Status status) : status_(std::move(status)) {  // NOLINT
     assert(!status_.ok() && "Result constructed from an OK status");
     if (status_.ok()) status_ = InternalError("Result built from OK status");
@@ -104,10 +104,10 @@ class [[nodiscard]] Result {
 #define TESSERA_CONCAT_(a, b) TESSERA_CONCAT_INNER_(a, b)
 
 // Returns from the enclosing function if `expr` (a Status) is not OK.
-#define RETURN_IF_ERROR(expr)                                  \
-  do {                                                         \
-    ::tessera::Status tessera_status_ = (expr);                \
-    if (!tessera_status_.ok()) return tessera_status_;         \
+#define RETURN_IF_ERROR(expr)                          \
+  do {                                                 \
+    ::tessera::Status tessera_status_ = (expr);        \
+    if (!tessera_status_.ok()) return tessera_status_; \
   } while (0)
 
 // ASSIGN_OR_RETURN(auto x, F()) : evaluates F() (a Result), returns its

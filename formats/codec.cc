@@ -73,8 +73,8 @@ Status DecodePiece(const void* stored, size_t stored_size, Codec codec, DType dt
   }
   const size_t n = ZSTD_decompress(target, raw_size, stored, stored_size);
   if (ZSTD_isError(n) || n != raw_size) {
-    return DataLossError(context + ": zstd: " +
-                         (ZSTD_isError(n) ? ZSTD_getErrorName(n) : "short output"));
+    return DataLossError(context +
+                         ": zstd: " + (ZSTD_isError(n) ? ZSTD_getErrorName(n) : "short output"));
   }
   if (Shuffled(dtype)) UnshuffleBytes(tmp.data(), raw_size, DTypeSize(dtype), raw);
   return Status::Ok();

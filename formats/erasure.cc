@@ -11,13 +11,15 @@
 namespace tessera {
 namespace {
 
-constexpr uint64_t kChunk = 1 << 20;  // bytes of each file per step
+constexpr uint64_t kChunk = 1 << 20;   // bytes of each file per step
 constexpr uint64_t kWindow = 8 << 20;  // bytes of a member mapped at a time
 
 // Reads [offset, offset + n) of a file `size` bytes long into dst, zeros
 // past its end.
-Status ReadPadded(const RandomAccessFile& file, uint64_t size, uint64_t offset, size_t n, char* dst) {
-  const size_t have = offset >= size ? 0 : static_cast<size_t>(std::min<uint64_t>(n, size - offset));
+Status ReadPadded(const RandomAccessFile& file, uint64_t size, uint64_t offset, size_t n,
+                  char* dst) {
+  const size_t have =
+      offset >= size ? 0 : static_cast<size_t>(std::min<uint64_t>(n, size - offset));
   if (have > 0) RETURN_IF_ERROR(file.Read(offset, have, dst));
   std::memset(dst + have, 0, n - have);
   return Status::Ok();
@@ -33,7 +35,8 @@ std::vector<unsigned char> EncodeMatrix(const ErasureCode& code) {
 // out (n bytes) = the combination `coefs` (rows x k, row-major) of the k
 // inputs, one output per row.
 void Combine(int k, int rows, const std::vector<unsigned char>& coefs,
-             const std::vector<unsigned char*>& in, const std::vector<unsigned char*>& out, size_t n) {
+             const std::vector<unsigned char*>& in, const std::vector<unsigned char*>& out,
+             size_t n) {
   std::vector<unsigned char> tables(static_cast<size_t>(k * rows * 32));
   ec_init_tables(k, rows, const_cast<unsigned char*>(coefs.data()), tables.data());
   ec_encode_data(static_cast<int>(n), k, rows, tables.data(),
@@ -44,7 +47,9 @@ class ErasureRebuild : public RandomAccessFile {
  public:
   ErasureRebuild(std::vector<std::unique_ptr<RandomAccessFile>> from, std::vector<uint64_t> sizes,
                  std::vector<unsigned char> coefs, uint64_t lost_size)
-      : from_(std::move(from)), sizes_(std::move(sizes)), coefs_(std::move(coefs)),
+      : from_(std::move(from)),
+        sizes_(std::move(sizes)),
+        coefs_(std::move(coefs)),
         lost_size_(lost_size) {}
 
   Status Read(uint64_t offset, size_t size, void* dst) const override {
@@ -62,8 +67,8 @@ class ErasureRebuild : public RandomAccessFile {
     for (uint64_t done = 0; done < size; done += step) {
       const size_t n = static_cast<size_t>(std::min<uint64_t>(step, size - done));
       for (int i = 0; i < k; ++i) {
-        RETURN_IF_ERROR(ReadPadded(*from_[i], sizes_[i], offset + done, n,
-                                   reinterpret_cast<char*>(in[i])));
+        RETURN_IF_ERROR(
+            ReadPadded(*from_[i], sizes_[i], offset + done, n, reinterpret_cast<char*>(in[i])));
       }
       Combine(k, 1, coefs_, in, {out + done}, n);
     }
@@ -118,7 +123,8 @@ Result<ErasureCode> ErasureCodeOf(const ErasureGroup& group) {
   return c;
 }
 
-Status WriteErasureParity(Env* env, const ErasureCode& code, const std::vector<ParityMember>& members,
+Status WriteErasureParity(Env* env, const ErasureCode& code,
+                          const std::vector<ParityMember>& members,
                           const std::vector<std::string>& parity_paths,
                           std::vector<uint64_t>* checksums) {
   std::vector<int> rows;
@@ -131,7 +137,8 @@ Status WriteErasureParity(Env* env, const ErasureCode& code, const std::vector<P
 }
 
 Status WriteErasureParityRows(Env* env, const ErasureCode& code,
-                              const std::vector<ParityMember>& members, const std::vector<int>& rows,
+                              const std::vector<ParityMember>& members,
+                              const std::vector<int>& rows,
                               const std::vector<std::string>& parity_paths,
                               std::vector<uint64_t>* checksums) {
   if (static_cast<int>(members.size()) != code.k || parity_paths.size() != rows.size() ||
@@ -153,7 +160,8 @@ Status WriteErasureParityRows(Env* env, const ErasureCode& code,
   // The matrix rows of the parity files asked for.
   std::vector<unsigned char> coefs;
   for (int j : rows) {
-    coefs.insert(coefs.end(), a.begin() + (code.k + j) * code.k, a.begin() + (code.k + j + 1) * code.k);
+    coefs.insert(coefs.end(), a.begin() + (code.k + j) * code.k,
+                 a.begin() + (code.k + j + 1) * code.k);
   }
   const int outputs = static_cast<int>(rows.size());
   const size_t step = static_cast<size_t>(std::min<uint64_t>(kChunk, std::max<uint64_t>(size, 1)));
@@ -191,8 +199,8 @@ Status WriteErasureParityRows(Env* env, const ErasureCode& code,
         }
       }
       in[i] = in_bufs[i].data();
-      RETURN_IF_ERROR(ReadPadded(*files[i], members[i].size, offset, n,
-                                 reinterpret_cast<char*>(in[i])));
+      RETURN_IF_ERROR(
+          ReadPadded(*files[i], members[i].size, offset, n, reinterpret_cast<char*>(in[i])));
     }
     Combine(code.k, outputs, coefs, in, out, n);
     for (int j = 0; j < outputs; ++j) {
@@ -223,11 +231,11 @@ Result<std::unique_ptr<RandomAccessFile>> OpenErasureRebuild(Env* env, const Era
     if (good[i] && i != lost) use.push_back(static_cast<int>(i));
   }
   if (static_cast<int>(use.size()) < code.k) {
-    return DataLossError("'" + files[lost].path + "' cannot be rebuilt: " +
-                         std::to_string(use.size()) + (use.size() == 1 ? " good file" : " good files") +
-                         " of its " + code.ToString() + " group " +
-                         (use.size() == 1 ? "remains, " : "remain, ") + std::to_string(code.k) +
-                         " are needed");
+    return DataLossError(
+        "'" + files[lost].path + "' cannot be rebuilt: " + std::to_string(use.size()) +
+        (use.size() == 1 ? " good file" : " good files") + " of its " + code.ToString() +
+        " group " + (use.size() == 1 ? "remains, " : "remain, ") + std::to_string(code.k) +
+        " are needed");
   }
   // The data is B^-1 times the used files, B their rows of the matrix; the
   // lost file's row times B^-1 gives it from them.

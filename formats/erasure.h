@@ -38,7 +38,8 @@ struct ErasureCode {
 // `parity_paths` (created or truncated, synced), streaming a few MiB of
 // each member at a time. Each parity file is the longest member's size;
 // their XXH3 checksums go to `checksums`.
-Status WriteErasureParity(Env* env, const ErasureCode& code, const std::vector<ParityMember>& members,
+Status WriteErasureParity(Env* env, const ErasureCode& code,
+                          const std::vector<ParityMember>& members,
                           const std::vector<std::string>& parity_paths,
                           std::vector<uint64_t>* checksums);
 
@@ -46,7 +47,8 @@ Status WriteErasureParity(Env* env, const ErasureCode& code, const std::vector<P
 // to parity_paths[i]. Ranks that each write one parity file of a group use
 // it; the bytes are those WriteErasureParity writes.
 Status WriteErasureParityRows(Env* env, const ErasureCode& code,
-                              const std::vector<ParityMember>& members, const std::vector<int>& rows,
+                              const std::vector<ParityMember>& members,
+                              const std::vector<int>& rows,
                               const std::vector<std::string>& parity_paths,
                               std::vector<uint64_t>* checksums);
 

@@ -53,14 +53,22 @@ hid_t NewFileType(DType dtype) {
       H5Tset_ebias(t, 15);
       return t;
     }
-    case DType::kI8: return H5Tcopy(H5T_STD_I8LE);
-    case DType::kU8: return H5Tcopy(H5T_STD_U8LE);
-    case DType::kI16: return H5Tcopy(H5T_STD_I16LE);
-    case DType::kU16: return H5Tcopy(H5T_STD_U16LE);
-    case DType::kI32: return H5Tcopy(H5T_STD_I32LE);
-    case DType::kU32: return H5Tcopy(H5T_STD_U32LE);
-    case DType::kI64: return H5Tcopy(H5T_STD_I64LE);
-    case DType::kU64: return H5Tcopy(H5T_STD_U64LE);
+    case DType::kI8:
+      return H5Tcopy(H5T_STD_I8LE);
+    case DType::kU8:
+      return H5Tcopy(H5T_STD_U8LE);
+    case DType::kI16:
+      return H5Tcopy(H5T_STD_I16LE);
+    case DType::kU16:
+      return H5Tcopy(H5T_STD_U16LE);
+    case DType::kI32:
+      return H5Tcopy(H5T_STD_I32LE);
+    case DType::kU32:
+      return H5Tcopy(H5T_STD_U32LE);
+    case DType::kI64:
+      return H5Tcopy(H5T_STD_I64LE);
+    case DType::kU64:
+      return H5Tcopy(H5T_STD_U64LE);
     case DType::kBool: {
       hid_t t = H5Tenum_create(H5T_NATIVE_INT8);
       int8_t v = 0;
@@ -93,18 +101,23 @@ Result<DType> DTypeOfFileType(hid_t t, const std::string& what) {
   } else if (cls == H5T_INTEGER) {
     const bool sign = H5Tget_sign(t) == H5T_SGN_2;
     switch (size) {
-      case 1: return sign ? DType::kI8 : DType::kU8;
-      case 2: return sign ? DType::kI16 : DType::kU16;
-      case 4: return sign ? DType::kI32 : DType::kU32;
-      case 8: return sign ? DType::kI64 : DType::kU64;
-      default: break;
+      case 1:
+        return sign ? DType::kI8 : DType::kU8;
+      case 2:
+        return sign ? DType::kI16 : DType::kU16;
+      case 4:
+        return sign ? DType::kI32 : DType::kU32;
+      case 8:
+        return sign ? DType::kI64 : DType::kU64;
+      default:
+        break;
     }
   } else if (cls == H5T_ENUM && size == 1 && H5Tget_nmembers(t) == 2) {
     return DType::kBool;
   }
   return InvalidArgumentError(what + " has an element type Tessera does not read (class " +
-                              std::to_string(static_cast<int>(cls)) + ", " +
-                              std::to_string(size) + " bytes)");
+                              std::to_string(static_cast<int>(cls)) + ", " + std::to_string(size) +
+                              " bytes)");
 }
 
 // Selects `box` of a simple dataspace (a scalar one has nothing to select).
@@ -135,7 +148,8 @@ bool WriteStringAttribute(hid_t obj, const std::string& key, const std::string& 
   H5Tset_size(type.get(), size);
   H5Tset_strpad(type.get(), H5T_STR_NULLPAD);
   Handle space(H5Screate(H5S_SCALAR), H5Sclose);
-  Handle a(H5Acreate2(obj, key.c_str(), type.get(), space.get(), H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
+  Handle a(H5Acreate2(obj, key.c_str(), type.get(), space.get(), H5P_DEFAULT, H5P_DEFAULT),
+           H5Aclose);
   std::string padded = value;
   padded.resize(size, '\0');
   return a.ok() && H5Awrite(a.get(), type.get(), padded.data()) >= 0;
@@ -156,7 +170,8 @@ Result<std::string> ReadStringAttribute(hid_t obj, const std::string& key) {
     return out;
   }
   std::string out(H5Tget_size(type.get()), '\0');
-  if (H5Aread(attr.get(), type.get(), out.data()) < 0) return InvalidArgumentError(key + ": unreadable");
+  if (H5Aread(attr.get(), type.get(), out.data()) < 0)
+    return InvalidArgumentError(key + ": unreadable");
   return out;
 }
 
@@ -196,7 +211,8 @@ Result<Hdf5File> Hdf5File::Open(const std::string& path) {
   f.path_ = path;
   f.impl_ = std::make_unique<Impl>();
   f.impl_->file = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
-  if (f.impl_->file < 0) return DataLossError("HDF5 file '" + path + "' cannot be opened (corrupt?)");
+  if (f.impl_->file < 0)
+    return DataLossError("HDF5 file '" + path + "' cannot be opened (corrupt?)");
   return f;
 }
 
@@ -217,8 +233,9 @@ Status Hdf5File::CreateDataset(const Hdf5Dataset& d, const std::vector<int64_t>&
   const std::string what = "dataset '" + d.name + "'";
   Handle type(NewFileType(d.dtype), H5Tclose);
   std::vector<hsize_t> dims(d.shape.begin(), d.shape.end());
-  Handle space(d.shape.empty() ? H5Screate(H5S_SCALAR)
-                               : H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr),
+  Handle space(d.shape.empty()
+                   ? H5Screate(H5S_SCALAR)
+                   : H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr),
                H5Sclose);
   Handle dcpl(H5Pcreate(H5P_DATASET_CREATE), H5Pclose);
   bool empty = false;
@@ -297,7 +314,8 @@ Status Hdf5File::ReadBox(const std::string& name, DType dtype, const Box& region
   Quiet();
   std::lock_guard<std::mutex> lock(impl_->mu);
   Handle ds(H5Dopen2(impl_->file, name.c_str(), H5P_DEFAULT), H5Dclose);
-  if (!ds.ok()) return DataLossError("HDF5 file '" + path_ + "': dataset '" + name + "' is missing");
+  if (!ds.ok())
+    return DataLossError("HDF5 file '" + path_ + "': dataset '" + name + "' is missing");
   Handle fspace(H5Dget_space(ds.get()), H5Sclose);
   SelectBox(fspace.get(), region);
   Handle mspace(NewSelection(dst_extents, dst_box), H5Sclose);

@@ -1,13 +1,13 @@
 #include "formats/manifest.h"
 
+#include <google/protobuf/io/coded_stream.h>
+#include <google/protobuf/io/zero_copy_stream_impl_lite.h>
+#include <google/protobuf/wire_format_lite.h>
+
 #include <algorithm>
 #include <climits>
 #include <cstring>
 #include <set>
-
-#include <google/protobuf/io/coded_stream.h>
-#include <google/protobuf/io/zero_copy_stream_impl_lite.h>
-#include <google/protobuf/wire_format_lite.h>
 
 #include "core/checksum.h"
 #include "core/endian.h"
@@ -46,7 +46,8 @@ Result<Layout> FromProto(const native::LayoutProto& p) {
   Layout l;
   l.shape.assign(p.shape().begin(), p.shape().end());
   ASSIGN_OR_RETURN(l.dtype, ParseDType(p.dtype()));
-  for (const auto& list : p.dim_axes()) l.dim_axes.emplace_back(list.axes().begin(), list.axes().end());
+  for (const auto& list : p.dim_axes())
+    l.dim_axes.emplace_back(list.axes().begin(), list.axes().end());
   l.opt_axes.assign(p.opt_axes().begin(), p.opt_axes().end());
   l.stage_axis = p.stage_axis();
   l.stage = p.stage();
@@ -149,8 +150,9 @@ Status CheckCopy(const TensorEntry& t, const PieceInfo& pc, const std::string& f
     }
     const bool box = std::any_of(t.pieces.begin(), t.pieces.end(),
                                  [&](const PieceInfo& q) { return q.box == pc.box; });
-    if (!box) return DataLossError(what + " is of stage " + std::to_string(pc.stage) +
-                                   " but has the box of no piece");
+    if (!box)
+      return DataLossError(what + " is of stage " + std::to_string(pc.stage) +
+                           " but has the box of no piece");
     return Status::Ok();
   }
   const bool matches = std::any_of(t.pieces.begin(), t.pieces.end(), [&](const PieceInfo& q) {
@@ -170,7 +172,8 @@ Status GroupFile(uint32_t f, const std::vector<FileInfo>& files, std::set<uint32
                          std::to_string(files.size()));
   }
   if (!grouped->insert(f).second) {
-    return DataLossError(where + ": file '" + files[f].name + "' is in more than one redundancy group");
+    return DataLossError(where + ": file '" + files[f].name +
+                         "' is in more than one redundancy group");
   }
   return Status::Ok();
 }
@@ -336,21 +339,23 @@ Result<Manifest> ParseManifest(std::string_view bytes, const std::string& path, 
   uint32_t framed = 0;  // the frame's version; 0 for a bare protobuf
   if (bytes.size() >= sizeof(kManifestMagic) &&
       std::memcmp(bytes.data(), kManifestMagic, sizeof(kManifestMagic)) == 0) {
-    if (bytes.size() < kManifestHeader) return DataLossError(where + " is corrupt: truncated header");
+    if (bytes.size() < kManifestHeader)
+      return DataLossError(where + " is corrupt: truncated header");
     framed = GetLittleEndian<uint32_t>(bytes.data() + 8);
     const uint32_t header = GetLittleEndian<uint32_t>(bytes.data() + 12);
     const uint64_t length = GetLittleEndian<uint64_t>(bytes.data() + 16);
     if (header != kManifestHeader || length != bytes.size() - kManifestHeader) {
       return DataLossError(where + " is corrupt: its header records " + std::to_string(length) +
-                           " bytes after a " + std::to_string(header) + "-byte header, the file has " +
-                           std::to_string(bytes.size()));
+                           " bytes after a " + std::to_string(header) +
+                           "-byte header, the file has " + std::to_string(bytes.size()));
     }
     payload = bytes.substr(kManifestHeader);
     if (FrameChecksum(bytes, payload) != GetLittleEndian<uint64_t>(bytes.data() + 24)) {
       return DataLossError(where + " is corrupt: checksum mismatch");
     }
   } else if (!bare_ok) {
-    return DataLossError(where + " is corrupt: its header is damaged (the checkpoint is format 2 "
+    return DataLossError(where +
+                         " is corrupt: its header is damaged (the checkpoint is format 2 "
                          "or later, whose manifests start with TSRMNFST)");
   }
   // Tensors are parsed one at a time (SplitTensors): the manifest of a
@@ -434,7 +439,8 @@ Result<Manifest> ParseManifest(std::string_view bytes, const std::string& path, 
     m.parity_groups.push_back(std::move(g));
   }
   for (const auto& gp : p.erasure_groups()) {
-    ErasureGroup g{gp.code(), {gp.members().begin(), gp.members().end()},
+    ErasureGroup g{gp.code(),
+                   {gp.members().begin(), gp.members().end()},
                    {gp.parity().begin(), gp.parity().end()}};
     if (g.code.empty() || g.members.empty() || g.parity.empty()) {
       return DataLossError(where + ": an erasure-code group lacks its code, members or parity");

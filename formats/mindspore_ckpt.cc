@@ -20,7 +20,10 @@ constexpr DTypeNaming kNames[] = {
 
 // MindSpore 1.x spelled the unsigned types so; still read.
 constexpr DTypeNaming kLegacyNames[] = {
-    {DType::kU8, "Uint8"}, {DType::kU16, "Uint16"}, {DType::kU32, "Uint32"}, {DType::kU64, "Uint64"},
+    {DType::kU8, "Uint8"},
+    {DType::kU16, "Uint16"},
+    {DType::kU32, "Uint32"},
+    {DType::kU64, "Uint64"},
 };
 
 // The numpy names MapParameter components are recorded with.
@@ -222,7 +225,8 @@ Status ParseValue(Cursor& c, uint64_t end, MindSporeRecord* r) {
       RETURN_IF_ERROR(c.SkipField(wt, end));
     }
   }
-  if (!has_tag || !has_tensor) return c.Bad(has_tag ? "'" + r->tag + "' has no tensor" : "a record has no tag");
+  if (!has_tag || !has_tensor)
+    return c.Bad(has_tag ? "'" + r->tag + "' has no tensor" : "a record has no tag");
   return Status::Ok();
 }
 
@@ -285,7 +289,7 @@ bool LooksLikeMindSporeCkpt(const RandomAccessFile& file) {
   if (!file.Read(0, n, head).ok()) return false;
   if (head[0] != 0x0a) return false;
   size_t i = 1;
-  while (i < n && (head[i] & 0x80)) ++i;  // the record length
+  while (i < n && (head[i] & 0x80)) ++i;    // the record length
   return i + 1 < n && head[i + 1] == 0x0a;  // the Value starts with its tag
 }
 
@@ -329,7 +333,8 @@ std::string ValueOpening(std::string_view tag, char field, uint64_t size) {
 std::string_view MindSporeNumpyDTypeName(DType dtype) { return DTypeNameIn(kNumpyNames, dtype); }
 
 bool MindSporeLoadsMapPart(DType dtype) {
-  return dtype == DType::kI32 || dtype == DType::kF32 || dtype == DType::kF16 || dtype == DType::kF64;
+  return dtype == DType::kI32 || dtype == DType::kF32 || dtype == DType::kF16 ||
+         dtype == DType::kF64;
 }
 
 Result<DType> ParseMindSporeNumpyDType(std::string_view name) {

@@ -91,7 +91,6 @@ struct MindSporeMapPart {
 std::vector<std::string> MindSporeMapRecordHeaders(std::string_view tag,
                                                    const std::vector<MindSporeMapPart>& parts);
 
-
 inline constexpr std::string_view kMindSporeStringType = "str";
 // Strings longer than this are refused (a hostile record never causes a
 // huge allocation).

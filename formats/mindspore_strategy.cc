@@ -130,8 +130,7 @@ Status WriteMindSporeStrategy(Env* env, const std::string& path, const MindSpore
   mindspore::straspb::ParallelStrategyMap m;
   m.set_current_stage(static_cast<uint32_t>(s.current_stage));
   for (const MindSporeParam& p : s.params) {
-    const std::string name =
-        s.merged_pipeline ? std::to_string(p.stage) + "-" + p.name : p.name;
+    const std::string name = s.merged_pipeline ? std::to_string(p.stage) + "-" + p.name : p.name;
     auto* strategy = m.add_parallel_strategy_item();
     strategy->set_node_name(p.name);
     strategy->mutable_parallel_strategys()->set_stage(static_cast<uint32_t>(p.stage));

@@ -164,9 +164,9 @@ Result<PieceInfo> DataFileWriter::Append(const void* raw, size_t size, const Box
   // whole-file checksum while the block is in cache.
   RETURN_IF_ERROR(PadTo(PieceStart(size_, size)));
   ASSIGN_OR_RETURN(PieceInfo p, WriteRawBlocks(path_, raw, size, box, index_, size_,
-                                                [&](const char* data, size_t n, uint64_t) {
-                                                  return Write(data, n);
-                                                }));
+                                               [&](const char* data, size_t n, uint64_t) {
+                                                 return Write(data, n);
+                                               }));
   size_ += size;
   return p;
 }
@@ -194,9 +194,7 @@ Status DataFileWriter::PadTo(uint64_t offset) {
   return Status::Ok();
 }
 
-Status DataFileWriter::EndPieces() {
-  return PadTo(RoundUp(size_, kPieceAlignment));
-}
+Status DataFileWriter::EndPieces() { return PadTo(RoundUp(size_, kPieceAlignment)); }
 
 Result<uint64_t> DataFileWriter::Finish() {
   RETURN_IF_ERROR(EndPieces());
@@ -220,8 +218,7 @@ std::pair<std::vector<uint64_t>, uint64_t> PlacedDataFile::Place(
 }
 
 Result<std::unique_ptr<PlacedDataFile>> PlacedDataFile::Create(Env* env, const std::string& path,
-                                                               uint32_t file_index,
-                                                               uint64_t size) {
+                                                               uint32_t file_index, uint64_t size) {
   if (size < kHeaderSize) {
     return InvalidArgumentError("data file '" + path + "': " + std::to_string(size) +
                                 " bytes cannot hold its header");
@@ -316,7 +313,8 @@ Status ReadPiece(const RandomAccessFile& file, const std::string& path, const st
   if (piece.codec == Codec::kRaw) return ReadStored(file, piece, raw, ctx);
   ASSIGN_OR_RETURN(auto stored, AllocateBytesFor(piece.length, [&] { return ctx.str(); }));
   RETURN_IF_ERROR(ReadStored(file, piece, stored.get(), ctx));
-  return DecodePiece(stored.get(), piece.length, piece.codec, dtype, raw, piece.raw_length, ctx.str());
+  return DecodePiece(stored.get(), piece.length, piece.codec, dtype, raw, piece.raw_length,
+                     ctx.str());
 }
 
 namespace {
@@ -355,8 +353,7 @@ Status ReadBlocks(const RandomAccessFile& file, const PieceInfo& piece, uint64_t
 // Blocks [first, last) of a raw piece lent from the file (mapped) and
 // verified; null when the file lends no bytes.
 Result<std::unique_ptr<FileView>> ViewBlocks(const RandomAccessFile& file, const PieceInfo& piece,
-                                             uint64_t first, uint64_t last,
-                                             const PieceName& ctx) {
+                                             uint64_t first, uint64_t last, const PieceName& ctx) {
   const auto [begin, end] = BlockRange(piece, first, last);
   Result<std::unique_ptr<FileView>> view = file.View(piece.offset + begin, end - begin);
   if (!view.ok()) return DataLossError(ctx + ": " + view.status().message());
@@ -368,9 +365,8 @@ Result<std::unique_ptr<FileView>> ViewBlocks(const RandomAccessFile& file, const
 
 Result<std::unique_ptr<FileView>> ViewPieceRegion(const RandomAccessFile& file,
                                                   const std::string& path,
-                                                  const std::string& tensor,
-                                                  const PieceInfo& piece, DType dtype,
-                                                  const Box& region) {
+                                                  const std::string& tensor, const PieceInfo& piece,
+                                                  DType dtype, const Box& region) {
   if (piece.codec != Codec::kRaw) return std::unique_ptr<FileView>();
   const int64_t es = DTypeSize(dtype);
   const std::vector<ByteRun> runs =
@@ -399,9 +395,9 @@ Result<std::unique_ptr<FileView>> ViewPieceRegion(const RandomAccessFile& file,
   const uint64_t last = (r.src + r.len - 1) / kChecksumBlock + 1;
   ASSIGN_OR_RETURN(std::unique_ptr<FileView> blocks, ViewBlocks(file, piece, first, last, ctx));
   if (blocks == nullptr) return blocks;
-  return std::unique_ptr<FileView>(
-      new SubView(std::move(blocks), static_cast<size_t>(r.src - first * kChecksumBlock),
-                  static_cast<size_t>(r.len)));
+  return std::unique_ptr<FileView>(new SubView(std::move(blocks),
+                                               static_cast<size_t>(r.src - first * kChecksumBlock),
+                                               static_cast<size_t>(r.len)));
 }
 
 Status ReadPieceRegion(const RandomAccessFile& file, const std::string& path,
@@ -428,7 +424,8 @@ Status ReadPieceRegion(const RandomAccessFile& file, const std::string& path,
   // Runs ascend in the piece, so the touched blocks come out sorted.
   std::vector<uint64_t> touched;
   for (const ByteRun& r : runs) {
-    for (uint64_t blk = r.src / kChecksumBlock; blk <= (r.src + r.len - 1) / kChecksumBlock; ++blk) {
+    for (uint64_t blk = r.src / kChecksumBlock; blk <= (r.src + r.len - 1) / kChecksumBlock;
+         ++blk) {
       if (touched.empty() || touched.back() < blk) touched.push_back(blk);
     }
   }
@@ -488,8 +485,8 @@ Status ReadPieceRegion(const RandomAccessFile& file, const std::string& path,
   return Status::Ok();
 }
 
-Status VerifyPiece(const RandomAccessFile& file, const std::string& path,
-                   const std::string& tensor, const PieceInfo& piece, DType dtype) {
+Status VerifyPiece(const RandomAccessFile& file, const std::string& path, const std::string& tensor,
+                   const PieceInfo& piece, DType dtype) {
   const PieceName ctx{path, tensor, piece};
   if (piece.codec != Codec::kRaw || piece.block_checksums.empty()) {
     ASSIGN_OR_RETURN(auto raw, AllocateBytesFor(piece.raw_length, [&] { return ctx.str(); }));
@@ -503,7 +500,8 @@ Status VerifyPiece(const RandomAccessFile& file, const std::string& path,
     RETURN_IF_ERROR(ReadBlocks(file, piece, b, last, window.get(), ctx));
     whole.Update(window.get(), std::min(last * kChecksumBlock, piece.length) - b * kChecksumBlock);
   }
-  if (whole.Digest() != piece.checksum) return DataLossError(ctx + ": checksum mismatch (corrupt data)");
+  if (whole.Digest() != piece.checksum)
+    return DataLossError(ctx + ": checksum mismatch (corrupt data)");
   return Status::Ok();
 }
 
@@ -543,7 +541,8 @@ Result<Manifest> ReadManifest(Env* env, const std::string& dir, std::string* not
     return Status(first.code(), first.message() + "; its copy failed too: " + m.status().message());
   }
   if (note != nullptr) {
-    *note = std::string(kManifestName) + " (" + first.message() + "): read from " + kManifestCopyName;
+    *note =
+        std::string(kManifestName) + " (" + first.message() + "): read from " + kManifestCopyName;
   }
   return m;
 }
@@ -614,7 +613,8 @@ Result<std::string> ResolveCheckpointDir(Env* env, const std::string& path) {
 
 Status PruneCheckpoints(Env* env, const std::string& root, int keep,
                         std::vector<std::string>* removed) {
-  if (keep < 1) return InvalidArgumentError("keep at least 1 checkpoint, not " + std::to_string(keep));
+  if (keep < 1)
+    return InvalidArgumentError("keep at least 1 checkpoint, not " + std::to_string(keep));
   std::string latest;
   if (env->FileExists(JoinPath(root, kLatestName))) {
     ASSIGN_OR_RETURN(latest, ReadLatest(env, root));

@@ -99,8 +99,8 @@ class DataFileWriter {
   std::unique_ptr<WritableFile> file_;
   uint32_t index_;
   uint64_t size_ = 0;
-  uint64_t in_file_ = 0;     // bytes the file holds (size_ less what is staged)
-  bool reopened_ = false;    // written at in_file_ (WriteAt) since a Park
+  uint64_t in_file_ = 0;   // bytes the file holds (size_ less what is staged)
+  bool reopened_ = false;  // written at in_file_ (WriteAt) since a Park
   Xxh3Hasher whole_;
   std::string staged_;
   size_t stage_limit_ = 0;  // 0: not staging
@@ -168,14 +168,13 @@ Status ReadPieceRegion(const RandomAccessFile& file, const std::string& path,
 // with ReadPieceRegion.
 Result<std::unique_ptr<FileView>> ViewPieceRegion(const RandomAccessFile& file,
                                                   const std::string& path,
-                                                  const std::string& tensor,
-                                                  const PieceInfo& piece, DType dtype,
-                                                  const Box& region);
+                                                  const std::string& tensor, const PieceInfo& piece,
+                                                  DType dtype, const Box& region);
 
 // Verifies a piece's stored bytes (checksums, and that encoded pieces
 // decode to their raw length), staging at most 4 MiB at a time for raw ones.
-Status VerifyPiece(const RandomAccessFile& file, const std::string& path,
-                   const std::string& tensor, const PieceInfo& piece, DType dtype);
+Status VerifyPiece(const RandomAccessFile& file, const std::string& path, const std::string& tensor,
+                   const PieceInfo& piece, DType dtype);
 
 // Step 2 of the commit: manifest.pb written atomically into `dir` (the
 // commit point), then its copy manifest-copy.pb (format 2 and later).

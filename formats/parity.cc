@@ -56,8 +56,8 @@ namespace {
 
 class ParityRebuild : public RandomAccessFile {
  public:
-  ParityRebuild(std::vector<std::unique_ptr<RandomAccessFile>> files,
-                std::vector<uint64_t> sizes, uint64_t lost_size)
+  ParityRebuild(std::vector<std::unique_ptr<RandomAccessFile>> files, std::vector<uint64_t> sizes,
+                uint64_t lost_size)
       : files_(std::move(files)), sizes_(std::move(sizes)), lost_size_(lost_size) {}
 
   Status Read(uint64_t offset, size_t size, void* dst) const override {
@@ -72,8 +72,8 @@ class ParityRebuild : public RandomAccessFile {
     for (uint64_t done = 0; done < size; done += kChunk) {
       const size_t n = static_cast<size_t>(std::min<uint64_t>(kChunk, size - done));
       for (size_t i = 0; i < files_.size(); ++i) {
-        RETURN_IF_ERROR(XorRange(*files_[i], sizes_[i], offset + done, n, out + done,
-                                 scratch.data()));
+        RETURN_IF_ERROR(
+            XorRange(*files_[i], sizes_[i], offset + done, n, out + done, scratch.data()));
       }
     }
     return Status::Ok();
@@ -88,8 +88,8 @@ class ParityRebuild : public RandomAccessFile {
 
 }  // namespace
 
-Result<uint64_t> AppendParity(Env* env, const std::vector<ParityMember>& members,
-                              WritableFile& out, const std::string& path, uint64_t* checksum) {
+Result<uint64_t> AppendParity(Env* env, const std::vector<ParityMember>& members, WritableFile& out,
+                              const std::string& path, uint64_t* checksum) {
   ASSIGN_OR_RETURN(auto files, OpenParityMembers(env, members));
   uint64_t size = 0;
   for (const ParityMember& m : members) size = std::max(size, m.size);

@@ -28,8 +28,8 @@ Result<uint64_t> WriteParityFile(Env* env, const std::vector<ParityMember>& memb
                                  const std::string& path, uint64_t* checksum);
 
 // The same, appended to the open `out` (`path` names it in errors).
-Result<uint64_t> AppendParity(Env* env, const std::vector<ParityMember>& members,
-                              WritableFile& out, const std::string& path, uint64_t* checksum);
+Result<uint64_t> AppendParity(Env* env, const std::vector<ParityMember>& members, WritableFile& out,
+                              const std::string& path, uint64_t* checksum);
 
 // Opens every file of `members`, each of its recorded size (NotFound
 // naming a missing one, DataLoss naming one of another size).

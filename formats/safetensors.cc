@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cstring>
-
 #include <nlohmann/json.hpp>
 
 #include "core/endian.h"
@@ -11,9 +10,9 @@ namespace tessera {
 namespace {
 
 constexpr DTypeNaming kNames[] = {
-    {DType::kF32, "F32"}, {DType::kF16, "F16"}, {DType::kBF16, "BF16"}, {DType::kF64, "F64"},
-    {DType::kI8, "I8"},   {DType::kU8, "U8"},   {DType::kI16, "I16"},   {DType::kU16, "U16"},
-    {DType::kI32, "I32"}, {DType::kU32, "U32"}, {DType::kI64, "I64"},   {DType::kU64, "U64"},
+    {DType::kF32, "F32"},   {DType::kF16, "F16"}, {DType::kBF16, "BF16"}, {DType::kF64, "F64"},
+    {DType::kI8, "I8"},     {DType::kU8, "U8"},   {DType::kI16, "I16"},   {DType::kU16, "U16"},
+    {DType::kI32, "I32"},   {DType::kU32, "U32"}, {DType::kI64, "I64"},   {DType::kU64, "U64"},
     {DType::kBool, "BOOL"},
 };
 
@@ -59,15 +58,16 @@ Result<SafetensorsFile> SafetensorsFile::Open(Env* env, const std::string& path)
     if (name == "__metadata__") {
       if (!v.is_object()) return Bad(path, "__metadata__ is not an object");
       for (auto m = v.begin(); m != v.end(); ++m) {
-        if (!m.value().is_string()) return Bad(path, "__metadata__ value '" + m.key() + "' is not a string");
+        if (!m.value().is_string())
+          return Bad(path, "__metadata__ value '" + m.key() + "' is not a string");
         f.metadata_[m.key()] = m.value().get<std::string>();
       }
       continue;
     }
     const std::string where = "tensor '" + name + "'";
-    if (!v.is_object() || !v.contains("dtype") || !v["dtype"].is_string() ||
-        !v.contains("shape") || !v["shape"].is_array() || !v.contains("data_offsets") ||
-        !v["data_offsets"].is_array() || v["data_offsets"].size() != 2) {
+    if (!v.is_object() || !v.contains("dtype") || !v["dtype"].is_string() || !v.contains("shape") ||
+        !v["shape"].is_array() || !v.contains("data_offsets") || !v["data_offsets"].is_array() ||
+        v["data_offsets"].size() != 2) {
       return Bad(path, where + ": needs dtype, shape and data_offsets [begin, end]");
     }
     SafetensorsEntry e;
@@ -79,7 +79,8 @@ Result<SafetensorsFile> SafetensorsFile::Open(Env* env, const std::string& path)
     for (const nlohmann::json& d : v["shape"]) {
       if (!d.is_number_unsigned()) return Bad(path, where + ": shape is not non-negative integers");
       const uint64_t n = d.get<uint64_t>();
-      if (n != 0 && elements > (uint64_t{1} << 62) / n) return Bad(path, where + ": shape overflows");
+      if (n != 0 && elements > (uint64_t{1} << 62) / n)
+        return Bad(path, where + ": shape overflows");
       elements *= n;
       e.shape.push_back(static_cast<int64_t>(n));
     }
@@ -137,26 +138,40 @@ void PackAsSafetensorsLibrary(std::vector<SafetensorsEntry>* entries) {
   // The library's Dtype enum order (BOOL < U8 < I8 < ... < U64).
   auto rank = [](DType d) {
     switch (d) {
-      case DType::kBool: return 0;
-      case DType::kU8: return 1;
-      case DType::kI8: return 2;
-      case DType::kI16: return 5;
-      case DType::kU16: return 6;
-      case DType::kF16: return 7;
-      case DType::kBF16: return 8;
-      case DType::kI32: return 9;
-      case DType::kU32: return 10;
-      case DType::kF32: return 11;
-      case DType::kF64: return 12;
-      case DType::kI64: return 13;
-      case DType::kU64: return 14;
+      case DType::kBool:
+        return 0;
+      case DType::kU8:
+        return 1;
+      case DType::kI8:
+        return 2;
+      case DType::kI16:
+        return 5;
+      case DType::kU16:
+        return 6;
+      case DType::kF16:
+        return 7;
+      case DType::kBF16:
+        return 8;
+      case DType::kI32:
+        return 9;
+      case DType::kU32:
+        return 10;
+      case DType::kF32:
+        return 11;
+      case DType::kF64:
+        return 12;
+      case DType::kI64:
+        return 13;
+      case DType::kU64:
+        return 14;
     }
     return 0;
   };
-  std::sort(entries->begin(), entries->end(), [&](const SafetensorsEntry& a, const SafetensorsEntry& b) {
-    if (rank(a.dtype) != rank(b.dtype)) return rank(a.dtype) > rank(b.dtype);
-    return a.name < b.name;
-  });
+  std::sort(entries->begin(), entries->end(),
+            [&](const SafetensorsEntry& a, const SafetensorsEntry& b) {
+              if (rank(a.dtype) != rank(b.dtype)) return rank(a.dtype) > rank(b.dtype);
+              return a.name < b.name;
+            });
   uint64_t at = 0;
   for (SafetensorsEntry& e : *entries) {
     uint64_t n = static_cast<uint64_t>(DTypeSize(e.dtype));
@@ -206,7 +221,8 @@ Status WriteSafetensors(Env* env, const std::string& path,
   if (!header.ok()) return header.status().Annotate("safetensors file '" + path + "'");
   std::vector<std::string_view> parts = {*header};
   for (size_t i = 0; i < tensors.size(); ++i) {
-    parts.emplace_back(static_cast<const char*>(tensors[i].data), entries[i].end - entries[i].begin);
+    parts.emplace_back(static_cast<const char*>(tensors[i].data),
+                       entries[i].end - entries[i].begin);
   }
   return WriteFileAtomically(env, path, parts);
 }

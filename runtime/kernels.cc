@@ -5,8 +5,8 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
-#include <limits>
 #include <cstdlib>
+#include <limits>
 #include <memory>
 #include <vector>
 
@@ -236,8 +236,8 @@ void MatmulForward(float* out, const float* inp, const float* weight, const floa
 void MatmulBackward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                     const float* weight, int N, int C, int OC) {
   if (dinp != nullptr) {  // [N,C] = [N,OC] @ [C,OC]^T
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, C, OC, 1.0f, dout, OC, weight, OC,
-                0.0f, dinp, C);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, C, OC, 1.0f, dout, OC, weight, OC, 0.0f,
+                dinp, C);
   }
   // [C,OC] += [N,C]^T @ [N,OC]
   cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, C, OC, N, 1.0f, inp, C, dout, OC, 1.0f,
@@ -252,14 +252,14 @@ void MatmulBackward(float* dinp, float* dweight, float* dbias, const float* dout
 
 void MatmulTransposedForward(float* out, const float* inp, const float* weight, int N, int C,
                              int OC) {
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, OC, C, 1.0f, inp, C, weight, C, 0.0f,
-              out, OC);
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, OC, C, 1.0f, inp, C, weight, C, 0.0f, out,
+              OC);
 }
 
 void MatmulTransposedBackward(float* dinp, float* dweight, const float* dout, const float* inp,
                               const float* weight, int N, int C, int OC) {
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, C, OC, 1.0f, dout, OC, weight, C,
-              0.0f, dinp, C);
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, C, OC, 1.0f, dout, OC, weight, C, 0.0f,
+              dinp, C);
   cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f,
               dweight, C);
 }
@@ -308,7 +308,7 @@ void AttentionForward(float* out, float* att, const float* qkv, int B, int T, in
     const float* q = qkv + b * T * row + h * hs;  // [T,hs], leading dim 3C
     const float* k = q + C;
     const float* v = q + 2 * C;
-    float* a = att + bh * T * T;  // [T,T]
+    float* a = att + bh * T * T;          // [T,T]
     float* o = out + b * T * C + h * hs;  // [T,hs], leading dim C
     for (int i0 = 0; i0 < T; i0 += kAttentionBlock) {
       const int i1 = std::min(T, i0 + kAttentionBlock), rows = i1 - i0;

@@ -37,8 +37,8 @@ const float* Tensor::f32() const {
 
 Status Tensor::CheckRange(int64_t offset, int64_t n) const {
   if (offset >= 0 && offset <= numel_ && n <= numel_ - offset) return Status::Ok();
-  return OutOfRangeError("elements [" + std::to_string(offset) + ", " +
-                         std::to_string(offset + n) + ") of tensor " + Describe());
+  return OutOfRangeError("elements [" + std::to_string(offset) + ", " + std::to_string(offset + n) +
+                         ") of tensor " + Describe());
 }
 
 Status Tensor::CopyToF32(std::span<float> out, int64_t offset) const {
@@ -51,8 +51,8 @@ Status Tensor::CopyToF32(std::span<float> out, int64_t offset) const {
 Status Tensor::AssignF32(std::span<const float> in, int64_t offset) {
   const int64_t n = static_cast<int64_t>(in.size());
   RETURN_IF_ERROR(CheckRange(offset, n));
-  return ConvertFloats(DType::kF32, in.data(), dtype_,
-                       storage_.data() + offset * DTypeSize(dtype_), n);
+  return ConvertFloats(DType::kF32, in.data(), dtype_, storage_.data() + offset * DTypeSize(dtype_),
+                       n);
 }
 
 Result<Tensor> Tensor::To(DType dtype) const {
@@ -72,6 +72,8 @@ Status Tensor::Reshape(std::vector<int64_t> shape) {
   return Status::Ok();
 }
 
-std::string Tensor::Describe() const { return std::string(DTypeName(dtype_)) + ShapeToString(shape_); }
+std::string Tensor::Describe() const {
+  return std::string(DTypeName(dtype_)) + ShapeToString(shape_);
+}
 
 }  // namespace tessera

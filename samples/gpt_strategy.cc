@@ -6,8 +6,8 @@ Result<Strategy> GptStrategy(const GptShape& g, const Mesh& mesh, bool zero) {
   Strategy s(mesh);
   const bool has_tp = mesh.FindAxis("tp") >= 0, has_pp = mesh.FindAxis("pp") >= 0;
   const int64_t stages = has_pp ? mesh.axis_size(mesh.FindAxis("pp")) : 1;
-  const std::vector<std::string> tp = has_tp ? std::vector<std::string>{"tp"}
-                                             : std::vector<std::string>{};
+  const std::vector<std::string> tp =
+      has_tp ? std::vector<std::string>{"tp"} : std::vector<std::string>{};
   auto add = [&](const std::string& name, std::vector<int64_t> shape,
                  std::vector<std::vector<std::string>> split, int64_t stage) -> Status {
     Layout l;

@@ -55,8 +55,8 @@ int Run(const Args& a) {
   if (Status s = SaveStrategyFile(env, src_file, *src); !s.ok()) return fail(s);
   if (Status s = SaveStrategyFile(env, dst_file, *dst); !s.ok()) return fail(s);
   std::printf("wrote %s (%s%s) and %s (%s%s)\n", src_file.c_str(), src_mesh->ToString().c_str(),
-              a.src_zero ? " + ZeRO over dp" : "", dst_file.c_str(),
-              dst_mesh->ToString().c_str(), a.dst_zero ? " + ZeRO over dp" : "");
+              a.src_zero ? " + ZeRO over dp" : "", dst_file.c_str(), dst_mesh->ToString().c_str(),
+              a.dst_zero ? " + ZeRO over dp" : "");
 
   const auto t0 = std::chrono::steady_clock::now();
   auto plan = PlanReshard(*src, *dst);
@@ -94,8 +94,9 @@ int Run(const Args& a) {
       bytes += static_cast<int64_t>(out[sp.dst_rank].size());
     }
   }
-  std::printf("executed in memory: %lld destination shards (%.1f MiB) equal the model bit for bit\n",
-              static_cast<long long>(checked), bytes / 1048576.0);
+  std::printf(
+      "executed in memory: %lld destination shards (%.1f MiB) equal the model bit for bit\n",
+      static_cast<long long>(checked), bytes / 1048576.0);
   return 0;
 }
 
@@ -106,16 +107,26 @@ int main(int argc, char** argv) {
   tessera::Args a;
   for (int i = 1; i < argc; ++i) {
     auto next = [&] { return i + 1 < argc ? std::string(argv[++i]) : std::string(); };
-    if (!std::strcmp(argv[i], "--src")) a.src = next();
-    else if (!std::strcmp(argv[i], "--dst")) a.dst = next();
-    else if (!std::strcmp(argv[i], "--src-zero")) a.src_zero = true;
-    else if (!std::strcmp(argv[i], "--no-src-zero")) a.src_zero = false;
-    else if (!std::strcmp(argv[i], "--dst-zero")) a.dst_zero = true;
-    else if (!std::strcmp(argv[i], "--layers")) a.shape.layers = std::atoll(next().c_str());
-    else if (!std::strcmp(argv[i], "--embed")) a.shape.embed = std::atoll(next().c_str());
-    else if (argv[i][0] != '-' && a.out_dir.empty()) a.out_dir = argv[i];
+    if (!std::strcmp(argv[i], "--src"))
+      a.src = next();
+    else if (!std::strcmp(argv[i], "--dst"))
+      a.dst = next();
+    else if (!std::strcmp(argv[i], "--src-zero"))
+      a.src_zero = true;
+    else if (!std::strcmp(argv[i], "--no-src-zero"))
+      a.src_zero = false;
+    else if (!std::strcmp(argv[i], "--dst-zero"))
+      a.dst_zero = true;
+    else if (!std::strcmp(argv[i], "--layers"))
+      a.shape.layers = std::atoll(next().c_str());
+    else if (!std::strcmp(argv[i], "--embed"))
+      a.shape.embed = std::atoll(next().c_str());
+    else if (argv[i][0] != '-' && a.out_dir.empty())
+      a.out_dir = argv[i];
     else {
-      std::fprintf(stderr, "usage: reshard_demo OUT_DIR [--src MESH] [--dst MESH] [--src-zero|--no-src-zero] [--dst-zero] [--layers N] [--embed N]\n");
+      std::fprintf(stderr,
+                   "usage: reshard_demo OUT_DIR [--src MESH] [--dst MESH] "
+                   "[--src-zero|--no-src-zero] [--dst-zero] [--layers N] [--embed N]\n");
       return 2;
     }
   }

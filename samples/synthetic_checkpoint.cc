@@ -13,7 +13,9 @@ namespace {
 void Element(uint64_t h, DType dtype, char* out) {
   const float f = (static_cast<float>(h >> 40) / static_cast<float>(1 << 24) - 0.5f) * 0.04f;
   switch (dtype) {
-    case DType::kF32: std::memcpy(out, &f, 4); return;
+    case DType::kF32:
+      std::memcpy(out, &f, 4);
+      return;
     case DType::kF64: {
       const double d = f;
       std::memcpy(out, &d, 8);
@@ -26,8 +28,11 @@ void Element(uint64_t h, DType dtype, char* out) {
       std::memcpy(out, &b, 2);
       return;
     }
-    case DType::kBool: out[0] = static_cast<char>(h & 1); return;
-    default: std::memcpy(out, &h, static_cast<size_t>(DTypeSize(dtype)));
+    case DType::kBool:
+      out[0] = static_cast<char>(h & 1);
+      return;
+    default:
+      std::memcpy(out, &h, static_cast<size_t>(DTypeSize(dtype)));
   }
 }
 
@@ -64,7 +69,8 @@ Status SyntheticCheckpoint::ReadRegion(size_t index, const Box& region, void* ds
       local = local * dst_extents[rank - 1] + dst_box[rank - 1].begin;
     }
     for (int64_t j = 0; j < row; ++j) {
-      Element(Mix64(keys_[index] + static_cast<uint64_t>(global + j)), l.dtype, out + (local + j) * es);
+      Element(Mix64(keys_[index] + static_cast<uint64_t>(global + j)), l.dtype,
+              out + (local + j) * es);
     }
     int d = rank - 2;
     while (d >= 0 && ++idx[d] == region[d].size()) idx[d--] = 0;

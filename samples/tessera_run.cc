@@ -34,13 +34,14 @@
 // Every process gets TESSERA_RESTART_COUNT (0 in the first attempt).
 #include <dirent.h>
 #include <fcntl.h>
-#include <sys/prctl.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
@@ -53,8 +54,6 @@
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <CLI/CLI.hpp>
 
 #include "core/env.h"
 #include "formats/native_files.h"
@@ -218,7 +217,7 @@ int RunSingle(const std::vector<std::string>& args, int attempt) {
 struct Worker {
   int rank = 0, local = 0;
   pid_t pid = -1;
-  int out = -1;        // read end of its output pipe
+  int out = -1;         // read end of its output pipe
   std::string partial;  // an unfinished line
   FILE* log = nullptr;
   std::string heartbeat;
@@ -277,8 +276,12 @@ class Launcher {
  public:
   Launcher(int nnodes, int node_rank, std::string master_host, int master_port, int min_nodes,
            double join_timeout)
-      : nnodes_(nnodes), node_rank_(node_rank), host_(std::move(master_host)),
-        port_(master_port), min_nodes_(min_nodes), join_timeout_(join_timeout) {}
+      : nnodes_(nnodes),
+        node_rank_(node_rank),
+        host_(std::move(master_host)),
+        port_(master_port),
+        min_nodes_(min_nodes),
+        join_timeout_(join_timeout) {}
 
   Status Connect() {
     if (node_rank_ == 0) {
@@ -286,8 +289,9 @@ class Launcher {
       port_ = server_->port();
     }
     const std::string host = node_rank_ == 0 ? "127.0.0.1" : host_;
-    ASSIGN_OR_RETURN(kv_, KvClient::Connect(host, port_, milliseconds(
-                                                            static_cast<int64_t>(join_timeout_ * 1000))));
+    ASSIGN_OR_RETURN(
+        kv_,
+        KvClient::Connect(host, port_, milliseconds(static_cast<int64_t>(join_timeout_ * 1000))));
     return Status::Ok();
   }
   int port() const { return port_; }
@@ -317,8 +321,8 @@ class Launcher {
       for (int n : present) list += (list.empty() ? "" : ",") + std::to_string(n);
       const int port = FreePort(worker_port);
       if (static_cast<int>(present.size()) < min_nodes_) {
-        list = "!fewer than --min-nodes " + std::to_string(min_nodes_) + " node(s) joined attempt " +
-               std::to_string(a + 1);
+        list = "!fewer than --min-nodes " + std::to_string(min_nodes_) +
+               " node(s) joined attempt " + std::to_string(a + 1);
       } else if (port < 0) {
         list = "!no free port on node 0 for the workers' rendezvous, from " +
                std::to_string(worker_port) + " to " + std::to_string(worker_port + 63);
@@ -326,9 +330,9 @@ class Launcher {
       RETURN_IF_ERROR(kv_->Set(k + "/port", std::to_string(port)));
       RETURN_IF_ERROR(kv_->Set(k + "/members", list));
     }
-    ASSIGN_OR_RETURN(std::string list,
-                     kv_->Get(k + "/members",
-                              milliseconds(static_cast<int64_t>(join_timeout_ * 2000 + 10000))));
+    ASSIGN_OR_RETURN(
+        std::string list,
+        kv_->Get(k + "/members", milliseconds(static_cast<int64_t>(join_timeout_ * 2000 + 10000))));
     if (!list.empty() && list[0] == '!') return FailedPreconditionError(list.substr(1));
     Membership m;
     ASSIGN_OR_RETURN(std::string port, kv_->Get(k + "/port", milliseconds(10000)));
@@ -338,8 +342,8 @@ class Launcher {
     while (std::getline(ss, item, ',')) m.nodes.push_back(std::stoi(item));
     auto it = std::find(m.nodes.begin(), m.nodes.end(), node_rank_);
     if (it == m.nodes.end()) {
-      return FailedPreconditionError("node " + std::to_string(node_rank_) +
-                                     " joined attempt " + std::to_string(a + 1) + " too late");
+      return FailedPreconditionError("node " + std::to_string(node_rank_) + " joined attempt " +
+                                     std::to_string(a + 1) + " too late");
     }
     m.index = static_cast<int>(it - m.nodes.begin());
     expected_ = m.nodes;
@@ -351,7 +355,8 @@ class Launcher {
   void Fail(int a, const std::string& why) {
     const std::string k = "attempt/" + std::to_string(a) + "/failed";
     Result<int64_t> first = kv_->Add(k + "/claim", 1);
-    if (first.ok() && *first == 1) (void)kv_->Set(k, "node " + std::to_string(node_rank_) + ": " + why);
+    if (first.ok() && *first == 1)
+      (void)kv_->Set(k, "node " + std::to_string(node_rank_) + ": " + why);
   }
   // Another node's verdict on attempt `a`, or "". A store that is gone is
   // no verdict: node 0 may have finished; a broken job fails its workers.
@@ -414,8 +419,8 @@ std::string RunWorkers(const std::vector<std::string>& args, const WorkerOptions
       if (w.log != nullptr) std::fprintf(w.log, "== attempt %d\n", attempt + 1);
       w.heartbeat = o.log_dir + "/heartbeat-" + std::to_string(w.rank);
     } else {
-      w.heartbeat = "/tmp/tessera-run-" + std::to_string(getpid()) + "-heartbeat-" +
-                    std::to_string(w.rank);
+      w.heartbeat =
+          "/tmp/tessera-run-" + std::to_string(getpid()) + "-heartbeat-" + std::to_string(w.rank);
     }
     unlink(w.heartbeat.c_str());
     const std::string master = master_host + ":" + std::to_string(worker_port);
@@ -457,8 +462,10 @@ std::string RunWorkers(const std::vector<std::string>& args, const WorkerOptions
     for (Worker& w : workers) {
       if (w.out >= 0) fds.push_back({w.out, POLLIN, 0});
     }
-    if (!fds.empty()) poll(fds.data(), fds.size(), 100);
-    else std::this_thread::sleep_for(milliseconds(100));
+    if (!fds.empty())
+      poll(fds.data(), fds.size(), 100);
+    else
+      std::this_thread::sleep_for(milliseconds(100));
     for (Worker& w : workers) {
       if (w.out < 0) continue;
       char buf[65536];
@@ -512,10 +519,10 @@ std::string RunWorkers(const std::vector<std::string>& args, const WorkerOptions
         // checkpoint) may take longer than a step.
         struct stat st {};
         if (stat(w.heartbeat.c_str(), &st) != 0) continue;
-        const double idle = std::chrono::duration<double>(
-                                std::chrono::system_clock::now().time_since_epoch())
-                                .count() -
-                            (st.st_mtim.tv_sec + st.st_mtim.tv_nsec * 1e-9);
+        const double idle =
+            std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
+                .count() -
+            (st.st_mtim.tv_sec + st.st_mtim.tv_nsec * 1e-9);
         if (idle > o.heartbeat_timeout) {
           silent.push_back({Heartbeat::ReadProgress(w.heartbeat), idle, &w});
         }
@@ -544,7 +551,8 @@ std::string RunWorkers(const std::vector<std::string>& args, const WorkerOptions
         if (w.out >= 0) {
           char buf[65536];
           ssize_t n;
-          while ((n = read(w.out, buf, sizeof(buf))) > 0) w.partial.append(buf, static_cast<size_t>(n));
+          while ((n = read(w.out, buf, sizeof(buf))) > 0)
+            w.partial.append(buf, static_cast<size_t>(n));
           close(w.out);
           w.out = -1;
         }
@@ -580,8 +588,9 @@ static void RemoveStaleHeartbeats() {
 }
 
 int main(int argc, char** argv) {
-  CLI::App app{"Start a job's processes (Gloo workers, mpirun or in-process ranks) and restart "
-               "it from its newest checkpoint when a process dies or hangs"};
+  CLI::App app{
+      "Start a job's processes (Gloo workers, mpirun or in-process ranks) and restart "
+      "it from its newest checkpoint when a process dies or hangs"};
   int nproc = 0, nnodes = 1, node_rank = 0, np = 0, ranks = 0, min_nodes = 1, min_ranks = 1,
       max_restarts = 3;
   double heartbeat_timeout = 0, join_timeout = 30;
@@ -623,12 +632,14 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   RemoveStaleHeartbeats();
   if ((nproc > 0) + (np > 0) + (ranks > 0) != 1) {
-    std::fprintf(stderr, "tessera-run: give one of --nproc-per-node (Gloo workers), --np "
-                         "(mpirun) or --ranks (in-process ranks)\n");
+    std::fprintf(stderr,
+                 "tessera-run: give one of --nproc-per-node (Gloo workers), --np "
+                 "(mpirun) or --ranks (in-process ranks)\n");
     return 2;
   }
   if (node_rank >= nnodes) {
-    std::fprintf(stderr, "tessera-run: --node-rank %d is not below --nnodes %d\n", node_rank, nnodes);
+    std::fprintf(stderr, "tessera-run: --node-rank %d is not below --nnodes %d\n", node_rank,
+                 nnodes);
     return 2;
   }
   std::string master_host = "127.0.0.1";
@@ -698,8 +709,10 @@ int main(int argc, char** argv) {
         n = std::min(n, slots);
       }
       if (n < min_ranks) {
-        std::fprintf(stderr, "tessera-run: %d rank(s) available, fewer than --min-ranks %d: "
-                             "giving up\n", n, min_ranks);
+        std::fprintf(stderr,
+                     "tessera-run: %d rank(s) available, fewer than --min-ranks %d: "
+                     "giving up\n",
+                     n, min_ranks);
         return 1;
       }
       std::vector<std::string> args;
@@ -730,7 +743,8 @@ int main(int argc, char** argv) {
     std::fflush(stdout);
     if (g_signal != 0) return 128 + g_signal;
     if (attempt >= max_restarts) {
-      std::fprintf(stderr, "tessera-run: giving up after %d restart(s) (--max-restarts)\n", attempt);
+      std::fprintf(stderr, "tessera-run: giving up after %d restart(s) (--max-restarts)\n",
+                   attempt);
       return 1;
     }
   }

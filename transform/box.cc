@@ -162,8 +162,7 @@ void CopyBox(const void* src, const std::vector<int64_t>& src_extents, const Box
 }
 
 std::vector<ByteRun> ByteRuns(const std::vector<int64_t>& src_ext, const Box& rel,
-                              const std::vector<int64_t>& dst_ext, const Box& dst_box,
-                              int64_t es) {
+                              const std::vector<int64_t>& dst_ext, const Box& dst_box, int64_t es) {
   const int rank = rel.rank();
   if (rank == 0) return {{0, 0, static_cast<uint64_t>(es)}};
   if (IsEmpty(rel)) return {};

@@ -3,9 +3,9 @@
 #ifndef TESSERA_TRANSFORM_BOX_H_
 #define TESSERA_TRANSFORM_BOX_H_
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
-#include <algorithm>
 #include <initializer_list>
 #include <memory>
 #include <string>

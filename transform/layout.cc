@@ -72,10 +72,9 @@ Status ValidateLayout(const Layout& layout, const Mesh& mesh) {
     bool zero = layout.shape.empty();
     for (int64_t d : layout.shape) zero = zero || d == 0;
     if (zero || !RefinesShape(layout.view, layout.shape)) {
-      return InvalidArgumentError("view " + ShapeToString(layout.view) +
-                                  " does not cut the dimensions of shape " +
-                                  ShapeToString(layout.shape) +
-                                  " into consecutive dimensions (no zero sizes, no scalars)");
+      return InvalidArgumentError(
+          "view " + ShapeToString(layout.view) + " does not cut the dimensions of shape " +
+          ShapeToString(layout.shape) + " into consecutive dimensions (no zero sizes, no scalars)");
     }
   }
   if (!layout.dim_axes.empty() && static_cast<int>(layout.dim_axes.size()) != layout.rank()) {
@@ -103,7 +102,8 @@ Status ValidateLayout(const Layout& layout, const Mesh& mesh) {
     }
   }
   if (!layout.opt_axes.empty() && layout.rank() == 0) {
-    return InvalidArgumentError("optimizer sharding needs a dimension 0, but the tensor is a scalar");
+    return InvalidArgumentError(
+        "optimizer sharding needs a dimension 0, but the tensor is a scalar");
   }
   for (const std::string& a : layout.opt_axes) RETURN_IF_ERROR(use(a, "optimizer shard"));
   if (!layout.stage_axis.empty()) {
@@ -118,7 +118,8 @@ Status ValidateLayout(const Layout& layout, const Mesh& mesh) {
       if (s <= below || s >= stages) {
         return InvalidArgumentError("copy stage " + std::to_string(s) + " of axis '" +
                                     layout.stage_axis + "' (size " + std::to_string(stages) +
-                                    ") is out of range or not above stage " + std::to_string(below));
+                                    ") is out of range or not above stage " +
+                                    std::to_string(below));
       }
       below = s;
     }
@@ -155,8 +156,8 @@ std::string ToString(const Layout& layout) {
   return s;
 }
 
-std::optional<std::vector<std::pair<int, int>>> RefinementGroups(const std::vector<int64_t>& fine,
-                                                       const std::vector<int64_t>& coarse) {
+std::optional<std::vector<std::pair<int, int>>> RefinementGroups(
+    const std::vector<int64_t>& fine, const std::vector<int64_t>& coarse) {
   std::vector<std::pair<int, int>> groups;
   const int n = static_cast<int>(fine.size());
   int k = 0;
@@ -208,8 +209,8 @@ Result<Layout> LayoutInView(const Layout& layout, const Mesh& mesh,
     for (size_t i = 0; i < want.size(); ++i) {
       if (got[i].begin * inner != want[i].begin || got[i].end * inner != want[i].end) {
         return InvalidArgumentError(
-            "layout " + ToString(layout) + " cannot be expressed over view " +
-            ShapeToString(view) + ": the pieces of dimension " + std::to_string(d) +
+            "layout " + ToString(layout) + " cannot be expressed over view " + ShapeToString(view) +
+            ": the pieces of dimension " + std::to_string(d) +
             " are cut inside the view's blocks of " + std::to_string(inner));
       }
     }
@@ -341,8 +342,7 @@ Result<std::vector<ReplicaGroup>> ReplicaGroups(const Layout& layout, const Mesh
   return groups;
 }
 
-Result<bool> Equivalent(const Mesh& mesh_a, const Layout& a, const Mesh& mesh_b,
-                        const Layout& b) {
+Result<bool> Equivalent(const Mesh& mesh_a, const Layout& a, const Mesh& mesh_b, const Layout& b) {
   if (a.shape != b.shape || a.dtype != b.dtype || mesh_a.world_size() != mesh_b.world_size()) {
     return false;
   }

@@ -153,8 +153,7 @@ Result<std::vector<ReplicaGroup>> ReplicaGroups(const Layout& layout, const Mesh
 
 // True when both describe the same tensor placed identically: equal shape,
 // dtype and world size, and every rank holds the same box (or none).
-Result<bool> Equivalent(const Mesh& mesh_a, const Layout& a, const Mesh& mesh_b,
-                        const Layout& b);
+Result<bool> Equivalent(const Mesh& mesh_a, const Layout& a, const Mesh& mesh_b, const Layout& b);
 
 }  // namespace tessera
 

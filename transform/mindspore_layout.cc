@@ -76,9 +76,9 @@ Result<MeshLayout> FromMindSpore(const MindSporeLayout& ms, const std::vector<in
     int64_t step = 1;
     for (int64_t c : split_count) step *= c;
     if (step != ms.opt_weight_shard_step) {
-      return InvalidArgumentError("opt_weight_shard_step " + std::to_string(ms.opt_weight_shard_step) +
-                                  " differs from the model-parallel slice count " +
-                                  std::to_string(step));
+      return InvalidArgumentError(
+          "opt_weight_shard_step " + std::to_string(ms.opt_weight_shard_step) +
+          " differs from the model-parallel slice count " + std::to_string(step));
     }
     if (opt_size == -1) opt_size = devices / step;
     if (opt_size < 1 || devices % (step * opt_size) != 0) {

@@ -35,9 +35,8 @@ Result<TensorPlan> PlanTensorReshard(const std::string& name, const Mesh& src_me
   Layout src_l = src, dst_l = dst;
   if (src.split_shape() != dst.split_shape()) {
     Result<Layout> moved = InvalidArgumentError(
-        "the source splits " + ShapeToString(src.split_shape()) +
-        " and the destination " + ShapeToString(dst.split_shape()) +
-        ", and neither view refines the other");
+        "the source splits " + ShapeToString(src.split_shape()) + " and the destination " +
+        ShapeToString(dst.split_shape()) + ", and neither view refines the other");
     const bool to_dst = RefinesShape(dst.split_shape(), src.split_shape());
     if (to_dst) {
       moved = LayoutInView(src, src_mesh, dst.split_shape());
@@ -139,19 +138,21 @@ Result<TensorPlan> PlanTensorReshard(const std::string& name, const Mesh& src_me
 Result<ReshardPlan> PlanReshard(const Strategy& src, const Strategy& dst,
                                 const PlanOptions& options) {
   if (!options.pick_sources) {
-    return InvalidArgumentError("a whole reshard plan picks its sources (pick_sources is for "
-                                "PlanTensorReshard callers that find them themselves)");
+    return InvalidArgumentError(
+        "a whole reshard plan picks its sources (pick_sources is for "
+        "PlanTensorReshard callers that find them themselves)");
   }
   ReshardPlan plan;
   plan.tensors.reserve(dst.tensors().size());
   for (const TensorStrategy& d : dst.tensors()) {
     const TensorStrategy* s = src.Find(d.name);
     if (s == nullptr) {
-      return NotFoundError("tensor '" + d.name + "' of the destination strategy is not in the source");
+      return NotFoundError("tensor '" + d.name +
+                           "' of the destination strategy is not in the source");
     }
-    ASSIGN_OR_RETURN(TensorPlan tp, PlanTensorReshard(d.name, src.MeshOf(*s), s->layout,
-                                                      dst.MeshOf(d), d.layout, options,
-                                                      &plan.src_bytes));
+    ASSIGN_OR_RETURN(TensorPlan tp,
+                     PlanTensorReshard(d.name, src.MeshOf(*s), s->layout, dst.MeshOf(d), d.layout,
+                                       options, &plan.src_bytes));
     plan.tensors.push_back(std::move(tp));
   }
   for (int64_t b : plan.src_bytes) plan.total_bytes += b;
@@ -186,8 +187,8 @@ std::string DescribePlan(const ReshardPlan& plan, bool verbose) {
     lo = lo < 0 ? b : std::min(lo, b);
     hi = std::max(hi, b);
   }
-  out += "bytes read per source rank: min " + std::to_string(std::max<int64_t>(lo, 0)) +
-         ", max " + std::to_string(hi) + "\n";
+  out += "bytes read per source rank: min " + std::to_string(std::max<int64_t>(lo, 0)) + ", max " +
+         std::to_string(hi) + "\n";
   for (size_t r = 0; r < plan.src_bytes.size(); ++r) {
     out += "  source rank " + std::to_string(r) + ": " + std::to_string(plan.src_bytes[r]) + "\n";
   }

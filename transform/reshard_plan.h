@@ -23,13 +23,13 @@ namespace tessera {
 // global coordinates are dst_box shifted by the destination shard's origin.
 struct PieceCopy {
   int64_t src_rank = 0;  // -1 when planned without PlanOptions::pick_sources
-  Box src_box;  // relative to the source rank's shard
-  Box dst_box;  // relative to the destination rank's shard
+  Box src_box;           // relative to the source rank's shard
+  Box dst_box;           // relative to the destination rank's shard
 };
 
 struct ShardPlan {
   int64_t dst_rank = 0;
-  Box shard;  // the destination shard, global coordinates
+  Box shard;                      // the destination shard, global coordinates
   std::vector<PieceCopy> copies;  // disjoint, together exactly cover `shard`
 };
 

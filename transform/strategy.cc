@@ -39,9 +39,11 @@ Json AxesToJson(const std::vector<std::string>& axes) {
 Result<Strategy> ParseImpl(const Json& root) {
   if (!root.is_object()) return InvalidArgumentError("top level must be a JSON object");
   if (root.value("format", std::string()) == "tessera.op_strategy") {
-    return InvalidArgumentError("this is an operator strategy file (per-operator shard "
-                                "strategies, for train_gpt --op-strategy), not a layout strategy "
-                                "(\"format\": \"" + std::string(kFormat) + "\")");
+    return InvalidArgumentError(
+        "this is an operator strategy file (per-operator shard "
+        "strategies, for train_gpt --op-strategy), not a layout strategy "
+        "(\"format\": \"" +
+        std::string(kFormat) + "\")");
   }
   if (root.value("format", std::string(kFormat)) != kFormat) {
     return InvalidArgumentError("\"format\" is '" + root.value("format", std::string()) +
@@ -88,7 +90,8 @@ Result<Strategy> ParseImpl(const Json& root) {
       ts.layout.stage_axis = st.at("axis").get<std::string>();
       const Json& index = st.at("index");
       if (index.is_array()) {  // several stages: the lowest is read, the others hold copies
-        if (index.empty()) return fail(InvalidArgumentError("\"stage\" \"index\" is an empty list"));
+        if (index.empty())
+          return fail(InvalidArgumentError("\"stage\" \"index\" is an empty list"));
         std::vector<int64_t> stages = index.get<std::vector<int64_t>>();
         std::sort(stages.begin(), stages.end());
         ts.layout.stage = stages[0];

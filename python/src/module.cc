@@ -73,19 +73,32 @@ T Unwrap(Result<T> r) {
 // numpy has no bfloat16: bf16 tensors are their raw bits as uint16.
 py::dtype NumpyDType(DType d) {
   switch (d) {
-    case DType::kF32: return py::dtype("float32");
-    case DType::kF16: return py::dtype("float16");
-    case DType::kBF16: return py::dtype("uint16");
-    case DType::kF64: return py::dtype("float64");
-    case DType::kI8: return py::dtype("int8");
-    case DType::kU8: return py::dtype("uint8");
-    case DType::kI16: return py::dtype("int16");
-    case DType::kU16: return py::dtype("uint16");
-    case DType::kI32: return py::dtype("int32");
-    case DType::kU32: return py::dtype("uint32");
-    case DType::kI64: return py::dtype("int64");
-    case DType::kU64: return py::dtype("uint64");
-    case DType::kBool: return py::dtype("bool");
+    case DType::kF32:
+      return py::dtype("float32");
+    case DType::kF16:
+      return py::dtype("float16");
+    case DType::kBF16:
+      return py::dtype("uint16");
+    case DType::kF64:
+      return py::dtype("float64");
+    case DType::kI8:
+      return py::dtype("int8");
+    case DType::kU8:
+      return py::dtype("uint8");
+    case DType::kI16:
+      return py::dtype("int16");
+    case DType::kU16:
+      return py::dtype("uint16");
+    case DType::kI32:
+      return py::dtype("int32");
+    case DType::kU32:
+      return py::dtype("uint32");
+    case DType::kI64:
+      return py::dtype("int64");
+    case DType::kU64:
+      return py::dtype("uint64");
+    case DType::kBool:
+      return py::dtype("bool");
   }
   return py::dtype("uint8");
 }
@@ -99,11 +112,12 @@ std::vector<py::ssize_t> Extents(const Box& box) {
 // A box from Python: a sequence of (start, stop) pairs.
 Box ToBox(const std::vector<std::pair<int64_t, int64_t>>& dims) {
   if (dims.size() > static_cast<size_t>(kMaxRank)) {
-    Raise(InvalidArgumentError("a box of " + std::to_string(dims.size()) +
-                               " dimensions (at most " + std::to_string(kMaxRank) + ")"));
+    Raise(InvalidArgumentError("a box of " + std::to_string(dims.size()) + " dimensions (at most " +
+                               std::to_string(kMaxRank) + ")"));
   }
   Box box(static_cast<int>(dims.size()));
-  for (size_t d = 0; d < dims.size(); ++d) box[static_cast<int>(d)] = {dims[d].first, dims[d].second};
+  for (size_t d = 0; d < dims.size(); ++d)
+    box[static_cast<int>(d)] = {dims[d].first, dims[d].second};
   return box;
 }
 
@@ -190,8 +204,8 @@ class Reader {
 
   // `box` over the layout's split shape (the view, when it has one); None:
   // the whole tensor, shaped as the tensor.
-  py::array Read(const std::string& name, std::optional<std::vector<std::pair<int64_t, int64_t>>> dims,
-                 bool copy) const {
+  py::array Read(const std::string& name,
+                 std::optional<std::vector<std::pair<int64_t, int64_t>>> dims, bool copy) const {
     const std::shared_ptr<CheckpointReader> keep = Keep();
     const CheckpointReader& r = *keep;
     const size_t index = Index(name);
@@ -210,9 +224,9 @@ class Reader {
       if (!view.ok()) Raise(view.status());
       if (*view != nullptr) {
         const char* data = (*view)->data();
-        auto* mapping = new FileMapping{std::move(*view), "tensor '" + name + "' " +
-                                                              ToString(region) + " of '" +
-                                                              r.path() + "'"};
+        auto* mapping =
+            new FileMapping{std::move(*view),
+                            "tensor '" + name + "' " + ToString(region) + " of '" + r.path() + "'"};
         py::object base = py::cast(mapping, py::return_value_policy::take_ownership);
         py::array out(dt, shape, {}, data, base);
         out.attr("setflags")(py::arg("write") = false);
@@ -294,7 +308,8 @@ py::dict Transform(const std::string& src, const std::string& out, const std::st
   o.format = Unwrap(ParseFormat(format));
   if (!max_shard_size.is_none()) o.max_shard_size = ByteSizeArg(max_shard_size, "max_shard_size=");
   if (!prefix.empty()) o.mindspore.prefix = prefix;
-  if (!memory_budget.is_none()) o.transform.memory_budget = ByteSizeArg(memory_budget, "memory_budget=");
+  if (!memory_budget.is_none())
+    o.transform.memory_budget = ByteSizeArg(memory_budget, "memory_budget=");
   o.transform.threads = threads;
   // The callback runs on a worker thread (never two at once): it takes the
   // GIL; an exception it raises is kept and raised once the transform ends.
@@ -396,7 +411,8 @@ Status Agree(ObjectCommunicator& comm, const Status& local) {
 // The bytes of `piece` from this rank's arrays: its own array when the
 // piece is the whole box it holds, else a copy into `scratch`.
 Result<LocalPiece> PieceFrom(const LocalArrays& local, const Strategy& strategy,
-                             const PieceToWrite& piece, std::vector<std::unique_ptr<char[]>>* scratch) {
+                             const PieceToWrite& piece,
+                             std::vector<std::unique_ptr<char[]>>* scratch) {
   const TensorStrategy& t = strategy.tensors()[piece.tensor];
   auto it = local.by_tensor.find(piece.tensor);
   const int64_t es = DTypeSize(t.layout.dtype);
@@ -407,7 +423,8 @@ Result<LocalPiece> PieceFrom(const LocalArrays& local, const Strategy& strategy,
   const auto& [held, array] = it->second;
   LocalPiece out{piece.tensor, piece.box, array.data(), NumElements(piece.box) * es};
   if (piece.box != held) {
-    ASSIGN_OR_RETURN(auto copy, AllocateBytes(static_cast<size_t>(out.bytes), "a piece of '" + t.name + "'"));
+    ASSIGN_OR_RETURN(auto copy,
+                     AllocateBytes(static_cast<size_t>(out.bytes), "a piece of '" + t.name + "'"));
     CopyBox(array.data(), held.extents(), RelativeTo(piece.box, held), copy.get(),
             piece.box.extents(), Box::FromShape(piece.box.extents()), es);
     out.data = copy.get();
@@ -434,7 +451,8 @@ SaveArgs MakeSaveArgs(const std::string& path, int64_t step, const py::dict& met
         py::isinstance<py::bytes>(v) ? v.cast<std::string>() : py::str(v).cast<std::string>();
   }
   a.options.redundancy = Unwrap(Redundancy::Parse(redundancy.empty() ? "none" : redundancy));
-  Check(ParseCompression(compress.empty() ? "none" : compress, &a.options.native).Annotate("compress="));
+  Check(ParseCompression(compress.empty() ? "none" : compress, &a.options.native)
+            .Annotate("compress="));
   a.options.native.overwrite = overwrite;
   a.options.hosts = hosts;
   return a;
@@ -483,11 +501,12 @@ class SaveHandle {
   Status error_;
 };
 
-std::unique_ptr<SaveHandle> SaveShards(const std::string& path, int64_t step, const Strategy& strategy,
-                                     int rank, const py::dict& tensors, py::object comm_object,
-                                     const std::string& redundancy, bool async,
-                                     const py::dict& metadata, const std::vector<std::string>& hosts,
-                                     bool overwrite, const std::string& compress) {
+std::unique_ptr<SaveHandle> SaveShards(const std::string& path, int64_t step,
+                                       const Strategy& strategy, int rank, const py::dict& tensors,
+                                       py::object comm_object, const std::string& redundancy,
+                                       bool async, const py::dict& metadata,
+                                       const std::vector<std::string>& hosts, bool overwrite,
+                                       const std::string& compress) {
   std::unique_ptr<ObjectCommunicator> comm = Unwrap(ObjectCommunicator::Create(comm_object, rank));
   // Whatever fails here must still reach the agreement below, so that
   // every rank raises instead of waiting for this one.
@@ -496,7 +515,8 @@ std::unique_ptr<SaveHandle> SaveShards(const std::string& path, int64_t step, co
   Status checked;
   try {
     checked = LocalFromDict(strategy, rank, tensors, &local);
-    if (checked.ok()) a = MakeSaveArgs(path, step, metadata, redundancy, compress, hosts, overwrite);
+    if (checked.ok())
+      a = MakeSaveArgs(path, step, metadata, redundancy, compress, hosts, overwrite);
   } catch (py::error_already_set& e) {
     checked = InvalidArgumentError(e.what());
     e.restore();
@@ -519,15 +539,16 @@ std::unique_ptr<SaveHandle> SaveShards(const std::string& path, int64_t step, co
     std::vector<std::unique_ptr<char[]>> scratch;  // Start copies every piece before it returns
     {
       py::gil_scoped_release nogil;
-      s = save->Start(path, "", strategy, a.meta, a.options,
-                      [&](const std::vector<PieceToWrite>& pieces) -> Result<std::vector<LocalPiece>> {
-                        std::vector<LocalPiece> out;
-                        for (const PieceToWrite& p : pieces) {
-                          ASSIGN_OR_RETURN(LocalPiece lp, PieceFrom(local, strategy, p, &scratch));
-                          out.push_back(lp);
-                        }
-                        return out;
-                      });
+      s = save->Start(
+          path, "", strategy, a.meta, a.options,
+          [&](const std::vector<PieceToWrite>& pieces) -> Result<std::vector<LocalPiece>> {
+            std::vector<LocalPiece> out;
+            for (const PieceToWrite& p : pieces) {
+              ASSIGN_OR_RETURN(LocalPiece lp, PieceFrom(local, strategy, p, &scratch));
+              out.push_back(lp);
+            }
+            return out;
+          });
     }
     Check(s);
     return std::make_unique<SaveHandle>(std::move(comm), std::move(save), path);
@@ -584,8 +605,8 @@ py::dict LoadShards(const std::string& path, const std::string& src_strategy,
     const size_t index = Unwrap(FindTensor(*reader, t.name));
     const Layout& have = reader->strategy().tensors()[index].layout;
     if (have.shape != t.layout.shape || have.dtype != t.layout.dtype) {
-      Raise(InvalidArgumentError("tensor '" + t.name + "': '" + path + "' has " +
-                                 ToString(have) + ", the strategy asks for " + ToString(t.layout)));
+      Raise(InvalidArgumentError("tensor '" + t.name + "': '" + path + "' has " + ToString(have) +
+                                 ", the strategy asks for " + ToString(t.layout)));
     }
     std::optional<Box> box = Unwrap(ShardOf(t.layout, strategy.MeshOf(t), rank));
     if (!box) continue;  // not on this rank's pipeline stage
@@ -598,14 +619,16 @@ py::dict LoadShards(const std::string& path, const std::string& src_strategy,
       if (!std::equal(want.begin(), want.end(), array.shape(), array.shape() + array.ndim()) ||
           static_cast<size_t>(array.ndim()) != want.size()) {
         std::string shape;
-        for (py::ssize_t d = 0; d < array.ndim(); ++d) shape += (d ? ", " : "") + std::to_string(array.shape(d));
+        for (py::ssize_t d = 0; d < array.ndim(); ++d)
+          shape += (d ? ", " : "") + std::to_string(array.shape(d));
         Raise(InvalidArgumentError(what + ": an array of shape (" + shape + ") for the box " +
                                    ToString(*box)));
       }
     } else {
       array = py::array(NumpyDType(t.layout.dtype), Extents(*box));
     }
-    if (NumElements(*box) > 0) jobs.push_back({index, t.layout.split_shape(), *box, array.mutable_data()});
+    if (NumElements(*box) > 0)
+      jobs.push_back({index, t.layout.split_shape(), *box, array.mutable_data()});
     result[py::str(t.name)] = array;
   }
   Status s;
@@ -637,9 +660,9 @@ PYBIND11_MODULE(_tessera, m) {
   g_not_found = PyErr_NewExceptionWithDoc(
       "tessera.NotFoundError", "A file, tensor or rank that should exist does not.",
       py::make_tuple(py::handle(g_error), py::handle(PyExc_LookupError)).release().ptr(), nullptr);
-  g_data_loss = PyErr_NewExceptionWithDoc(
-      "tessera.DataLossError", "A checksum mismatch, a truncated or corrupt file.", g_error,
-      nullptr);
+  g_data_loss = PyErr_NewExceptionWithDoc("tessera.DataLossError",
+                                          "A checksum mismatch, a truncated or corrupt file.",
+                                          g_error, nullptr);
   g_io = PyErr_NewExceptionWithDoc(
       "tessera.IOError", "The operating system refused an operation.",
       py::make_tuple(py::handle(g_error), py::handle(PyExc_OSError)).release().ptr(), nullptr);
@@ -654,46 +677,63 @@ PYBIND11_MODULE(_tessera, m) {
                           "read without a copy, kept mapped while they live.")
       .def_property_readonly("size", [](const FileMapping& f) { return f.view->size(); })
       .def("__repr__", [](const FileMapping& f) {
-        return "<tessera.FileMapping of " + f.what + ", " + std::to_string(f.view->size()) + " bytes>";
+        return "<tessera.FileMapping of " + f.what + ", " + std::to_string(f.view->size()) +
+               " bytes>";
       });
 
-  py::class_<Strategy>(m, "Strategy", "A mesh and the layout of every tensor (transform/strategy.md).")
-      .def_static("from_json", [](const std::string& json) { return Unwrap(ParseStrategyJson(json)); },
-                  py::arg("json"))
-      .def_static("load", [](const std::string& path) {
-        return Unwrap(LoadStrategyFile(Env::Default(), path));
-      }, py::arg("path"))
+  py::class_<Strategy>(m, "Strategy",
+                       "A mesh and the layout of every tensor (transform/strategy.md).")
+      .def_static(
+          "from_json", [](const std::string& json) { return Unwrap(ParseStrategyJson(json)); },
+          py::arg("json"))
+      .def_static(
+          "load",
+          [](const std::string& path) { return Unwrap(LoadStrategyFile(Env::Default(), path)); },
+          py::arg("path"))
       .def("to_json", [](const Strategy& s) { return StrategyToJson(s); })
-      .def("save", [](const Strategy& s, const std::string& path) {
-        Check(SaveStrategyFile(Env::Default(), path, s));
-      }, py::arg("path"))
-      .def_property_readonly("mesh", [](const Strategy& s) {
-        py::dict d;
-        for (int i = 0; i < s.mesh().ndim(); ++i) d[py::str(s.mesh().axis_name(i))] = s.mesh().axis_size(i);
-        return d;
-      })
+      .def(
+          "save",
+          [](const Strategy& s, const std::string& path) {
+            Check(SaveStrategyFile(Env::Default(), path, s));
+          },
+          py::arg("path"))
+      .def_property_readonly("mesh",
+                             [](const Strategy& s) {
+                               py::dict d;
+                               for (int i = 0; i < s.mesh().ndim(); ++i)
+                                 d[py::str(s.mesh().axis_name(i))] = s.mesh().axis_size(i);
+                               return d;
+                             })
       .def_property_readonly("world_size", &Strategy::world_size)
-      .def_property_readonly("names", [](const Strategy& s) {
-        std::vector<std::string> out;
-        for (const TensorStrategy& t : s.tensors()) out.push_back(t.name);
-        return out;
-      })
+      .def_property_readonly("names",
+                             [](const Strategy& s) {
+                               std::vector<std::string> out;
+                               for (const TensorStrategy& t : s.tensors()) out.push_back(t.name);
+                               return out;
+                             })
       .def("__len__", [](const Strategy& s) { return s.tensors().size(); })
-      .def("__contains__", [](const Strategy& s, const std::string& n) { return s.Find(n) != nullptr; })
-      .def("layout", [](const Strategy& s, const std::string& name) {
-        const TensorStrategy* t = s.Find(name);
-        if (t == nullptr) Raise(NotFoundError("tensor '" + name + "' is not in the strategy"));
-        return ToString(t->layout);
-      }, py::arg("name"))
-      .def("box", [](const Strategy& s, const std::string& name, int64_t rank) -> py::object {
-        const TensorStrategy* t = s.Find(name);
-        if (t == nullptr) Raise(NotFoundError("tensor '" + name + "' is not in the strategy"));
-        std::optional<Box> b = Unwrap(ShardOf(t->layout, s.MeshOf(*t), rank));
-        if (!b) return py::none();
-        return FromBox(*b);
-      }, py::arg("name"), py::arg("rank"),
-           "The box (one (start, stop) per dimension of the split shape) `rank` holds, or None "
-           "when the tensor is on another pipeline stage.")
+      .def("__contains__",
+           [](const Strategy& s, const std::string& n) { return s.Find(n) != nullptr; })
+      .def(
+          "layout",
+          [](const Strategy& s, const std::string& name) {
+            const TensorStrategy* t = s.Find(name);
+            if (t == nullptr) Raise(NotFoundError("tensor '" + name + "' is not in the strategy"));
+            return ToString(t->layout);
+          },
+          py::arg("name"))
+      .def(
+          "box",
+          [](const Strategy& s, const std::string& name, int64_t rank) -> py::object {
+            const TensorStrategy* t = s.Find(name);
+            if (t == nullptr) Raise(NotFoundError("tensor '" + name + "' is not in the strategy"));
+            std::optional<Box> b = Unwrap(ShardOf(t->layout, s.MeshOf(*t), rank));
+            if (!b) return py::none();
+            return FromBox(*b);
+          },
+          py::arg("name"), py::arg("rank"),
+          "The box (one (start, stop) per dimension of the split shape) `rank` holds, or None "
+          "when the tensor is on another pipeline stage.")
       .def("__repr__", [](const Strategy& s) {
         return "<tessera.Strategy " + std::to_string(s.tensors().size()) + " tensors on mesh " +
                s.mesh().ToString() + ">";
@@ -701,13 +741,16 @@ PYBIND11_MODULE(_tessera, m) {
 
   py::class_<Reader>(m, "_Reader")
       .def_property_readonly("path", [](const Reader& r) { return r.get().path(); })
-      .def_property_readonly("format", [](const Reader& r) { return std::string(r.get().format()); })
+      .def_property_readonly("format",
+                             [](const Reader& r) { return std::string(r.get().format()); })
       .def_property_readonly("step", [](const Reader& r) { return r.get().meta().step; })
-      .def_property_readonly("created_by", [](const Reader& r) { return r.get().meta().created_by; })
+      .def_property_readonly("created_by",
+                             [](const Reader& r) { return r.get().meta().created_by; })
       .def_property_readonly("metadata", &Reader::Metadata)
       .def_property_readonly("strategy", [](const Reader& r) { return r.get().strategy(); })
       .def("names", &Reader::Names)
-      .def("has", [](const Reader& r, const std::string& n) { return r.get().strategy().Find(n) != nullptr; })
+      .def("has", [](const Reader& r,
+                     const std::string& n) { return r.get().strategy().Find(n) != nullptr; })
       .def("info", &Reader::Info)
       .def("read", &Reader::Read, py::arg("name"), py::arg("box") = py::none(),
            py::arg("copy") = false)
@@ -716,9 +759,9 @@ PYBIND11_MODULE(_tessera, m) {
       .def("close", &Reader::Close);
 
   m.def("open", &tessera::python::Open, py::arg("path"), py::arg("strategy") = "");
-  m.def("transform", &tessera::python::Transform, py::arg("src"), py::arg("out"), py::arg("src_strategy"),
-        py::arg("strategy_file"), py::arg("strategy"), py::arg("mesh"), py::arg("format"),
-        py::arg("compress"), py::arg("redundancy"), py::arg("memory_budget"),
+  m.def("transform", &tessera::python::Transform, py::arg("src"), py::arg("out"),
+        py::arg("src_strategy"), py::arg("strategy_file"), py::arg("strategy"), py::arg("mesh"),
+        py::arg("format"), py::arg("compress"), py::arg("redundancy"), py::arg("memory_budget"),
         py::arg("max_shard_size"), py::arg("threads"), py::arg("overwrite"), py::arg("prefix"),
         py::arg("progress"));
 
@@ -729,10 +772,10 @@ PYBIND11_MODULE(_tessera, m) {
            "Moves the save on; True once it is committed. Raises the save's error.")
       .def("wait", &SaveHandle::Wait, "Blocks until the save is committed; raises its error.")
       .def_property_readonly("path", &SaveHandle::path);
-  m.def("save_shards", &tessera::python::SaveShards, py::arg("path"), py::arg("step"), py::arg("strategy"),
-        py::arg("rank"), py::arg("tensors"), py::arg("comm"), py::arg("redundancy"),
-        py::arg("async_"), py::arg("metadata"), py::arg("hosts"), py::arg("overwrite"),
-        py::arg("compress"));
-  m.def("load_shards", &tessera::python::LoadShards, py::arg("path"), py::arg("src_strategy"), py::arg("strategy"),
-        py::arg("rank"), py::arg("out"));
+  m.def("save_shards", &tessera::python::SaveShards, py::arg("path"), py::arg("step"),
+        py::arg("strategy"), py::arg("rank"), py::arg("tensors"), py::arg("comm"),
+        py::arg("redundancy"), py::arg("async_"), py::arg("metadata"), py::arg("hosts"),
+        py::arg("overwrite"), py::arg("compress"));
+  m.def("load_shards", &tessera::python::LoadShards, py::arg("path"), py::arg("src_strategy"),
+        py::arg("strategy"), py::arg("rank"), py::arg("out"));
 }

@@ -68,8 +68,7 @@ Result<std::vector<std::string>> ObjectCommunicator::Exchange(const void* mine, 
   py::gil_scoped_acquire gil;
   py::list all;
   try {
-    all = comm_.attr("allgather_object")(
-        py::bytes(static_cast<const char*>(mine), bytes));
+    all = comm_.attr("allgather_object")(py::bytes(static_cast<const char*>(mine), bytes));
   } catch (py::error_already_set& e) {
     return FromPython("allgather_object", e);
   } catch (py::cast_error&) {
@@ -155,8 +154,11 @@ Status ObjectCommunicator::AllGatherV(const void* send, int64_t count, void* rec
 Status ObjectCommunicator::GatherV(const void* send, int64_t count, void* recv,
                                    std::span<const int64_t> counts, DType dtype, int root) {
   if (rank_ == root) return AllGatherV(send, count, recv, counts, dtype);
-  std::vector<char> ignored(static_cast<size_t>(
-      [&] { int64_t n = 0; for (int64_t c : counts) n += c; return n; }() * DTypeSize(dtype)));
+  std::vector<char> ignored(static_cast<size_t>([&] {
+    int64_t n = 0;
+    for (int64_t c : counts) n += c;
+    return n;
+  }() * DTypeSize(dtype)));
   return AllGatherV(send, count, ignored.data(), counts, dtype);
 }
 
@@ -214,7 +216,8 @@ Status ObjectCommunicator::AllToAllV(const void* send, std::span<const int64_t> 
     }
     if (static_cast<size_t>((offset + recv_counts[r]) * es) > all[r].size()) {
       return InvalidArgumentError("all-to-all: rank " + std::to_string(r) + " sent " +
-                                  std::to_string(all[r].size()) + " bytes, fewer than its counts say");
+                                  std::to_string(all[r].size()) +
+                                  " bytes, fewer than its counts say");
     }
     std::memcpy(at, all[r].data() + offset * es, static_cast<size_t>(recv_counts[r] * es));
     at += recv_counts[r] * es;

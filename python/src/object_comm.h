@@ -32,10 +32,9 @@ class ObjectCommunicator final : public Communicator {
   // Every method takes the GIL itself: callers may have released it.
   Status Barrier() override;
   Status Broadcast(void* buf, int64_t count, DType dtype, int root) override;
-  Status AllReduce(const void* send, void* recv, int64_t count, DType dtype,
-                   ReduceOp op) override;
-  Status AllGatherV(const void* send, int64_t count, void* recv,
-                    std::span<const int64_t> counts, DType dtype) override;
+  Status AllReduce(const void* send, void* recv, int64_t count, DType dtype, ReduceOp op) override;
+  Status AllGatherV(const void* send, int64_t count, void* recv, std::span<const int64_t> counts,
+                    DType dtype) override;
   Status ReduceScatter(const void* send, void* recv, int64_t recv_count, DType dtype,
                        ReduceOp op) override;
   Status GatherV(const void* send, int64_t count, void* recv, std::span<const int64_t> counts,

@@ -8,15 +8,24 @@ namespace tessera {
 
 std::string_view KindName(CollectiveKind kind) {
   switch (kind) {
-    case CollectiveKind::kBarrier: return "barrier";
-    case CollectiveKind::kBroadcast: return "broadcast";
-    case CollectiveKind::kAllReduce: return "allreduce";
-    case CollectiveKind::kAllGather: return "allgather";
-    case CollectiveKind::kReduceScatter: return "reduce_scatter";
-    case CollectiveKind::kGather: return "gather";
-    case CollectiveKind::kScatter: return "scatter";
-    case CollectiveKind::kAllToAll: return "alltoall";
-    case CollectiveKind::kSplit: return "split";
+    case CollectiveKind::kBarrier:
+      return "barrier";
+    case CollectiveKind::kBroadcast:
+      return "broadcast";
+    case CollectiveKind::kAllReduce:
+      return "allreduce";
+    case CollectiveKind::kAllGather:
+      return "allgather";
+    case CollectiveKind::kReduceScatter:
+      return "reduce_scatter";
+    case CollectiveKind::kGather:
+      return "gather";
+    case CollectiveKind::kScatter:
+      return "scatter";
+    case CollectiveKind::kAllToAll:
+      return "alltoall";
+    case CollectiveKind::kSplit:
+      return "split";
   }
   return "?";
 }
@@ -41,8 +50,7 @@ std::string DescribeArgs(const CollectiveArgs& a) {
   return out;
 }
 
-CollectiveArgs VArgs(CollectiveKind kind, std::span<const int64_t> counts, DType dtype,
-                     int root) {
+CollectiveArgs VArgs(CollectiveKind kind, std::span<const int64_t> counts, DType dtype, int root) {
   CollectiveArgs a{kind, std::accumulate(counts.begin(), counts.end(), int64_t{0}), dtype,
                    ReduceOp::kSum, root};
   a.counts_hash = Xxh3(counts.data(), counts.size_bytes());
@@ -60,15 +68,14 @@ Status CheckAgreement(std::span<const CollectiveArgs> by_rank, std::string_view 
   bool same = true;
   for (const CollectiveArgs& a : by_rank) {
     const CollectiveArgs& b = by_rank[0];
-    same = same && a.kind == b.kind && a.count == b.count && a.dtype == b.dtype &&
-           a.op == b.op && a.root == b.root && a.counts_hash == b.counts_hash;
+    same = same && a.kind == b.kind && a.count == b.count && a.dtype == b.dtype && a.op == b.op &&
+           a.root == b.root && a.counts_hash == b.counts_hash;
   }
   if (same) {
     if (by_rank[0].root < 0 || by_rank[0].root >= n) {
-      return InvalidArgumentError(std::string(KindName(by_rank[0].kind)) + " on '" +
-                                  std::string(comm_name) + "': root " +
-                                  std::to_string(by_rank[0].root) + " is not a rank of " +
-                                  std::to_string(n));
+      return InvalidArgumentError(
+          std::string(KindName(by_rank[0].kind)) + " on '" + std::string(comm_name) + "': root " +
+          std::to_string(by_rank[0].root) + " is not a rank of " + std::to_string(n));
     }
     return Status::Ok();
   }
@@ -94,10 +101,9 @@ Status CheckCounts(std::string_view what, std::span<const int64_t> counts, int s
     }
   }
   if (rank >= 0 && counts[rank] != count) {
-    return InvalidArgumentError(std::string(what) + ": rank " + std::to_string(rank) +
-                                " passes " + std::to_string(count) +
-                                " elements but counts[" + std::to_string(rank) + "] is " +
-                                std::to_string(counts[rank]));
+    return InvalidArgumentError(std::string(what) + ": rank " + std::to_string(rank) + " passes " +
+                                std::to_string(count) + " elements but counts[" +
+                                std::to_string(rank) + "] is " + std::to_string(counts[rank]));
   }
   return Status::Ok();
 }
@@ -108,11 +114,10 @@ Status CheckAllToAllCounts(std::span<const std::vector<int64_t>> send_counts,
   for (int i = 0; i < n; ++i) {
     for (int j = 0; j < n; ++j) {
       if (send_counts[i][j] != recv_counts[j][i]) {
-        return InvalidArgumentError(
-            "alltoall: rank " + std::to_string(i) + " sends " +
-            std::to_string(send_counts[i][j]) + " elements to rank " + std::to_string(j) +
-            " but rank " + std::to_string(j) + " expects " +
-            std::to_string(recv_counts[j][i]));
+        return InvalidArgumentError("alltoall: rank " + std::to_string(i) + " sends " +
+                                    std::to_string(send_counts[i][j]) + " elements to rank " +
+                                    std::to_string(j) + " but rank " + std::to_string(j) +
+                                    " expects " + std::to_string(recv_counts[j][i]));
       }
     }
   }

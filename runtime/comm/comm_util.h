@@ -17,8 +17,15 @@
 namespace tessera {
 
 enum class CollectiveKind : uint8_t {
-  kBarrier, kBroadcast, kAllReduce, kAllGather, kReduceScatter, kGather, kScatter,
-  kAllToAll, kSplit,
+  kBarrier,
+  kBroadcast,
+  kAllReduce,
+  kAllGather,
+  kReduceScatter,
+  kGather,
+  kScatter,
+  kAllToAll,
+  kSplit,
 };
 std::string_view KindName(CollectiveKind kind);
 

@@ -120,8 +120,8 @@ class Communicator {
                             std::span<const int64_t> counts, DType dtype) = 0;
   // send holds size() * recv_count elements; rank r receives the reduction
   // of block r.
-  virtual Status ReduceScatter(const void* send, void* recv, int64_t recv_count,
-                               DType dtype, ReduceOp op) = 0;
+  virtual Status ReduceScatter(const void* send, void* recv, int64_t recv_count, DType dtype,
+                               ReduceOp op) = 0;
   // recv (at root only) holds size() * count elements.
   virtual Status Gather(const void* send, int64_t count, void* recv, DType dtype, int root);
   virtual Status GatherV(const void* send, int64_t count, void* recv,
@@ -133,19 +133,16 @@ class Communicator {
   // send and recv hold size() * count elements; block j of send goes to
   // rank j, block i of recv came from rank i.
   virtual Status AllToAll(const void* send, void* recv, int64_t count, DType dtype);
-  virtual Status AllToAllV(const void* send, std::span<const int64_t> send_counts,
-                           void* recv, std::span<const int64_t> recv_counts,
-                           DType dtype) = 0;
+  virtual Status AllToAllV(const void* send, std::span<const int64_t> send_counts, void* recv,
+                           std::span<const int64_t> recv_counts, DType dtype) = 0;
 
   // Tagged point-to-point (tag >= 0). Counts must match exactly. Send may
   // return before the receiver posted its receive, or may wait for it: code
   // that needs both directions at once uses ISend/IRecv.
   virtual Status Send(const void* buf, int64_t count, DType dtype, int peer, int tag) = 0;
   virtual Status Recv(void* buf, int64_t count, DType dtype, int peer, int tag) = 0;
-  virtual Result<Request> ISend(const void* buf, int64_t count, DType dtype, int peer,
-                                int tag) = 0;
-  virtual Result<Request> IRecv(void* buf, int64_t count, DType dtype, int peer,
-                                int tag) = 0;
+  virtual Result<Request> ISend(const void* buf, int64_t count, DType dtype, int peer, int tag) = 0;
+  virtual Result<Request> IRecv(void* buf, int64_t count, DType dtype, int peer, int tag) = 0;
 
   // Collective: ranks passing the same color form a new communicator,
   // ordered by (key, old rank). A negative color joins none: the result is

@@ -11,7 +11,6 @@
 #include <gloo/rendezvous/store.h>
 #include <gloo/transport/tcp/device.h>
 #include <gloo/transport/unbound_buffer.h>
-
 #include <signal.h>
 
 #include <algorithm>
@@ -98,10 +97,18 @@ gloo::AllreduceOptions::Func GlooReduceFn(DType dtype, ReduceOp op) {
 template <typename Opts>
 void SetReduceOutput(Opts& opts, void* p, int64_t count, int64_t element_size) {
   switch (element_size) {
-    case 1: opts.template setOutput<uint8_t>(static_cast<uint8_t*>(p), count); break;
-    case 2: opts.template setOutput<uint16_t>(static_cast<uint16_t*>(p), count); break;
-    case 4: opts.template setOutput<uint32_t>(static_cast<uint32_t*>(p), count); break;
-    default: opts.template setOutput<uint64_t>(static_cast<uint64_t*>(p), count); break;
+    case 1:
+      opts.template setOutput<uint8_t>(static_cast<uint8_t*>(p), count);
+      break;
+    case 2:
+      opts.template setOutput<uint16_t>(static_cast<uint16_t*>(p), count);
+      break;
+    case 4:
+      opts.template setOutput<uint32_t>(static_cast<uint32_t*>(p), count);
+      break;
+    default:
+      opts.template setOutput<uint64_t>(static_cast<uint64_t*>(p), count);
+      break;
   }
 }
 
@@ -165,8 +172,8 @@ class GlooRequest : public Request::Impl {
 
 class GlooCommunicator final : public Communicator {
  public:
-  GlooCommunicator(std::shared_ptr<GlooWorld> world,
-                   std::shared_ptr<gloo::rendezvous::Context> ctx, std::string id)
+  GlooCommunicator(std::shared_ptr<GlooWorld> world, std::shared_ptr<gloo::rendezvous::Context> ctx,
+                   std::string id)
       : world_(std::move(world)), ctx_(std::move(ctx)), id_(std::move(id)) {}
 
   int rank() const override { return ctx_->rank; }
@@ -308,7 +315,8 @@ class GlooCommunicator final : public Communicator {
         recvs[r].assign(at + size(), at + 2 * size());
       }
       Status s = CheckAllToAllCounts(sends, recvs);
-      if (!s.ok()) return s.Annotate("rank " + std::to_string(rank()) + " on '" + name() + "': alltoallv");
+      if (!s.ok())
+        return s.Annotate("rank " + std::to_string(rank()) + " on '" + name() + "': alltoallv");
     }
     const int64_t total = std::accumulate(send_counts.begin(), send_counts.end(), int64_t{0});
     return Exchange(send, send_counts, recv, recv_counts, dtype,
@@ -351,8 +359,8 @@ class GlooCommunicator final : public Communicator {
     std::sort(members.begin(), members.end());
     int new_rank = 0;
     while (members[new_rank].second != rank()) ++new_rank;
-    auto ctx = std::make_shared<gloo::rendezvous::Context>(new_rank,
-                                                           static_cast<int>(members.size()));
+    auto ctx =
+        std::make_shared<gloo::rendezvous::Context>(new_rank, static_cast<int>(members.size()));
     const std::string prefix = id + "/" + std::to_string(color);
     RETURN_IF_ERROR(Run("split (color " + std::to_string(color) + ")", [&] {
       ctx->setTimeout(timeout());
@@ -418,7 +426,8 @@ class GlooCommunicator final : public Communicator {
   // moving 2(n-1)/n of the buffer where gathering every rank's whole buffer
   // moved n-1 times it. Not Gloo's default path: on 2 ranks it measured
   // the same as Gloo's own allreduce from 64 KiB to 16 MiB (comm_bench).
-  Status FoldAllReduce(void* buf, int64_t count, DType dtype, ReduceOp op, const std::string& what) {
+  Status FoldAllReduce(void* buf, int64_t count, DType dtype, ReduceOp op,
+                       const std::string& what) {
     const std::vector<int64_t> counts = RankChunks(count, size());
     std::vector<char> folded(Bytes(counts[rank()], dtype));
     RETURN_IF_ERROR(FoldScatter(buf, counts, folded.data(), dtype, op, what));
@@ -432,7 +441,8 @@ class GlooCommunicator final : public Communicator {
                      ReduceOp op, const std::string& what) {
     const int64_t mine = counts[rank()];
     std::vector<char> blocks(Bytes(mine, dtype) * size());
-    RETURN_IF_ERROR(Exchange(send, counts, blocks.data(), std::vector<int64_t>(size(), mine), dtype, what));
+    RETURN_IF_ERROR(
+        Exchange(send, counts, blocks.data(), std::vector<int64_t>(size(), mine), dtype, what));
     FoldBlocks(blocks.data(), size(), mine, dtype, op, out);
     return Status::Ok();
   }
@@ -459,9 +469,8 @@ class GlooCommunicator final : public Communicator {
       opts.setInput<uint8_t>(st > 0 ? static_cast<uint8_t*>(const_cast<void*>(send))
                                     : reinterpret_cast<uint8_t*>(&dummy_send),
                              sb);
-      opts.setOutput<uint8_t>(rt > 0 ? static_cast<uint8_t*>(recv)
-                                     : reinterpret_cast<uint8_t*>(&dummy_recv),
-                              rb);
+      opts.setOutput<uint8_t>(
+          rt > 0 ? static_cast<uint8_t*>(recv) : reinterpret_cast<uint8_t*>(&dummy_recv), rb);
       opts.setTimeout(timeout());
       gloo::alltoallv(opts);
     });
@@ -591,7 +600,8 @@ Status Join(KvClient& kv, const RankTable& t, const std::string& who, millisecon
       }
       ASSIGN_OR_RETURN(std::string size, kv.Get("joined/" + std::to_string(r), timeout));
       if (size != std::to_string(t.world_size)) {
-        return InvalidArgumentError(who + ": rank " + std::to_string(r) + " has world size " + size);
+        return InvalidArgumentError(who + ": rank " + std::to_string(r) + " has world size " +
+                                    size);
       }
       seen[r] = true;
       ++present;
@@ -654,15 +664,17 @@ Result<std::unique_ptr<Communicator>> CreateGlooWorld(const RankTable& table,
   auto world = std::make_shared<GlooWorld>();
   world->options = options;
   world->world_rank = table.rank;
-  const std::string who = "gloo rank " + std::to_string(table.rank) + " of " +
-                          std::to_string(table.world_size);
+  const std::string who =
+      "gloo rank " + std::to_string(table.rank) + " of " + std::to_string(table.world_size);
   RankTable t = table;
   if (t.world_size > 1 && (t.master_port <= 0 || (t.rank != 0 && t.master_host.empty()))) {
-    return InvalidArgumentError(who + ": no master address (set MASTER_ADDR and MASTER_PORT, "
+    return InvalidArgumentError(who +
+                                ": no master address (set MASTER_ADDR and MASTER_PORT, "
                                 "TESSERA_MASTER=host:port, or --master)");
   }
   if (t.rank == 0) {
-    Result<std::unique_ptr<KvServer>> server = KvServer::Start(t.world_size > 1 ? t.master_port : 0);
+    Result<std::unique_ptr<KvServer>> server =
+        KvServer::Start(t.world_size > 1 ? t.master_port : 0);
     if (!server.ok()) return server.status().Annotate(who + ": the rendezvous on the master port");
     world->server = std::move(*server);
     t.master_port = world->server->port();

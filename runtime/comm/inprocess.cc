@@ -22,8 +22,7 @@ using Clock = std::chrono::steady_clock;
 // and one condition variable serve all of it: ranks only hold the lock to
 // post and to meet, never while copying data.
 struct World {
-  explicit World(int size, CommOptions opts)
-      : options(std::move(opts)), finished(size, false) {}
+  explicit World(int size, CommOptions opts) : options(std::move(opts)), finished(size, false) {}
   CommOptions options;
   std::mutex mu;
   std::condition_variable cv;
@@ -73,9 +72,12 @@ struct Slot {
 
 struct Group {
   Group(std::shared_ptr<World> w, std::vector<int> members)
-      : world(std::move(w)), world_ranks(std::move(members)),
-        slots(world_ranks.size()), arrived_mask(world_ranks.size(), false),
-        split_result(world_ranks.size()), inbox(world_ranks.size()),
+      : world(std::move(w)),
+        world_ranks(std::move(members)),
+        slots(world_ranks.size()),
+        arrived_mask(world_ranks.size(), false),
+        split_result(world_ranks.size()),
+        inbox(world_ranks.size()),
         posted(world_ranks.size()) {}
   int size() const { return static_cast<int>(world_ranks.size()); }
 
@@ -120,7 +122,10 @@ class InProcessRequest : public Request::Impl {
   // peer_world_rank: the sender of a receive (-1 for a send).
   InProcessRequest(std::shared_ptr<Group> g, std::shared_ptr<P2PState> s, int rank,
                    std::string what, int peer_world_rank = -1)
-      : group_(std::move(g)), state_(std::move(s)), rank_(rank), what_(std::move(what)),
+      : group_(std::move(g)),
+        state_(std::move(s)),
+        rank_(rank),
+        what_(std::move(what)),
         peer_world_rank_(peer_world_rank) {}
   Status Wait() override;
 
@@ -156,8 +161,7 @@ class InProcessCommunicator : public Communicator {
     });
   }
 
-  Status AllReduce(const void* send, void* recv, int64_t count, DType dtype,
-                   ReduceOp op) override {
+  Status AllReduce(const void* send, void* recv, int64_t count, DType dtype, ReduceOp op) override {
     RETURN_IF_ERROR(CheckReduction(dtype, op));
     Slot s;
     s.args = {CollectiveKind::kAllReduce, count, dtype, op};
@@ -179,17 +183,16 @@ class InProcessCommunicator : public Communicator {
     });
   }
 
-  Status AllGatherV(const void* send, int64_t count, void* recv,
-                    std::span<const int64_t> counts, DType dtype) override {
+  Status AllGatherV(const void* send, int64_t count, void* recv, std::span<const int64_t> counts,
+                    DType dtype) override {
     RETURN_IF_ERROR(CheckCounts("allgather", counts, size(), rank_, count));
     Slot s;
     s.args = VArgs(CollectiveKind::kAllGather, counts, dtype);
     s.send = send;
     s.recv = recv;
     s.counts = counts;
-    return Run(s, [&](const std::vector<Slot>& all, int) {
-      Concatenate(all, counts, dtype, recv);
-    });
+    return Run(s,
+               [&](const std::vector<Slot>& all, int) { Concatenate(all, counts, dtype, recv); });
   }
 
   Status ReduceScatter(const void* send, void* recv, int64_t recv_count, DType dtype,
@@ -263,8 +266,7 @@ class InProcessCommunicator : public Communicator {
     ASSIGN_OR_RETURN(Request req, IRecv(buf, count, dtype, peer, tag));
     return req.Wait();
   }
-  Result<Request> ISend(const void* buf, int64_t count, DType dtype, int peer,
-                        int tag) override;
+  Result<Request> ISend(const void* buf, int64_t count, DType dtype, int peer, int tag) override;
   Result<Request> IRecv(void* buf, int64_t count, DType dtype, int peer, int tag) override;
 
   Result<std::unique_ptr<Communicator>> Split(int color, int key) override {
@@ -273,9 +275,8 @@ class InProcessCommunicator : public Communicator {
     s.color = color;
     s.key = key;
     std::pair<std::shared_ptr<Group>, int> mine;
-    RETURN_IF_ERROR(Run(s, [&](const std::vector<Slot>&, int r) {
-      mine = group_->split_result[r];
-    }));
+    RETURN_IF_ERROR(
+        Run(s, [&](const std::vector<Slot>&, int r) { mine = group_->split_result[r]; }));
     if (mine.first == nullptr) return std::unique_ptr<Communicator>();
     auto comm = std::make_unique<InProcessCommunicator>(std::move(mine.first), mine.second);
     comm->set_name(name_ + "/" + std::to_string(color));
@@ -357,16 +358,15 @@ class InProcessCommunicator : public Communicator {
           const std::string gone = Missing(/*finished_only=*/true);
           if (!gone.empty()) {
             return w.AbortLocked(AbortedError(Where() + ": " +
-                                              std::string(KindName(slot.args.kind)) +
-                                              ": rank(s) " + gone + " already finished"));
+                                              std::string(KindName(slot.args.kind)) + ": rank(s) " +
+                                              gone + " already finished"));
           }
           if (w.cv.wait_until(lock, deadline) == std::cv_status::timeout &&
               g.enter_generation.load(std::memory_order_acquire) == generation) {
             return w.AbortLocked(DeadlineExceededError(
                 Where() + ": " + std::string(KindName(slot.args.kind)) + " of " +
                 std::to_string(slot.args.count) + " " + std::string(DTypeName(slot.args.dtype)) +
-                " waited " + FormatDuration(w.options.timeout) + " for rank(s) " +
-                Missing(false)));
+                " waited " + FormatDuration(w.options.timeout) + " for rank(s) " + Missing(false)));
           }
         }
         lock.unlock();
@@ -427,33 +427,31 @@ class InProcessCommunicator : public Communicator {
   int rank_;
 };
 
-std::string Mismatch(int rank, int peer, int tag, int64_t want, DType wd, int64_t got,
-                     DType gd) {
+std::string Mismatch(int rank, int peer, int tag, int64_t want, DType wd, int64_t got, DType gd) {
   return "rank " + std::to_string(rank) + " expected " + std::to_string(want) + " " +
          std::string(DTypeName(wd)) + " from rank " + std::to_string(peer) + " (tag " +
          std::to_string(tag) + ") but rank " + std::to_string(peer) + " sent " +
          std::to_string(got) + " " + std::string(DTypeName(gd));
 }
 
-Result<Request> InProcessCommunicator::ISend(const void* buf, int64_t count, DType dtype,
-                                             int peer, int tag) {
+Result<Request> InProcessCommunicator::ISend(const void* buf, int64_t count, DType dtype, int peer,
+                                             int tag) {
   RETURN_IF_ERROR(CheckPeer(peer, tag));
   Group& g = *group_;
   World& w = *g.world;
   std::unique_lock<std::mutex> lock(w.mu);
   if (!w.aborted.ok()) return w.aborted;
   auto& posted = g.posted[peer];
-  auto it = std::find_if(posted.begin(), posted.end(), [&](const PostedRecv& p) {
-    return p.src == rank_ && p.tag == tag;
-  });
+  auto it = std::find_if(posted.begin(), posted.end(),
+                         [&](const PostedRecv& p) { return p.src == rank_ && p.tag == tag; });
   auto done = std::make_shared<P2PState>();
   done->done = true;
   if (it != posted.end()) {  // the receiver is waiting: copy straight in
     PostedRecv recv = std::move(*it);
     posted.erase(it);
     if (recv.count != count || recv.dtype != dtype) {
-      recv.state->status = InvalidArgumentError(
-          Mismatch(peer, rank_, tag, recv.count, recv.dtype, count, dtype));
+      recv.state->status =
+          InvalidArgumentError(Mismatch(peer, rank_, tag, recv.count, recv.dtype, count, dtype));
       recv.state->done = true;
       w.cv.notify_all();
       return Request(std::make_unique<InProcessRequest>(group_, done, rank_, "send"));
@@ -482,12 +480,11 @@ Result<Request> InProcessCommunicator::IRecv(void* buf, int64_t count, DType dty
   if (!w.aborted.ok()) return w.aborted;
   auto state = std::make_shared<P2PState>();
   const std::string what = "receive of " + std::to_string(count) + " " +
-                           std::string(DTypeName(dtype)) + " from rank " +
-                           std::to_string(peer) + " (tag " + std::to_string(tag) + ")";
+                           std::string(DTypeName(dtype)) + " from rank " + std::to_string(peer) +
+                           " (tag " + std::to_string(tag) + ")";
   auto& inbox = g.inbox[rank_];
-  auto it = std::find_if(inbox.begin(), inbox.end(), [&](const Message& m) {
-    return m.src == peer && m.tag == tag;
-  });
+  auto it = std::find_if(inbox.begin(), inbox.end(),
+                         [&](const Message& m) { return m.src == peer && m.tag == tag; });
   if (it != inbox.end()) {
     Message m = std::move(*it);
     inbox.erase(it);

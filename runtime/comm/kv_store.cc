@@ -193,8 +193,8 @@ Result<std::string> KvClient::Get(const std::string& key, std::chrono::milliseco
     if (r.first) return std::move(r.second);
     if (tcp::Clock::now() >= deadline) {
       return DeadlineExceededError("key-value store at " + address_ + ": key '" + key +
-                                   "' was not set within " +
-                                   std::to_string(timeout.count()) + " ms");
+                                   "' was not set within " + std::to_string(timeout.count()) +
+                                   " ms");
     }
     std::this_thread::sleep_for(wait);
     wait = std::min(wait * 2, std::chrono::milliseconds(50));

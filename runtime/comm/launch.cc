@@ -42,13 +42,12 @@ Result<CommBackend> ParseCommBackend(std::string_view name) {
                               "': use auto, inprocess, mpi or gloo");
 }
 
-Status LaunchRanks(const LaunchOptions& options,
-                   const std::function<Status(Communicator&)>& fn) {
+Status LaunchRanks(const LaunchOptions& options, const std::function<Status(Communicator&)>& fn) {
   CommBackend backend = options.backend;
   if (backend == CommBackend::kAuto) {
-    backend = LaunchedByMpirun()                                          ? CommBackend::kMpi
+    backend = LaunchedByMpirun()                                   ? CommBackend::kMpi
               : std::getenv("TESSERA_RANK") || std::getenv("RANK") ? CommBackend::kGloo
-                                                                        : CommBackend::kInProcess;
+                                                                   : CommBackend::kInProcess;
   }
   if (backend == CommBackend::kInProcess) {
     return RunInProcess(options.ranks > 0 ? options.ranks : 1, fn, options.comm);
@@ -85,10 +84,10 @@ Result<RankTable> RankTableFromEnv() {
     return InvalidArgumentError("RANK and WORLD_SIZE must be set together");
   }
   if (rank >= 0 && torch_rank >= 0 && (rank != torch_rank || size != torch_size)) {
-    return InvalidArgumentError("TESSERA_RANK=" + std::to_string(rank) + " TESSERA_WORLD_SIZE=" +
-                                std::to_string(size) + " disagree with RANK=" +
-                                std::to_string(torch_rank) + " WORLD_SIZE=" +
-                                std::to_string(torch_size));
+    return InvalidArgumentError("TESSERA_RANK=" + std::to_string(rank) +
+                                " TESSERA_WORLD_SIZE=" + std::to_string(size) +
+                                " disagree with RANK=" + std::to_string(torch_rank) +
+                                " WORLD_SIZE=" + std::to_string(torch_size));
   }
   t.source = "TESSERA_*";
   if (rank < 0 && torch_rank >= 0) {
@@ -107,9 +106,10 @@ Result<RankTable> RankTableFromEnv() {
     t.source = "mpirun";
   }
   if (rank < 0) {
-    return NotFoundError("no rank table: set TESSERA_RANK, TESSERA_WORLD_SIZE and TESSERA_MASTER "
-                         "(or torchrun's RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT), start "
-                         "under tessera-run, or under mpirun");
+    return NotFoundError(
+        "no rank table: set TESSERA_RANK, TESSERA_WORLD_SIZE and TESSERA_MASTER "
+        "(or torchrun's RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT), start "
+        "under tessera-run, or under mpirun");
   }
   if (size < 1 || rank >= size) {
     return InvalidArgumentError("rank " + std::to_string(rank) + " is outside world size " +

@@ -44,15 +44,14 @@ struct LaunchOptions {
 // Runs fn(world) on every rank of this process (one under MPI, `ranks`
 // threads in-process) and returns this process's result (in-process: the
 // root-cause error of any rank, annotated with the rank).
-Status LaunchRanks(const LaunchOptions& options,
-                   const std::function<Status(Communicator&)>& fn);
+Status LaunchRanks(const LaunchOptions& options, const std::function<Status(Communicator&)>& fn);
 
 struct RankTable {
   int rank = 0;
   int world_size = 1;
   std::string master_host;  // empty when no master is set
   int master_port = 0;
-  std::string source;  // "TESSERA_*", "torchrun" or "mpirun"
+  std::string source;   // "TESSERA_*", "torchrun" or "mpirun"
   int local_rank = -1;  // LOCAL_RANK (torchrun, tessera-run), -1 when not set
 };
 

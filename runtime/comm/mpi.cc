@@ -63,8 +63,9 @@ Status InitMpi(MpiThreadLevel level) {
   } else {
     MPI_Query_thread(&provided);
     if (!g_half_ops_ready) {
-      return FailedPreconditionError("MPI was initialized outside Tessera; create the "
-                                     "Tessera MPI world first");
+      return FailedPreconditionError(
+          "MPI was initialized outside Tessera; create the "
+          "Tessera MPI world first");
     }
   }
   if (provided < requested) {
@@ -79,19 +80,29 @@ Status InitMpi(MpiThreadLevel level) {
 
 MPI_Datatype MpiType(DType dtype) {
   switch (dtype) {
-    case DType::kF32: return MPI_FLOAT;
-    case DType::kF64: return MPI_DOUBLE;
+    case DType::kF32:
+      return MPI_FLOAT;
+    case DType::kF64:
+      return MPI_DOUBLE;
     case DType::kF16:
     case DType::kBF16:
-    case DType::kU16: return MPI_UINT16_T;
-    case DType::kI8: return MPI_INT8_T;
+    case DType::kU16:
+      return MPI_UINT16_T;
+    case DType::kI8:
+      return MPI_INT8_T;
     case DType::kU8:
-    case DType::kBool: return MPI_UINT8_T;
-    case DType::kI16: return MPI_INT16_T;
-    case DType::kI32: return MPI_INT32_T;
-    case DType::kU32: return MPI_UINT32_T;
-    case DType::kI64: return MPI_INT64_T;
-    case DType::kU64: return MPI_UINT64_T;
+    case DType::kBool:
+      return MPI_UINT8_T;
+    case DType::kI16:
+      return MPI_INT16_T;
+    case DType::kI32:
+      return MPI_INT32_T;
+    case DType::kU32:
+      return MPI_UINT32_T;
+    case DType::kI64:
+      return MPI_INT64_T;
+    case DType::kU64:
+      return MPI_UINT64_T;
   }
   return MPI_BYTE;
 }
@@ -155,8 +166,8 @@ class MpiWorld {
 
  private:
   void Watch() {
-    const auto period =
-        std::clamp(options_.timeout / 8, std::chrono::milliseconds(10), std::chrono::milliseconds(500));
+    const auto period = std::clamp(options_.timeout / 8, std::chrono::milliseconds(10),
+                                   std::chrono::milliseconds(500));
     std::unique_lock<std::mutex> lock(mu_);
     while (!stop_) {
       cv_.wait_for(lock, period);
@@ -224,8 +235,8 @@ class Watched {
   template <typename Comm>
   Watched(MpiWorld& world, const Comm* comm, const std::string& what)
       : world_(world),
-        f_{Clock::now(), comm,
-           [](const void* c) { return static_cast<const Comm*>(c)->Where(); }, what.c_str()} {
+        f_{Clock::now(), comm, [](const void* c) { return static_cast<const Comm*>(c)->Where(); },
+           what.c_str()} {
     world_.Begin(&f_);
   }
   ~Watched() { world_.End(&f_); }
@@ -298,14 +309,16 @@ class MpiCommunicator : public Communicator {
     const CollectiveArgs args{CollectiveKind::kBroadcast, count, dtype, ReduceOp::kSum, root};
     RETURN_IF_ERROR(Check(args));
     CollectiveWatch w(slot_, args);
-    return Chunked(count, [&](int64_t off, int n) {
-      return MPI_Bcast(static_cast<char*>(buf) + off * DTypeSize(dtype), n, MpiType(dtype),
-                       root, comm_);
-    }, args);
+    return Chunked(
+        count,
+        [&](int64_t off, int n) {
+          return MPI_Bcast(static_cast<char*>(buf) + off * DTypeSize(dtype), n, MpiType(dtype),
+                           root, comm_);
+        },
+        args);
   }
 
-  Status AllReduce(const void* send, void* recv, int64_t count, DType dtype,
-                   ReduceOp op) override {
+  Status AllReduce(const void* send, void* recv, int64_t count, DType dtype, ReduceOp op) override {
     RETURN_IF_ERROR(CheckReduction(dtype, op));
     const CollectiveArgs args{CollectiveKind::kAllReduce, count, dtype, op};
     RETURN_IF_ERROR(Check(args));
@@ -314,11 +327,15 @@ class MpiCommunicator : public Communicator {
     }
     CollectiveWatch w(slot_, args);
     const int64_t esize = DTypeSize(dtype);
-    RETURN_IF_ERROR(Chunked(count, [&](int64_t off, int n) {
-      void* out = static_cast<char*>(recv) + off * esize;
-      const void* in = send == recv ? MPI_IN_PLACE : static_cast<const char*>(send) + off * esize;
-      return MPI_Allreduce(in, out, n, MpiType(dtype), MpiOp(dtype, op), comm_);
-    }, args));
+    RETURN_IF_ERROR(Chunked(
+        count,
+        [&](int64_t off, int n) {
+          void* out = static_cast<char*>(recv) + off * esize;
+          const void* in =
+              send == recv ? MPI_IN_PLACE : static_cast<const char*>(send) + off * esize;
+          return MPI_Allreduce(in, out, n, MpiType(dtype), MpiOp(dtype, op), comm_);
+        },
+        args));
     if (op == ReduceOp::kAvg) DivideInPlace(dtype, recv, count, size_);
     return Status::Ok();
   }
@@ -327,16 +344,17 @@ class MpiCommunicator : public Communicator {
     const CollectiveArgs args{CollectiveKind::kAllGather, count * size_, dtype};
     RETURN_IF_ERROR(CheckFits(count * size_, args));
     if (world_->options().check) {
-      RETURN_IF_ERROR(Check(VArgs(CollectiveKind::kAllGather,
-                                  std::vector<int64_t>(size_, count), dtype)));
+      RETURN_IF_ERROR(
+          Check(VArgs(CollectiveKind::kAllGather, std::vector<int64_t>(size_, count), dtype)));
     }
     CollectiveWatch w(slot_, args);
     return Ok(MPI_Allgather(send, static_cast<int>(count), MpiType(dtype), recv,
-                            static_cast<int>(count), MpiType(dtype), comm_), args);
+                            static_cast<int>(count), MpiType(dtype), comm_),
+              args);
   }
 
-  Status AllGatherV(const void* send, int64_t count, void* recv,
-                    std::span<const int64_t> counts, DType dtype) override {
+  Status AllGatherV(const void* send, int64_t count, void* recv, std::span<const int64_t> counts,
+                    DType dtype) override {
     RETURN_IF_ERROR(CheckCounts("allgather", counts, size_, rank_, count));
     const CollectiveArgs args = VArgs(CollectiveKind::kAllGather, counts, dtype);
     RETURN_IF_ERROR(CheckFits(args.count, args));
@@ -344,7 +362,8 @@ class MpiCommunicator : public Communicator {
     CollectiveWatch w(slot_, args);
     const auto c = ToInts(counts), d = Displacements(counts);
     return Ok(MPI_Allgatherv(send, static_cast<int>(count), MpiType(dtype), recv, c.data(),
-                             d.data(), MpiType(dtype), comm_), args);
+                             d.data(), MpiType(dtype), comm_),
+              args);
   }
 
   Status ReduceScatter(const void* send, void* recv, int64_t recv_count, DType dtype,
@@ -357,9 +376,10 @@ class MpiCommunicator : public Communicator {
     if (FoldInRankOrder(dtype) || size_ <= world_->options().fold_reduce_scatter_ranks) {
       // Every rank's block r lands here; fold them in rank order.
       std::vector<char> blocks(recv_count * size_ * DTypeSize(dtype));
-      RETURN_IF_ERROR(Ok(MPI_Alltoall(send, static_cast<int>(recv_count), MpiType(dtype),
-                                      blocks.data(), static_cast<int>(recv_count),
-                                      MpiType(dtype), comm_), args));
+      RETURN_IF_ERROR(
+          Ok(MPI_Alltoall(send, static_cast<int>(recv_count), MpiType(dtype), blocks.data(),
+                          static_cast<int>(recv_count), MpiType(dtype), comm_),
+             args));
       FoldBlocks(blocks.data(), size_, recv_count, dtype, op, recv);
       return Status::Ok();
     }
@@ -379,8 +399,9 @@ class MpiCommunicator : public Communicator {
     RETURN_IF_ERROR(Check(args));
     CollectiveWatch w(slot_, args);
     const auto c = ToInts(counts), d = Displacements(counts);
-    return Ok(MPI_Gatherv(send, static_cast<int>(count), MpiType(dtype), recv, c.data(),
-                          d.data(), MpiType(dtype), root, comm_), args);
+    return Ok(MPI_Gatherv(send, static_cast<int>(count), MpiType(dtype), recv, c.data(), d.data(),
+                          MpiType(dtype), root, comm_),
+              args);
   }
 
   Status ScatterV(const void* send, std::span<const int64_t> counts, void* recv, int64_t count,
@@ -392,8 +413,9 @@ class MpiCommunicator : public Communicator {
     RETURN_IF_ERROR(Check(args));
     CollectiveWatch w(slot_, args);
     const auto c = ToInts(counts), d = Displacements(counts);
-    return Ok(MPI_Scatterv(send, c.data(), d.data(), MpiType(dtype), recv,
-                           static_cast<int>(count), MpiType(dtype), root, comm_), args);
+    return Ok(MPI_Scatterv(send, c.data(), d.data(), MpiType(dtype), recv, static_cast<int>(count),
+                           MpiType(dtype), root, comm_),
+              args);
   }
 
   Status AllToAllV(const void* send, std::span<const int64_t> send_counts, void* recv,
@@ -409,8 +431,9 @@ class MpiCommunicator : public Communicator {
     CollectiveWatch w(slot_, args);
     const auto sc = ToInts(send_counts), sd = Displacements(send_counts);
     const auto rc = ToInts(recv_counts), rd = Displacements(recv_counts);
-    return Ok(MPI_Alltoallv(send, sc.data(), sd.data(), MpiType(dtype), recv, rc.data(),
-                            rd.data(), MpiType(dtype), comm_), args);
+    return Ok(MPI_Alltoallv(send, sc.data(), sd.data(), MpiType(dtype), recv, rc.data(), rd.data(),
+                            MpiType(dtype), comm_),
+              args);
   }
 
   Status Send(const void* buf, int64_t count, DType dtype, int peer, int tag) override {
@@ -429,8 +452,7 @@ class MpiCommunicator : public Communicator {
     return CheckReceived(rc, st, count, dtype, what);
   }
 
-  Result<Request> ISend(const void* buf, int64_t count, DType dtype, int peer,
-                        int tag) override;
+  Result<Request> ISend(const void* buf, int64_t count, DType dtype, int peer, int tag) override;
   Result<Request> IRecv(void* buf, int64_t count, DType dtype, int peer, int tag) override;
 
   Result<std::unique_ptr<Communicator>> Split(int color, int key) override {
@@ -439,12 +461,12 @@ class MpiCommunicator : public Communicator {
     MPI_Comm out = MPI_COMM_NULL;
     {
       CollectiveWatch w(slot_, args);
-      RETURN_IF_ERROR(Ok(MPI_Comm_split(comm_, color < 0 ? MPI_UNDEFINED : color, key, &out),
-                         args));
+      RETURN_IF_ERROR(
+          Ok(MPI_Comm_split(comm_, color < 0 ? MPI_UNDEFINED : color, key, &out), args));
     }
     if (out == MPI_COMM_NULL) return std::unique_ptr<Communicator>();
-    return std::unique_ptr<Communicator>(std::make_unique<MpiCommunicator>(
-        world_, out, name_ + "/" + std::to_string(color)));
+    return std::unique_ptr<Communicator>(
+        std::make_unique<MpiCommunicator>(world_, out, name_ + "/" + std::to_string(color)));
   }
 
   // Used by requests.
@@ -471,8 +493,8 @@ class MpiCommunicator : public Communicator {
     MPI_Get_count(&st, MpiType(dtype), &got);
     if (got != count) {
       return InvalidArgumentError(Where() + ": " + what + ": rank " +
-                                  std::to_string(st.MPI_SOURCE) + " sent " +
-                                  std::to_string(got) + " elements");
+                                  std::to_string(st.MPI_SOURCE) + " sent " + std::to_string(got) +
+                                  " elements");
     }
     return Status::Ok();
   }
@@ -531,21 +553,24 @@ class MpiCommunicator : public Communicator {
   Status Check(const CollectiveArgs& args) {
     RETURN_IF_ERROR(CheckCount(args, name_));
     if (!world_->options().check) return Status::Ok();
-    int64_t mine[6] = {static_cast<int64_t>(args.kind), args.count,
-                       static_cast<int64_t>(args.dtype), static_cast<int64_t>(args.op),
-                       args.root, static_cast<int64_t>(args.counts_hash)};
+    int64_t mine[6] = {
+        static_cast<int64_t>(args.kind), args.count, static_cast<int64_t>(args.dtype),
+        static_cast<int64_t>(args.op),   args.root,  static_cast<int64_t>(args.counts_hash)};
     std::vector<int64_t> all(6 * size_);
     {
       const CollectiveArgs check_args{CollectiveKind::kAllGather, 6, DType::kI64};
       CollectiveWatch w(slot_, args);
-      RETURN_IF_ERROR(Ok(MPI_Allgather(mine, 6, MPI_INT64_T, all.data(), 6, MPI_INT64_T, comm_),
-                         check_args));
+      RETURN_IF_ERROR(
+          Ok(MPI_Allgather(mine, 6, MPI_INT64_T, all.data(), 6, MPI_INT64_T, comm_), check_args));
     }
     std::vector<CollectiveArgs> by_rank(size_);
     for (int r = 0; r < size_; ++r) {
       const int64_t* a = &all[6 * r];
-      by_rank[r] = {static_cast<CollectiveKind>(a[0]), a[1], static_cast<DType>(a[2]),
-                    static_cast<ReduceOp>(a[3]), static_cast<int>(a[4]),
+      by_rank[r] = {static_cast<CollectiveKind>(a[0]),
+                    a[1],
+                    static_cast<DType>(a[2]),
+                    static_cast<ReduceOp>(a[3]),
+                    static_cast<int>(a[4]),
                     static_cast<uint64_t>(a[5])};
     }
     Status s = CheckAgreement(by_rank, name_);
@@ -553,12 +578,12 @@ class MpiCommunicator : public Communicator {
   }
 
   // With CommOptions::check: what each rank sends j matches what j expects.
-  Status CheckAllToAll(std::span<const int64_t> send_counts,
-                       std::span<const int64_t> recv_counts) {
+  Status CheckAllToAll(std::span<const int64_t> send_counts, std::span<const int64_t> recv_counts) {
     std::vector<int64_t> expect(size_);
     const CollectiveArgs args{CollectiveKind::kAllToAll, 1, DType::kI64};
-    RETURN_IF_ERROR(Ok(MPI_Alltoall(send_counts.data(), 1, MPI_INT64_T, expect.data(), 1,
-                                    MPI_INT64_T, comm_), args));
+    RETURN_IF_ERROR(
+        Ok(MPI_Alltoall(send_counts.data(), 1, MPI_INT64_T, expect.data(), 1, MPI_INT64_T, comm_),
+           args));
     int bad = -1;  // a sender whose count differs from ours
     for (int i = 0; i < size_; ++i) {
       if (expect[i] != recv_counts[i]) bad = i;
@@ -594,10 +619,13 @@ class MpiCommunicator : public Communicator {
     const auto sc = ToInts(chunk), sd = Displacements(chunk);
     const auto rc = ToInts(from_each), rd = Displacements(from_each);
     RETURN_IF_ERROR(Ok(MPI_Alltoallv(send, sc.data(), sd.data(), MpiType(dtype), blocks.data(),
-                                     rc.data(), rd.data(), MpiType(dtype), comm_), args));
-    FoldBlocks(blocks.data(), size_, chunk[rank_], dtype, op, static_cast<char*>(recv) + sd[rank_] * esize);
+                                     rc.data(), rd.data(), MpiType(dtype), comm_),
+                       args));
+    FoldBlocks(blocks.data(), size_, chunk[rank_], dtype, op,
+               static_cast<char*>(recv) + sd[rank_] * esize);
     return Ok(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, recv, sc.data(), sd.data(),
-                             MpiType(dtype), comm_), args);
+                             MpiType(dtype), comm_),
+              args);
   }
 
   std::shared_ptr<MpiWorld> world_;
@@ -608,9 +636,13 @@ class MpiCommunicator : public Communicator {
 
 class MpiRequest : public Request::Impl {
  public:
-  MpiRequest(MpiCommunicator* comm, MPI_Request req, std::string what, int64_t count,
-             DType dtype, bool is_recv)
-      : comm_(comm), req_(req), what_(std::move(what)), count_(count), dtype_(dtype),
+  MpiRequest(MpiCommunicator* comm, MPI_Request req, std::string what, int64_t count, DType dtype,
+             bool is_recv)
+      : comm_(comm),
+        req_(req),
+        what_(std::move(what)),
+        count_(count),
+        dtype_(dtype),
         is_recv_(is_recv) {}
   ~MpiRequest() override {
     if (req_ != MPI_REQUEST_NULL) {  // never waited: do not leave MPI writing into freed memory
@@ -625,8 +657,7 @@ class MpiRequest : public Request::Impl {
       Watched w(comm_->world(), comm_, what_);
       rc = MPI_Wait(&req_, &st);
     }
-    return is_recv_ ? comm_->CheckReceived(rc, st, count_, dtype_, what_)
-                    : comm_->P2POk(rc, what_);
+    return is_recv_ ? comm_->CheckReceived(rc, st, count_, dtype_, what_) : comm_->P2POk(rc, what_);
   }
 
  private:
@@ -643,18 +674,17 @@ Result<Request> MpiCommunicator::ISend(const void* buf, int64_t count, DType dty
   RETURN_IF_ERROR(CheckPeer(count, peer, tag));
   std::string what = P2PWhat("send to", count, dtype, peer, tag);
   MPI_Request req;
-  RETURN_IF_ERROR(P2POk(MPI_Isend(buf, static_cast<int>(count), MpiType(dtype), peer, tag,
-                                  comm_, &req), what));
+  RETURN_IF_ERROR(
+      P2POk(MPI_Isend(buf, static_cast<int>(count), MpiType(dtype), peer, tag, comm_, &req), what));
   return Request(std::make_unique<MpiRequest>(this, req, std::move(what), count, dtype, false));
 }
 
-Result<Request> MpiCommunicator::IRecv(void* buf, int64_t count, DType dtype, int peer,
-                                       int tag) {
+Result<Request> MpiCommunicator::IRecv(void* buf, int64_t count, DType dtype, int peer, int tag) {
   RETURN_IF_ERROR(CheckPeer(count, peer, tag));
   std::string what = P2PWhat("receive from", count, dtype, peer, tag);
   MPI_Request req;
-  RETURN_IF_ERROR(P2POk(MPI_Irecv(buf, static_cast<int>(count), MpiType(dtype), peer, tag,
-                                  comm_, &req), what));
+  RETURN_IF_ERROR(
+      P2POk(MPI_Irecv(buf, static_cast<int>(count), MpiType(dtype), peer, tag, comm_, &req), what));
   return Request(std::make_unique<MpiRequest>(this, req, std::move(what), count, dtype, true));
 }
 
@@ -677,8 +707,8 @@ Result<std::unique_ptr<Communicator>> CreateMpiWorld(const CommOptions& options,
 }
 
 bool LaunchedByMpirun() {
-  return std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr ||
-         std::getenv("PMIX_RANK") != nullptr || std::getenv("PMI_RANK") != nullptr;
+  return std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr || std::getenv("PMIX_RANK") != nullptr ||
+         std::getenv("PMI_RANK") != nullptr;
 }
 
 }  // namespace tessera

@@ -31,19 +31,40 @@ Status NcclOk(ncclResult_t r, const std::string& what) {
 // bytes, not reducible).
 bool NcclType(DType dtype, ncclDataType_t* out) {
   switch (dtype) {
-    case DType::kF32: *out = ncclFloat32; return true;
-    case DType::kF64: *out = ncclFloat64; return true;
-    case DType::kF16: *out = ncclFloat16; return true;
-    case DType::kBF16: *out = ncclBfloat16; return true;
-    case DType::kI8: *out = ncclInt8; return true;
+    case DType::kF32:
+      *out = ncclFloat32;
+      return true;
+    case DType::kF64:
+      *out = ncclFloat64;
+      return true;
+    case DType::kF16:
+      *out = ncclFloat16;
+      return true;
+    case DType::kBF16:
+      *out = ncclBfloat16;
+      return true;
+    case DType::kI8:
+      *out = ncclInt8;
+      return true;
     case DType::kU8:
-    case DType::kBool: *out = ncclUint8; return true;
-    case DType::kI32: *out = ncclInt32; return true;
-    case DType::kU32: *out = ncclUint32; return true;
-    case DType::kI64: *out = ncclInt64; return true;
-    case DType::kU64: *out = ncclUint64; return true;
+    case DType::kBool:
+      *out = ncclUint8;
+      return true;
+    case DType::kI32:
+      *out = ncclInt32;
+      return true;
+    case DType::kU32:
+      *out = ncclUint32;
+      return true;
+    case DType::kI64:
+      *out = ncclInt64;
+      return true;
+    case DType::kU64:
+      *out = ncclUint64;
+      return true;
     case DType::kI16:
-    case DType::kU16: return false;
+    case DType::kU16:
+      return false;
   }
   return false;
 }
@@ -93,8 +114,7 @@ class NcclCommunicator : public Communicator {
     });
   }
 
-  Status AllReduce(const void* send, void* recv, int64_t count, DType dtype,
-                   ReduceOp op) override {
+  Status AllReduce(const void* send, void* recv, int64_t count, DType dtype, ReduceOp op) override {
     const CollectiveArgs args{CollectiveKind::kAllReduce, count, dtype, op};
     ncclDataType_t type;
     ncclRedOp_t nop;
@@ -109,8 +129,8 @@ class NcclCommunicator : public Communicator {
     });
   }
 
-  Status AllGatherV(const void* send, int64_t count, void* recv,
-                    std::span<const int64_t> counts, DType dtype) override {
+  Status AllGatherV(const void* send, int64_t count, void* recv, std::span<const int64_t> counts,
+                    DType dtype) override {
     RETURN_IF_ERROR(CheckCounts("allgather", counts, size_, rank_, count));
     const CollectiveArgs args = VArgs(CollectiveKind::kAllGather, counts, dtype);
     // Every rank sends its block to every rank.
@@ -131,9 +151,8 @@ class NcclCommunicator : public Communicator {
     ncclDataType_t type;
     ncclRedOp_t nop;
     RETURN_IF_ERROR(Reduction(dtype, op, args, &type, &nop));
-    return Run(args, [&] {
-      return ncclReduceScatter(send, recv, recv_count, type, nop, comm_, stream_);
-    });
+    return Run(
+        args, [&] { return ncclReduceScatter(send, recv, recv_count, type, nop, comm_, stream_); });
   }
 
   Status GatherV(const void* send, int64_t count, void* recv, std::span<const int64_t> counts,
@@ -142,7 +161,8 @@ class NcclCommunicator : public Communicator {
     const CollectiveArgs args = VArgs(CollectiveKind::kGather, counts, dtype, root);
     RETURN_IF_ERROR(CheckRoot(root, args));
     return Grouped(args, [&]() -> ncclResult_t {
-      if (rank_ != root) return ncclSend(send, Bytes(count, dtype), ncclUint8, root, comm_, stream_);
+      if (rank_ != root)
+        return ncclSend(send, Bytes(count, dtype), ncclUint8, root, comm_, stream_);
       int64_t offset = 0;
       for (int peer = 0; peer < size_; ++peer) {
         ncclResult_t r = Exchange(peer == root ? send : nullptr, peer == root ? count : 0,
@@ -160,12 +180,13 @@ class NcclCommunicator : public Communicator {
     const CollectiveArgs args = VArgs(CollectiveKind::kScatter, counts, dtype, root);
     RETURN_IF_ERROR(CheckRoot(root, args));
     return Grouped(args, [&]() -> ncclResult_t {
-      if (rank_ != root) return ncclRecv(recv, Bytes(count, dtype), ncclUint8, root, comm_, stream_);
+      if (rank_ != root)
+        return ncclRecv(recv, Bytes(count, dtype), ncclUint8, root, comm_, stream_);
       int64_t offset = 0;
       for (int peer = 0; peer < size_; ++peer) {
-        ncclResult_t r = Exchange(At(send, offset, dtype), counts[peer],
-                                  peer == root ? recv : nullptr, peer == root ? count : 0, dtype,
-                                  peer);
+        ncclResult_t r =
+            Exchange(At(send, offset, dtype), counts[peer], peer == root ? recv : nullptr,
+                     peer == root ? count : 0, dtype, peer);
         if (r != ncclSuccess) return r;
         offset += counts[peer];
       }
@@ -194,12 +215,14 @@ class NcclCommunicator : public Communicator {
   Status Send(const void* buf, int64_t count, DType dtype, int peer, int tag) override {
     RETURN_IF_ERROR(CheckPeer(peer, tag));
     const CollectiveArgs args{CollectiveKind::kBroadcast, count, dtype, ReduceOp::kSum, peer};
-    return Run(args, [&] { return ncclSend(buf, Bytes(count, dtype), ncclUint8, peer, comm_, stream_); });
+    return Run(args,
+               [&] { return ncclSend(buf, Bytes(count, dtype), ncclUint8, peer, comm_, stream_); });
   }
   Status Recv(void* buf, int64_t count, DType dtype, int peer, int tag) override {
     RETURN_IF_ERROR(CheckPeer(peer, tag));
     const CollectiveArgs args{CollectiveKind::kBroadcast, count, dtype, ReduceOp::kSum, peer};
-    return Run(args, [&] { return ncclRecv(buf, Bytes(count, dtype), ncclUint8, peer, comm_, stream_); });
+    return Run(args,
+               [&] { return ncclRecv(buf, Bytes(count, dtype), ncclUint8, peer, comm_, stream_); });
   }
   // NCCL point-to-point runs on the stream: the operation is complete when
   // this returns, and the request is already done.
@@ -215,9 +238,9 @@ class NcclCommunicator : public Communicator {
   Result<std::unique_ptr<Communicator>> Split(int color, int key) override {
     RETURN_IF_ERROR(CudaOk(cudaSetDevice(device_), Where()));
     ncclComm_t out = nullptr;
-    RETURN_IF_ERROR(NcclOk(ncclCommSplit(comm_, color < 0 ? NCCL_SPLIT_NOCOLOR : color, key,
-                                         &out, nullptr),
-                           Where() + ": split"));
+    RETURN_IF_ERROR(
+        NcclOk(ncclCommSplit(comm_, color < 0 ? NCCL_SPLIT_NOCOLOR : color, key, &out, nullptr),
+               Where() + ": split"));
     if (out == nullptr) return std::unique_ptr<Communicator>();
     int rank = 0, size = 0;
     RETURN_IF_ERROR(NcclOk(ncclCommUserRank(out, &rank), Where()));
@@ -229,8 +252,8 @@ class NcclCommunicator : public Communicator {
   }
 
   std::string Where() const {
-    return "rank " + std::to_string(rank_) + " of '" + name_ + "' (nccl, " +
-           std::to_string(size_) + " ranks, device " + std::to_string(device_) + ")";
+    return "rank " + std::to_string(rank_) + " of '" + name_ + "' (nccl, " + std::to_string(size_) +
+           " ranks, device " + std::to_string(device_) + ")";
   }
 
  private:
@@ -259,7 +282,8 @@ class NcclCommunicator : public Communicator {
       ncclResult_t r = ncclSend(send, Bytes(send_count, dtype), ncclUint8, peer, comm_, stream_);
       if (r != ncclSuccess) return r;
     }
-    if (recv_count > 0) return ncclRecv(recv, Bytes(recv_count, dtype), ncclUint8, peer, comm_, stream_);
+    if (recv_count > 0)
+      return ncclRecv(recv, Bytes(recv_count, dtype), ncclUint8, peer, comm_, stream_);
     return ncclSuccess;
   }
 
@@ -271,10 +295,18 @@ class NcclCommunicator : public Communicator {
                                 std::string(DTypeName(dtype)));
     }
     switch (op) {
-      case ReduceOp::kSum: *nop = dtype == DType::kBool ? ncclMax : ncclSum; break;
-      case ReduceOp::kMax: *nop = ncclMax; break;
-      case ReduceOp::kMin: *nop = ncclMin; break;
-      case ReduceOp::kAvg: *nop = ncclAvg; break;
+      case ReduceOp::kSum:
+        *nop = dtype == DType::kBool ? ncclMax : ncclSum;
+        break;
+      case ReduceOp::kMax:
+        *nop = ncclMax;
+        break;
+      case ReduceOp::kMin:
+        *nop = ncclMin;
+        break;
+      case ReduceOp::kAvg:
+        *nop = ncclAvg;
+        break;
     }
     return Status::Ok();
   }
@@ -348,8 +380,8 @@ class NcclCommunicator : public Communicator {
 Result<std::unique_ptr<Communicator>> JoinNccl(const ncclUniqueId& id, int rank, int size,
                                                int device, const CommOptions& options,
                                                const std::string& name) {
-  const std::string where = "rank " + std::to_string(rank) + " (nccl, device " +
-                            std::to_string(device) + ")";
+  const std::string where =
+      "rank " + std::to_string(rank) + " (nccl, device " + std::to_string(device) + ")";
   RETURN_IF_ERROR(CudaOk(cudaSetDevice(device), where));
   ncclComm_t comm = nullptr;
   RETURN_IF_ERROR(NcclOk(ncclCommInitRank(&comm, size, id, rank), where + ": ncclCommInitRank"));
@@ -371,16 +403,16 @@ Result<std::unique_ptr<Communicator>> CreateNcclCommunicator(Communicator& boots
   return JoinNccl(id, bootstrap.rank(), bootstrap.size(), device, options, bootstrap.name());
 }
 
-Result<std::unique_ptr<Communicator>> CreateNcclCommunicatorFromTable(
-    const RankTable& table, int device, const CommOptions& options) {
+Result<std::unique_ptr<Communicator>> CreateNcclCommunicatorFromTable(const RankTable& table,
+                                                                      int device,
+                                                                      const CommOptions& options) {
   ncclUniqueId id;
   std::memset(&id, 0, sizeof(id));
   if (table.rank == 0) {
     RETURN_IF_ERROR(NcclOk(ncclGetUniqueId(&id), "rank 0 (nccl): ncclGetUniqueId"));
   }
-  const std::string mine = table.rank == 0 ? std::string(reinterpret_cast<const char*>(&id),
-                                                         sizeof(id))
-                                           : std::string();
+  const std::string mine =
+      table.rank == 0 ? std::string(reinterpret_cast<const char*>(&id), sizeof(id)) : std::string();
   ASSIGN_OR_RETURN(std::vector<std::string> blobs,
                    RendezvousAllGather(table, mine, options.timeout));
   if (blobs[0].size() != sizeof(id)) {
@@ -420,17 +452,17 @@ DeviceBuffer::~DeviceBuffer() {
 }
 
 Status DeviceBuffer::CopyFromHost(const void* src, int64_t bytes) {
-  if (bytes > bytes_) return InvalidArgumentError("copy of " + std::to_string(bytes) +
-                                                  " bytes into a device buffer of " +
-                                                  std::to_string(bytes_));
+  if (bytes > bytes_)
+    return InvalidArgumentError("copy of " + std::to_string(bytes) +
+                                " bytes into a device buffer of " + std::to_string(bytes_));
   if (bytes == 0) return Status::Ok();
   return CudaOk(cudaMemcpy(ptr_, src, bytes, cudaMemcpyHostToDevice), "copy to device");
 }
 
 Status DeviceBuffer::CopyToHost(void* dst, int64_t bytes) const {
-  if (bytes > bytes_) return InvalidArgumentError("copy of " + std::to_string(bytes) +
-                                                  " bytes out of a device buffer of " +
-                                                  std::to_string(bytes_));
+  if (bytes > bytes_)
+    return InvalidArgumentError("copy of " + std::to_string(bytes) +
+                                " bytes out of a device buffer of " + std::to_string(bytes_));
   if (bytes == 0) return Status::Ok();
   return CudaOk(cudaMemcpy(dst, ptr_, bytes, cudaMemcpyDeviceToHost), "copy to host");
 }

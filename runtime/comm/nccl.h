@@ -25,8 +25,7 @@ namespace tessera {
 // NCCL's unique id and broadcasts it through `bootstrap`; every rank then
 // binds CUDA device `device` and joins. The result has bootstrap's rank and
 // size.
-Result<std::unique_ptr<Communicator>> CreateNcclCommunicator(Communicator& bootstrap,
-                                                             int device,
+Result<std::unique_ptr<Communicator>> CreateNcclCommunicator(Communicator& bootstrap, int device,
                                                              const CommOptions& options = {});
 
 // The same without MPI: rank and world size from the rank table (launch.h,

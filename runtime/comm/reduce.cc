@@ -128,19 +128,32 @@ struct PairwiseF {
 template <template <typename, typename> class F, typename... Args>
 void Dispatch(DType dtype, Args&&... args) {
   switch (dtype) {
-    case DType::kF32: return F<float, Plain<float>>::Run(args...);
-    case DType::kF64: return F<double, Plain<double>>::Run(args...);
-    case DType::kF16: return F<uint16_t, F16>::Run(args...);
-    case DType::kBF16: return F<uint16_t, BF16>::Run(args...);
-    case DType::kI8: return F<int8_t, Plain<int8_t>>::Run(args...);
-    case DType::kU8: return F<uint8_t, Plain<uint8_t>>::Run(args...);
-    case DType::kI16: return F<int16_t, Plain<int16_t>>::Run(args...);
-    case DType::kU16: return F<uint16_t, Plain<uint16_t>>::Run(args...);
-    case DType::kI32: return F<int32_t, Plain<int32_t>>::Run(args...);
-    case DType::kU32: return F<uint32_t, Plain<uint32_t>>::Run(args...);
-    case DType::kI64: return F<int64_t, Plain<int64_t>>::Run(args...);
-    case DType::kU64: return F<uint64_t, Plain<uint64_t>>::Run(args...);
-    case DType::kBool: return F<uint8_t, Bool>::Run(args...);
+    case DType::kF32:
+      return F<float, Plain<float>>::Run(args...);
+    case DType::kF64:
+      return F<double, Plain<double>>::Run(args...);
+    case DType::kF16:
+      return F<uint16_t, F16>::Run(args...);
+    case DType::kBF16:
+      return F<uint16_t, BF16>::Run(args...);
+    case DType::kI8:
+      return F<int8_t, Plain<int8_t>>::Run(args...);
+    case DType::kU8:
+      return F<uint8_t, Plain<uint8_t>>::Run(args...);
+    case DType::kI16:
+      return F<int16_t, Plain<int16_t>>::Run(args...);
+    case DType::kU16:
+      return F<uint16_t, Plain<uint16_t>>::Run(args...);
+    case DType::kI32:
+      return F<int32_t, Plain<int32_t>>::Run(args...);
+    case DType::kU32:
+      return F<uint32_t, Plain<uint32_t>>::Run(args...);
+    case DType::kI64:
+      return F<int64_t, Plain<int64_t>>::Run(args...);
+    case DType::kU64:
+      return F<uint64_t, Plain<uint64_t>>::Run(args...);
+    case DType::kBool:
+      return F<uint8_t, Bool>::Run(args...);
   }
 }
 
@@ -159,10 +172,14 @@ struct DivideF {
 
 std::string_view ReduceOpName(ReduceOp op) {
   switch (op) {
-    case ReduceOp::kSum: return "sum";
-    case ReduceOp::kMax: return "max";
-    case ReduceOp::kMin: return "min";
-    case ReduceOp::kAvg: return "avg";
+    case ReduceOp::kSum:
+      return "sum";
+    case ReduceOp::kMax:
+      return "max";
+    case ReduceOp::kMin:
+      return "min";
+    case ReduceOp::kAvg:
+      return "avg";
   }
   return "?";
 }
@@ -184,7 +201,8 @@ Status CheckReduction(DType dtype, ReduceOp op) {
 
 void FoldBlocks(const void* blocks, int n, int64_t count, DType dtype, ReduceOp op, void* out) {
   std::vector<const void*> in(n);
-  for (int i = 0; i < n; ++i) in[i] = static_cast<const char*>(blocks) + i * count * DTypeSize(dtype);
+  for (int i = 0; i < n; ++i)
+    in[i] = static_cast<const char*>(blocks) + i * count * DTypeSize(dtype);
   ReduceRankOrder(dtype, op, in, out, count);
 }
 
@@ -194,8 +212,8 @@ std::vector<int64_t> RankChunks(int64_t count, int n) {
   return chunk;
 }
 
-void ReduceRankOrder(DType dtype, ReduceOp op, std::span<const void* const> inputs,
-                     void* out, int64_t count) {
+void ReduceRankOrder(DType dtype, ReduceOp op, std::span<const void* const> inputs, void* out,
+                     int64_t count) {
   if (count <= 0 || inputs.empty()) return;
   Dispatch<FoldF>(dtype, op, inputs, out, count);
 }

@@ -20,8 +20,8 @@ Status CheckReduction(DType dtype, ReduceOp op);
 // out[i] = fold(inputs[0][i], inputs[1][i], ...) left to right, for i in
 // [0, count). `out` may be one of the inputs. f16/bf16 accumulate in f32 and
 // round once; avg divides the sum by inputs.size() at the end.
-void ReduceRankOrder(DType dtype, ReduceOp op, std::span<const void* const> inputs,
-                     void* out, int64_t count);
+void ReduceRankOrder(DType dtype, ReduceOp op, std::span<const void* const> inputs, void* out,
+                     int64_t count);
 
 // `blocks`: n blocks of `count` elements one after another, block i from
 // rank i (what an alltoall of a reduce-scatter delivers); `out` = their

@@ -1,7 +1,5 @@
 #include "runtime/comm/rendezvous.h"
 
-#include "runtime/comm/tcp.h"
-
 #include <arpa/inet.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -14,6 +12,8 @@
 #include <cstring>
 #include <thread>
 
+#include "runtime/comm/tcp.h"
+
 namespace tessera {
 namespace {
 
@@ -25,7 +25,8 @@ using tcp::WaitFor;
 constexpr uint32_t kMagic = 0x56525354;  // "TSRV"
 constexpr uint32_t kMaxBlob = 64 << 10;
 
-Status SendBlob(int fd, std::string_view blob, Clock::time_point deadline, const std::string& what) {
+Status SendBlob(int fd, std::string_view blob, Clock::time_point deadline,
+                const std::string& what) {
   const uint32_t len = htonl(static_cast<uint32_t>(blob.size()));
   RETURN_IF_ERROR(SendAll(fd, &len, 4, deadline, what));
   return SendAll(fd, blob.data(), blob.size(), deadline, what);
@@ -87,7 +88,8 @@ Result<std::vector<std::string>> Serve(const RankTable& t, std::string_view blob
   }
   for (int r = 1; r < t.world_size; ++r) {
     for (const std::string& b : blobs) {
-      RETURN_IF_ERROR(SendBlob(peers[r].fd(), b, deadline, where + " to rank " + std::to_string(r)));
+      RETURN_IF_ERROR(
+          SendBlob(peers[r].fd(), b, deadline, where + " to rank " + std::to_string(r)));
     }
   }
   return blobs;
@@ -96,7 +98,8 @@ Result<std::vector<std::string>> Serve(const RankTable& t, std::string_view blob
 Result<std::vector<std::string>> Join(const RankTable& t, std::string_view blob,
                                       Clock::time_point deadline) {
   const std::string where = "rendezvous with " + t.master_host + ":" +
-                            std::to_string(t.master_port) + " (rank " + std::to_string(t.rank) + ")";
+                            std::to_string(t.master_port) + " (rank " + std::to_string(t.rank) +
+                            ")";
   Result<Socket> connected = tcp::Connect(t.master_host, t.master_port, deadline, where);
   if (!connected.ok()) {
     if (connected.status().code() != StatusCode::kDeadlineExceeded) return connected.status();
@@ -116,8 +119,7 @@ Result<std::vector<std::string>> Join(const RankTable& t, std::string_view blob,
 
 }  // namespace
 
-Result<std::vector<std::string>> RendezvousAllGather(const RankTable& table,
-                                                     std::string_view blob,
+Result<std::vector<std::string>> RendezvousAllGather(const RankTable& table, std::string_view blob,
                                                      std::chrono::milliseconds timeout) {
   if (blob.size() > kMaxBlob) {
     return InvalidArgumentError("rendezvous blob of " + std::to_string(blob.size()) +

@@ -19,8 +19,7 @@ namespace tessera {
 // Every rank's blob (at most 64 KiB each), indexed by rank. Fails naming the
 // ranks that did not arrive within `timeout`, a duplicate or out-of-range
 // rank, or a world size that differs between ranks.
-Result<std::vector<std::string>> RendezvousAllGather(const RankTable& table,
-                                                     std::string_view blob,
+Result<std::vector<std::string>> RendezvousAllGather(const RankTable& table, std::string_view blob,
                                                      std::chrono::milliseconds timeout);
 
 }  // namespace tessera

@@ -1,16 +1,15 @@
 #include "runtime/comm/tcp.h"
 
 #include <arpa/inet.h>
+#include <fcntl.h>
+#include <ifaddrs.h>
+#include <net/if.h>
 #include <netdb.h>
 #include <netinet/in.h>
-#include <net/if.h>
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
-
-#include <fcntl.h>
-#include <ifaddrs.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -140,7 +139,8 @@ Result<Socket> Connect(const std::string& host, int port, Clock::time_point dead
   while (true) {
     for (addrinfo* a = found; a != nullptr && conn.fd() < 0; a = a->ai_next) {
       Socket s(socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol));
-      if (s.fd() >= 0 && ConnectBy(s.fd(), a->ai_addr, a->ai_addrlen, deadline)) conn = std::move(s);
+      if (s.fd() >= 0 && ConnectBy(s.fd(), a->ai_addr, a->ai_addrlen, deadline))
+        conn = std::move(s);
     }
     if (conn.fd() >= 0) break;
     if (Clock::now() >= deadline) {
@@ -174,9 +174,10 @@ Result<std::string> LocalAddressToward(const std::string& host, int port) {
     socklen_t len = sizeof(local);
     if (getsockname(s.fd(), reinterpret_cast<sockaddr*>(&local), &len) != 0) continue;
     char text[INET6_ADDRSTRLEN] = {};
-    const void* addr = local.ss_family == AF_INET6
-                           ? static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(&local)->sin6_addr)
-                           : static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(&local)->sin_addr);
+    const void* addr =
+        local.ss_family == AF_INET6
+            ? static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(&local)->sin6_addr)
+            : static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(&local)->sin_addr);
     if (inet_ntop(local.ss_family, addr, text, sizeof(text)) != nullptr) out = text;
   }
   freeaddrinfo(found);

@@ -149,7 +149,8 @@ struct Normal {
 };
 
 bool EndsWith(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+  return s.size() >= suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
 }  // namespace
@@ -242,8 +243,8 @@ int64_t Gpt::ActivationBytes() const {
   return n;
 }
 
-Result<int64_t> Gpt::ActivationBytesOf(const GptConfig& config, const GptStage& stage, int B,
-                                       int T, int slots) {
+Result<int64_t> Gpt::ActivationBytesOf(const GptConfig& config, const GptStage& stage, int B, int T,
+                                       int slots) {
   ASSIGN_OR_RETURN(const Gpt g, Create(config, stage, /*allocate=*/false));
   int64_t floats = 0;
   Activations a;
@@ -277,7 +278,8 @@ Result<float> Gpt::Forward(const int32_t* tokens, const int32_t* targets, int B,
 
 Status Gpt::Backward() {
   if (!stage_.first || !stage_.last) {
-    return FailedPreconditionError("GPT backward: this model is one pipeline stage (BackwardStage)");
+    return FailedPreconditionError(
+        "GPT backward: this model is one pipeline stage (BackwardStage)");
   }
   return BackwardStage(0, nullptr, 1.0f);
 }
@@ -308,8 +310,7 @@ Status CheckStageBatch(const GptConfig& config, const GptStage& stage, int slot,
     if ((check_tokens && (tokens[i] < 0 || tokens[i] >= config.vocab)) ||
         (check_targets && (targets[i] < 0 || targets[i] >= config.vocab))) {
       return InvalidArgumentError("GPT forward: token at position " + std::to_string(i) +
-                                  " is outside the vocabulary of " +
-                                  std::to_string(config.vocab));
+                                  " is outside the vocabulary of " + std::to_string(config.vocab));
     }
   }
   return Status::Ok();
@@ -328,8 +329,9 @@ Result<float> Gpt::ForwardStage(int slot, const int32_t* tokens, const float* x,
   const int C = config_.embed, CL = C, NHL = config_.heads, FL = 4 * C, VL = config_.vocab;
   const int n = static_cast<int>(N);
   if (stage_.tp > 1) {
-    return FailedPreconditionError("GPT forward: a tensor-parallel slice runs through its "
-                                   "operators (OpGpt)");
+    return FailedPreconditionError(
+        "GPT forward: a tensor-parallel slice runs through its "
+        "operators (OpGpt)");
   }
   if (stage_.first) {
     k::EncoderForward(a.encoded.data(), tokens, P(wte_), P(wpe_), B, T, C);  // [N,C]
@@ -340,21 +342,21 @@ Result<float> Gpt::ForwardStage(int slot, const int32_t* tokens, const float* x,
   for (size_t l = 0; l < layers_.size(); ++l) {
     const Layer& w = layers_[l];
     const int64_t nc = N * C;
-    float* ln1 = a.ln1.data() + l * nc;                     // [N,C]
-    float* ln1_mean = a.ln1_mean.data() + l * N;             // [N]
-    float* ln1_rstd = a.ln1_rstd.data() + l * N;             // [N]
-    float* qkv = a.qkv.data() + l * 3 * N * CL;              // [N,3CL]
+    float* ln1 = a.ln1.data() + l * nc;                                     // [N,C]
+    float* ln1_mean = a.ln1_mean.data() + l * N;                            // [N]
+    float* ln1_rstd = a.ln1_rstd.data() + l * N;                            // [N]
+    float* qkv = a.qkv.data() + l * 3 * N * CL;                             // [N,3CL]
     float* att = a.att.data() + static_cast<int64_t>(l) * B * NHL * T * T;  // [B,NHL,T,T]
-    float* atty = a.atty.data() + l * N * CL;                // [N,CL]
-    float* attproj = a.attproj.data() + l * nc;              // [N,C]
-    float* residual2 = a.residual2.data() + l * nc;          // [N,C]
-    float* ln2 = a.ln2.data() + l * nc;                      // [N,C]
-    float* ln2_mean = a.ln2_mean.data() + l * N;             // [N]
-    float* ln2_rstd = a.ln2_rstd.data() + l * N;             // [N]
-    float* fch = a.fch.data() + l * N * FL;                  // [N,FL]
-    float* fch_gelu = a.fch_gelu.data() + l * N * FL;        // [N,FL]
-    float* fcproj = a.fcproj.data() + l * nc;                // [N,C]
-    float* residual3 = a.residual3.data() + l * nc;          // [N,C]
+    float* atty = a.atty.data() + l * N * CL;                               // [N,CL]
+    float* attproj = a.attproj.data() + l * nc;                             // [N,C]
+    float* residual2 = a.residual2.data() + l * nc;                         // [N,C]
+    float* ln2 = a.ln2.data() + l * nc;                                     // [N,C]
+    float* ln2_mean = a.ln2_mean.data() + l * N;                            // [N]
+    float* ln2_rstd = a.ln2_rstd.data() + l * N;                            // [N]
+    float* fch = a.fch.data() + l * N * FL;                                 // [N,FL]
+    float* fch_gelu = a.fch_gelu.data() + l * N * FL;                       // [N,FL]
+    float* fcproj = a.fcproj.data() + l * nc;                               // [N,C]
+    float* residual3 = a.residual3.data() + l * nc;                         // [N,C]
 
     k::LayerNormForward(ln1, ln1_mean, ln1_rstd, residual, P(w.ln1w), P(w.ln1b), n, C);
     k::MatmulForward(qkv, ln1, P(w.qkvw), P(w.qkvb), n, C, 3 * CL);
@@ -370,7 +372,7 @@ Result<float> Gpt::ForwardStage(int slot, const int32_t* tokens, const float* x,
   }
   if (!stage_.last) return 0.0f;
   k::LayerNormForward(a.lnf.data(), a.lnf_mean.data(), a.lnf_rstd.data(), residual, P(lnfw_),
-                      P(lnfb_), n, C);                                            // [N,C]
+                      P(lnfb_), n, C);                                           // [N,C]
   k::MatmulTransposedForward(a.logits.data(), a.lnf.data(), P(wte_), n, C, VL);  // [N,VL]
   if (!a.has_targets) return 0.0f;
   return k::SoftmaxCrossEntropyForward(a.probs.data(), a.logits.data(), targets, n, VL);

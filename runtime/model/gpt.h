@@ -63,7 +63,7 @@ struct GptStage {
 struct ParamInfo {
   std::string name;
   std::vector<int64_t> shape;  // what this rank holds (its tp slice)
-  int64_t offset = 0;  // into the flat parameter vector, in floats
+  int64_t offset = 0;          // into the flat parameter vector, in floats
   int64_t numel = 0;
   bool decay = false;  // matrices and embeddings take weight decay
   // The last stage's copy of wte. Not recorded as a copy stage

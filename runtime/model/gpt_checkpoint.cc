@@ -35,8 +35,7 @@ std::vector<Entry> Entries(const Gpt& model, bool optimizer_state = true) {
 }  // namespace
 
 Status SaveGpt(Env* env, const Gpt& model, const std::string& root, const std::string& name,
-               const std::map<std::string, std::string>& metadata,
-               const SaveGptOptions& options) {
+               const std::map<std::string, std::string>& metadata, const SaveGptOptions& options) {
   if (!IsFloatingPoint(options.weights_dtype)) {
     return InvalidArgumentError("GPT weights cannot be saved as " +
                                 std::string(DTypeName(options.weights_dtype)));
@@ -89,8 +88,8 @@ Status LoadGpt(const CheckpointReader& reader, Gpt* model) {
     const Layout& layout = reader.strategy().tensors()[index].layout;
     const ParamInfo& p = *e.param;
     if (layout.shape != p.full_shape || !IsFloatingPoint(layout.dtype)) {
-      return InvalidArgumentError("checkpoint '" + reader.path() + "': tensor '" + e.name + "' is " +
-                                  std::string(DTypeName(layout.dtype)) +
+      return InvalidArgumentError("checkpoint '" + reader.path() + "': tensor '" + e.name +
+                                  "' is " + std::string(DTypeName(layout.dtype)) +
                                   ShapeToString(layout.shape) + ", the model's is f32" +
                                   ShapeToString(p.full_shape));
     }

@@ -3,11 +3,11 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <optional>
-#include <limits>
 #include <functional>
+#include <limits>
 #include <map>
 #include <memory>
+#include <optional>
 #include <tuple>
 #include <unordered_map>
 
@@ -127,17 +127,21 @@ StageCost CostOf(const StageWork& w, const ParamStats& ps, const ParallelConfig&
   c.compute = ComputeOf(w, prof);
   c.tp_comm = TpSeconds(w, prof, tp);
   const bool pp_inter = prof.CrossesHosts(static_cast<int64_t>(dp) * tp, 2);
-  if (s < pp - 1) c.pp_comm += prof.CollectiveSeconds(CollectiveKind::kSendRecv, act_bytes, 2, pp_inter);
+  if (s < pp - 1)
+    c.pp_comm += prof.CollectiveSeconds(CollectiveKind::kSendRecv, act_bytes, 2, pp_inter);
   if (s > 0) c.pp_comm += prof.CollectiveSeconds(CollectiveKind::kSendRecv, act_bytes, 2, pp_inter);
   c.micro = c.compute + c.tp_comm + c.pp_comm;
   // Gradients over dp, bucket by bucket.
   const bool dp_inter = prof.CrossesHosts(tp, dp);
-  const double grad_bytes = 4.0 * ps.floats, per_bucket = grad_bytes / std::max<int64_t>(1, ps.buckets);
+  const double grad_bytes = 4.0 * ps.floats,
+               per_bucket = grad_bytes / std::max<int64_t>(1, ps.buckets);
   if (par.zero == 1) {
-    c.dp_comm = ps.buckets * (prof.CollectiveSeconds(CollectiveKind::kReduceScatter, per_bucket, dp, dp_inter) +
-                              prof.CollectiveSeconds(CollectiveKind::kAllGather, per_bucket, dp, dp_inter));
+    c.dp_comm = ps.buckets *
+                (prof.CollectiveSeconds(CollectiveKind::kReduceScatter, per_bucket, dp, dp_inter) +
+                 prof.CollectiveSeconds(CollectiveKind::kAllGather, per_bucket, dp, dp_inter));
   } else {
-    c.dp_comm = ps.buckets * prof.CollectiveSeconds(CollectiveKind::kAllReduce, per_bucket, dp, dp_inter);
+    c.dp_comm =
+        ps.buckets * prof.CollectiveSeconds(CollectiveKind::kAllReduce, per_bucket, dp, dp_inter);
   }
   // The partial gradients' sum over tp: packed into one buffer, summed in
   // place, unpacked (OpGpt::ReduceParamGradients: each float read and
@@ -148,8 +152,9 @@ StageCost CostOf(const StageWork& w, const ParamStats& ps, const ParallelConfig&
                  prof.ComputeSeconds(0, 16.0 * static_cast<double>(w.tp_sum_floats));
   }
   if (pp > 1 && (s == 0 || s == pp - 1)) {
-    c.dp_comm += prof.CollectiveSeconds(CollectiveKind::kAllReduce, 4.0 * ps.wte, 2,
-                                        prof.CrossesHosts(static_cast<int64_t>(pp - 1) * dp * tp, 2));
+    c.dp_comm +=
+        prof.CollectiveSeconds(CollectiveKind::kAllReduce, 4.0 * ps.wte, 2,
+                               prof.CrossesHosts(static_cast<int64_t>(pp - 1) * dp * tp, 2));
   }
   // AdamW reads parameters, gradients and both moments and writes three;
   // the gradients' squared norm reads them once more. Under ZeRO-1 the
@@ -157,7 +162,8 @@ StageCost CostOf(const StageWork& w, const ParamStats& ps, const ParallelConfig&
   // of every gradient into the send buffer and of the rank's averaged rows
   // back; of the rank's new rows out and everyone's back in).
   const OptimizerUnits units = OptimizerUnitsOf(ps, par);
-  const double packing = par.zero == 1 ? 16.0 * static_cast<double>(ps.floats) + 16.0 * units.adamw : 0;
+  const double packing =
+      par.zero == 1 ? 16.0 * static_cast<double>(ps.floats) + 16.0 * units.adamw : 0;
   // The gradients are zeroed once a step (Gpt::ZeroGrad).
   c.optimizer = prof.KernelSeconds(Kernel::kAdamW, units.adamw) +
                 prof.KernelSeconds(Kernel::kSquaredNorm, units.norm) +
@@ -167,8 +173,8 @@ StageCost CostOf(const StageWork& w, const ParamStats& ps, const ParallelConfig&
   mem.parameters = mem.gradients = 4 * ps.floats;
   mem.optimizer = 8 * (par.zero == 1 ? ps.zero_shard : ps.floats);
   mem.activations = std::min(m, pp - s) * w.slot_bytes + w.shared_bytes();
-  mem.communication = (par.zero == 1 ? 2 * 4 * ps.largest_bucket * dp : 0) +
-                      (tp > 1 ? 4 * w.tp_sum_floats : 0);
+  mem.communication =
+      (par.zero == 1 ? 2 * 4 * ps.largest_bucket * dp : 0) + (tp > 1 ? 4 * w.tp_sum_floats : 0);
   if (s > 0) mem.communication += act_bytes * (1 + DxSendBuffers(m));
   if (s < pp - 1) mem.communication += act_bytes;
   return c;
@@ -191,7 +197,8 @@ StageCost CostOf(const StageWork& w, const ParamStats& ps, const ParallelConfig&
 // fitted to the benchmark's rankings while element-wise kernels were
 // priced by the residual add's bandwidth. With each kernel measured the
 // physical 0 ranks as well or better on every run: BENCHMARKS.md.)
-double SharedPipeline(const std::vector<StageCost>& stages, int m, int rpd, int group, double devices) {
+double SharedPipeline(const std::vector<StageCost>& stages, int m, int rpd, int group,
+                      double devices) {
   const int pp = static_cast<int>(stages.size());
   constexpr double kForward = 1.0 / 3;
   // Per stage: its next task (k of 2m in 1F1B order), the forwards and
@@ -292,9 +299,10 @@ StepPrediction Combine(const std::vector<StageCost>& stages, int m, const Machin
   const int pp = static_cast<int>(stages.size());
   if (pp > 1 && prof.ranks_per_device > 1) {
     const int ranks = pp * group;
-    const double devices = prof.hosts > 0 ? std::min<double>(ranks, static_cast<double>(prof.hosts) *
-                                                                        prof.devices_per_host)
-                                          : ranks;
+    const double devices =
+        prof.hosts > 0
+            ? std::min<double>(ranks, static_cast<double>(prof.hosts) * prof.devices_per_host)
+            : ranks;
     // What any schedule takes at least: one stage's own tasks at a whole
     // device, and all stages' compute spread over every device.
     double chain = 0, work = 0;
@@ -305,8 +313,8 @@ StepPrediction Combine(const std::vector<StageCost>& stages, int m, const Machin
     const double lower = std::max(chain, work / devices);
     p.pipeline = lower + after >= cutoff
                      ? lower
-                     : std::min(p.pipeline, SharedPipeline(stages, m, prof.ranks_per_device, group,
-                                                           devices));
+                     : std::min(p.pipeline,
+                                SharedPipeline(stages, m, prof.ranks_per_device, group, devices));
   }
   p.compute = m * stages[slow].compute;
   p.tp_comm = m * stages[slow].tp_comm;
@@ -325,15 +333,15 @@ std::string Seconds(double s) {
 }  // namespace
 
 std::string StepPrediction::ToString() const {
-  std::string out = "step " + Seconds(seconds) + " (compute " + Seconds(compute) + ", tp collectives " +
-                    Seconds(tp_comm) + ", pipeline transfers " + Seconds(pp_comm) + ", bubble " +
-                    Seconds(bubble) + ", gradient sums " + Seconds(dp_comm) + ", update " +
-                    Seconds(optimizer) + "); largest rank (stage " + std::to_string(memory_stage) +
-                    "): " + HumanBytes(memory.total()) + " (parameters " +
-                    HumanBytes(memory.parameters) + ", gradients " + HumanBytes(memory.gradients) +
-                    ", optimizer " + HumanBytes(memory.optimizer) + ", activations " +
-                    HumanBytes(memory.activations) + ", communication " +
-                    HumanBytes(memory.communication) + ")";
+  std::string out =
+      "step " + Seconds(seconds) + " (compute " + Seconds(compute) + ", tp collectives " +
+      Seconds(tp_comm) + ", pipeline transfers " + Seconds(pp_comm) + ", bubble " +
+      Seconds(bubble) + ", gradient sums " + Seconds(dp_comm) + ", update " + Seconds(optimizer) +
+      "); largest rank (stage " + std::to_string(memory_stage) +
+      "): " + HumanBytes(memory.total()) + " (parameters " + HumanBytes(memory.parameters) +
+      ", gradients " + HumanBytes(memory.gradients) + ", optimizer " +
+      HumanBytes(memory.optimizer) + ", activations " + HumanBytes(memory.activations) +
+      ", communication " + HumanBytes(memory.communication) + ")";
   return out;
 }
 
@@ -351,7 +359,8 @@ struct Job {
   int64_t rows = 0;
 };
 
-Result<Job> PrepareJob(int B, int T, const ParallelConfig& parallel, const MachineProfile& machine) {
+Result<Job> PrepareJob(int B, int T, const ParallelConfig& parallel,
+                       const MachineProfile& machine) {
   const int world = parallel.dp * parallel.tp * parallel.pp;
   RETURN_IF_ERROR(parallel.Validate(world));
   Job job;
@@ -377,7 +386,8 @@ Result<Job> PrepareJob(int B, int T, const ParallelConfig& parallel, const Machi
 }  // namespace
 
 Result<StepPrediction> PredictGptStep(const GptConfig& config, int B, int T,
-                                      const ParallelConfig& parallel, const MachineProfile& machine) {
+                                      const ParallelConfig& parallel,
+                                      const MachineProfile& machine) {
   ASSIGN_OR_RETURN(const Job job, PrepareJob(B, T, parallel, machine));
   const ParallelConfig& par = job.par;
   const int64_t act_bytes = job.rows * config.embed * 4;
@@ -464,7 +474,8 @@ std::vector<int> BalanceStages(int layers, int pp, double block, double first, d
   while (total > layers) {
     int worst = -1;
     for (int s = 0; s < pp; ++s) {
-      if (n[s] > 1 && (worst < 0 || n[s] * block + extra[s] >= n[worst] * block + extra[worst])) worst = s;
+      if (n[s] > 1 && (worst < 0 || n[s] * block + extra[s] >= n[worst] * block + extra[worst]))
+        worst = s;
     }
     --n[worst];
     --total;
@@ -496,17 +507,30 @@ struct Pick {
   Pick() = default;
   // No head (a stage that is not last).
   explicit Pick(int none) : emb(none), lnf(none), lm(none), loss(none) {}
-  Pick(int a, int b, int c, int d, int e, int f, int g, int h, int i, int j, int k, int l, int m, int n)
-      : ln1(a), qkv(b), attn(c), proj(d), add1(e), ln2(f), fc(g), gelu(h), fcproj(i), add2(j),
-        emb(k), lnf(l), lm(m), loss(n) {}
+  Pick(int a, int b, int c, int d, int e, int f, int g, int h, int i, int j, int k, int l, int m,
+       int n)
+      : ln1(a),
+        qkv(b),
+        attn(c),
+        proj(d),
+        add1(e),
+        ln2(f),
+        fc(g),
+        gelu(h),
+        fcproj(i),
+        add2(j),
+        emb(k),
+        lnf(l),
+        lm(m),
+        loss(n) {}
 };
 
 OpStrategy S(std::vector<InputStrategy> inputs) { return OpStrategy{std::move(inputs)}; }
 
 // The operator kinds in a fixed order, with their block/end names (for a
 // file and for matching a user's file in propagate).
-const char* const kBlockOps[] = {"ln_1",  "attn.c_attn", "attn.attention", "attn.c_proj", "add_1",
-                                 "ln_2",  "mlp.c_fc",    "mlp.gelu",       "mlp.c_proj",  "add_2"};
+const char* const kBlockOps[] = {"ln_1", "attn.c_attn", "attn.attention", "attn.c_proj", "add_1",
+                                 "ln_2", "mlp.c_fc",    "mlp.gelu",       "mlp.c_proj",  "add_2"};
 
 Result<MeshOps> MakeMeshOps(const GptConfig& c, int dp, int tp,
                             const std::map<std::string, OpStrategy>* fixed) {
@@ -545,43 +569,59 @@ Result<MeshOps> MakeMeshOps(const GptConfig& c, int dp, int tp,
       }
     }
   };
-  auto linear = [&](const std::string& name, int64_t K, int64_t M, int groups, std::vector<LinearOp>* out) {
-    each(name, {S({{d, none}, {none, none}}), S({{d, none}, {none, t}}), S({{d, t}, {t, none}}),
-                S({{dt, none}, {none, none}})},
-         [&](const OpStrategy& st) -> Result<LinearOp> {
-           ASSIGN_OR_RETURN(LinearOp op, LinearOp::Create(name, st, K, M, groups, dp));
-           if (groups > 1 && op.weight_split() == 1 && C % tp != 0) {
-             return InvalidArgumentError("operator '" + name + "': cutting q, k and v by heads needs C = " +
-                                         std::to_string(C) + " divisible by tp " + std::to_string(tp));
-           }
-           return op;
-         },
-         out);
+  auto linear = [&](const std::string& name, int64_t K, int64_t M, int groups,
+                    std::vector<LinearOp>* out) {
+    each(
+        name,
+        {S({{d, none}, {none, none}}), S({{d, none}, {none, t}}), S({{d, t}, {t, none}}),
+         S({{dt, none}, {none, none}})},
+        [&](const OpStrategy& st) -> Result<LinearOp> {
+          ASSIGN_OR_RETURN(LinearOp op, LinearOp::Create(name, st, K, M, groups, dp));
+          if (groups > 1 && op.weight_split() == 1 && C % tp != 0) {
+            return InvalidArgumentError(
+                "operator '" + name + "': cutting q, k and v by heads needs C = " +
+                std::to_string(C) + " divisible by tp " + std::to_string(tp));
+          }
+          return op;
+        },
+        out);
   };
   const std::vector<OpStrategy> rows = {S({{d, none}}), S({{dt, none}})};
-  for (const auto& [name, out] : {std::pair{"h.0.ln_1", &m.ln1}, {"h.0.ln_2", &m.ln2}, {"ln_f", &m.lnf}}) {
-    each(name, rows, [&](const OpStrategy& st) { return LayerNormOp::Create(name, st, dp); }, out);
+  for (const auto& [name, out] :
+       {std::pair{"h.0.ln_1", &m.ln1}, {"h.0.ln_2", &m.ln2}, {"ln_f", &m.lnf}}) {
+    each(
+        name, rows, [&](const OpStrategy& st) { return LayerNormOp::Create(name, st, dp); }, out);
   }
   linear("h.0.attn.c_attn", C, 3 * C, 3, &m.qkv);
-  each("h.0.attn.attention", {S({{d, none}}), S({{d, t}}), S({{dt, none}})},
-       [&](const OpStrategy& st) { return AttentionOp::Create("h.0.attn.attention", st, c.heads, C, tp, dp); },
-       &m.attn);
+  each(
+      "h.0.attn.attention", {S({{d, none}}), S({{d, t}}), S({{dt, none}})},
+      [&](const OpStrategy& st) {
+        return AttentionOp::Create("h.0.attn.attention", st, c.heads, C, tp, dp);
+      },
+      &m.attn);
   linear("h.0.attn.c_proj", C, C, 1, &m.proj);
   for (const auto& [name, out] : {std::pair{"h.0.add_1", &m.add1}, {"h.0.add_2", &m.add2}}) {
-    each(name, {S({{d, none}, {d, none}}), S({{dt, none}, {dt, none}}), S({{d, t}, {d, t}})},
-         [&](const OpStrategy& st) { return AddOp::Create(name, st, dp); }, out);
+    each(
+        name, {S({{d, none}, {d, none}}), S({{dt, none}, {dt, none}}), S({{d, t}, {d, t}})},
+        [&](const OpStrategy& st) { return AddOp::Create(name, st, dp); }, out);
   }
   linear("h.0.mlp.c_fc", C, 4 * C, 1, &m.fc);
-  each("h.0.mlp.gelu", {S({{d, none}}), S({{d, t}}), S({{dt, none}})},
-       [&](const OpStrategy& st) { return GeluOp::Create("h.0.mlp.gelu", st, dp); }, &m.gelu);
+  each(
+      "h.0.mlp.gelu", {S({{d, none}}), S({{d, t}}), S({{dt, none}})},
+      [&](const OpStrategy& st) { return GeluOp::Create("h.0.mlp.gelu", st, dp); }, &m.gelu);
   linear("h.0.mlp.c_proj", 4 * C, C, 1, &m.fcproj);
-  each("embedding", {S({{none, none}, {d}}), S({{t, none}, {d}}), S({{none, t}, {d}}), S({{none, none}, {dt}})},
-       [&](const OpStrategy& st) { return EmbeddingOp::Create("embedding", st, V, C, dp); }, &m.emb);
-  each("lm_head", {S({{d, none}, {none, none}}), S({{d, none}, {t, none}}), S({{d, t}, {none, t}}),
-                   S({{dt, none}, {none, none}})},
-       [&](const OpStrategy& st) { return LmHeadOp::Create("lm_head", st, V, C, dp); }, &m.lm);
-  each("loss", {S({{d, none}, {d}}), S({{d, t}, {d}}), S({{dt, none}, {dt}})},
-       [&](const OpStrategy& st) { return CrossEntropyOp::Create("loss", st, V, dp); }, &m.loss);
+  each(
+      "embedding",
+      {S({{none, none}, {d}}), S({{t, none}, {d}}), S({{none, t}, {d}}), S({{none, none}, {dt}})},
+      [&](const OpStrategy& st) { return EmbeddingOp::Create("embedding", st, V, C, dp); }, &m.emb);
+  each(
+      "lm_head",
+      {S({{d, none}, {none, none}}), S({{d, none}, {t, none}}), S({{d, t}, {none, t}}),
+       S({{dt, none}, {none, none}})},
+      [&](const OpStrategy& st) { return LmHeadOp::Create("lm_head", st, V, C, dp); }, &m.lm);
+  each(
+      "loss", {S({{d, none}, {d}}), S({{d, t}, {d}}), S({{dt, none}, {dt}})},
+      [&](const OpStrategy& st) { return CrossEntropyOp::Create("loss", st, V, dp); }, &m.loss);
   RETURN_IF_ERROR(status);
   return m;
 }
@@ -642,7 +682,9 @@ std::string RunnableNear(int n, const std::function<bool(int)>& runs) {
 }
 
 // Short names of an operator's choice, for a plan's name.
-const char* Code(const Placement& p) { return p.split == 0 ? "rows" : p.split == 1 ? "cols" : "whole"; }
+const char* Code(const Placement& p) {
+  return p.split == 0 ? "rows" : p.split == 1 ? "cols" : "whole";
+}
 std::string CodeOf(const MeshOps& o, const Pick& p, int tp) {
   if (tp == 1) return "data parallel";
   auto lin = [](const LinearOp& l) {
@@ -652,16 +694,17 @@ std::string CodeOf(const MeshOps& o, const Pick& p, int tp) {
     return split == 0 ? zero : split == 1 ? one : Code(out);
   };
   const Placement& attn = o.attn[p.attn].info().inputs[0];
-  return std::string("ln_1 ") + Code(o.ln1[p.ln1].info().inputs[0]) + ", c_attn " + lin(o.qkv[p.qkv]) +
-         ", attention " + (attn.split == 1 ? "heads" : Code(attn)) + ", c_proj " +
-         lin(o.proj[p.proj]) + ", add_1 " + Code(o.add1[p.add1].info().output) + ", ln_2 " +
-         Code(o.ln2[p.ln2].info().inputs[0]) + ", c_fc " + lin(o.fc[p.fc]) + ", gelu " +
+  return std::string("ln_1 ") + Code(o.ln1[p.ln1].info().inputs[0]) + ", c_attn " +
+         lin(o.qkv[p.qkv]) + ", attention " + (attn.split == 1 ? "heads" : Code(attn)) +
+         ", c_proj " + lin(o.proj[p.proj]) + ", add_1 " + Code(o.add1[p.add1].info().output) +
+         ", ln_2 " + Code(o.ln2[p.ln2].info().inputs[0]) + ", c_fc " + lin(o.fc[p.fc]) + ", gelu " +
          Code(o.gelu[p.gelu].info().output) + ", mlp.c_proj " + lin(o.fcproj[p.fcproj]) +
          ", add_2 " + Code(o.add2[p.add2].info().output) + "; embedding " +
          w(o.emb[p.emb].weight_split(), "vocab", "cols", o.emb[p.emb].info().output) + ", ln_f " +
          Code(o.lnf[p.lnf].info().inputs[0]) + ", lm_head " +
          w(o.lm[p.lm].weight_split(), "vocab", "k", o.lm[p.lm].info().output) + ", loss " +
-         (o.loss[p.loss].info().inputs[0].split == 1 ? "vocab" : Code(o.loss[p.loss].info().inputs[0]));
+         (o.loss[p.loss].info().inputs[0].split == 1 ? "vocab"
+                                                     : Code(o.loss[p.loss].info().inputs[0]));
 }
 
 // The stage kinds of a pipeline: the only one, the first, a middle, the last.
@@ -681,10 +724,10 @@ class Halves {
     for (const AddOp& a : ops.add1) add(a.info().output);
     for (const AddOp& a : ops.add2) add(a.info().output);
     for (const EmbeddingOp& e : ops.emb) add(e.info().output);
-    n1_ = static_cast<int64_t>(ops.ln1.size()) * ops.qkv.size() * ops.attn.size() * ops.proj.size() *
-          ops.add1.size();
-    n2_ = static_cast<int64_t>(ops.ln2.size()) * ops.fc.size() * ops.gelu.size() * ops.fcproj.size() *
-          ops.add2.size();
+    n1_ = static_cast<int64_t>(ops.ln1.size()) * ops.qkv.size() * ops.attn.size() *
+          ops.proj.size() * ops.add1.size();
+    n2_ = static_cast<int64_t>(ops.ln2.size()) * ops.fc.size() * ops.gelu.size() *
+          ops.fcproj.size() * ops.add2.size();
   }
   // A half's seconds (forward, backward), activations, shared buffers and
   // tp sums: what the exact search adds up for a block.
@@ -717,7 +760,8 @@ class Halves {
     int64_t sh = 0;
     for (int i = 0; i < StageWork::kSharedCount; ++i) {
       int64_t v = std::max(a.shared[i], b.shared[i]);
-      if (i == StageWork::kScratchBlock && rc_ == Recompute::kFull) v = std::max(v, a.slot + b.slot);
+      if (i == StageWork::kScratchBlock && rc_ == Recompute::kFull)
+        v = std::max(v, a.slot + b.slot);
       sh += v;
     }
     *shared = sh;
@@ -727,11 +771,17 @@ class Halves {
   int64_t n2() const { return n2_; }
   int64_t Id1(const Pick& p) const {
     return (((static_cast<int64_t>(p.ln1) * ops_.qkv.size() + p.qkv) * ops_.attn.size() + p.attn) *
-                ops_.proj.size() + p.proj) * ops_.add1.size() + p.add1;
+                ops_.proj.size() +
+            p.proj) *
+               ops_.add1.size() +
+           p.add1;
   }
   int64_t Id2(const Pick& p) const {
     return (((static_cast<int64_t>(p.ln2) * ops_.fc.size() + p.fc) * ops_.gelu.size() + p.gelu) *
-                ops_.fcproj.size() + p.fcproj) * ops_.add2.size() + p.add2;
+                ops_.fcproj.size() +
+            p.fcproj) *
+               ops_.add2.size() +
+           p.add2;
   }
   void Unpack1(int64_t id, Pick* p) const {
     p->add1 = static_cast<int>(id % ops_.add1.size()), id /= ops_.add1.size();
@@ -765,9 +815,7 @@ class Halves {
     const int64_t cols = p.split == 1 && tp_ > 1 ? (config_.embed + tp_ - 1) / tp_ : config_.embed;
     return rows * cols * 4;
   }
-  size_t X(const Placement& x) const {
-    return std::find(xs_.begin(), xs_.end(), x) - xs_.begin();
-  }
+  size_t X(const Placement& x) const { return std::find(xs_.begin(), xs_.end(), x) - xs_.begin(); }
   Sum Summarize(const OpGpt::HalfWork& h) const {
     Sum s;
     s.fw = ComputeOf(h.forward, profile_) + TpSeconds(h.forward, profile_, tp_);
@@ -783,9 +831,12 @@ class Halves {
     const int64_t key = Id1(p) * static_cast<int64_t>(xs_.size()) + X(x);
     auto it = h1_.find(key);
     if (it == h1_.end()) {
-      it = h1_.emplace(key, OpGpt::EstimateHalf(config_, tp_, {&ops_.ln1[p.ln1], &ops_.qkv[p.qkv], &ops_.attn[p.attn],
-                                             nullptr, &ops_.proj[p.proj], &ops_.add1[p.add1]},
-                              x, N_, T_, rc_, /*shares=*/false)).first;
+      it = h1_.emplace(key,
+                       OpGpt::EstimateHalf(config_, tp_,
+                                           {&ops_.ln1[p.ln1], &ops_.qkv[p.qkv], &ops_.attn[p.attn],
+                                            nullptr, &ops_.proj[p.proj], &ops_.add1[p.add1]},
+                                           x, N_, T_, rc_, /*shares=*/false))
+               .first;
     }
     return it->second;
   }
@@ -793,9 +844,12 @@ class Halves {
     const int64_t key = Id2(p) * static_cast<int64_t>(xs_.size()) + X(x);
     auto it = h2_.find(key);
     if (it == h2_.end()) {
-      it = h2_.emplace(key, OpGpt::EstimateHalf(config_, tp_, {&ops_.ln2[p.ln2], &ops_.fc[p.fc], nullptr,
-                                             &ops_.gelu[p.gelu], &ops_.fcproj[p.fcproj], &ops_.add2[p.add2]},
-                              x, N_, T_, rc_, /*shares=*/false)).first;
+      it = h2_.emplace(key, OpGpt::EstimateHalf(
+                                config_, tp_,
+                                {&ops_.ln2[p.ln2], &ops_.fc[p.fc], nullptr, &ops_.gelu[p.gelu],
+                                 &ops_.fcproj[p.fcproj], &ops_.add2[p.add2]},
+                                x, N_, T_, rc_, /*shares=*/false))
+               .first;
     }
     return it->second;
   }
@@ -831,7 +885,8 @@ struct BlockPoint {
 }  // namespace
 
 Result<SearchResult> SearchGptParallel(const GptConfig& config, int B, int T, int devices,
-                                       const MachineProfile& machine, const SearchOptions& options) {
+                                       const MachineProfile& machine,
+                                       const SearchOptions& options) {
   RETURN_IF_ERROR(config.Validate());
   const MachineProfile profile = machine.ForRanks(devices);
   const bool fast = options.mode == "fast", propagate = options.mode == "propagate";
@@ -844,20 +899,23 @@ Result<SearchResult> SearchGptParallel(const GptConfig& config, int B, int T, in
   }
   if (devices < 1) return InvalidArgumentError("the search needs at least one device");
   if (T < 1 || T > config.context) {
-    return InvalidArgumentError("a sequence of " + std::to_string(T) + " does not fit the context of " +
-                                std::to_string(config.context));
+    return InvalidArgumentError("a sequence of " + std::to_string(T) +
+                                " does not fit the context of " + std::to_string(config.context));
   }
-  const int64_t budget = options.rank_memory > 0 ? options.rank_memory
+  const int64_t budget = options.rank_memory > 0    ? options.rank_memory
                          : profile.memory_bytes > 0 ? profile.memory_bytes
                                                     : std::numeric_limits<int64_t>::max();
   const OpStrategyFile* fixed = propagate ? options.fixed.get() : nullptr;
   // propagate: the file's settings bound the search; its operators are
   // fixed (every block alike: a pattern or the same strategy for each).
-  auto allowed = [&](const std::optional<int>& want, int v) { return !fixed || !want || *want == v; };
+  auto allowed = [&](const std::optional<int>& want, int v) {
+    return !fixed || !want || *want == v;
+  };
   std::optional<Recompute> fixed_rc;
   if (fixed != nullptr && !fixed->recompute.empty()) {
     if (fixed->recompute.size() != 1 || fixed->recompute[0].first != "h.*") {
-      return InvalidArgumentError(fixed->source + ": propagate folds identical blocks: give "
+      return InvalidArgumentError(fixed->source +
+                                  ": propagate folds identical blocks: give "
                                   "recompute for \"h.*\" only");
     }
     ASSIGN_OR_RETURN(fixed_rc, ParseRecompute(fixed->recompute[0].second));
@@ -905,8 +963,10 @@ Result<SearchResult> SearchGptParallel(const GptConfig& config, int B, int T, in
           if (name.starts_with("h.")) key = "h.0." + name.substr(name.find('.', 2) + 1);
           auto [it, fresh] = named.emplace(key, st);
           if (!fresh && !(it->second == st)) {
-            return InvalidArgumentError(fixed->source + ": propagate folds identical blocks, but "
-                                        "operator '" + name + "' differs from block 0's");
+            return InvalidArgumentError(fixed->source +
+                                        ": propagate folds identical blocks, but "
+                                        "operator '" +
+                                        name + "' differs from block 0's");
           }
         }
         user = std::move(named);
@@ -933,12 +993,20 @@ Result<SearchResult> SearchGptParallel(const GptConfig& config, int B, int T, in
             }
             return -1;
           };
-          Pick p{find(ops.ln1, "h.0.ln_1"), find(ops.qkv, "h.0.attn.c_attn"),
-                 find(ops.attn, "h.0.attn.attention"), find(ops.proj, "h.0.attn.c_proj"),
-                 find(ops.add1, "h.0.add_1"), find(ops.ln2, "h.0.ln_2"), find(ops.fc, "h.0.mlp.c_fc"),
-                 find(ops.gelu, "h.0.mlp.gelu"), find(ops.fcproj, "h.0.mlp.c_proj"),
-                 find(ops.add2, "h.0.add_2"), find(ops.emb, "embedding"), find(ops.lnf, "ln_f"),
-                 find(ops.lm, "lm_head"), find(ops.loss, "loss")};
+          Pick p{find(ops.ln1, "h.0.ln_1"),
+                 find(ops.qkv, "h.0.attn.c_attn"),
+                 find(ops.attn, "h.0.attn.attention"),
+                 find(ops.proj, "h.0.attn.c_proj"),
+                 find(ops.add1, "h.0.add_1"),
+                 find(ops.ln2, "h.0.ln_2"),
+                 find(ops.fc, "h.0.mlp.c_fc"),
+                 find(ops.gelu, "h.0.mlp.gelu"),
+                 find(ops.fcproj, "h.0.mlp.c_proj"),
+                 find(ops.add2, "h.0.add_2"),
+                 find(ops.emb, "embedding"),
+                 find(ops.lnf, "ln_f"),
+                 find(ops.lm, "lm_head"),
+                 find(ops.loss, "loss")};
           const int* f0 = &p.ln1;
           if (std::all_of(f0, f0 + 14, [](int i) { return i >= 0; })) templates.push_back(p);
         }
@@ -947,7 +1015,8 @@ Result<SearchResult> SearchGptParallel(const GptConfig& config, int B, int T, in
       for (int m : Divisors(rows)) {
         if (!allowed(fixed ? fixed->micro_batches : std::nullopt, m)) continue;
         const int64_t N = static_cast<int64_t>(rows / m) * T;
-        const double lent = pp > 1 && profile.ranks_per_device > 1 ? 1.0 / profile.ranks_per_device : 1.0;
+        const double lent =
+            pp > 1 && profile.ranks_per_device > 1 ? 1.0 / profile.ranks_per_device : 1.0;
         for (Recompute rc : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
           if (fixed_rc && *fixed_rc != rc) continue;
           Halves halves(config, ops, tp, N, T, rc, profile);
@@ -959,18 +1028,26 @@ Result<SearchResult> SearchGptParallel(const GptConfig& config, int B, int T, in
           auto Input = [&](int emb) -> const StageWork& {
             auto it = inputs.find(emb);
             if (it == inputs.end()) {
-              it = inputs.emplace(emb, OpGpt::EstimateInput(config, tp, emb < 0 ? nullptr : &ops.emb[emb], N)).first;
+              it = inputs
+                       .emplace(emb, OpGpt::EstimateInput(config, tp,
+                                                          emb < 0 ? nullptr : &ops.emb[emb], N))
+                       .first;
             }
             return it->second;
           };
-          auto Output = [&](const Placement& x, const Pick& h, bool wte_summed) -> const StageWork& {
-            const auto key = std::tuple(x.split, x.groups, x.partial, h.lnf, h.lm, h.loss, wte_summed);
+          auto Output = [&](const Placement& x, const Pick& h,
+                            bool wte_summed) -> const StageWork& {
+            const auto key =
+                std::tuple(x.split, x.groups, x.partial, h.lnf, h.lm, h.loss, wte_summed);
             auto it = outputs.find(key);
             if (it == outputs.end()) {
-              const OpGpt::HeadOps head{h.lnf < 0 ? nullptr : &ops.lnf[h.lnf], h.lnf < 0 ? nullptr : &ops.lm[h.lm],
+              const OpGpt::HeadOps head{h.lnf < 0 ? nullptr : &ops.lnf[h.lnf],
+                                        h.lnf < 0 ? nullptr : &ops.lm[h.lm],
                                         h.lnf < 0 ? nullptr : &ops.loss[h.loss]};
-              it = outputs.emplace(key, OpGpt::EstimateOutput(config, tp, x, h.lnf < 0 ? nullptr : &head, N,
-                                                              wte_summed)).first;
+              it = outputs
+                       .emplace(key, OpGpt::EstimateOutput(
+                                         config, tp, x, h.lnf < 0 ? nullptr : &head, N, wte_summed))
+                       .first;
             }
             return it->second;
           };
@@ -1005,7 +1082,8 @@ Result<SearchResult> SearchGptParallel(const GptConfig& config, int B, int T, in
               }
             }
             auto dominates = [&](const StageWork& a, const StageWork& b) {
-              if (seconds(a) > seconds(b) || a.slot_bytes > b.slot_bytes || a.tp_sum_floats > b.tp_sum_floats) {
+              if (seconds(a) > seconds(b) || a.slot_bytes > b.slot_bytes ||
+                  a.tp_sum_floats > b.tp_sum_floats) {
                 return false;
               }
               for (int i = 0; i < StageWork::kSharedCount; ++i) {
@@ -1034,11 +1112,16 @@ Result<SearchResult> SearchGptParallel(const GptConfig& config, int B, int T, in
           std::vector<BlockPoint> points;
           auto point = [&](const Pick& p) {
             const StageWork w = halves.Block(p, ops.add2[p.add2].info().output);
-            BlockPoint b{p, seconds(w), w.slot_bytes, w.shared_bytes(), w.tp_sum_floats,
-                         LinearFloats(ops.qkv[p.qkv], config.embed, 3 * config.embed, tp) +
-                             LinearFloats(ops.proj[p.proj], config.embed, config.embed, tp) +
-                             LinearFloats(ops.fc[p.fc], config.embed, 4 * config.embed, tp) +
-                             LinearFloats(ops.fcproj[p.fcproj], 4 * config.embed, config.embed, tp)};
+            BlockPoint b{
+                p,
+                seconds(w),
+                w.slot_bytes,
+                w.shared_bytes(),
+                w.tp_sum_floats,
+                LinearFloats(ops.qkv[p.qkv], config.embed, 3 * config.embed, tp) +
+                    LinearFloats(ops.proj[p.proj], config.embed, config.embed, tp) +
+                    LinearFloats(ops.fc[p.fc], config.embed, 4 * config.embed, tp) +
+                    LinearFloats(ops.fcproj[p.fcproj], 4 * config.embed, config.embed, tp)};
             return b;
           };
           if (fast) {
@@ -1049,7 +1132,8 @@ Result<SearchResult> SearchGptParallel(const GptConfig& config, int B, int T, in
             // Every block: its halves' sums (no StageWork is built).
             std::vector<int64_t> lin(4 * 4, 0);  // floats per linear kind and choice
             auto floats = [&](const std::vector<LinearOp>& v, int kind, int64_t K, int64_t M) {
-              for (size_t i = 0; i < v.size(); ++i) lin[kind * 4 + i] = LinearFloats(v[i], K, M, tp);
+              for (size_t i = 0; i < v.size(); ++i)
+                lin[kind * 4 + i] = LinearFloats(v[i], K, M, tp);
             };
             const int64_t C = config.embed;
             floats(ops.qkv, 0, C, 3 * C);
@@ -1076,7 +1160,8 @@ Result<SearchResult> SearchGptParallel(const GptConfig& config, int B, int T, in
             }
             const size_t ns = streams.size();
             auto index = [&](const Placement& x) {
-              return static_cast<size_t>(std::find(streams.begin(), streams.end(), x) - streams.begin());
+              return static_cast<size_t>(std::find(streams.begin(), streams.end(), x) -
+                                         streams.begin());
             };
             struct Kept {
               int32_t id;
@@ -1085,8 +1170,8 @@ Result<SearchResult> SearchGptParallel(const GptConfig& config, int B, int T, in
             };
             auto dominates = [](const Kept& k, const Kept& c) {
               const Halves::Sum &x = *k.sum, &y = *c.sum;
-              if (x.fw > y.fw || x.fw + x.bw > y.fw + y.bw || x.slot > y.slot || x.tp_sum > y.tp_sum ||
-                  k.params > c.params) {
+              if (x.fw > y.fw || x.fw + x.bw > y.fw + y.bw || x.slot > y.slot ||
+                  x.tp_sum > y.tp_sum || k.params > c.params) {
                 return false;
               }
               for (int i = 0; i < StageWork::kSharedCount; ++i) {
@@ -1169,7 +1254,8 @@ Result<SearchResult> SearchGptParallel(const GptConfig& config, int B, int T, in
           // can win.
           const int64_t layers = config.layers, deepest = (layers + pp - 1) / pp;
           for (const BlockPoint& bp : points) {
-            if (found && (static_cast<double>(layers - pp) + (m - 1.0) * (deepest - 1)) * lent * bp.seconds >=
+            if (found && (static_cast<double>(layers - pp) + (m - 1.0) * (deepest - 1)) * lent *
+                                 bp.seconds >=
                              best.predicted.seconds) {
               break;
             }
@@ -1208,14 +1294,20 @@ Result<SearchResult> SearchGptParallel(const GptConfig& config, int B, int T, in
               if (pp > 1) {
                 const double blk = seconds(steady);
                 const double mid = seconds(ends[kMiddle]) + seconds(first[kMiddle]) - blk;
-                layers_of = BalanceStages(config.layers, pp, blk,
-                                          seconds(ends[kFirst]) + seconds(first[kFirst]) - blk - mid,
-                                          seconds(ends[kLast]) + seconds(first[kLast]) - blk - mid);
+                layers_of =
+                    BalanceStages(config.layers, pp, blk,
+                                  seconds(ends[kFirst]) + seconds(first[kFirst]) - blk - mid,
+                                  seconds(ends[kLast]) + seconds(first[kLast]) - blk - mid);
               }
               // The parameters' cuts (for their memory), by the linears'
               // and the embedding's weight splits.
-              const int sig = ((((ops.qkv[p.qkv].weight_split() + 1) * 3 + ops.proj[p.proj].weight_split() + 1) * 3 +
-                                ops.fc[p.fc].weight_split() + 1) * 3 + ops.fcproj[p.fcproj].weight_split() + 1) * 3 +
+              const int sig = ((((ops.qkv[p.qkv].weight_split() + 1) * 3 +
+                                 ops.proj[p.proj].weight_split() + 1) *
+                                    3 +
+                                ops.fc[p.fc].weight_split() + 1) *
+                                   3 +
+                               ops.fcproj[p.fcproj].weight_split() + 1) *
+                                  3 +
                               ops.emb[p.emb].weight_split() + 1;
               auto dims = [&] {
                 std::map<std::string, int> splits;
@@ -1266,49 +1358,56 @@ Result<SearchResult> SearchGptParallel(const GptConfig& config, int B, int T, in
                       for (const ParamInfo& q : *params) {
                         const bool block = q.name.starts_with("h.");
                         seen_block = seen_block || block;
-                        AddPart(pp_parts, block        ? pp_parts.block
-                                          : seen_block ? pp_parts.after
-                                                       : pp_parts.before,
+                        AddPart(pp_parts,
+                                block        ? pp_parts.block
+                                : seen_block ? pp_parts.after
+                                             : pp_parts.before,
                                 q);
                       }
                       parts = parts_memo.emplace(pkey, std::move(pp_parts)).first;
                     }
-                    it = param_memo.emplace(key, StatsOfParts(parts->second, n, dp, zero,
-                                                              options.bucket_bytes)).first;
+                    it = param_memo
+                             .emplace(key, StatsOfParts(parts->second, n, dp, zero,
+                                                        options.bucket_bytes))
+                             .first;
                   }
                   stages.push_back(CostOf(w, it->second, par, s, m, N * config.embed * 4, profile));
                 }
                 if (!ok) continue;
                 // Only a plan faster than the best, or than the fifth
                 // runner-up, is kept: Combine may stop at a bound above it.
-                const StepPrediction pred = Combine(
-                    stages, m, profile, dp * tp,
-                    found && best.alternatives.size() >= 5 ? best.alternatives.back().second.seconds
-                                                           : std::numeric_limits<double>::infinity());
+                const StepPrediction pred = Combine(stages, m, profile, dp * tp,
+                                                    found && best.alternatives.size() >= 5
+                                                        ? best.alternatives.back().second.seconds
+                                                        : std::numeric_limits<double>::infinity());
                 ++best.candidates;
                 if (pred.memory.total() > budget) {
                   if (pred.memory.total() < least) {
                     least = pred.memory.total();
-                    least_name = "pp=" + std::to_string(pp) + ",dp=" + std::to_string(dp) + ",tp=" +
-                                 std::to_string(tp) + " micro_batches=" + std::to_string(m) +
-                                 " zero=" + std::to_string(zero) + " recompute=" +
-                                 std::string(RecomputeName(rc));
+                    least_name = "pp=" + std::to_string(pp) + ",dp=" + std::to_string(dp) +
+                                 ",tp=" + std::to_string(tp) +
+                                 " micro_batches=" + std::to_string(m) +
+                                 " zero=" + std::to_string(zero) +
+                                 " recompute=" + std::string(RecomputeName(rc));
                   }
                   continue;
                 }
-                const std::string name =
-                    "pp=" + std::to_string(pp) + ",dp=" + std::to_string(dp) + ",tp=" +
-                    std::to_string(tp) + " micro_batches=" + std::to_string(m) + " zero=" +
-                    std::to_string(zero) + " recompute=" + std::string(RecomputeName(rc)) + " [" +
-                    CodeOf(ops, p, tp) + "]";
+                const std::string name = "pp=" + std::to_string(pp) + ",dp=" + std::to_string(dp) +
+                                         ",tp=" + std::to_string(tp) +
+                                         " micro_batches=" + std::to_string(m) +
+                                         " zero=" + std::to_string(zero) +
+                                         " recompute=" + std::string(RecomputeName(rc)) + " [" +
+                                         CodeOf(ops, p, tp) + "]";
                 if (found && !(pred.seconds < best.predicted.seconds)) {
                   // A runner-up: kept among the five fastest.
                   auto& alt = best.alternatives;
                   const bool named = name == best.name ||
-                                     std::any_of(alt.begin(), alt.end(), [&](const auto& a) { return a.first == name; });
+                                     std::any_of(alt.begin(), alt.end(),
+                                                 [&](const auto& a) { return a.first == name; });
                   if (!named && (alt.size() < 5 || pred.seconds < alt.back().second.seconds)) {
-                    auto at = std::upper_bound(alt.begin(), alt.end(), pred.seconds,
-                                               [](double v, const auto& a) { return v < a.second.seconds; });
+                    auto at = std::upper_bound(
+                        alt.begin(), alt.end(), pred.seconds,
+                        [](double v, const auto& a) { return v < a.second.seconds; });
                     alt.insert(at, {name, pred});
                     if (alt.size() > 5) alt.pop_back();
                   }
@@ -1323,7 +1422,8 @@ Result<SearchResult> SearchGptParallel(const GptConfig& config, int B, int T, in
                 file->zero = zero;
                 file->micro_batches = m;
                 file->stage_layers = layers_of;
-                if (rc != Recompute::kNone) file->recompute = {{"h.*", std::string(RecomputeName(rc))}};
+                if (rc != Recompute::kNone)
+                  file->recompute = {{"h.*", std::string(RecomputeName(rc))}};
                 auto entry = [&](const std::string& pattern, const OpStrategy& st) {
                   OpStrategyFile::Entry e;
                   e.pattern = pattern;
@@ -1332,18 +1432,21 @@ Result<SearchResult> SearchGptParallel(const GptConfig& config, int B, int T, in
                   file->operators.push_back(std::move(e));
                 };
                 entry("embedding", ops.emb[p.emb].info().strategy);
-                const OpInfo* block[] = {&ops.ln1[p.ln1].info(),   &ops.qkv[p.qkv].info(),
-                                         &ops.attn[p.attn].info(), &ops.proj[p.proj].info(),
-                                         &ops.add1[p.add1].info(), &ops.ln2[p.ln2].info(),
-                                         &ops.fc[p.fc].info(),     &ops.gelu[p.gelu].info(),
+                const OpInfo* block[] = {&ops.ln1[p.ln1].info(),       &ops.qkv[p.qkv].info(),
+                                         &ops.attn[p.attn].info(),     &ops.proj[p.proj].info(),
+                                         &ops.add1[p.add1].info(),     &ops.ln2[p.ln2].info(),
+                                         &ops.fc[p.fc].info(),         &ops.gelu[p.gelu].info(),
                                          &ops.fcproj[p.fcproj].info(), &ops.add2[p.add2].info()};
-                for (int i = 0; i < 10; ++i) entry(std::string("h.*.") + kBlockOps[i], block[i]->strategy);
+                for (int i = 0; i < 10; ++i)
+                  entry(std::string("h.*.") + kBlockOps[i], block[i]->strategy);
                 entry("ln_f", ops.lnf[p.lnf].info().strategy);
                 entry("lm_head", ops.lm[p.lm].info().strategy);
                 entry("loss", ops.loss[p.loss].info().strategy);
                 par.op_strategy = file;
                 if (found) {
-                  std::erase_if(best.alternatives, [&](const auto& a) { return a.first == name || a.first == best.name; });
+                  std::erase_if(best.alternatives, [&](const auto& a) {
+                    return a.first == name || a.first == best.name;
+                  });
                   best.alternatives.insert(best.alternatives.begin(), {best.name, best.predicted});
                   if (best.alternatives.size() > 5) best.alternatives.pop_back();
                 }
@@ -1362,8 +1465,8 @@ Result<SearchResult> SearchGptParallel(const GptConfig& config, int B, int T, in
     if (least_name.empty()) {
       // Nothing runs at all: say what would.
       std::string msg = "no parallel configuration of " + std::to_string(devices) +
-                        " ranks runs a batch of " + std::to_string(B) + " x " +
-                        std::to_string(T) + " on " + std::to_string(config.layers) +
+                        " ranks runs a batch of " + std::to_string(B) + " x " + std::to_string(T) +
+                        " on " + std::to_string(config.layers) +
                         " layers (pipeline stages at most the layers, data parallelism dividing "
                         "the batch, tensor parallelism where every operator has a strategy)";
       if (!why_none.empty()) msg += "; " + why_none;
@@ -1384,7 +1487,8 @@ Result<SearchResult> SearchGptParallel(const GptConfig& config, int B, int T, in
     }
     return ResourceExhaustedError("no parallel configuration of " + std::to_string(devices) +
                                   " ranks fits " + HumanBytes(budget) + " per rank; the least " +
-                                  "memory any needs is " + HumanBytes(least) + " (" + least_name + ")");
+                                  "memory any needs is " + HumanBytes(least) + " (" + least_name +
+                                  ")");
   }
   return best;
 }

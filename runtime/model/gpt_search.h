@@ -57,9 +57,9 @@ struct StepPrediction {
   // which `bubble` is idle, then the gradient sums and the update.
   double pipeline = 0, compute = 0, tp_comm = 0, pp_comm = 0, bubble = 0;
   double dp_comm = 0, optimizer = 0;
-  MemoryUse memory;      // the rank that holds the most
-  int memory_stage = 0;  // its stage
-  std::vector<double> stage_seconds;  // per micro-batch, forward + backward
+  MemoryUse memory;                     // the rank that holds the most
+  int memory_stage = 0;                 // its stage
+  std::vector<double> stage_seconds;    // per micro-batch, forward + backward
   std::vector<MemoryUse> stage_memory;  // each stage's (its tp rank 0's)
   // Each stage's (its tp rank 0's) units of each kernel over a step.
   std::vector<std::array<double, kKernelCount>> stage_kernel_units;
@@ -71,7 +71,8 @@ struct StepPrediction {
 // B x T tokens. Errors name what does not fit (a batch not divisible by
 // dp x micro-batches, a bad strategy).
 Result<StepPrediction> PredictGptStep(const GptConfig& config, int B, int T,
-                                      const ParallelConfig& parallel, const MachineProfile& profile);
+                                      const ParallelConfig& parallel,
+                                      const MachineProfile& profile);
 
 // Where one micro-batch's time goes on each stage, operator by operator
 // (its first block's operators stand for each block of the stage; their
@@ -92,7 +93,7 @@ struct SearchOptions {
   // (operators, mesh, zero, micro-batches, recompute) kept.
   std::string mode = "fast";
   std::shared_ptr<const OpStrategyFile> fixed;
-  int64_t rank_memory = 0;    // bytes per rank; 0: the profile's device memory (or no limit)
+  int64_t rank_memory = 0;  // bytes per rank; 0: the profile's device memory (or no limit)
   int64_t bucket_bytes = int64_t{25} << 20;
   // When no configuration of the device count runs at all, the error names
   // the nearest counts (up to 3 each side) that do in this mode.
@@ -102,8 +103,8 @@ struct SearchOptions {
 struct SearchResult {
   ParallelConfig parallel;  // op_strategy set: the file to run
   StepPrediction predicted;
-  std::string name;         // "pp=2,dp=2,tp=2 megatron_sp zero=1 mb=4 recompute=selective"
-  int64_t candidates = 0;   // configurations costed
+  std::string name;        // "pp=2,dp=2,tp=2 megatron_sp zero=1 mb=4 recompute=selective"
+  int64_t candidates = 0;  // configurations costed
   // The runners-up (best first), for the report.
   std::vector<std::pair<std::string, StepPrediction>> alternatives;
 };

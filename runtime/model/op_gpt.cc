@@ -31,12 +31,14 @@ std::vector<OpSignature> OpGpt::Signatures(const GptConfig& config) {
   for (int i = 0; i < config.layers; ++i) {
     const std::string p = BlockPrefix(i);
     auto linear = [&](const std::string& name, int64_t k, int64_t m) {
-      ops.push_back({p + name, "linear", {In("x", {R, k}), In("weight", {k, m}, p + name + ".weight")}});
+      ops.push_back(
+          {p + name, "linear", {In("x", {R, k}), In("weight", {k, m}, p + name + ".weight")}});
     };
     ops.push_back({p + "ln_1", "layer_norm", {In("x", {R, C})}});
     linear("attn.c_attn", C, 3 * C);
     // Dimension 1 of the attention's input counts heads (q | k | v cut alike).
-    ops.push_back({p + "attn.attention", "attention", {In("qkv [rows, heads]", {R, config.heads})}});
+    ops.push_back(
+        {p + "attn.attention", "attention", {In("qkv [rows, heads]", {R, config.heads})}});
     linear("attn.c_proj", C, C);
     ops.push_back({p + "add_1", "add", {In("a", {R, C}), In("b", {R, C})}});
     ops.push_back({p + "ln_2", "layer_norm", {In("x", {R, C})}});
@@ -87,8 +89,8 @@ void OpGpt::BlockParamSplits(int layer, int tp, const LinearOp& qkv_op, const Li
   const int qkv = qkv_op.weight_split();
   (*splits)[p + "attn.c_attn.weight"] = qkv == 1 ? (tp > 1 ? 2 : 1) : qkv;
   (*splits)[p + "attn.c_attn.bias"] = qkv == 1 ? (tp > 1 ? 1 : 0) : -1;
-  for (const auto& [name, op] : {std::pair{"attn.c_proj", &proj}, {"mlp.c_fc", &fc},
-                                 {"mlp.c_proj", &fcproj}}) {
+  for (const auto& [name, op] :
+       {std::pair{"attn.c_proj", &proj}, {"mlp.c_fc", &fc}, {"mlp.c_proj", &fcproj}}) {
     (*splits)[p + name + ".weight"] = op->weight_split();
     (*splits)[p + name + ".bias"] = op->bias_split() ? 0 : -1;
   }
@@ -133,12 +135,15 @@ Result<std::unique_ptr<OpGpt>> OpGpt::Create(const GptConfig& config,
     ASSIGN_OR_RETURN(s, strategy(p + "attn.c_attn"));
     ASSIGN_OR_RETURN(b.qkv, LinearOp::Create(p + "attn.c_attn", *s, C, 3 * C, 3, dp));
     if (b.qkv.weight_split() == 1 && C % tp != 0) {
-      return InvalidArgumentError("operator '" + p + "attn.c_attn': input 1 (weight) dimension 1 "
-                                  "cuts q, k and v alike; C = " + std::to_string(C) +
-                                  " is not divisible by tp " + std::to_string(tp));
+      return InvalidArgumentError("operator '" + p +
+                                  "attn.c_attn': input 1 (weight) dimension 1 "
+                                  "cuts q, k and v alike; C = " +
+                                  std::to_string(C) + " is not divisible by tp " +
+                                  std::to_string(tp));
     }
     ASSIGN_OR_RETURN(s, strategy(p + "attn.attention"));
-    ASSIGN_OR_RETURN(b.attn, AttentionOp::Create(p + "attn.attention", *s, config.heads, C, tp, dp));
+    ASSIGN_OR_RETURN(b.attn,
+                     AttentionOp::Create(p + "attn.attention", *s, config.heads, C, tp, dp));
     ASSIGN_OR_RETURN(s, strategy(p + "attn.c_proj"));
     ASSIGN_OR_RETURN(b.proj, LinearOp::Create(p + "attn.c_proj", *s, C, C, 1, dp));
     ASSIGN_OR_RETURN(s, strategy(p + "add_1"));
@@ -176,30 +181,40 @@ Result<std::unique_ptr<OpGpt>> OpGpt::Create(const GptConfig& config,
   std::string xname = stage.first ? "embedding" : "the previous stage";
   auto edge = [](std::string from, const OpInfo& to, int input, Placement p, Placement grad,
                  int64_t cols) {
-    return Edge{from + " -> " + to.name + (to.inputs.size() > 1 ? " input " + std::to_string(input) : ""),
-                p, to.inputs[input], grad, cols};
+    return Edge{
+        from + " -> " + to.name + (to.inputs.size() > 1 ? " input " + std::to_string(input) : ""),
+        p, to.inputs[input], grad, cols};
   };
   for (OpGpt::Block& b : g->blocks_) {
     b.e[0] = edge(xname, b.ln1.info(), 0, x, b.ln1.info().inputs[0], C);
-    b.e[1] = edge(b.ln1.info().name, b.qkv.info(), 0, b.ln1.info().output, b.qkv.InputGradient(), C);
-    b.e[2] = edge(b.qkv.info().name, b.attn.info(), 0, b.qkv.info().output, b.attn.info().inputs[0], 3 * C);
-    b.e[3] = edge(b.attn.info().name, b.proj.info(), 0, b.attn.info().output, b.proj.InputGradient(), C);
+    b.e[1] =
+        edge(b.ln1.info().name, b.qkv.info(), 0, b.ln1.info().output, b.qkv.InputGradient(), C);
+    b.e[2] = edge(b.qkv.info().name, b.attn.info(), 0, b.qkv.info().output, b.attn.info().inputs[0],
+                  3 * C);
+    b.e[3] =
+        edge(b.attn.info().name, b.proj.info(), 0, b.attn.info().output, b.proj.InputGradient(), C);
     b.e[4] = edge(xname, b.add1.info(), 0, x, b.add1.info().inputs[0], C);
-    b.e[5] = edge(b.proj.info().name, b.add1.info(), 1, b.proj.info().output, b.add1.info().inputs[1], C);
+    b.e[5] = edge(b.proj.info().name, b.add1.info(), 1, b.proj.info().output,
+                  b.add1.info().inputs[1], C);
     const Placement x1 = b.add1.info().output;
     b.e[6] = edge(b.add1.info().name, b.ln2.info(), 0, x1, b.ln2.info().inputs[0], C);
     b.e[7] = edge(b.ln2.info().name, b.fc.info(), 0, b.ln2.info().output, b.fc.InputGradient(), C);
-    b.e[8] = edge(b.fc.info().name, b.gelu.info(), 0, b.fc.info().output, b.gelu.info().inputs[0], 4 * C);
-    b.e[9] = edge(b.gelu.info().name, b.fcproj.info(), 0, b.gelu.info().output, b.fcproj.InputGradient(), 4 * C);
+    b.e[8] = edge(b.fc.info().name, b.gelu.info(), 0, b.fc.info().output, b.gelu.info().inputs[0],
+                  4 * C);
+    b.e[9] = edge(b.gelu.info().name, b.fcproj.info(), 0, b.gelu.info().output,
+                  b.fcproj.InputGradient(), 4 * C);
     b.e[10] = edge(b.add1.info().name, b.add2.info(), 0, x1, b.add2.info().inputs[0], C);
-    b.e[11] = edge(b.fcproj.info().name, b.add2.info(), 1, b.fcproj.info().output, b.add2.info().inputs[1], C);
+    b.e[11] = edge(b.fcproj.info().name, b.add2.info(), 1, b.fcproj.info().output,
+                   b.add2.info().inputs[1], C);
     x = b.add2.info().output;
     xname = b.add2.info().name;
   }
   if (stage.last) {
     g->lnf_e_ = edge(xname, g->lnf_.info(), 0, x, g->lnf_.info().inputs[0], C);
-    g->lm_e_ = edge("ln_f", g->lm_head_.info(), 0, g->lnf_.info().output, g->lm_head_.InputGradient(), C);
-    g->ce_e_ = edge("lm_head", g->loss_.info(), 0, g->lm_head_.info().output, g->loss_.info().inputs[0], V);
+    g->lm_e_ =
+        edge("ln_f", g->lm_head_.info(), 0, g->lnf_.info().output, g->lm_head_.InputGradient(), C);
+    g->ce_e_ = edge("lm_head", g->loss_.info(), 0, g->lm_head_.info().output,
+                    g->loss_.info().inputs[0], V);
   } else {
     g->out_e_ = {xname + " -> the next stage", x, Placement{-1}, Placement{-1}, C};
   }
@@ -212,15 +227,18 @@ Status OpGpt::Bind(Gpt* model, Communicator* tp) {
                                 std::to_string(stage_.tp) + " ranks with this one as rank " +
                                 std::to_string(stage_.tp_rank));
   }
-  if (tp == nullptr && stage_.tp != 1) return InvalidArgumentError("GPT operators: tp > 1 needs a communicator");
+  if (tp == nullptr && stage_.tp != 1)
+    return InvalidArgumentError("GPT operators: tp > 1 needs a communicator");
   model_ = model;
   ctx_ = OpContext(tp);
   auto offset = [&](const std::string& name) -> Result<int64_t> {
     const ParamInfo* p = model->FindParam(name);
-    if (p == nullptr) return InternalError("GPT operators: the model has no parameter '" + name + "'");
+    if (p == nullptr)
+      return InternalError("GPT operators: the model has no parameter '" + name + "'");
     auto it = param_splits_.find(name);
     if (it == param_splits_.end() || it->second != p->tp_dim) {
-      return InternalError("GPT operators: parameter '" + name + "' is not cut as the strategy says");
+      return InternalError("GPT operators: parameter '" + name +
+                           "' is not cut as the strategy says");
     }
     return p->offset;
   };
@@ -312,7 +330,8 @@ int64_t OpGpt::ActivationBytes() const {
   for (const Slot& a : slots_) {
     add(a.tokens);
     add(a.targets);
-    for (const Buf* b : {&a.x0, &a.out, &a.lnf_in, &a.hf, &a.lm_in, &a.logits, &a.ce_in}) add(b->data);
+    for (const Buf* b : {&a.x0, &a.out, &a.lnf_in, &a.hf, &a.lm_in, &a.logits, &a.ce_in})
+      add(b->data);
     for (const auto* v : {&a.lnf_mean, &a.lnf_rstd, &a.probs, &a.max}) add(*v);
     add(a.sums);
     for (const BlockActs& s : a.blocks) acts(s);
@@ -396,7 +415,8 @@ Status OpGpt::BlockForward(const Block& b, Act& x, int T, BlockActs* acts, Buf* 
   // adds: transient buffers, shared by every block.
   Act av = New(&out_tmp_, N, C, b.proj.info().output);
   b.proj.Forward(ctx_, proj_in, P(b.projw), P(b.projb), &av);
-  ASSIGN_OR_RETURN(Act x1, Residual(b.add1, x, ln_in, b.e[0], b.e[4], av, b.e[5], &s.add1_a, &s.x1));
+  ASSIGN_OR_RETURN(Act x1,
+                   Residual(b.add1, x, ln_in, b.e[0], b.e[4], av, b.e[5], &s.add1_a, &s.x1));
 
   ASSIGN_OR_RETURN(Act ln2_in, Conv(x1, b.e[6], &s.ln2_in));
   Act h2 = New(&s.h2, N, C, b.ln2.info().output);
@@ -468,8 +488,8 @@ Result<float> OpGpt::ForwardStage(int slot, const int32_t* tokens, const float* 
   if (!a.has_targets) return 0.0f;
   ASSIGN_OR_RETURN(Act ce_in, Conv(logits, ce_e_, &a.ce_in));
   a.probs.resize(ctx_.LocalSize(ce_in));
-  ASSIGN_OR_RETURN(const double loss, loss_.Forward(ctx_, ce_in, a.targets.data(), a.probs.data(),
-                                                    &a.max, &a.sums));
+  ASSIGN_OR_RETURN(const double loss,
+                   loss_.Forward(ctx_, ce_in, a.targets.data(), a.probs.data(), &a.max, &a.sums));
   return static_cast<float>(loss);
 }
 
@@ -477,7 +497,8 @@ const float* OpGpt::StageOutput(int slot) const { return slots_[slot].out.act.da
 
 void OpGpt::Keep(const Act& r, std::initializer_list<Buf*> from) {
   for (Buf* b : from) {
-    if (!b->data.empty() && r.data == b->data.data() && b != &d_.dres) std::swap(b->data, d_.dres.data);
+    if (!b->data.empty() && r.data == b->data.data() && b != &d_.dres)
+      std::swap(b->data, d_.dres.data);
   }
   dres_ = r;
   dres_.data = d_.dres.data.data();
@@ -490,9 +511,10 @@ Result<Act> OpGpt::LinearInput(const Edge& e, const Buf& kept, const Buf& source
   return Conv(from, e, &gather_);
 }
 
-Status OpGpt::LayerNormBackward(const LayerNormOp& ln, const Act& in, const std::vector<float>& mean,
-                                const std::vector<float>& rstd, int64_t w, int64_t bias,
-                                const Act& dy, const Edge& ln_edge, const Edge& add_edge) {
+Status OpGpt::LayerNormBackward(const LayerNormOp& ln, const Act& in,
+                                const std::vector<float>& mean, const std::vector<float>& rstd,
+                                int64_t w, int64_t bias, const Act& dy, const Edge& ln_edge,
+                                const Edge& add_edge) {
   // The layer norm and the add take the residual stream as it is: the input
   // gradient accumulates straight into dres_ (llm.c's fusion: no
   // conversion, no second pass).
@@ -634,29 +656,29 @@ std::string OpGpt::Describe(int64_t rows) const {
   auto op = [&](const OpInfo& i) {
     std::string ins;
     for (const Placement& p : i.inputs) ins += (ins.empty() ? "" : ", ") + p.ToString();
-    out += "  " + i.name + " [" + i.kind + "] " + i.strategy.ToString() + "  in: " +
-           (ins.empty() ? "tokens" : ins) + "  out: " + i.output.ToString() + "\n";
+    out += "  " + i.name + " [" + i.kind + "] " + i.strategy.ToString() +
+           "  in: " + (ins.empty() ? "tokens" : ins) + "  out: " + i.output.ToString() + "\n";
   };
   auto edge = [&](const Edge& e) {
     const OpContext::Redistribution f = ctx.Plan(e.from, e.to, rows, e.cols);
     const OpContext::Redistribution b = ctx.Plan(e.grad, e.from.Resolved(), rows, e.cols);
     if (!f.collective.empty()) {
-      out += "    forward  " + e.label + ": " + f.collective + ", " + HumanBytes(f.bytes) +
-             " (" + e.from.ToString() + " -> " + e.to.ToString() + ")\n";
+      out += "    forward  " + e.label + ": " + f.collective + ", " + HumanBytes(f.bytes) + " (" +
+             e.from.ToString() + " -> " + e.to.ToString() + ")\n";
     }
     if (!b.collective.empty()) {
-      out += "    backward " + e.label + ": " + b.collective + ", " + HumanBytes(b.bytes) +
-             " (" + e.grad.ToString() + " -> " + e.from.Resolved().ToString() + ")\n";
+      out += "    backward " + e.label + ": " + b.collective + ", " + HumanBytes(b.bytes) + " (" +
+             e.grad.ToString() + " -> " + e.from.Resolved().ToString() + ")\n";
     }
   };
   if (stage_.first) op(embedding_.info());
   for (const OpGpt::Block& b : blocks_) {
-    const OpInfo* ops[] = {&b.ln1.info(), &b.qkv.info(), &b.attn.info(), &b.proj.info(),
-                           &b.add1.info(), &b.ln2.info(), &b.fc.info(), &b.gelu.info(),
+    const OpInfo* ops[] = {&b.ln1.info(),    &b.qkv.info(), &b.attn.info(), &b.proj.info(),
+                           &b.add1.info(),   &b.ln2.info(), &b.fc.info(),   &b.gelu.info(),
                            &b.fcproj.info(), &b.add2.info()};
     // Each operator, then the edges into it.
-    const int into[10][2] = {{0, -1}, {1, -1}, {2, -1}, {3, -1}, {4, 5}, {6, -1}, {7, -1}, {8, -1},
-                             {9, -1}, {10, 11}};
+    const int into[10][2] = {{0, -1}, {1, -1}, {2, -1}, {3, -1}, {4, 5},
+                             {6, -1}, {7, -1}, {8, -1}, {9, -1}, {10, 11}};
     if (b.recompute != Recompute::kNone) {
       out += "  h." + std::to_string(b.layer) + ": recompute " +
              std::string(RecomputeName(b.recompute)) + "\n";
@@ -744,9 +766,18 @@ struct Sizer {
       int k = -1;
       double b = 0;
       switch (s) {
-        case RedistStep::kAllReduce: k = 0; b = from.split == -1 ? whole : whole / tp; break;
-        case RedistStep::kReduceScatter: k = 1; b = whole; break;
-        case RedistStep::kAllGather: k = 2; b = whole; break;
+        case RedistStep::kAllReduce:
+          k = 0;
+          b = from.split == -1 ? whole : whole / tp;
+          break;
+        case RedistStep::kReduceScatter:
+          k = 1;
+          b = whole;
+          break;
+        case RedistStep::kAllGather:
+          k = 2;
+          b = whole;
+          break;
         case RedistStep::kRedistribute:
           // An all-to-all, with the shard copied into a DTensor, packed,
           // unpacked and copied out (OpContext::Convert): each read and
@@ -755,7 +786,9 @@ struct Sizer {
           b = whole / tp;
           w->bytes += 4.0 * (Local(from, rows, cols) + Local(to, rows, cols));
           break;
-        case RedistStep::kSlice: w->bytes += 2.0 * Local(to, rows, cols); break;
+        case RedistStep::kSlice:
+          w->bytes += 2.0 * Local(to, rows, cols);
+          break;
       }
       if (k >= 0) {
         ++w->comm_count[k];
@@ -915,7 +948,8 @@ OpGpt::HalfWork OpGpt::EstimateHalf(const GptConfig& config, int tp, const HalfO
   grad(out.output, add.inputs[1], C, StageWork::kDm);
   mark(4);
   Grow(&w, attention ? StageWork::kDy : StageWork::kDgIn, z.Local(h.out->InputGradient(), N, k2));
-  grad(mid_info.output, h.out->InputGradient(), k2, attention ? StageWork::kDattnY : StageWork::kDg);
+  grad(mid_info.output, h.out->InputGradient(), k2,
+       attention ? StageWork::kDattnY : StageWork::kDg);
   mark(3);
   Grow(&w, attention ? StageWork::kDqkvIn : StageWork::kDfIn, z.Local(mid_info.inputs[0], N, mid));
   grad(in.output, mid_info.inputs[0], mid, attention ? StageWork::kDqkv : StageWork::kDf);
@@ -964,10 +998,12 @@ StageWork OpGpt::EstimateBlock(const HalfWork& attention, const HalfWork& mlp, R
 }
 
 StageWork OpGpt::BlockWork(const Block& b, Placement x, int64_t N, int T) const {
-  const HalfWork h1 = EstimateHalf(config_, stage_.tp, {&b.ln1, &b.qkv, &b.attn, nullptr, &b.proj, &b.add1},
-                                   x, N, T, b.recompute);
-  const HalfWork h2 = EstimateHalf(config_, stage_.tp, {&b.ln2, &b.fc, nullptr, &b.gelu, &b.fcproj, &b.add2},
-                                   b.add1.info().output, N, T, b.recompute);
+  const HalfWork h1 =
+      EstimateHalf(config_, stage_.tp, {&b.ln1, &b.qkv, &b.attn, nullptr, &b.proj, &b.add1}, x, N,
+                   T, b.recompute);
+  const HalfWork h2 =
+      EstimateHalf(config_, stage_.tp, {&b.ln2, &b.fc, nullptr, &b.gelu, &b.fcproj, &b.add2},
+                   b.add1.info().output, N, T, b.recompute);
   return EstimateBlock(h1, h2, b.recompute,
                        Sizer{stage_.tp}.Local(b.add2.info().output, N, config_.embed));
 }
@@ -990,7 +1026,9 @@ StageWork OpGpt::EstimateInput(const GptConfig& config, int tp, const EmbeddingO
   if (embedding->info().rows_over_tp && tp > 1) {
     const int s = embedding->weight_split();
     e.tp_sum_floats += config.context * C +  // wpe, and wte
-                       (s == 0 ? (V + tp - 1) / tp * C : s == 1 ? V * ((C + tp - 1) / tp) : V * C);
+                       (s == 0   ? (V + tp - 1) / tp * C
+                        : s == 1 ? V * ((C + tp - 1) / tp)
+                                 : V * C);
   }
   return e;
 }
@@ -1063,10 +1101,11 @@ std::vector<std::pair<std::string, StageWork>> OpGpt::EstimateOps(int64_t N, int
     // A block entered from another (the second, when the stage has two).
     const Block& b = blocks_.size() > 1 ? blocks_[1] : blocks_[0];
     if (blocks_.size() > 1) x = blocks_[0].add2.info().output;
-    const HalfWork h1 = EstimateHalf(config_, tp, {&b.ln1, &b.qkv, &b.attn, nullptr, &b.proj, &b.add1},
-                                     x, N, T, b.recompute);
-    const HalfWork h2 = EstimateHalf(config_, tp, {&b.ln2, &b.fc, nullptr, &b.gelu, &b.fcproj, &b.add2},
-                                     b.add1.info().output, N, T, b.recompute);
+    const HalfWork h1 = EstimateHalf(
+        config_, tp, {&b.ln1, &b.qkv, &b.attn, nullptr, &b.proj, &b.add1}, x, N, T, b.recompute);
+    const HalfWork h2 =
+        EstimateHalf(config_, tp, {&b.ln2, &b.fc, nullptr, &b.gelu, &b.fcproj, &b.add2},
+                     b.add1.info().output, N, T, b.recompute);
     const char* names[10] = {"ln_1", "attn.c_attn", "attn.attention", "attn.c_proj", "add_1",
                              "ln_2", "mlp.c_fc",    "mlp.gelu",       "mlp.c_proj",  "add_2"};
     const std::string p = BlockPrefix(b.layer);

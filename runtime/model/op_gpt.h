@@ -52,8 +52,8 @@ enum class Recompute { kNone, kFull, kSelective };
 // allocate them.
 struct StageWork {
   // Forward + backward (+ recompute) of one micro-batch.
-  double flops = 0;  // the linears' matrix products
-  double bytes = 0;  // memory traffic of copies (slices, packing)
+  double flops = 0;                  // the linears' matrix products
+  double bytes = 0;                  // memory traffic of copies (slices, packing)
   double kernel[kKernelCount] = {};  // units of each element-wise and attention kernel
   // Collectives over tp, by RedistStep-like kind (CollectiveKind order:
   // AllReduce, ReduceScatter, AllGather, AllToAll): how many and bytes,
@@ -65,9 +65,33 @@ struct StageWork {
   // Buffers shared by the micro-batches and blocks (the recompute scratch,
   // transient conversions, backward's gradients): each at its largest.
   enum Shared {
-    kGather, kOutTmp, kConvTmp, kScratchBlock, kScratchAtt, kScratchY, kDres, kDres2, kTmp,
-    kDLnIn, kDAdd, kDm, kDgIn, kDg, kDfIn, kDf, kDhIn, kDh, kDy, kDqkvIn, kDqkv, kDattnY,
-    kDlogits, kDlnf, kDxLnf, kInputGrad, kSharedCount
+    kGather,
+    kOutTmp,
+    kConvTmp,
+    kScratchBlock,
+    kScratchAtt,
+    kScratchY,
+    kDres,
+    kDres2,
+    kTmp,
+    kDLnIn,
+    kDAdd,
+    kDm,
+    kDgIn,
+    kDg,
+    kDfIn,
+    kDf,
+    kDhIn,
+    kDh,
+    kDy,
+    kDqkvIn,
+    kDqkv,
+    kDattnY,
+    kDlogits,
+    kDlnf,
+    kDxLnf,
+    kInputGrad,
+    kSharedCount
   };
   int64_t shared[kSharedCount] = {};
   // Parameter gradients summed over tp once per step (floats).
@@ -180,9 +204,8 @@ class OpGpt {
   static StageWork EstimateInput(const GptConfig& config, int tp, const EmbeddingOp* embedding,
                                  int64_t N);
   // `parts` (3, when given): ln_f's, lm_head's and the loss's shares.
-  static StageWork EstimateOutput(const GptConfig& config, int tp, Placement x,
-                                  const HeadOps* head, int64_t N, bool wte_summed,
-                                  StageWork* parts = nullptr);
+  static StageWork EstimateOutput(const GptConfig& config, int tp, Placement x, const HeadOps* head,
+                                  int64_t N, bool wte_summed, StageWork* parts = nullptr);
   // A block from its halves (full recompute: the forward twice, the slot
   // keeping only the output, `out_bytes`).
   static StageWork EstimateBlock(const HalfWork& attention, const HalfWork& mlp, Recompute rc,
@@ -203,7 +226,7 @@ class OpGpt {
  private:
   // A redistribution between a producer and a consumer's input.
   struct Edge {
-    std::string label;  // "h.0.ln_1 -> h.0.attn.c_attn"
+    std::string label;   // "h.0.ln_1 -> h.0.attn.c_attn"
     Placement from, to;  // forward: the producer's output, the input needed
     Placement grad;      // backward: the consumer's input gradient (-> from, resolved)
     int64_t cols = 0;
@@ -289,7 +312,7 @@ class OpGpt {
   LmHeadOp lm_head_;
   CrossEntropyOp loss_;
   Edge lnf_e_, lm_e_, ce_e_, out_e_;  // x_L->ln_f, hf->lm_head, logits->loss, x_L->next stage
-  Placement stream_in_;  // the placement of x0
+  Placement stream_in_;               // the placement of x0
   int64_t wte_ = -1, wpe_ = -1, lnfw_ = 0, lnfb_ = 0;
   // Parameters whose gradient is summed over tp: offset, count.
   std::vector<std::pair<int64_t, int64_t>> tp_sums_;

@@ -31,7 +31,8 @@ Status ParallelConfig::Validate(int world_size) const {
   }
   if (op_strategy != nullptr) {
     const OpStrategyFile& f = *op_strategy;
-    for (auto [name, want, have] : {std::tuple{"pp", f.pp, pp}, {"dp", f.dp, dp}, {"tp", f.tp, tp}}) {
+    for (auto [name, want, have] :
+         {std::tuple{"pp", f.pp, pp}, {"dp", f.dp, dp}, {"tp", f.tp, tp}}) {
       if (want.has_value() && *want != have) {
         return InvalidArgumentError(f.source + ": the file's mesh has " + name + " " +
                                     std::to_string(*want) + " but the job runs " + name + " " +
@@ -230,7 +231,8 @@ Status ParallelGpt::Build() {
     std::vector<int64_t> coords = comms_.coordinates();
     const int dp_axis = comms_.mesh().FindAxis("dp");
     for (const ParamInfo& p : params) {
-      ASSIGN_OR_RETURN(ShardGrid grid, ShardGrid::Create(comms_.mesh(), LayoutOf(parallel_, p, stage_, true)));
+      ASSIGN_OR_RETURN(ShardGrid grid,
+                       ShardGrid::Create(comms_.mesh(), LayoutOf(parallel_, p, stage_, true)));
       const int64_t row = p.box[0].size() > 0 ? p.numel / p.box[0].size() : 0;
       Shard s{&p, 0, {}, {}, offset};
       for (int r = 0; r < dp; ++r) {
@@ -297,8 +299,8 @@ Status ParallelGpt::ReduceGradients() {
   const int dp = parallel_.dp;
   for (const Bucket& b : buckets_) {
     if (parallel_.zero == 0) {
-      RETURN_IF_ERROR(dp_->AllReduce(grads + b.begin, grads + b.begin, b.end - b.begin,
-                                     DType::kF32, ReduceOp::kAvg));
+      RETURN_IF_ERROR(dp_->AllReduce(grads + b.begin, grads + b.begin, b.end - b.begin, DType::kF32,
+                                     ReduceOp::kAvg));
       continue;
     }
     // Rank r's block of the send buffer: its rows of every tensor of the
@@ -312,8 +314,8 @@ Status ParallelGpt::ReduceGradients() {
       }
       std::fill(out, send_.data() + (r + 1) * b.max_count, 0.0f);
     }
-    RETURN_IF_ERROR(dp_->ReduceScatter(send_.data(), recv_.data(), b.max_count, DType::kF32,
-                                       ReduceOp::kAvg));
+    RETURN_IF_ERROR(
+        dp_->ReduceScatter(send_.data(), recv_.data(), b.max_count, DType::kF32, ReduceOp::kAvg));
     const float* in = recv_.data();
     for (size_t i : b.params) {
       const Shard& s = shards_[i];
@@ -328,7 +330,7 @@ Result<double> ParallelGpt::ShardedSquaredNorm() {
   double sum = 0;
   const bool lead = comms_.coordinate("tp") == 0;
   for (const Shard& s : shards_) {
-    if (s.param->tied_copy) continue;  // counted on the first stage
+    if (s.param->tied_copy) continue;            // counted on the first stage
     if (s.param->tp_dim < 0 && !lead) continue;  // counted on tp rank 0
     sum += SquaredNorm(model_.grads().data() + s.param->offset + s.begin, s.counts[dp_rank_]);
   }
@@ -401,10 +403,10 @@ Result<double> ParallelGpt::RunPipeline(const int32_t* tokens, const int32_t* ta
       AddElapsed timed(&comm_seconds_);
       RETURN_IF_ERROR(slot_send[slot].Wait());
     }
-    ASSIGN_OR_RETURN(float l,
-                     ops_ ? ops_->ForwardStage(slot, tokens + at, recv_x_.data(), targets + at, mb, T)
-                          : model_.ForwardStage(slot, tokens + at, recv_x_.data(), targets + at,
-                                                mb, T));
+    ASSIGN_OR_RETURN(
+        float l, ops_
+                     ? ops_->ForwardStage(slot, tokens + at, recv_x_.data(), targets + at, mb, T)
+                     : model_.ForwardStage(slot, tokens + at, recv_x_.data(), targets + at, mb, T));
     loss += l;
     if (s < P - 1) {
       const float* out = ops_ ? ops_->StageOutput(slot) : model_.StageOutput(slot);
@@ -528,7 +530,8 @@ Result<Strategy> ParallelGpt::StrategyOf(const GptConfig& config, const Parallel
   GptStage first = StageOf(config, parallel.pp, 0, parallel.tp, 0, parallel.stage_layers);
   ASSIGN_OR_RETURN(std::unique_ptr<OpGpt> ops, StageOps(config, parallel, mesh, first));
   std::shared_ptr<const std::map<std::string, int>> dims;
-  if (ops != nullptr) dims = std::make_shared<const std::map<std::string, int>>(ops->param_splits());
+  if (ops != nullptr)
+    dims = std::make_shared<const std::map<std::string, int>>(ops->param_splits());
   // Every stage's parameters (the tied copy is not a tensor of its own),
   // each on its stage of the pp axis when there are several.
   const int pp = parallel.pp;
@@ -542,7 +545,8 @@ Result<Strategy> ParallelGpt::StrategyOf(const GptConfig& config, const Parallel
     }
   }
   Strategy strategy(mesh);
-  for (const auto& [p, s] : all) RETURN_IF_ERROR(strategy.Add({p.name, LayoutOf(parallel, p, s, false)}));
+  for (const auto& [p, s] : all)
+    RETURN_IF_ERROR(strategy.Add({p.name, LayoutOf(parallel, p, s, false)}));
   for (const auto& [p, s] : all) {
     const Layout layout = LayoutOf(parallel, p, s, true);
     RETURN_IF_ERROR(strategy.Add({"optimizer." + p.name + ".exp_avg", layout}));
@@ -559,10 +563,10 @@ Status ParallelGpt::GatherOptimizerState() {
   for (const Shard& s : shards_) {
     float* m = model_.adam_m().data() + s.param->offset;
     float* v = model_.adam_v().data() + s.param->offset;
-    RETURN_IF_ERROR(dp_->AllGatherV(shard_m_.data() + s.offset, s.counts[dp_rank_], m, s.counts,
-                                    DType::kF32));
-    RETURN_IF_ERROR(dp_->AllGatherV(shard_v_.data() + s.offset, s.counts[dp_rank_], v, s.counts,
-                                    DType::kF32));
+    RETURN_IF_ERROR(
+        dp_->AllGatherV(shard_m_.data() + s.offset, s.counts[dp_rank_], m, s.counts, DType::kF32));
+    RETURN_IF_ERROR(
+        dp_->AllGatherV(shard_v_.data() + s.offset, s.counts[dp_rank_], v, s.counts, DType::kF32));
   }
   return Status::Ok();
 }
@@ -586,8 +590,7 @@ Status ParallelGpt::GatherModel(Gpt* full) {
   std::vector<int64_t> coords(3, 0);  // pp, dp, tp
   for (int s = 0; s < pp; ++s) {
     for (int t = 0; t < tp; ++t) {
-      ASSIGN_OR_RETURN(std::vector<ParamInfo> params,
-                       Gpt::Params(model_.config(), Stage(s, t)));
+      ASSIGN_OR_RETURN(std::vector<ParamInfo> params, Gpt::Params(model_.config(), Stage(s, t)));
       int64_t count = 0;
       for (const ParamInfo& p : params) count += p.numel;
       std::vector<float> w, m, v;
@@ -609,10 +612,11 @@ Status ParallelGpt::GatherModel(Gpt* full) {
       for (const ParamInfo& p : params) {
         if (p.tied_copy) continue;
         const ParamInfo* to = full->FindParam(p.name);
-        if (to == nullptr) return InternalError("stage parameter '" + p.name + "' not in the model");
+        if (to == nullptr)
+          return InternalError("stage parameter '" + p.name + "' not in the model");
         const std::vector<int64_t> extents = p.box.extents();
-        for (auto [from, into] : {std::pair{&w, &full->weights()}, {&m, &full->adam_m()},
-                                  {&v, &full->adam_v()}}) {
+        for (auto [from, into] :
+             {std::pair{&w, &full->weights()}, {&m, &full->adam_m()}, {&v, &full->adam_v()}}) {
           CopyBox(from->data() + p.offset, extents, Box::FromShape(extents),
                   into->data() + to->offset, p.split_shape(), p.box, sizeof(float));
         }
@@ -653,8 +657,9 @@ Result<std::vector<LocalPiece>> ParallelGpt::SlicedPieces(
     const float* data = nullptr;
     int64_t count = p->numel;
     if (which == 0 || parallel_.zero == 0) {
-      const std::vector<float>& v =
-          which == 0 ? model_.weights() : which == 1 ? model_.adam_m() : model_.adam_v();
+      const std::vector<float>& v = which == 0   ? model_.weights()
+                                    : which == 1 ? model_.adam_m()
+                                                 : model_.adam_v();
       data = v.data() + p->offset;
       if (piece.box != p->box) count = -1;
     } else {
@@ -664,8 +669,7 @@ Result<std::vector<LocalPiece>> ParallelGpt::SlicedPieces(
     }
     if (count != NumElements(piece.box)) {
       return InternalError("sliced save: '" + tensor + "' " + ToString(piece.box) +
-                           " is not what rank " + std::to_string(comms_.world().rank()) +
-                           " holds");
+                           " is not what rank " + std::to_string(comms_.world().rank()) + " holds");
     }
     out.push_back({piece.tensor, piece.box, data, count * static_cast<int64_t>(sizeof(float))});
   }

@@ -56,7 +56,7 @@ namespace tessera {
 
 struct ParallelConfig {
   int dp = 1, tp = 1, pp = 1;
-  int zero = 0;  // 0: every dp rank holds the whole optimizer state; 1: ZeRO-1
+  int zero = 0;           // 0: every dp rank holds the whole optimizer state; 1: ZeRO-1
   int micro_batches = 0;  // per step and dp rank under pp > 1 (0: pp)
   int64_t bucket_bytes = int64_t{25} << 20;
   // Layers per pipeline stage (empty: as even as possible).
@@ -185,13 +185,13 @@ class ParallelGpt {
   // Where this rank's ZeRO shard of one parameter lies.
   struct Shard {
     const ParamInfo* param;
-    int64_t begin = 0;  // first element of this rank's shard in the parameter
+    int64_t begin = 0;                    // first element of this rank's shard in the parameter
     std::vector<int64_t> starts, counts;  // each dp rank's first element and count
-    int64_t offset = 0;  // of this rank's shard in shard_m_/shard_v_
+    int64_t offset = 0;                   // of this rank's shard in shard_m_/shard_v_
   };
   struct Bucket {
-    std::vector<size_t> params;  // indices into model_.params(), in order
-    int64_t begin = 0, end = 0;  // the flat range they cover (contiguous)
+    std::vector<size_t> params;   // indices into model_.params(), in order
+    int64_t begin = 0, end = 0;   // the flat range they cover (contiguous)
     std::vector<int64_t> counts;  // ZeRO: elements per dp rank over the bucket
     int64_t max_count = 0;
   };
@@ -229,8 +229,8 @@ class ParallelGpt {
   // First and last stage ranks of the same dp and tp coordinates: they
   // sum the tied embedding's gradient (null elsewhere and when pp = 1).
   std::unique_ptr<Communicator> tied_;
-  std::vector<float> recv_x_, recv_dy_;              // one micro-batch's [b,T,C]
-  std::vector<std::vector<float>> send_dx_;          // DxSendBuffers(M), in turn
+  std::vector<float> recv_x_, recv_dy_;      // one micro-batch's [b,T,C]
+  std::vector<std::vector<float>> send_dx_;  // DxSendBuffers(M), in turn
 
   std::vector<Bucket> buckets_;
   std::vector<Shard> shards_;  // ZeRO: one per parameter

@@ -1,5 +1,7 @@
 #include "runtime/parallel/cost_model.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -9,7 +11,6 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <thread>
-#include <unistd.h>
 #include <vector>
 
 #include "core/env.h"
@@ -33,11 +34,14 @@ struct Ring {
 };
 Ring RingOf(CollectiveKind kind, double n) {
   switch (kind) {
-    case CollectiveKind::kAllReduce: return {2 * (n - 1), 2 * (n - 1) / n};
+    case CollectiveKind::kAllReduce:
+      return {2 * (n - 1), 2 * (n - 1) / n};
     case CollectiveKind::kReduceScatter:
     case CollectiveKind::kAllGather:
-    case CollectiveKind::kAllToAll: return {n - 1, (n - 1) / n};
-    case CollectiveKind::kSendRecv: return {1, 1};
+    case CollectiveKind::kAllToAll:
+      return {n - 1, (n - 1) / n};
+    case CollectiveKind::kSendRecv:
+      return {1, 1};
   }
   return {0, 0};
 }
@@ -58,12 +62,21 @@ constexpr Roofline kRoofline[] = {
     {4, 0},            // squared norm: one read
 };
 
-constexpr std::string_view kKernelNames[] = {
-    "layer_norm_forward",         "layer_norm_backward",        "gelu_forward",
-    "gelu_backward",              "residual_add",               "embedding_forward",
-    "embedding_backward",         "cross_entropy_forward",      "cross_entropy_backward",
-    "attention_forward_scores",   "attention_forward_products", "attention_backward_scores",
-    "attention_backward_products", "adamw",                     "squared_norm"};
+constexpr std::string_view kKernelNames[] = {"layer_norm_forward",
+                                             "layer_norm_backward",
+                                             "gelu_forward",
+                                             "gelu_backward",
+                                             "residual_add",
+                                             "embedding_forward",
+                                             "embedding_backward",
+                                             "cross_entropy_forward",
+                                             "cross_entropy_backward",
+                                             "attention_forward_scores",
+                                             "attention_forward_products",
+                                             "attention_backward_scores",
+                                             "attention_backward_products",
+                                             "adamw",
+                                             "squared_norm"};
 static_assert(std::size(kRoofline) == kKernelCount && std::size(kKernelNames) == kKernelCount,
               "a roofline and a name for every Kernel");
 
@@ -92,11 +105,16 @@ std::vector<double> Ascending(const std::vector<double>& v) {
 
 std::string_view CollectiveName(CollectiveKind kind) {
   switch (kind) {
-    case CollectiveKind::kAllReduce: return "AllReduce";
-    case CollectiveKind::kReduceScatter: return "ReduceScatter";
-    case CollectiveKind::kAllGather: return "AllGather";
-    case CollectiveKind::kAllToAll: return "AllToAll";
-    case CollectiveKind::kSendRecv: return "SendRecv";
+    case CollectiveKind::kAllReduce:
+      return "AllReduce";
+    case CollectiveKind::kReduceScatter:
+      return "ReduceScatter";
+    case CollectiveKind::kAllGather:
+      return "AllGather";
+    case CollectiveKind::kAllToAll:
+      return "AllToAll";
+    case CollectiveKind::kSendRecv:
+      return "SendRecv";
   }
   return "?";
 }
@@ -132,7 +150,8 @@ Result<MachineProfile> MachineProfile::Parse(std::string_view text, const std::s
     p.memory_bytes = static_cast<int64_t>(d.value("memory_bytes", 0.0));
     RETURN_IF_ERROR(Positive(source, "device.matmul_flops", p.matmul_flops));
     RETURN_IF_ERROR(Positive(source, "device.memory_bandwidth", p.memory_bandwidth));
-    for (auto [key, link] : {std::pair{"intra_host", &p.intra_host}, {"inter_host", &p.inter_host}}) {
+    for (auto [key, link] :
+         {std::pair{"intra_host", &p.intra_host}, {"inter_host", &p.inter_host}}) {
       if (!j.contains(key)) {
         if (std::string(key) == "inter_host") {  // one host: never used
           p.inter_host = p.intra_host;
@@ -150,11 +169,13 @@ Result<MachineProfile> MachineProfile::Parse(std::string_view text, const std::s
     }
     if (j.contains("collectives")) {
       const Json& list = j["collectives"];
-      if (!list.is_array()) return InvalidArgumentError(source + ": \"collectives\" must be a list");
+      if (!list.is_array())
+        return InvalidArgumentError(source + ": \"collectives\" must be a list");
       for (const Json& c : list) {
         CollectiveTable t;
         const std::string kind = c.value("kind", "");
-        const std::string where = source + ": collectives[" + std::to_string(p.collectives.size()) + "]";
+        const std::string where =
+            source + ": collectives[" + std::to_string(p.collectives.size()) + "]";
         bool known = false;
         for (CollectiveKind k : {CollectiveKind::kAllReduce, CollectiveKind::kAllGather,
                                  CollectiveKind::kReduceScatter, CollectiveKind::kSendRecv}) {
@@ -172,7 +193,8 @@ Result<MachineProfile> MachineProfile::Parse(std::string_view text, const std::s
         t.bytes = c.value("bytes", std::vector<double>{});
         t.seconds = c.value("seconds", std::vector<double>{});
         if (t.group < 2 || t.bytes.empty() || t.bytes.size() != t.seconds.size()) {
-          return InvalidArgumentError(where + ": needs a group of at least 2 and as many "
+          return InvalidArgumentError(where +
+                                      ": needs a group of at least 2 and as many "
                                       "\"seconds\" as \"bytes\" (at least one)");
         }
         for (size_t i = 0; i < t.bytes.size(); ++i) {
@@ -186,15 +208,17 @@ Result<MachineProfile> MachineProfile::Parse(std::string_view text, const std::s
     }
     if (j.contains("kernels")) {
       const Json& kernels = j["kernels"];
-      if (!kernels.is_object()) return InvalidArgumentError(source + ": \"kernels\" must be an object");
+      if (!kernels.is_object())
+        return InvalidArgumentError(source + ": \"kernels\" must be an object");
       for (const auto& [name, value] : kernels.items()) {
         int k = 0;
         while (k < kKernelCount && kKernelNames[k] != name) ++k;
         if (k == kKernelCount) {
           std::string known;
-          for (std::string_view n : kKernelNames) known += (known.empty() ? "" : ", ") + std::string(n);
-          return InvalidArgumentError(source + ": kernels: unknown kernel \"" + name + "\" (known: " +
-                                      known + ")");
+          for (std::string_view n : kKernelNames)
+            known += (known.empty() ? "" : ", ") + std::string(n);
+          return InvalidArgumentError(source + ": kernels: unknown kernel \"" + name +
+                                      "\" (known: " + known + ")");
         }
         const double v = value.is_number() ? value.get<double>() : -1;
         if (!(v > 0 && std::isfinite(v))) {
@@ -256,7 +280,8 @@ std::string MachineProfile::ToJson() const {
 MachineProfile MachineProfile::ForRanks(int ranks) const {
   MachineProfile p = *this;
   const int64_t devices = static_cast<int64_t>(hosts) * devices_per_host;
-  p.ranks_per_device = hosts > 0 && ranks > devices ? static_cast<int>((ranks + devices - 1) / devices) : 1;
+  p.ranks_per_device =
+      hosts > 0 && ranks > devices ? static_cast<int>((ranks + devices - 1) / devices) : 1;
   return p;
 }
 
@@ -288,7 +313,8 @@ double MachineProfile::CollectiveSeconds(CollectiveKind kind, double bytes, int 
         const size_t i = static_cast<size_t>(
             std::upper_bound(t.bytes.begin(), t.bytes.end(), bytes) - t.bytes.begin());
         const double f = std::log(bytes / t.bytes[i - 1]) / std::log(t.bytes[i] / t.bytes[i - 1]);
-        table = std::exp(std::log(t.seconds[i - 1]) + f * std::log(t.seconds[i] / t.seconds[i - 1]));
+        table =
+            std::exp(std::log(t.seconds[i - 1]) + f * std::log(t.seconds[i] / t.seconds[i - 1]));
       }
       // Timed cold (the table) and back to back (the line), a collective
       // costs at least the larger: on this VM either can be the slow one
@@ -317,7 +343,8 @@ double MeasureMatmulFlops(int64_t n) {
   // slower a flop than the forward).
   auto both = [&] {
     kernels::MatmulForward(y.data(), x.data(), w.data(), b.data(), N, C, M);
-    kernels::MatmulBackward(dx.data(), dw.data(), db.data(), dy.data(), x.data(), w.data(), N, C, M);
+    kernels::MatmulBackward(dx.data(), dw.data(), db.data(), dy.data(), x.data(), w.data(), N, C,
+                            M);
   };
   const double s = MedianSeconds(5, both, /*warm_up=*/true);
   return 6.0 * N * C * M / s;
@@ -326,7 +353,8 @@ double MeasureMatmulFlops(int64_t n) {
 double MeasureMemoryBandwidth(int64_t floats) {
   std::vector<float> a(floats, 1.0f), b(floats, 2.0f), out(floats);
   const double s = MedianSeconds(
-      7, [&] { kernels::ResidualForward(out.data(), a.data(), b.data(), floats); }, /*warm_up=*/true);
+      7, [&] { kernels::ResidualForward(out.data(), a.data(), b.data(), floats); },
+      /*warm_up=*/true);
   return 12.0 * static_cast<double>(floats) / s;
 }
 
@@ -356,13 +384,15 @@ Result<LinkProfile> MeasureLink(Communicator& comm, int64_t max_bytes) {
     for (int kind = 0; kind < 2; ++kind) {
       RETURN_IF_ERROR(comm.Barrier());
       double t = MedianSeconds(5, [&] {
-        Status s = kind == 0 ? comm.AllReduce(send.data(), recv.data(), count, DType::kF32, ReduceOp::kSum)
-                             : comm.AllGather(send.data(), count / n, recv.data(), DType::kF32);
+        Status s =
+            kind == 0 ? comm.AllReduce(send.data(), recv.data(), count, DType::kF32, ReduceOp::kSum)
+                      : comm.AllGather(send.data(), count / n, recv.data(), DType::kF32);
         if (status.ok()) status = s;
       });
       RETURN_IF_ERROR(status);
       RETURN_IF_ERROR(comm.Broadcast(&t, 1, DType::kF64, 0));  // rank 0's timing everywhere
-      const Ring ring = RingOf(kind == 0 ? CollectiveKind::kAllReduce : CollectiveKind::kAllGather, n);
+      const Ring ring =
+          RingOf(kind == 0 ? CollectiveKind::kAllReduce : CollectiveKind::kAllGather, n);
       const double moved = ring.moved * static_cast<double>(bytes);
       sbb += moved * moved;
       sbt += moved * std::max(0.0, t - ring.steps * link.latency_s);
@@ -430,14 +460,18 @@ Result<std::vector<CollectiveTable>> MeasureCollectives(Communicator& comm, int6
       send.assign(count, 1.0f);
       recv.assign(count * g, 0.0f);
       for (int kind = 0; kind < 3; ++kind) {
-        ASSIGN_OR_RETURN(double median, timed([&](int) {
-          switch (kind) {
-            case 0: return c->AllReduce(send.data(), recv.data(), count, DType::kF32, ReduceOp::kSum);
-            case 1: return c->AllGather(send.data(), count / g, recv.data(), DType::kF32);
-            default:
-              return c->ReduceScatter(send.data(), recv.data(), count / g, DType::kF32, ReduceOp::kSum);
-          }
-        }));
+        ASSIGN_OR_RETURN(
+            double median, timed([&](int) {
+              switch (kind) {
+                case 0:
+                  return c->AllReduce(send.data(), recv.data(), count, DType::kF32, ReduceOp::kSum);
+                case 1:
+                  return c->AllGather(send.data(), count / g, recv.data(), DType::kF32);
+                default:
+                  return c->ReduceScatter(send.data(), recv.data(), count / g, DType::kF32,
+                                          ReduceOp::kSum);
+              }
+            }));
         tables[kind].group = g;
         tables[kind].bytes.push_back(static_cast<double>(count * 4));
         tables[kind].seconds.push_back(median);
@@ -455,16 +489,16 @@ Result<std::vector<CollectiveTable>> MeasureCollectives(Communicator& comm, int6
     send.assign(count, 1.0f);
     recv.assign(count, 0.0f);
     ASSIGN_OR_RETURN(double round_trip, timed([&](int run) -> Status {
-      if (comm.rank() == 0) {
-        RETURN_IF_ERROR(comm.Send(send.data(), count, DType::kF32, 1, run));
-        return comm.Recv(recv.data(), count, DType::kF32, 1, run);
-      }
-      if (comm.rank() == 1) {
-        RETURN_IF_ERROR(comm.Recv(recv.data(), count, DType::kF32, 0, run));
-        return comm.Send(recv.data(), count, DType::kF32, 0, run);
-      }
-      return Status::Ok();
-    }));
+                       if (comm.rank() == 0) {
+                         RETURN_IF_ERROR(comm.Send(send.data(), count, DType::kF32, 1, run));
+                         return comm.Recv(recv.data(), count, DType::kF32, 1, run);
+                       }
+                       if (comm.rank() == 1) {
+                         RETURN_IF_ERROR(comm.Recv(recv.data(), count, DType::kF32, 0, run));
+                         return comm.Send(recv.data(), count, DType::kF32, 0, run);
+                       }
+                       return Status::Ok();
+                     }));
     p2p.bytes.push_back(static_cast<double>(count * 4));
     p2p.seconds.push_back(round_trip / 2);
   }

@@ -64,8 +64,7 @@ Result<DTensor> DTensor::FromLocal(const Mesh& mesh, Layout layout, int64_t rank
   return t;
 }
 
-Result<DTensor> DTensor::FromFull(const Mesh& mesh, Layout layout, const void* full,
-                                  int64_t rank) {
+Result<DTensor> DTensor::FromFull(const Mesh& mesh, Layout layout, const void* full, int64_t rank) {
   ASSIGN_OR_RETURN(std::optional<Box> box, ShardOf(layout, mesh, rank));
   std::vector<char> local;
   if (box) {
@@ -94,10 +93,10 @@ Status RedistributeInto(const DTensor& t, const Mesh& target_mesh, const Layout&
   ASSIGN_OR_RETURN(auto blocks, RowBlocksInRankOrder(t.mesh(), t.layout(), target_mesh, target));
   if (blocks && target.shape == t.layout().shape && target.dtype == t.layout().dtype) {
     RETURN_IF_ERROR(out->Reset(target_mesh, target, comm.rank()));
-    RETURN_IF_ERROR(comm.AllGatherV(t.local().data(), (*blocks)[comm.rank()], out->local().data(),
-                                    *blocks, DType::kU8)
-                        .Annotate("redistribute " + ToString(t.layout()) + " -> " +
-                                  ToString(target)));
+    RETURN_IF_ERROR(
+        comm.AllGatherV(t.local().data(), (*blocks)[comm.rank()], out->local().data(), *blocks,
+                        DType::kU8)
+            .Annotate("redistribute " + ToString(t.layout()) + " -> " + ToString(target)));
     if (stats != nullptr) {
       const int64_t mine = (*blocks)[comm.rank()];
       *stats = {mine * (world - 1), static_cast<int64_t>(out->local().size()) - mine, mine};
@@ -106,9 +105,8 @@ Status RedistributeInto(const DTensor& t, const Mesh& target_mesh, const Layout&
   }
   // Every rank plans the same (deterministic) copies; local pieces first.
   std::vector<int64_t> load;
-  ASSIGN_OR_RETURN(TensorPlan plan,
-                   PlanTensorReshard("tensor", t.mesh(), t.layout(), target_mesh, target,
-                                     {.prefer_local = true}, &load));
+  ASSIGN_OR_RETURN(TensorPlan plan, PlanTensorReshard("tensor", t.mesh(), t.layout(), target_mesh,
+                                                      target, {.prefer_local = true}, &load));
   const int64_t me = comm.rank();
   const int64_t es = DTypeSize(target.dtype);
   // The source shard in the plan's coordinates (the same bytes whatever the
@@ -151,9 +149,9 @@ Status RedistributeInto(const DTensor& t, const Mesh& target_mesh, const Layout&
     total_recv += recv_counts[r];
   }
   recv.resize(total_recv);
-  RETURN_IF_ERROR(comm.AllToAllV(send.data(), send_counts, recv.data(), recv_counts, DType::kU8)
-                      .Annotate("redistribute " + ToString(t.layout()) + " -> " +
-                                ToString(target)));
+  RETURN_IF_ERROR(
+      comm.AllToAllV(send.data(), send_counts, recv.data(), recv_counts, DType::kU8)
+          .Annotate("redistribute " + ToString(t.layout()) + " -> " + ToString(target)));
   for (int64_t r = 0; r < world; ++r) {
     s.sent_bytes += send_counts[r];
     s.received_bytes += recv_counts[r];

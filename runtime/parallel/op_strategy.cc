@@ -29,7 +29,8 @@ Status ParseDim(const Json& j, DimAxes* axes, int64_t* count) {
   }
   if (j.is_array()) {
     for (const Json& a : j) {
-      if (!a.is_string()) return InvalidArgumentError("axis list " + j.dump() + " holds a non-name");
+      if (!a.is_string())
+        return InvalidArgumentError("axis list " + j.dump() + " holds a non-name");
       axes->push_back(a.get<std::string>());
     }
     return Status::Ok();
@@ -41,8 +42,8 @@ Status ParseDim(const Json& j, DimAxes* axes, int64_t* count) {
 Result<int> OptionalInt(const Json& root, const char* key, int min) {
   const Json& j = root.at(key);
   if (!j.is_number_integer() || j.get<int64_t>() < min) {
-    return InvalidArgumentError(std::string("\"") + key + "\" must be an integer >= " +
-                                std::to_string(min));
+    return InvalidArgumentError(std::string("\"") + key +
+                                "\" must be an integer >= " + std::to_string(min));
   }
   return j.get<int>();
 }
@@ -117,11 +118,14 @@ Result<OpStrategyFile> OpStrategyFile::Parse(std::string_view text, const std::s
   }
   const std::string format = root.at("format").get<std::string>();
   if (format == "tessera.strategy") {
-    return fail("this is a layout strategy file (tensor layouts, for ckpt --strategy), not an "
-                "operator strategy file (\"format\": \"" + std::string(kOpStrategyFormat) + "\")");
+    return fail(
+        "this is a layout strategy file (tensor layouts, for ckpt --strategy), not an "
+        "operator strategy file (\"format\": \"" +
+        std::string(kOpStrategyFormat) + "\")");
   }
   if (format != kOpStrategyFormat) {
-    return fail("\"format\" is '" + format + "', expected '" + std::string(kOpStrategyFormat) + "'");
+    return fail("\"format\" is '" + format + "', expected '" + std::string(kOpStrategyFormat) +
+                "'");
   }
   if (root.value("version", 1) != 1) {
     return fail("version " + root.at("version").dump() + " is not 1, the version this reads");
@@ -167,8 +171,9 @@ Result<OpStrategyFile> OpStrategyFile::Parse(std::string_view text, const std::s
       if (value.is_string()) {
         file.dataset_strategy = value.get<std::string>();
         if (file.dataset_strategy != "data_parallel" && file.dataset_strategy != "full_batch") {
-          return fail("dataset_strategy '" + file.dataset_strategy +
-                      "' is not data_parallel, full_batch or a layout like [[\"dp\", 1], [\"dp\", 1]]");
+          return fail(
+              "dataset_strategy '" + file.dataset_strategy +
+              "' is not data_parallel, full_batch or a layout like [[\"dp\", 1], [\"dp\", 1]]");
         }
         continue;
       }
@@ -222,8 +227,8 @@ Result<OpStrategyFile> OpStrategyFile::Parse(std::string_view text, const std::s
           int64_t c = 1;
           const Status s = ParseDim(dim, &a, &c);
           if (!s.ok()) {
-            return fail("operator '" + pattern + "' input " + std::to_string(e.axes.size()) +
-                        " " + DimName(static_cast<int>(axes.size())) + ": " + s.message());
+            return fail("operator '" + pattern + "' input " + std::to_string(e.axes.size()) + " " +
+                        DimName(static_cast<int>(axes.size())) + ": " + s.message());
           }
           axes.push_back(std::move(a));
           counts.push_back(c);
@@ -300,8 +305,8 @@ std::string OpStrategyFile::ToJson() const {
 Result<OpStrategyFile> OpStrategyFile::Load(const std::string& path) {
   auto text = ReadFileToString(Env::Default(), path);
   if (!text.ok()) {
-    return Status(text.status().code(), "operator strategy file " + path + ": " +
-                                            text.status().message());
+    return Status(text.status().code(),
+                  "operator strategy file " + path + ": " + text.status().message());
   }
   return Parse(*text, path);
 }
@@ -329,8 +334,10 @@ Status CheckOpStrategy(const OpSignature& op, const OpStrategy& s, const Mesh& m
       int64_t ways = 1;
       for (const std::string& a : s.inputs[i][d]) {
         const int axis = mesh.FindAxis(a);
-        if (axis < 0) return fail(at + ": the mesh " + mesh.ToString() + " has no axis '" + a + "'");
-        if (a == "pp") return fail(at + ": 'pp' is the pipeline's axis; stages are set by stage_layers");
+        if (axis < 0)
+          return fail(at + ": the mesh " + mesh.ToString() + " has no axis '" + a + "'");
+        if (a == "pp")
+          return fail(at + ": 'pp' is the pipeline's axis; stages are set by stage_layers");
         if (std::find(used.begin(), used.end(), a) != used.end()) {
           return fail(at + ": axis '" + a + "' cuts two dimensions of one input");
         }
@@ -411,7 +418,8 @@ Result<std::map<std::string, OpStrategy>> ResolveOpStrategies(const OpStrategyFi
         const OpSignature::Input& in = op.inputs[i];
         if (e.axes[i].size() != in.shape.size()) {
           return fail(op.name, "input " + std::to_string(i) + " (" + in.name + ") has " +
-                                   std::to_string(in.shape.size()) + " dimensions; the strategy gives " +
+                                   std::to_string(in.shape.size()) +
+                                   " dimensions; the strategy gives " +
                                    std::to_string(e.axes[i].size()));
         }
         InputStrategy dims;
@@ -422,7 +430,8 @@ Result<std::map<std::string, OpStrategy>> ResolveOpStrategies(const OpStrategyFi
             const std::string at = "input " + std::to_string(i) + " (" + in.name + ") " +
                                    DimName(static_cast<int>(d)) + ": split count " +
                                    std::to_string(count);
-            if (c.empty()) return fail(op.name, at + " is no product of the mesh's axes " + mesh.ToString());
+            if (c.empty())
+              return fail(op.name, at + " is no product of the mesh's axes " + mesh.ToString());
             if (c.size() > 1) {
               std::string options;
               for (const DimAxes& a : c) options += (options.empty() ? "" : " or ") + AxesText(a);

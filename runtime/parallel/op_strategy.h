@@ -67,9 +67,9 @@ struct OpSignature {
   std::string name;  // "h.0.mlp.c_fc"
   std::string kind;  // "linear", "embedding", ... (for messages)
   struct Input {
-    std::string name;             // "x", "weight"
-    std::vector<int64_t> shape;   // -1 for the rows (batch x sequence)
-    std::string param;            // the parameter it is, if any ("wte")
+    std::string name;            // "x", "weight"
+    std::vector<int64_t> shape;  // -1 for the rows (batch x sequence)
+    std::string param;           // the parameter it is, if any ("wte")
     // Dimensions that may be cut unevenly (torch.chunk: the vocabulary).
     std::vector<int> uneven;
   };

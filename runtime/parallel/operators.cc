@@ -43,7 +43,6 @@ Status TpOnce(int uses, const std::string& op, const std::string& what) {
                               "; the output would be cut twice over one axis");
 }
 
-
 }  // namespace
 
 // The steps that turn `from` into `to` (resolved) over tp ranks.
@@ -77,8 +76,9 @@ Layout Placement::ToLayout(int64_t rows, int64_t cols) const {
 }
 
 std::string Placement::ToString() const {
-  std::string s = split == 0 ? "rows/tp" : split == 1 ? (groups > 1 ? "heads/tp" : "cols/tp")
-                                                      : "replicated";
+  std::string s = split == 0   ? "rows/tp"
+                  : split == 1 ? (groups > 1 ? "heads/tp" : "cols/tp")
+                               : "replicated";
   return partial ? s + " partial" : s;
 }
 
@@ -114,8 +114,8 @@ Status OpContext::AllReduce(void* data, int64_t n, DType dtype, ReduceOp op) {
   return comm_->AllReduce(data, data, n, dtype, op);
 }
 
-OpContext::Redistribution OpContext::Plan(const Placement& from, const Placement& to,
-                                          int64_t rows, int64_t cols) const {
+OpContext::Redistribution OpContext::Plan(const Placement& from, const Placement& to, int64_t rows,
+                                          int64_t cols) const {
   Redistribution r;
   if (tp_size_ == 1) return r;
   const int64_t whole = rows * cols * 4;
@@ -133,7 +133,8 @@ OpContext::Redistribution OpContext::Plan(const Placement& from, const Placement
 
 Result<Act> OpContext::Convert(Act& a, const Placement& to, std::vector<float>* storage,
                                const std::string& op, const std::string& what) {
-  if (to.partial) return InternalError("operator '" + op + "': " + what + " asked for a partial input");
+  if (to.partial)
+    return InternalError("operator '" + op + "': " + what + " asked for a partial input");
   if (tp_size_ == 1 || a.place == to) {
     a.place.partial = false;
     return a;
@@ -184,14 +185,16 @@ Result<Act> OpContext::Convert(Act& a, const Placement& to, std::vector<float>* 
         const int64_t bytes = LocalSize(a) * 4;
         std::vector<char> local(bytes);
         std::memcpy(local.data(), a.data, bytes);
-        auto t = DTensor::FromLocal(mesh_, a.place.ToLayout(a.rows, a.cols), tp_rank_,
-                                    std::move(local));
+        auto t =
+            DTensor::FromLocal(mesh_, a.place.ToLayout(a.rows, a.cols), tp_rank_, std::move(local));
         if (!t.ok()) {
-          return Status(t.status().code(), "operator '" + op + "' " + what + ": " + t.status().message());
+          return Status(t.status().code(),
+                        "operator '" + op + "' " + what + ": " + t.status().message());
         }
         DTensor moved;
         const Status st = RedistributeInto(*t, mesh_, to.ToLayout(a.rows, a.cols), *comm_, &moved);
-        if (!st.ok()) return Status(st.code(), "operator '" + op + "' " + what + ": " + st.message());
+        if (!st.ok())
+          return Status(st.code(), "operator '" + op + "' " + what + ": " + st.message());
         storage->resize(LocalSize(out));
         std::memcpy(storage->data(), moved.local().data(), LocalSize(out) * 4);
         out.data = storage->data();
@@ -202,18 +205,22 @@ Result<Act> OpContext::Convert(Act& a, const Placement& to, std::vector<float>* 
   return a;
 }
 
-Result<bool> RowsOverTp(const DimAxes& rows, int dp, const std::string& op, const std::string& what) {
+Result<bool> RowsOverTp(const DimAxes& rows, int dp, const std::string& op,
+                        const std::string& what) {
   size_t i = 0;
   if (!rows.empty() && rows[0] == "dp") {
     i = 1;
   } else if (dp > 1) {
-    return InvalidArgumentError("operator '" + op + "': " + what + " (the rows) must be cut over dp "
+    return InvalidArgumentError("operator '" + op + "': " + what +
+                                " (the rows) must be cut over dp "
                                 "first: each data-parallel replica reads its own rows");
   }
   if (i == rows.size()) return false;
   if (i + 1 == rows.size() && rows[i] == "tp") return true;
-  return InvalidArgumentError("operator '" + op + "': " + what + " (the rows) may be cut over dp, "
-                              "then tp; not " + OpStrategy{{{rows}}}.ToString());
+  return InvalidArgumentError("operator '" + op + "': " + what +
+                              " (the rows) may be cut over dp, "
+                              "then tp; not " +
+                              OpStrategy{{{rows}}}.ToString());
 }
 
 namespace {
@@ -226,12 +233,14 @@ Status MatMulCuts(bool rows, bool kx, bool kw, bool n, int groups, const std::st
   const std::string& name = info->name;
   if (kx != kw) {
     return InvalidArgumentError("operator '" + name + "': the contracted dimension is cut " +
-                                (kx ? "over tp" : "nowhere") + " in " + Input(0, "x", 1) +
-                                " but " + (kw ? "over tp" : "nowhere") + " in " + w_dim +
+                                (kx ? "over tp" : "nowhere") + " in " + Input(0, "x", 1) + " but " +
+                                (kw ? "over tp" : "nowhere") + " in " + w_dim +
                                 "; it must be cut alike in both");
   }
-  RETURN_IF_ERROR(TpOnce(rows + kx + n, name, "more than one of x's rows, the contracted "
-                                              "dimension and " + n_name));
+  RETURN_IF_ERROR(TpOnce(rows + kx + n, name,
+                         "more than one of x's rows, the contracted "
+                         "dimension and " +
+                             n_name));
   info->rows_over_tp = rows;
   info->inputs = {Placement{rows ? 0 : kx ? 1 : -1}};
   info->output = rows ? Placement{0} : n ? Placement{1, groups} : Placement{-1};
@@ -255,8 +264,8 @@ Result<LinearOp> LinearOp::Create(std::string name, const OpStrategy& s, int64_t
   ASSIGN_OR_RETURN(const bool kx, DimOverTp(s.inputs[0][1], name, Input(0, "x", 1)));
   ASSIGN_OR_RETURN(const bool kw, DimOverTp(s.inputs[1][0], name, Input(1, "weight", 0)));
   ASSIGN_OR_RETURN(const bool m, DimOverTp(s.inputs[1][1], name, Input(1, "weight", 1)));
-  RETURN_IF_ERROR(MatMulCuts(rows, kx, kw, m, groups, Input(1, "weight", 0),
-                             "the weight's columns", &op.info_));
+  RETURN_IF_ERROR(MatMulCuts(rows, kx, kw, m, groups, Input(1, "weight", 0), "the weight's columns",
+                             &op.info_));
   op.weight_split_ = kx ? 0 : m ? 1 : -1;
   return op;
 }
@@ -277,8 +286,8 @@ void LinearOp::Forward(const OpContext& ctx, const Act& x, const float* w, const
                    static_cast<int>(ctx.LocalCols(*y)));
 }
 
-void LinearOp::Backward(const OpContext& ctx, const Act& x, const float* w, const Act& dy,
-                        Act* dx, float* dw, float* db) const {
+void LinearOp::Backward(const OpContext& ctx, const Act& x, const float* w, const Act& dy, Act* dx,
+                        float* dw, float* db) const {
   const int n = static_cast<int>(ctx.LocalRows(x));
   if (n == 0) return;
   k::MatmulBackward(dx == nullptr ? nullptr : dx->data, dw, db, dy.data, x.data, w, n,
@@ -309,8 +318,8 @@ void LayerNormOp::Forward(const OpContext& ctx, const Act& x, const float* w, co
 }
 
 void LayerNormOp::Backward(const OpContext& ctx, const Act& x, const float* w, const float* mean,
-                           const float* rstd, const Act& dy, Act* dx, float* dw,
-                           float* db, bool accumulate) const {
+                           const float* rstd, const Act& dy, Act* dx, float* dw, float* db,
+                           bool accumulate) const {
   const int64_t n = ctx.LocalRows(x);
   if (!accumulate) std::fill(dx->data, dx->data + n * x.cols, 0.0f);
   if (n > 0) {
@@ -321,8 +330,8 @@ void LayerNormOp::Backward(const OpContext& ctx, const Act& x, const float* w, c
 
 // ---- Attention ----
 
-Result<AttentionOp> AttentionOp::Create(std::string name, const OpStrategy& s, int heads,
-                                        int64_t C, int tp, int dp) {
+Result<AttentionOp> AttentionOp::Create(std::string name, const OpStrategy& s, int heads, int64_t C,
+                                        int tp, int dp) {
   RETURN_IF_ERROR(Shape(s, name, {2}));
   AttentionOp op;
   op.info_ = {name, "attention", s, {}, {}, false};
@@ -331,9 +340,9 @@ Result<AttentionOp> AttentionOp::Create(std::string name, const OpStrategy& s, i
   ASSIGN_OR_RETURN(const bool rows, RowsOverTp(s.inputs[0][0], dp, name, Input(0, "qkv", 0)));
   ASSIGN_OR_RETURN(const bool h, DimOverTp(s.inputs[0][1], name, Input(0, "qkv", 1) + " (heads)"));
   if (h && heads % tp != 0) {
-    return InvalidArgumentError("operator '" + name + "': " + Input(0, "qkv", 1) + " (heads): " +
-                                std::to_string(heads) + " heads are not divisible by tp " +
-                                std::to_string(tp));
+    return InvalidArgumentError("operator '" + name + "': " + Input(0, "qkv", 1) +
+                                " (heads): " + std::to_string(heads) +
+                                " heads are not divisible by tp " + std::to_string(tp));
   }
   op.info_.rows_over_tp = rows;
   op.info_.inputs = {rows ? Placement{0} : h ? Placement{1, 3} : Placement{-1}};
@@ -422,17 +431,19 @@ void AddOp::Forward(const OpContext& ctx, const Act& a, const Act& b, Act* y) co
 
 // ---- Embedding ----
 
-Result<EmbeddingOp> EmbeddingOp::Create(std::string name, const OpStrategy& s, int64_t V,
-                                        int64_t C, int dp) {
+Result<EmbeddingOp> EmbeddingOp::Create(std::string name, const OpStrategy& s, int64_t V, int64_t C,
+                                        int dp) {
   RETURN_IF_ERROR(Shape(s, name, {2, 1}));
   EmbeddingOp op;
   op.info_ = {name, "embedding", s, {}, {}, false};
   op.V_ = V;
   op.C_ = C;
-  ASSIGN_OR_RETURN(const bool v, DimOverTp(s.inputs[0][0], name, Input(0, "wte", 0) + " (vocabulary)"));
+  ASSIGN_OR_RETURN(const bool v,
+                   DimOverTp(s.inputs[0][0], name, Input(0, "wte", 0) + " (vocabulary)"));
   ASSIGN_OR_RETURN(const bool c, DimOverTp(s.inputs[0][1], name, Input(0, "wte", 1)));
   ASSIGN_OR_RETURN(const bool rows, RowsOverTp(s.inputs[1][0], dp, name, Input(1, "tokens", 0)));
-  RETURN_IF_ERROR(TpOnce(v + c + rows, name, "more than one of the vocabulary, the columns and the rows"));
+  RETURN_IF_ERROR(
+      TpOnce(v + c + rows, name, "more than one of the vocabulary, the columns and the rows"));
   op.info_.rows_over_tp = rows;
   op.info_.output = rows ? Placement{0} : c ? Placement{1} : Placement{-1};
   op.info_.output.partial = v;
@@ -470,8 +481,8 @@ void EmbeddingOp::Backward(const OpContext& ctx, const int32_t* tokens, int T, c
   }
   for (int64_t i = r0; i < r0 + n;) {
     const int64_t t = i % T, len = std::min<int64_t>(T - t, r0 + n - i);
-    k::EncoderBackward(dwte, dwpe ? dwpe + t * cl : nullptr, dy.data + (i - r0) * cl, tokens + i,
-                       1, static_cast<int>(len), static_cast<int>(cl), v0, vl);
+    k::EncoderBackward(dwte, dwpe ? dwpe + t * cl : nullptr, dy.data + (i - r0) * cl, tokens + i, 1,
+                       static_cast<int>(len), static_cast<int>(cl), v0, vl);
     i += len;
   }
 }
@@ -487,7 +498,8 @@ Result<LmHeadOp> LmHeadOp::Create(std::string name, const OpStrategy& s, int64_t
   op.C_ = C;
   ASSIGN_OR_RETURN(const bool rows, RowsOverTp(s.inputs[0][0], dp, name, Input(0, "x", 0)));
   ASSIGN_OR_RETURN(const bool kx, DimOverTp(s.inputs[0][1], name, Input(0, "x", 1)));
-  ASSIGN_OR_RETURN(const bool v, DimOverTp(s.inputs[1][0], name, Input(1, "wte", 0) + " (vocabulary)"));
+  ASSIGN_OR_RETURN(const bool v,
+                   DimOverTp(s.inputs[1][0], name, Input(1, "wte", 0) + " (vocabulary)"));
   ASSIGN_OR_RETURN(const bool kw, DimOverTp(s.inputs[1][1], name, Input(1, "wte", 1)));
   RETURN_IF_ERROR(MatMulCuts(rows, kx, kw, v, 1, Input(1, "wte", 1), "the vocabulary", &op.info_));
   op.weight_split_ = v ? 0 : kx ? 1 : -1;
@@ -507,8 +519,8 @@ void LmHeadOp::Forward(const OpContext& ctx, const Act& x, const float* wte, Act
                              static_cast<int>(ctx.LocalCols(*logits)));
 }
 
-void LmHeadOp::Backward(const OpContext& ctx, const Act& x, const float* wte,
-                        const Act& dlogits, Act* dx, float* dwte) const {
+void LmHeadOp::Backward(const OpContext& ctx, const Act& x, const float* wte, const Act& dlogits,
+                        Act* dx, float* dwte) const {
   const int n = static_cast<int>(ctx.LocalRows(x));
   if (n == 0) return;
   k::MatmulTransposedBackward(dx->data, dwte, dlogits.data, x.data, wte, n,
@@ -525,7 +537,8 @@ Result<CrossEntropyOp> CrossEntropyOp::Create(std::string name, const OpStrategy
   op.info_ = {name, "cross_entropy", s, {}, {}, false};
   op.V_ = V;
   ASSIGN_OR_RETURN(const bool rows, RowsOverTp(s.inputs[0][0], dp, name, Input(0, "logits", 0)));
-  ASSIGN_OR_RETURN(const bool v, DimOverTp(s.inputs[0][1], name, Input(0, "logits", 1) + " (vocabulary)"));
+  ASSIGN_OR_RETURN(const bool v,
+                   DimOverTp(s.inputs[0][1], name, Input(0, "logits", 1) + " (vocabulary)"));
   if (s.inputs[1][0] != s.inputs[0][0]) {
     return InvalidArgumentError("operator '" + name + "': " + Input(1, "targets", 0) +
                                 " must be cut like the logits' rows");
@@ -547,7 +560,8 @@ Result<double> CrossEntropyOp::Forward(OpContext& ctx, const Act& logits, const 
     sums->resize(2 * n);
     k::RowMax(max->data(), logits.data, static_cast<int>(n), vl);
     RETURN_IF_ERROR(ctx.AllReduce(max->data(), n, DType::kF32, ReduceOp::kMax));
-    k::ShardedExp(probs, sums->data(), logits.data, max->data(), targets, static_cast<int>(n), vl, v0);
+    k::ShardedExp(probs, sums->data(), logits.data, max->data(), targets, static_cast<int>(n), vl,
+                  v0);
     RETURN_IF_ERROR(ctx.AllReduce(sums->data(), 2 * n, DType::kF64, ReduceOp::kSum));
     return k::ShardedNormalize(probs, sums->data(), max->data(), static_cast<int>(n), vl);
   }
@@ -566,8 +580,7 @@ void CrossEntropyOp::Backward(const OpContext& ctx, const Act& logits, const flo
                               const int32_t* targets, float dloss, float* dlogits) const {
   const int64_t n = ctx.LocalRows(logits), r0 = ctx.FirstRow(logits);
   if (n == 0) return;
-  const int64_t v0 =
-      logits.place.split == 1 ? ChunkOf({0, V_}, ctx.tp(), ctx.tp_rank()).begin : 0;
+  const int64_t v0 = logits.place.split == 1 ? ChunkOf({0, V_}, ctx.tp(), ctx.tp_rank()).begin : 0;
   // The kernel divides by its rows; the loss is the mean over all of them.
   const float scale = dloss * static_cast<float>(n) / static_cast<float>(logits.rows);
   k::SoftmaxCrossEntropyBackward(dlogits, probs, targets + r0, scale, static_cast<int>(n),

@@ -48,8 +48,8 @@ namespace tessera {
 
 // Where an activation's shards lie over the tp ranks.
 struct Placement {
-  int split = -1;   // -1: replicated; 0: rows cut; 1: columns cut
-  int groups = 1;   // columns cut within each of `groups` equal groups
+  int split = -1;  // -1: replicated; 0: rows cut; 1: columns cut
+  int groups = 1;  // columns cut within each of `groups` equal groups
   bool partial = false;
   bool operator==(const Placement& o) const {
     return split == o.split && (split != 1 || groups == o.groups) && partial == o.partial;
@@ -125,12 +125,13 @@ struct OpInfo {
   OpStrategy strategy;
   std::vector<Placement> inputs;  // the placement each activation input needs
   Placement output;
-  bool rows_over_tp = false;      // its parameters' gradients are partial over tp
+  bool rows_over_tp = false;  // its parameters' gradients are partial over tp
 };
 
 // Checks the rows of an input against the rule above: cut over dp first
 // (when dp > 1), then optionally over tp. Returns whether tp cuts them.
-Result<bool> RowsOverTp(const DimAxes& rows, int dp, const std::string& op, const std::string& what);
+Result<bool> RowsOverTp(const DimAxes& rows, int dp, const std::string& op,
+                        const std::string& what);
 
 // y[N, M] = x[N, K] @ w[K, M] + b. Strategy ((rows, k), (k, m)). With
 // `groups` > 1 (the fused qkv) a cut of M cuts each group alike.
@@ -245,8 +246,8 @@ class LmHeadOp {
   int weight_split() const { return weight_split_; }
   void Forward(const OpContext& ctx, const Act& x, const float* wte, Act* logits) const;
   // dx (=) in inputs[0], partial when the vocabulary is cut; dwte accumulates.
-  void Backward(const OpContext& ctx, const Act& x, const float* wte, const Act& dlogits,
-                Act* dx, float* dwte) const;
+  void Backward(const OpContext& ctx, const Act& x, const float* wte, const Act& dlogits, Act* dx,
+                float* dwte) const;
   Placement InputGradient() const;
 
  private:
@@ -268,8 +269,8 @@ class CrossEntropyOp {
   Result<double> Forward(OpContext& ctx, const Act& logits, const int32_t* targets, float* probs,
                          std::vector<float>* max, std::vector<double>* sums) const;
   // dlogits may be probs.
-  void Backward(const OpContext& ctx, const Act& logits, const float* probs,
-                const int32_t* targets, float dloss, float* dlogits) const;
+  void Backward(const OpContext& ctx, const Act& logits, const float* probs, const int32_t* targets,
+                float dloss, float* dlogits) const;
 
  private:
   OpInfo info_;

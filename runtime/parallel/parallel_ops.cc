@@ -82,8 +82,8 @@ std::string MatMulStrategy::ToString() const {
 }
 
 Result<ParallelMatMul> ParallelMatMul::Create(const MeshCommunicators& comms,
-                                              const MatMulStrategy& strategy, int64_t M,
-                                              int64_t K, int64_t N) {
+                                              const MatMulStrategy& strategy, int64_t M, int64_t K,
+                                              int64_t N) {
   const Mesh& mesh = comms.mesh();
   const std::string where = "MatMul " + strategy.ToString() + " on mesh " + mesh.ToString();
   std::vector<std::string> used;
@@ -111,10 +111,12 @@ Result<ParallelMatMul> ParallelMatMul::Create(const MeshCommunicators& comms,
   if (strategy.reduce_scatter) y_rows.push_back(strategy.x_cols);
   op.y_layout_ = Matrix(M, N, y_rows, Axes(strategy.w_cols));
   const int64_t rank = comms.world().rank();
-  for (auto [layout, box] : {std::pair{&op.x_layout_, &op.x_box_}, {&op.w_layout_, &op.w_box_},
+  for (auto [layout, box] : {std::pair{&op.x_layout_, &op.x_box_},
+                             {&op.w_layout_, &op.w_box_},
                              {&op.y_layout_, &op.y_box_}}) {
     ASSIGN_OR_RETURN(std::optional<Box> b, ShardOf(*layout, mesh, rank));
-    if (!b.has_value()) return InternalError(where + ": rank " + std::to_string(rank) + " holds nothing");
+    if (!b.has_value())
+      return InternalError(where + ": rank " + std::to_string(rank) + " holds nothing");
     *box = *b;
   }
   op.rows_ = op.x_box_[0].size();
@@ -152,8 +154,8 @@ Status ParallelMatMul::Forward(const DTensor& x, const float* w, DTensor* y) {
   const int64_t kl = x_box_[1].size(), nl = w_box_[1].size();
   partial_.assign(rows_ * nl, 0.0f);
   if (rows_ > 0 && kl > 0 && nl > 0) {  // OpenBLAS refuses zero leading dimensions
-    kernels::MatmulForward(partial_.data(), F32(in->local()), w, nullptr,
-                           static_cast<int>(rows_), static_cast<int>(kl), static_cast<int>(nl));
+    kernels::MatmulForward(partial_.data(), F32(in->local()), w, nullptr, static_cast<int>(rows_),
+                           static_cast<int>(kl), static_cast<int>(nl));
   }
   RETURN_IF_ERROR(y->Reset(comms_->mesh(), y_layout_, comms_->world().rank()));
   if (!strategy_.reduce_scatter) {
@@ -198,14 +200,15 @@ Status ParallelMatMul::Backward(const DTensor& x, const float* w, const DTensor&
     for (int64_t r : chunk_rows_) counts.push_back(r * nl);
     dy_rows_.assign(rows_ * nl, 0.0f);
     stats_.reduced_bytes += rows_ * nl * static_cast<int64_t>(sizeof(float));
-    RETURN_IF_ERROR(comm->AllGatherV(dyl, counts[comm->rank()], dy_rows_.data(), counts,
-                                     DType::kF32));
+    RETURN_IF_ERROR(
+        comm->AllGatherV(dyl, counts[comm->rank()], dy_rows_.data(), counts, DType::kF32));
     dyl = dy_rows_.data();
   }
   // dx in x's own layout: as_is, that places every rank's box as
   // x_layout_ does.
   DTensor* out = as_is ? dx : &dx_out_;
-  RETURN_IF_ERROR(as_is ? out->Reset(x.mesh(), x.layout(), rank) : out->Reset(mesh, x_layout_, rank));
+  RETURN_IF_ERROR(as_is ? out->Reset(x.mesh(), x.layout(), rank)
+                        : out->Reset(mesh, x_layout_, rank));
   std::fill(out->local().begin(), out->local().end(), char{0});
   dw_.assign(kl * nl, 0.0f);
   if (rows_ > 0 && kl > 0 && nl > 0) {

@@ -52,9 +52,9 @@ Result<char*> AsyncSlicedSave::Arena::Reserve(size_t bytes, bool background) {
   const size_t length = size + kHugePage;  // room to align the start
   void* map = ::mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (map == MAP_FAILED) {
-    return ResourceExhaustedError("async save: no " + std::to_string(size) +
-                                  " bytes of host memory for the snapshot: " +
-                                  std::strerror(errno));
+    return ResourceExhaustedError(
+        "async save: no " + std::to_string(size) +
+        " bytes of host memory for the snapshot: " + std::strerror(errno));
   }
   map_ = map;
   map_size_ = length;
@@ -104,9 +104,8 @@ Status AsyncSlicedSave::Start(const std::string& root, const std::string& name,
   const auto t1 = std::chrono::steady_clock::now();
   if (!name.empty()) RETURN_IF_ERROR(env_->CreateDirs(root));
   const std::string path = name.empty() ? root : JoinPath(root, name);
-  ASSIGN_OR_RETURN(writer_, SlicedCheckpointWriter::Create(env_, *world_, path,
-                                                           strategy, std::move(meta),
-                                                           std::move(options)));
+  ASSIGN_OR_RETURN(writer_, SlicedCheckpointWriter::Create(env_, *world_, path, strategy,
+                                                           std::move(meta), std::move(options)));
   Result<std::vector<LocalPiece>> found = source(writer_->Pieces());
   if (!found.ok()) {
     writer_.reset();  // never started: every rank calls the same source

@@ -150,8 +150,7 @@ Status WriteTokenFile(Env* env, const std::string& path, std::span<const int32_t
   } else {
     body.assign(reinterpret_cast<const char*>(tokens.data()), tokens.size() * 4);
   }
-  const std::string_view parts[] = {
-      {reinterpret_cast<const char*>(header), sizeof(header)}, body};
+  const std::string_view parts[] = {{reinterpret_cast<const char*>(header), sizeof(header)}, body};
   return WriteFileAtomically(env, path, parts);
 }
 
@@ -192,8 +191,7 @@ Result<TokenLoader> TokenLoader::Create(std::shared_ptr<const TokenSource> sourc
   return l;
 }
 
-Result<TokenLoader> TokenLoader::Create(std::vector<int32_t> tokens, int B, int T,
-                                        uint64_t seed) {
+Result<TokenLoader> TokenLoader::Create(std::vector<int32_t> tokens, int B, int T, uint64_t seed) {
   return Create(MemoryTokens(std::move(tokens), "token list"), B, T, seed);
 }
 

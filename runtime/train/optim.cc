@@ -16,8 +16,8 @@ void AdamWUpdate(float* param, const float* grad, float* m, float* v, int64_t n,
   const double bc2 = 1.0 - std::pow(static_cast<double>(c.beta2), static_cast<double>(step));
   const float neg_step_size = static_cast<float>(-(c.lr / bc1));
   const float bc2_sqrt = static_cast<float>(std::sqrt(bc2));
-  const float keep = decay ? static_cast<float>(1.0 - static_cast<double>(c.lr) * c.weight_decay)
-                           : 1.0f;
+  const float keep =
+      decay ? static_cast<float>(1.0 - static_cast<double>(c.lr) * c.weight_decay) : 1.0f;
   const float one_minus_b1 = static_cast<float>(1.0 - c.beta1);
   const float one_minus_b2 = static_cast<float>(1.0 - c.beta2);
   kernels::ParallelChunks(n, 1 << 15, [&](int64_t begin, int64_t end) {

@@ -59,8 +59,8 @@ Result<std::vector<std::optional<std::string>>> AllGatherStrings(Communicator& c
   for (int r = 0; r < size; ++r) total += counts[r] = std::max<int64_t>(0, lengths[r]);
   std::string all(total, '\0');
   static const char kNothing = 0;  // a rank with nothing still sends from a valid pointer
-  RETURN_IF_ERROR(comm.AllGatherV(mine != nullptr ? mine->data() : &kNothing,
-                                  counts[comm.rank()], all.data(), counts, DType::kU8));
+  RETURN_IF_ERROR(comm.AllGatherV(mine != nullptr ? mine->data() : &kNothing, counts[comm.rank()],
+                                  all.data(), counts, DType::kU8));
   std::vector<std::optional<std::string>> out(size);
   int64_t at = 0;
   for (int r = 0; r < size; ++r) {
@@ -108,8 +108,8 @@ Result<std::unique_ptr<SlicedCheckpointWriter>> SlicedCheckpointWriter::Create(
     ASSIGN_OR_RETURN(options.hosts, GatherHostNames(comm));
   }
   if (static_cast<int>(options.hosts.size()) != comm.size()) {
-    return InvalidArgumentError("sliced checkpoint '" + path + "': " +
-                                std::to_string(options.hosts.size()) + " host names for " +
+    return InvalidArgumentError("sliced checkpoint '" + path +
+                                "': " + std::to_string(options.hosts.size()) + " host names for " +
                                 std::to_string(comm.size()) + " ranks");
   }
   if (options.merged && !options.redundancy.none()) {
@@ -159,8 +159,8 @@ Result<std::unique_ptr<SlicedCheckpointWriter>> SlicedCheckpointWriter::Create(
     prepared = out.status();
     if (out.ok()) tmp = out->tmp;
     if (prepared.ok() && w->options_.merged) {  // the one data file, before the others open it
-      Result<std::unique_ptr<PlacedDataFile>> file = PlacedDataFile::Create(
-          env, JoinPath(tmp, RankFileName("data", 0)), 0, placed_size);
+      Result<std::unique_ptr<PlacedDataFile>> file =
+          PlacedDataFile::Create(env, JoinPath(tmp, RankFileName("data", 0)), 0, placed_size);
       prepared = file.status();
       if (file.ok()) {
         w->placed_ = std::move(*file);
@@ -175,10 +175,12 @@ Result<std::unique_ptr<SlicedCheckpointWriter>> SlicedCheckpointWriter::Create(
   if (!prepared.ok()) length = -length - 1;
   RETURN_IF_ERROR(comm.Broadcast(&length, 1, DType::kI64, 0));
   message.resize(static_cast<size_t>(length < 0 ? -length - 1 : length));
-  RETURN_IF_ERROR(comm.Broadcast(message.data(), static_cast<int64_t>(message.size()), DType::kU8, 0));
+  RETURN_IF_ERROR(
+      comm.Broadcast(message.data(), static_cast<int64_t>(message.size()), DType::kU8, 0));
   if (length < 0) {
     if (!prepared.ok()) return prepared;
-    return AbortedError("sliced checkpoint '" + path + "': rank 0 could not prepare it: " + message);
+    return AbortedError("sliced checkpoint '" + path +
+                        "': rank 0 could not prepare it: " + message);
   }
   tmp = message;
   w->tmp_ = tmp;
@@ -289,8 +291,11 @@ std::string SlicedCheckpointWriter::Part() const {
   const size_t n = strategy_.tensors().size();
   for (size_t k = 0; k < 2 * n; ++k) {
     const TensorStrategy& t = strategy_.tensors()[k % n];
-    m.tensors.push_back({k < n ? t.name : "copies of " + t.name, t.layout, t.mesh,
-                         k < n ? pieces_[k] : copies_[k - n], {}});
+    m.tensors.push_back({k < n ? t.name : "copies of " + t.name,
+                         t.layout,
+                         t.mesh,
+                         k < n ? pieces_[k] : copies_[k - n],
+                         {}});
   }
   return SerializeManifest(m);
 }
@@ -328,8 +333,8 @@ Status SlicedCheckpointWriter::WriteRedundancy() {
   redundancy_done_ = true;
   RETURN_IF_ERROR(failed_);
   if (!exchanged_done_ || exchanged_.size() != static_cast<size_t>(comm_->size())) {
-    failed_ = FailedPreconditionError("checkpoint '" + path_ +
-                                      "': WriteRedundancy before Exchange");
+    failed_ =
+        FailedPreconditionError("checkpoint '" + path_ + "': WriteRedundancy before Exchange");
     return failed_;
   }
   Hook("redundancy");
@@ -341,8 +346,7 @@ Status SlicedCheckpointWriter::WriteRedundancy() {
     std::map<int64_t, std::unique_ptr<RandomAccessFile>> sources;
     std::string buffer;
     for (const PlannedPiece& p : plan_.pieces) {
-      if (std::find(p.writers.begin() + p.from_memory, p.writers.end(), rank) ==
-          p.writers.end()) {
+      if (std::find(p.writers.begin() + p.from_memory, p.writers.end(), rank) == p.writers.end()) {
         continue;
       }
       const int64_t from = p.writers[0];
@@ -351,9 +355,10 @@ Status SlicedCheckpointWriter::WriteRedundancy() {
       const auto rec = std::find_if(recs.begin(), recs.end(),
                                     [&](const PieceInfo& q) { return q.box == p.box; });
       const std::string src_path = JoinPath(tmp_, src.files[0].name);
-      const std::string ctx = "copy of tensor '" + strategy_.tensors()[p.tensor].name +
-                              "' piece " + ToString(p.box) + " from '" + src_path + "'";
-      if (rec == recs.end()) return InternalError(ctx + ": rank " + std::to_string(from) + " has no record of it");
+      const std::string ctx = "copy of tensor '" + strategy_.tensors()[p.tensor].name + "' piece " +
+                              ToString(p.box) + " from '" + src_path + "'";
+      if (rec == recs.end())
+        return InternalError(ctx + ": rank " + std::to_string(from) + " has no record of it");
       auto& file = sources[from];
       if (!file) {
         ASSIGN_OR_RETURN(file, env_->NewRandomAccessFile(src_path));
@@ -390,11 +395,11 @@ Status SlicedCheckpointWriter::WriteRedundancy() {
       if (rows.empty()) continue;
       std::vector<ParityMember> members;
       for (int64_t m : group.members) {
-        members.push_back({JoinPath(tmp_, exchanged_[m].files[0].name), exchanged_[m].files[0].size});
+        members.push_back(
+            {JoinPath(tmp_, exchanged_[m].files[0].name), exchanged_[m].files[0].size});
       }
-      Result<std::vector<FileInfo>> written =
-          WriteGroupParity(env_, tmp_, plan_.redundancy, static_cast<int64_t>(g), members, rows,
-                           ParityFileName(g));
+      Result<std::vector<FileInfo>> written = WriteGroupParity(
+          env_, tmp_, plan_.redundancy, static_cast<int64_t>(g), members, rows, ParityFileName(g));
       if (!written.ok()) return written.status().Annotate("checkpoint '" + path_ + "'");
       for (FileInfo& f : *written) extra_files_.push_back(std::move(f));
     }

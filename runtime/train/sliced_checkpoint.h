@@ -13,10 +13,10 @@
 #include <cstdint>
 #include <functional>
 #include <map>
-#include <optional>
-#include <string_view>
 #include <memory>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "ckpt/checkpoint.h"
@@ -80,9 +80,11 @@ class SlicedCheckpointWriter {
  public:
   // Collective over `comm` (rank r is mesh rank r of the strategy): rank 0
   // prepares `<path>.tmp-<pid>`, every rank opens its data file there.
-  static Result<std::unique_ptr<SlicedCheckpointWriter>> Create(
-      Env* env, Communicator& comm, const std::string& path, Strategy strategy,
-      CheckpointMeta meta, SlicedWriteOptions options = {});
+  static Result<std::unique_ptr<SlicedCheckpointWriter>> Create(Env* env, Communicator& comm,
+                                                                const std::string& path,
+                                                                Strategy strategy,
+                                                                CheckpointMeta meta,
+                                                                SlicedWriteOptions options = {});
   ~SlicedCheckpointWriter();
 
   const SavePlan& plan() const { return plan_; }
@@ -140,7 +142,7 @@ class SlicedCheckpointWriter {
   // Records by tensor, file indices into [data file, extra_files_...].
   std::vector<std::vector<PieceInfo>> pieces_, copies_;
   std::vector<Manifest> exchanged_;  // every rank's part, after Exchange
-  Status failed_;  // the first local error, reported at Commit
+  Status failed_;                    // the first local error, reported at Commit
   bool data_finished_ = false, data_synced_ = false, exchanged_done_ = false,
        redundancy_done_ = false;
   bool done_ = false;

@@ -26,27 +26,26 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <CLI/CLI.hpp>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
 #include <thread>
 
-#include <CLI/CLI.hpp>
-
-#include "core/byte_size.h"
 #include "ckpt/ops.h"
 #include "ckpt/repair.h"
+#include "core/byte_size.h"
 #include "formats/native_files.h"
-#include "runtime/train/async_checkpoint.h"
 #include "runtime/comm/launch.h"
 #include "runtime/comm/mpi.h"
-#include "runtime/train/data.h"
+#include "runtime/kernels.h"
 #include "runtime/model/gpt.h"
 #include "runtime/model/gpt_checkpoint.h"
-#include "runtime/kernels.h"
 #include "runtime/model/gpt_search.h"
 #include "runtime/model/parallel_gpt.h"
+#include "runtime/train/async_checkpoint.h"
+#include "runtime/train/data.h"
 
 using namespace tessera;
 
@@ -119,8 +118,8 @@ struct FaultKill {
     } catch (...) {
       return usage;
     }
-    if (f.point != "step" && f.point != "write" && f.point != "redundancy" &&
-        f.point != "commit" && f.point != "rename" && f.point != "committed") {
+    if (f.point != "step" && f.point != "write" && f.point != "redundancy" && f.point != "commit" &&
+        f.point != "rename" && f.point != "committed") {
       return InvalidArgumentError(
           "--fault-kill '" + text +
           "': POINT is step, write, redundancy, commit, rename or committed");
@@ -185,9 +184,8 @@ Result<ParallelConfig> AutoParallel(const Options& o, Communicator& world) {
                    SearchGptParallel(o.config, o.batch, o.seq, world.size(), profile, search));
   if (world.rank() == 0 && !o.quiet) {
     std::printf("auto-parallel (%s, profile %s, %lld configurations costed): %s\n  predicted %s\n",
-                o.auto_parallel.c_str(), profile.name.c_str(),
-                static_cast<long long>(r.candidates), r.name.c_str(),
-                r.predicted.ToString().c_str());
+                o.auto_parallel.c_str(), profile.name.c_str(), static_cast<long long>(r.candidates),
+                r.name.c_str(), r.predicted.ToString().c_str());
     for (const auto& [name, p] : r.alternatives) {
       std::printf("  runner-up %s: step %.3g ms (%+.1f%%), %s per rank\n", name.c_str(),
                   p.seconds * 1e3, 100 * (p.seconds / r.predicted.seconds - 1),
@@ -216,12 +214,12 @@ Status Train(const Options& o, Communicator& world) {
   ASSIGN_OR_RETURN(std::unique_ptr<ParallelGpt> trainer,
                    ParallelGpt::Create(o.config, parallel, world));
   if (o.batch % parallel.dp != 0) {
-    return InvalidArgumentError("--batch " + std::to_string(o.batch) +
-                                " is not a multiple of dp " + std::to_string(parallel.dp));
+    return InvalidArgumentError("--batch " + std::to_string(o.batch) + " is not a multiple of dp " +
+                                std::to_string(parallel.dp));
   }
   ASSIGN_OR_RETURN(std::unique_ptr<TokenSource> tokens, OpenTokens(env, o.data));
-  ASSIGN_OR_RETURN(TokenLoader loader, TokenLoader::Create(std::move(tokens), o.batch, o.seq,
-                                                           o.seed));
+  ASSIGN_OR_RETURN(TokenLoader loader,
+                   TokenLoader::Create(std::move(tokens), o.batch, o.seq, o.seed));
   const std::string config_text = ConfigString(o.config, o.batch, o.seq, o.seed);
   Gpt& model = trainer->model();  // this rank's stage
   ASSIGN_OR_RETURN(std::vector<ParamInfo> all_params, Gpt::Params(o.config));
@@ -243,9 +241,9 @@ Status Train(const Options& o, Communicator& world) {
   // complete, the newest complete one before). Committed checkpoints newer
   // than it belong to an abandoned run (killed between a commit and the
   // update of `latest`, or rolled back): this run's saves replace them.
-  const Result<std::string> from =
-      o.resume && env->IsDirectory(o.save) ? ResumeCheckpoint(env, o.save)
-                                           : Result<std::string>(NotFoundError("no --resume"));
+  const Result<std::string> from = o.resume && env->IsDirectory(o.save)
+                                       ? ResumeCheckpoint(env, o.save)
+                                       : Result<std::string>(NotFoundError("no --resume"));
   if (from.ok()) {
     // Every rank reads the checkpoint (the config first, then the tensors).
     ASSIGN_OR_RETURN(std::unique_ptr<CheckpointReader> checkpoint,
@@ -253,9 +251,9 @@ Status Train(const Options& o, Communicator& world) {
     const auto& saved = checkpoint->meta().metadata;
     const auto it = saved.find("config");
     if (it == saved.end() || it->second != config_text) {
-      return InvalidArgumentError(
-          "checkpoint '" + checkpoint->path() + "' was trained with '" +
-          (it == saved.end() ? std::string("?") : it->second) + "', not '" + config_text + "'");
+      return InvalidArgumentError("checkpoint '" + checkpoint->path() + "' was trained with '" +
+                                  (it == saved.end() ? std::string("?") : it->second) + "', not '" +
+                                  config_text + "'");
     }
     RETURN_IF_ERROR(LoadGpt(*checkpoint, &model));
     RETURN_IF_ERROR(RepairAfterLoad(env, *checkpoint, world, talk));
@@ -294,8 +292,8 @@ Status Train(const Options& o, Communicator& world) {
                     ParallelGpt::StrategyFileOf(parallel).source.c_str());
       }
       if (parallel.pp > 1) {
-        std::printf("pipeline: pp=%d stages, %d micro-batches per dp rank (1F1B)\n",
-                    parallel.pp, trainer->micro_batches());
+        std::printf("pipeline: pp=%d stages, %d micro-batches per dp rank (1F1B)\n", parallel.pp,
+                    trainer->micro_batches());
       }
     }
   }
@@ -329,10 +327,11 @@ Status Train(const Options& o, Communicator& world) {
     ASSIGN_OR_RETURN(bool committed, async.Poll(wait));
     if (committed && talk) {
       const AsyncSaveStats& st = async.last();
-      std::printf("saved %s (async: training stalled %.1f ms, written in the background in "
-                  "%.1f ms, commit %.1f ms; redundancy %s)\n",
-                  st.path.c_str(), st.stall_seconds * 1e3, st.background_seconds * 1e3,
-                  st.commit_seconds * 1e3, st.redundancy.c_str());
+      std::printf(
+          "saved %s (async: training stalled %.1f ms, written in the background in "
+          "%.1f ms, commit %.1f ms; redundancy %s)\n",
+          st.path.c_str(), st.stall_seconds * 1e3, st.background_seconds * 1e3,
+          st.commit_seconds * 1e3, st.redundancy.c_str());
     }
     return Status::Ok();
   };
@@ -353,8 +352,8 @@ Status Train(const Options& o, Communicator& world) {
                                            o.max_norm, &norm));
     } else {  // data_parallel: each replica reads its own rows only
       const int rows = o.batch / parallel.dp;
-      RETURN_IF_ERROR(loader.NextBatchRows(trainer->dp_rank() * rows, rows, inputs.data(),
-                                           targets.data()));
+      RETURN_IF_ERROR(
+          loader.NextBatchRows(trainer->dp_rank() * rows, rows, inputs.data(), targets.data()));
       ASSIGN_OR_RETURN(loss, trainer->StepRows(inputs.data(), targets.data(), o.batch, o.seq,
                                                o.adam, o.max_norm, &norm));
     }
@@ -398,11 +397,11 @@ Status Train(const Options& o, Communicator& world) {
       // nothing is gathered. Rank 0 commits, then points `latest` at it.
       ASSIGN_OR_RETURN(Strategy strategy, trainer->strategy());
       RETURN_IF_ERROR(env->CreateDirs(o.save));
-      ASSIGN_OR_RETURN(std::unique_ptr<SlicedCheckpointWriter> writer,
-                       SlicedCheckpointWriter::Create(
-                           env, world, o.save + "/" + name, strategy,
-                           {model.step(), metadata, "tessera train_gpt (" + o.save_mode + ")"},
-                           save_options));
+      ASSIGN_OR_RETURN(
+          std::unique_ptr<SlicedCheckpointWriter> writer,
+          SlicedCheckpointWriter::Create(
+              env, world, o.save + "/" + name, strategy,
+              {model.step(), metadata, "tessera train_gpt (" + o.save_mode + ")"}, save_options));
       const Status wrote = trainer->WriteSliced(*writer, strategy);
       const Status committed = writer->Commit();  // collective: every rank gets here
       RETURN_IF_ERROR(wrote);
@@ -430,29 +429,30 @@ Status Train(const Options& o, Communicator& world) {
     RETURN_IF_ERROR(SaveGpt(env, gather ? full : model, o.export_dir, name,
                             {{"config", config_text}}, options));
     if (talk) {
-      std::printf("exported %s weights to %s/%s\n", o.export_dtype.c_str(),
-                  o.export_dir.c_str(), name.c_str());
+      std::printf("exported %s weights to %s/%s\n", o.export_dtype.c_str(), o.export_dir.c_str(),
+                  name.c_str());
     }
   }
   if (model.step() > 0) {
     // What the ranks hold (the largest of each figure over the ranks:
     // pipeline stages differ), and this process's peak resident set.
     const MemoryUse m = trainer->Memory();
-    double figures[] = {static_cast<double>(m.parameters), static_cast<double>(m.gradients),
-                        static_cast<double>(m.optimizer), static_cast<double>(m.activations),
+    double figures[] = {static_cast<double>(m.parameters),    static_cast<double>(m.gradients),
+                        static_cast<double>(m.optimizer),     static_cast<double>(m.activations),
                         static_cast<double>(m.communication), static_cast<double>(m.total())};
     RETURN_IF_ERROR(world.AllReduce(figures, figures, 6, DType::kF64, ReduceOp::kMax));
     struct rusage usage {};
     getrusage(RUSAGE_SELF, &usage);
     if (first && !o.quiet) {
       auto mib = [](double b) { return b / (1 << 20); };
-      std::printf("memory per rank (largest): parameters %.2f MiB, gradients %.2f MiB, optimizer "
-                  "%.2f MiB, activations %.2f MiB (peak of a step), communication buffers %.2f "
-                  "MiB, total %.2f MiB; peak RSS %.1f MiB (%s)\n",
-                  mib(figures[0]), mib(figures[1]), mib(figures[2]), mib(figures[3]),
-                  mib(figures[4]), mib(figures[5]), usage.ru_maxrss / 1024.0,
-                  world.size() > 1 && !LaunchedByMpirun() ? "the process, every in-process rank"
-                                                          : "rank 0's process");
+      std::printf(
+          "memory per rank (largest): parameters %.2f MiB, gradients %.2f MiB, optimizer "
+          "%.2f MiB, activations %.2f MiB (peak of a step), communication buffers %.2f "
+          "MiB, total %.2f MiB; peak RSS %.1f MiB (%s)\n",
+          mib(figures[0]), mib(figures[1]), mib(figures[2]), mib(figures[3]), mib(figures[4]),
+          mib(figures[5]), usage.ru_maxrss / 1024.0,
+          world.size() > 1 && !LaunchedByMpirun() ? "the process, every in-process rank"
+                                                  : "rank 0's process");
     }
   }
   if (timed_steps > 0 && first) {
@@ -461,10 +461,11 @@ Status Train(const Options& o, Communicator& world) {
     const double flops_per_token =
         6.0 * num_params + 12.0 * o.config.layers * o.seq * o.config.embed;
     const double tokens_per_s = o.batch * o.seq * timed_steps / total_seconds;
-    std::printf("done: step %lld, loss %.4f, %.0f tokens/s, %.1f GFLOP/s "
-                "(mean of %lld steps after the first)\n",
-                static_cast<long long>(model.step()), loss_value, tokens_per_s,
-                tokens_per_s * flops_per_token / 1e9, static_cast<long long>(timed_steps));
+    std::printf(
+        "done: step %lld, loss %.4f, %.0f tokens/s, %.1f GFLOP/s "
+        "(mean of %lld steps after the first)\n",
+        static_cast<long long>(model.step()), loss_value, tokens_per_s,
+        tokens_per_s * flops_per_token / 1e9, static_cast<long long>(timed_steps));
     if (world.size() > 1) {
       std::printf("communication: %.1f%% of the step time on rank 0\n",
                   100.0 * (trainer->comm_seconds() - comm_at_first) / total_seconds);
@@ -574,9 +575,11 @@ int main(int argc, char** argv) {
                  "variables; else inprocess), inprocess, mpi or gloo")
       ->check(CLI::IsMember({"auto", "inprocess", "mpi", "gloo"}));
   app.add_option("--rank", rank, "this process's rank (gloo; else TESSERA_RANK or RANK)");
-  app.add_option("--world-size", world_size, "processes in the job (gloo; else TESSERA_WORLD_SIZE)");
-  app.add_option("--master", master,
-                 "host:port of rank 0's rendezvous (gloo; else TESSERA_MASTER or MASTER_ADDR/PORT)");
+  app.add_option("--world-size", world_size,
+                 "processes in the job (gloo; else TESSERA_WORLD_SIZE)");
+  app.add_option(
+      "--master", master,
+      "host:port of rank 0's rendezvous (gloo; else TESSERA_MASTER or MASTER_ADDR/PORT)");
   app.add_option("--fault-kill", fault_kill,
                  "testing: POINT:STEP:RANK kills that rank's process (SIGKILL) at POINT of step "
                  "STEP (step, write, redundancy, commit, rename)");
@@ -617,9 +620,10 @@ int main(int argc, char** argv) {
   }
   if (!o.auto_parallel.empty()) {
     if ((o.auto_parallel == "propagate") != !op_strategy.empty()) {
-      return Fail(InvalidArgumentError(o.auto_parallel == "propagate"
-                                           ? "--auto-parallel propagate completes --op-strategy FILE: give one"
-                                           : "--op-strategy fixes the strategy: use --auto-parallel propagate"));
+      return Fail(InvalidArgumentError(
+          o.auto_parallel == "propagate"
+              ? "--auto-parallel propagate completes --op-strategy FILE: give one"
+              : "--op-strategy fixes the strategy: use --auto-parallel propagate"));
     }
     for (const char* flag : {"--dp", "--tp", "--pp", "--zero", "--micro-batches", "--recompute",
                              "--sequence-parallel"}) {
@@ -640,18 +644,20 @@ int main(int argc, char** argv) {
   o.parallel.bucket_bytes = static_cast<int64_t>(bucket_mib * (1 << 20));
   if (!op_strategy.empty()) {
     if (o.parallel.sequence_parallel) {
-      return Fail(InvalidArgumentError("--op-strategy says every operator's strategy: drop "
-                                       "--sequence-parallel"));
+      return Fail(
+          InvalidArgumentError("--op-strategy says every operator's strategy: drop "
+                               "--sequence-parallel"));
     }
     Result<OpStrategyFile> file = OpStrategyFile::Load(op_strategy);
     if (!file.ok()) return Fail(file.status());
     // The file's settings, unless given on the command line (then they
     // must agree: ParallelConfig::Validate names the file).
-    for (auto [flag, from, to] : {std::tuple{"--pp", file->pp, &o.parallel.pp},
-                                  {"--dp", file->dp, &o.parallel.dp},
-                                  {"--tp", file->tp, &o.parallel.tp},
-                                  {"--micro-batches", file->micro_batches, &o.parallel.micro_batches},
-                                  {"--zero", file->zero, &o.parallel.zero}}) {
+    for (auto [flag, from, to] :
+         {std::tuple{"--pp", file->pp, &o.parallel.pp},
+          {"--dp", file->dp, &o.parallel.dp},
+          {"--tp", file->tp, &o.parallel.tp},
+          {"--micro-batches", file->micro_batches, &o.parallel.micro_batches},
+          {"--zero", file->zero, &o.parallel.zero}}) {
       if (!from.has_value()) continue;
       if (app.count(flag) == 0) {
         *to = *from;
@@ -680,13 +686,15 @@ int main(int argc, char** argv) {
   for (size_t at = 0; !hosts.empty() && at <= hosts.size();) {
     const size_t comma = std::min(hosts.find(',', at), hosts.size());
     o.hosts.push_back(hosts.substr(at, comma - at));
-    if (o.hosts.back().empty()) return Fail(InvalidArgumentError("--hosts '" + hosts + "': an empty host name"));
+    if (o.hosts.back().empty())
+      return Fail(InvalidArgumentError("--hosts '" + hosts + "': an empty host name"));
     at = comma + 1;
   }
   if (!fault_kill.empty() && !fault_hang.empty()) {
     return Fail(InvalidArgumentError("give --fault-kill or --fault-hang, not both"));
   }
-  if (Result<FaultKill> f = FaultKill::Parse(fault_kill.empty() ? fault_hang : fault_kill); f.ok()) {
+  if (Result<FaultKill> f = FaultKill::Parse(fault_kill.empty() ? fault_hang : fault_kill);
+      f.ok()) {
     o.fault = *f;
     o.fault.hang = !fault_hang.empty();
   } else {

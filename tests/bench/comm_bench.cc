@@ -11,22 +11,20 @@
 //
 // This file calls MPI directly on purpose: raw MPI_Allreduce & co. are the
 // peer the backend is measured against.
+#include <arpa/inet.h>
 #include <mpi.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
-
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
-#include <memory>
 
 #include "runtime/comm/gloo.h"
 #include "runtime/comm/inprocess.h"
@@ -43,12 +41,12 @@ struct Case {
 };
 
 const Case kCases[] = {
-    {"allreduce", 4 << 10, 200, 41},    {"allreduce", 64 << 10, 50, 21},
-    {"allreduce", 512 << 10, 20, 21},   {"allreduce", 2 << 20, 10, 11},
-    {"allreduce", 16 << 20, 2, 7},      {"allgather", 4 << 10, 200, 41},
+    {"allreduce", 4 << 10, 200, 41},      {"allreduce", 64 << 10, 50, 21},
+    {"allreduce", 512 << 10, 20, 21},     {"allreduce", 2 << 20, 10, 11},
+    {"allreduce", 16 << 20, 2, 7},        {"allgather", 4 << 10, 200, 41},
     {"reduce_scatter", 4 << 10, 200, 41}, {"reduce_scatter", 512 << 10, 20, 21},
     {"reduce_scatter", 2 << 20, 10, 11},  {"allreduce", 64 << 20, 2, 5},
-    {"allgather", 64 << 20, 2, 5},      {"reduce_scatter", 64 << 20, 2, 5},
+    {"allgather", 64 << 20, 2, 5},        {"reduce_scatter", 64 << 20, 2, 5},
 };
 
 // The call for `op` over `comm` on buffers sized for `bytes` of f32 (the

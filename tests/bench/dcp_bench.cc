@@ -191,8 +191,9 @@ int main(int argc, char** argv) {
     Floor(static_cast<size_t>(arg(2, 0)), static_cast<int>(arg(3, 1)));
     return 0;
   } else {
-    std::fprintf(stderr,
-                 "usage: dcp_bench save|load DIR WORLD [N S] | merge DIR [N S] | floor BYTES THREADS\n");
+    std::fprintf(
+        stderr,
+        "usage: dcp_bench save|load DIR WORLD [N S] | merge DIR [N S] | floor BYTES THREADS\n");
     return 2;
   }
   if (!s.ok()) {

@@ -65,12 +65,14 @@ int main(int argc, char** argv) {
       std::vector<std::string> paths;
       for (int j = 0; j < m; ++j) paths.push_back(dir + "/rs-" + std::to_string(j));
       std::vector<uint64_t> sums;
-      const double rs_s = Median([&] { return WriteErasureParity(env, code, group, paths, &sums).ok(); });
+      const double rs_s =
+          Median([&] { return WriteErasureParity(env, code, group, paths, &sums).ok(); });
       std::printf("%-28s %10d %12.3f %12.2f %7.2fx\n", code.ToString().c_str(), k, rs_s,
                   static_cast<double>(k * size) / rs_s / 1e9, rs_s / xor_s);
     }
-    std::printf("%-28s %10d %12.3f %12.2f %7.2fx\n", ("xor (parity:" + std::to_string(k) + ")").c_str(),
-                k, xor_s, static_cast<double>(k * size) / xor_s / 1e9, 1.0);
+    std::printf("%-28s %10d %12.3f %12.2f %7.2fx\n",
+                ("xor (parity:" + std::to_string(k) + ")").c_str(), k, xor_s,
+                static_cast<double>(k * size) / xor_s / 1e9, 1.0);
   }
   // Rebuilding two lost members of rs:4+2, beside copying two files.
   const ErasureCode code{4, 2};
@@ -89,11 +91,13 @@ int main(int argc, char** argv) {
     if (!out.ok()) return false;
     for (uint64_t at = 0; at < size; at += buf.size()) {
       const size_t n = static_cast<size_t>(std::min<uint64_t>(buf.size(), size - at));
-      if (!(*src)->Read(at, n, buf.data()).ok() || !(*out)->Append(buf.data(), n).ok()) return false;
+      if (!(*src)->Read(at, n, buf.data()).ok() || !(*out)->Append(buf.data(), n).ok())
+        return false;
     }
     return (*out)->Sync().ok() && (*out)->Close().ok();
   };
-  const double repair_s = Median([&] { return rebuild_to(0, dir + "/r0") && rebuild_to(1, dir + "/r1"); });
+  const double repair_s =
+      Median([&] { return rebuild_to(0, dir + "/r0") && rebuild_to(1, dir + "/r1"); });
   auto copy_to = [&](const std::string& from, const std::string& to) {
     auto in = env->NewRandomAccessFile(from);
     auto out = env->NewWritableFile(to);
@@ -107,8 +111,9 @@ int main(int argc, char** argv) {
   const double copy_s = Median([&] {
     return copy_to(members[0].path, dir + "/c0") && copy_to(members[1].path, dir + "/c1");
   });
-  std::printf("\nrebuild 2 lost files of rs:4+2 (%llu MiB each): %.3f s; copying the same bytes "
-              "(read + write + sync): %.3f s; ratio %.2fx\n",
-              static_cast<unsigned long long>(mib), repair_s, copy_s, repair_s / copy_s);
+  std::printf(
+      "\nrebuild 2 lost files of rs:4+2 (%llu MiB each): %.3f s; copying the same bytes "
+      "(read + write + sync): %.3f s; ratio %.2fx\n",
+      static_cast<unsigned long long>(mib), repair_s, copy_s, repair_s / copy_s);
   return DeleteRecursively(env, dir).ok() ? 0 : 1;
 }

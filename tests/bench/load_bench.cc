@@ -23,8 +23,8 @@
 #include "ckpt/repair.h"
 #include "formats/native_files.h"
 #include "runtime/comm/inprocess.h"
-#include "runtime/model/gpt_checkpoint.h"
 #include "runtime/kernels.h"
+#include "runtime/model/gpt_checkpoint.h"
 #include "runtime/model/parallel_gpt.h"
 
 using namespace tessera;
@@ -53,7 +53,8 @@ Result<double> Save(const std::string& path, const std::string& redundancy) {
   RETURN_IF_ERROR(Clean(env, path));
   double seconds = 0;
   RETURN_IF_ERROR(RunInProcess(4, [&](Communicator& world) -> Status {
-    ASSIGN_OR_RETURN(auto trainer, ParallelGpt::Create(kConfig, {.dp = 2, .tp = 2, .zero = 1}, world));
+    ASSIGN_OR_RETURN(auto trainer,
+                     ParallelGpt::Create(kConfig, {.dp = 2, .tp = 2, .zero = 1}, world));
     trainer->Init(1);
     ASSIGN_OR_RETURN(Strategy strategy, trainer->strategy());
     SlicedWriteOptions options;
@@ -122,11 +123,11 @@ Status Run(const std::string& dir) {
     rep_par.push_back(s);
   }
   ASSIGN_OR_RETURN(uint64_t lost, Env::Default()->GetFileSize(dir + "/parity/data-00001.tsr"));
-  std::printf("load_tp4 %.3f\nload_one %.3f\nsave_none %.3f\nsave_replicas %.3f\n"
-              "save_parity %.3f\nrepair_replicas %.3f\nrepair_parity %.3f\nlost_bytes %llu\n",
-              Median(load_tp4), Median(load_one), Median(save_none), Median(save_rep),
-              Median(save_par), Median(rep_rep), Median(rep_par),
-              static_cast<unsigned long long>(lost));
+  std::printf(
+      "load_tp4 %.3f\nload_one %.3f\nsave_none %.3f\nsave_replicas %.3f\n"
+      "save_parity %.3f\nrepair_replicas %.3f\nrepair_parity %.3f\nlost_bytes %llu\n",
+      Median(load_tp4), Median(load_one), Median(save_none), Median(save_rep), Median(save_par),
+      Median(rep_rep), Median(rep_par), static_cast<unsigned long long>(lost));
   RETURN_IF_ERROR(Clean(Env::Default(), dir + "/replicas"));
   return Clean(Env::Default(), dir + "/parity");
 }

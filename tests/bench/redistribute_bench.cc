@@ -23,10 +23,10 @@
 #include <vector>
 
 #include "runtime/comm/inprocess.h"
-#include "runtime/comm/mpi.h"
-#include "runtime/parallel/dtensor.h"
 #include "runtime/comm/mesh_comms.h"
+#include "runtime/comm/mpi.h"
 #include "runtime/kernels.h"
+#include "runtime/parallel/dtensor.h"
 #include "runtime/parallel/parallel_ops.h"
 
 using namespace tessera;
@@ -105,7 +105,8 @@ Status MatMuls(Communicator& comm, const Mesh& mesh) {
        },
        [&]() -> Status {
          kernels::MatmulForward(out.data(), f(xr), w.data(), nullptr, M, kl, N);
-         RETURN_IF_ERROR(comm.AllReduce(out.data(), out.data(), M * N, DType::kF32, ReduceOp::kSum));
+         RETURN_IF_ERROR(
+             comm.AllReduce(out.data(), out.data(), M * N, DType::kF32, ReduceOp::kSum));
          kernels::MatmulBackward(dxl.data(), dw.data(), nullptr, f(dyr), f(xr), w.data(), M, kl, N);
          return Status::Ok();
        },
@@ -120,7 +121,8 @@ Status MatMuls(Communicator& comm, const Mesh& mesh) {
          kernels::MatmulForward(out.data(), xfull.data(), wc.data(), nullptr, M, K, nl);
          kernels::MatmulBackward(dxf.data(), dwc.data(), nullptr, f(dyc), xfull.data(), wc.data(),
                                  M, K, nl);
-         RETURN_IF_ERROR(comm.AllReduce(dxf.data(), dxf.data(), M * K, DType::kF32, ReduceOp::kSum));
+         RETURN_IF_ERROR(
+             comm.AllReduce(dxf.data(), dxf.data(), M * K, DType::kF32, ReduceOp::kSum));
          return Status::Ok();
        },
        "AllGather+sgemm"},
@@ -151,8 +153,7 @@ Status Run(Communicator& comm) {
        [&] { return comm.AllToAll(a.data(), b.data(), shard / p, DType::kF32); }, "AllToAll"},
   };
   RETURN_IF_ERROR(TimePairs(
-      comm, rows_,
-      "  %-20s %d ranks (%s): Redistribute %8.2f ms   %-9s %8.2f ms   ratio %.2fx\n"));
+      comm, rows_, "  %-20s %d ranks (%s): Redistribute %8.2f ms   %-9s %8.2f ms   ratio %.2fx\n"));
   return MatMuls(comm, mesh);
 }
 
@@ -167,7 +168,8 @@ int main(int argc, char** argv) {
     auto world = CreateMpiWorld({});
     s = world.ok() ? Run(**world) : world.status();
   } else {
-    std::fprintf(stderr, "usage: redistribute_bench inprocess N | mpirun -np N redistribute_bench mpi\n");
+    std::fprintf(stderr,
+                 "usage: redistribute_bench inprocess N | mpirun -np N redistribute_bench mpi\n");
     return 2;
   }
   if (!s.ok()) {

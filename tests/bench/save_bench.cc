@@ -30,11 +30,11 @@
 #include <string>
 #include <vector>
 
-#include "runtime/train/async_checkpoint.h"
 #include "runtime/comm/inprocess.h"
-#include "runtime/model/gpt_checkpoint.h"
 #include "runtime/kernels.h"
+#include "runtime/model/gpt_checkpoint.h"
 #include "runtime/model/parallel_gpt.h"
+#include "runtime/train/async_checkpoint.h"
 
 using namespace tessera;
 
@@ -53,8 +53,7 @@ struct Times {
 
 Status Run(Communicator& world, const std::string& dir, Times* times) {
   const GptConfig config{.layers = 12, .heads = 12, .embed = 768, .context = 256, .vocab = 50257};
-  ASSIGN_OR_RETURN(auto trainer,
-                   ParallelGpt::Create(config, {.dp = 2, .tp = 2, .zero = 1}, world));
+  ASSIGN_OR_RETURN(auto trainer, ParallelGpt::Create(config, {.dp = 2, .tp = 2, .zero = 1}, world));
   trainer->Init(1);
   ASSIGN_OR_RETURN(Strategy strategy, trainer->strategy());
   Env* env = Env::Default();
@@ -115,9 +114,18 @@ Status Run(Communicator& world, const std::string& dir, Times* times) {
     double ts = 0, ts_rs = 0, tm = 0;
     for (int i = 0; i < 3; ++i) {
       switch ((i + round) % 3) {
-        case 0: { ASSIGN_OR_RETURN(ts, sliced(dir + "/sliced", none)); break; }
-        case 1: { ASSIGN_OR_RETURN(ts_rs, sliced(dir + "/sliced-rs", rs)); break; }
-        default: { ASSIGN_OR_RETURN(tm, sliced(dir + "/merged", merged)); break; }
+        case 0: {
+          ASSIGN_OR_RETURN(ts, sliced(dir + "/sliced", none));
+          break;
+        }
+        case 1: {
+          ASSIGN_OR_RETURN(ts_rs, sliced(dir + "/sliced-rs", rs));
+          break;
+        }
+        default: {
+          ASSIGN_OR_RETURN(tm, sliced(dir + "/merged", merged));
+          break;
+        }
       }
     }
     if (round == 0) {  // the merged save as it was (6-10 s): once, for the record
@@ -136,9 +144,18 @@ Status Run(Communicator& world, const std::string& dir, Times* times) {
     double stall = 0, stall_rs = 0, stall_m = 0, ta = 0, ta_rs = 0, ta_m = 0;
     for (int i = 0; i < 3; ++i) {
       switch ((i + round) % 3) {
-        case 0: { ASSIGN_OR_RETURN(ta, async(dir + "/async", none, &stall)); break; }
-        case 1: { ASSIGN_OR_RETURN(ta_rs, async(dir + "/async-rs", rs, &stall_rs)); break; }
-        default: { ASSIGN_OR_RETURN(ta_m, async(dir + "/async-merged", merged, &stall_m)); break; }
+        case 0: {
+          ASSIGN_OR_RETURN(ta, async(dir + "/async", none, &stall));
+          break;
+        }
+        case 1: {
+          ASSIGN_OR_RETURN(ta_rs, async(dir + "/async-rs", rs, &stall_rs));
+          break;
+        }
+        default: {
+          ASSIGN_OR_RETURN(ta_m, async(dir + "/async-merged", merged, &stall_m));
+          break;
+        }
       }
     }
     RETURN_IF_ERROR(clean(dir + "/sliced-rs"));
@@ -175,11 +192,12 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "save_bench: %s\n", s.ToString().c_str());
     return 1;
   }
-  std::printf("sliced %.3f\nmerged %.3f\nmerged_gather %.3f\nstall %.4f\nstall_first %.4f\n"
-              "async %.3f\nsliced_rs %.3f\nstall_rs %.4f\nasync_rs %.3f\nstall_merged %.4f\n"
-              "async_merged %.3f\nprepare %.3f\n",
-              Median(t.sliced), Median(t.merged), t.merged_gather, Median(t.stall), t.stall_first,
-              Median(t.async), Median(t.sliced_rs), Median(t.stall_rs), Median(t.async_rs),
-              Median(t.stall_merged), Median(t.async_merged), t.prepare);
+  std::printf(
+      "sliced %.3f\nmerged %.3f\nmerged_gather %.3f\nstall %.4f\nstall_first %.4f\n"
+      "async %.3f\nsliced_rs %.3f\nstall_rs %.4f\nasync_rs %.3f\nstall_merged %.4f\n"
+      "async_merged %.3f\nprepare %.3f\n",
+      Median(t.sliced), Median(t.merged), t.merged_gather, Median(t.stall), t.stall_first,
+      Median(t.async), Median(t.sliced_rs), Median(t.stall_rs), Median(t.async_rs),
+      Median(t.stall_merged), Median(t.async_merged), t.prepare);
   return 0;
 }

@@ -18,7 +18,8 @@ int main(int argc, char** argv) {
       const auto t0 = std::chrono::steady_clock::now();
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a.data(), n, b.data(),
                   n, 0.0f, c.data(), n);
-      best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+      best = std::min(best,
+                      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     }
     std::printf("sgemm %dx%dx%d, %d thread(s): %.1f GFLOP/s (core %s)\n", n, n, n, threads,
                 2.0 * n * n * n / best / 1e9, openblas_get_corename());

@@ -1,13 +1,13 @@
 // The ckpt library end to end over real (in-memory and POSIX) files.
+#include <atomic>
 #include <catch2/catch.hpp>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <atomic>
 #include <functional>
+#include <nlohmann/json.hpp>
 #include <numeric>
 #include <random>
-#include <nlohmann/json.hpp>
 
 #include "ckpt/diff.h"
 #include "ckpt/inspect.h"
@@ -49,7 +49,8 @@ TEST_CASE("SplitBox tiles a box with slabs under the limit, in order") {
   for (int iter = 0; iter < 300; ++iter) {
     std::vector<int64_t> shape = testing::RandomShape(rng, 4, 20);
     Box box = Box::FromShape(shape);
-    for (int d = 0; d < box.rank(); ++d) box[d].begin = std::min<int64_t>(box[d].end, Uniform(rng, 0, 3));
+    for (int d = 0; d < box.rank(); ++d)
+      box[d].begin = std::min<int64_t>(box[d].end, Uniform(rng, 0, 3));
     if (IsEmpty(box)) continue;
     const int64_t es = Uniform(rng, 1, 8), limit = Uniform(rng, es, 400);
     const std::vector<Box> slabs = SplitBox(box, es, limit);
@@ -156,10 +157,11 @@ TEST_CASE("distributed reads: any sub-box of a sliced tensor, only verified byte
   Box top{{0, 10}, {0, shape[1]}}, bottom{{shape[0] - 10, shape[0]}, {0, shape[1]}};
   std::vector<uint8_t> buf(10 * shape[1] * 4);
   REQUIRE(r2->ReadRegion(0, top, buf.data(), top.extents(), Box::FromShape(top.extents())).ok());
-  Status bad = r2->ReadRegion(0, bottom, buf.data(), bottom.extents(), Box::FromShape(bottom.extents()));
+  Status bad =
+      r2->ReadRegion(0, bottom, buf.data(), bottom.extents(), Box::FromShape(bottom.extents()));
   REQUIRE(bad.code() == StatusCode::kDataLoss);
-  CHECK_THAT(bad.message(), Catch::Contains(file) && Catch::Contains("model.t0") &&
-                                Catch::Contains("checksum"));
+  CHECK_THAT(bad.message(),
+             Catch::Contains(file) && Catch::Contains("model.t0") && Catch::Contains("checksum"));
 }
 
 TEST_CASE("copies of contiguous pieces are lent by the file, verified, and still fail on damage") {
@@ -294,7 +296,8 @@ TEST_CASE("verify reports flipped bytes, truncation and missing files by file an
     CHECK(s.code() == StatusCode::kDataLoss);
     CHECK_THAT(s.message(), Catch::Contains("model.t0"));
   }
-  SECTION("a flipped padding byte: named by the whole-file checksum, rebuilt from the file itself") {
+  SECTION(
+      "a flipped padding byte: named by the whole-file checksum, rebuilt from the file itself") {
     const PieceInfo& p = m->tensors[0].pieces[0];
     REQUIRE(p.length % kSmallPieceAlignment != 0);  // padding follows it, whatever comes next
     const std::string path = JoinPath(f.Dir(), m->files[p.file].name);
@@ -359,7 +362,9 @@ TEST_CASE("verify reports flipped bytes, truncation and missing files by file an
     REQUIRE(CommitManifest(env, f.Dir(), copy).ok());
     auto r = VerifyNativeCheckpoint(env, f.Dir(), {});
     REQUIRE_FALSE(r.ok());
-    CHECK_THAT(r.status().message(), Catch::Contains("manifest.pb") && Catch::Contains("version " + std::to_string(kNativeFormatVersion + 1)));
+    CHECK_THAT(r.status().message(),
+               Catch::Contains("manifest.pb") &&
+                   Catch::Contains("version " + std::to_string(kNativeFormatVersion + 1)));
   }
 }
 
@@ -398,7 +403,9 @@ TEST_CASE("an interrupted transform never leaves a complete-looking output") {
   // Count the writes of a full run, then fail at each point in turn (with
   // and without a crash afterwards).
   FaultInjectionEnv probe(base.get());
-  REQUIRE(WriteTransformed(&probe, model, s, "/probe", Options(Codec::kRaw, kDefaultMemoryBudget, 1)).ok());
+  REQUIRE(
+      WriteTransformed(&probe, model, s, "/probe", Options(Codec::kRaw, kDefaultMemoryBudget, 1))
+          .ok());
   const int64_t writes = probe.writes_seen();
   REQUIRE(writes > 5);
   for (int64_t n = 1; n <= writes; ++n) {
@@ -479,13 +486,15 @@ TEST_CASE("inspect shows every tensor, as text and as JSON") {
   auto a = Open(env.get(), "/a");
   const std::string text = InspectText(*a);
   CHECK_THAT(text, Catch::Contains("step        42") && Catch::Contains("[dp=2, tp=2]"));
-  for (const TensorStrategy& t : model.strategy().tensors()) CHECK_THAT(text, Catch::Contains(t.name));
+  for (const TensorStrategy& t : model.strategy().tensors())
+    CHECK_THAT(text, Catch::Contains(t.name));
   auto j = nlohmann::json::parse(InspectJson(*a));
   CHECK(j["tensors"].size() == 5);
   CHECK(j["mesh"]["tp"] == 2);
   CHECK(j["step"] == 42);
   // Short text values are shown; binary ones by size.
-  CHECK_THAT(text, Catch::Contains("run=\"gpt-small \xe2\x9c\x93\"") && Catch::Contains("config (16 B)"));
+  CHECK_THAT(text,
+             Catch::Contains("run=\"gpt-small \xe2\x9c\x93\"") && Catch::Contains("config (16 B)"));
   // JSON has every UTF-8 value (escaped), and the size of any other.
   CHECK(j["metadata"][0]["key"] == "blob");
   CHECK_FALSE(j["metadata"][0].contains("text"));
@@ -496,7 +505,8 @@ TEST_CASE("inspect shows every tensor, as text and as JSON") {
 }
 
 // The string records of a MindSpore file, tag -> content, in file order.
-std::vector<std::pair<std::string, std::string>> MindSporeStrings(Env* env, const std::string& path) {
+std::vector<std::pair<std::string, std::string>> MindSporeStrings(Env* env,
+                                                                  const std::string& path) {
   auto file = env->NewRandomAccessFile(path);
   REQUIRE(file.ok());
   auto scanned = ScanMindSporeCkpt(**file, path);
@@ -520,8 +530,8 @@ TEST_CASE("MindSpore append_dict strings are the metadata, in whole-tensor files
   auto& md = model.mutable_meta().metadata;
   md["note"] = "h\xc3\xa9llo \xf0\x9d\x84\x9e";  // 2- and 4-byte UTF-8
   md["empty"] = "";
-  md["bin"] = std::string("\xff\x00\x01", 3);    // not UTF-8
-  md["trailing"] = std::string("ab\0", 3);         // numpy would drop the NUL
+  md["bin"] = std::string("\xff\x00\x01", 3);  // not UTF-8
+  md["trailing"] = std::string("ab\0", 3);     // numpy would drop the NUL
   md["tessera.own"] = "a key in Tessera's namespace";
   md["model.t0"] = "a key that is also a tensor";
   const Strategy whole = MergedStrategy(model.strategy());
@@ -533,7 +543,8 @@ TEST_CASE("MindSpore append_dict strings are the metadata, in whole-tensor files
   const auto strings = MindSporeStrings(env.get(), "/m.ckpt");
   std::map<std::string, std::string> tags(strings.begin(), strings.end());
   CHECK(tags.size() == 8);
-  CHECK(tags.at("note") == std::string("h\0\0\0\xe9\0\0\0l\0\0\0l\0\0\0o\0\0\0 \0\0\0\x1e\xd1\x01\0", 28));
+  CHECK(tags.at("note") ==
+        std::string("h\0\0\0\xe9\0\0\0l\0\0\0l\0\0\0o\0\0\0 \0\0\0\x1e\xd1\x01\0", 28));
   CHECK(tags.at("empty") == std::string(4, '\0'));
   CHECK(tags.at("config").size() == 4 * md["config"].size());
   CHECK(tags.count("tessera.meta_hex.bin") == 1);
@@ -552,7 +563,8 @@ TEST_CASE("MindSpore append_dict strings are the metadata, in whole-tensor files
     // ... and MindSpore 1.x's "Uint16" spelling reads as u16.
     const std::string old = MindSporeRecordHeader("global_step", {0}, "Int64", 8) +
                             std::string("\x07\0\0\0\0\0\0\0", 8) +
-                            MindSporeRecordHeader("mask", {2}, "Uint16", 4) + std::string(4, '\x01');
+                            MindSporeRecordHeader("mask", {2}, "Uint16", 4) +
+                            std::string(4, '\x01');
     REQUIRE(WriteFileAtomically(env.get(), "/old.ckpt", old).ok());
     auto r = Open(env.get(), "/old.ckpt");
     CHECK(r->strategy().tensors()[0].layout.shape.empty());
@@ -636,8 +648,8 @@ TEST_CASE("ForEachCoarsePart: a box over a view is exactly its coarse parts") {
   // must be the coarse box's elements, and the parts must cover the box once.
   std::mt19937_64 rng(testing::TestSeed() + 80);
   const std::vector<std::pair<std::vector<int64_t>, std::vector<int64_t>>> shapes = {
-      {{4, 3, 4}, {4, 12}}, {{2, 3, 2, 5}, {6, 10}}, {{3, 1, 4, 1}, {12}},
-      {{2, 2, 3}, {2, 2, 3}}, {{1, 6, 2}, {12}}, {{5, 2, 2, 2}, {5, 8}}};
+      {{4, 3, 4}, {4, 12}},   {{2, 3, 2, 5}, {6, 10}}, {{3, 1, 4, 1}, {12}},
+      {{2, 2, 3}, {2, 2, 3}}, {{1, 6, 2}, {12}},       {{5, 2, 2, 2}, {5, 8}}};
   for (const auto& [fine, coarse] : shapes) {
     for (int iter = 0; iter < 40; ++iter) {
       Box box(static_cast<int>(fine.size()));
@@ -659,7 +671,8 @@ TEST_CASE("ForEachCoarsePart: a box over a view is exactly its coarse parts") {
             std::vector<int64_t> got(NumElements(part)), want;
             CopyBox(dense.data(), extents, at, got.data(), part.extents(),
                     Box::FromShape(part.extents()), 8);
-            ForEachIndex(part, [&](const std::vector<int64_t>& i) { want.push_back(Linear(coarse, i)); });
+            ForEachIndex(part,
+                         [&](const std::vector<int64_t>& i) { want.push_back(Linear(coarse, i)); });
             exact = exact && got == want;
             covered += NumElements(part);
             return Status::Ok();
@@ -689,7 +702,8 @@ TEST_CASE("native reads of tensors stored in many pieces (indexed) match the who
     for (size_t i = 0; i < full.size(); ++i) full[i] = static_cast<float>(i) * 0.25f;
     auto cuts = [&](int64_t n, int pieces) {
       std::vector<int64_t> at = {0, n};
-      while (static_cast<int>(at.size()) < pieces + 1) at.push_back(testing::Uniform(rng, 1, n - 1));
+      while (static_cast<int>(at.size()) < pieces + 1)
+        at.push_back(testing::Uniform(rng, 1, n - 1));
       std::sort(at.begin(), at.end());
       at.erase(std::unique(at.begin(), at.end()), at.end());
       return at;
@@ -721,11 +735,14 @@ TEST_CASE("native reads of tensors stored in many pieces (indexed) match the who
     REQUIRE(reader.ok());
     REQUIRE((*reader)->Files().size() == 3);
     for (int trial = 0; trial < 300; ++trial) {
-      const int64_t r0 = testing::Uniform(rng, 0, rows - 1), c0 = testing::Uniform(rng, 0, cols - 1);
-      const Box region({{r0, testing::Uniform(rng, r0 + 1, rows)}, {c0, testing::Uniform(rng, c0 + 1, cols)}});
+      const int64_t r0 = testing::Uniform(rng, 0, rows - 1),
+                    c0 = testing::Uniform(rng, 0, cols - 1);
+      const Box region(
+          {{r0, testing::Uniform(rng, r0 + 1, rows)}, {c0, testing::Uniform(rng, c0 + 1, cols)}});
       const std::vector<int64_t> ext = region.extents();
       std::vector<float> got(NumElements(region), -1.0f), want(NumElements(region));
-      CopyBox(full.data(), {rows, cols}, region, want.data(), ext, Box::FromShape(ext), sizeof(float));
+      CopyBox(full.data(), {rows, cols}, region, want.data(), ext, Box::FromShape(ext),
+              sizeof(float));
       const Status read = (*reader)->ReadRegion(0, region, got.data(), ext, Box::FromShape(ext));
       INFO(ToString(region) << ": " << read.ToString());
       REQUIRE(read.ok());

@@ -41,8 +41,9 @@ TEST_CASE("rs:K+M checkpoints read and repair any M lost or corrupt files of a g
     auto w = CreateNativeCheckpoint(env, full, whole, {}, {});
     REQUIRE(w.ok());
     for (size_t i = 0; i < values.size(); ++i) {
-      REQUIRE((*w)->WritePiece(i, 0, Box::FromShape(whole.tensors()[i].layout.shape),
-                               values[i].data()).ok());
+      REQUIRE(
+          (*w)->WritePiece(i, 0, Box::FromShape(whole.tensors()[i].layout.shape), values[i].data())
+              .ok());
     }
     REQUIRE((*w)->Commit().ok());
     auto src = OpenCheckpoint(env, full);

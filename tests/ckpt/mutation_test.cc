@@ -11,8 +11,8 @@
 // ASan + UBSan as well.
 #include <unistd.h>
 
-#include <catch2/catch.hpp>
 #include <algorithm>
+#include <catch2/catch.hpp>
 #include <cstring>
 #include <map>
 #include <random>
@@ -151,12 +151,13 @@ TEST_CASE("mutated native checkpoints never load other names, shapes or values")
     }
     const bool deleted = kind == 9;
     // One manifest mutant in five damages both copies the same way.
-    const bool both = name != kManifestCopyName && name == kManifestName &&
-                      testing::Uniform(rng, 0, 4) == 0;
+    const bool both =
+        name != kManifestCopyName && name == kManifestName && testing::Uniform(rng, 0, 4) == 0;
     INFO("mutant " << it << ": " << name << (both ? " and its copy" : "") << " kind " << kind
                    << " at " << at);
-    for (const std::string& p : both ? std::vector<std::string>{path, JoinPath(dir, kManifestCopyName)}
-                                     : std::vector<std::string>{path}) {
+    for (const std::string& p :
+         both ? std::vector<std::string>{path, JoinPath(dir, kManifestCopyName)}
+              : std::vector<std::string>{path}) {
       if (deleted) {
         REQUIRE(env->DeleteFile(p).ok());
       } else {
@@ -203,7 +204,7 @@ TEST_CASE("mutated native checkpoints never load other names, shapes or values")
   }
   // Every outcome happens: the test is not vacuous either way.
   CHECK(opened > mutants / 10);
-  CHECK(refused > 0);      // both manifests damaged
+  CHECK(refused > 0);       // both manifests damaged
   CHECK(failed_reads > 0);  // a damaged piece without a copy
 }
 

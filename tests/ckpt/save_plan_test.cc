@@ -3,13 +3,12 @@
 // host holds more than M files of a Reed-Solomon group (so one lost host
 // is always repairable), and at most one where the hosts allow it; the
 // manifest-side check (HostLossRisks) that verify reports.
-#include <catch2/catch.hpp>
+#include "ckpt/save_plan.h"
 
+#include <catch2/catch.hpp>
 #include <map>
 #include <random>
 #include <set>
-
-#include "ckpt/save_plan.h"
 
 namespace tessera {
 namespace {
@@ -114,7 +113,8 @@ TEST_CASE("rs groups over random host layouts: no host ever holds more than M of
     const int64_t ranks = std::uniform_int_distribution<int64_t>(1, 40)(rng);
     const int64_t host_count = std::uniform_int_distribution<int64_t>(1, 12)(rng);
     std::vector<int64_t> hosts(ranks);
-    for (int64_t& h : hosts) h = std::uniform_int_distribution<int64_t>(0, host_count - 1)(rng) * 11;
+    for (int64_t& h : hosts)
+      h = std::uniform_int_distribution<int64_t>(0, host_count - 1)(rng) * 11;
     const bool even = trial % 2 == 0;  // half the trials: ranks spread evenly, in host blocks
     if (even) {
       for (int64_t r = 0; r < ranks; ++r) hosts[r] = r * host_count / ranks;
@@ -131,7 +131,8 @@ TEST_CASE("rs groups over random host layouts: no host ever holds more than M of
       CHECK(static_cast<int>(g.members.size()) <= k);
       if (distinct >= 2) CHECK(MostOnOneHost(hosts, g) <= m);
       // Enough hosts, evenly filled: at most one file of a group per host.
-      if (even && distinct >= static_cast<size_t>(k + m) && ranks % static_cast<int64_t>(distinct) == 0) {
+      if (even && distinct >= static_cast<size_t>(k + m) &&
+          ranks % static_cast<int64_t>(distinct) == 0) {
         CHECK(MostOnOneHost(hosts, g) == 1);
       }
     }

@@ -1,10 +1,9 @@
 #include "core/dtype.h"
 
+#include <catch2/catch.hpp>
 #include <cmath>
 #include <cstdint>
 #include <vector>
-
-#include <catch2/catch.hpp>
 
 #include "core/half.h"
 #include "core/shape.h"
@@ -55,7 +54,7 @@ TEST_CASE("float conversions: exact widening, one rounding when narrowing") {
   REQUIRE(ConvertFloats(DType::kF64, &below_half_f16, DType::kF16, &out, 1).ok());
   CHECK(out == 0x3C00);
   REQUIRE(ConvertFloats(DType::kF64, &above_half_bf16, DType::kBF16, &out, 1).ok());
-  CHECK(out == 0x3F81);  // 1 + 2^-7
+  CHECK(out == 0x3F81);      // 1 + 2^-7
   const double huge = 1e39;  // beyond f32: infinity in both
   REQUIRE(ConvertFloats(DType::kF64, &huge, DType::kBF16, &out, 1).ok());
   CHECK(out == 0x7F80);

@@ -13,8 +13,8 @@ namespace {
 class TempDir {
  public:
   TempDir() {
-    std::string tmpl = std::string(std::getenv("TMPDIR") ? std::getenv("TMPDIR") : "/tmp") +
-                       "/tessera_env_XXXXXX";
+    std::string tmpl =
+        std::string(std::getenv("TMPDIR") ? std::getenv("TMPDIR") : "/tmp") + "/tessera_env_XXXXXX";
     path_ = ::mkdtemp(tmpl.data()) ? tmpl : "";
   }
   ~TempDir() { (void)DeleteRecursively(Env::Default(), path_); }
@@ -103,7 +103,8 @@ TEST_CASE("PosixEnv lends a file's bytes through a mapping; MemEnv reads them") 
   REQUIRE(WriteAll(Env::Default(), f, data, true).ok());
   auto r = Env::Default()->NewRandomAccessFile(f);
   REQUIRE(r.ok());
-  for (auto [offset, size] : {std::pair<uint64_t, size_t>{0, data.size()}, {4095, 2}, {5000, 7388}}) {
+  for (auto [offset, size] :
+       {std::pair<uint64_t, size_t>{0, data.size()}, {4095, 2}, {5000, 7388}}) {
     auto view = (*r)->View(offset, size);
     REQUIRE(view.ok());
     REQUIRE(*view != nullptr);

@@ -1,9 +1,8 @@
 #include "core/half.h"
 
+#include <catch2/catch.hpp>
 #include <cmath>
 #include <cstring>
-
-#include <catch2/catch.hpp>
 
 namespace tessera {
 namespace {
@@ -44,9 +43,17 @@ TEST_CASE("f16 widening is exact and narrowing round-trips every half") {
 TEST_CASE("f16 narrowing rounds to nearest even, including subnormals") {
   const float samples[] = {1.0f + std::ldexp(1.0f, -11),  // tie -> even (1.0)
                            1.0f + 3 * std::ldexp(1.0f, -11),
-                           65519.0f, 65520.0f, 1e9f, std::ldexp(1.0f, -25),
-                           std::ldexp(1.5f, -25), std::ldexp(3.0f, -25),
-                           6.1e-5f, 3.3e-7f, -2.71828f, 0.1f, 1234.567f};
+                           65519.0f,
+                           65520.0f,
+                           1e9f,
+                           std::ldexp(1.0f, -25),
+                           std::ldexp(1.5f, -25),
+                           std::ldexp(3.0f, -25),
+                           6.1e-5f,
+                           3.3e-7f,
+                           -2.71828f,
+                           0.1f,
+                           1234.567f};
   for (float f : samples) {
     INFO(f);
     if (std::fabs(f) >= 65520.0f) {
@@ -60,8 +67,7 @@ TEST_CASE("f16 narrowing rounds to nearest even, including subnormals") {
 TEST_CASE("bf16 keeps the f32 exponent and rounds the mantissa to even") {
   CHECK(BF16ToFloat(FloatToBF16(1.0f)) == 1.0f);
   CHECK(FloatToBF16(1.0f + std::ldexp(1.0f, -8)) == FloatToBF16(1.0f));  // tie -> even
-  CHECK(BF16ToFloat(FloatToBF16(1.0f + 3 * std::ldexp(1.0f, -8))) ==
-        1.0f + std::ldexp(1.0f, -6));
+  CHECK(BF16ToFloat(FloatToBF16(1.0f + 3 * std::ldexp(1.0f, -8))) == 1.0f + std::ldexp(1.0f, -6));
   CHECK(std::isnan(BF16ToFloat(FloatToBF16(std::nanf("")))));
   CHECK(std::isinf(BF16ToFloat(FloatToBF16(3.4e38f))));  // rounds up past max
   for (uint32_t h = 0; h < 0x10000; ++h) {

@@ -17,14 +17,15 @@ TEST_CASE("ThreadPool runs every task and Wait blocks until done") {
 TEST_CASE("ParallelFor covers every index once and reports the first error") {
   ThreadPool pool(4);
   std::vector<std::atomic<int>> hits(1000);
-  REQUIRE(pool.ParallelFor(1000, [&](int64_t i) {
-                hits[i]++;
-                return Status::Ok();
-              }).ok());
+  REQUIRE(pool.ParallelFor(1000,
+                           [&](int64_t i) {
+                             hits[i]++;
+                             return Status::Ok();
+                           })
+              .ok());
   for (auto& h : hits) CHECK(h == 1);
-  Status s = pool.ParallelFor(100, [](int64_t i) {
-    return i == 37 ? DataLossError("piece 37 corrupt") : Status::Ok();
-  });
+  Status s = pool.ParallelFor(
+      100, [](int64_t i) { return i == 37 ? DataLossError("piece 37 corrupt") : Status::Ok(); });
   CHECK(s.code() == StatusCode::kDataLoss);
   CHECK(s.message() == "piece 37 corrupt");
 }

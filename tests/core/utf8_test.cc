@@ -19,13 +19,13 @@ TEST_CASE("UTF-8: every length round-trips; malformed bytes are named") {
   CHECK(*back == points);
   CHECK(IsUtf8(""));
 
-  for (const auto& [bytes, at] : {std::pair<std::string, int>{"ab\xc3", 2},      // truncated
-                                  {"\xc0\xaf", 0},                                 // overlong '/'
-                                  {"x\xe0\x80\xaf", 1},                            // overlong, 3 bytes
-                                  {"\xed\xa0\x80", 0},                             // a surrogate
-                                  {"\xf4\x90\x80\x80", 0},                         // past U+10FFFF
-                                  {"\x80", 0},                                     // a lone continuation
-                                  {"a\xe2\x28\xa1", 1},                            // a bad continuation
+  for (const auto& [bytes, at] : {std::pair<std::string, int>{"ab\xc3", 2},  // truncated
+                                  {"\xc0\xaf", 0},                           // overlong '/'
+                                  {"x\xe0\x80\xaf", 1},                      // overlong, 3 bytes
+                                  {"\xed\xa0\x80", 0},                       // a surrogate
+                                  {"\xf4\x90\x80\x80", 0},                   // past U+10FFFF
+                                  {"\x80", 0},                               // a lone continuation
+                                  {"a\xe2\x28\xa1", 1},                      // a bad continuation
                                   {"\xff", 0}}) {
     INFO(bytes);
     auto r = DecodeUtf8(bytes);
@@ -40,16 +40,18 @@ TEST_CASE("UTF-8: every length round-trips; malformed bytes are named") {
   }
 }
 
-
 TEST_CASE("PrintableText escapes what is not printable UTF-8, idempotently") {
   CHECK(PrintableText("h.0.attn.c_attn.bias") == "h.0.attn.c_attn.bias");
-  CHECK(PrintableText("caf\xc3\xa9 \xe6\x97\xa5") == "caf\xc3\xa9 \xe6\x97\xa5");  // printable UTF-8 kept
-  CHECK(PrintableText(std::string("a\x01" "b\x1b[31m\x7f", 9)) == "a\\x01b\\x1b[31m\\x7f");
+  CHECK(PrintableText("caf\xc3\xa9 \xe6\x97\xa5") ==
+        "caf\xc3\xa9 \xe6\x97\xa5");  // printable UTF-8 kept
+  CHECK(PrintableText(std::string("a\x01"
+                                  "b\x1b[31m\x7f",
+                                  9)) == "a\\x01b\\x1b[31m\\x7f");
   CHECK(PrintableText("line\nfeed\ttab\rret") == "line\\nfeed\\ttab\\rret");
   CHECK(PrintableText("bad \xff\xfe end \xc3") == "bad \\xff\\xfe end \\xc3");
-  CHECK(PrintableText("\xc2\x85 C1") == "\\u{85} C1");                        // NEL
+  CHECK(PrintableText("\xc2\x85 C1") == "\\u{85} C1");                            // NEL
   CHECK(PrintableText("rtl \xe2\x80\xae override") == "rtl \\u{202e} override");  // bidi
-  CHECK(PrintableText("\xed\xa0\x80") == "\\xed\\xa0\\x80");                   // a surrogate
+  CHECK(PrintableText("\xed\xa0\x80") == "\\xed\\xa0\\x80");                      // a surrogate
   std::mt19937_64 rng(testing::TestSeed() + 91);
   for (int i = 0; i < 2000; ++i) {
     std::string s(rng() % 24, '\0');

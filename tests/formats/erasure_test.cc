@@ -80,7 +80,8 @@ TEST_CASE("Reed-Solomon groups rebuild any M lost files bit for bit") {
       }
       for (int r = 0; r < 3 && files[i].size > 0; ++r) {
         const uint64_t at = testing::Uniform(rng, 0, files[i].size - 1);
-        const uint64_t len = testing::Uniform(rng, 1, std::min<uint64_t>(files[i].size - at, 70000));
+        const uint64_t len =
+            testing::Uniform(rng, 1, std::min<uint64_t>(files[i].size - at, 70000));
         std::string part(len, '\0');
         REQUIRE((*rebuilt)->Read(at, len, part.data()).ok());
         REQUIRE(part == bytes[i].substr(at, len));
@@ -119,21 +120,25 @@ TEST_CASE("parity from members on disk (read in place, window by window) equals 
     in_memory.push_back({"/g" + name, size});
   }
   std::vector<uint64_t> disk_sums, mem_sums, row_sums;
-  REQUIRE(WriteErasureParity(Env::Default(), code, on_disk,
-                             {dir.path + "/p0", dir.path + "/p1"}, &disk_sums).ok());
+  REQUIRE(WriteErasureParity(Env::Default(), code, on_disk, {dir.path + "/p0", dir.path + "/p1"},
+                             &disk_sums)
+              .ok());
   REQUIRE(WriteErasureParity(mem.get(), code, in_memory, {"/g/p0", "/g/p1"}, &mem_sums).ok());
   CHECK(disk_sums == mem_sums);
   for (int j = 0; j < 2; ++j) {
     const std::string p = "/p" + std::to_string(j);
-    CHECK(*ReadFileToString(Env::Default(), dir.path + p) == *ReadFileToString(mem.get(), "/g" + p));
+    CHECK(*ReadFileToString(Env::Default(), dir.path + p) ==
+          *ReadFileToString(mem.get(), "/g" + p));
   }
   // Row 1 alone, as the rank that writes only parity file 1.
-  REQUIRE(WriteErasureParityRows(Env::Default(), code, on_disk, {1}, {dir.path + "/row1"},
-                                 &row_sums).ok());
+  REQUIRE(
+      WriteErasureParityRows(Env::Default(), code, on_disk, {1}, {dir.path + "/row1"}, &row_sums)
+          .ok());
   REQUIRE(row_sums.size() == 1);
   CHECK(row_sums[0] == disk_sums[1]);
-  CHECK_FALSE(WriteErasureParityRows(Env::Default(), code, on_disk, {2}, {dir.path + "/x"},
-                                     &row_sums).ok());
+  CHECK_FALSE(
+      WriteErasureParityRows(Env::Default(), code, on_disk, {2}, {dir.path + "/x"}, &row_sums)
+          .ok());
 }
 
 }  // namespace

@@ -110,7 +110,8 @@ TEST_CASE("hostile inputs: mutated safetensors headers are refused or bounded") 
               .ok());
   const std::string good = ReadAll(env.get(), "ok.safetensors");
   REQUIRE(SafetensorsFile::Open(env.get(), "ok.safetensors").ok());
-  const uint64_t header_end = 8 + (static_cast<uint8_t>(good[0]) | static_cast<uint8_t>(good[1]) << 8);
+  const uint64_t header_end =
+      8 + (static_cast<uint8_t>(good[0]) | static_cast<uint8_t>(good[1]) << 8);
   std::mt19937_64 rng(testing::TestSeed() + 40);
   int accepted = 0;
   for (int i = 0; i < kMutants; ++i) {
@@ -170,17 +171,20 @@ TEST_CASE("hostile inputs: mutated MindSpore .ckpt framing is refused or bounded
     REQUIRE(map.map.size() == 3);
     CHECK(map.map[1].dims == std::vector<int64_t>{2, 3});
     CHECK(map.map[1].type == "float32");
-    CHECK(good.substr(map.map[2].content_offset, map.map[2].content_size) == std::string(8, '\x11'));
+    CHECK(good.substr(map.map[2].content_offset, map.map[2].content_size) ==
+          std::string(8, '\x11'));
     CHECK(map.map[2].content_offset + 8 == good.size());
     // A map record without its status is a named error.
     const std::vector<MindSporeMapPart> two = {{{1}, "int64", 8}, {{1}, "float32", 4}};
     const auto headers = MindSporeMapRecordHeaders("half", two);
-    Put(env.get(), "half.ckpt", headers[0] + std::string(8, '\0') + headers[1] + std::string(4, '\0'));
+    Put(env.get(), "half.ckpt",
+        headers[0] + std::string(8, '\0') + headers[1] + std::string(4, '\0'));
     auto half_file = env->NewRandomAccessFile("half.ckpt");
     REQUIRE(half_file.ok());
     auto half = ScanMindSporeCkpt(**half_file, "half.ckpt");
     REQUIRE_FALSE(half.ok());
-    CHECK_THAT(half.status().message(), Catch::Contains("half.ckpt") && Catch::Contains("'half' has 2 parts"));
+    CHECK_THAT(half.status().message(),
+               Catch::Contains("half.ckpt") && Catch::Contains("'half' has 2 parts"));
     const MindSporeRecord& r = scanned->records[3];
     REQUIRE(r.type == kMindSporeStringType);
     auto text = MindSporeStringValue(good.substr(r.content_offset, r.content_size));
@@ -210,7 +214,8 @@ TEST_CASE("hostile inputs: mutated MindSpore .ckpt framing is refused or bounded
       }
       CHECK((r.map.empty() || r.map.size() == kMindSporeMapParts));
       if (r.type == kMindSporeStringType && r.content_offset + r.content_size <= bad.size()) {
-        auto text = MindSporeStringValue(std::string_view(bad).substr(r.content_offset, r.content_size));
+        auto text =
+            MindSporeStringValue(std::string_view(bad).substr(r.content_offset, r.content_size));
         if (text.ok()) CHECK(text->size() <= 4 * r.content_size);
       }
     }

@@ -1,16 +1,16 @@
 #include "formats/native_files.h"
 
-#include "core/checksum.h"
+#include <google/protobuf/io/coded_stream.h>
+#include <google/protobuf/io/zero_copy_stream_impl_lite.h>
 
 #include <catch2/catch.hpp>
 #include <cstring>
 #include <random>
 
+#include "core/checksum.h"
 #include "formats/codec.h"
 #include "formats/erasure.h"
 #include "formats/native.pb.h"
-#include <google/protobuf/io/coded_stream.h>
-#include <google/protobuf/io/zero_copy_stream_impl_lite.h>
 #include "tests/transform/random_layout.h"
 
 namespace tessera {
@@ -58,7 +58,8 @@ Written WriteCheckpoint(Env* env, const std::string& dir, std::mt19937_64& rng, 
       std::vector<uint8_t> piece(NumElements(g.box) * DTypeSize(dtype));
       CopyBox(full.data(), shape, g.box, piece.data(), g.box.extents(),
               Box::FromShape(g.box.extents()), DTypeSize(dtype));
-      auto info = writers[g.ranks[0] % 2]->Append(piece.data(), piece.size(), g.box, dtype, codec, 3);
+      auto info =
+          writers[g.ranks[0] % 2]->Append(piece.data(), piece.size(), g.box, dtype, codec, 3);
       REQUIRE(info.ok());
       // A piece of 64 KiB or more starts on the first page after the
       // previous piece of its file; a smaller one is packed right after it,
@@ -113,8 +114,8 @@ TEST_CASE("native files: random checkpoints round-trip bit for bit, raw and zstd
   auto env = NewMemEnv();
   for (Codec codec : {Codec::kRaw, Codec::kZstd}) {
     for (int iter = 0; iter < 10; ++iter) {
-      const std::string dir = "/ck/" + std::to_string(static_cast<int>(codec)) + "-" +
-                              std::to_string(iter);
+      const std::string dir =
+          "/ck/" + std::to_string(static_cast<int>(codec)) + "-" + std::to_string(iter);
       Written w = WriteCheckpoint(env.get(), dir, rng, 12, codec);
       INFO("iteration " << iter);
       Status s = ReadBack(env.get(), dir, w);
@@ -232,8 +233,8 @@ TEST_CASE("region reads of a multi-block raw piece: staged and direct paths agre
   CHECK(info->checksum == encoded->info.checksum);
   CHECK(info->block_checksums == encoded->info.block_checksums);
   REQUIRE((*writer)->Finish().ok());
-  CHECK((*writer)->checksum() == Xxh3(ReadFileToString(env.get(), "/r/d.tsr")->data(),
-                                      (*writer)->size()));
+  CHECK((*writer)->checksum() ==
+        Xxh3(ReadFileToString(env.get(), "/r/d.tsr")->data(), (*writer)->size()));
   auto file = env->NewRandomAccessFile("/r/d.tsr");
   REQUIRE(file.ok());
   struct Case {
@@ -242,7 +243,8 @@ TEST_CASE("region reads of a multi-block raw piece: staged and direct paths agre
   };
   const std::vector<Case> cases = {
       {Box({{40, 3282}, {0, 768}}), "the whole piece"},
-      {Box({{100, 3000}, {0, 768}}), "full rows: partial first and last blocks, whole blocks between"},
+      {Box({{100, 3000}, {0, 768}}),
+       "full rows: partial first and last blocks, whole blocks between"},
       {Box({{2000, 3282}, {0, 768}}), "full rows to the piece's end (its short last block)"},
       {Box({{381, 382}, {0, 768}}), "one row inside a block"},
       {Box({{50, 3100}, {100, 600}}), "a column band: every row a separate run"},
@@ -257,7 +259,8 @@ TEST_CASE("region reads of a multi-block raw piece: staged and direct paths agre
       const std::vector<int64_t> ext = {c.region[0].size() + pr, c.region[1].size() + pc};
       const Box at({{pr, pr + c.region[0].size()}, {pc, pc + c.region[1].size()}});
       std::vector<float> got(ext[0] * ext[1], -1.0f), want(ext[0] * ext[1], -1.0f);
-      REQUIRE(ReadPieceRegion(**file, "/r/d.tsr", "w", *info, DType::kF32, c.region, got.data(), ext, at)
+      REQUIRE(ReadPieceRegion(**file, "/r/d.tsr", "w", *info, DType::kF32, c.region, got.data(),
+                              ext, at)
                   .ok());
       CopyBox(data.data(), pbox.extents(), RelativeTo(c.region, pbox), want.data(), ext, at, 4);
       const bool same = got == want;  // not CHECK(got == want): Catch would print 2M floats
@@ -271,8 +274,9 @@ TEST_CASE("region reads of a multi-block raw piece: staged and direct paths agre
     auto bad = env->NewRandomAccessFile("/r/d.tsr");
     REQUIRE(bad.ok());
     std::vector<float> got(NumElements(pbox));
-    Status s = ReadPieceRegion(**bad, "/r/d.tsr", "w", *info, DType::kF32, Box({{100, 3000}, {0, 768}}),
-                               got.data(), {2900, 768}, Box::FromShape({2900, 768}));
+    Status s =
+        ReadPieceRegion(**bad, "/r/d.tsr", "w", *info, DType::kF32, Box({{100, 3000}, {0, 768}}),
+                        got.data(), {2900, 768}, Box::FromShape({2900, 768}));
     CHECK(s.code() == StatusCode::kDataLoss);
     CHECK(s.message().find("checksum mismatch in block 5") != std::string::npos);
     CHECK(s.message().find("'w'") != std::string::npos);
@@ -463,7 +467,8 @@ TEST_CASE("corrupt, truncated and future inputs give named errors") {
   }
 }
 
-TEST_CASE("commit protocol: a crash before the manifest or before latest's sync keeps the old state") {
+TEST_CASE(
+    "commit protocol: a crash before the manifest or before latest's sync keeps the old state") {
   std::mt19937_64 rng(testing::TestSeed() + 12);
   auto mem = NewMemEnv();
   FaultInjectionEnv env(mem.get());
@@ -477,7 +482,9 @@ TEST_CASE("commit protocol: a crash before the manifest or before latest's sync 
   auto writer = DataFileWriter::Create(&env, "/run/step-2/data-00000.tsr", 0);
   REQUIRE(writer.ok());
   std::vector<uint8_t> piece(64, 1);
-  REQUIRE((*writer)->Append(piece.data(), piece.size(), Box{{0, 16}}, DType::kF32, Codec::kRaw, 0).ok());
+  REQUIRE((*writer)
+              ->Append(piece.data(), piece.size(), Box{{0, 16}}, DType::kF32, Codec::kRaw, 0)
+              .ok());
   REQUIRE(env.SimulateCrash().ok());
   auto incomplete = ReadManifest(&env, "/run/step-2");
   if (env.IsDirectory("/run/step-2")) {
@@ -498,14 +505,16 @@ TEST_CASE("PruneCheckpoints keeps the newest committed steps and the one latest 
   std::mt19937_64 rng(testing::TestSeed() + 13);
   auto env = NewMemEnv();
   REQUIRE(env->CreateDirs("/run").ok());
-  for (int step : {2, 10, 4, 8}) WriteCheckpoint(env.get(), "/run/step-" + std::to_string(step), rng, 1, Codec::kRaw);
+  for (int step : {2, 10, 4, 8})
+    WriteCheckpoint(env.get(), "/run/step-" + std::to_string(step), rng, 1, Codec::kRaw);
   REQUIRE(env->CreateDirs("/run/step-12").ok());  // incomplete: no manifest
   REQUIRE(env->CreateDirs("/run/export").ok());
   REQUIRE(SetLatest(env.get(), "/run", "step-4").ok());  // e.g. a newer save failed
   std::vector<std::string> removed;
   REQUIRE(PruneCheckpoints(env.get(), "/run", 2, &removed).ok());
   CHECK(removed == std::vector<std::string>{"step-2"});  // step-4 is latest: kept
-  for (const char* kept : {"/run/step-4", "/run/step-8", "/run/step-10", "/run/step-12", "/run/export"}) {
+  for (const char* kept :
+       {"/run/step-4", "/run/step-8", "/run/step-10", "/run/step-12", "/run/export"}) {
     INFO(kept);
     CHECK(env->IsDirectory(kept));
   }
@@ -522,7 +531,8 @@ TEST_CASE("ResumeCheckpoint: latest is the authority, else the newest complete o
   auto env = NewMemEnv();
   REQUIRE(env->CreateDirs("/run").ok());
   CHECK(ResumeCheckpoint(env.get(), "/run").status().code() == StatusCode::kNotFound);
-  for (int step : {5, 10, 15}) WriteCheckpoint(env.get(), "/run/step-" + std::to_string(step), rng, 1, Codec::kRaw);
+  for (int step : {5, 10, 15})
+    WriteCheckpoint(env.get(), "/run/step-" + std::to_string(step), rng, 1, Codec::kRaw);
   REQUIRE(env->CreateDirs("/run/step-20").ok());  // incomplete: no manifest
   // No latest (killed before the first update of it): the newest complete.
   CHECK(*ResumeCheckpoint(env.get(), "/run") == "step-15");
@@ -541,8 +551,8 @@ TEST_CASE("ResumeCheckpoint: latest is the authority, else the newest complete o
   WriteCheckpoint(env.get(), "/run/final", rng, 1, Codec::kRaw);
   REQUIRE(SetLatest(env.get(), "/run", "final").ok());
   CHECK(*ResumeCheckpoint(env.get(), "/run") == "final");
-  CHECK(*CommittedSteps(env.get(), "/run") ==
-        std::vector<std::pair<int64_t, std::string>>{{5, "step-5"}, {10, "step-10"}, {15, "step-15"}});
+  CHECK(*CommittedSteps(env.get(), "/run") == std::vector<std::pair<int64_t, std::string>>{
+                                                  {5, "step-5"}, {10, "step-10"}, {15, "step-15"}});
 }
 
 }  // namespace

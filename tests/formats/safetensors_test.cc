@@ -1,8 +1,7 @@
 #include "formats/safetensors.h"
 
-#include <cstring>
-
 #include <catch2/catch.hpp>
+#include <cstring>
 
 namespace tessera {
 namespace {
@@ -61,9 +60,10 @@ TEST_CASE("safetensors: round trip of every dtype, metadata and an empty tensor"
   CHECK(cc[1] == (1LL << 40));
   CHECK(f->Find("empty")->begin == f->Find("empty")->end);
   CHECK(f->Find("flags")->dtype == DType::kBool);
-  CHECK_FALSE(WriteSafetensors(env.get(), "n.safetensors",
-                               {{"a", DType::kF32, {1}, a.data()}, {"a", DType::kF32, {1}, a.data()}})
-                  .ok());
+  CHECK_FALSE(
+      WriteSafetensors(env.get(), "n.safetensors",
+                       {{"a", DType::kF32, {1}, a.data()}, {"a", DType::kF32, {1}, a.data()}})
+          .ok());
 }
 
 TEST_CASE("safetensors: hostile headers are refused by name, without huge allocations") {
@@ -83,12 +83,14 @@ TEST_CASE("safetensors: hostile headers are refused by name, without huge alloca
   fails(OpenRaw(R"({"w":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", 8),
         "tensor 'w': 8 bytes for 3 f32 elements");
   fails(OpenRaw(R"({"w":{"dtype":"F32","shape":[-3],"data_offsets":[0,8]}})", 8), "shape");
-  fails(OpenRaw(R"({"w":{"dtype":"F32","shape":[4294967296,4294967296,4],"data_offsets":[0,8]}})", 8),
-        "shape overflows");
+  fails(
+      OpenRaw(R"({"w":{"dtype":"F32","shape":[4294967296,4294967296,4],"data_offsets":[0,8]}})", 8),
+      "shape overflows");
   fails(OpenRaw(R"({"w":{"dtype":"Q7","shape":[2],"data_offsets":[0,8]}})", 8), "Q7");
   fails(OpenRaw(R"({"w":{"dtype":"F32","shape":[2]}})", 8), "data_offsets");
   fails(OpenRaw(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
-                R"("b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})", 12),
+                R"("b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})",
+                12),
         "overlap");
   fails(OpenRaw(R"({"__metadata__":{"k":1}})", 0), "__metadata__");
   auto env = NewMemEnv();

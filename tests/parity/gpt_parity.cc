@@ -141,8 +141,8 @@ int main(int argc, char** argv) {
     clipped += norm > max_norm;
     losses.push_back(*loss);
     const double rel = std::fabs(*loss - torch_losses[step]) / std::fabs(torch_losses[step]);
-    std::printf("step %2d  loss %.7f  torch %.7f  relative difference %.2e  grad norm %.3f\n",
-                step, *loss, torch_losses[step], rel, norm);
+    std::printf("step %2d  loss %.7f  torch %.7f  relative difference %.2e  grad norm %.3f\n", step,
+                *loss, torch_losses[step], rel, norm);
     if (rel > 1e-5) Fail("loss of step " + std::to_string(step));
   }
   if (!(losses.back() < losses.front())) Fail("the loss did not go down");

@@ -3,12 +3,11 @@
 // plus forward values checked directly where they have a closed form.
 #include "runtime/kernels.h"
 
+#include <catch2/catch.hpp>
 #include <cmath>
 #include <functional>
 #include <random>
 #include <vector>
-
-#include <catch2/catch.hpp>
 
 namespace tessera::kernels {
 namespace {
@@ -257,7 +256,7 @@ TEST_CASE("softmax cross-entropy: the loss of uniform logits is log V; exact gra
         Approx(std::log(7.0)));
   // Huge logits do not overflow: the loss stays finite and exact.
   Vec big(N * V, 0.0f);
-  big[0] = 1000.0f;  // row 0, target 0: loss ~0
+  big[0] = 1000.0f;      // row 0, target 0: loss ~0
   big[V + 0] = 1000.0f;  // row 1, target 6: loss ~1000
   const float l = SoftmaxCrossEntropyForward(probs.data(), big.data(), targets.data(), N, V);
   CHECK(l == Approx((0.0 + 1000.0 + std::log(7.0)) / 3).epsilon(1e-4));

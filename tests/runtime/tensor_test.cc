@@ -1,9 +1,8 @@
 #include "runtime/tensor.h"
 
+#include <catch2/catch.hpp>
 #include <cmath>
 #include <vector>
-
-#include <catch2/catch.hpp>
 
 #include "core/half.h"
 

@@ -47,9 +47,12 @@ void ForEachLayout(const Mesh& mesh, int rank, const std::function<void(const La
       l.dim_axes.resize(rank);
       std::vector<int> unused;
       for (int i : order) {
-        if (assign[i] == 0) unused.push_back(i);
-        else if (assign[i] == 1) l.opt_axes.push_back(mesh.axis_name(i));
-        else l.dim_axes[assign[i] - 2].push_back(mesh.axis_name(i));
+        if (assign[i] == 0)
+          unused.push_back(i);
+        else if (assign[i] == 1)
+          l.opt_axes.push_back(mesh.axis_name(i));
+        else
+          l.dim_axes[assign[i] - 2].push_back(mesh.axis_name(i));
       }
       if (!l.opt_axes.empty() && rank == 0) continue;
       fn(l);
@@ -122,9 +125,8 @@ void CheckLayout(const Mesh& mesh, const Layout& l) {
 }
 
 TEST_CASE("every layout on meshes up to 8 ranks, tensors of 1 to 3 dimensions") {
-  const std::vector<std::vector<int64_t>> meshes = {{1}, {2}, {3}, {4}, {5}, {7}, {8},
-                                                    {2, 2}, {2, 3}, {3, 2}, {2, 4}, {4, 2},
-                                                    {2, 2, 2}};
+  const std::vector<std::vector<int64_t>> meshes = {
+      {1}, {2}, {3}, {4}, {5}, {7}, {8}, {2, 2}, {2, 3}, {3, 2}, {2, 4}, {4, 2}, {2, 2, 2}};
   const std::vector<std::vector<int64_t>> dim_sizes = {{0, 1, 3, 4, 5, 8}, {1, 3, 4, 6}, {2, 3, 5}};
   int64_t layouts = 0;
   for (const auto& sizes : meshes) {
@@ -222,7 +224,8 @@ TEST_CASE("invalid layouts give named errors") {
   CHECK(msg(deep).find("rank 9") != std::string::npos);
 }
 
-TEST_CASE("a tensor held by several pipeline stages: every copy stage's ranks hold the same pieces") {
+TEST_CASE(
+    "a tensor held by several pipeline stages: every copy stage's ranks hold the same pieces") {
   const Mesh mesh = *Mesh::Create({"pp", "dp", "tp"}, {4, 2, 2});
   Layout l = Layout::Replicated({64, 16}, DType::kF32);
   l.dim_axes = {{"tp"}, {}};

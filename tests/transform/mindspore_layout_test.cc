@@ -114,7 +114,7 @@ TEST_CASE("pipeline stages add an outer pp axis") {
   auto ml = FromMindSpore(ms, {4, 4}, DType::kF32, {1, 2});
   REQUIRE(ml.ok());
   CHECK(ml->mesh.ToString() == "[pp=2, m1=2, m0=2]");
-  CHECK_FALSE(ShardOf(ml->layout, ml->mesh, 3)->has_value());  // stage 0
+  CHECK_FALSE(ShardOf(ml->layout, ml->mesh, 3)->has_value());        // stage 0
   CHECK(**ShardOf(ml->layout, ml->mesh, 6) == Box{{2, 4}, {0, 4}});  // stage 1, local rank 2
   auto back = ToMindSpore(ml->mesh, ml->layout);
   REQUIRE(back.ok());

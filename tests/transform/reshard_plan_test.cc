@@ -5,8 +5,8 @@
 #include <map>
 #include <tuple>
 
-#include "tests/transform/random_layout.h"
 #include "tests/test_util.h"
+#include "tests/transform/random_layout.h"
 #include "transform/mindspore_layout.h"
 #include "transform/strategy.h"
 
@@ -265,7 +265,8 @@ TEST_CASE("views: the fused qkv split by heads is Megatron's local layout") {
     std::vector<float> want;
     for (int64_t row = 0; row < C; ++row) {
       for (int64_t b = 0; b < 3; ++b) {
-        for (int64_t c = r * C / 2; c < (r + 1) * C / 2; ++c) want.push_back(full[row * 3 * C + b * C + c]);
+        for (int64_t c = r * C / 2; c < (r + 1) * C / 2; ++c)
+          want.push_back(full[row * 3 * C + b * C + c]);
       }
     }
     CHECK(local[r] == want);
@@ -289,7 +290,8 @@ TEST_CASE("views: layouts are re-expressed over the finer view, or refused by na
   CHECK(blocks->dim_axes == std::vector<std::vector<std::string>>{{}, {"tp"}, {}});
   auto cols2 = LayoutInView(cols3, *tp2, view);  // cuts at 6: inside block 1
   REQUIRE_FALSE(cols2.ok());
-  CHECK_THAT(cols2.status().message(), Catch::Contains("dimension 1") && Catch::Contains("blocks of 4"));
+  CHECK_THAT(cols2.status().message(),
+             Catch::Contains("dimension 1") && Catch::Contains("blocks of 4"));
   auto zero = plain;  // ZeRO's opt_axes cut dimension 0 of the view too
   zero.opt_axes = {"tp"};
   auto zero_view = LayoutInView(zero, *tp2, view);
@@ -305,8 +307,8 @@ TEST_CASE("views: layouts are re-expressed over the finer view, or refused by na
   std::vector<int64_t> load;
   Layout other = plain;
   other.view = {2, 2, 12};  // refines [4, 12], but not [4, 3, 4], nor the reverse
-  auto plan = PlanTensorReshard("h.0.attn.c_attn.weight", *tp2, FusedQkv(4, {{}, {}, {"tp"}}),
-                                *tp2, other, {}, &load);
+  auto plan = PlanTensorReshard("h.0.attn.c_attn.weight", *tp2, FusedQkv(4, {{}, {}, {"tp"}}), *tp2,
+                                other, {}, &load);
   REQUIRE_FALSE(plan.ok());
   CHECK_THAT(plan.status().message(), Catch::Contains("h.0.attn.c_attn.weight") &&
                                           Catch::Contains("neither view refines the other"));
@@ -332,9 +334,9 @@ TEST_CASE("views: heads-split qkv reshards bit for bit to and from every other l
   Layout blocks3 = Layout::Replicated({C, 3 * C}, DType::kF32);
   blocks3.dim_axes = {{}, {"tp"}};  // q | k | v, one per rank
   const Layout merged = Layout::Replicated({C, 3 * C}, DType::kF32);
-  const std::vector<std::pair<const Mesh*, Layout>> all = {
-      {&*tp2, heads2}, {&*tp4, heads4}, {&*tp2, heads_zero}, {&*tp2, rows},
-      {&*tp3, blocks3}, {&*one, merged}};
+  const std::vector<std::pair<const Mesh*, Layout>> all = {{&*tp2, heads2},     {&*tp4, heads4},
+                                                           {&*tp2, heads_zero}, {&*tp2, rows},
+                                                           {&*tp3, blocks3},    {&*one, merged}};
   for (const auto& [sm, src] : all) {
     for (const auto& [dm, dst] : all) {
       if (src.view.empty() && dst.view.empty()) continue;

@@ -12,10 +12,9 @@
 namespace tessera::testing {
 namespace {
 
-constexpr DType kAllDTypes[] = {DType::kF32, DType::kF16, DType::kBF16, DType::kF64,
-                                DType::kI8,  DType::kU8,  DType::kI16,  DType::kU16,
-                                DType::kI32, DType::kU32, DType::kI64,  DType::kU64,
-                                DType::kBool};
+constexpr DType kAllDTypes[] = {DType::kF32, DType::kF16, DType::kBF16, DType::kF64, DType::kI8,
+                                DType::kU8,  DType::kI16, DType::kU16,  DType::kI32, DType::kU32,
+                                DType::kI64, DType::kU64, DType::kBool};
 constexpr ReduceOp kAllOps[] = {ReduceOp::kSum, ReduceOp::kMax, ReduceOp::kMin, ReduceOp::kAvg};
 
 bool IsSigned(DType d) {
@@ -26,37 +25,76 @@ bool IsSigned(DType d) {
 // Writes v (exactly representable in d, or rounded as d rounds) as element i.
 void Set(DType d, void* buf, int64_t i, double v) {
   switch (d) {
-    case DType::kF32: static_cast<float*>(buf)[i] = static_cast<float>(v); return;
-    case DType::kF64: static_cast<double*>(buf)[i] = v; return;
-    case DType::kF16: static_cast<uint16_t*>(buf)[i] = FloatToHalf(static_cast<float>(v)); return;
-    case DType::kBF16: static_cast<uint16_t*>(buf)[i] = FloatToBF16(static_cast<float>(v)); return;
-    case DType::kI8: static_cast<int8_t*>(buf)[i] = static_cast<int8_t>(v); return;
-    case DType::kU8: static_cast<uint8_t*>(buf)[i] = static_cast<uint8_t>(v); return;
-    case DType::kI16: static_cast<int16_t*>(buf)[i] = static_cast<int16_t>(v); return;
-    case DType::kU16: static_cast<uint16_t*>(buf)[i] = static_cast<uint16_t>(v); return;
-    case DType::kI32: static_cast<int32_t*>(buf)[i] = static_cast<int32_t>(v); return;
-    case DType::kU32: static_cast<uint32_t*>(buf)[i] = static_cast<uint32_t>(v); return;
-    case DType::kI64: static_cast<int64_t*>(buf)[i] = static_cast<int64_t>(v); return;
-    case DType::kU64: static_cast<uint64_t*>(buf)[i] = static_cast<uint64_t>(v); return;
-    case DType::kBool: static_cast<uint8_t*>(buf)[i] = v != 0; return;
+    case DType::kF32:
+      static_cast<float*>(buf)[i] = static_cast<float>(v);
+      return;
+    case DType::kF64:
+      static_cast<double*>(buf)[i] = v;
+      return;
+    case DType::kF16:
+      static_cast<uint16_t*>(buf)[i] = FloatToHalf(static_cast<float>(v));
+      return;
+    case DType::kBF16:
+      static_cast<uint16_t*>(buf)[i] = FloatToBF16(static_cast<float>(v));
+      return;
+    case DType::kI8:
+      static_cast<int8_t*>(buf)[i] = static_cast<int8_t>(v);
+      return;
+    case DType::kU8:
+      static_cast<uint8_t*>(buf)[i] = static_cast<uint8_t>(v);
+      return;
+    case DType::kI16:
+      static_cast<int16_t*>(buf)[i] = static_cast<int16_t>(v);
+      return;
+    case DType::kU16:
+      static_cast<uint16_t*>(buf)[i] = static_cast<uint16_t>(v);
+      return;
+    case DType::kI32:
+      static_cast<int32_t*>(buf)[i] = static_cast<int32_t>(v);
+      return;
+    case DType::kU32:
+      static_cast<uint32_t*>(buf)[i] = static_cast<uint32_t>(v);
+      return;
+    case DType::kI64:
+      static_cast<int64_t*>(buf)[i] = static_cast<int64_t>(v);
+      return;
+    case DType::kU64:
+      static_cast<uint64_t*>(buf)[i] = static_cast<uint64_t>(v);
+      return;
+    case DType::kBool:
+      static_cast<uint8_t*>(buf)[i] = v != 0;
+      return;
   }
 }
 
 double Get(DType d, const void* buf, int64_t i) {
   switch (d) {
-    case DType::kF32: return static_cast<const float*>(buf)[i];
-    case DType::kF64: return static_cast<const double*>(buf)[i];
-    case DType::kF16: return HalfToFloat(static_cast<const uint16_t*>(buf)[i]);
-    case DType::kBF16: return BF16ToFloat(static_cast<const uint16_t*>(buf)[i]);
-    case DType::kI8: return static_cast<const int8_t*>(buf)[i];
-    case DType::kU8: return static_cast<const uint8_t*>(buf)[i];
-    case DType::kI16: return static_cast<const int16_t*>(buf)[i];
-    case DType::kU16: return static_cast<const uint16_t*>(buf)[i];
-    case DType::kI32: return static_cast<const int32_t*>(buf)[i];
-    case DType::kU32: return static_cast<const uint32_t*>(buf)[i];
-    case DType::kI64: return static_cast<const int64_t*>(buf)[i];
-    case DType::kU64: return static_cast<double>(static_cast<const uint64_t*>(buf)[i]);
-    case DType::kBool: return static_cast<const uint8_t*>(buf)[i];
+    case DType::kF32:
+      return static_cast<const float*>(buf)[i];
+    case DType::kF64:
+      return static_cast<const double*>(buf)[i];
+    case DType::kF16:
+      return HalfToFloat(static_cast<const uint16_t*>(buf)[i]);
+    case DType::kBF16:
+      return BF16ToFloat(static_cast<const uint16_t*>(buf)[i]);
+    case DType::kI8:
+      return static_cast<const int8_t*>(buf)[i];
+    case DType::kU8:
+      return static_cast<const uint8_t*>(buf)[i];
+    case DType::kI16:
+      return static_cast<const int16_t*>(buf)[i];
+    case DType::kU16:
+      return static_cast<const uint16_t*>(buf)[i];
+    case DType::kI32:
+      return static_cast<const int32_t*>(buf)[i];
+    case DType::kU32:
+      return static_cast<const uint32_t*>(buf)[i];
+    case DType::kI64:
+      return static_cast<const int64_t*>(buf)[i];
+    case DType::kU64:
+      return static_cast<double>(static_cast<const uint64_t*>(buf)[i]);
+    case DType::kBool:
+      return static_cast<const uint8_t*>(buf)[i];
   }
   return 0;
 }
@@ -222,8 +260,8 @@ class Suite {
             Set(d, want.data(), i, op == ReduceOp::kAvg ? acc / static_cast<float>(n_) : acc);
           }
         }
-        const std::string what = Name("allreduce (order)", d, count) + " " +
-                                 std::string(ReduceOpName(op));
+        const std::string what =
+            Name("allreduce (order)", d, count) + " " + std::string(ReduceOpName(op));
         if (!Ok(c_.AllReduce(send.data(), send.data(), count, d, op), what)) return false;
         if (o_.bitwise_order) {
           Same(send.data(), want.data(), count, d, what);
@@ -286,8 +324,8 @@ class Suite {
           for (int64_t i = 0; i < count; ++i) {
             Set(d, want.data(), i, Reduced(d, op, n_, r_ * count + i, salt));
           }
-          const std::string what = Name("reduce_scatter", d, count) + " " +
-                                   std::string(ReduceOpName(op));
+          const std::string what =
+              Name("reduce_scatter", d, count) + " " + std::string(ReduceOpName(op));
           if (!Ok(c_.ReduceScatter(send.data(), recv.data(), count, d, op), what)) return false;
           Same(recv.data(), want.data(), count, d, what);
         }
@@ -307,7 +345,8 @@ class Suite {
         const int64_t count = 9;
         Bytes send = Make(d, count, r_, 7);
         Bytes recv(count * n_ * DTypeSize(d));
-        if (!Ok(c_.Gather(send.data(), count, recv.data(), d, root), Name("gather", d, count) + at)) {
+        if (!Ok(c_.Gather(send.data(), count, recv.data(), d, root),
+                Name("gather", d, count) + at)) {
           return false;
         }
         if (r_ == root) {
@@ -349,7 +388,8 @@ class Suite {
         for (int r = 0; r < n_; ++r) {
           Bytes block = Make(d, counts[r], r, 10);
           if (r_ == root && counts[r] > 0) {
-            std::memcpy(vall.data() + offset * DTypeSize(d), block.data(), counts[r] * DTypeSize(d));
+            std::memcpy(vall.data() + offset * DTypeSize(d), block.data(),
+                        counts[r] * DTypeSize(d));
           }
           offset += counts[r];
         }
@@ -378,8 +418,8 @@ class Suite {
         return false;
       }
       for (int i = 0; i < n_; ++i) {
-        Same(recv.data() + i * count * DTypeSize(d), Make(d, count, i * 100 + r_, 11).data(),
-             count, d, Name("alltoall", d, count) + " from rank " + std::to_string(i));
+        Same(recv.data() + i * count * DTypeSize(d), Make(d, count, i * 100 + r_, 11).data(), count,
+             d, Name("alltoall", d, count) + " from rank " + std::to_string(i));
       }
       // Variable: rank i sends (i + 2j) % 4 elements to rank j.
       auto amount = [](int i, int j) { return int64_t{(i + 2 * j) % 4}; };
@@ -393,7 +433,8 @@ class Suite {
       int64_t offset = 0;
       for (int j = 0; j < n_; ++j) {
         Bytes block = Make(d, sc[j], r_ * 100 + j, 12);
-        if (sc[j]) std::memcpy(vsend.data() + offset * DTypeSize(d), block.data(), sc[j] * DTypeSize(d));
+        if (sc[j])
+          std::memcpy(vsend.data() + offset * DTypeSize(d), block.data(), sc[j] * DTypeSize(d));
         offset += sc[j];
       }
       if (!Ok(c_.AllToAllV(vsend.data(), sc, vrecv.data(), rc, d), Name("alltoallv", d, 0))) {
@@ -544,10 +585,10 @@ std::vector<std::string> RunMeshSuite(Communicator& comm) {
   const std::string me = "rank " + std::to_string(comm.rank()) + ": ";
   auto fail = [&](const std::string& s) { failures.push_back(me + s); };
   const int n = comm.size();
-  auto mesh = n == 8 ? Mesh::Create({"pp", "dp", "tp"}, {2, 2, 2})
-            : n == 4 ? Mesh::Create({"dp", "tp"}, {2, 2})
-            : n == 2 ? Mesh::Create({"dp", "tp"}, {2, 1})
-                     : Mesh::Create({"tp"}, {n});
+  auto mesh = n == 8   ? Mesh::Create({"pp", "dp", "tp"}, {2, 2, 2})
+              : n == 4 ? Mesh::Create({"dp", "tp"}, {2, 2})
+              : n == 2 ? Mesh::Create({"dp", "tp"}, {2, 1})
+                       : Mesh::Create({"tp"}, {n});
   if (!mesh.ok()) return {me + mesh.status().ToString()};
   auto comms = MeshCommunicators::Create(comm, *mesh);
   if (!comms.ok()) return {me + comms.status().ToString()};

@@ -137,13 +137,17 @@ int Mismatch() {
 
 int Absent() {
   const auto t0 = std::chrono::steady_clock::now();
-  const int rc = Fork(3, [&](int rank, int port) {
-    auto world = World(rank, 3, port, {.timeout = std::chrono::seconds(2)});
-    std::printf("rank %d: %s\n", rank, world.status().ToString().c_str());
-    const bool named = world.status().code() == StatusCode::kDeadlineExceeded &&
-                       world.status().message().find("rank(s) 2 did not join") != std::string::npos;
-    return named ? 0 : 1;
-  }, /*skip=*/2);
+  const int rc = Fork(
+      3,
+      [&](int rank, int port) {
+        auto world = World(rank, 3, port, {.timeout = std::chrono::seconds(2)});
+        std::printf("rank %d: %s\n", rank, world.status().ToString().c_str());
+        const bool named =
+            world.status().code() == StatusCode::kDeadlineExceeded &&
+            world.status().message().find("rank(s) 2 did not join") != std::string::npos;
+        return named ? 0 : 1;
+      },
+      /*skip=*/2);
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::printf("absent rank reported after %.1f s\n", s);
   return rc == 0 && s < 20 ? 0 : 1;
@@ -180,7 +184,8 @@ int main(int argc, char** argv) {
   if (mode == "mismatch") return Mismatch();
   if (mode == "absent") return Absent();
   if (mode == "deadpeer") return DeadPeer();
-  std::fprintf(stderr, "usage: comm_gloo_test suite N [deterministic] | env N | mismatch | "
-                       "absent | deadpeer\n");
+  std::fprintf(stderr,
+               "usage: comm_gloo_test suite N [deterministic] | env N | mismatch | "
+               "absent | deadpeer\n");
   return 2;
 }

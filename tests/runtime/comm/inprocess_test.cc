@@ -1,13 +1,13 @@
 // The collective suite over in-process ranks (1..8), meshes, and the
 // failure cases: a mismatch, a rank that leaves, a rank that never comes.
+#include "runtime/comm/inprocess.h"
+
 #include <atomic>
+#include <catch2/catch.hpp>
 #include <chrono>
 #include <mutex>
 #include <thread>
 
-#include <catch2/catch.hpp>
-
-#include "runtime/comm/inprocess.h"
 #include "runtime/comm/launch.h"
 #include "runtime/comm/reduce.h"
 #include "tests/runtime/comm/collective_suite.h"
@@ -23,12 +23,15 @@ std::vector<std::string> OnRanks(int n,
                                  CommOptions options = {}) {
   std::mutex mu;
   std::vector<std::string> failures;
-  Status s = RunInProcess(n, [&](Communicator& comm) {
-    auto f = fn(comm);
-    std::lock_guard<std::mutex> lock(mu);
-    failures.insert(failures.end(), f.begin(), f.end());
-    return Status::Ok();
-  }, options);
+  Status s = RunInProcess(
+      n,
+      [&](Communicator& comm) {
+        auto f = fn(comm);
+        std::lock_guard<std::mutex> lock(mu);
+        failures.insert(failures.end(), f.begin(), f.end());
+        return Status::Ok();
+      },
+      options);
   if (!s.ok()) failures.push_back(s.ToString());
   return failures;
 }
@@ -55,12 +58,15 @@ TEST_CASE("in-process: sub-communicators along every set of mesh axes") {
 
 TEST_CASE("in-process: a rank that fails aborts its peers at once, naming it") {
   const auto start = std::chrono::steady_clock::now();
-  Status s = RunInProcess(4, [](Communicator& c) -> Status {
-    if (c.rank() == 2) return DataLossError("checkpoint shard 2 is corrupt");
-    float x = 1;
-    RETURN_IF_ERROR(c.AllReduce(&x, &x, 1, DType::kF32, ReduceOp::kSum));
-    return c.Barrier();
-  }, {.timeout = std::chrono::minutes(5)});
+  Status s = RunInProcess(4,
+                          [](Communicator& c) -> Status {
+                            if (c.rank() == 2)
+                              return DataLossError("checkpoint shard 2 is corrupt");
+                            float x = 1;
+                            RETURN_IF_ERROR(c.AllReduce(&x, &x, 1, DType::kF32, ReduceOp::kSum));
+                            return c.Barrier();
+                          },
+                          {.timeout = std::chrono::minutes(5)});
   CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(10));
   REQUIRE_FALSE(s.ok());
   CHECK(s.code() == StatusCode::kDataLoss);  // the root cause, not the peers' aborts
@@ -68,11 +74,13 @@ TEST_CASE("in-process: a rank that fails aborts its peers at once, naming it") {
 }
 
 TEST_CASE("in-process: a rank that finished early is named, no hang") {
-  Status s = RunInProcess(3, [](Communicator& c) -> Status {
-    if (c.rank() == 1) return Status::Ok();  // skips the collective
-    int64_t v = 1;
-    return c.AllReduce(&v, &v, 1, DType::kI64, ReduceOp::kSum);
-  }, {.timeout = std::chrono::minutes(5)});
+  Status s = RunInProcess(3,
+                          [](Communicator& c) -> Status {
+                            if (c.rank() == 1) return Status::Ok();  // skips the collective
+                            int64_t v = 1;
+                            return c.AllReduce(&v, &v, 1, DType::kI64, ReduceOp::kSum);
+                          },
+                          {.timeout = std::chrono::minutes(5)});
   REQUIRE_FALSE(s.ok());
   CHECK(s.code() == StatusCode::kAborted);
   CHECK_THAT(s.message(), Catch::Contains("rank(s) 1 already finished"));
@@ -81,17 +89,20 @@ TEST_CASE("in-process: a rank that finished early is named, no hang") {
 TEST_CASE("in-process: a collective past the timeout fails naming the missing rank") {
   std::atomic<bool> release{false};
   const auto start = std::chrono::steady_clock::now();
-  Status s = RunInProcess(2, [&](Communicator& c) -> Status {
-    if (c.rank() == 1) {  // stuck elsewhere, then comes late
-      while (!release) std::this_thread::sleep_for(milliseconds(5));
-      float x = 0;
-      return c.AllReduce(&x, &x, 1, DType::kF32, ReduceOp::kSum);
-    }
-    std::vector<float> x(1024, 1.0f);
-    Status r = c.AllReduce(x.data(), x.data(), 1024, DType::kF32, ReduceOp::kSum);
-    release = true;
-    return r;
-  }, {.timeout = milliseconds(300)});
+  Status s = RunInProcess(2,
+                          [&](Communicator& c) -> Status {
+                            if (c.rank() == 1) {  // stuck elsewhere, then comes late
+                              while (!release) std::this_thread::sleep_for(milliseconds(5));
+                              float x = 0;
+                              return c.AllReduce(&x, &x, 1, DType::kF32, ReduceOp::kSum);
+                            }
+                            std::vector<float> x(1024, 1.0f);
+                            Status r =
+                                c.AllReduce(x.data(), x.data(), 1024, DType::kF32, ReduceOp::kSum);
+                            release = true;
+                            return r;
+                          },
+                          {.timeout = milliseconds(300)});
   const auto waited = std::chrono::steady_clock::now() - start;
   CHECK(waited >= milliseconds(300));
   CHECK(waited < std::chrono::seconds(10));
@@ -102,14 +113,16 @@ TEST_CASE("in-process: a collective past the timeout fails naming the missing ra
 }
 
 TEST_CASE("in-process: a receive nobody sends times out naming peer and tag") {
-  Status s = RunInProcess(2, [&](Communicator& c) -> Status {
-    if (c.rank() == 1) {
-      std::this_thread::sleep_for(milliseconds(500));
-      return Status::Ok();
-    }
-    float x;
-    return c.Recv(&x, 1, DType::kF32, 1, 42);
-  }, {.timeout = milliseconds(200)});
+  Status s = RunInProcess(2,
+                          [&](Communicator& c) -> Status {
+                            if (c.rank() == 1) {
+                              std::this_thread::sleep_for(milliseconds(500));
+                              return Status::Ok();
+                            }
+                            float x;
+                            return c.Recv(&x, 1, DType::kF32, 1, 42);
+                          },
+                          {.timeout = milliseconds(200)});
   REQUIRE_FALSE(s.ok());
   CHECK(s.code() == StatusCode::kDeadlineExceeded);
   CHECK_THAT(s.message(), Catch::Contains("receive of 1 f32 from rank 1 (tag 42)"));
@@ -117,11 +130,10 @@ TEST_CASE("in-process: a receive nobody sends times out naming peer and tag") {
 
 TEST_CASE("LaunchRanks runs in-process without mpirun; RankTableFromEnv reads the table") {
   std::atomic<int> seen{0};
-  REQUIRE(LaunchRanks({.backend = CommBackend::kInProcess, .ranks = 3},
-                      [&](Communicator& c) {
-                        seen += c.size();
-                        return c.Barrier();
-                      }).ok());
+  REQUIRE(LaunchRanks({.backend = CommBackend::kInProcess, .ranks = 3}, [&](Communicator& c) {
+            seen += c.size();
+            return c.Barrier();
+          }).ok());
   CHECK(seen == 9);
 
   unsetenv("OMPI_COMM_WORLD_RANK");

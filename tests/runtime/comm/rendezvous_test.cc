@@ -1,15 +1,15 @@
 // The TCP rendezvous over loopback: ranks as threads with their own rank
 // tables, as separate processes would have.
+#include "runtime/comm/rendezvous.h"
+
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <catch2/catch.hpp>
 #include <thread>
 
-#include <catch2/catch.hpp>
-
 #include "runtime/comm/kv_store.h"
-#include "runtime/comm/rendezvous.h"
 #include "tests/runtime/comm/free_port.h"
 
 namespace tessera {
@@ -22,8 +22,7 @@ using testing::FreePort;
 // Runs ranks[i] on its own thread with its own table; returns the results.
 std::vector<Result<std::vector<std::string>>> Meet(const std::vector<int>& ranks, int world,
                                                    int port, milliseconds timeout) {
-  std::vector<Result<std::vector<std::string>>> out(ranks.size(),
-                                                    InternalError("not run"));
+  std::vector<Result<std::vector<std::string>>> out(ranks.size(), InternalError("not run"));
   std::vector<std::thread> threads;
   for (size_t i = 0; i < ranks.size(); ++i) {
     threads.emplace_back([&, i] {
@@ -45,8 +44,7 @@ TEST_CASE("rendezvous: every rank gets every blob in rank order") {
     for (int k = 0; k < 4; ++k) CHECK((*r)[k] == "blob of rank " + std::to_string(k));
   }
   RankTable alone{0, 1, "", 0, "test"};
-  CHECK(RendezvousAllGather(alone, "x", milliseconds(10)).value() ==
-        std::vector<std::string>{"x"});
+  CHECK(RendezvousAllGather(alone, "x", milliseconds(10)).value() == std::vector<std::string>{"x"});
 }
 
 TEST_CASE("rendezvous: a rank that never comes is named") {

@@ -7,11 +7,10 @@
 
 #include <algorithm>
 #include <array>
+#include <catch2/catch.hpp>
 #include <cmath>
 #include <mutex>
 #include <random>
-
-#include <catch2/catch.hpp>
 
 #include "runtime/comm/inprocess.h"
 #include "runtime/kernels.h"
@@ -26,7 +25,8 @@ MachineProfile TestProfile() {
     "devices_per_host": 8,
     "device": {"matmul_flops": 1e14, "memory_bandwidth": 1e12, "memory_bytes": 8e10},
     "intra_host": {"latency_s": 5e-6, "bandwidth": 1e11},
-    "inter_host": {"latency_s": 1e-5, "bandwidth": 1e10}})", "<test>");
+    "inter_host": {"latency_s": 1e-5, "bandwidth": 1e10}})",
+                                 "<test>");
   REQUIRE(p.ok());
   return *p;
 }
@@ -95,22 +95,25 @@ TEST_CASE("measured collective tables price their kind and group, the line the r
   // Never below the line (the back-to-back figure): a table faster than
   // the line's latencies gives way to it.
   const auto rs = CollectiveKind::kReduceScatter;
-  CHECK(with->CollectiveSeconds(rs, 1e6, 8, false) == Approx(p.CollectiveSeconds(rs, 1e6, 8, false)));
+  CHECK(with->CollectiveSeconds(rs, 1e6, 8, false) ==
+        Approx(p.CollectiveSeconds(rs, 1e6, 8, false)));
   CHECK(with->CollectiveSeconds(rs, 1e6, 8, false) == Approx(7 * 5e-6 + 7.0 / 8 * 1e6 / 1e11));
   // Another group size, another host, a kind without a table: the line.
   CHECK(with->CollectiveSeconds(ar, 1e5, 4, false) == p.CollectiveSeconds(ar, 1e5, 4, false));
   CHECK(with->CollectiveSeconds(ar, 1e5, 2, true) == p.CollectiveSeconds(ar, 1e5, 2, true));
   // A pipeline's transfer: its own table.
-  CHECK(with->CollectiveSeconds(CollectiveKind::kSendRecv, 1e4, 2, false) == Approx(std::sqrt(2) * 1e-3));
+  CHECK(with->CollectiveSeconds(CollectiveKind::kSendRecv, 1e4, 2, false) ==
+        Approx(std::sqrt(2) * 1e-3));
   CHECK(with->CollectiveSeconds(CollectiveKind::kSendRecv, 1e4, 2, true) ==
         p.CollectiveSeconds(CollectiveKind::kSendRecv, 1e4, 2, true));
   CHECK(with->CollectiveSeconds(CollectiveKind::kAllGather, 500, 4, false) == Approx(2e-3));
   CHECK(with->CollectiveSeconds(CollectiveKind::kReduceScatter, 5e6, 4, false) ==
         p.CollectiveSeconds(CollectiveKind::kReduceScatter, 5e6, 4, false));
-  for (const char* bad : {R"([{"kind": "AllToAll", "group": 2, "bytes": [1], "seconds": [1]}])",
-                          R"([{"kind": "AllReduce", "group": 2, "bytes": [2, 1], "seconds": [1, 1]}])",
-                          R"([{"kind": "AllReduce", "group": 1, "bytes": [1], "seconds": [1]}])",
-                          R"([{"kind": "AllReduce", "group": 2, "bytes": [1], "seconds": [0]}])"}) {
+  for (const char* bad :
+       {R"([{"kind": "AllToAll", "group": 2, "bytes": [1], "seconds": [1]}])",
+        R"([{"kind": "AllReduce", "group": 2, "bytes": [2, 1], "seconds": [1, 1]}])",
+        R"([{"kind": "AllReduce", "group": 1, "bytes": [1], "seconds": [1]}])",
+        R"([{"kind": "AllReduce", "group": 2, "bytes": [1], "seconds": [0]}])"}) {
     INFO(bad);
     auto r = ParseWith("collectives", bad, "m.json");
     REQUIRE_FALSE(r.ok());
@@ -149,7 +152,8 @@ TEST_CASE("measured kernels price their units, the roofline the rest, and bad na
   CHECK(shared.KernelSeconds(Kernel::kLayerNormForward, 1e6) == Approx(4e-3));
   CHECK(shared.KernelSeconds(Kernel::kLayerNormBackward, 1e6) == Approx(2 * 12e6 / 1e12));
   for (auto [kernels, says] : std::vector<std::pair<const char*, const char*>>{
-           {R"({"layer_norm_fwd": 1e-9})", "unknown kernel \"layer_norm_fwd\" (known: layer_norm_forward"},
+           {R"({"layer_norm_fwd": 1e-9})",
+            "unknown kernel \"layer_norm_fwd\" (known: layer_norm_forward"},
            {R"({"adamw": 0})", "\"adamw\" must be a positive number"},
            {R"({"adamw": "fast"})", "\"adamw\" must be a positive number"},
            {R"([1])", "\"kernels\" must be an object"}}) {
@@ -212,7 +216,8 @@ TEST_CASE("calibration times collectives at every size and group size, never les
     REQUIRE(tables.size() == 3 * groups.size() + 1);
     for (int r = 0; r < n; ++r) {
       REQUIRE(by_rank[r].size() == tables.size());
-      for (size_t k = 0; k < tables.size(); ++k) CHECK(by_rank[r][k].seconds == tables[k].seconds);  // rank 0's
+      for (size_t k = 0; k < tables.size(); ++k)
+        CHECK(by_rank[r][k].seconds == tables[k].seconds);  // rank 0's
     }
     for (size_t i = 0; i < groups.size(); ++i) {
       CHECK(tables[3 * i].kind == CollectiveKind::kAllReduce);
@@ -237,17 +242,18 @@ TEST_CASE("calibration times collectives at every size and group size, never les
     p.collectives = tables;
     for (const CollectiveTable& t : tables) {
       CHECK(p.CollectiveSeconds(t.kind, t.bytes[2], t.group, false) ==
-            Approx(std::max(t.seconds[2], line.CollectiveSeconds(t.kind, t.bytes[2], t.group, false))));
+            Approx(std::max(t.seconds[2],
+                            line.CollectiveSeconds(t.kind, t.bytes[2], t.group, false))));
     }
   }
 }
 
 TEST_CASE("the shipped machine profiles load, each for its backend") {
   const std::string dir = std::string(TESSERA_SOURCE_DIR) + "/samples/gpt/profiles/";
-  for (const auto& [file, backend] : std::vector<std::pair<std::string, std::string>>{
-           {"debian-vm-2core.json", "inprocess"},
-           {"debian-vm-2core-mpi.json", "mpi"},
-           {"debian-vm-2core-gloo.json", "gloo"}}) {
+  for (const auto& [file, backend] :
+       std::vector<std::pair<std::string, std::string>>{{"debian-vm-2core.json", "inprocess"},
+                                                        {"debian-vm-2core-mpi.json", "mpi"},
+                                                        {"debian-vm-2core-gloo.json", "gloo"}}) {
     INFO(file);
     auto p = MachineProfile::Load(dir + file);
     REQUIRE(p.ok());
@@ -295,8 +301,8 @@ std::vector<RankRun> Measured(const ParallelConfig& par, int ranks) {
     const auto tokens = Tokens(1), targets = Tokens(2);
     for (int step = 0; step < 2; ++step) {
       kernels::CountUnits(step == 1);
-      RETURN_IF_ERROR(p->Step(tokens.data(), targets.data(), kB, kT, AdamWConfig{}, 1.0f, nullptr)
-                          .status());
+      RETURN_IF_ERROR(
+          p->Step(tokens.data(), targets.data(), kB, kT, AdamWConfig{}, 1.0f, nullptr).status());
     }
     kernels::CountUnits(false);
     std::lock_guard<std::mutex> lock(mu);
@@ -309,7 +315,8 @@ std::vector<RankRun> Measured(const ParallelConfig& par, int ranks) {
 }
 
 std::shared_ptr<const OpStrategyFile> File(const std::string& name) {
-  auto f = OpStrategyFile::Load(std::string(TESSERA_SOURCE_DIR) + "/samples/gpt/strategies/" + name);
+  auto f =
+      OpStrategyFile::Load(std::string(TESSERA_SOURCE_DIR) + "/samples/gpt/strategies/" + name);
   REQUIRE(f.ok());
   return std::make_shared<OpStrategyFile>(*f);
 }
@@ -520,9 +527,9 @@ TEST_CASE("the search cuts the weights (Megatron's column/row linears) when they
   if (r.parallel.tp > 1) {
     // Megatron's pattern: c_fc by columns, mlp.c_proj by rows.
     REQUIRE(r.parallel.op_strategy != nullptr);
-    auto s = ResolveOpStrategies(*r.parallel.op_strategy, OpGpt::Signatures(big),
-                                 *Mesh::Create({"pp", "dp", "tp"},
-                                               {r.parallel.pp, r.parallel.dp, r.parallel.tp}));
+    auto s = ResolveOpStrategies(
+        *r.parallel.op_strategy, OpGpt::Signatures(big),
+        *Mesh::Create({"pp", "dp", "tp"}, {r.parallel.pp, r.parallel.dp, r.parallel.tp}));
     REQUIRE(s.ok());
     CHECK(s->at("h.0.mlp.c_fc").ToString() == "((dp, -), (-, tp))");
     CHECK(s->at("h.0.mlp.c_proj").ToString() == "((dp, tp), (tp, -))");
@@ -559,7 +566,8 @@ TEST_CASE("the search is deterministic, keeps the budget, and says what would fi
   CHECK(odd.status().message().find("no parallel configuration of 5 ranks runs a batch of 3 x 256 "
                                     "on 4 layers (pipeline stages at most the layers") !=
         std::string::npos);
-  CHECK(odd.status().message().find("; in fast mode 2, 3, 4, 6, 8 or 9 ranks can") != std::string::npos);
+  CHECK(odd.status().message().find("; in fast mode 2, 3, 4, 6, 8 or 9 ranks can") !=
+        std::string::npos);
   // Each of those does run.
   for (int n : {2, 3, 4, 6, 8, 9}) {
     INFO(n << " ranks");
@@ -617,8 +625,8 @@ std::map<std::string, std::string> Chosen(const GptConfig& c, const SearchResult
   return out;
 }
 
-Result<SearchResult> Propagate(const GptConfig& c, int B, int T, int devices, const OpStrategyFile& f,
-                               int64_t budget = 0) {
+Result<SearchResult> Propagate(const GptConfig& c, int B, int T, int devices,
+                               const OpStrategyFile& f, int64_t budget = 0) {
   SearchOptions o;
   o.mode = "propagate";
   o.fixed = std::make_shared<OpStrategyFile>(f);
@@ -626,7 +634,8 @@ Result<SearchResult> Propagate(const GptConfig& c, int B, int T, int devices, co
   return SearchGptParallel(c, B, T, devices, Dgx(), o);
 }
 
-TEST_CASE("exact keeps to strategies that cut every dimension evenly (7 devices, nothing divisible)") {
+TEST_CASE(
+    "exact keeps to strategies that cut every dimension evenly (7 devices, nothing divisible)") {
   // 7 divides no weight dimension here: only the (uneven) rows may be cut.
   const GptConfig c{.layers = 2, .heads = 2, .embed = 32, .context = 32, .vocab = 256};
   SearchOptions o;
@@ -653,12 +662,18 @@ TEST_CASE("the exact search equals brute force on a small graph, with and withou
   const DimAxes none, d{"dp"}, t{"tp"}, dt{"dp", "tp"};
   OpStrategyFile fixed = Settings("<fixed>", 2);
   fixed.recompute = {{"h.*", "none"}};
-  fixed.operators = {Entry("h.*.ln_1", {{dt, none}}),          Entry("h.*.ln_2", {{dt, none}}),
-                     Entry("ln_f", {{dt, none}}),              Entry("h.*.add_1", {{dt, none}, {dt, none}}),
-                     Entry("h.*.add_2", {{dt, none}, {dt, none}}), Entry("h.*.mlp.gelu", {{d, t}}),
-                     Entry("embedding", {{none, none}, {dt}}),  Entry("loss", {{d, t}, {d}})};
-  const std::vector<InputStrategy> linear[] = {{{d, none}, {none, none}}, {{d, none}, {none, t}},
-                                               {{d, t}, {t, none}}, {{dt, none}, {none, none}}};
+  fixed.operators = {Entry("h.*.ln_1", {{dt, none}}),
+                     Entry("h.*.ln_2", {{dt, none}}),
+                     Entry("ln_f", {{dt, none}}),
+                     Entry("h.*.add_1", {{dt, none}, {dt, none}}),
+                     Entry("h.*.add_2", {{dt, none}, {dt, none}}),
+                     Entry("h.*.mlp.gelu", {{d, t}}),
+                     Entry("embedding", {{none, none}, {dt}}),
+                     Entry("loss", {{d, t}, {d}})};
+  const std::vector<InputStrategy> linear[] = {{{d, none}, {none, none}},
+                                               {{d, none}, {none, t}},
+                                               {{d, t}, {t, none}},
+                                               {{dt, none}, {none, none}}};
   const std::vector<InputStrategy> attention[] = {{{d, none}}, {{d, t}}, {{dt, none}}};
   const std::vector<InputStrategy> head[] = {{{d, none}, {none, none}}, {{dt, none}, {none, none}}};
   struct Best {
@@ -669,26 +684,30 @@ TEST_CASE("the exact search equals brute force on a small graph, with and withou
   auto brute = [&](int64_t budget) {
     Best best;
     int64_t runs = 0;
-    for (const auto& qkv : linear) for (const auto& attn : attention) for (const auto& proj : linear)
-    for (const auto& fc : linear) for (const auto& fcproj : linear) for (const auto& lm : head) {
-      OpStrategyFile f = fixed;
-      f.operators.push_back(Entry("h.*.attn.c_attn", qkv));
-      f.operators.push_back(Entry("h.*.attn.attention", attn));
-      f.operators.push_back(Entry("h.*.attn.c_proj", proj));
-      f.operators.push_back(Entry("h.*.mlp.c_fc", fc));
-      f.operators.push_back(Entry("h.*.mlp.c_proj", fcproj));
-      f.operators.push_back(Entry("lm_head", lm));
-      ParallelConfig par;
-      par.tp = 2;
-      par.micro_batches = 1;
-      par.op_strategy = std::make_shared<OpStrategyFile>(f);
-      auto p = PredictGptStep(c, B, T, par, Dgx());
-      if (!p.ok()) continue;  // a strategy that cannot run here
-      ++runs;
-      if (p->memory.total() > budget || !(p->seconds < best.seconds)) continue;
-      SearchResult as{par, *p};
-      best = {p->seconds, p->memory.total(), Chosen(c, as)};
-    }
+    for (const auto& qkv : linear)
+      for (const auto& attn : attention)
+        for (const auto& proj : linear)
+          for (const auto& fc : linear)
+            for (const auto& fcproj : linear)
+              for (const auto& lm : head) {
+                OpStrategyFile f = fixed;
+                f.operators.push_back(Entry("h.*.attn.c_attn", qkv));
+                f.operators.push_back(Entry("h.*.attn.attention", attn));
+                f.operators.push_back(Entry("h.*.attn.c_proj", proj));
+                f.operators.push_back(Entry("h.*.mlp.c_fc", fc));
+                f.operators.push_back(Entry("h.*.mlp.c_proj", fcproj));
+                f.operators.push_back(Entry("lm_head", lm));
+                ParallelConfig par;
+                par.tp = 2;
+                par.micro_batches = 1;
+                par.op_strategy = std::make_shared<OpStrategyFile>(f);
+                auto p = PredictGptStep(c, B, T, par, Dgx());
+                if (!p.ok()) continue;  // a strategy that cannot run here
+                ++runs;
+                if (p->memory.total() > budget || !(p->seconds < best.seconds)) continue;
+                SearchResult as{par, *p};
+                best = {p->seconds, p->memory.total(), Chosen(c, as)};
+              }
     CHECK(runs > 1000);
     return best;
   };
@@ -741,7 +760,8 @@ TEST_CASE("exact rediscovers Megatron's column/row alternation when weights domi
   INFO(l->name);
   const auto lops = Chosen(longer, *l);
   for (const char* op : {"h.0.ln_1", "h.0.ln_2"}) CHECK(lops.at(op) == "((dp*tp, -),)");
-  for (const char* op : {"h.0.add_1", "h.0.add_2"}) CHECK(lops.at(op) == "((dp*tp, -), (dp*tp, -))");
+  for (const char* op : {"h.0.add_1", "h.0.add_2"})
+    CHECK(lops.at(op) == "((dp*tp, -), (dp*tp, -))");
   CHECK(lops.at("h.0.mlp.c_fc") == "((dp, -), (-, tp))");
   CHECK(lops.at("h.0.mlp.c_proj") == "((dp, tp), (tp, -))");
 }
@@ -758,7 +778,8 @@ TEST_CASE("a layer norm measured slow tips the search to sequence parallelism") 
   o.fixed = std::make_shared<OpStrategyFile>(Settings("<tp8>", 8));
   MachineProfile slow = Dgx();
   slow.kernel_seconds[static_cast<int>(Kernel::kLayerNormForward)] = 40 * 8 / slow.memory_bandwidth;
-  slow.kernel_seconds[static_cast<int>(Kernel::kLayerNormBackward)] = 40 * 12 / slow.memory_bandwidth;
+  slow.kernel_seconds[static_cast<int>(Kernel::kLayerNormBackward)] =
+      40 * 12 / slow.memory_bandwidth;
   auto fast = SearchGptParallel(c, 4, 128, 8, Dgx(), o);
   auto r = SearchGptParallel(c, 4, 128, 8, slow, o);
   INFO(r.status().ToString());
@@ -772,8 +793,10 @@ TEST_CASE("a layer norm measured slow tips the search to sequence parallelism") 
   CHECK(r->predicted.seconds > fast->predicted.seconds);
   // The roofline's own figures, measured, change nothing.
   MachineProfile roofline = Dgx();
-  roofline.kernel_seconds[static_cast<int>(Kernel::kLayerNormForward)] = 8 / roofline.memory_bandwidth;
-  roofline.kernel_seconds[static_cast<int>(Kernel::kLayerNormBackward)] = 12 / roofline.memory_bandwidth;
+  roofline.kernel_seconds[static_cast<int>(Kernel::kLayerNormForward)] =
+      8 / roofline.memory_bandwidth;
+  roofline.kernel_seconds[static_cast<int>(Kernel::kLayerNormBackward)] =
+      12 / roofline.memory_bandwidth;
   auto same = SearchGptParallel(c, 4, 128, 8, roofline, o);
   REQUIRE(same.ok());
   CHECK(same->name == fast->name);
@@ -816,7 +839,8 @@ TEST_CASE("exact is never slower than fast, and its answer does not depend on th
   OpStrategyFile a;
   a.source = "<a>";
   a.tp = 4;
-  a.operators = {Entry("h.*.mlp.c_fc", {{d, none}, {none, t}}), Entry("h.*.attn.c_attn", {{d, none}, {none, t}}),
+  a.operators = {Entry("h.*.mlp.c_fc", {{d, none}, {none, t}}),
+                 Entry("h.*.attn.c_attn", {{d, none}, {none, t}}),
                  Entry("embedding", {{t, none}, {d}})};
   OpStrategyFile b = a;
   std::reverse(b.operators.begin(), b.operators.end());
@@ -853,7 +877,8 @@ TEST_CASE("operator strategy files round-trip through ToJson") {
   CHECK(back->ToJson() == f.ToJson());
   CHECK(back->stage_layers == f.stage_layers);
   REQUIRE(back->operators.size() == f.operators.size());
-  for (size_t i = 0; i < f.operators.size(); ++i) CHECK(back->operators[i].axes == f.operators[i].axes);
+  for (size_t i = 0; i < f.operators.size(); ++i)
+    CHECK(back->operators[i].axes == f.operators[i].axes);
 }
 
 }  // namespace
@@ -915,8 +940,10 @@ namespace {
 
 TEST_CASE("the per-operator shares add up to the stage's work") {
   const GptConfig c{.layers = 3, .heads = 4, .embed = 32, .context = 16, .vocab = 96};
-  for (auto [sp, rc] : {std::pair<bool, const char*>{false, "none"}, {true, "none"},
-                        {false, "full"}, {true, "selective"}}) {
+  for (auto [sp, rc] : {std::pair<bool, const char*>{false, "none"},
+                        {true, "none"},
+                        {false, "full"},
+                        {true, "selective"}}) {
     INFO("sequence parallel " << sp << ", recompute " << rc);
     ParallelConfig par;
     par.tp = 2;
@@ -935,8 +962,10 @@ TEST_CASE("the per-operator shares add up to the stage's work") {
     StageWork expected = whole;
     expected.flops += per_block[1].flops - per_block[0].flops;
     expected.bytes += per_block[1].bytes - per_block[0].bytes;
-    for (int k = 0; k < kKernelCount; ++k) expected.kernel[k] += per_block[1].kernel[k] - per_block[0].kernel[k];
-    for (int k = 0; k < 4; ++k) expected.comm_bytes[k] += per_block[1].comm_bytes[k] - per_block[0].comm_bytes[k];
+    for (int k = 0; k < kKernelCount; ++k)
+      expected.kernel[k] += per_block[1].kernel[k] - per_block[0].kernel[k];
+    for (int k = 0; k < 4; ++k)
+      expected.comm_bytes[k] += per_block[1].comm_bytes[k] - per_block[0].comm_bytes[k];
     double flops = 0, bytes = 0, comm = 0, kernel[kKernelCount] = {};
     for (const auto& [name, w] : (*ops)->EstimateOps(128, 16)) {
       const double n = name.starts_with("h.") ? c.layers : 1;  // each block alike

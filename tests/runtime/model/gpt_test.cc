@@ -3,10 +3,9 @@
 // step, and training that drives the loss down.
 #include "runtime/model/gpt.h"
 
+#include <catch2/catch.hpp>
 #include <cmath>
 #include <random>
-
-#include <catch2/catch.hpp>
 
 #include "ckpt/ops.h"
 #include "core/half.h"
@@ -180,13 +179,14 @@ TEST_CASE("GPT checkpoints: resume state exactly; exports in bf16 without optimi
     REQUIRE(fresh->weights()[i] == BF16ToFloat(FloatToBF16(g->weights()[i])));
   }
   CHECK(fresh->step() == 0);
-  CHECK(std::all_of(fresh->adam_m().begin(), fresh->adam_m().end(), [](float x) { return x == 0; }));
+  CHECK(
+      std::all_of(fresh->adam_m().begin(), fresh->adam_m().end(), [](float x) { return x == 0; }));
 
   // Another model's shapes: refused, naming the tensor and both shapes.
   auto other = Gpt::Create({.layers = 2, .heads = 2, .embed = 8, .context = 6, .vocab = 12});
   const Status s = LoadGpt(**full, &*other);
-  CHECK_THAT(s.message(), Catch::Contains("'wte'") && Catch::Contains("[11, 8]") &&
-                              Catch::Contains("[12, 8]"));
+  CHECK_THAT(s.message(),
+             Catch::Contains("'wte'") && Catch::Contains("[11, 8]") && Catch::Contains("[12, 8]"));
 }
 
 TEST_CASE("GPT: bad input is refused by name") {

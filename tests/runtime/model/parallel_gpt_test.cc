@@ -7,12 +7,11 @@
 // the boxes their ParamInfo gives.
 #include "runtime/model/parallel_gpt.h"
 
+#include <catch2/catch.hpp>
 #include <cmath>
 #include <map>
 #include <mutex>
 #include <random>
-
-#include <catch2/catch.hpp>
 
 #include "runtime/comm/inprocess.h"
 #include "runtime/kernels.h"
@@ -85,8 +84,8 @@ Run Parallel(const ParallelConfig& config, int ranks, MemoryUse* memory = nullpt
     for (int step = 0; step < kSteps; ++step) {
       const auto tokens = Batch(step, 0), targets = Batch(step, 1);
       float norm = 0;
-      ASSIGN_OR_RETURN(float loss, p->Step(tokens.data(), targets.data(), kB, kT, kAdam,
-                                           kMaxNorm, &norm));
+      ASSIGN_OR_RETURN(float loss,
+                       p->Step(tokens.data(), targets.data(), kB, kT, kAdam, kMaxNorm, &norm));
       if (world.rank() == 0) {
         run.losses.push_back(loss);
         run.norms.push_back(norm);
@@ -118,14 +117,15 @@ Run Parallel(const ParallelConfig& config, int ranks, MemoryUse* memory = nullpt
         info.full_shape.size() == 2 && info.name.ends_with("c_attn.weight")
             ? std::vector<int64_t>{info.full_shape[0], 3, info.full_shape[1] / 3}
         : info.name.ends_with("c_attn.bias") ? std::vector<int64_t>{3, info.full_shape[0] / 3}
-                                              : info.full_shape;
+                                             : info.full_shape;
     std::vector<float> w(info.numel), m(info.numel), v(info.numel);
     std::vector<const Held*> firsts;  // one per distinct box
     int64_t covered = 0;
     for (auto it = begin; it != end; ++it) {
       const Held& h = it->second;
       // A slice over the plain shape (tp = 1) is re-read over the view.
-      const Box box = h.box.rank() == static_cast<int>(shape.size()) ? h.box : Box::FromShape(shape);
+      const Box box =
+          h.box.rank() == static_cast<int>(shape.size()) ? h.box : Box::FromShape(shape);
       const Held* first = nullptr;
       for (const Held* f : firsts) {
         if (f->box == h.box) first = f;
@@ -199,7 +199,10 @@ TEST_CASE("pipeline parallel (1F1B), with dp and ZeRO-1, reproduces the single-p
                          Config{2, 2, 1, 4}, Config{4, 2, 1, 0}, Config{4, 1, 1, 0}}) {
     DYNAMIC_SECTION("pp" << c.pp << " dp" << c.dp << " zero" << c.zero << " micro-batches "
                          << c.micro) {
-      Compare(Parallel({.dp = c.dp, .pp = c.pp, .zero = c.zero, .micro_batches = c.micro,
+      Compare(Parallel({.dp = c.dp,
+                        .pp = c.pp,
+                        .zero = c.zero,
+                        .micro_batches = c.micro,
                         .bucket_bytes = 4096},
                        c.pp * c.dp),
               reference);
@@ -215,11 +218,10 @@ TEST_CASE("tensor parallel (Megatron), with dp, pp and ZeRO-1, reproduces the si
   };
   // Every configuration of the issue's list with and without ZeRO-1 (over
   // dp = 1 it runs the sharded update on whole tensors).
-  for (const Config c : {Config{2, 1, 1, 0}, Config{2, 1, 1, 1}, Config{4, 1, 1, 0},
-                         Config{4, 1, 1, 1}, Config{2, 2, 1, 0},
-                         Config{2, 2, 1, 1}, Config{4, 2, 1, 1}, Config{2, 1, 2, 0},
-                         Config{2, 1, 2, 1}, Config{2, 2, 2, 0}, Config{2, 2, 2, 1},
-                         Config{4, 1, 2, 0}}) {
+  for (const Config c :
+       {Config{2, 1, 1, 0}, Config{2, 1, 1, 1}, Config{4, 1, 1, 0}, Config{4, 1, 1, 1},
+        Config{2, 2, 1, 0}, Config{2, 2, 1, 1}, Config{4, 2, 1, 1}, Config{2, 1, 2, 0},
+        Config{2, 1, 2, 1}, Config{2, 2, 2, 0}, Config{2, 2, 2, 1}, Config{4, 1, 2, 0}}) {
     DYNAMIC_SECTION("tp" << c.tp << " dp" << c.dp << " pp" << c.pp << " zero" << c.zero) {
       Compare(Parallel({.dp = c.dp, .tp = c.tp, .pp = c.pp, .zero = c.zero, .bucket_bytes = 4096},
                        c.tp * c.dp * c.pp),
@@ -297,8 +299,10 @@ TEST_CASE("parallel GPT: layouts are queryable, bad configurations are refused")
     RETURN_IF_ERROR(expect("wte", "shape [64, 16] f32 split [tp, -] stage pp=0"));
     RETURN_IF_ERROR(expect("h.0.attn.c_attn.weight",
                            "shape [16, 48] view [16, 3, 16] f32 split [-, -, tp] stage pp=0"));
-    RETURN_IF_ERROR(expect("h.3.attn.c_attn.bias", "shape [48] view [3, 16] f32 split [-, tp] stage pp=1"));
-    RETURN_IF_ERROR(expect("h.3.attn.c_proj.weight", "shape [16, 16] f32 split [tp, -] stage pp=1"));
+    RETURN_IF_ERROR(
+        expect("h.3.attn.c_attn.bias", "shape [48] view [3, 16] f32 split [-, tp] stage pp=1"));
+    RETURN_IF_ERROR(
+        expect("h.3.attn.c_proj.weight", "shape [16, 16] f32 split [tp, -] stage pp=1"));
     RETURN_IF_ERROR(expect("h.3.attn.c_proj.bias", "shape [16] f32 stage pp=1"));
     RETURN_IF_ERROR(expect("optimizer.h.1.mlp.c_fc.weight.exp_avg",
                            "shape [16, 64] f32 split [-, tp] opt [dp] stage pp=0"));
@@ -326,9 +330,7 @@ TEST_CASE("parallel GPT: layouts are queryable, bad configurations are refused")
   });
   CHECK_THAT(heads.message(), Catch::Contains("operator 'h.0.attn.attention'"));
   CHECK_THAT(heads.message(), Catch::Contains("of size 4 is not divisible by tp = 3"));
-
 }
-
 
 std::shared_ptr<const OpStrategyFile> StrategyFile(const std::string& json) {
   auto f = OpStrategyFile::Parse(json, "test.json");
@@ -345,7 +347,11 @@ TEST_CASE("sequence parallelism (Megatron-SP) reproduces the single-process run"
   for (const Config c : {Config{2, 1, 1, 0}, Config{4, 1, 1, 0}, Config{2, 2, 1, 1},
                          Config{2, 1, 2, 0}, Config{2, 2, 2, 1}}) {
     DYNAMIC_SECTION("tp" << c.tp << " dp" << c.dp << " pp" << c.pp << " zero" << c.zero) {
-      Compare(Parallel({.dp = c.dp, .tp = c.tp, .pp = c.pp, .zero = c.zero, .bucket_bytes = 4096,
+      Compare(Parallel({.dp = c.dp,
+                        .tp = c.tp,
+                        .pp = c.pp,
+                        .zero = c.zero,
+                        .bucket_bytes = 4096,
                         .sequence_parallel = true},
                        c.tp * c.dp * c.pp),
               reference);
@@ -405,14 +411,17 @@ TEST_CASE("hand-written operator strategies reproduce the single-process run") {
                          Config{"wte rows mixed", wte_mixed, 2, 1, 2, 0}}) {
     DYNAMIC_SECTION(c.name << " tp" << c.tp << " dp" << c.dp << " pp" << c.pp << " zero"
                            << c.zero) {
-      Compare(Parallel({.dp = c.dp, .tp = c.tp, .pp = c.pp, .zero = c.zero, .bucket_bytes = 4096,
+      Compare(Parallel({.dp = c.dp,
+                        .tp = c.tp,
+                        .pp = c.pp,
+                        .zero = c.zero,
+                        .bucket_bytes = 4096,
                         .op_strategy = StrategyFile(c.json)},
                        c.tp * c.dp * c.pp),
               reference);
     }
   }
 }
-
 
 TEST_CASE("recompute (full, selective) keeps every configuration's losses, bit for bit") {
   kernels::SetComputeThreads(1);
@@ -421,11 +430,15 @@ TEST_CASE("recompute (full, selective) keeps every configuration's losses, bit f
     int tp, dp, pp, zero;
     bool sp;
   };
-  for (const Config c : {Config{2, 1, 1, 0, false}, Config{4, 1, 1, 0, false},
-                         Config{2, 1, 1, 0, true}, Config{2, 2, 1, 1, true},
-                         Config{2, 1, 2, 0, true}}) {
-    const ParallelConfig base{.dp = c.dp, .tp = c.tp, .pp = c.pp, .zero = c.zero,
-                              .bucket_bytes = 4096, .sequence_parallel = c.sp};
+  for (const Config c :
+       {Config{2, 1, 1, 0, false}, Config{4, 1, 1, 0, false}, Config{2, 1, 1, 0, true},
+        Config{2, 2, 1, 1, true}, Config{2, 1, 2, 0, true}}) {
+    const ParallelConfig base{.dp = c.dp,
+                              .tp = c.tp,
+                              .pp = c.pp,
+                              .zero = c.zero,
+                              .bucket_bytes = 4096,
+                              .sequence_parallel = c.sp};
     const Run plain = Parallel(base, c.tp * c.dp * c.pp);
     for (const char* mode : {"full", "selective"}) {
       DYNAMIC_SECTION("tp" << c.tp << " dp" << c.dp << " pp" << c.pp << " zero" << c.zero
@@ -440,11 +453,12 @@ TEST_CASE("recompute (full, selective) keeps every configuration's losses, bit f
     }
   }
   // Per block, from a strategy file: selective everywhere but one full block.
-  const Run mixed = Parallel(
-      {.tp = 2, .bucket_bytes = 4096,
-       .op_strategy = StrategyFile(R"({"format": "tessera.op_strategy", "operators": {},
+  const Run mixed =
+      Parallel({.tp = 2,
+                .bucket_bytes = 4096,
+                .op_strategy = StrategyFile(R"({"format": "tessera.op_strategy", "operators": {},
            "recompute": {"h.*": "selective", "h.2": "full"}})")},
-      2);
+               2);
   Compare(mixed, reference);
   // Without tp, recompute runs through the operators too.
   Compare(Parallel({.dp = 2, .bucket_bytes = 4096, .recompute = "full"}, 2), reference);

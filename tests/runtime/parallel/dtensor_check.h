@@ -27,8 +27,8 @@ inline RedistributeCase RandomRedistributeCase(std::mt19937_64& rng, int64_t wor
   RedistributeCase c;
   c.src_mesh = RandomMeshOfSize(rng, world, {"dp", "tp", "pp"});
   c.dst_mesh = RandomMeshOfSize(rng, world, {"a", "b", "c"});
-  const DType dtype = std::vector<DType>{DType::kF32, DType::kBF16, DType::kI64,
-                                         DType::kU8}[Uniform(rng, 0, 3)];
+  const DType dtype =
+      std::vector<DType>{DType::kF32, DType::kBF16, DType::kI64, DType::kU8}[Uniform(rng, 0, 3)];
   const std::vector<int64_t> shape = RandomShape(rng, 3, 13);
   c.from = RandomLayout(rng, c.src_mesh, shape, dtype);
   c.to = RandomLayout(rng, c.dst_mesh, shape, dtype);

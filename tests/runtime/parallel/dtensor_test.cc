@@ -107,7 +107,8 @@ TEST_CASE("Redistribute: mismatches are named") {
                                                   full.data(), comm.rank()));
     auto bad = Redistribute(t, *two, Layout::Replicated({16}, DType::kF32), comm);
     if (bad.ok() || bad.status().message().find("tp=2") == std::string::npos) {
-      return InternalError("a 2-rank target on 4 ranks was not refused: " + bad.status().ToString());
+      return InternalError("a 2-rank target on 4 ranks was not refused: " +
+                           bad.status().ToString());
     }
     auto shape = Redistribute(t, Layout::Replicated({8}, DType::kF32), comm);
     if (shape.ok() || shape.status().message().find("shape") == std::string::npos) {
@@ -116,7 +117,8 @@ TEST_CASE("Redistribute: mismatches are named") {
     return Status::Ok();
   });
   CHECK(s.ok());
-  auto size = DTensor::FromLocal(*four, Layout::Replicated({16}, DType::kF32), 0, std::vector<char>(3));
+  auto size =
+      DTensor::FromLocal(*four, Layout::Replicated({16}, DType::kF32), 0, std::vector<char>(3));
   REQUIRE_FALSE(size.ok());
   CHECK_THAT(size.status().message(), Catch::Contains("64 bytes, given 3"));
 }

@@ -20,9 +20,9 @@ namespace tessera::testing {
 // dimension over dp, and the axes swapped.
 inline const std::vector<std::string>& MatMulStrategies() {
   static const std::vector<std::string> all = {
-      "((-,-),(-,-))",   "((dp,-),(-,-))",     "((dp,-),(-,tp))", "((dp,tp),(tp,-))",
-      "((dp,tp),(tp,-)):rs", "((-,tp),(tp,-))", "((tp,dp),(dp,-))", "((-,dp),(dp,tp))",
-      "((tp,-),(-,dp))", "((-,tp),(tp,dp)):rs"};
+      "((-,-),(-,-))",       "((dp,-),(-,-))",     "((dp,-),(-,tp))",  "((dp,tp),(tp,-))",
+      "((dp,tp),(tp,-)):rs", "((-,tp),(tp,-))",    "((tp,dp),(dp,-))", "((-,dp),(dp,tp))",
+      "((tp,-),(-,dp))",     "((-,tp),(tp,dp)):rs"};
   return all;
 }
 
@@ -32,7 +32,8 @@ inline std::vector<std::vector<std::vector<std::string>>> MatMulInputCuts() {
   return {{}, {{}, {}}, {{"tp"}, {}}, {{}, {"dp"}}, {{"dp", "tp"}, {}}};
 }
 
-inline Layout CutMatrix(int64_t rows, int64_t cols, const std::vector<std::vector<std::string>>& cut) {
+inline Layout CutMatrix(int64_t rows, int64_t cols,
+                        const std::vector<std::vector<std::string>>& cut) {
   Layout layout = Layout::Replicated({rows, cols}, DType::kF32);
   if (!cut.empty() && (!cut[0].empty() || !cut[1].empty())) layout.dim_axes = cut;
   return layout;
@@ -67,9 +68,9 @@ inline MatMulData MakeMatMulData(int64_t M, int64_t K, int64_t N, uint64_t seed)
     }
     return out;
   };
-  d.y = product(d.x.data(), false, d.w.data(), false, M, K, N, K, N);     // x w
-  d.dx = product(d.dy.data(), false, d.w.data(), true, M, N, K, N, N);    // dy w^T
-  d.dw = product(d.x.data(), true, d.dy.data(), false, K, M, N, K, N);    // x^T dy
+  d.y = product(d.x.data(), false, d.w.data(), false, M, K, N, K, N);   // x w
+  d.dx = product(d.dy.data(), false, d.w.data(), true, M, N, K, N, N);  // dy w^T
+  d.dw = product(d.x.data(), true, d.dy.data(), false, K, M, N, K, N);  // x^T dy
   return d;
 }
 

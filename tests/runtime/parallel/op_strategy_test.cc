@@ -77,8 +77,9 @@ TEST_CASE("bad operator strategy files name the file, the operator and the dimen
   CHECK_THAT(OpStrategyFile::Parse(R"({"operators": {}})", "x.json").status().message(),
              Catch::Contains("x.json: no \"format\" key"));
   CHECK_THAT(OpStrategyFile::Parse("{", "x.json").status().message(), Catch::Contains("not JSON"));
-  CHECK_THAT(OpStrategyFile::Parse(File(R"("ln_f": [[{"a": 1}, null]])"), "x.json").status().message(),
-             Catch::Contains("operator 'ln_f' input 0 dimension 0"));
+  CHECK_THAT(
+      OpStrategyFile::Parse(File(R"("ln_f": [[{"a": 1}, null]])"), "x.json").status().message(),
+      Catch::Contains("operator 'ln_f' input 0 dimension 0"));
   CHECK_THAT(OpStrategyFile::Load("/nonexistent/s.json").status().message(),
              Catch::Contains("/nonexistent/s.json"));
   // ... and the layout strategy parser refuses an operator strategy by name.
@@ -95,15 +96,18 @@ TEST_CASE("bad operator strategy files name the file, the operator and the dimen
   // Conflicting strategies of one parameter name both operators.
   const std::string conflict = Error(File(R"("embedding": [["tp", null], ["dp"]],
                                              "lm_head": [["dp", "tp"], [null, "tp"]])"));
-  CHECK_THAT(conflict, Catch::Contains("parameter 'wte' is cut ((tp, -),) by operator 'embedding'"));
+  CHECK_THAT(conflict,
+             Catch::Contains("parameter 'wte' is cut ((tp, -),) by operator 'embedding'"));
   CHECK_THAT(conflict, Catch::Contains("((-, tp),) by operator 'lm_head'"));
   // Axes the mesh lacks, used twice, or the pipeline's.
-  CHECK_THAT(Error(File(R"("ln_f": [["mp", null]])")),
-             Catch::Contains("operator 'ln_f': input 0 (x) dimension 0: the mesh [pp=1, dp=1, tp=2] "
-                             "has no axis 'mp'"));
+  CHECK_THAT(
+      Error(File(R"("ln_f": [["mp", null]])")),
+      Catch::Contains("operator 'ln_f': input 0 (x) dimension 0: the mesh [pp=1, dp=1, tp=2] "
+                      "has no axis 'mp'"));
   CHECK_THAT(Error(File(R"("h.0.mlp.c_fc": [["tp", "tp"], [null, null]])")),
              Catch::Contains("axis 'tp' cuts two dimensions of one input"));
-  CHECK_THAT(Error(File(R"("ln_f": [["pp", null]])")), Catch::Contains("'pp' is the pipeline's axis"));
+  CHECK_THAT(Error(File(R"("ln_f": [["pp", null]])")),
+             Catch::Contains("'pp' is the pipeline's axis"));
   // A count two sets of axes multiply to.
   CHECK_THAT(Error(File(R"("h.0.mlp.c_fc": [[2, 1], [1, 1]])"), 2, 2),
              Catch::Contains("input 0 (x) dimension 0: split count 2 is ambiguous on mesh "

@@ -57,9 +57,9 @@ TEST_CASE("ParallelMatMul: the derived layouts and the communication they need")
     ASSIGN_OR_RETURN(ParallelMatMul seq, op("((dp,tp),(tp,-)):rs"));
     RETURN_IF_ERROR(expect(seq.y_layout(), "shape [8, 64] f32 split [dp*tp, -]"));
     // No strategy: data parallel.
-    ASSIGN_OR_RETURN(ParallelMatMul dp,
-                     ParallelMatMul::Create(comms, MatMulStrategy::DataParallel(comms.mesh()),
-                                            8, 16, 64));
+    ASSIGN_OR_RETURN(
+        ParallelMatMul dp,
+        ParallelMatMul::Create(comms, MatMulStrategy::DataParallel(comms.mesh()), 8, 16, 64));
     RETURN_IF_ERROR(expect(dp.x_layout(), "shape [8, 16] f32 split [dp, -]"));
     RETURN_IF_ERROR(expect(dp.w_layout(), "shape [16, 64] f32"));
     return Status::Ok();
@@ -104,12 +104,14 @@ TEST_CASE("ParallelMatMul: bad strategies are named") {
   CHECK_THAT(MatMulStrategy::Parse("((dp,-),(-,tp)):rs").status().message(),
              Catch::Contains("needs partial sums"));
   const Status s = OnMesh(2, "dp=2", [&](const MeshCommunicators& comms) -> Status {
-    auto unknown = ParallelMatMul::Create(comms, *MatMulStrategy::Parse("((dp,tp),(tp,-))"), 4, 4, 4);
+    auto unknown =
+        ParallelMatMul::Create(comms, *MatMulStrategy::Parse("((dp,tp),(tp,-))"), 4, 4, 4);
     auto twice = ParallelMatMul::Create(comms, *MatMulStrategy::Parse("((dp,-),(-,dp))"), 4, 4, 4);
     if (unknown.ok() || unknown.status().message().find("no axis 'tp'") == std::string::npos) {
       return InternalError("unknown axis: " + unknown.status().ToString());
     }
-    if (twice.ok() || twice.status().message().find("'dp' cuts two dimensions") == std::string::npos) {
+    if (twice.ok() ||
+        twice.status().message().find("'dp' cuts two dimensions") == std::string::npos) {
       return InternalError("axis twice: " + twice.status().ToString());
     }
     return Status::Ok();

@@ -1,10 +1,9 @@
 #include "runtime/train/data.h"
 
+#include <catch2/catch.hpp>
 #include <cstring>
 #include <numeric>
 #include <set>
-
-#include <catch2/catch.hpp>
 
 namespace tessera {
 namespace {
@@ -58,7 +57,8 @@ TEST_CASE("TokenLoader: a replica's rows of each batch, read alone, across epoch
       std::vector<int32_t> rin(10), rtarget(10);
       REQUIRE(replicas[r].NextBatchRows(2 * r, 2, rin.data(), rtarget.data()).ok());
       CHECK(rin == std::vector<int32_t>(in.begin() + 10 * r, in.begin() + 10 * (r + 1)));
-      CHECK(rtarget == std::vector<int32_t>(target.begin() + 10 * r, target.begin() + 10 * (r + 1)));
+      CHECK(rtarget ==
+            std::vector<int32_t>(target.begin() + 10 * r, target.begin() + 10 * (r + 1)));
       CHECK(replicas[r].position().ToString() == whole->position().ToString());
     }
   }
@@ -71,7 +71,8 @@ TEST_CASE("token files: uint16 and uint32, read on demand, same batches as in me
   std::unique_ptr<Env> env = NewMemEnv();
   for (int32_t top : {50256, 128255}) {  // GPT-2's and Llama 3's last token
     std::vector<int32_t> tokens(1001);
-    for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int32_t>(i * 7919 % (top + 1));
+    for (size_t i = 0; i < tokens.size(); ++i)
+      tokens[i] = static_cast<int32_t>(i * 7919 % (top + 1));
     tokens[500] = top;
     const std::string path = "/tok-" + std::to_string(top) + ".bin";
     REQUIRE(WriteTokenFile(env.get(), path, tokens).ok());
@@ -114,7 +115,7 @@ TEST_CASE("token files: damaged headers and sizes are named") {
     CHECK_THAT(r.status().message(), Catch::Contains("/bad.bin") && Catch::Contains(what));
   };
   expect(good.substr(0, good.size() - 1), "has 1223 bytes");  // truncated
-  expect(good + "xx", "has 1226 bytes");                     // trailing bytes
+  expect(good + "xx", "has 1226 bytes");                      // trailing bytes
   std::string version = good;
   int32_t v = 7;
   std::memcpy(version.data() + 4, &v, 4);

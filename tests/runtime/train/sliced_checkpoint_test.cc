@@ -3,17 +3,16 @@
 // back whole, and a rank that fails leaves nothing at the path.
 #include "runtime/train/sliced_checkpoint.h"
 
+#include <catch2/catch.hpp>
 #include <functional>
 #include <map>
 #include <mutex>
 #include <numeric>
 
-#include <catch2/catch.hpp>
-
 #include "ckpt/repair.h"
 #include "ckpt/verify.h"
-#include "runtime/train/async_checkpoint.h"
 #include "runtime/comm/inprocess.h"
+#include "runtime/train/async_checkpoint.h"
 
 namespace tessera {
 namespace {
@@ -72,9 +71,8 @@ std::vector<std::string> ReadAllBack(Env* env, const std::string& path,
 // the test.
 std::vector<Status> RankResults(const std::function<Status(Communicator&, Status*)>& body) {
   std::vector<Status> results(4);  // each rank sets only its own
-  const Status s = RunInProcess(4, [&](Communicator& world) {
-    return body(world, &results[world.rank()]);
-  });
+  const Status s =
+      RunInProcess(4, [&](Communicator& world) { return body(world, &results[world.rank()]); });
   INFO(s.ToString());
   REQUIRE(s.ok());
   return results;
@@ -88,8 +86,9 @@ TEST_CASE("sliced checkpoint: every rank writes its pieces once, the whole reads
   std::vector<int> written(4, 0);
   std::mutex mu;
   const Status s = RunInProcess(4, [&](Communicator& world) -> Status {
-    ASSIGN_OR_RETURN(auto writer, SlicedCheckpointWriter::Create(env.get(), world, "/ck/step-1",
-                                                                 strategy, {1, {{"k", "v"}}, "test"}));
+    ASSIGN_OR_RETURN(auto writer,
+                     SlicedCheckpointWriter::Create(env.get(), world, "/ck/step-1", strategy,
+                                                    {1, {{"k", "v"}}, "test"}));
     ASSIGN_OR_RETURN(std::vector<PieceToWrite> pieces, PiecesToWrite(strategy, world.rank()));
     for (const PieceToWrite& p : pieces) {
       const Layout& layout = strategy.tensors()[p.tensor].layout;
@@ -109,7 +108,8 @@ TEST_CASE("sliced checkpoint: every rank writes its pieces once, the whole reads
   // 7 pieces (2 of a, 1 of b, 4 of c) over 4 ranks: replicas take turns.
   CHECK(std::accumulate(written.begin(), written.end(), 0) == 7);
   CHECK(*std::max_element(written.begin(), written.end()) -
-            *std::min_element(written.begin(), written.end()) <= 1);
+            *std::min_element(written.begin(), written.end()) <=
+        1);
   auto reader = OpenNativeCheckpoint(env.get(), "/ck/step-1");
   REQUIRE(reader.ok());
   CHECK((*reader)->meta().step == 1);
@@ -117,7 +117,8 @@ TEST_CASE("sliced checkpoint: every rank writes its pieces once, the whole reads
   CHECK(ReadAllBack(env.get(), "/ck/step-1", full).empty());
 }
 
-TEST_CASE("merged checkpoint: every rank writes its pieces into one file; whole tensors on one rank") {
+TEST_CASE(
+    "merged checkpoint: every rank writes its pieces into one file; whole tensors on one rank") {
   auto env = NewMemEnv();
   REQUIRE(env->CreateDirs("/ck").ok());
   const Strategy strategy = ThreeTensors();
@@ -125,8 +126,9 @@ TEST_CASE("merged checkpoint: every rank writes its pieces into one file; whole 
   SlicedWriteOptions options;
   options.merged = true;
   const Status s = RunInProcess(4, [&](Communicator& world) -> Status {
-    ASSIGN_OR_RETURN(auto writer, SlicedCheckpointWriter::Create(env.get(), world, "/ck/step-1",
-                                                                 strategy, {1, {}, "test"}, options));
+    ASSIGN_OR_RETURN(auto writer,
+                     SlicedCheckpointWriter::Create(env.get(), world, "/ck/step-1", strategy,
+                                                    {1, {}, "test"}, options));
     RETURN_IF_ERROR(WritePieces(*writer, strategy, full));
     return writer->Commit();
   });
@@ -168,7 +170,7 @@ TEST_CASE("merged checkpoint: redundancy or compression is refused, naming the p
     for (const Status& r : results) {
       CHECK_THAT(r.message(), Catch::Contains("merged checkpoint '/ck/step-4'"));
       CHECK_THAT(r.message(), Catch::Contains(which == 0 ? "replicas:2 needs a sliced save"
-                                                          : "cannot be compressed"));
+                                                         : "cannot be compressed"));
     }
     CHECK_FALSE(env->FileExists("/ck/step-4"));
   }
@@ -178,19 +180,20 @@ TEST_CASE("sliced checkpoint: a rank that fails aborts the save everywhere") {
   auto env = NewMemEnv();
   REQUIRE(env->CreateDirs("/ck").ok());
   const Strategy strategy = ThreeTensors();
-  const std::vector<Status> results = RankResults([&](Communicator& world, Status* result) -> Status {
-    ASSIGN_OR_RETURN(auto writer, SlicedCheckpointWriter::Create(env.get(), world, "/ck/step-2",
-                                                                 strategy, {2, {}, "test"}));
-    ASSIGN_OR_RETURN(std::vector<PieceToWrite> pieces, PiecesToWrite(strategy, world.rank()));
-    for (const PieceToWrite& p : pieces) {
-      std::vector<float> data(NumElements(p.box), 1.0f);
-      Box box = p.box;
-      if (world.rank() == 2) box[0].end += 100;  // outside the tensor
-      (void)writer->WritePiece(p.tensor, box, data.data());
-    }
-    *result = writer->Commit();
-    return Status::Ok();
-  });
+  const std::vector<Status> results =
+      RankResults([&](Communicator& world, Status* result) -> Status {
+        ASSIGN_OR_RETURN(auto writer, SlicedCheckpointWriter::Create(env.get(), world, "/ck/step-2",
+                                                                     strategy, {2, {}, "test"}));
+        ASSIGN_OR_RETURN(std::vector<PieceToWrite> pieces, PiecesToWrite(strategy, world.rank()));
+        for (const PieceToWrite& p : pieces) {
+          std::vector<float> data(NumElements(p.box), 1.0f);
+          Box box = p.box;
+          if (world.rank() == 2) box[0].end += 100;  // outside the tensor
+          (void)writer->WritePiece(p.tensor, box, data.data());
+        }
+        *result = writer->Commit();
+        return Status::Ok();
+      });
   for (int r = 0; r < 4; ++r) {
     INFO("rank " << r << ": " << results[r].ToString());
     CHECK_FALSE(results[r].ok());
@@ -206,7 +209,8 @@ TEST_CASE("sliced checkpoint: a piece the plan gives another rank is refused") {
   auto env = NewMemEnv();
   REQUIRE(env->CreateDirs("/ck").ok());
   const Strategy strategy = ThreeTensors();
-  const std::vector<Status> results = RankResults([&](Communicator& world, Status* result) -> Status {
+  const std::vector<Status> results = RankResults([&](Communicator& world,
+                                                      Status* result) -> Status {
     ASSIGN_OR_RETURN(auto writer, SlicedCheckpointWriter::Create(env.get(), world, "/ck/step-3",
                                                                  strategy, {3, {}, "test"}));
     // Rank 1 writes rank 0's pieces instead of its own.
@@ -321,8 +325,10 @@ TEST_CASE("redundant sliced save: a lost or corrupt data file is read around and
       const std::vector<std::string> recovered = ReadAllBack(env.get(), "/ck/step-1", full);
       REQUIRE(recovered.size() == 1);
       CHECK_THAT(recovered[0], Catch::Contains("data-00001.tsr"));
-      CHECK_THAT(recovered[0], Catch::Contains(parity && std::string(redundancy) != "replicas:2,parity:3"
-                                                   ? "parity" : "cop"));
+      CHECK_THAT(
+          recovered[0],
+          Catch::Contains(parity && std::string(redundancy) != "replicas:2,parity:3" ? "parity"
+                                                                                     : "cop"));
       auto repaired = RepairNativeCheckpoint(env.get(), "/ck/step-1", {});
       REQUIRE(repaired.ok());
       INFO((repaired->failed.empty() ? "" : repaired->failed[0]));
@@ -366,8 +372,8 @@ TEST_CASE("parity: a lost parity file is rebuilt; two lost files of a group are 
   REQUIRE(repaired.ok());
   CHECK_FALSE(repaired->ok());
   REQUIRE(repaired->failed.size() == 2);
-  CHECK_THAT(repaired->failed[0], Catch::StartsWith(a) && Catch::Contains(b) &&
-                                      Catch::Contains("one file per group"));
+  CHECK_THAT(repaired->failed[0],
+             Catch::StartsWith(a) && Catch::Contains(b) && Catch::Contains("one file per group"));
   auto reader = OpenNativeCheckpoint(env.get(), "/ck/step-1");
   REQUIRE(reader.ok());
   Status read = Status::Ok();
@@ -466,11 +472,11 @@ Status AsyncSaveWithRedundancy(Env* env, const std::vector<std::vector<float>>& 
     AsyncSlicedSave save(env, world);
     std::vector<std::vector<float>> store;
     store.reserve(16);
-    RETURN_IF_ERROR(save.Start("/ck", "step-1", strategy, {1, {}, "test"}, options,
-                               [&](const std::vector<PieceToWrite>& mine)
-                                   -> Result<std::vector<LocalPiece>> {
-                                 return Pieces(strategy, mine, full, &store);
-                               }));
+    RETURN_IF_ERROR(
+        save.Start("/ck", "step-1", strategy, {1, {}, "test"}, options,
+                   [&](const std::vector<PieceToWrite>& mine) -> Result<std::vector<LocalPiece>> {
+                     return Pieces(strategy, mine, full, &store);
+                   }));
     int polls = 0;
     while (save.in_flight()) {
       ASSIGN_OR_RETURN(bool committed, save.Poll(/*wait=*/false));
@@ -581,21 +587,22 @@ TEST_CASE("async sliced save: a failed background write fails the commit on ever
   FaultInjectionEnv env(mem.get());
   const Strategy strategy = ThreeTensors();
   const std::vector<std::vector<float>> full = {Values(32, 0), Values(6, 100), Values(8, 200)};
-  const std::vector<Status> results = RankResults([&](Communicator& world, Status* result) -> Status {
-    AsyncSlicedSave save(&env, world);
-    std::vector<std::vector<float>> store;
-    store.reserve(16);
-    RETURN_IF_ERROR(world.Barrier());
-    if (world.rank() == 0) env.FailNthWrite(6, /*sticky=*/true);  // after the file headers
-    RETURN_IF_ERROR(world.Barrier());
-    RETURN_IF_ERROR(save.Start("/run", "step-1", strategy, {1, {}, "test"}, {},
-                               [&](const std::vector<PieceToWrite>& mine)
-                                   -> Result<std::vector<LocalPiece>> {
-                                 return Pieces(strategy, mine, full, &store);
-                               }));
-    *result = save.Poll(/*wait=*/true).status();
-    return Status::Ok();
-  });
+  const std::vector<Status> results =
+      RankResults([&](Communicator& world, Status* result) -> Status {
+        AsyncSlicedSave save(&env, world);
+        std::vector<std::vector<float>> store;
+        store.reserve(16);
+        RETURN_IF_ERROR(world.Barrier());
+        if (world.rank() == 0) env.FailNthWrite(6, /*sticky=*/true);  // after the file headers
+        RETURN_IF_ERROR(world.Barrier());
+        RETURN_IF_ERROR(save.Start(
+            "/run", "step-1", strategy, {1, {}, "test"}, {},
+            [&](const std::vector<PieceToWrite>& mine) -> Result<std::vector<LocalPiece>> {
+              return Pieces(strategy, mine, full, &store);
+            }));
+        *result = save.Poll(/*wait=*/true).status();
+        return Status::Ok();
+      });
   for (int r = 0; r < 4; ++r) {
     INFO("rank " << r << ": " << results[r].ToString());
     CHECK_FALSE(results[r].ok());
