@@ -7,7 +7,7 @@ BUILD_DIR=${TESSERA_BUILD_DIR:-$TESSERA_ROOT/build}
 
 # Build tools and libraries, all from Debian.
 TESSERA_PACKAGES=(
-  g++ cmake make pkg-config ccache
+  g++ cmake make pkg-config ccache clang-format
   libprotobuf-dev protobuf-compiler
   libhdf5-dev libzstd-dev libcli11-dev
   libopenmpi-dev openmpi-bin libgloo-dev iproute2
@@ -15,6 +15,8 @@ TESSERA_PACKAGES=(
   python3 python3-torch python3-numpy python3-h5py python3-protobuf
   python3-dev python3-pybind11 python3-pytest python3-venv
 )
+# clang-format: scripts/test checks the C++ sources are formatted
+# (.clang-format).
 # python3-dev and pybind11: the `tessera` Python package (python/); pytest
 # runs its tests; python3-venv: scripts/install-python into a virtualenv.
 # python3-torch and numpy: the numerical reference of the parity tests.
@@ -71,4 +73,14 @@ tessera_build_sanitized() {
   cmake -S "$TESSERA_ROOT" -B "$SANITIZE_DIR" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
     "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g1 -DNDEBUG" -DTESSERA_SANITIZE=ON "${launcher[@]}" >/dev/null
   cmake --build "$SANITIZE_DIR" -j "$(nproc)" --target "$@"
+}
+
+# The C++ sources of the project (a git checkout's, else the tree's
+# outside the build folders).
+tessera_cxx_sources() {
+  if git -C "$TESSERA_ROOT" rev-parse --is-inside-work-tree >/dev/null 2>&1; then
+    git -C "$TESSERA_ROOT" ls-files '*.cc' '*.h'
+  else
+    (cd "$TESSERA_ROOT" && find . -path './build*' -prune -o \( -name '*.cc' -o -name '*.h' \) -print)
+  fi
 }
