@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The layering of DESIGN.md, checked with grep: each folder includes only
+# The layering of docs/DESIGN.md, checked with grep: each folder includes only
 # the folders below it, and the wrapped libraries' headers appear only in
 # the one file that wraps each.
 # Usage: layering_test.sh SOURCE_ROOT

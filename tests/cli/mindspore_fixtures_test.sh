@@ -1,19 +1,18 @@
 #!/usr/bin/env bash
-# Real MindSpore files (../shared/fixtures/mindspore): what MindSpore 2.5's
+# Real MindSpore files (tests/data/mindspore): what MindSpore 2.5's
 # transform_checkpoints writes is what `ckpt reshard --format mindspore`
 # writes, byte for byte; MindFormers' real pipeline strategies (the word
 # embedding and its optimizer states on both stages) go full -> 8 -> 4 ->
 # full bit-exact; a rank directory storing the embedding on both stages is
 # read from stage 0; MindSpore-written .ckpt files rewrite byte for byte.
 # Usage: mindspore_fixtures_test.sh CKPT PROTO_DIR FIXTURES_DIR
-# Exits 77 (skipped) when the fixtures are not there.
 set -u
 ckpt=$(realpath "$1")
 protos=$(realpath "$2")
 fixtures=$3
 if [ ! -d "$fixtures/transform_cases" ]; then
-  echo "SKIP: no MindSpore fixtures at $fixtures"
-  exit 77
+  echo "FAIL: no MindSpore fixtures at $fixtures"
+  exit 1
 fi
 fixtures=$(realpath "$fixtures")
 py=/usr/bin/python3

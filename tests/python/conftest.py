@@ -11,7 +11,7 @@ import tessera
 
 BUILD = pathlib.Path(os.environ.get("TESSERA_BUILD_DIR", pathlib.Path(tessera.__file__).parents[2]))
 SOURCE = pathlib.Path(__file__).resolve().parents[2]
-FIXTURES = SOURCE.parent / "shared" / "fixtures" / "mindspore"
+FIXTURES = SOURCE / "tests" / "data" / "mindspore"
 
 
 def run(*args):

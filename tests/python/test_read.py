@@ -127,8 +127,6 @@ def test_safetensors_zero_copy(tmp_path):
 
 def test_mindspore_fixtures_bf16():
     case = FIXTURES / "transform_cases" / "dp2mp4_opt_to_mp2pp2_opt"
-    if not case.is_dir():
-        pytest.skip("../shared/fixtures/mindspore is not there")
     dist = tessera.open(case / "src", strategy=case / "src_strategy.ckpt")
     assert dist.format == "mindspore"
     names = dist.keys()
