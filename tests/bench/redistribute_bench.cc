@@ -3,13 +3,13 @@
 // unpacking cost on top of the bytes moved:
 //   rows split over the ranks -> replicated   beside AllGather
 //   columns split -> rows split               beside AllToAll (equal blocks)
-// of a 64 MiB f32 matrix [4096, 4096]; and ParallelMatMul (runtime/
-// parallel_ops.h), forward and backward of x [2048, 1024] @ w [1024, 1024],
-// beside the same products and collectives written out by hand (what
-// runtime/model/gpt.cc does for its tensor-parallel layers):
-//   row-parallel ((-,r),(r,-))               beside sgemm + AllReduce
-//   column-parallel ((-,-),(-,r)), x arriving cut by rows
-//                                            beside AllGather + sgemm
+// of a 64 MiB f32 matrix [4096, 4096]; and the GPT's LinearOp (runtime/
+// parallel/operators.h) with the conversions OpGpt inserts around it,
+// forward and backward of x [2048, 1024] @ w [1024, 1024], beside the same
+// products and collectives written out by hand:
+//   row-parallel ((dp,tp),(tp,-))          beside sgemm + AllReduce
+//   column-parallel ((dp,-),(-,tp)), x arriving cut by rows (Megatron-SP)
+//                                          beside AllGather + sgemm + ReduceScatter
 //   redistribute_bench inprocess N
 //   mpirun -np N redistribute_bench mpi
 // Median of 5 timed calls each (after one warm-up), slowest rank.
@@ -23,11 +23,10 @@
 #include <vector>
 
 #include "runtime/comm/inprocess.h"
-#include "runtime/comm/mesh_comms.h"
 #include "runtime/comm/mpi.h"
 #include "runtime/kernels.h"
 #include "runtime/parallel/dtensor.h"
-#include "runtime/parallel/parallel_ops.h"
+#include "runtime/parallel/operators.h"
 
 using namespace tessera;
 
@@ -72,64 +71,65 @@ Status TimePairs(Communicator& comm, std::span<const Pair> pairs, const char* fo
   return Status::Ok();
 }
 
-// ParallelMatMul forward + backward beside the hand-written equivalent.
-Status MatMuls(Communicator& comm, const Mesh& mesh) {
+// The GPT's linear operator (runtime/parallel/operators.h: LinearOp with
+// its placements' conversions, as OpGpt runs it) forward + backward beside
+// the hand-written equivalent.
+Status Linears(Communicator& comm) {
   constexpr int64_t M = 2048, K = 1024, N = 1024;
   const int p = comm.size();
-  ASSIGN_OR_RETURN(MeshCommunicators comms, MeshCommunicators::Create(comm, mesh));
-  ASSIGN_OR_RETURN(MatMulStrategy row_s, MatMulStrategy::Parse("((-,r),(r,-))"));
-  ASSIGN_OR_RETURN(MatMulStrategy col_s, MatMulStrategy::Parse("((-,-),(-,r))"));
-  ASSIGN_OR_RETURN(ParallelMatMul row, ParallelMatMul::Create(comms, row_s, M, K, N));
-  ASSIGN_OR_RETURN(ParallelMatMul col, ParallelMatMul::Create(comms, col_s, M, K, N));
+  const DimAxes none, dp{"dp"}, tp{"tp"};
+  ASSIGN_OR_RETURN(LinearOp row, LinearOp::Create("row", {{{dp, tp}, {tp, none}}}, K, N, 1, 1));
+  ASSIGN_OR_RETURN(LinearOp col, LinearOp::Create("column", {{{dp, none}, {none, tp}}}, K, N, 1, 1));
+  OpContext ctx(p > 1 ? &comm : nullptr);
   const int64_t kl = K / p, nl = N / p, ml = M / p;
-  std::vector<float> w(kl * N, 0.01f), dw(kl * N, 0.0f), wc(K * nl, 0.01f), dwc(K * nl, 0.0f);
+  std::vector<float> w(kl * N, 0.01f), dw(kl * N, 0.0f), b(N, 0.0f), db(N, 0.0f);
+  std::vector<float> wc(K * nl, 0.01f), dwc(K * nl, 0.0f), bc(nl, 0.0f), dbc(nl, 0.0f);
   // x as each operator receives it: its own columns (row), cut by rows (column).
-  std::vector<char> xr(M * kl * 4), xc(ml * K * 4), dyr(M * N * 4), dyc(M * nl * 4);
-  for (auto* v : {&xr, &xc, &dyr, &dyc}) {
-    for (size_t i = 0; i < v->size() / 4; ++i) reinterpret_cast<float*>(v->data())[i] = 0.5f;
-  }
-  Layout x_rows = Layout::Replicated({M, K}, DType::kF32);
-  x_rows.dim_axes = {{"r"}, {}};
-  ASSIGN_OR_RETURN(DTensor x1, DTensor::FromLocal(mesh, row.x_layout(), comm.rank(), xr));
-  ASSIGN_OR_RETURN(DTensor dy1, DTensor::FromLocal(mesh, row.y_layout(), comm.rank(), dyr));
-  ASSIGN_OR_RETURN(DTensor x2, DTensor::FromLocal(mesh, x_rows, comm.rank(), xc));
-  ASSIGN_OR_RETURN(DTensor dy2, DTensor::FromLocal(mesh, col.y_layout(), comm.rank(), dyc));
-  DTensor y, dx;
-  std::vector<float> out(M * N), xfull(M * K), dxl(M * kl), dxf(M * K), part(M * kl);
-  auto f = [](std::vector<char>& v) { return reinterpret_cast<float*>(v.data()); };
+  std::vector<float> xr(M * kl, 0.5f), xc(ml * K, 0.5f), dyr(M * N, 0.5f), dyc(M * nl, 0.5f);
+  std::vector<float> y(M * N), dx(M * K), gathered, resolved, scattered;
+  std::vector<float> out(M * N), xfull(M * K), dxl(M * kl), dxf(M * K), dxs(ml * K);
+  const Placement whole{-1}, rows{0};
   const Pair cases[] = {
-      {"row ((-,r),(r,-))",
+      {"row ((dp,tp),(tp,-))",
        [&]() -> Status {
-         RETURN_IF_ERROR(row.Forward(x1, w.data(), &y));
-         return row.Backward(x1, w.data(), dy1, &dx, dw.data());
+         Act x{xr.data(), M, K, row.info().inputs[0]}, out_act{y.data(), M, N, row.info().output};
+         row.Forward(ctx, x, w.data(), b.data(), &out_act);
+         RETURN_IF_ERROR(ctx.Convert(out_act, whole, &resolved, "row", "output").status());
+         Act dy{dyr.data(), M, N, whole}, dxa{dx.data(), M, K, row.InputGradient()};
+         row.Backward(ctx, x, w.data(), dy, &dxa, dw.data(), db.data());
+         return Status::Ok();
        },
        [&]() -> Status {
-         kernels::MatmulForward(out.data(), f(xr), w.data(), nullptr, M, kl, N);
+         kernels::MatmulForward(out.data(), xr.data(), w.data(), b.data(), M, kl, N);
          RETURN_IF_ERROR(
              comm.AllReduce(out.data(), out.data(), M * N, DType::kF32, ReduceOp::kSum));
-         kernels::MatmulBackward(dxl.data(), dw.data(), nullptr, f(dyr), f(xr), w.data(), M, kl, N);
+         kernels::MatmulBackward(dxl.data(), dw.data(), db.data(), dyr.data(), xr.data(), w.data(),
+                                 M, kl, N);
          return Status::Ok();
        },
        "sgemm+AllReduce"},
       {"column, x by rows",
        [&]() -> Status {
-         RETURN_IF_ERROR(col.Forward(x2, wc.data(), &y));
-         return col.Backward(x2, wc.data(), dy2, &dx, dwc.data());
+         Act x{xc.data(), M, K, rows};
+         ASSIGN_OR_RETURN(Act xin, ctx.Convert(x, col.info().inputs[0], &gathered, "column", "x"));
+         Act out_act{y.data(), M, N, col.info().output};
+         col.Forward(ctx, xin, wc.data(), bc.data(), &out_act);
+         Act dy{dyc.data(), M, N, col.info().output}, dxa{dx.data(), M, K, col.InputGradient()};
+         col.Backward(ctx, xin, wc.data(), dy, &dxa, dwc.data(), dbc.data());
+         return ctx.Convert(dxa, rows, &scattered, "column", "x gradient").status();
        },
        [&]() -> Status {
          RETURN_IF_ERROR(comm.AllGather(xc.data(), ml * K, xfull.data(), DType::kF32));
-         kernels::MatmulForward(out.data(), xfull.data(), wc.data(), nullptr, M, K, nl);
-         kernels::MatmulBackward(dxf.data(), dwc.data(), nullptr, f(dyc), xfull.data(), wc.data(),
-                                 M, K, nl);
-         RETURN_IF_ERROR(
-             comm.AllReduce(dxf.data(), dxf.data(), M * K, DType::kF32, ReduceOp::kSum));
-         return Status::Ok();
+         kernels::MatmulForward(out.data(), xfull.data(), wc.data(), bc.data(), M, K, nl);
+         kernels::MatmulBackward(dxf.data(), dwc.data(), dbc.data(), dyc.data(), xfull.data(),
+                                 wc.data(), M, K, nl);
+         return comm.ReduceScatter(dxf.data(), dxs.data(), ml * K, DType::kF32, ReduceOp::kSum);
        },
-       "AllGather+sgemm"},
+       "AllGather+sgemm+ReduceScatter"},
   };
   return TimePairs(
       comm, cases,
-      "  MatMul %-19s %d ranks (%s): fwd+bwd %8.2f ms   %-15s %8.2f ms   ratio %.2fx\n");
+      "  LinearOp %-20s %d ranks (%s): fwd+bwd %8.2f ms   %-29s %8.2f ms   ratio %.2fx\n");
 }
 
 Status Run(Communicator& comm) {
@@ -154,7 +154,7 @@ Status Run(Communicator& comm) {
   };
   RETURN_IF_ERROR(TimePairs(
       comm, rows_, "  %-20s %d ranks (%s): Redistribute %8.2f ms   %-9s %8.2f ms   ratio %.2fx\n"));
-  return MatMuls(comm, mesh);
+  return Linears(comm);
 }
 
 }  // namespace
