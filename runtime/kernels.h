@@ -22,7 +22,7 @@
 namespace tessera {
 
 // The kernels below and the optimizer's (runtime/train/optim.h), each by
-// the unit the cost model prices it in (runtime/parallel/cost_model.h:
+// the unit the cost model prices it in (runtime/cost/machine_profile.h:
 // MachineProfile::KernelSeconds).
 enum class Kernel {
   kLayerNormForward,           // per element of its input

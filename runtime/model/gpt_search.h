@@ -1,6 +1,6 @@
 // Automatic parallelism for the GPT (MindSpore's AUTO_PARALLEL): a cost
 // model that predicts a parallel configuration's step time and per-rank
-// memory on a machine (cost_model.h's profile), and a search over the
+// memory on a machine (runtime/cost/machine_profile.h), and a search over the
 // configurations a job of N ranks can run.
 //
 // The prediction walks the same operators, placements, redistributions
@@ -46,7 +46,7 @@
 #include "core/status.h"
 #include "runtime/model/gpt.h"
 #include "runtime/model/parallel_gpt.h"
-#include "runtime/parallel/cost_model.h"
+#include "runtime/cost/machine_profile.h"
 
 namespace tessera {
 
@@ -114,19 +114,6 @@ struct SearchResult {
 // which one; when none runs at all, why, and which device counts nearby do.
 Result<SearchResult> SearchGptParallel(const GptConfig& config, int B, int T, int devices,
                                        const MachineProfile& profile, const SearchOptions& options);
-
-// The runtime's kernels (runtime/kernels.h: Kernel) timed on this rank's compute threads at
-// the sizes of a small GPT's activations (arrays of 2 MiB, run back to back:
-// warm caches, as a micro-batch's activations of that size are; larger
-// ones that spill to memory may cost more), each the median of several
-// runs, into `profile`'s kernel_seconds. The attention core's cost per score
-// its causal blocks compute (the softmax) and per flop of its products come
-// from a fit over sequences of 128 and 256 and heads of 32 and 128.
-void MeasureKernels(MachineProfile* profile);
-// What train_gpt --calibrate measures: Calibrate (cost_model.h) and the
-// kernels, timed on rank 0 while the others wait. Collective; every rank
-// returns the same profile.
-Result<MachineProfile> CalibrateMachine(Communicator& world);
 
 // The layers per stage that balance the stages' predicted times (the first
 // stage also embeds, the last also runs ln_f, the output projection and the

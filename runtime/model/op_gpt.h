@@ -31,7 +31,7 @@
 #include <vector>
 
 #include "runtime/model/gpt.h"
-#include "runtime/parallel/cost_model.h"
+#include "runtime/cost/machine_profile.h"
 #include "runtime/parallel/op_strategy.h"
 #include "runtime/parallel/operators.h"
 

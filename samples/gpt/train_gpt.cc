@@ -39,6 +39,7 @@
 #include "formats/native_files.h"
 #include "runtime/comm/launch.h"
 #include "runtime/comm/mpi.h"
+#include "runtime/cost/calibration.h"
 #include "runtime/kernels.h"
 #include "runtime/model/gpt.h"
 #include "runtime/model/gpt_checkpoint.h"

@@ -13,6 +13,7 @@
 #include <random>
 
 #include "runtime/comm/inprocess.h"
+#include "runtime/cost/calibration.h"
 #include "runtime/kernels.h"
 
 namespace tessera {

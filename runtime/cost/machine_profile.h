@@ -34,10 +34,11 @@
 // job with more ranks than hosts x devices_per_host shares devices (more
 // ranks than cores on a CPU), which divides their throughput (a pipeline's
 // waiting ranks lend theirs: runtime/model/gpt_search.cc).
-// The model (the GPT's operators, their placements and buffers) is the
-// other half: runtime/model/gpt_search.h.
-#ifndef TESSERA_RUNTIME_PARALLEL_COST_MODEL_H_
-#define TESSERA_RUNTIME_PARALLEL_COST_MODEL_H_
+// The model's half (what a stage of the GPT does, how a step is priced)
+// is the rest of runtime/cost/ and runtime/model/gpt_work.h; measuring a
+// profile is runtime/cost/calibration.h.
+#ifndef TESSERA_RUNTIME_COST_MACHINE_PROFILE_H_
+#define TESSERA_RUNTIME_COST_MACHINE_PROFILE_H_
 
 #include <cstdint>
 #include <string>
@@ -45,7 +46,6 @@
 #include <vector>
 
 #include "core/status.h"
-#include "runtime/comm/communicator.h"
 #include "runtime/kernels.h"
 
 namespace tessera {
@@ -58,7 +58,15 @@ struct LinkProfile {
 };
 
 enum class CollectiveKind { kAllReduce, kReduceScatter, kAllGather, kAllToAll, kSendRecv };
+inline constexpr int kCollectiveKinds = 5;
 std::string_view CollectiveName(CollectiveKind kind);
+
+// A ring collective over n ranks: its latency steps, and the share of
+// CollectiveSeconds' bytes each rank moves over the link.
+struct RingShape {
+  double steps, moved;
+};
+RingShape RingOf(CollectiveKind kind, double n);
 
 // One collective's measured times on `group` ranks, by size (ascending
 // bytes, in CollectiveSeconds' sense of bytes).
@@ -70,7 +78,7 @@ struct CollectiveTable {
 
 // The runtime's kernels (runtime/kernels.h, the optimizer's), which a
 // profile may price by measurement, each per its own unit. Calibration
-// times them (runtime/model/gpt_search.h: MeasureKernels); a kernel without
+// times them (runtime/cost/calibration.h: MeasureKernels); a kernel without
 // a measured figure costs its roofline: its bytes per unit at
 // memory_bandwidth and its flops per unit at matmul_flops. On this VM the
 // roofline misses by up to 4x either way (a layer norm's per-row
@@ -120,42 +128,6 @@ struct MachineProfile {
   bool CrossesHosts(int64_t stride, int64_t size) const;
 };
 
-// Calibration: the figures a profile holds, measured here.
-// f32 matrix products of the sizes the GPT's linears have ([rows, C] x
-// [C, 4C]), forward and backward, on the threads the kernels have been
-// given.
-double MeasureMatmulFlops(int64_t n);
-// The element-wise kernels' memory throughput (a residual add over
-// `floats` floats, counting 3 x 4 bytes per element).
-double MeasureMemoryBandwidth(int64_t floats);
-// A link's latency and bandwidth, fitted (least squares) to AllReduce and
-// AllGather times over `comm` at sizes from 4 KiB to `max_bytes`.
-// Collective; every rank returns the same figures.
-Result<LinkProfile> MeasureLink(Communicator& comm, int64_t max_bytes);
-// The closest ascending sequence to `v` in least squares (isotonic
-// regression): measured times of growing sizes, where noise made a larger
-// size look cheaper, without letting one slow outlier raise all after it.
-std::vector<double> Ascending(const std::vector<double>& v);
-// AllReduce, AllGather and ReduceScatter timed at sizes from 4 KiB to
-// `max_bytes` in groups of every size g >= 2 dividing `comm`'s ranks (the
-// n / g groups of consecutive ranks at once, as a mesh axis's groups run),
-// each timing after the ranks wrote a buffer larger than their caches and
-// met at a barrier (so the collective starts cold and together, as one
-// after a step's kernels does, without their skew): the median of nine,
-// made ascending in size (Ascending); and SendRecv (group 2), half a
-// ping-pong of ranks 0 and 1 timed alike. Tables by group size (AllReduce,
-// AllGather, ReduceScatter each), SendRecv last. Collective; every rank
-// returns rank 0's tables, or every rank an error when one rank's call
-// failed.
-Result<std::vector<CollectiveTable>> MeasureCollectives(Communicator& comm, int64_t max_bytes);
-// This machine as `world` runs on it: rank 0's matrix products and memory
-// (the others wait), the link measured over `world` (one host: intra_host
-// and inter_host alike) and its collectives' tables (MeasureCollectives:
-// calibrated on 4 ranks, groups of 2 and 4), devices = cores,
-// ranks_per_device from how many ranks share them. Collective; every rank
-// returns the same profile.
-Result<MachineProfile> Calibrate(Communicator& world);
-
 }  // namespace tessera
 
-#endif  // TESSERA_RUNTIME_PARALLEL_COST_MODEL_H_
+#endif  // TESSERA_RUNTIME_COST_MACHINE_PROFILE_H_
