@@ -12,33 +12,10 @@
 #include <unordered_map>
 
 #include "core/byte_size.h"
+#include "runtime/model/gpt_work.h"
 
 namespace tessera {
 namespace {
-
-constexpr CollectiveKind kKinds[4] = {CollectiveKind::kAllReduce, CollectiveKind::kReduceScatter,
-                                      CollectiveKind::kAllGather, CollectiveKind::kAllToAll};
-
-// Seconds of a stage's arithmetic: the linears' products, the copies and
-// every kernel's units.
-double ComputeOf(const StageWork& w, const MachineProfile& p) {
-  double t = p.ComputeSeconds(w.flops, w.bytes);
-  for (int k = 0; k < kKernelCount; ++k) {
-    if (w.kernel[k] > 0) t += p.KernelSeconds(static_cast<Kernel>(k), w.kernel[k]);
-  }
-  return t;
-}
-
-// Seconds of a stage's collectives over tp (tp neighbours in the rank order).
-double TpSeconds(const StageWork& w, const MachineProfile& p, int tp) {
-  const bool inter = p.CrossesHosts(1, tp);
-  double t = 0;
-  for (int k = 0; k < 4; ++k) {
-    const int n = w.comm_count[k];
-    if (n > 0) t += n * p.CollectiveSeconds(kKinds[k], w.comm_bytes[k] / n, tp, inter);
-  }
-  return t;
-}
 
 // What the parameters of one stage (tp rank 0) take: floats, the rank's
 // ZeRO-1 shard, and the largest gradient bucket's per-rank count.
@@ -124,8 +101,8 @@ StageCost CostOf(const StageWork& w, const ParamStats& ps, const ParallelConfig&
                  int64_t act_bytes, const MachineProfile& prof) {
   StageCost c;
   const int pp = par.pp, dp = par.dp, tp = par.tp;
-  c.compute = ComputeOf(w, prof);
-  c.tp_comm = TpSeconds(w, prof, tp);
+  c.compute = ComputeSeconds(w, prof);
+  c.tp_comm = GroupCommSeconds(w, prof, tp);
   const bool pp_inter = prof.CrossesHosts(static_cast<int64_t>(dp) * tp, 2);
   if (s < pp - 1)
     c.pp_comm += prof.CollectiveSeconds(CollectiveKind::kSendRecv, act_bytes, 2, pp_inter);
@@ -403,7 +380,7 @@ Result<StepPrediction> PredictGptStep(const GptConfig& config, int B, int T,
     gs.tp_dims = std::make_shared<const std::map<std::string, int>>(ops->param_splits());
     ASSIGN_OR_RETURN(std::vector<ParamInfo> params, Gpt::Params(config, gs));
     const ParamStats ps = StatsOf(params, par.dp, par.zero, par.bucket_bytes);
-    const StageWork w = ops->Estimate(job.rows, T);
+    const StageWork w = EstimateStage(*ops, job.rows, T);
     std::array<double, kKernelCount>& units = kernel_units.emplace_back();
     for (int k = 0; k < kKernelCount; ++k) units[k] = w.kernel[k] * job.micro_batches;
     const OptimizerUnits optimizer = OptimizerUnitsOf(ps, par);
@@ -433,8 +410,9 @@ Result<std::vector<std::vector<OpCost>>> BreakdownGptStep(const GptConfig& confi
     const GptStage gs = ParallelGpt::StageOf(config, par.pp, s, par.tp, 0, par.stage_layers);
     ASSIGN_OR_RETURN(std::unique_ptr<OpGpt> ops, ParallelGpt::StageOps(config, par, job.mesh, gs));
     std::vector<OpCost> stage;
-    for (const auto& [name, w] : ops->EstimateOps(job.rows, T)) {
-      stage.push_back({name, ComputeOf(w, job.profile), TpSeconds(w, job.profile, par.tp)});
+    for (const auto& [name, w] : EstimateOps(*ops, job.rows, T)) {
+      stage.push_back(
+          {name, ComputeSeconds(w, job.profile), GroupCommSeconds(w, job.profile, par.tp)});
     }
     out.push_back(std::move(stage));
   }
@@ -734,7 +712,7 @@ class Halves {
   struct Sum {
     double fw = 0, bw = 0;
     int64_t slot = 0, tp_sum = 0;
-    int64_t shared[StageWork::kSharedCount] = {};
+    int64_t shared[kSharedBuffers] = {};
   };
   const Sum& Sum1(const Pick& p, const Placement& x) {
     const int64_t key = Id1(p) * static_cast<int64_t>(xs_.size()) + X(x);
@@ -758,10 +736,9 @@ class Halves {
       *seconds += a.fw + b.fw + profile_.ComputeSeconds(0, 2.0 * static_cast<double>(*slot));
     }
     int64_t sh = 0;
-    for (int i = 0; i < StageWork::kSharedCount; ++i) {
+    for (int i = 0; i < kSharedBuffers; ++i) {
       int64_t v = std::max(a.shared[i], b.shared[i]);
-      if (i == StageWork::kScratchBlock && rc_ == Recompute::kFull)
-        v = std::max(v, a.slot + b.slot);
+      if (i == kScratchBlock && rc_ == Recompute::kFull) v = std::max(v, a.slot + b.slot);
       sh += v;
     }
     *shared = sh;
@@ -799,9 +776,9 @@ class Halves {
   }
   // A block of `p` whose stream arrives placed as `x`.
   StageWork Block(const Pick& p, const Placement& x) {
-    const OpGpt::HalfWork& a = Half1(p, x);
-    const OpGpt::HalfWork& b = Half2(p, ops_.add1[p.add1].info().output);
-    return OpGpt::EstimateBlock(a, b, rc_, Sizer(ops_.add2[p.add2].info().output));
+    const HalfWork& a = Half1(p, x);
+    const HalfWork& b = Half2(p, ops_.add1[p.add1].info().output);
+    return EstimateBlock(a, b, rc_, Sizer(ops_.add2[p.add2].info().output));
   }
   // Whether attention's rows cut over tp keep whole sequences.
   bool Runs(const Pick& p) const {
@@ -816,39 +793,38 @@ class Halves {
     return rows * cols * 4;
   }
   size_t X(const Placement& x) const { return std::find(xs_.begin(), xs_.end(), x) - xs_.begin(); }
-  Sum Summarize(const OpGpt::HalfWork& h) const {
+  Sum Summarize(const HalfWork& h) const {
     Sum s;
-    s.fw = ComputeOf(h.forward, profile_) + TpSeconds(h.forward, profile_, tp_);
-    s.bw = ComputeOf(h.backward, profile_) + TpSeconds(h.backward, profile_, tp_);
+    s.fw = ComputeSeconds(h.forward, profile_) + GroupCommSeconds(h.forward, profile_, tp_);
+    s.bw = ComputeSeconds(h.backward, profile_) + GroupCommSeconds(h.backward, profile_, tp_);
     s.slot = h.forward.slot_bytes;
     s.tp_sum = h.forward.tp_sum_floats + h.backward.tp_sum_floats;
-    for (int i = 0; i < StageWork::kSharedCount; ++i) {
+    for (int i = 0; i < kSharedBuffers; ++i) {
       s.shared[i] = std::max(h.forward.shared[i], h.backward.shared[i]);
     }
     return s;
   }
-  const OpGpt::HalfWork& Half1(const Pick& p, const Placement& x) {
+  const HalfWork& Half1(const Pick& p, const Placement& x) {
     const int64_t key = Id1(p) * static_cast<int64_t>(xs_.size()) + X(x);
     auto it = h1_.find(key);
     if (it == h1_.end()) {
-      it = h1_.emplace(key,
-                       OpGpt::EstimateHalf(config_, tp_,
-                                           {&ops_.ln1[p.ln1], &ops_.qkv[p.qkv], &ops_.attn[p.attn],
-                                            nullptr, &ops_.proj[p.proj], &ops_.add1[p.add1]},
-                                           x, N_, T_, rc_, /*shares=*/false))
+      it = h1_.emplace(key, EstimateHalf(config_, tp_,
+                                         {&ops_.ln1[p.ln1], &ops_.qkv[p.qkv], &ops_.attn[p.attn],
+                                          nullptr, &ops_.proj[p.proj], &ops_.add1[p.add1]},
+                                         x, N_, T_, rc_, /*shares=*/false))
                .first;
     }
     return it->second;
   }
-  const OpGpt::HalfWork& Half2(const Pick& p, const Placement& x) {
+  const HalfWork& Half2(const Pick& p, const Placement& x) {
     const int64_t key = Id2(p) * static_cast<int64_t>(xs_.size()) + X(x);
     auto it = h2_.find(key);
     if (it == h2_.end()) {
-      it = h2_.emplace(key, OpGpt::EstimateHalf(
-                                config_, tp_,
-                                {&ops_.ln2[p.ln2], &ops_.fc[p.fc], nullptr, &ops_.gelu[p.gelu],
-                                 &ops_.fcproj[p.fcproj], &ops_.add2[p.add2]},
-                                x, N_, T_, rc_, /*shares=*/false))
+      it = h2_.emplace(key,
+                       EstimateHalf(config_, tp_,
+                                    {&ops_.ln2[p.ln2], &ops_.fc[p.fc], nullptr, &ops_.gelu[p.gelu],
+                                     &ops_.fcproj[p.fcproj], &ops_.add2[p.add2]},
+                                    x, N_, T_, rc_, /*shares=*/false))
                .first;
     }
     return it->second;
@@ -863,16 +839,9 @@ class Halves {
   std::vector<Placement> xs_;
   int64_t n1_ = 0, n2_ = 0;
   const MachineProfile& profile_;
-  std::unordered_map<int64_t, OpGpt::HalfWork> h1_, h2_;
+  std::unordered_map<int64_t, HalfWork> h1_, h2_;
   std::unordered_map<int64_t, Sum> s1_, s2_;
 };
-
-// Floats of a linear's weight and bias on one rank.
-int64_t LinearFloats(const LinearOp& op, int64_t K, int64_t M, int tp) {
-  const int s = tp > 1 ? op.weight_split() : -1;
-  const int64_t w = s == 0 ? (K + tp - 1) / tp * M : s == 1 ? K * ((M + tp - 1) / tp) : K * M;
-  return w + (s == 1 ? (M + tp - 1) / tp : M);
-}
 
 // A block strategy the exact search keeps: not dominated in time per
 // micro-batch, activations, shared buffers, tp sums and parameters.
@@ -1028,10 +997,10 @@ Result<SearchResult> SearchGptParallel(const GptConfig& config, int B, int T, in
           auto Input = [&](int emb) -> const StageWork& {
             auto it = inputs.find(emb);
             if (it == inputs.end()) {
-              it = inputs
-                       .emplace(emb, OpGpt::EstimateInput(config, tp,
-                                                          emb < 0 ? nullptr : &ops.emb[emb], N))
-                       .first;
+              it =
+                  inputs
+                      .emplace(emb, EstimateInput(config, tp, emb < 0 ? nullptr : &ops.emb[emb], N))
+                      .first;
             }
             return it->second;
           };
@@ -1045,14 +1014,14 @@ Result<SearchResult> SearchGptParallel(const GptConfig& config, int B, int T, in
                                         h.lnf < 0 ? nullptr : &ops.lm[h.lm],
                                         h.lnf < 0 ? nullptr : &ops.loss[h.loss]};
               it = outputs
-                       .emplace(key, OpGpt::EstimateOutput(
-                                         config, tp, x, h.lnf < 0 ? nullptr : &head, N, wte_summed))
+                       .emplace(key, EstimateOutput(config, tp, x, h.lnf < 0 ? nullptr : &head, N,
+                                                    wte_summed))
                        .first;
             }
             return it->second;
           };
           auto seconds = [&](const StageWork& w) {
-            return ComputeOf(w, profile) + TpSeconds(w, profile, tp);
+            return ComputeSeconds(w, profile) + GroupCommSeconds(w, profile, tp);
           };
           // The heads (ln_f, lm_head, loss) worth trying after a stream
           // placed as `x` with wte cut as `ws`: those no other dominates
@@ -1086,7 +1055,7 @@ Result<SearchResult> SearchGptParallel(const GptConfig& config, int B, int T, in
                   a.tp_sum_floats > b.tp_sum_floats) {
                 return false;
               }
-              for (int i = 0; i < StageWork::kSharedCount; ++i) {
+              for (int i = 0; i < kSharedBuffers; ++i) {
                 if (a.shared[i] > b.shared[i]) return false;
               }
               return true;
@@ -1174,7 +1143,7 @@ Result<SearchResult> SearchGptParallel(const GptConfig& config, int B, int T, in
                   x.tp_sum > y.tp_sum || k.params > c.params) {
                 return false;
               }
-              for (int i = 0; i < StageWork::kSharedCount; ++i) {
+              for (int i = 0; i < kSharedBuffers; ++i) {
                 if (x.shared[i] > y.shared[i]) return false;
               }
               return true;

@@ -44,9 +44,9 @@
 #include <vector>
 
 #include "core/status.h"
+#include "runtime/cost/machine_profile.h"
 #include "runtime/model/gpt.h"
 #include "runtime/model/parallel_gpt.h"
-#include "runtime/cost/machine_profile.h"
 
 namespace tessera {
 

@@ -11,12 +11,6 @@ namespace {
 
 std::string BlockPrefix(int i) { return "h." + std::to_string(i) + "."; }
 
-// Whether a linear's input conversion gathers rows: its result is not kept
-// but gathered again in backward (Megatron's sequence parallelism).
-bool Regathers(const Placement& from, const Placement& to) {
-  return from.split == 0 && !from.partial && to.split == -1;
-}
-
 OpSignature::Input In(std::string name, std::vector<int64_t> shape, std::string param = "",
                       std::vector<int> uneven = {}) {
   return {std::move(name), std::move(shape), std::move(param), std::move(uneven)};
@@ -106,6 +100,54 @@ void OpGpt::EndParamSplits(const EmbeddingOp& embedding, std::map<std::string, i
   (*splits)["ln_f.weight"] = (*splits)["ln_f.bias"] = -1;
 }
 
+namespace {
+
+// The edge into `to`'s input `input` from `from` (named `from_name`).
+OpGpt::Edge EdgeInto(const std::string* from_name, const OpInfo& to, int input, Placement from,
+                     Placement grad, int64_t cols) {
+  std::string label;
+  if (from_name != nullptr) {
+    label = *from_name + " -> " + to.name +
+            (to.inputs.size() > 1 ? " input " + std::to_string(input) : "");
+  }
+  return {std::move(label), from, to.inputs[input], grad, cols};
+}
+
+}  // namespace
+
+std::array<OpGpt::Edge, 6> OpGpt::HalfEdges(const HalfOps& h, Placement x, int64_t C,
+                                            const std::string* x_name) {
+  const bool attention = h.attn != nullptr;
+  const OpInfo& mid = attention ? h.attn->info() : h.gelu->info();
+  const OpInfo &ln = h.ln->info(), &in = h.in->info(), &out = h.out->info(), &add = h.add->info();
+  const int64_t mid_cols = attention ? 3 * C : 4 * C;  // the first linear's output
+  const int64_t out_cols = attention ? C : 4 * C;      // the second linear's input
+  auto name = [&](const OpInfo& i) { return x_name != nullptr ? &i.name : nullptr; };
+  return {EdgeInto(x_name, ln, 0, x, ln.inputs[0], C),
+          EdgeInto(name(ln), in, 0, ln.output, h.in->InputGradient(), C),
+          EdgeInto(name(in), mid, 0, in.output, mid.inputs[0], mid_cols),
+          EdgeInto(name(mid), out, 0, mid.output, h.out->InputGradient(), out_cols),
+          EdgeInto(x_name, add, 0, x, add.inputs[0], C),
+          EdgeInto(name(out), add, 1, out.output, add.inputs[1], C)};
+}
+
+std::array<OpGpt::Edge, 3> OpGpt::HeadEdges(const HeadOps* head, Placement x, int64_t C, int64_t V,
+                                            const std::string* x_name) {
+  if (head == nullptr) {
+    const Placement whole{-1};
+    return {Edge{x_name != nullptr ? *x_name + " -> the next stage" : "", x, whole, whole, C}};
+  }
+  const OpInfo &lnf = head->lnf->info(), &lm = head->lm_head->info(), &loss = head->loss->info();
+  auto name = [&](const OpInfo& i) { return x_name != nullptr ? &i.name : nullptr; };
+  return {EdgeInto(x_name, lnf, 0, x, lnf.inputs[0], C),
+          EdgeInto(name(lnf), lm, 0, lnf.output, head->lm_head->InputGradient(), C),
+          EdgeInto(name(lm), loss, 0, lm.output, loss.inputs[0], V)};
+}
+
+bool OpGpt::Regathers(const Edge& e) {
+  return e.from.split == 0 && !e.from.partial && e.to.split == -1;
+}
+
 Result<std::unique_ptr<OpGpt>> OpGpt::Create(const GptConfig& config,
                                              const std::map<std::string, OpStrategy>& strategies,
                                              const GptStage& stage, int dp) {
@@ -179,44 +221,23 @@ Result<std::unique_ptr<OpGpt>> OpGpt::Create(const GptConfig& config,
   Placement x = stage.first ? g->embedding_.info().output : Placement{-1};
   g->stream_in_ = x;
   std::string xname = stage.first ? "embedding" : "the previous stage";
-  auto edge = [](std::string from, const OpInfo& to, int input, Placement p, Placement grad,
-                 int64_t cols) {
-    return Edge{
-        from + " -> " + to.name + (to.inputs.size() > 1 ? " input " + std::to_string(input) : ""),
-        p, to.inputs[input], grad, cols};
-  };
   for (OpGpt::Block& b : g->blocks_) {
-    b.e[0] = edge(xname, b.ln1.info(), 0, x, b.ln1.info().inputs[0], C);
-    b.e[1] =
-        edge(b.ln1.info().name, b.qkv.info(), 0, b.ln1.info().output, b.qkv.InputGradient(), C);
-    b.e[2] = edge(b.qkv.info().name, b.attn.info(), 0, b.qkv.info().output, b.attn.info().inputs[0],
-                  3 * C);
-    b.e[3] =
-        edge(b.attn.info().name, b.proj.info(), 0, b.attn.info().output, b.proj.InputGradient(), C);
-    b.e[4] = edge(xname, b.add1.info(), 0, x, b.add1.info().inputs[0], C);
-    b.e[5] = edge(b.proj.info().name, b.add1.info(), 1, b.proj.info().output,
-                  b.add1.info().inputs[1], C);
-    const Placement x1 = b.add1.info().output;
-    b.e[6] = edge(b.add1.info().name, b.ln2.info(), 0, x1, b.ln2.info().inputs[0], C);
-    b.e[7] = edge(b.ln2.info().name, b.fc.info(), 0, b.ln2.info().output, b.fc.InputGradient(), C);
-    b.e[8] = edge(b.fc.info().name, b.gelu.info(), 0, b.fc.info().output, b.gelu.info().inputs[0],
-                  4 * C);
-    b.e[9] = edge(b.gelu.info().name, b.fcproj.info(), 0, b.gelu.info().output,
-                  b.fcproj.InputGradient(), 4 * C);
-    b.e[10] = edge(b.add1.info().name, b.add2.info(), 0, x1, b.add2.info().inputs[0], C);
-    b.e[11] = edge(b.fcproj.info().name, b.add2.info(), 1, b.fcproj.info().output,
-                   b.add2.info().inputs[1], C);
+    const std::array<Edge, 6> attention = HalfEdges(b.attention(), x, C, &xname);
+    const std::array<Edge, 6> mlp =
+        HalfEdges(b.mlp(), b.add1.info().output, C, &b.add1.info().name);
+    std::copy(attention.begin(), attention.end(), b.e);
+    std::copy(mlp.begin(), mlp.end(), b.e + 6);
     x = b.add2.info().output;
     xname = b.add2.info().name;
   }
+  const HeadOps head = g->head();
+  const std::array<Edge, 3> ends = HeadEdges(stage.last ? &head : nullptr, x, C, V, &xname);
   if (stage.last) {
-    g->lnf_e_ = edge(xname, g->lnf_.info(), 0, x, g->lnf_.info().inputs[0], C);
-    g->lm_e_ =
-        edge("ln_f", g->lm_head_.info(), 0, g->lnf_.info().output, g->lm_head_.InputGradient(), C);
-    g->ce_e_ = edge("lm_head", g->loss_.info(), 0, g->lm_head_.info().output,
-                    g->loss_.info().inputs[0], V);
+    g->lnf_e_ = ends[0];
+    g->lm_e_ = ends[1];
+    g->ce_e_ = ends[2];
   } else {
-    g->out_e_ = {xname + " -> the next stage", x, Placement{-1}, Placement{-1}, C};
+    g->out_e_ = ends[0];
   }
   return g;
 }
@@ -359,8 +380,6 @@ Act OpGpt::New(Buf* b, int64_t rows, int64_t cols, Placement p) {
   return b->act;
 }
 
-bool OpGpt::Regather(const Edge& e) { return Regathers(e.from, e.to); }
-
 Result<Act> OpGpt::Conv(Act& a, const Edge& e, Buf* buf) {
   ASSIGN_OR_RETURN(buf->act, ctx_.Convert(a, e.to, &buf->data, e.label, "forward"));
   return buf->act;
@@ -403,7 +422,7 @@ Status OpGpt::BlockForward(const Block& b, Act& x, int T, BlockActs* acts, Buf* 
   b.ln1.Forward(ctx_, ln_in, P(b.ln1w), P(b.ln1b), &h1, s.ln1_mean.data(), s.ln1_rstd.data());
   // A linear's input that a conversion gathers is not kept: backward
   // gathers it again from the shard (Megatron's sequence parallelism).
-  ASSIGN_OR_RETURN(Act qkv_in, Conv(h1, b.e[1], Regather(b.e[1]) ? &gather_ : &s.qkv_in));
+  ASSIGN_OR_RETURN(Act qkv_in, Conv(h1, b.e[1], Regathers(b.e[1]) ? &gather_ : &s.qkv_in));
   Act qkv = New(&s.qkv, N, 3 * C, b.qkv.info().output);
   b.qkv.Forward(ctx_, qkv_in, P(b.qkvw), P(b.qkvb), &qkv);
   ASSIGN_OR_RETURN(Act attn_in, Conv(qkv, b.e[2], &s.attn_in));
@@ -423,7 +442,7 @@ Status OpGpt::BlockForward(const Block& b, Act& x, int T, BlockActs* acts, Buf* 
   s.ln2_mean.resize(ctx_.LocalRows(h2));
   s.ln2_rstd.resize(ctx_.LocalRows(h2));
   b.ln2.Forward(ctx_, ln2_in, P(b.ln2w), P(b.ln2b), &h2, s.ln2_mean.data(), s.ln2_rstd.data());
-  ASSIGN_OR_RETURN(Act fc_in, Conv(h2, b.e[7], Regather(b.e[7]) ? &gather_ : &s.fc_in));
+  ASSIGN_OR_RETURN(Act fc_in, Conv(h2, b.e[7], Regathers(b.e[7]) ? &gather_ : &s.fc_in));
   Act f = New(&s.f, N, 4 * C, b.fc.info().output);
   b.fc.Forward(ctx_, fc_in, P(b.fcw), P(b.fcb), &f);
   ASSIGN_OR_RETURN(Act gelu_in, Conv(f, b.e[8], &s.gelu_in));
@@ -482,7 +501,7 @@ Result<float> OpGpt::ForwardStage(int slot, const int32_t* tokens, const float* 
   a.lnf_mean.resize(ctx_.LocalRows(hf));
   a.lnf_rstd.resize(ctx_.LocalRows(hf));
   lnf_.Forward(ctx_, lnf_in, P(lnfw_), P(lnfb_), &hf, a.lnf_mean.data(), a.lnf_rstd.data());
-  ASSIGN_OR_RETURN(Act lm_in, Conv(hf, lm_e_, Regather(lm_e_) ? &gather_ : &a.lm_in));
+  ASSIGN_OR_RETURN(Act lm_in, Conv(hf, lm_e_, Regathers(lm_e_) ? &gather_ : &a.lm_in));
   Act logits = New(&a.logits, N, V, lm_head_.info().output);
   lm_head_.Forward(ctx_, lm_in, P(wte_), &logits);
   if (!a.has_targets) return 0.0f;
@@ -506,7 +525,7 @@ void OpGpt::Keep(const Act& r, std::initializer_list<Buf*> from) {
 }
 
 Result<Act> OpGpt::LinearInput(const Edge& e, const Buf& kept, const Buf& source) {
-  if (!Regather(e)) return kept.act;
+  if (!Regathers(e)) return kept.act;
   Act from = source.act;
   return Conv(from, e, &gather_);
 }
@@ -703,456 +722,6 @@ std::string OpGpt::Describe(int64_t rows) const {
     edge(out_e_);
   }
   return out;
-}
-
-}  // namespace tessera
-
-namespace tessera {
-
-int64_t StageWork::shared_bytes() const {
-  int64_t n = 0;
-  for (int64_t b : shared) n += b;
-  return n;
-}
-
-void StageWork::Add(const StageWork& o) { AddTimes(o, 1); }
-
-void StageWork::AddTimes(const StageWork& o, int64_t n) {
-  if (n <= 0) return;
-  flops += o.flops * n;
-  bytes += o.bytes * n;
-  for (int k = 0; k < kKernelCount; ++k) kernel[k] += o.kernel[k] * n;
-  for (int k = 0; k < 4; ++k) {
-    comm_count[k] += o.comm_count[k] * static_cast<int>(n);
-    comm_bytes[k] += o.comm_bytes[k] * n;
-  }
-  slot_bytes += o.slot_bytes * n;
-  for (int i = 0; i < kSharedCount; ++i) shared[i] = std::max(shared[i], o.shared[i]);
-  tp_sum_floats += o.tp_sum_floats * n;
-}
-
-namespace {
-
-// Sizes and collectives of placements on tp rank 0 (the largest shard).
-struct Sizer {
-  int tp = 1;
-  int64_t Rows(const Placement& p, int64_t rows) const {
-    return p.split == 0 && tp > 1 ? (rows + tp - 1) / tp : rows;
-  }
-  int64_t Cols(const Placement& p, int64_t cols) const {
-    if (p.split != 1 || tp == 1) return cols;
-    const int64_t g = p.groups;
-    return g * ((cols / g + tp - 1) / tp);
-  }
-  // Bytes of a shard.
-  int64_t Local(const Placement& p, int64_t rows, int64_t cols) const {
-    return Rows(p, rows) * Cols(p, cols) * 4;
-  }
-  // Its elements (a kernel's units).
-  double Elements(const Placement& p, int64_t rows, int64_t cols) const {
-    return static_cast<double>(Rows(p, rows)) * Cols(p, cols);
-  }
-  // What Convert allocates for from -> to: a new shard unless `from`
-  // already is `to` (a lone AllReduce resolves in place).
-  int64_t Storage(const Placement& from, const Placement& to, int64_t rows, int64_t cols) const {
-    return tp > 1 && from.Resolved() != to ? Local(to, rows, cols) : 0;
-  }
-  // The collectives of from -> to, counted into `w`.
-  void Comm(const Placement& from, const Placement& to, int64_t rows, int64_t cols,
-            StageWork* w) const {
-    if (tp == 1) return;
-    const double whole = static_cast<double>(rows) * cols * 4;
-    for (RedistStep s : PlanSteps(from, to, rows, tp)) {
-      int k = -1;
-      double b = 0;
-      switch (s) {
-        case RedistStep::kAllReduce:
-          k = 0;
-          b = from.split == -1 ? whole : whole / tp;
-          break;
-        case RedistStep::kReduceScatter:
-          k = 1;
-          b = whole;
-          break;
-        case RedistStep::kAllGather:
-          k = 2;
-          b = whole;
-          break;
-        case RedistStep::kRedistribute:
-          // An all-to-all, with the shard copied into a DTensor, packed,
-          // unpacked and copied out (OpContext::Convert): each read and
-          // written twice on either side.
-          k = 3;
-          b = whole / tp;
-          w->bytes += 4.0 * (Local(from, rows, cols) + Local(to, rows, cols));
-          break;
-        case RedistStep::kSlice:
-          w->bytes += 2.0 * Local(to, rows, cols);
-          break;
-      }
-      if (k >= 0) {
-        ++w->comm_count[k];
-        w->comm_bytes[k] += b;
-      }
-    }
-  }
-  // Forward and backward of an edge (the backward converts the consumer's
-  // input gradient `grad` back to the producer's placement).
-  void Edge(const Placement& from, const Placement& to, const Placement& grad, int64_t rows,
-            int64_t cols, StageWork* w, bool forward = true, bool backward = true) const {
-    if (forward) Comm(from, to, rows, cols, w);
-    if (backward) Comm(grad, from.Resolved(), rows, cols, w);
-  }
-  // A linear's forward flops: rows x its input's columns x its output's.
-  double LinearFlops(const OpInfo& op, int64_t rows, int64_t k, int64_t m) const {
-    return 2.0 * Rows(op.output, rows) * Cols(op.inputs[0], k) * Cols(op.output, m);
-  }
-};
-
-constexpr int K(Kernel k) { return static_cast<int>(k); }
-
-void Grow(StageWork* w, StageWork::Shared id, int64_t bytes) {
-  w->shared[id] = std::max(w->shared[id], bytes);
-}
-
-// The work `now` holds beyond `before`: flops, bytes and collectives (what
-// an operator adds to a half, for the per-operator breakdown).
-StageWork Since(const StageWork& now, const StageWork& before) {
-  StageWork d;
-  d.flops = now.flops - before.flops;
-  d.bytes = now.bytes - before.bytes;
-  for (int k = 0; k < kKernelCount; ++k) d.kernel[k] = now.kernel[k] - before.kernel[k];
-  for (int k = 0; k < 4; ++k) {
-    d.comm_count[k] = now.comm_count[k] - before.comm_count[k];
-    d.comm_bytes[k] = now.comm_bytes[k] - before.comm_bytes[k];
-  }
-  return d;
-}
-
-// Floats of a linear's weight and bias held on one rank.
-int64_t LinearParams(const LinearOp& op, int64_t K, int64_t M, int tp) {
-  const int s = tp > 1 ? op.weight_split() : -1;
-  const int64_t w = s == 0 ? (K + tp - 1) / tp * M : s == 1 ? K * ((M + tp - 1) / tp) : K * M;
-  return w + (s == 1 ? (M + tp - 1) / tp : M);
-}
-
-}  // namespace
-
-OpGpt::HalfWork OpGpt::EstimateHalf(const GptConfig& config, int tp, const HalfOps& h, Placement x,
-                                    int64_t N, int T, Recompute rc, bool shares) {
-  const Sizer z{tp};
-  const int64_t C = config.embed;
-  const bool attention = h.attn != nullptr;
-  const int64_t mid = attention ? 3 * C : 4 * C;  // the first linear's output columns
-  const int64_t k2 = attention ? C : 4 * C;       // the second linear's input columns
-  const OpInfo& mid_info = attention ? h.attn->info() : h.gelu->info();
-  const OpInfo &ln = h.ln->info(), &in = h.in->info(), &out = h.out->info(), &add = h.add->info();
-  HalfWork r;
-  StageWork& fw = r.forward;  // its activations are the slot's (or the scratch's)
-  StageWork& w = r.backward;  // and what recompute does again
-  // Each operator's share (with the conversions into it and their duals):
-  // what fw and w gained since the last mark.
-  StageWork seen, seen_fw;
-  auto mark = [&](int op) {
-    if (!shares) return;
-    StageWork both = fw;
-    both.Add(w);
-    r.ops[op].Add(Since(both, seen));  // Since fills flops, bytes and collectives only
-    r.forward_ops[op].Add(Since(fw, seen_fw));
-    seen = both;
-    seen_fw = fw;
-  };
-  auto linear = [&](const LinearOp& op, int64_t K, int64_t M) {
-    const double f = z.LinearFlops(op.info(), N, K, M);
-    fw.flops += f;
-    w.flops += 2 * f;
-    if (op.info().rows_over_tp && tp > 1) w.tp_sum_floats += LinearParams(op, K, M, tp);
-  };
-  // x -> ln
-  fw.slot_bytes += z.Storage(x, ln.inputs[0], N, C);
-  z.Comm(x, ln.inputs[0], N, C, &fw);
-  fw.slot_bytes += z.Local(ln.output, N, C) + 2 * 4 * z.Rows(ln.output, N);
-  fw.kernel[K(Kernel::kLayerNormForward)] += z.Elements(ln.inputs[0], N, C);
-  w.kernel[K(Kernel::kLayerNormBackward)] += z.Elements(ln.inputs[0], N, C);
-  if (ln.rows_over_tp && tp > 1) w.tp_sum_floats += 2 * C;
-  mark(0);
-  // ln -> the first linear
-  z.Comm(ln.output, in.inputs[0], N, C, &fw);
-  if (Regathers(ln.output, in.inputs[0])) {
-    Grow(&fw, StageWork::kGather, z.Local(in.inputs[0], N, C));
-    z.Comm(ln.output, in.inputs[0], N, C, &w);
-  } else {
-    fw.slot_bytes += z.Storage(ln.output, in.inputs[0], N, C);
-  }
-  linear(*h.in, C, mid);
-  fw.slot_bytes += z.Local(in.output, N, mid);
-  mark(1);
-  // -> the middle operator
-  fw.slot_bytes += z.Storage(in.output, mid_info.inputs[0], N, mid);
-  z.Comm(in.output, mid_info.inputs[0], N, mid, &fw);
-  if (attention) {
-    // The attention core: what selective recompute runs again, with the
-    // conversion of its output for c_proj.
-    StageWork core;
-    const Placement qkv = mid_info.inputs[0];
-    const int64_t seqs = z.Rows(qkv, N) / T;
-    const int64_t heads = qkv.split == 1 && tp > 1 ? config.heads / tp : config.heads;
-    const int64_t hs = C / config.heads;
-    const double scores = static_cast<double>(seqs) * heads * kernels::AttentionScores(T);
-    core.kernel[K(Kernel::kAttentionForwardScores)] += scores;
-    core.kernel[K(Kernel::kAttentionForwardProducts)] += 2.0 * scores * hs;
-    const int64_t att = seqs * heads * T * T * 4, y = z.Local(mid_info.output, N, C);
-    if (rc == Recompute::kNone) {
-      core.slot_bytes += att + y;
-    } else {
-      Grow(&core, StageWork::kScratchAtt, att);
-      Grow(&core, StageWork::kScratchY, y);
-    }
-    z.Comm(mid_info.output, out.inputs[0], N, C, &core);
-    w.kernel[K(Kernel::kAttentionBackwardScores)] += scores;
-    w.kernel[K(Kernel::kAttentionBackwardProducts)] += 4.0 * scores * hs;
-    fw.Add(core);
-    if (rc == Recompute::kSelective) {
-      core.slot_bytes = 0;
-      w.Add(core);
-    }
-  } else {
-    fw.slot_bytes += z.Local(mid_info.output, N, 4 * C);
-    fw.kernel[K(Kernel::kGeluForward)] += z.Elements(mid_info.output, N, 4 * C);
-    w.kernel[K(Kernel::kGeluBackward)] += z.Elements(mid_info.output, N, 4 * C);
-    z.Comm(mid_info.output, out.inputs[0], N, k2, &fw);
-  }
-  mark(2);
-  // -> the second linear, its output transient
-  fw.slot_bytes += z.Storage(mid_info.output, out.inputs[0], N, k2);
-  linear(*h.out, k2, C);
-  Grow(&fw, StageWork::kOutTmp, z.Local(out.output, N, C));
-  mark(3);
-  // add(x, out): x converted unless the layer norm's conversion serves
-  if (add.inputs[0] != ln.inputs[0]) {
-    fw.slot_bytes += z.Storage(x, add.inputs[0], N, C);
-    z.Comm(x, add.inputs[0], N, C, &fw);
-  }
-  Grow(&fw, StageWork::kConvTmp, z.Storage(out.output, add.inputs[1], N, C));
-  z.Comm(out.output, add.inputs[1], N, C, &fw);
-  fw.slot_bytes += z.Local(add.output, N, C);
-  fw.kernel[K(Kernel::kResidualAdd)] += z.Elements(add.output, N, C);
-  mark(4);
-
-  // Backward: each edge's dual, into the shared gradient buffers.
-  auto grad = [&](const Placement& from, const Placement& g, int64_t cols, StageWork::Shared id) {
-    Grow(&w, id, z.Storage(g, from.Resolved(), N, cols));
-    z.Comm(g, from.Resolved(), N, cols, &w);
-  };
-  Grow(&w, StageWork::kDres, z.Local(x.Resolved(), N, C));
-  grad(out.output, add.inputs[1], C, StageWork::kDm);
-  mark(4);
-  Grow(&w, attention ? StageWork::kDy : StageWork::kDgIn, z.Local(h.out->InputGradient(), N, k2));
-  grad(mid_info.output, h.out->InputGradient(), k2,
-       attention ? StageWork::kDattnY : StageWork::kDg);
-  mark(3);
-  Grow(&w, attention ? StageWork::kDqkvIn : StageWork::kDfIn, z.Local(mid_info.inputs[0], N, mid));
-  grad(in.output, mid_info.inputs[0], mid, attention ? StageWork::kDqkv : StageWork::kDf);
-  mark(2);
-  Grow(&w, StageWork::kDhIn, z.Local(h.in->InputGradient(), N, C));
-  grad(ln.output, h.in->InputGradient(), C, StageWork::kDh);
-  mark(1);
-  // The layer norm's and the add's gradients of the stream (LayerNormBackward).
-  if (!(ln.inputs[0] == add.inputs[0] && x == ln.inputs[0])) {
-    // Not fused: the layer norm's gradient into a zeroed buffer, summed
-    // with the add's by a residual add (before or after the conversions).
-    Grow(&w, StageWork::kDLnIn, z.Local(ln.inputs[0], N, C));
-    w.bytes += z.Local(ln.inputs[0], N, C);
-    if (ln.inputs[0] == add.inputs[0]) {
-      w.kernel[K(Kernel::kResidualAdd)] += z.Elements(ln.inputs[0], N, C);
-      grad(x, ln.inputs[0], C, StageWork::kDres2);
-    } else {
-      grad(x, add.inputs[0], C, StageWork::kTmp);
-      grad(x, ln.inputs[0], C, StageWork::kDAdd);
-      Grow(&w, StageWork::kDres2, z.Local(x.Resolved(), N, C));
-      w.kernel[K(Kernel::kResidualAdd)] += z.Elements(x.Resolved(), N, C);
-    }
-  }
-  mark(0);
-  return r;
-}
-
-StageWork OpGpt::EstimateBlock(const HalfWork& attention, const HalfWork& mlp, Recompute rc,
-                               int64_t out_bytes) {
-  StageWork r;
-  r.Add(attention.forward);
-  r.Add(mlp.forward);
-  if (rc == Recompute::kFull) {
-    // The forward's activations live in the shared scratch block; the slot
-    // keeps the block's output. The forward runs again in backward.
-    const int64_t block = r.slot_bytes;
-    r.Add(attention.forward);
-    r.Add(mlp.forward);
-    r.slot_bytes = out_bytes;
-    r.bytes += 2.0 * static_cast<double>(out_bytes);  // the output copied out of the scratch
-    Grow(&r, StageWork::kScratchBlock, block);
-  }
-  r.Add(attention.backward);
-  r.Add(mlp.backward);
-  return r;
-}
-
-StageWork OpGpt::BlockWork(const Block& b, Placement x, int64_t N, int T) const {
-  const HalfWork h1 =
-      EstimateHalf(config_, stage_.tp, {&b.ln1, &b.qkv, &b.attn, nullptr, &b.proj, &b.add1}, x, N,
-                   T, b.recompute);
-  const HalfWork h2 =
-      EstimateHalf(config_, stage_.tp, {&b.ln2, &b.fc, nullptr, &b.gelu, &b.fcproj, &b.add2},
-                   b.add1.info().output, N, T, b.recompute);
-  return EstimateBlock(h1, h2, b.recompute,
-                       Sizer{stage_.tp}.Local(b.add2.info().output, N, config_.embed));
-}
-
-StageWork OpGpt::EstimateInput(const GptConfig& config, int tp, const EmbeddingOp* embedding,
-                               int64_t N) {
-  const Sizer z{tp};
-  const int64_t C = config.embed, V = config.vocab;
-  StageWork e;
-  if (embedding == nullptr) {  // the previous stage's output, whole
-    e.slot_bytes += N * C * 4;
-    Grow(&e, StageWork::kInputGrad, N * C * 4);
-    e.bytes += 2.0 * 2 * N * C * 4;  // copied in, and its gradient out
-    return e;
-  }
-  const Placement x = embedding->info().output;
-  e.slot_bytes += z.Local(x, N, C) + N * 4;  // x0, tokens
-  e.kernel[K(Kernel::kEmbeddingForward)] += z.Elements(x, N, C);
-  e.kernel[K(Kernel::kEmbeddingBackward)] += z.Elements(x, N, C);
-  if (embedding->info().rows_over_tp && tp > 1) {
-    const int s = embedding->weight_split();
-    e.tp_sum_floats += config.context * C +  // wpe, and wte
-                       (s == 0   ? (V + tp - 1) / tp * C
-                        : s == 1 ? V * ((C + tp - 1) / tp)
-                                 : V * C);
-  }
-  return e;
-}
-
-StageWork OpGpt::EstimateOutput(const GptConfig& config, int tp, Placement x, const HeadOps* head,
-                                int64_t N, bool wte_summed, StageWork* parts) {
-  const Sizer z{tp};
-  const int64_t C = config.embed, V = config.vocab;
-  StageWork e;
-  const Placement whole{-1};
-  if (head == nullptr) {  // to the next stage, whole
-    e.slot_bytes += z.Storage(x, whole, N, C);
-    z.Edge(x, whole, whole, N, C, &e);
-    Grow(&e, StageWork::kTmp, N * C * 4);
-    e.bytes += 2.0 * N * C * 4;  // the next stage's gradient copied in
-    Grow(&e, StageWork::kDres2, z.Storage(whole, x.Resolved(), N, C));
-    return e;
-  }
-  const OpInfo &lnf = head->lnf->info(), &lm = head->lm_head->info(), &loss = head->loss->info();
-  e.slot_bytes += N * 4;  // targets
-  e.slot_bytes += z.Storage(x, lnf.inputs[0], N, C);
-  z.Edge(x, lnf.inputs[0], lnf.inputs[0], N, C, &e);
-  e.slot_bytes += z.Local(lnf.output, N, C) + 2 * 4 * z.Rows(lnf.output, N);
-  e.kernel[K(Kernel::kLayerNormForward)] += z.Elements(lnf.inputs[0], N, C);
-  e.kernel[K(Kernel::kLayerNormBackward)] += z.Elements(lnf.inputs[0], N, C);
-  e.bytes += z.Local(lnf.inputs[0], N, C);  // its input gradient zeroed first
-  if (lnf.rows_over_tp && tp > 1) e.tp_sum_floats += 2 * C;
-  StageWork seen;
-  auto mark = [&](int op) {
-    if (parts != nullptr) parts[op] = Since(e, seen);
-    seen = e;
-  };
-  mark(0);
-  const Placement lm_grad = head->lm_head->InputGradient();
-  z.Edge(lnf.output, lm.inputs[0], lm_grad, N, C, &e);
-  if (Regathers(lnf.output, lm.inputs[0])) {
-    Grow(&e, StageWork::kGather, z.Local(lm.inputs[0], N, C));
-    z.Comm(lnf.output, lm.inputs[0], N, C, &e);
-  } else {
-    e.slot_bytes += z.Storage(lnf.output, lm.inputs[0], N, C);
-  }
-  e.flops += 3 * z.LinearFlops(lm, N, C, V);
-  mark(1);
-  const Placement ce = loss.inputs[0];
-  e.slot_bytes += z.Local(lm.output, N, V) + z.Storage(lm.output, ce, N, V);
-  e.slot_bytes += z.Local(ce, N, V);         // probabilities
-  e.slot_bytes += z.Rows(ce, N) * (4 + 16);  // the loss's max and sums
-  z.Edge(lm.output, ce, ce, N, V, &e);
-  e.kernel[K(Kernel::kCrossEntropyForward)] += z.Elements(ce, N, V);
-  e.kernel[K(Kernel::kCrossEntropyBackward)] += z.Elements(ce, N, V);
-  mark(2);
-  Grow(&e, StageWork::kDlogits, z.Storage(ce, lm.output.Resolved(), N, V));
-  Grow(&e, StageWork::kDlnf, z.Local(lm_grad, N, C));
-  Grow(&e, StageWork::kDh, z.Storage(lm_grad, lnf.output.Resolved(), N, C));
-  Grow(&e, StageWork::kDxLnf, z.Local(lnf.inputs[0], N, C));
-  Grow(&e, StageWork::kDres2, z.Storage(lnf.inputs[0], x.Resolved(), N, C));
-  if (lm.rows_over_tp && tp > 1 && !wte_summed) {
-    const int s = head->lm_head->weight_split();
-    e.tp_sum_floats += s == 0 ? (V + tp - 1) / tp * C : s == 1 ? V * ((C + tp - 1) / tp) : V * C;
-  }
-  return e;
-}
-
-std::vector<std::pair<std::string, StageWork>> OpGpt::EstimateOps(int64_t N, int T) const {
-  std::vector<std::pair<std::string, StageWork>> out;
-  const int tp = stage_.tp;
-  if (stage_.first) out.emplace_back("embedding", EstimateInput(config_, tp, &embedding_, N));
-  Placement x = stream_in_;
-  if (!blocks_.empty()) {
-    // A block entered from another (the second, when the stage has two).
-    const Block& b = blocks_.size() > 1 ? blocks_[1] : blocks_[0];
-    if (blocks_.size() > 1) x = blocks_[0].add2.info().output;
-    const HalfWork h1 = EstimateHalf(
-        config_, tp, {&b.ln1, &b.qkv, &b.attn, nullptr, &b.proj, &b.add1}, x, N, T, b.recompute);
-    const HalfWork h2 =
-        EstimateHalf(config_, tp, {&b.ln2, &b.fc, nullptr, &b.gelu, &b.fcproj, &b.add2},
-                     b.add1.info().output, N, T, b.recompute);
-    const char* names[10] = {"ln_1", "attn.c_attn", "attn.attention", "attn.c_proj", "add_1",
-                             "ln_2", "mlp.c_fc",    "mlp.gelu",       "mlp.c_proj",  "add_2"};
-    const std::string p = BlockPrefix(b.layer);
-    for (int i = 0; i < 10; ++i) {
-      StageWork share = i < 5 ? h1.ops[i] : h2.ops[i - 5];
-      // Full recompute runs each operator's forward again in backward (and
-      // copies the block's output out of the scratch: add_2's share).
-      if (b.recompute == Recompute::kFull) {
-        share.Add(i < 5 ? h1.forward_ops[i] : h2.forward_ops[i - 5]);
-        if (i == 9) share.bytes += 2.0 * Sizer{tp}.Local(b.add2.info().output, N, config_.embed);
-      }
-      out.emplace_back(p + names[i], share);
-    }
-    x = blocks_.back().add2.info().output;
-  }
-  if (stage_.last) {
-    StageWork parts[3];
-    const HeadOps head{&lnf_, &lm_head_, &loss_};
-    EstimateOutput(config_, tp, x, &head, N, stage_.first && embedding_.info().rows_over_tp, parts);
-    out.emplace_back("ln_f", parts[0]);
-    out.emplace_back("lm_head", parts[1]);
-    out.emplace_back("loss", parts[2]);
-  } else {
-    out.emplace_back("to the next stage", EstimateOutput(config_, tp, x, nullptr, N, false));
-  }
-  return out;
-}
-
-StageWork OpGpt::Estimate(int64_t N, int T, std::vector<StageWork>* per_block,
-                          StageWork* ends) const {
-  const int tp = stage_.tp;
-  StageWork e = EstimateInput(config_, tp, stage_.first ? &embedding_ : nullptr, N);
-  Placement x = stream_in_;
-  StageWork total;
-  if (per_block != nullptr) per_block->clear();
-  for (const Block& b : blocks_) {
-    const StageWork bw = BlockWork(b, x, N, T);
-    if (per_block != nullptr) per_block->push_back(bw);
-    total.Add(bw);
-    x = b.add2.info().output;
-  }
-  const HeadOps head{&lnf_, &lm_head_, &loss_};
-  e.Add(EstimateOutput(config_, tp, x, stage_.last ? &head : nullptr, N,
-                       stage_.first && embedding_.info().rows_over_tp));
-  if (ends != nullptr) *ends = e;
-  total.Add(e);
-  return total;
 }
 
 }  // namespace tessera

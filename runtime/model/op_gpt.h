@@ -24,14 +24,15 @@
 #ifndef TESSERA_RUNTIME_MODEL_OP_GPT_H_
 #define TESSERA_RUNTIME_MODEL_OP_GPT_H_
 
+#include <array>
 #include <initializer_list>
 #include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
-#include "runtime/model/gpt.h"
 #include "runtime/cost/machine_profile.h"
+#include "runtime/model/gpt.h"
 #include "runtime/parallel/op_strategy.h"
 #include "runtime/parallel/operators.h"
 
@@ -45,63 +46,6 @@ namespace tessera {
 // deterministic.
 enum class Recompute { kNone, kFull, kSelective };
 
-// What one stage costs a rank (tp rank 0), for the cost model
-// (gpt_search.h): the arithmetic, the redistributions over tp and the
-// activation buffers, walked over the same operators, placements and
-// edges that run, buffer by buffer as ForwardStage and BackwardStage
-// allocate them.
-struct StageWork {
-  // Forward + backward (+ recompute) of one micro-batch.
-  double flops = 0;                  // the linears' matrix products
-  double bytes = 0;                  // memory traffic of copies (slices, packing)
-  double kernel[kKernelCount] = {};  // units of each element-wise and attention kernel
-  // Collectives over tp, by RedistStep-like kind (CollectiveKind order:
-  // AllReduce, ReduceScatter, AllGather, AllToAll): how many and bytes,
-  // sized as MachineProfile::CollectiveSeconds takes them.
-  int comm_count[4] = {};
-  double comm_bytes[4] = {};
-  // Activations one micro-batch keeps from its forward to its backward.
-  int64_t slot_bytes = 0;
-  // Buffers shared by the micro-batches and blocks (the recompute scratch,
-  // transient conversions, backward's gradients): each at its largest.
-  enum Shared {
-    kGather,
-    kOutTmp,
-    kConvTmp,
-    kScratchBlock,
-    kScratchAtt,
-    kScratchY,
-    kDres,
-    kDres2,
-    kTmp,
-    kDLnIn,
-    kDAdd,
-    kDm,
-    kDgIn,
-    kDg,
-    kDfIn,
-    kDf,
-    kDhIn,
-    kDh,
-    kDy,
-    kDqkvIn,
-    kDqkv,
-    kDattnY,
-    kDlogits,
-    kDlnf,
-    kDxLnf,
-    kInputGrad,
-    kSharedCount
-  };
-  int64_t shared[kSharedCount] = {};
-  // Parameter gradients summed over tp once per step (floats).
-  int64_t tp_sum_floats = 0;
-  int64_t shared_bytes() const;
-  // Adds `o`: sums, shared buffers at the larger of the two.
-  void Add(const StageWork& o);
-  // Adds `o` n times (identical blocks).
-  void AddTimes(const StageWork& o, int64_t n);
-};
 Result<Recompute> ParseRecompute(std::string_view text);  // none, full, selective
 std::string_view RecomputeName(Recompute r);
 
@@ -166,7 +110,7 @@ class OpGpt {
   std::string Describe(int64_t rows) const;
 
   // One half of a block (x --ln--> --in--> --attn or gelu--> --out--> add(x,
-  // .)), from its operators: what a search puts together.
+  // .)), from its operators.
   struct HalfOps {
     const LayerNormOp* ln;
     const LinearOp* in;
@@ -175,62 +119,37 @@ class OpGpt {
     const LinearOp* out;
     const AddOp* add;
   };
-  // Its work with its input stream placed as `x`: the forward (whose
-  // slot_bytes are its activations) and the backward (with what
-  // selective recompute runs again).
-  struct HalfWork {
-    StageWork forward, backward;
-    // Each operator's share of the flops, bytes and collectives (with the
-    // conversions into it and their duals): the layer norm, the first
-    // linear, attention or GELU, the second linear, the add.
-    StageWork ops[5];
-    // The forward part of each share: what full recompute runs again.
-    StageWork forward_ops[5];
-  };
-  // `shares`: fill ops and forward_ops (the per-operator breakdown; the
-  // search, which needs only the totals, skips them).
-  static HalfWork EstimateHalf(const GptConfig& config, int tp, const HalfOps& h, Placement x,
-                               int64_t N, int T, Recompute rc, bool shares = true);
-  // The ends of a stage: its input (the embedding's output on the first
-  // stage, else the previous stage's output) and its output (ln_f, the
-  // output projection and the loss on the last, else the transfer to the
-  // next stage), the stream arriving placed as `x`. `wte_summed`: the
-  // embedding of the same stage already sums wte's partial gradient.
+  // The ends of a stage after its blocks: ln_f, the output projection and
+  // the loss on the last stage.
   struct HeadOps {
     const LayerNormOp* lnf;
     const LmHeadOp* lm_head;
     const CrossEntropyOp* loss;
   };
-  static StageWork EstimateInput(const GptConfig& config, int tp, const EmbeddingOp* embedding,
-                                 int64_t N);
-  // `parts` (3, when given): ln_f's, lm_head's and the loss's shares.
-  static StageWork EstimateOutput(const GptConfig& config, int tp, Placement x, const HeadOps* head,
-                                  int64_t N, bool wte_summed, StageWork* parts = nullptr);
-  // A block from its halves (full recompute: the forward twice, the slot
-  // keeping only the output, `out_bytes`).
-  static StageWork EstimateBlock(const HalfWork& attention, const HalfWork& mlp, Recompute rc,
-                                 int64_t out_bytes);
-
-  // Every operator's share of one micro-batch's work on this stage: its
-  // first block's operators (each block costs the same but the first's
-  // entry) and the stage's ends, in order, named as strategy files name
-  // them. Full recompute's second forward is not in the shares.
-  std::vector<std::pair<std::string, StageWork>> EstimateOps(int64_t rows, int T) const;
-
-  // The stage's work on one rank for micro-batches of `rows` = b x T rows
-  // of a replica (StageWork). With `per_block`, also each block's own (the
-  // ends in `ends`), for a per-operator breakdown.
-  StageWork Estimate(int64_t rows, int T, std::vector<StageWork>* per_block = nullptr,
-                     StageWork* ends = nullptr) const;
-
- private:
-  // A redistribution between a producer and a consumer's input.
+  // A redistribution between a producer and a consumer's input: forward
+  // from -> to, backward the consumer's input gradient `grad` -> from
+  // (resolved). What runs (ForwardStage, BackwardStage), what Describe
+  // prints and what the cost model prices (gpt_work.h) are these edges.
   struct Edge {
-    std::string label;   // "h.0.ln_1 -> h.0.attn.c_attn"
-    Placement from, to;  // forward: the producer's output, the input needed
-    Placement grad;      // backward: the consumer's input gradient (-> from, resolved)
+    std::string label;  // "h.0.ln_1 -> h.0.attn.c_attn" (empty when only priced)
+    Placement from, to;
+    Placement grad;
     int64_t cols = 0;
   };
+  // A half's edges, the residual stream arriving placed as `x`, in this
+  // order: x -> ln, ln -> in, in -> attn or gelu, attn or gelu -> out,
+  // x -> add input 0, out -> add input 1. Labelled when `x_name` (x's
+  // producer) is given.
+  static std::array<Edge, 6> HalfEdges(const HalfOps& h, Placement x, int64_t C,
+                                       const std::string* x_name = nullptr);
+  // The edges after the last block: x -> ln_f, ln_f -> lm_head, lm_head ->
+  // loss with a head; x -> the next stage (whole) without.
+  static std::array<Edge, 3> HeadEdges(const HeadOps* head, Placement x, int64_t C, int64_t V,
+                                       const std::string* x_name = nullptr);
+  // Whether an edge gathers rows (its result is not kept but gathered
+  // again in backward: Megatron's sequence parallelism).
+  static bool Regathers(const Edge& e);
+
   struct Block {
     int layer = 0;
     Recompute recompute = Recompute::kNone;
@@ -242,10 +161,24 @@ class OpGpt {
     // Parameter offsets in the Gpt.
     int64_t ln1w = 0, ln1b = 0, qkvw = 0, qkvb = 0, projw = 0, projb = 0, ln2w = 0, ln2b = 0,
             fcw = 0, fcb = 0, fcprojw = 0, fcprojb = 0;
-    // Edges: x->ln1, h1->qkv, qkv->attn, y->proj, x->add1.a, a->add1.b,
-    // x1->ln2, h2->fc, f->gelu, g->fcproj, x1->add2.a, m->add2.b.
+    // Edges: the attention half's (HalfEdges: x->ln1, h1->qkv, qkv->attn,
+    // y->proj, x->add1.a, a->add1.b), then the MLP half's (x1->ln2, h2->fc,
+    // f->gelu, g->fcproj, x1->add2.a, m->add2.b).
     Edge e[12];
+    HalfOps attention() const { return {&ln1, &qkv, &attn, nullptr, &proj, &add1}; }
+    HalfOps mlp() const { return {&ln2, &fc, nullptr, &gelu, &fcproj, &add2}; }
   };
+  // The graph of this stage, read-only: what the cost model walks.
+  const GptConfig& config() const { return config_; }
+  const GptStage& stage() const { return stage_; }
+  const std::vector<Block>& blocks() const { return blocks_; }
+  const EmbeddingOp& embedding() const { return embedding_; }
+  HeadOps head() const { return {&lnf_, &lm_head_, &loss_}; }
+  // The placement of the stage's input stream (the embedding's output on
+  // the first stage, whole elsewhere).
+  Placement stream_in() const { return stream_in_; }
+
+ private:
   // One activation buffer and the Act it holds (or the Act it reuses).
   struct Buf {
     std::vector<float> data;
@@ -269,8 +202,6 @@ class OpGpt {
   };
 
   OpGpt() = default;
-  // One block's work (Estimate), its input placed as `x`.
-  StageWork BlockWork(const Block& b, Placement x, int64_t N, int T) const;
   // One block's forward on `x` into `acts`, the attention weights and output
   // into `att` and `y` (the block's own, or scratch when recomputed).
   Status BlockForward(const Block& b, Act& x, int T, BlockActs* acts, Buf* att, Buf* y);
@@ -290,8 +221,6 @@ class OpGpt {
   Status LayerNormBackward(const LayerNormOp& ln, const Act& in, const std::vector<float>& mean,
                            const std::vector<float>& rstd, int64_t w, int64_t bias, const Act& dy,
                            const Edge& ln_edge, const Edge& add_edge);
-  // Whether an edge gathers rows (its result is rebuilt in backward).
-  static bool Regather(const Edge& e);
   Result<Act> Conv(Act& a, const Edge& e, Buf* buf);
   Result<Act> ConvGrad(Act& g, const Edge& e, Buf* buf);
   Act New(Buf* b, int64_t rows, int64_t cols, Placement p);

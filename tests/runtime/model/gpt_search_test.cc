@@ -15,6 +15,7 @@
 #include "runtime/comm/inprocess.h"
 #include "runtime/cost/calibration.h"
 #include "runtime/kernels.h"
+#include "runtime/model/gpt_work.h"
 
 namespace tessera {
 namespace {
@@ -956,7 +957,7 @@ TEST_CASE("the per-operator shares add up to the stage's work") {
     auto ops = ParallelGpt::StageOps(c, par, *mesh, gs);
     REQUIRE(ops.ok());
     std::vector<StageWork> per_block;
-    const StageWork whole = (*ops)->Estimate(128, 16, &per_block);
+    const StageWork whole = EstimateStage(**ops, 128, 16, &per_block);
     // The shares are of a block entered from another (the second); the
     // first, entered from the embedding, differs by its conversions.
     REQUIRE(per_block.size() == 3);
@@ -968,7 +969,7 @@ TEST_CASE("the per-operator shares add up to the stage's work") {
     for (int k = 0; k < 4; ++k)
       expected.comm_bytes[k] += per_block[1].comm_bytes[k] - per_block[0].comm_bytes[k];
     double flops = 0, bytes = 0, comm = 0, kernel[kKernelCount] = {};
-    for (const auto& [name, w] : (*ops)->EstimateOps(128, 16)) {
+    for (const auto& [name, w] : EstimateOps(**ops, 128, 16)) {
       const double n = name.starts_with("h.") ? c.layers : 1;  // each block alike
       flops += n * w.flops;
       bytes += n * w.bytes;
