@@ -29,6 +29,8 @@ check "runtime/parallel/ includes nothing of train/, model/" \
   only runtime/parallel "^(($below)/|runtime/[a-z_]+\.h$|runtime/parallel/)"
 check "runtime/train/ includes nothing of model/" \
   only runtime/train "^(($below)/|runtime/[a-z_]+\.h$|runtime/(parallel|train)/)"
+check "runtime/cost/ (the cost model, model-agnostic) includes nothing of model/" \
+  only runtime/cost "^(($below)/|runtime/[a-z_]+\.h$|runtime/(parallel|train|cost)/)"
 check "runtime/model/ includes the runtime and what is below it (no cli/, samples/, tests/)" \
   only runtime/model "^(($below)/|runtime/)"
 check "python/src/ includes the library (no cli/, samples/, tests/)" \

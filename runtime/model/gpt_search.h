@@ -46,45 +46,10 @@
 #include "core/status.h"
 #include "runtime/cost/machine_profile.h"
 #include "runtime/model/gpt.h"
+#include "runtime/model/gpt_predict.h"
 #include "runtime/model/parallel_gpt.h"
 
 namespace tessera {
-
-struct StepPrediction {
-  double seconds = 0;  // one training step
-  // Its parts on the critical path: the pipeline (compute and tp
-  // collectives of every micro-batch, the transfers between stages), of
-  // which `bubble` is idle, then the gradient sums and the update.
-  double pipeline = 0, compute = 0, tp_comm = 0, pp_comm = 0, bubble = 0;
-  double dp_comm = 0, optimizer = 0;
-  MemoryUse memory;                     // the rank that holds the most
-  int memory_stage = 0;                 // its stage
-  std::vector<double> stage_seconds;    // per micro-batch, forward + backward
-  std::vector<MemoryUse> stage_memory;  // each stage's (its tp rank 0's)
-  // Each stage's (its tp rank 0's) units of each kernel over a step.
-  std::vector<std::array<double, kKernelCount>> stage_kernel_units;
-  std::string ToString() const;
-};
-
-// The predicted step of `parallel` (any configuration ParallelGpt runs:
-// a strategy file, Megatron's preset, recompute) for a global batch of
-// B x T tokens. Errors name what does not fit (a batch not divisible by
-// dp x micro-batches, a bad strategy).
-Result<StepPrediction> PredictGptStep(const GptConfig& config, int B, int T,
-                                      const ParallelConfig& parallel,
-                                      const MachineProfile& profile);
-
-// Where one micro-batch's time goes on each stage, operator by operator
-// (its first block's operators stand for each block of the stage; their
-// conversions and duals included): seconds of compute and of collectives
-// over tp.
-struct OpCost {
-  std::string name;
-  double compute = 0, comm = 0;
-};
-Result<std::vector<std::vector<OpCost>>> BreakdownGptStep(const GptConfig& config, int B, int T,
-                                                          const ParallelConfig& parallel,
-                                                          const MachineProfile& profile);
 
 struct SearchOptions {
   // fast: the operator strategies among data parallelism, Megatron and
@@ -114,11 +79,6 @@ struct SearchResult {
 // which one; when none runs at all, why, and which device counts nearby do.
 Result<SearchResult> SearchGptParallel(const GptConfig& config, int B, int T, int devices,
                                        const MachineProfile& profile, const SearchOptions& options);
-
-// The layers per stage that balance the stages' predicted times (the first
-// stage also embeds, the last also runs ln_f, the output projection and the
-// loss): `block` seconds per block, `first` and `last` the ends' extra.
-std::vector<int> BalanceStages(int layers, int pp, double block, double first, double last);
 
 }  // namespace tessera
 

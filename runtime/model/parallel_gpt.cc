@@ -215,8 +215,9 @@ Status ParallelGpt::Build() {
   const int pp = parallel_.pp;
   micro_batches_ = parallel_.micro_batches > 0 ? parallel_.micro_batches : pp;
   // 1F1B keeps at most pp - stage micro-batches in flight on a stage.
-  model_.SetSlots(std::min(micro_batches_, pp - stage_));
-  if (ops_ != nullptr) ops_->SetSlots(std::min(micro_batches_, pp - stage_));
+  const int slots = OneFOneB{pp, stage_, micro_batches_}.in_flight();
+  model_.SetSlots(slots);
+  if (ops_ != nullptr) ops_->SetSlots(slots);
   if (pp > 1) {
     const bool ends = stage_ == 0 || stage_ == pp - 1;
     const int64_t dp_tp = comms_.coordinate("dp") * parallel_.tp + comms_.coordinate("tp");
@@ -436,14 +437,12 @@ Result<double> ParallelGpt::RunPipeline(const int32_t* tokens, const int32_t* ta
     }
     return Status::Ok();
   };
-  const int warmup = std::min(P - s - 1, M);
+  const OneFOneB schedule{P, s, M};
   Status status;
-  for (int i = 0; i < warmup && status.ok(); ++i) status = forward(i);
-  for (int j = 0; j < M - warmup && status.ok(); ++j) {
-    status = forward(warmup + j);
-    if (status.ok()) status = backward(j);
+  int forwards = 0, backwards = 0;
+  for (int k = 0; k < schedule.tasks() && status.ok(); ++k) {
+    status = schedule.IsBackward(k) ? backward(backwards++) : forward(forwards++);
   }
-  for (int j = M - warmup; j < M && status.ok(); ++j) status = backward(j);
   AddElapsed timed(&comm_seconds_);
   const Status sends = WaitAll(slot_send);
   const Status dxs = WaitAll(dx_send);

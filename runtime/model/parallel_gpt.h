@@ -47,8 +47,10 @@
 
 #include "runtime/comm/communicator.h"
 #include "runtime/comm/mesh_comms.h"
+#include "runtime/cost/memory_use.h"
 #include "runtime/model/gpt.h"
 #include "runtime/model/op_gpt.h"
+#include "runtime/parallel/pipeline.h"
 #include "runtime/train/sliced_checkpoint.h"
 #include "transform/strategy.h"
 
@@ -73,20 +75,6 @@ struct ParallelConfig {
   Result<Mesh> MakeMesh() const;
   Status Validate(int world_size) const;
 };
-
-// Bytes one rank holds, by what they are for (ParallelGpt::Memory).
-struct MemoryUse {
-  int64_t parameters = 0, gradients = 0, optimizer = 0;
-  int64_t activations = 0;    // every slot's saved activations and backward's buffers
-  int64_t communication = 0;  // ZeRO's, the pipeline's and the tp sums' buffers
-  int64_t total() const { return parameters + gradients + optimizer + activations + communication; }
-};
-
-// Buffers a pipeline stage sends its input gradients from, reused in turn:
-// the gradient of micro-batch j waits for that of j - 2 to have left. One
-// per micro-batch (as before) held M activations' worth: 100 GiB a rank for
-// the 512 micro-batches of the SC'21 Megatron paper's 1T-parameter run.
-inline int DxSendBuffers(int micro_batches) { return micro_batches < 2 ? micro_batches : 2; }
 
 class ParallelGpt {
  public:

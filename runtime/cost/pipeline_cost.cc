@@ -1,0 +1,206 @@
+#include "runtime/cost/pipeline_cost.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+
+#include "core/byte_size.h"
+#include "runtime/parallel/pipeline.h"
+
+namespace tessera {
+namespace {
+
+// 1F1B on ranks that share devices (more ranks than cores), simulated:
+// each stage's `group` ranks run its micro-batches' forwards (a third of a
+// micro-batch's work) and backwards (the rest) in the runtime's 1F1B order,
+// a forward after the previous stage's, a backward after the next stage's;
+// the ranks that have work share the `devices` (processor sharing), those
+// waiting for their neighbour stage take none: the runtime's
+// point-to-point waits sleep (the process's CPU time drops: 3.7 s against
+// 4.3 s for dp4 over the same steps on 4 in-process ranks on 2 cores; Open
+// MPI's receives poll instead, so mpirun jobs with more ranks than cores
+// are priced optimistically).
+// Compute runs at the share, collectives and transfers take their own
+// time. Returns the pipeline's seconds.
+// (A waiting rank charged a fraction of a working one, a figure fitted to
+// measured rankings, ranked no better than this physical 0 once each
+// kernel was measured: BENCHMARKS.md, "Automatic parallelism".)
+double SharedPipeline(const std::vector<StageCost>& stages, int m, int rpd, int group,
+                      double devices) {
+  const int pp = static_cast<int>(stages.size());
+  constexpr double kForward = 1.0 / 3;
+  // Per stage: its next task (k of 2m in 1F1B order), the forwards and
+  // backwards done (each in micro-batch order), which phase of the task
+  // runs (compute, then collectives and transfers) and what is left of it.
+  struct Stage {
+    int k = 0, forwards = 0, backwards = 0;
+    bool comm = false, ready = false;
+    double left = 0;
+  };
+  thread_local std::vector<Stage> st;
+  st.assign(pp, Stage{});
+  // Task k of stage s: the runtime's 1F1B order.
+  auto backward = [&](int s, int k) { return OneFOneB{pp, s, m}.IsBackward(k); };
+  auto part = [&](int s, bool bw, bool comm) {
+    const double frac = bw ? 1 - kForward : kForward;
+    return frac * (comm ? stages[s].tp_comm + stages[s].pp_comm : stages[s].compute / rpd);
+  };
+  for (int s = 0; s < pp; ++s) st[s].left = part(s, false, false);
+  double t = 0;
+  int finished = 0;
+  while (finished < pp) {
+    int active = 0;
+    for (int s = 0; s < pp; ++s) {
+      Stage& x = st[s];
+      if (x.k >= 2 * m) {
+        x.ready = false;
+        continue;
+      }
+      // A forward after the previous stage's, a backward after the next's.
+      x.ready = backward(s, x.k) ? (s == pp - 1 || st[s + 1].backwards > x.backwards)
+                                 : (s == 0 || st[s - 1].forwards > x.forwards);
+      if (x.ready) active += group;
+    }
+    if (active == 0) return std::numeric_limits<double>::infinity();  // cannot happen: 1F1B ends
+    const double rate = std::min(1.0, devices / active);
+    double dt = std::numeric_limits<double>::infinity();
+    for (const Stage& x : st) {
+      if (x.ready) dt = std::min(dt, x.comm ? x.left : x.left / rate);
+    }
+    t += dt;
+    for (int s = 0; s < pp; ++s) {
+      Stage& x = st[s];
+      if (!x.ready) continue;
+      x.left -= x.comm ? dt : dt * rate;
+      if (x.left > 1e-15) continue;
+      const bool bw = backward(s, x.k);
+      if (!x.comm) {
+        x.comm = true;
+        x.left = part(s, bw, true);
+        if (x.left > 0) continue;
+      }
+      ++(bw ? x.backwards : x.forwards);
+      x.comm = false;
+      if (++x.k < 2 * m) {
+        x.left = part(s, backward(s, x.k), false);
+      } else {
+        ++finished;
+      }
+    }
+  }
+  return t;
+}
+
+std::string Seconds(double s) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, s < 1 ? "%.2f ms" : "%.3f s", s < 1 ? s * 1e3 : s);
+  return buf;
+}
+
+}  // namespace
+
+StepPrediction PriceStep(const std::vector<StageCost>& stages, int m, const MachineProfile& prof,
+                         int group, double cutoff) {
+  StepPrediction p;
+  double sum = 0, slowest = 0, after = 0;
+  int slow = 0;
+  for (size_t s = 0; s < stages.size(); ++s) {
+    sum += stages[s].micro;
+    if (stages[s].micro > slowest) slowest = stages[s].micro, slow = static_cast<int>(s);
+    if (stages[s].after > after) {
+      after = stages[s].after;
+      p.dp_comm = stages[s].dp_comm;
+      p.optimizer = stages[s].optimizer;
+    }
+    p.stage_seconds.push_back(stages[s].micro);
+    p.stage_memory.push_back(stages[s].memory);
+    if (stages[s].memory.total() > p.memory.total()) {
+      p.memory = stages[s].memory;
+      p.memory_stage = static_cast<int>(s);
+    }
+  }
+  p.pipeline = sum + (m - 1) * slowest;
+  const int pp = static_cast<int>(stages.size());
+  if (pp > 1 && prof.ranks_per_device > 1) {
+    const int ranks = pp * group;
+    const double devices =
+        prof.hosts > 0
+            ? std::min<double>(ranks, static_cast<double>(prof.hosts) * prof.devices_per_host)
+            : ranks;
+    // What any schedule takes at least: one stage's own tasks at a whole
+    // device, and all stages' compute spread over every device.
+    double chain = 0, work = 0;
+    for (const StageCost& c : stages) {
+      chain = std::max(chain, m * (c.compute / prof.ranks_per_device + c.tp_comm + c.pp_comm));
+      work += static_cast<double>(group) * m * c.compute / prof.ranks_per_device;
+    }
+    const double lower = std::max(chain, work / devices);
+    p.pipeline = lower + after >= cutoff
+                     ? lower
+                     : std::min(p.pipeline,
+                                SharedPipeline(stages, m, prof.ranks_per_device, group, devices));
+  }
+  p.compute = m * stages[slow].compute;
+  p.tp_comm = m * stages[slow].tp_comm;
+  p.pp_comm = m * stages[slow].pp_comm;
+  p.bubble = std::max(0.0, p.pipeline - m * slowest);
+  p.seconds = p.pipeline + after;
+  return p;
+}
+
+std::string StepPrediction::ToString() const {
+  std::string out =
+      "step " + Seconds(seconds) + " (compute " + Seconds(compute) + ", tp collectives " +
+      Seconds(tp_comm) + ", pipeline transfers " + Seconds(pp_comm) + ", bubble " +
+      Seconds(bubble) + ", gradient sums " + Seconds(dp_comm) + ", update " + Seconds(optimizer) +
+      "); largest rank (stage " + std::to_string(memory_stage) +
+      "): " + HumanBytes(memory.total()) + " (parameters " + HumanBytes(memory.parameters) +
+      ", gradients " + HumanBytes(memory.gradients) + ", optimizer " +
+      HumanBytes(memory.optimizer) + ", activations " + HumanBytes(memory.activations) +
+      ", communication " + HumanBytes(memory.communication) + ")";
+  return out;
+}
+
+std::vector<int> BalanceStages(int layers, int pp, double block, double first, double last) {
+  std::vector<double> extra(pp, 0.0);
+  extra[0] += first;
+  extra[pp - 1] += last;
+  if (block <= 0) block = 1e-30;
+  // The least X such that stages of at most X seconds hold every layer
+  // (each stage at least one): bisection, then the caps it gives.
+  auto caps = [&](double x, std::vector<int>* n) {
+    int64_t total = 0;
+    for (int s = 0; s < pp; ++s) {
+      const double c = std::floor((x - extra[s]) / block + 1e-9);
+      (*n)[s] = static_cast<int>(std::clamp(c, 0.0, static_cast<double>(layers)));
+      total += (*n)[s];
+    }
+    return total;
+  };
+  std::vector<int> n(pp);
+  double lo = 0, hi = (layers + 1) * block;
+  for (double e : extra) hi = std::max(hi, layers * block + e + block);
+  for (int i = 0; i < 100 && hi - lo > 1e-6 * block; ++i) {
+    const double mid = (lo + hi) / 2;
+    bool ok = caps(mid, &n) >= layers;
+    for (int v : n) ok = ok && v >= 1;
+    (ok ? hi : lo) = mid;
+  }
+  int64_t total = caps(hi, &n);
+  for (int& v : n) v = std::max(v, 1);
+  total = 0;
+  for (int v : n) total += v;
+  // Too many: take layers from the slowest stages (the later one on a tie).
+  while (total > layers) {
+    int worst = -1;
+    for (int s = 0; s < pp; ++s) {
+      if (n[s] > 1 && (worst < 0 || n[s] * block + extra[s] >= n[worst] * block + extra[worst]))
+        worst = s;
+    }
+    --n[worst];
+    --total;
+  }
+  return n;
+}
+
+}  // namespace tessera

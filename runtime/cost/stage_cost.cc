@@ -1,0 +1,142 @@
+#include "runtime/cost/stage_cost.h"
+
+#include <algorithm>
+
+#include "runtime/parallel/pipeline.h"
+
+namespace tessera {
+namespace {
+
+// Elements of `p`'s ZeRO-1 shard on a rank: ceil(rows / dp) of its rows.
+int64_t ShardOf(const ParamShape& p, int dp) {
+  const int64_t row = p.rows > 0 ? p.numel / p.rows : 0;
+  return (p.rows + dp - 1) / dp * row;
+}
+
+// The buckets as they fill, parameter by parameter.
+class BucketCounter {
+ public:
+  BucketCounter(ParamStats* s, int dp, int zero, int64_t bucket_bytes)
+      : s_(s), dp_(dp), zero_(zero), bucket_floats_(std::max<int64_t>(1, bucket_bytes / 4)) {}
+  void Visit(const ParamShape& p) {
+    const int64_t sh = ShardOf(p, dp_);
+    s_->floats += p.numel;
+    s_->zero_shard += sh;
+    if (s_->buckets == 0 || size_ >= bucket_floats_) {
+      ++s_->buckets;
+      size_ = count_ = 0;
+    }
+    size_ += p.numel;
+    count_ += zero_ == 1 ? sh : p.numel;
+    s_->largest_bucket = std::max(s_->largest_bucket, count_);
+  }
+  void VisitBackwards(const std::vector<ParamShape>& params) {
+    for (auto it = params.rbegin(); it != params.rend(); ++it) Visit(*it);
+  }
+
+ private:
+  ParamStats* s_;
+  const int dp_, zero_;
+  const int64_t bucket_floats_;
+  int64_t size_ = 0, count_ = 0;
+};
+
+// The gradients' sums once a step: over dp bucket by bucket, the partial
+// gradients over tp, the tied parameter between the end stages.
+double GradientSumSeconds(const StageWork& w, const ParamStats& ps, const StepShape& shape, int s,
+                          const MachineProfile& prof) {
+  const int pp = shape.pp, dp = shape.dp, tp = shape.tp;
+  const bool dp_inter = prof.CrossesHosts(tp, dp);
+  const double grad_bytes = 4.0 * ps.floats,
+               per_bucket = grad_bytes / std::max<int64_t>(1, ps.buckets);
+  double t;
+  if (shape.zero == 1) {
+    t = ps.buckets *
+        (prof.CollectiveSeconds(CollectiveKind::kReduceScatter, per_bucket, dp, dp_inter) +
+         prof.CollectiveSeconds(CollectiveKind::kAllGather, per_bucket, dp, dp_inter));
+  } else {
+    t = ps.buckets * prof.CollectiveSeconds(CollectiveKind::kAllReduce, per_bucket, dp, dp_inter);
+  }
+  // The partial gradients' sum over tp: packed into one buffer, summed in
+  // place, unpacked (OpGpt::ReduceParamGradients: each float read and
+  // written twice).
+  if (tp > 1 && w.tp_sum_floats > 0) {
+    t += prof.CollectiveSeconds(CollectiveKind::kAllReduce, 4.0 * w.tp_sum_floats, tp,
+                                prof.CrossesHosts(1, tp)) +
+         prof.ComputeSeconds(0, 16.0 * static_cast<double>(w.tp_sum_floats));
+  }
+  if (pp > 1 && (s == 0 || s == pp - 1)) {
+    t += prof.CollectiveSeconds(CollectiveKind::kAllReduce, 4.0 * ps.tied, 2,
+                                prof.CrossesHosts(static_cast<int64_t>(pp - 1) * dp * tp, 2));
+  }
+  return t;
+}
+
+// AdamW reads parameters, gradients and both moments and writes three;
+// the gradients' squared norm reads them once more. Under ZeRO-1 the
+// buckets are packed and unpacked around both collectives (read + write of
+// every gradient into the send buffer and of the rank's averaged rows
+// back; of the rank's new rows out and everyone's back in). The gradients
+// are zeroed once a step.
+double UpdateSeconds(const ParamStats& ps, int zero, const MachineProfile& prof) {
+  const OptimizerUnits units = OptimizerUnitsOf(ps, zero);
+  const double packing = zero == 1 ? 16.0 * static_cast<double>(ps.floats) + 16.0 * units.adamw : 0;
+  return prof.KernelSeconds(Kernel::kAdamW, units.adamw) +
+         prof.KernelSeconds(Kernel::kSquaredNorm, units.norm) +
+         prof.ComputeSeconds(0, packing + 4.0 * static_cast<double>(ps.floats));
+}
+
+MemoryUse StageMemory(const StageWork& w, const ParamStats& ps, const StepShape& shape, int s,
+                      int64_t act_bytes) {
+  const int pp = shape.pp, m = shape.micro_batches;
+  MemoryUse mem;
+  mem.parameters = mem.gradients = 4 * ps.floats;
+  mem.optimizer = 8 * (shape.zero == 1 ? ps.zero_shard : ps.floats);
+  mem.activations = OneFOneB{pp, s, m}.in_flight() * w.slot_bytes + w.shared_bytes();
+  mem.communication = (shape.zero == 1 ? 2 * 4 * ps.largest_bucket * shape.dp : 0) +
+                      (shape.tp > 1 ? 4 * w.tp_sum_floats : 0);
+  if (s > 0) mem.communication += act_bytes * (1 + DxSendBuffers(m));
+  if (s < pp - 1) mem.communication += act_bytes;
+  return mem;
+}
+
+}  // namespace
+
+ParamStats StatsOfParts(const ParamParts& parts, int blocks, int dp, int zero,
+                        int64_t bucket_bytes) {
+  ParamStats s;
+  s.tied = parts.tied;
+  BucketCounter buckets(&s, dp, zero, bucket_bytes);
+  buckets.VisitBackwards(parts.after);
+  for (int i = 0; i < blocks; ++i) buckets.VisitBackwards(parts.block);
+  buckets.VisitBackwards(parts.before);
+  // The clipping norm skips the tied copy (counted on the first stage).
+  s.norm_skip = zero == 1 ? ShardOf(parts.tied_copy, dp) : parts.tied_copy.numel;
+  return s;
+}
+
+OptimizerUnits OptimizerUnitsOf(const ParamStats& ps, int zero) {
+  const double held = static_cast<double>(zero == 1 ? ps.zero_shard : ps.floats);
+  return {held, held - static_cast<double>(ps.norm_skip)};
+}
+
+StageCost CostOf(const StageWork& w, const ParamStats& ps, const StepShape& shape, int s,
+                 int64_t act_bytes, const MachineProfile& prof) {
+  StageCost c;
+  const int pp = shape.pp;
+  c.compute = ComputeSeconds(w, prof);
+  c.tp_comm = GroupCommSeconds(w, prof, shape.tp);
+  const bool pp_inter = prof.CrossesHosts(static_cast<int64_t>(shape.dp) * shape.tp, 2);
+  if (s < pp - 1) {
+    c.pp_comm += prof.CollectiveSeconds(CollectiveKind::kSendRecv, act_bytes, 2, pp_inter);
+  }
+  if (s > 0) c.pp_comm += prof.CollectiveSeconds(CollectiveKind::kSendRecv, act_bytes, 2, pp_inter);
+  c.micro = c.compute + c.tp_comm + c.pp_comm;
+  c.dp_comm = GradientSumSeconds(w, ps, shape, s, prof);
+  c.optimizer = UpdateSeconds(ps, shape.zero, prof);
+  c.after = c.dp_comm + c.optimizer;
+  c.memory = StageMemory(w, ps, shape, s, act_bytes);
+  return c;
+}
+
+}  // namespace tessera

@@ -1,0 +1,75 @@
+// What one pipeline stage costs one rank over a training step, from its
+// work (stage_work.h) and its parameters: per micro-batch its compute, its
+// collectives over tp and its transfers to the neighbour stages; once a
+// step the gradients' sums (over dp in buckets, ZeRO-1's reduce-scatter
+// and all-gather, the tp sums of partial gradients, the tied parameter
+// between the end stages) and the update; and the memory it holds.
+// Model-agnostic: the model says what its parameters and stages are.
+#ifndef TESSERA_RUNTIME_COST_STAGE_COST_H_
+#define TESSERA_RUNTIME_COST_STAGE_COST_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "runtime/cost/machine_profile.h"
+#include "runtime/cost/memory_use.h"
+#include "runtime/cost/stage_work.h"
+
+namespace tessera {
+
+// A parameter as a step's pricing sees it: its elements, and the rows of
+// its dimension 0 (which ZeRO-1 cuts over dp, as torch.chunk does).
+struct ParamShape {
+  int64_t numel = 0, rows = 1;
+};
+
+// A stage's parameters in parts, so that any depth is assembled from one
+// block: the ends before the blocks, one block, the ends after. `tied` is
+// the numel of the parameter the first and last stages share (its
+// gradient summed between them); `tied_copy` the last stage's copy of it,
+// which the clipping norm skips (it counts the first stage's).
+struct ParamParts {
+  std::vector<ParamShape> before, block, after;
+  int64_t tied = 0;
+  ParamShape tied_copy{0, 0};
+};
+
+// What a stage's parameters take on one rank: floats, the rank's ZeRO-1
+// shard, the gradient buckets (from the last parameter back, as the
+// runtime makes them) and the largest bucket's per-rank count.
+struct ParamStats {
+  int64_t floats = 0, zero_shard = 0, largest_bucket = 0, buckets = 0, tied = 0;
+  int64_t norm_skip = 0;  // held floats the clipping norm does not read
+};
+// `blocks` copies of parts.block between the ends.
+ParamStats StatsOfParts(const ParamParts& parts, int blocks, int dp, int zero,
+                        int64_t bucket_bytes);
+
+// The shape of a job's step: its mesh, ZeRO and micro-batches per replica.
+struct StepShape {
+  int pp = 1, dp = 1, tp = 1, zero = 0, micro_batches = 1;
+};
+
+// The optimizer's kernels' units a step: AdamW over the parameters a rank
+// updates (its ZeRO-1 shard, else all its stage's), the clipping norm over
+// those less the tied copy.
+struct OptimizerUnits {
+  double adamw, norm;
+};
+OptimizerUnits OptimizerUnitsOf(const ParamStats& ps, int zero);
+
+// One stage's costs on one rank.
+struct StageCost {
+  double micro = 0;  // per micro-batch: compute + tp collectives + transfers
+  double compute = 0, tp_comm = 0, pp_comm = 0;
+  double after = 0, dp_comm = 0, optimizer = 0;  // once per step
+  MemoryUse memory;
+};
+// Stage `stage` of `shape`, whose micro-batches do `w` and send
+// `act_bytes` to the next stage (and their gradients back).
+StageCost CostOf(const StageWork& w, const ParamStats& ps, const StepShape& shape, int stage,
+                 int64_t act_bytes, const MachineProfile& prof);
+
+}  // namespace tessera
+
+#endif  // TESSERA_RUNTIME_COST_STAGE_COST_H_

@@ -1,0 +1,124 @@
+#include "runtime/model/gpt_predict.h"
+
+#include <memory>
+
+#include "runtime/model/gpt_work.h"
+
+namespace tessera {
+namespace {
+
+// What predicting a job needs from its configuration: the machine as the
+// job runs on it, the configuration on the operator path (without a file,
+// every operator data parallel), its mesh, micro-batches and rows per
+// micro-batch of a replica.
+struct Job {
+  MachineProfile profile;
+  ParallelConfig par;
+  Mesh mesh;
+  int micro_batches = 1;
+  int64_t rows = 0;
+};
+
+Result<Job> PrepareJob(int B, int T, const ParallelConfig& parallel,
+                       const MachineProfile& machine) {
+  const int world = parallel.dp * parallel.tp * parallel.pp;
+  RETURN_IF_ERROR(parallel.Validate(world));
+  Job job;
+  job.profile = machine.ForRanks(world);
+  const int m = parallel.micro_batches > 0 ? parallel.micro_batches : parallel.pp;
+  if (B % parallel.dp != 0 || (B / parallel.dp) % m != 0) {
+    return InvalidArgumentError("a batch of " + std::to_string(B) + " does not cut into dp " +
+                                std::to_string(parallel.dp) + " x " + std::to_string(m) +
+                                " micro-batches");
+  }
+  ASSIGN_OR_RETURN(job.mesh, parallel.MakeMesh());
+  job.par = parallel;
+  if (job.par.op_strategy == nullptr && job.par.tp == 1) {
+    auto file = std::make_shared<OpStrategyFile>();
+    file->source = "<data parallel>";
+    job.par.op_strategy = file;
+  }
+  job.micro_batches = m;
+  job.rows = static_cast<int64_t>(B) / parallel.dp / m * T;
+  return job;
+}
+
+}  // namespace
+
+ParamParts GptParamParts(const std::vector<ParamInfo>& params, bool fold_blocks) {
+  ParamParts parts;
+  bool seen_block = false;
+  for (const ParamInfo& q : params) {
+    const bool block = fold_blocks && q.name.starts_with("h.");
+    seen_block = seen_block || block;
+    std::vector<ParamShape>& to = block ? parts.block : seen_block ? parts.after : parts.before;
+    to.push_back({q.numel, q.shape.empty() ? 1 : q.shape[0]});
+    if (q.name == "wte") parts.tied = q.numel;
+    if (q.tied_copy) parts.tied_copy = to.back();
+  }
+  return parts;
+}
+
+StepShape ShapeOf(const ParallelConfig& par, int micro_batches) {
+  return {par.pp, par.dp, par.tp, par.zero, micro_batches};
+}
+
+Result<StepPrediction> PredictGptStep(const GptConfig& config, int B, int T,
+                                      const ParallelConfig& parallel,
+                                      const MachineProfile& machine) {
+  ASSIGN_OR_RETURN(const Job job, PrepareJob(B, T, parallel, machine));
+  const ParallelConfig& par = job.par;
+  const int64_t act_bytes = job.rows * config.embed * 4;
+  std::vector<StageCost> stages;
+  std::vector<std::array<double, kKernelCount>> kernel_units;
+  // Without operators to run (tp = 1, no strategy file, no recompute), the
+  // runtime runs each stage's Gpt whole; the model prices the data-parallel
+  // operators' work, which is the same, and the Gpt's own buffers.
+  ASSIGN_OR_RETURN(const bool whole, ParallelGpt::RunsWhole(parallel));
+  for (int s = 0; s < par.pp; ++s) {
+    GptStage gs = ParallelGpt::StageOf(config, par.pp, s, par.tp, 0, par.stage_layers);
+    ASSIGN_OR_RETURN(std::unique_ptr<OpGpt> ops, ParallelGpt::StageOps(config, par, job.mesh, gs));
+    gs.tp_dims = std::make_shared<const std::map<std::string, int>>(ops->param_splits());
+    ASSIGN_OR_RETURN(std::vector<ParamInfo> params, Gpt::Params(config, gs));
+    const ParamStats ps =
+        StatsOfParts(GptParamParts(params, false), 0, par.dp, par.zero, par.bucket_bytes);
+    const StageWork w = EstimateStage(*ops, job.rows, T);
+    std::array<double, kKernelCount>& units = kernel_units.emplace_back();
+    for (int k = 0; k < kKernelCount; ++k) units[k] = w.kernel[k] * job.micro_batches;
+    const OptimizerUnits optimizer = OptimizerUnitsOf(ps, par.zero);
+    units[static_cast<int>(Kernel::kAdamW)] = optimizer.adamw;
+    units[static_cast<int>(Kernel::kSquaredNorm)] = optimizer.norm;
+    stages.push_back(CostOf(w, ps, ShapeOf(par, job.micro_batches), s, act_bytes, job.profile));
+    if (whole) {
+      // The runtime runs this stage's Gpt whole (no operators): its own
+      // buffers. The kernels are the operators' (tested unit for unit).
+      ASSIGN_OR_RETURN(stages.back().memory.activations,
+                       Gpt::ActivationBytesOf(config, gs, static_cast<int>(job.rows / T), T,
+                                              OneFOneB{par.pp, s, job.micro_batches}.in_flight()));
+    }
+  }
+  StepPrediction out = PriceStep(stages, job.micro_batches, job.profile, par.dp * par.tp);
+  out.stage_kernel_units = std::move(kernel_units);
+  return out;
+}
+
+Result<std::vector<std::vector<OpCost>>> BreakdownGptStep(const GptConfig& config, int B, int T,
+                                                          const ParallelConfig& parallel,
+                                                          const MachineProfile& machine) {
+  ASSIGN_OR_RETURN(const Job job, PrepareJob(B, T, parallel, machine));
+  const ParallelConfig& par = job.par;
+  std::vector<std::vector<OpCost>> out;
+  for (int s = 0; s < par.pp; ++s) {
+    const GptStage gs = ParallelGpt::StageOf(config, par.pp, s, par.tp, 0, par.stage_layers);
+    ASSIGN_OR_RETURN(std::unique_ptr<OpGpt> ops, ParallelGpt::StageOps(config, par, job.mesh, gs));
+    std::vector<OpCost> stage;
+    for (const auto& [name, w] : EstimateOps(*ops, job.rows, T)) {
+      stage.push_back(
+          {name, ComputeSeconds(w, job.profile), GroupCommSeconds(w, job.profile, par.tp)});
+    }
+    out.push_back(std::move(stage));
+  }
+  return out;
+}
+
+}  // namespace tessera
