@@ -834,9 +834,14 @@ Result<SearchResult> SearchGptParallel(const GptConfig& config, int B, int T, in
                               ops.emb[p.emb].weight_split() + 1;
               auto dims = [&] {
                 std::map<std::string, int> splits;
-                OpGpt::BlockParamSplits(0, tp, ops.qkv[p.qkv], ops.proj[p.proj], ops.fc[p.fc],
-                                        ops.fcproj[p.fcproj], &splits);
-                OpGpt::EndParamSplits(ops.emb[p.emb], &splits);
+                ParamSplitsOf(GptOp::kQkv, ops.qkv[p.qkv], 0, tp, &splits);
+                ParamSplitsOf(GptOp::kProj, ops.proj[p.proj], 0, tp, &splits);
+                ParamSplitsOf(GptOp::kFc, ops.fc[p.fc], 0, tp, &splits);
+                ParamSplitsOf(GptOp::kFcProj, ops.fcproj[p.fcproj], 0, tp, &splits);
+                ParamSplitsOf(GptOp::kLn1, ops.ln1[0], 0, tp, &splits);
+                ParamSplitsOf(GptOp::kLn2, ops.ln2[0], 0, tp, &splits);
+                ParamSplitsOf(GptOp::kEmbedding, ops.emb[p.emb], 0, tp, &splits);
+                ParamSplitsOf(GptOp::kLnF, ops.lnf[0], 0, tp, &splits);
                 if (tp == 1) {
                   for (auto& [name, dim] : splits) dim = -1;
                 }

@@ -11,93 +11,82 @@ namespace {
 
 std::string BlockPrefix(int i) { return "h." + std::to_string(i) + "."; }
 
-OpSignature::Input In(std::string name, std::vector<int64_t> shape, std::string param = "",
-                      std::vector<int> uneven = {}) {
-  return {std::move(name), std::move(shape), std::move(param), std::move(uneven)};
-}
-
 }  // namespace
 
 std::vector<OpSignature> OpGpt::Signatures(const GptConfig& config) {
-  const int64_t C = config.embed, V = config.vocab, R = -1;
   std::vector<OpSignature> ops;
-  ops.push_back({"embedding", "embedding", {In("wte", {V, C}, "wte", {0}), In("tokens", {R})}});
-  for (int i = 0; i < config.layers; ++i) {
-    const std::string p = BlockPrefix(i);
-    auto linear = [&](const std::string& name, int64_t k, int64_t m) {
-      ops.push_back(
-          {p + name, "linear", {In("x", {R, k}), In("weight", {k, m}, p + name + ".weight")}});
-    };
-    ops.push_back({p + "ln_1", "layer_norm", {In("x", {R, C})}});
-    linear("attn.c_attn", C, 3 * C);
-    // Dimension 1 of the attention's input counts heads (q | k | v cut alike).
-    ops.push_back(
-        {p + "attn.attention", "attention", {In("qkv [rows, heads]", {R, config.heads})}});
-    linear("attn.c_proj", C, C);
-    ops.push_back({p + "add_1", "add", {In("a", {R, C}), In("b", {R, C})}});
-    ops.push_back({p + "ln_2", "layer_norm", {In("x", {R, C})}});
-    linear("mlp.c_fc", C, 4 * C);
-    ops.push_back({p + "mlp.gelu", "gelu", {In("x", {R, 4 * C})}});
-    linear("mlp.c_proj", 4 * C, C);
-    ops.push_back({p + "add_2", "add", {In("a", {R, C}), In("b", {R, C})}});
+  for (const GptOpSpec& spec : GptOpSpecs()) {
+    if (spec.part == GptOpPart::kEmbedding) ops.push_back(SignatureOf(spec.op, config, 0));
   }
-  ops.push_back({"ln_f", "layer_norm", {In("x", {R, C})}});
-  ops.push_back({"lm_head", "lm_head", {In("x", {R, C}), In("wte", {V, C}, "wte", {0})}});
-  ops.push_back({"loss", "cross_entropy", {In("logits", {R, V}, "", {1}), In("targets", {R})}});
+  for (int i = 0; i < config.layers; ++i) {
+    for (const GptOpSpec& spec : GptOpSpecs()) {
+      if (InBlock(spec.op)) ops.push_back(SignatureOf(spec.op, config, i));
+    }
+  }
+  for (const GptOpSpec& spec : GptOpSpecs()) {
+    if (spec.part == GptOpPart::kHead) ops.push_back(SignatureOf(spec.op, config, 0));
+  }
   return ops;
 }
 
 OpStrategyFile OpGpt::Megatron(bool sequence_parallel) {
   OpStrategyFile f;
   f.source = sequence_parallel ? "<megatron-sp>" : "<megatron>";
-  const DimAxes none, dp{"dp"}, tp{"tp"}, rows = sequence_parallel ? DimAxes{"dp", "tp"} : dp;
-  auto add = [&](std::string pattern, std::vector<std::vector<DimAxes>> axes) {
+  for (const GptOpSpec& spec : GptOpSpecs()) {
     OpStrategyFile::Entry e;
-    e.pattern = std::move(pattern);
-    for (const auto& in : axes) e.counts.emplace_back(in.size(), 1);
-    e.axes = std::move(axes);
+    e.pattern = OpPattern(spec.op);
+    e.axes = MegatronStrategy(spec.op, sequence_parallel);
+    for (const auto& in : e.axes) e.counts.emplace_back(in.size(), 1);
     f.operators.push_back(std::move(e));
-  };
-  add("embedding", {{tp, none}, {dp}});
-  add("h.*.ln_1", {{rows, none}});
-  add("h.*.attn.c_attn", {{dp, none}, {none, tp}});
-  add("h.*.attn.attention", {{dp, tp}});
-  add("h.*.attn.c_proj", {{dp, tp}, {tp, none}});
-  add("h.*.add_1", {{rows, none}, {rows, none}});
-  add("h.*.ln_2", {{rows, none}});
-  add("h.*.mlp.c_fc", {{dp, none}, {none, tp}});
-  add("h.*.mlp.gelu", {{dp, tp}});
-  add("h.*.mlp.c_proj", {{dp, tp}, {tp, none}});
-  add("h.*.add_2", {{rows, none}, {rows, none}});
-  add("ln_f", {{rows, none}});
-  add("lm_head", {{dp, none}, {tp, none}});
-  add("loss", {{dp, tp}, {dp}});
+  }
   return f;
 }
 
-void OpGpt::BlockParamSplits(int layer, int tp, const LinearOp& qkv_op, const LinearOp& proj,
-                             const LinearOp& fc, const LinearOp& fcproj,
-                             std::map<std::string, int>* splits) {
-  const std::string p = BlockPrefix(layer);
-  // c_attn's weight is cut in its [C, 3, C] view (by heads) when tp > 1.
-  const int qkv = qkv_op.weight_split();
-  (*splits)[p + "attn.c_attn.weight"] = qkv == 1 ? (tp > 1 ? 2 : 1) : qkv;
-  (*splits)[p + "attn.c_attn.bias"] = qkv == 1 ? (tp > 1 ? 1 : 0) : -1;
-  for (const auto& [name, op] :
-       {std::pair{"attn.c_proj", &proj}, {"mlp.c_fc", &fc}, {"mlp.c_proj", &fcproj}}) {
-    (*splits)[p + name + ".weight"] = op->weight_split();
-    (*splits)[p + name + ".bias"] = op->bias_split() ? 0 : -1;
+void OpGpt::Take(GptOp op, AnyOp o, Block* b) {
+  switch (op) {
+    case GptOp::kEmbedding:
+      embedding_ = std::get<EmbeddingOp>(std::move(o));
+      break;
+    case GptOp::kLn1:
+      b->ln1 = std::get<LayerNormOp>(std::move(o));
+      break;
+    case GptOp::kQkv:
+      b->qkv = std::get<LinearOp>(std::move(o));
+      break;
+    case GptOp::kAttention:
+      b->attn = std::get<AttentionOp>(std::move(o));
+      break;
+    case GptOp::kProj:
+      b->proj = std::get<LinearOp>(std::move(o));
+      break;
+    case GptOp::kAdd1:
+      b->add1 = std::get<AddOp>(std::move(o));
+      break;
+    case GptOp::kLn2:
+      b->ln2 = std::get<LayerNormOp>(std::move(o));
+      break;
+    case GptOp::kFc:
+      b->fc = std::get<LinearOp>(std::move(o));
+      break;
+    case GptOp::kGelu:
+      b->gelu = std::get<GeluOp>(std::move(o));
+      break;
+    case GptOp::kFcProj:
+      b->fcproj = std::get<LinearOp>(std::move(o));
+      break;
+    case GptOp::kAdd2:
+      b->add2 = std::get<AddOp>(std::move(o));
+      break;
+    case GptOp::kLnF:
+      lnf_ = std::get<LayerNormOp>(std::move(o));
+      break;
+    case GptOp::kLmHead:
+      lm_head_ = std::get<LmHeadOp>(std::move(o));
+      break;
+    case GptOp::kLoss:
+      loss_ = std::get<CrossEntropyOp>(std::move(o));
+      break;
   }
-  for (const char* ln : {"ln_1", "ln_2"}) {
-    (*splits)[p + ln + ".weight"] = -1;
-    (*splits)[p + ln + ".bias"] = -1;
-  }
-}
-
-void OpGpt::EndParamSplits(const EmbeddingOp& embedding, std::map<std::string, int>* splits) {
-  (*splits)["wte"] = embedding.weight_split();
-  (*splits)["wpe"] = embedding.weight_split() == 1 ? 1 : -1;
-  (*splits)["ln_f.weight"] = (*splits)["ln_f.bias"] = -1;
 }
 
 namespace {
@@ -164,52 +153,29 @@ Result<std::unique_ptr<OpGpt>> OpGpt::Create(const GptConfig& config,
     return &it->second;
   };
   std::map<std::string, int>& splits = g->param_splits_;
-  ASSIGN_OR_RETURN(const OpStrategy* s, strategy("embedding"));
-  ASSIGN_OR_RETURN(g->embedding_, EmbeddingOp::Create("embedding", *s, V, C, dp));
-  EndParamSplits(g->embedding_, &splits);
+  // Operator `op` of block `layer` (of the ends for ends) into `b`.
+  auto take = [&](GptOp op, int layer, Block* b) -> Status {
+    const std::string name = OpName(op, layer);
+    ASSIGN_OR_RETURN(const OpStrategy* s, strategy(name));
+    ASSIGN_OR_RETURN(AnyOp o, CreateOp(op, name, *s, config, tp, dp));
+    ParamSplitsOf(op, o, layer, tp, &splits);
+    g->Take(op, std::move(o), b);
+    return Status::Ok();
+  };
+  RETURN_IF_ERROR(take(GptOp::kEmbedding, 0, nullptr));
   const int last_layer = stage.last_layer < 0 ? config.layers : stage.last_layer;
   // Every block is checked; the stage keeps its own.
   for (int i = 0; i < config.layers; ++i) {
-    const std::string p = BlockPrefix(i);
     OpGpt::Block b;
-    ASSIGN_OR_RETURN(s, strategy(p + "ln_1"));
-    ASSIGN_OR_RETURN(b.ln1, LayerNormOp::Create(p + "ln_1", *s, dp));
-    ASSIGN_OR_RETURN(s, strategy(p + "attn.c_attn"));
-    ASSIGN_OR_RETURN(b.qkv, LinearOp::Create(p + "attn.c_attn", *s, C, 3 * C, 3, dp));
-    if (b.qkv.weight_split() == 1 && C % tp != 0) {
-      return InvalidArgumentError("operator '" + p +
-                                  "attn.c_attn': input 1 (weight) dimension 1 "
-                                  "cuts q, k and v alike; C = " +
-                                  std::to_string(C) + " is not divisible by tp " +
-                                  std::to_string(tp));
+    for (const GptOpSpec& spec : GptOpSpecs()) {
+      if (InBlock(spec.op)) RETURN_IF_ERROR(take(spec.op, i, &b));
     }
-    ASSIGN_OR_RETURN(s, strategy(p + "attn.attention"));
-    ASSIGN_OR_RETURN(b.attn,
-                     AttentionOp::Create(p + "attn.attention", *s, config.heads, C, tp, dp));
-    ASSIGN_OR_RETURN(s, strategy(p + "attn.c_proj"));
-    ASSIGN_OR_RETURN(b.proj, LinearOp::Create(p + "attn.c_proj", *s, C, C, 1, dp));
-    ASSIGN_OR_RETURN(s, strategy(p + "add_1"));
-    ASSIGN_OR_RETURN(b.add1, AddOp::Create(p + "add_1", *s, dp));
-    ASSIGN_OR_RETURN(s, strategy(p + "ln_2"));
-    ASSIGN_OR_RETURN(b.ln2, LayerNormOp::Create(p + "ln_2", *s, dp));
-    ASSIGN_OR_RETURN(s, strategy(p + "mlp.c_fc"));
-    ASSIGN_OR_RETURN(b.fc, LinearOp::Create(p + "mlp.c_fc", *s, C, 4 * C, 1, dp));
-    ASSIGN_OR_RETURN(s, strategy(p + "mlp.gelu"));
-    ASSIGN_OR_RETURN(b.gelu, GeluOp::Create(p + "mlp.gelu", *s, dp));
-    ASSIGN_OR_RETURN(s, strategy(p + "mlp.c_proj"));
-    ASSIGN_OR_RETURN(b.fcproj, LinearOp::Create(p + "mlp.c_proj", *s, 4 * C, C, 1, dp));
-    ASSIGN_OR_RETURN(s, strategy(p + "add_2"));
-    ASSIGN_OR_RETURN(b.add2, AddOp::Create(p + "add_2", *s, dp));
-    BlockParamSplits(i, tp, b.qkv, b.proj, b.fc, b.fcproj, &splits);
     b.layer = i;
     if (i >= stage.first_layer && i < last_layer) g->blocks_.push_back(std::move(b));
   }
-  ASSIGN_OR_RETURN(s, strategy("ln_f"));
-  ASSIGN_OR_RETURN(g->lnf_, LayerNormOp::Create("ln_f", *s, dp));
-  ASSIGN_OR_RETURN(s, strategy("lm_head"));
-  ASSIGN_OR_RETURN(g->lm_head_, LmHeadOp::Create("lm_head", *s, V, C, dp));
-  ASSIGN_OR_RETURN(s, strategy("loss"));
-  ASSIGN_OR_RETURN(g->loss_, CrossEntropyOp::Create("loss", *s, V, dp));
+  for (const GptOpSpec& spec : GptOpSpecs()) {
+    if (spec.part == GptOpPart::kHead) RETURN_IF_ERROR(take(spec.op, 0, nullptr));
+  }
   if (tp == 1) {  // a cut over one rank is no cut
     for (auto& [name, dim] : splits) dim = -1;
   }

@@ -33,6 +33,7 @@
 
 #include "runtime/cost/machine_profile.h"
 #include "runtime/model/gpt.h"
+#include "runtime/model/gpt_ops.h"
 #include "runtime/parallel/op_strategy.h"
 #include "runtime/parallel/operators.h"
 
@@ -68,14 +69,6 @@ class OpGpt {
   // For each parameter, the dimension of its split shape cut over tp (-1:
   // none): what GptStage::tp_dims takes. The same for every stage.
   const std::map<std::string, int>& param_splits() const { return param_splits_; }
-
-  // What param_splits() holds for block `layer`'s parameters (its linears'
-  // strategies) and for wte, wpe and ln_f (the embedding's); tp = 1 cuts
-  // nothing (the caller sets every entry to -1).
-  static void BlockParamSplits(int layer, int tp, const LinearOp& qkv, const LinearOp& proj,
-                               const LinearOp& fc, const LinearOp& fcproj,
-                               std::map<std::string, int>* splits);
-  static void EndParamSplits(const EmbeddingOp& embedding, std::map<std::string, int>* splits);
 
   // Binds the operators to the stage's parameters (a Gpt created with
   // param_splits()) and to the tp group (null when tp = 1); both must
@@ -202,6 +195,8 @@ class OpGpt {
   };
 
   OpGpt() = default;
+  // Keeps `o`, operator `op`: in block `b`, or as one of the ends.
+  void Take(GptOp op, AnyOp o, Block* b);
   // One block's forward on `x` into `acts`, the attention weights and output
   // into `att` and `y` (the block's own, or scratch when recomputed).
   Status BlockForward(const Block& b, Act& x, int T, BlockActs* acts, Buf* att, Buf* y);
