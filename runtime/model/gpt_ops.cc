@@ -81,6 +81,25 @@ const char* WeightCode(int split, const char* zero, const char* one, const Place
 
 }  // namespace
 
+int64_t LinearFloats(const LinearOp& op, int64_t K, int64_t M, int tp) {
+  const int s = tp > 1 ? op.weight_split() : -1;
+  const int64_t w = s == 0 ? (K + tp - 1) / tp * M : s == 1 ? K * ((M + tp - 1) / tp) : K * M;
+  return w + (s == 1 ? (M + tp - 1) / tp : M);
+}
+
+int64_t BlockParamFloats(GptOp op, const AnyOp& chosen, const GptConfig& config, int tp) {
+  if (!IsLinear(op)) return 0;
+  const LinearShape l = LinearShapeOf(op, config.embed);
+  return LinearFloats(std::get<LinearOp>(chosen), l.K, l.M, tp);
+}
+
+int WeightSplitOf(const AnyOp& chosen) {
+  if (const auto* l = std::get_if<LinearOp>(&chosen)) return l->weight_split();
+  if (const auto* e = std::get_if<EmbeddingOp>(&chosen)) return e->weight_split();
+  if (const auto* h = std::get_if<LmHeadOp>(&chosen)) return h->weight_split();
+  return -1;
+}
+
 std::span<const GptOpSpec> GptOpSpecs() { return kSpecs; }
 
 const GptOpSpec& SpecOf(GptOp op) { return kSpecs[Index(op)]; }

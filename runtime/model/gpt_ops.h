@@ -91,8 +91,15 @@ void ParamSplitsOf(GptOp op, const AnyOp& chosen, int layer, int tp,
 // "vocab", "whole" ...
 std::string ChoiceLabel(GptOp op, const AnyOp& chosen);
 
-// One operator of each kind: a block's (every block alike) and the ends'.
-using GptOps = std::array<AnyOp, kGptOpCount>;
+// Floats of a linear's weight and bias held on tp rank 0 (K inputs, M
+// outputs).
+int64_t LinearFloats(const LinearOp& op, int64_t K, int64_t M, int tp);
+// Floats of the parameters whose cut the choice decides, on tp rank 0: a
+// linear's (a layer norm's are whole whatever its choice; the embedding's
+// are the ends'); 0 for the others.
+int64_t BlockParamFloats(GptOp op, const AnyOp& chosen, const GptConfig& config, int tp);
+// The dimension of its weight cut over tp (-1: none, or no weight).
+int WeightSplitOf(const AnyOp& chosen);
 
 }  // namespace tessera
 

@@ -330,12 +330,6 @@ void BlockShares(const OpGpt& ops, const OpGpt::Block& b, Placement x, int64_t N
 
 }  // namespace
 
-int64_t LinearFloats(const LinearOp& op, int64_t K, int64_t M, int tp) {
-  const int s = tp > 1 ? op.weight_split() : -1;
-  const int64_t w = s == 0 ? (K + tp - 1) / tp * M : s == 1 ? K * ((M + tp - 1) / tp) : K * M;
-  return w + (s == 1 ? (M + tp - 1) / tp : M);
-}
-
 HalfWork EstimateHalf(const GptConfig& config, int tp, const OpGpt::HalfOps& h, Placement x,
                       int64_t N, int T, Recompute rc, bool shares) {
   return HalfEstimator(config, tp, h, x, N, T, rc, shares).Run();

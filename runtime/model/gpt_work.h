@@ -98,9 +98,6 @@ StageWork EstimateStage(const OpGpt& ops, int64_t rows, int T,
 // recompute's second forward is not in the shares.
 std::vector<std::pair<std::string, StageWork>> EstimateOps(const OpGpt& ops, int64_t rows, int T);
 
-// Floats of a linear's weight and bias held on tp rank 0.
-int64_t LinearFloats(const LinearOp& op, int64_t K, int64_t M, int tp);
-
 }  // namespace tessera
 
 #endif  // TESSERA_RUNTIME_MODEL_GPT_WORK_H_

@@ -79,7 +79,8 @@ Status Linears(Communicator& comm) {
   const int p = comm.size();
   const DimAxes none, dp{"dp"}, tp{"tp"};
   ASSIGN_OR_RETURN(LinearOp row, LinearOp::Create("row", {{{dp, tp}, {tp, none}}}, K, N, 1, 1));
-  ASSIGN_OR_RETURN(LinearOp col, LinearOp::Create("column", {{{dp, none}, {none, tp}}}, K, N, 1, 1));
+  ASSIGN_OR_RETURN(LinearOp col,
+                   LinearOp::Create("column", {{{dp, none}, {none, tp}}}, K, N, 1, 1));
   OpContext ctx(p > 1 ? &comm : nullptr);
   const int64_t kl = K / p, nl = N / p, ml = M / p;
   std::vector<float> w(kl * N, 0.01f), dw(kl * N, 0.0f), b(N, 0.0f), db(N, 0.0f);

@@ -30,7 +30,6 @@ int main(int argc, char** argv) {
   }
   int all = failures;
   if (!comm.AllReduce(&failures, &all, 1, DType::kI32, ReduceOp::kSum).ok()) return 1;
-  std::printf("rank %d: %d redistributions, %s\n", comm.rank(), cases,
-              all == 0 ? "ok" : "FAILED");
+  std::printf("rank %d: %d redistributions, %s\n", comm.rank(), cases, all == 0 ? "ok" : "FAILED");
   return all == 0 ? 0 : 1;
 }
