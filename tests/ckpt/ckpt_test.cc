@@ -16,6 +16,7 @@
 #include "ckpt/verify.h"
 #include "formats/mindspore_ckpt.h"
 #include "formats/native_files.h"
+#include "tests/ckpt/ckpt_test_util.h"
 #include "tests/ckpt/memory_checkpoint.h"
 #include "tests/test_util.h"
 
@@ -23,26 +24,12 @@ namespace tessera {
 namespace {
 
 using testing::MemoryCheckpoint;
+using testing::Open;
+using testing::Options;
 using testing::RandomModel;
 using testing::RandomStrategy;
 using testing::RequireSameContents;
 using testing::Uniform;
-
-WriteOptions Options(Codec codec, int64_t budget = kDefaultMemoryBudget, int threads = 2) {
-  WriteOptions o;
-  o.native.codec = codec;
-  o.native.level = 1;
-  o.transform.memory_budget = budget;
-  o.transform.threads = threads;
-  return o;
-}
-
-std::unique_ptr<CheckpointReader> Open(Env* env, const std::string& path) {
-  auto r = OpenCheckpoint(env, path);
-  INFO(r.status().ToString());
-  REQUIRE(r.ok());
-  return std::move(*r);
-}
 
 TEST_CASE("SplitBox tiles a box with slabs under the limit, in order") {
   std::mt19937_64 rng(testing::TestSeed() + 30);
