@@ -1,0 +1,391 @@
+// The native format's reader and writer (ckpt/native.h): reads of any region,
+// pieces lent by the file, many pieces and files, read-ahead, damage named.
+#include "ckpt/native.h"
+
+#include <algorithm>
+#include <atomic>
+#include <catch2/catch.hpp>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "ckpt/ops.h"
+#include "ckpt/verify.h"
+#include "formats/native_files.h"
+#include "tests/ckpt/ckpt_test_util.h"
+#include "tests/ckpt/memory_checkpoint.h"
+#include "tests/test_util.h"
+
+namespace tessera {
+namespace {
+
+using testing::MemoryCheckpoint;
+using testing::Open;
+using testing::Options;
+using testing::RandomModel;
+using testing::RequireSameContents;
+using testing::Uniform;
+
+TEST_CASE("distributed reads: any sub-box of a sliced tensor, only verified bytes") {
+  std::mt19937_64 rng(testing::TestSeed() + 32);
+  // In memory the blocks are staged by reads; on disk they are lent by
+  // mappings of the file (RandomAccessFile::View).
+  testing::TempDir tmp;
+  std::unique_ptr<Env> mem = NewMemEnv();
+  Env* env = mem.get();
+  std::string root = "";
+  SECTION("memory") {}
+  SECTION("posix") {
+    env = Env::Default();
+    root = tmp.path;
+  }
+  const std::string ck = root + "/ck";
+  MemoryCheckpoint model = RandomModel(rng, 1, /*big=*/true);  // [611, 1097] f32, 2.6 MiB
+  Strategy s(*Mesh::Parse("tp=2"));
+  Layout l = model.strategy().tensors()[0].layout;
+  l.dim_axes = {{}, {"tp"}};  // column halves: row runs in each piece
+  REQUIRE(s.Add({"model.t0", l, {}}).ok());
+  REQUIRE(WriteTransformed(env, model, s, ck, Options(Codec::kRaw)).ok());
+  auto r = Open(env, ck);
+  const std::vector<int64_t> shape = l.shape;
+  for (int iter = 0; iter < 50; ++iter) {
+    Box region(2);
+    for (int d = 0; d < 2; ++d) {
+      const int64_t a = Uniform(rng, 0, shape[d] - 1), b = Uniform(rng, a + 1, shape[d]);
+      region[d] = {a, b};
+    }
+    // Into the middle of a larger buffer, as a rank's shard would be.
+    std::vector<int64_t> ext = {region[0].size() + 2, region[1].size() + 3};
+    Box at{{1, 1 + region[0].size()}, {2, 2 + region[1].size()}};
+    std::vector<uint8_t> got(ext[0] * ext[1] * 4, 0), want(got.size(), 0);
+    REQUIRE(r->ReadRegion(0, region, got.data(), ext, at).ok());
+    CopyBox(model.data(0).data(), shape, region, want.data(), ext, at, 4);
+    REQUIRE(got == want);
+  }
+  // Corrupt one byte near the end of the second file: reads of the first
+  // rows still succeed (their blocks verify), reads of the last rows fail
+  // naming the file and tensor.
+  auto m = ReadManifest(env, ck);
+  REQUIRE(m.ok());
+  const PieceInfo& p = m->tensors[0].pieces.back();
+  REQUIRE(p.block_checksums.size() > 1);
+  const std::string file = JoinPath(ck, m->files[p.file].name);
+  auto bytes = ReadFileToString(env, file);
+  REQUIRE(bytes.ok());
+  (*bytes)[p.offset + p.length - 10] ^= 0x40;
+  REQUIRE(WriteFileAtomically(env, file, *bytes).ok());
+  auto r2 = Open(env, ck);
+  Box top{{0, 10}, {0, shape[1]}}, bottom{{shape[0] - 10, shape[0]}, {0, shape[1]}};
+  std::vector<uint8_t> buf(10 * shape[1] * 4);
+  REQUIRE(r2->ReadRegion(0, top, buf.data(), top.extents(), Box::FromShape(top.extents())).ok());
+  Status bad =
+      r2->ReadRegion(0, bottom, buf.data(), bottom.extents(), Box::FromShape(bottom.extents()));
+  REQUIRE(bad.code() == StatusCode::kDataLoss);
+  CHECK_THAT(bad.message(),
+             Catch::Contains(file) && Catch::Contains("model.t0") && Catch::Contains("checksum"));
+}
+
+TEST_CASE("copies of contiguous pieces are lent by the file, verified, and still fail on damage") {
+  std::mt19937_64 rng(testing::TestSeed() + 34);
+  testing::TempDir tmp;
+  Env* env = Env::Default();
+  MemoryCheckpoint model = RandomModel(rng, 1, /*big=*/true);  // [611, 1097] f32, 2.6 MiB
+  Strategy rows(*Mesh::Parse("tp=4"));
+  Layout l = model.strategy().tensors()[0].layout;
+  l.dim_axes = {{"tp"}, {}};  // row quarters: each piece one contiguous run
+  REQUIRE(rows.Add({"model.t0", l, {}}).ok());
+  const std::string ck = tmp.path + "/ck";
+  REQUIRE(WriteTransformed(env, model, rows, ck, Options(Codec::kRaw)).ok());
+  auto r = Open(env, ck);
+  const std::vector<int64_t> shape = l.shape;
+  auto want = [&](const Box& region) {
+    std::vector<uint8_t> out(NumElements(region) * 4);
+    CopyBox(model.data(0).data(), shape, region, out.data(), region.extents(),
+            Box::FromShape(region.extents()), 4);
+    return out;
+  };
+  // Rows inside one piece: lent, and equal to the data.
+  const Box inside{{5, 100}, {0, shape[1]}};
+  auto view = r->ViewRegion(0, inside);
+  REQUIRE(view.ok());
+  REQUIRE(*view != nullptr);
+  const std::vector<uint8_t> expect = want(inside);
+  REQUIRE((*view)->size() == expect.size());
+  CHECK(std::memcmp((*view)->data(), expect.data(), expect.size()) == 0);
+  // Across two pieces, or part of each row: not one run, so not lent.
+  CHECK(*r->ViewRegion(0, Box{{100, 200}, {0, shape[1]}}) == nullptr);
+  CHECK(*r->ViewRegion(0, Box{{5, 100}, {1, shape[1]}}) == nullptr);
+  // In memory nothing is lent.
+  auto mem = NewMemEnv();
+  REQUIRE(WriteTransformed(mem.get(), model, rows, "/ck", Options(Codec::kRaw)).ok());
+  CHECK(*Open(mem.get(), "/ck")->ViewRegion(0, inside) == nullptr);
+
+  // The merge copies the pieces through the mappings, into every format.
+  for (const Format format : {Format::kNative, Format::kSafetensors}) {
+    WriteOptions o = Options(Codec::kRaw);
+    o.format = format;
+    const std::string out = tmp.path + (format == Format::kNative ? "/m" : "/m.safetensors");
+    REQUIRE(WriteTransformed(env, *r, MergedStrategy(r->strategy()), out, o).ok());
+    RequireSameContents(*Open(env, out), model);
+  }
+  // A flipped byte in the third piece fails the merge, naming the file and
+  // tensor, and leaves no output.
+  auto m = ReadManifest(env, ck);
+  REQUIRE(m.ok());
+  const PieceInfo& p = m->tensors[0].pieces[2];
+  const std::string file = JoinPath(ck, m->files[p.file].name);
+  auto bytes = ReadFileToString(env, file);
+  REQUIRE(bytes.ok());
+  (*bytes)[p.offset + p.length / 2] ^= 0x10;
+  REQUIRE(WriteFileAtomically(env, file, *bytes).ok());
+  auto damaged = Open(env, ck);
+  WriteOptions o = Options(Codec::kRaw);
+  o.format = Format::kSafetensors;
+  auto merged = WriteTransformed(env, *damaged, MergedStrategy(damaged->strategy()),
+                                 tmp.path + "/bad.safetensors", o);
+  REQUIRE_FALSE(merged.ok());
+  CHECK(merged.status().code() == StatusCode::kDataLoss);
+  CHECK_THAT(merged.status().message(), Catch::Contains(file) && Catch::Contains("model.t0") &&
+                                            Catch::Contains("checksum mismatch"));
+  CHECK_FALSE(env->FileExists(tmp.path + "/bad.safetensors"));
+  const Box in_bad{{p.box[0].begin + 1, p.box[0].end}, {0, shape[1]}};
+  // Damaged bytes are not lent: ReadRegion then reads around them or names them.
+  auto bad_view = damaged->ViewRegion(0, in_bad);
+  REQUIRE(bad_view.ok());
+  CHECK(*bad_view == nullptr);
+}
+
+TEST_CASE("native reads of tensors stored in many pieces (indexed) match the whole tensor") {
+  // A 2-D tensor tiled by ~100 pieces of uneven sizes, in column bands cut
+  // at different rows (not a grid), and by a grid: random regions read
+  // through the piece index equal the same regions cut from the tensor.
+  std::mt19937_64 rng(testing::TestSeed() + 2024);
+  const int64_t rows = 331, cols = 97;
+  for (bool grid : {false, true}) {
+    INFO((grid ? "grid" : "bands cut at different rows"));
+    auto env = NewMemEnv();
+    Strategy strategy(*Mesh::Parse("r=1"));
+    REQUIRE(strategy.Add({"w", Layout::Replicated({rows, cols}, DType::kF32)}).ok());
+    std::vector<float> full(rows * cols);
+    for (size_t i = 0; i < full.size(); ++i) full[i] = static_cast<float>(i) * 0.25f;
+    auto cuts = [&](int64_t n, int pieces) {
+      std::vector<int64_t> at = {0, n};
+      while (static_cast<int>(at.size()) < pieces + 1)
+        at.push_back(testing::Uniform(rng, 1, n - 1));
+      std::sort(at.begin(), at.end());
+      at.erase(std::unique(at.begin(), at.end()), at.end());
+      return at;
+    };
+    std::vector<Box> boxes;
+    const std::vector<int64_t> col_cuts = cuts(cols, grid ? 9 : 4);
+    const std::vector<int64_t> grid_rows = cuts(rows, 11);
+    for (size_t b = 0; b + 1 < col_cuts.size(); ++b) {
+      const std::vector<int64_t> row_cuts = grid ? grid_rows : cuts(rows, 25);
+      for (size_t a = 0; a + 1 < row_cuts.size(); ++a) {
+        boxes.push_back(Box({{row_cuts[a], row_cuts[a + 1]}, {col_cuts[b], col_cuts[b + 1]}}));
+      }
+    }
+    REQUIRE(boxes.size() >= 40);
+    auto writer = CreateNativeCheckpoint(env.get(), "/c", strategy, {1, {}, "test"}, {});
+    REQUIRE(writer.ok());
+    std::shuffle(boxes.begin(), boxes.end(), rng);
+    for (size_t k = 0; k < boxes.size(); ++k) {
+      const Box& b = boxes[k];
+      std::vector<float> piece(NumElements(b));
+      CopyBox(full.data(), {rows, cols}, b, piece.data(), b.extents(), Box::FromShape(b.extents()),
+              sizeof(float));
+      // Three data files: ranks 1 and 2 lie outside the strategy's one-rank
+      // mesh, so the writer finds their files by its map, not by rank.
+      REQUIRE((*writer)->WritePiece(0, static_cast<int64_t>(k % 3), b, piece.data()).ok());
+    }
+    REQUIRE((*writer)->Commit().ok());
+    auto reader = OpenNativeCheckpoint(env.get(), "/c");
+    REQUIRE(reader.ok());
+    REQUIRE((*reader)->Files().size() == 3);
+    for (int trial = 0; trial < 300; ++trial) {
+      const int64_t r0 = testing::Uniform(rng, 0, rows - 1),
+                    c0 = testing::Uniform(rng, 0, cols - 1);
+      const Box region(
+          {{r0, testing::Uniform(rng, r0 + 1, rows)}, {c0, testing::Uniform(rng, c0 + 1, cols)}});
+      const std::vector<int64_t> ext = region.extents();
+      std::vector<float> got(NumElements(region), -1.0f), want(NumElements(region));
+      CopyBox(full.data(), {rows, cols}, region, want.data(), ext, Box::FromShape(ext),
+              sizeof(float));
+      const Status read = (*reader)->ReadRegion(0, region, got.data(), ext, Box::FromShape(ext));
+      INFO(ToString(region) << ": " << read.ToString());
+      REQUIRE(read.ok());
+      REQUIRE(got == want);
+    }
+  }
+}
+
+TEST_CASE("a writer of more files than staging buffers: small pieces gathered, big ones between") {
+  // 80 data files, each written in three small pieces interleaved with every
+  // other file's (more files than the writer gathers at once: the rest
+  // write through), some flushed halfway, and a piece larger than a staging
+  // buffer landing in a file with small pieces staged before it.
+  std::mt19937_64 rng(testing::TestSeed() + 2025);
+  auto env = NewMemEnv();
+  const int64_t ranks = 80, rows = 7, cols = 5, big = 300000;
+  Strategy strategy(*Mesh::Parse("r=80"));
+  Layout rows_split = Layout::Replicated({ranks * rows, cols}, DType::kF32);
+  rows_split.dim_axes = {{"r"}, {}};
+  REQUIRE(strategy.Add({"a", rows_split}).ok());
+  REQUIRE(strategy.Add({"big", Layout::Replicated({2, big}, DType::kF32)}).ok());
+  std::vector<float> a(ranks * rows * cols), b(2 * big);
+  for (size_t i = 0; i < a.size(); ++i) a[i] = static_cast<float>(i) + 0.5f;
+  for (size_t i = 0; i < b.size(); ++i) b[i] = static_cast<float>(i) * 0.125f;
+  struct Write {
+    int64_t rank;
+    Box box;
+  };
+  std::vector<Write> writes;
+  for (int64_t r = 0; r < ranks; ++r) {
+    for (auto [lo, hi] : {std::pair{0, 2}, {2, 5}, {5, 7}}) {
+      writes.push_back({r, Box({{r * rows + lo, r * rows + hi}, {0, cols}})});
+    }
+  }
+  std::shuffle(writes.begin(), writes.end(), rng);
+  auto writer = CreateNativeCheckpoint(env.get(), "/c", strategy, {1, {}, "test"}, {});
+  REQUIRE(writer.ok());
+  for (size_t k = 0; k < writes.size(); ++k) {
+    const Write& w = writes[k];
+    std::vector<float> piece(NumElements(w.box));
+    CopyBox(a.data(), {ranks * rows, cols}, w.box, piece.data(), w.box.extents(),
+            Box::FromShape(w.box.extents()), sizeof(float));
+    REQUIRE((*writer)->WritePiece(0, w.rank, w.box, piece.data()).ok());
+    if (k % 7 == 3) REQUIRE((*writer)->Flush(w.rank).ok());
+    if (k == writes.size() / 2) {
+      REQUIRE((*writer)->WritePiece(1, writes[0].rank, Box::FromShape({2, big}), b.data()).ok());
+    }
+  }
+  REQUIRE((*writer)->Flush(ranks + 5).ok());  // a rank never written: nothing to do
+  REQUIRE((*writer)->Commit().ok());
+  auto reader = Open(env.get(), "/c");
+  std::vector<float> got_a(a.size()), got_b(b.size());
+  REQUIRE(ReadTensor(*reader, 0, got_a.data()).ok());
+  REQUIRE(ReadTensor(*reader, 1, got_b.data()).ok());
+  CHECK(got_a == a);
+  CHECK(got_b == b);
+  CHECK(reader->Files().size() == static_cast<size_t>(ranks));
+  // Every byte of every file where the manifest says, whole-file
+  // checksums included.
+  auto report = VerifyNativeCheckpoint(env.get(), "/c", {});
+  REQUIRE(report.ok());
+  CHECK(report->problems.empty());
+  CHECK(report->pieces == 3 * ranks + 1);
+}
+
+// Counts the reads of the files it opens; everything else is `base`'s.
+class ReadCountingEnv : public EnvWrapper {
+ public:
+  explicit ReadCountingEnv(Env* base) : EnvWrapper(base) {}
+  int64_t reads() const { return reads_; }
+
+  Result<std::unique_ptr<RandomAccessFile>> NewRandomAccessFile(const std::string& path) override {
+    class Counted : public RandomAccessFile {
+     public:
+      Counted(std::unique_ptr<RandomAccessFile> f, std::atomic<int64_t>* n)
+          : f_(std::move(f)), n_(n) {}
+      Status Read(uint64_t offset, size_t size, void* dst) const override {
+        ++*n_;
+        return f_->Read(offset, size, dst);
+      }
+      Result<uint64_t> Size() const override { return f_->Size(); }
+
+     private:
+      std::unique_ptr<RandomAccessFile> f_;
+      std::atomic<int64_t>* n_;
+    };
+    ASSIGN_OR_RETURN(std::unique_ptr<RandomAccessFile> f, base_->NewRandomAccessFile(path));
+    return std::unique_ptr<RandomAccessFile>(new Counted(std::move(f), &reads_));
+  }
+
+ private:
+  std::atomic<int64_t> reads_{0};
+};
+
+TEST_CASE("small pieces read in file order come from a window read ahead; others do not") {
+  // One data file of 400 packed pieces of 1 KiB (rows of a row-split
+  // tensor): read in file order they cost a few reads of the file, not
+  // one each; shuffled, one each (no read-ahead wasted on scattered
+  // reads); the bytes are the tensor's either way, and a damaged piece
+  // inside a window is still found and named.
+  std::mt19937_64 rng(testing::TestSeed() + 2026);
+  auto mem = NewMemEnv();
+  ReadCountingEnv env(mem.get());
+  const int64_t pieces = 400, rows = 2, cols = 128;
+  Strategy strategy(*Mesh::Parse("r=1"));
+  REQUIRE(strategy.Add({"w", Layout::Replicated({pieces * rows, cols}, DType::kF32)}).ok());
+  std::vector<float> full(pieces * rows * cols);
+  for (size_t i = 0; i < full.size(); ++i) full[i] = static_cast<float>(i) - 7.5f;
+  {
+    auto writer = CreateNativeCheckpoint(&env, "/c", strategy, {1, {}, "test"}, {});
+    REQUIRE(writer.ok());
+    for (int64_t p = 0; p < pieces; ++p) {
+      const Box b({{p * rows, (p + 1) * rows}, {0, cols}});
+      REQUIRE((*writer)->WritePiece(0, 0, b, full.data() + p * rows * cols).ok());
+    }
+    REQUIRE((*writer)->Commit().ok());
+  }
+  std::vector<int64_t> order(pieces);
+  std::iota(order.begin(), order.end(), 0);
+  auto read_all = [&](const CheckpointReader& reader) -> Status {
+    for (int64_t p : order) {
+      // Half a piece, as a reshard that splits each piece in two reads it:
+      // the whole piece is read to check its checksum.
+      const Box region({{p * rows, (p + 1) * rows}, {cols / 2, cols}});
+      const std::vector<int64_t> ext = region.extents();
+      std::vector<float> got(NumElements(region)), want(NumElements(region));
+      RETURN_IF_ERROR(reader.ReadRegion(0, region, got.data(), ext, Box::FromShape(ext)));
+      CopyBox(full.data(), {pieces * rows, cols}, region, want.data(), ext, Box::FromShape(ext),
+              sizeof(float));
+      if (got != want) return DataLossError("wrong bytes read for " + ToString(region));
+    }
+    return Status::Ok();
+  };
+  {
+    auto reader = Open(&env, "/c");
+    const int64_t before = env.reads();
+    REQUIRE(read_all(*reader).ok());
+    const int64_t in_order = env.reads() - before;
+    INFO(in_order << " reads for " << pieces << " pieces in file order");
+    CHECK(in_order <= pieces / 10);
+  }
+  {
+    std::shuffle(order.begin(), order.end(), rng);
+    auto reader = Open(&env, "/c");
+    const int64_t before = env.reads();
+    REQUIRE(read_all(*reader).ok());
+    const int64_t shuffled = env.reads() - before;
+    INFO(shuffled << " reads for " << pieces << " pieces shuffled");
+    CHECK(shuffled >= pieces * 9 / 10);  // shuffled neighbours may still meet
+    CHECK(shuffled <= pieces + 8);       // the data file's header checks
+  }
+  // A flipped byte in piece 250, which an in-order read takes from a window.
+  auto m = ReadManifest(&env, "/c");
+  REQUIRE(m.ok());
+  REQUIRE(m->files.size() == 1);
+  const std::string data = JoinPath("/c", m->files[0].name);
+  uint64_t at = 0;
+  for (const PieceInfo& p : m->tensors[0].pieces) {
+    if (p.box[0].begin == 250 * rows) at = p.offset + p.length / 2;
+  }
+  REQUIRE(at > 0);
+  auto bytes = ReadFileToString(&env, data);
+  REQUIRE(bytes.ok());
+  (*bytes)[at] ^= 1;
+  REQUIRE(WriteFileAtomically(&env, data, *bytes).ok());
+  std::iota(order.begin(), order.end(), 0);
+  auto damaged = Open(&env, "/c");
+  const Status s = read_all(*damaged);
+  INFO(s.ToString());
+  CHECK(s.code() == StatusCode::kDataLoss);
+  CHECK_THAT(s.message(), Catch::Contains("'w'") && Catch::Contains("checksum") &&
+                              Catch::Contains(m->files[0].name));
+}
+
+}  // namespace
+}  // namespace tessera
