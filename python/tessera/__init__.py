@@ -17,6 +17,14 @@ import collections
 import json
 import os
 
+try:
+    import numpy  # noqa: F401  (the extension's arrays are numpy's)
+except ImportError as e:
+    raise ImportError(
+        "tessera needs numpy, which this Python cannot import: pip install numpy, or "
+        "apt-get install python3-numpy (a virtualenv sees Debian's when made with "
+        "--system-site-packages)", name="numpy") from e
+
 from . import _tessera as _c
 from ._tessera import (  # noqa: F401  (re-exported)
     DataLossError,
