@@ -14,11 +14,14 @@ TESSERA_PACKAGES=(
   catch2 libopenblas-dev libxxhash-dev nlohmann-json3-dev libisal-dev
   python3 python3-torch python3-numpy python3-h5py python3-protobuf
   python3-dev python3-pybind11 python3-pytest python3-venv
+  python3-pip python3-setuptools python3-wheel
 )
 # clang-format: scripts/test checks the C++ sources are formatted
 # (.clang-format).
 # python3-dev and pybind11: the `tessera` Python package (python/); pytest
 # runs its tests; python3-venv: scripts/install-python into a virtualenv.
+# pip, setuptools and wheel: `pip install --no-build-isolation .` builds the
+# package (pyproject.toml) with Debian's build tools, with no package index.
 # python3-torch and numpy: the numerical reference of the parity tests.
 # The benchmarks' peers (scripts/bench only).
 TESSERA_BENCH_PACKAGES=(time)
