@@ -50,8 +50,9 @@ def _cmake_project_version():
 def _temporary_build_dir():
     """A CMake build folder removed at exit: build-pip-XXXXXX in the
     repository (ignored by git) where it is writable, so that ccache, with
-    its base_dir over the repository, shares objects with every other build
-    of this checkout and every earlier pip build; else one in $TMPDIR."""
+    its base_dir over the repository, shares objects between pip builds and
+    with the checkout's other builds under the same base_dir (build/ when
+    CCACHE_BASEDIR covers it); else one in $TMPDIR."""
     try:
         path = tempfile.mkdtemp(prefix="build-pip-", dir=ROOT)
     except OSError:
