@@ -307,7 +307,7 @@ class ReadCountingEnv : public EnvWrapper {
   std::atomic<int64_t> reads_{0};
 };
 
-TEST_CASE("small pieces read in file order come from a window read ahead; others do not") {
+TEST_CASE("small pieces read in file order come from a window read ahead, others do not") {
   // One data file of 400 packed pieces of 1 KiB (rows of a row-split
   // tensor): read in file order they cost a few reads of the file, not
   // one each; shuffled, one each (no read-ahead wasted on scattered

@@ -94,7 +94,7 @@ TEST_CASE("PosixEnv and MemEnv behave alike") {
   }
 }
 
-TEST_CASE("PosixEnv lends a file's bytes through a mapping; MemEnv reads them") {
+TEST_CASE("PosixEnv lends a file's bytes through a mapping, MemEnv reads them") {
   TempDir tmp;
   REQUIRE_FALSE(tmp.path().empty());
   std::string data(3 * 4096 + 100, 0);

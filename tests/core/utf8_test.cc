@@ -9,7 +9,7 @@
 namespace tessera {
 namespace {
 
-TEST_CASE("UTF-8: every length round-trips; malformed bytes are named") {
+TEST_CASE("UTF-8: every length round-trips, malformed bytes are named") {
   const std::u32string points = {U'a', 0xe9, 0x7ff, 0x800, 0xffff, 0x10000, 0x1d11e, 0x10ffff, 0};
   auto utf8 = EncodeUtf8(points);
   REQUIRE(utf8.ok());

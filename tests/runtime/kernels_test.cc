@@ -53,7 +53,7 @@ void CheckGradient(const char* what, Vec& param, const Vec& analytic,
   CHECK(max_err < tol);
 }
 
-TEST_CASE("matmul forward equals the naive product; backward matches finite differences") {
+TEST_CASE("matmul forward equals the naive product, backward matches finite differences") {
   std::mt19937 rng(1);
   const int N = 5, C = 7, OC = 3;
   Vec x = Random(N * C, rng), w = Random(C * OC, rng), b = Random(OC, rng), r = Random(N * OC, rng);
@@ -104,7 +104,7 @@ TEST_CASE("the tied (transposed) product and its gradients") {
   CheckGradient("dweight", w, dw, loss);
 }
 
-TEST_CASE("layernorm normalises each row; backward matches finite differences") {
+TEST_CASE("layernorm normalises each row, backward matches finite differences") {
   std::mt19937 rng(2);
   const int N = 4, C = 8;
   Vec x = Random(N * C, rng, 2.0f), w = Random(C, rng), b = Random(C, rng), r = Random(N * C, rng);
@@ -247,7 +247,7 @@ TEST_CASE("gelu, residual and encoder: values and gradients") {
   for (int c = 0; c < C; ++c) CHECK(dwte[3 * C + c] == 0.0f);  // token 3 never appears
 }
 
-TEST_CASE("softmax cross-entropy: the loss of uniform logits is log V; exact gradients") {
+TEST_CASE("softmax cross-entropy: the loss of uniform logits is log V, exact gradients") {
   std::mt19937 rng(5);
   const int N = 3, V = 7;
   const std::vector<int32_t> targets = {0, 6, 3};

@@ -9,7 +9,7 @@
 namespace tessera {
 namespace {
 
-TEST_CASE("tensors hold any dtype; floats convert to and from f32") {
+TEST_CASE("tensors hold any dtype, floats convert to and from f32") {
   auto zeros = Tensor::Zeros(DType::kI64, {2, 3});
   REQUIRE(zeros.ok());
   CHECK(zeros->numel() == 6);
@@ -49,7 +49,7 @@ TEST_CASE("tensors hold any dtype; floats convert to and from f32") {
   CHECK_FALSE(*half == *f32);
 }
 
-TEST_CASE("tensor shapes: reshape keeps elements; bad shapes are named") {
+TEST_CASE("tensor shapes: reshape keeps elements, bad shapes are named") {
   auto t = Tensor::FromF32(std::vector<float>(12, 1.0f), {3, 4});
   REQUIRE(t.ok());
   REQUIRE(t->Reshape({2, 2, 3}).ok());

@@ -128,7 +128,7 @@ TEST_CASE("in-process: a receive nobody sends times out naming peer and tag") {
   CHECK_THAT(s.message(), Catch::Contains("receive of 1 f32 from rank 1 (tag 42)"));
 }
 
-TEST_CASE("LaunchRanks runs in-process without mpirun; RankTableFromEnv reads the table") {
+TEST_CASE("LaunchRanks runs in-process without mpirun, RankTableFromEnv reads the table") {
   std::atomic<int> seen{0};
   REQUIRE(LaunchRanks({.backend = CommBackend::kInProcess, .ranks = 3}, [&](Communicator& c) {
             seen += c.size();

@@ -105,7 +105,7 @@ TEST_CASE("key-value store: set, get waiting for a later set, add, many clients"
   CHECK(*(*a)->Add("n", 0) == 80);
 }
 
-TEST_CASE("key-value store: a key never set times out naming it; no server is named") {
+TEST_CASE("key-value store: a key never set times out naming it, no server is named") {
   auto server = KvServer::Start(0);
   REQUIRE(server.ok());
   auto c = KvClient::Connect("127.0.0.1", (*server)->port(), milliseconds(5000));

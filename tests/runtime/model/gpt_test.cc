@@ -117,7 +117,7 @@ TEST_CASE("AdamW: the first step moves each weight by lr against its gradient") 
   }
 }
 
-TEST_CASE("GPT: training overfits a fixed batch; clipping bounds the norm") {
+TEST_CASE("GPT: training overfits a fixed batch, clipping bounds the norm") {
   auto g = Gpt::Create(kTiny);
   g->Init(5);
   const auto tokens = Tokens(12, 11, 3), targets = Tokens(12, 11, 4);
@@ -142,7 +142,7 @@ TEST_CASE("GPT: training overfits a fixed batch; clipping bounds the norm") {
   CHECK(std::sqrt(SquaredNorm(g->grads().data(), g->num_params())) == Approx(1e-3).epsilon(1e-3));
 }
 
-TEST_CASE("GPT checkpoints: resume state exactly; exports in bf16 without optimizer state") {
+TEST_CASE("GPT checkpoints: resume state exactly, exports in bf16 without optimizer state") {
   std::unique_ptr<Env> env = NewMemEnv();
   auto g = Gpt::Create(kTiny);
   g->Init(9);

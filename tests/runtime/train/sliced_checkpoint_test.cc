@@ -118,7 +118,7 @@ TEST_CASE("sliced checkpoint: every rank writes its pieces once, the whole reads
 }
 
 TEST_CASE(
-    "merged checkpoint: every rank writes its pieces into one file; whole tensors on one rank") {
+    "merged checkpoint: every rank writes its pieces into one file, whole tensors on one rank") {
   auto env = NewMemEnv();
   REQUIRE(env->CreateDirs("/ck").ok());
   const Strategy strategy = ThreeTensors();
@@ -346,7 +346,7 @@ TEST_CASE("redundant sliced save: a lost or corrupt data file is read around and
   }
 }
 
-TEST_CASE("parity: a lost parity file is rebuilt; two lost files of a group are named") {
+TEST_CASE("parity: a lost parity file is rebuilt, two lost files of a group are named") {
   const std::vector<std::vector<float>> full = {Values(32, 0), Values(6, 100), Values(8, 200)};
   auto env = NewMemEnv();
   SaveWithRedundancy(env.get(), "parity:2", full);
@@ -385,7 +385,7 @@ TEST_CASE("parity: a lost parity file is rebuilt; two lost files of a group are 
   CHECK_THAT(read.message(), Catch::Contains("is missing") && Catch::Contains("parity"));
 }
 
-TEST_CASE("rs:2+2 over two hosts: the manifest records the placement; a lost host loses nothing") {
+TEST_CASE("rs:2+2 over two hosts: the manifest records the placement, a lost host loses nothing") {
   const std::vector<std::vector<float>> full = {Values(32, 0), Values(6, 100), Values(8, 200)};
   for (const char* host : {"a", "b"}) {
     INFO("host " << host << "'s files deleted");
