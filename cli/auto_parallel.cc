@@ -67,7 +67,7 @@ Result<ParallelConfig> ParseAlternative(const std::string& text) {
     } else if (key == "micro_batches") {
       RETURN_IF_ERROR(number(&p.micro_batches));
     } else if (key == "recompute") {
-      p.recompute = value;
+      ASSIGN_OR_RETURN(p.recompute, ParseRecompute(value));
     } else if (key == "strategy") {
       strategy = value;
     } else {
@@ -91,7 +91,7 @@ Status RunAuto(const AutoArgs& a, std::ostream& out) {
   ASSIGN_OR_RETURN(MachineProfile profile, MachineProfile::Load(a.profile));
   const int T = a.seq > 0 ? a.seq : a.config.context;
   SearchOptions options;
-  options.mode = a.mode;
+  ASSIGN_OR_RETURN(options.mode, ParseSearchMode(a.mode));
   options.bucket_bytes = static_cast<int64_t>(a.bucket_mib * (1 << 20));
   if (!a.rank_memory.empty()) {
     ASSIGN_OR_RETURN(options.rank_memory, ParseByteSize(a.rank_memory));

@@ -74,7 +74,7 @@ Result<StepPrediction> PredictGptStep(const GptConfig& config, int B, int T,
   // Without operators to run (tp = 1, no strategy file, no recompute), the
   // runtime runs each stage's Gpt whole; the model prices the data-parallel
   // operators' work, which is the same, and the Gpt's own buffers.
-  ASSIGN_OR_RETURN(const bool whole, ParallelGpt::RunsWhole(parallel));
+  const bool whole = ParallelGpt::RunsWhole(parallel);
   for (int s = 0; s < par.pp; ++s) {
     GptStage gs = ParallelGpt::StageOf(config, par.pp, s, par.tp, 0, par.stage_layers);
     ASSIGN_OR_RETURN(std::unique_ptr<OpGpt> ops, ParallelGpt::StageOps(config, par, job.mesh, gs));

@@ -47,11 +47,8 @@ struct SearchContext {
 Result<SearchContext> MakeContext(const GptConfig& config, int B, int T, int devices,
                                   const MachineProfile& machine, const SearchOptions& options) {
   RETURN_IF_ERROR(config.Validate());
-  const bool fast = options.mode == "fast", propagate = options.mode == "propagate";
-  if (!fast && !propagate && options.mode != "exact") {
-    return InvalidArgumentError("auto-parallel mode '" + options.mode +
-                                "' is not one of propagate, fast, exact");
-  }
+  const bool fast = options.mode == SearchMode::kFast;
+  const bool propagate = options.mode == SearchMode::kPropagate;
   if (propagate && options.fixed == nullptr) {
     return InvalidArgumentError("auto-parallel propagate completes a strategy file: give one");
   }
@@ -71,7 +68,7 @@ Result<SearchContext> MakeContext(const GptConfig& config, int B, int T, int dev
                                   ": propagate folds identical blocks: give "
                                   "recompute for \"h.*\" only");
     }
-    ASSIGN_OR_RETURN(ctx.fixed_rc, ParseRecompute(ctx.fixed->recompute[0].second));
+    ctx.fixed_rc = ctx.fixed->recompute[0].second;
   }
   return ctx;
 }
@@ -800,14 +797,14 @@ double BlocksOnCriticalPath(const SearchContext& ctx, const BlockSetting& b) {
 ParallelConfig PlanOf(const SearchContext& ctx, const MeshOps& ops, const Pick& p,
                       const BlockSetting& b, int zero, const std::vector<int>& layers) {
   auto file = std::make_shared<OpStrategyFile>();
-  file->source = "<auto-parallel " + ctx.options.mode + ">";
+  file->source = "<auto-parallel " + std::string(SearchModeName(ctx.options.mode)) + ">";
   file->pp = b.mesh.pp;
   file->dp = b.mesh.dp;
   file->tp = b.mesh.tp;
   file->zero = zero;
   file->micro_batches = b.m;
   file->stage_layers = layers;
-  if (b.rc != Recompute::kNone) file->recompute = {{"h.*", std::string(RecomputeName(b.rc))}};
+  if (b.rc != Recompute::kNone) file->recompute = {{"h.*", b.rc}};
   for (const GptOpSpec& spec : GptOpSpecs()) {
     OpStrategyFile::Entry e;
     e.pattern = OpPattern(spec.op);
@@ -1095,6 +1092,20 @@ Status NoPlan(const SearchContext& ctx, const Leaderboard& board, const std::str
 
 }  // namespace
 
+Result<SearchMode> ParseSearchMode(std::string_view text) {
+  if (text == "fast") return SearchMode::kFast;
+  if (text == "exact") return SearchMode::kExact;
+  if (text == "propagate") return SearchMode::kPropagate;
+  return InvalidArgumentError("auto-parallel mode '" + std::string(text) +
+                              "' is not one of propagate, fast, exact");
+}
+
+std::string_view SearchModeName(SearchMode mode) {
+  return mode == SearchMode::kExact       ? "exact"
+         : mode == SearchMode::kPropagate ? "propagate"
+                                          : "fast";
+}
+
 Result<SearchResult> SearchGptParallel(const GptConfig& config, int B, int T, int devices,
                                        const MachineProfile& machine,
                                        const SearchOptions& options) {
@@ -1104,7 +1115,7 @@ Result<SearchResult> SearchGptParallel(const GptConfig& config, int B, int T, in
     // Start from fast's answer (its choices are among exact's): the
     // bounds then skip most block strategies at once.
     SearchOptions seed = options;
-    seed.mode = "fast";
+    seed.mode = SearchMode::kFast;
     auto r = SearchGptParallel(config, B, T, devices, machine, seed);
     if (r.ok()) board.Seed(std::move(*r));
   }

@@ -51,12 +51,16 @@
 
 namespace tessera {
 
+// fast: the operator strategies among data parallelism, Megatron and
+// Megatron-SP; exact: every operator's own choice (identical blocks folded
+// into one decision); propagate: exact, with what a strategy file sets
+// (operators, mesh, zero, micro-batches, recompute) kept.
+enum class SearchMode { kFast, kExact, kPropagate };
+Result<SearchMode> ParseSearchMode(std::string_view text);  // fast, exact, propagate
+std::string_view SearchModeName(SearchMode mode);
+
 struct SearchOptions {
-  // fast: the operator strategies among data parallelism, Megatron and
-  // Megatron-SP; exact: every operator's own choice (identical blocks
-  // folded into one decision); propagate: exact, with what `fixed` sets
-  // (operators, mesh, zero, micro-batches, recompute) kept.
-  std::string mode = "fast";
+  SearchMode mode = SearchMode::kFast;  // propagate completes `fixed`
   std::shared_ptr<const OpStrategyFile> fixed;
   int64_t rank_memory = 0;  // bytes per rank; 0: the profile's device memory (or no limit)
   int64_t bucket_bytes = int64_t{25} << 20;

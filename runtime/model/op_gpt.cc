@@ -285,18 +285,6 @@ Status OpGpt::Bind(Gpt* model, Communicator* tp) {
 
 void OpGpt::SetSlots(int n) { slots_.resize(std::max(1, n)); }
 
-Result<Recompute> ParseRecompute(std::string_view text) {
-  if (text == "none") return Recompute::kNone;
-  if (text == "full") return Recompute::kFull;
-  if (text == "selective") return Recompute::kSelective;
-  return InvalidArgumentError("recompute '" + std::string(text) +
-                              "' is not one of none, full, selective");
-}
-
-std::string_view RecomputeName(Recompute r) {
-  return r == Recompute::kFull ? "full" : r == Recompute::kSelective ? "selective" : "none";
-}
-
 void OpGpt::SetRecompute(int layer, Recompute mode) {
   for (OpGpt::Block& b : blocks_) {
     if (layer < 0 || b.layer == layer) b.recompute = mode;

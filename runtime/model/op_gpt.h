@@ -39,17 +39,6 @@
 
 namespace tessera {
 
-// Activation checkpointing of a block (MindSpore's `recompute` on a Cell):
-// kFull keeps only the block's input and output and runs the block again
-// in backward; kSelective (Korthikanti et al.) runs only the attention core
-// again (scores, softmax, weighted sum: the activations that grow with the
-// sequence squared). The numbers do not change: the kernels are
-// deterministic.
-enum class Recompute { kNone, kFull, kSelective };
-
-Result<Recompute> ParseRecompute(std::string_view text);  // none, full, selective
-std::string_view RecomputeName(Recompute r);
-
 class OpGpt {
  public:
   // Every operator of the whole model, for checking a strategy file.

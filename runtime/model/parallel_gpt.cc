@@ -48,22 +48,20 @@ Status ParallelConfig::Validate(int world_size) const {
   return Status::Ok();
 }
 
-Result<bool> ParallelGpt::RunsWhole(const ParallelConfig& parallel) {
-  ASSIGN_OR_RETURN(const Recompute recompute, ParseRecompute(parallel.recompute));
-  return parallel.tp == 1 && parallel.op_strategy == nullptr && recompute == Recompute::kNone;
+bool ParallelGpt::RunsWhole(const ParallelConfig& parallel) {
+  return parallel.tp == 1 && parallel.op_strategy == nullptr &&
+         parallel.recompute == Recompute::kNone;
 }
 
 Result<std::unique_ptr<OpGpt>> ParallelGpt::StageOps(const GptConfig& config,
                                                      const ParallelConfig& parallel,
                                                      const Mesh& mesh, const GptStage& gs) {
   std::unique_ptr<OpGpt> ops;
-  ASSIGN_OR_RETURN(const bool whole, RunsWhole(parallel));
-  if (whole) return ops;
-  ASSIGN_OR_RETURN(const Recompute recompute, ParseRecompute(parallel.recompute));
+  if (RunsWhole(parallel)) return ops;
   const OpStrategyFile file = StrategyFileOf(parallel);
   ASSIGN_OR_RETURN(auto strategies, ResolveOpStrategies(file, OpGpt::Signatures(config), mesh));
   ASSIGN_OR_RETURN(ops, OpGpt::Create(config, strategies, gs, parallel.dp));
-  ops->SetRecompute(-1, recompute);
+  ops->SetRecompute(-1, parallel.recompute);
   // The file's blocks: patterns first, then exact names.
   for (const bool exact : {false, true}) {
     for (const auto& [pattern, mode] : file.recompute) {
@@ -72,7 +70,7 @@ Result<std::unique_ptr<OpGpt>> ParallelGpt::StageOps(const GptConfig& config,
       for (int i = 0; i < config.layers; ++i) {
         if (!MatchesOpPattern(pattern, "h." + std::to_string(i))) continue;
         matched = true;
-        ops->SetRecompute(i, *ParseRecompute(mode));
+        ops->SetRecompute(i, mode);
       }
       if (!matched) {
         return InvalidArgumentError(file.source + ": recompute names '" + pattern +

@@ -70,7 +70,7 @@ struct ParallelConfig {
   bool sequence_parallel = false;
   // Activation recompute of every block: none, full or selective (the
   // strategy file's "recompute" entries override it per block).
-  std::string recompute = "none";
+  Recompute recompute = Recompute::kNone;
   // The mesh "pp=P,dp=D,tp=T" (ranks row-major: tp fastest).
   Result<Mesh> MakeMesh() const;
   Status Validate(int world_size) const;
@@ -100,7 +100,7 @@ class ParallelGpt {
   MemoryUse Memory() const;
   // Whether `parallel` runs each stage's Gpt whole, without operators
   // (tp = 1, no strategy file, no recompute).
-  static Result<bool> RunsWhole(const ParallelConfig& parallel);
+  static bool RunsWhole(const ParallelConfig& parallel);
   // The operators of stage `gs` (its tp rank's) as `parallel` makes them,
   // recompute set; null when the stage runs its Gpt whole (RunsWhole).
   static Result<std::unique_ptr<OpGpt>> StageOps(const GptConfig& config,

@@ -89,6 +89,18 @@ std::string OpStrategy::ToString() const {
   return s + (inputs.size() == 1 ? ",)" : ")");  // Python's one-element tuples
 }
 
+Result<Recompute> ParseRecompute(std::string_view text) {
+  if (text == "none") return Recompute::kNone;
+  if (text == "full") return Recompute::kFull;
+  if (text == "selective") return Recompute::kSelective;
+  return InvalidArgumentError("recompute '" + std::string(text) +
+                              "' is not one of none, full, selective");
+}
+
+std::string_view RecomputeName(Recompute r) {
+  return r == Recompute::kFull ? "full" : r == Recompute::kSelective ? "selective" : "none";
+}
+
 bool MatchesOpPattern(std::string_view pattern, std::string_view name) {
   if (pattern.empty()) return name.empty();
   if (pattern[0] != '*') {
@@ -197,10 +209,11 @@ Result<OpStrategyFile> OpStrategyFile::Parse(std::string_view text, const std::s
       if (!value.is_object()) return fail("\"recompute\" must map blocks (\"h.*\") to modes");
       for (const auto& [block, mode] : value.items()) {
         const std::string m = mode.is_string() ? mode.get<std::string>() : mode.dump();
-        if (m != "none" && m != "full" && m != "selective") {
+        const Result<Recompute> r = ParseRecompute(m);
+        if (!r.ok()) {
           return fail("recompute of '" + block + "' is " + m + ", not none, full or selective");
         }
-        file.recompute.emplace_back(block, m);
+        file.recompute.emplace_back(block, *r);
       }
     } else {
       return fail("unknown key \"" + key + "\"");
@@ -256,7 +269,7 @@ std::string OpStrategyFile::ToJson() const {
   if (!stage_layers.empty()) root["stage_layers"] = stage_layers;
   if (!recompute.empty()) {
     Json r = Json::object();
-    for (const auto& [block, mode] : recompute) r[block] = mode;
+    for (const auto& [block, mode] : recompute) r[block] = RecomputeName(mode);
     root["recompute"] = r;
   }
   if (!dataset_strategy.empty()) root["dataset_strategy"] = dataset_strategy;

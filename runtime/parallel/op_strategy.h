@@ -77,13 +77,24 @@ struct OpSignature {
 };
 
 // A parsed file, not yet checked against a model.
+// Activation checkpointing of a block (MindSpore's `recompute` on a Cell):
+// kFull keeps only the block's input and output and runs the block again
+// in backward; kSelective (Korthikanti et al.) runs only the attention core
+// again (scores, softmax, weighted sum: the activations that grow with the
+// sequence squared). The numbers do not change: the kernels are
+// deterministic.
+enum class Recompute { kNone, kFull, kSelective };
+
+Result<Recompute> ParseRecompute(std::string_view text);  // none, full, selective
+std::string_view RecomputeName(Recompute r);
+
 struct OpStrategyFile {
   std::string source;  // the path (or "<text>"), for messages
   std::optional<int> pp, dp, tp, zero, micro_batches;
   std::vector<int> stage_layers;
   // "recompute": {"h.*": "selective", "h.0": "full"}: blocks (patterns as
   // for operators; an exact name wins) and none, full or selective.
-  std::vector<std::pair<std::string, std::string>> recompute;
+  std::vector<std::pair<std::string, Recompute>> recompute;
   // MindSpore's dataset_strategy: "data_parallel" (each replica reads its
   // rows of the batch), "full_batch" (every rank reads the whole batch, the
   // strategy cuts it), or the layout of the inputs, [[dp, 1], [dp, 1]] (=

@@ -177,7 +177,7 @@ Result<ParallelConfig> AutoParallel(const Options& o, Communicator& world) {
     ASSIGN_OR_RETURN(profile, CalibrateMachine(world));
   }
   SearchOptions search;
-  search.mode = o.auto_parallel;
+  ASSIGN_OR_RETURN(search.mode, ParseSearchMode(o.auto_parallel));
   if (o.auto_parallel == "propagate") search.fixed = o.parallel.op_strategy;
   search.rank_memory = o.rank_memory;
   search.bucket_bytes = o.parallel.bucket_bytes;
@@ -530,7 +530,8 @@ int main(int argc, char** argv) {
                  "data_parallel: each data-parallel replica reads only its rows of the batch; "
                  "full_batch: every rank reads the whole batch and keeps its rows")
       ->check(CLI::IsMember({"data_parallel", "full_batch"}));
-  app.add_option("--recompute", o.parallel.recompute,
+  std::string recompute = "none";
+  app.add_option("--recompute", recompute,
                  "activation recompute of every block: none, full (keep each block's input, "
                  "run it again in backward) or selective (the attention core only)")
       ->check(CLI::IsMember({"none", "full", "selective"}));
@@ -614,6 +615,7 @@ int main(int argc, char** argv) {
                  "write its profile here, then exit");
   app.add_flag("--quiet", o.quiet, "log only the summary");
   CLI11_PARSE(app, argc, argv);
+  o.parallel.recompute = *ParseRecompute(recompute);  // CLI11 checked it
   if (!rank_memory.empty()) {
     Result<int64_t> bytes = ParseByteSize(rank_memory);
     if (!bytes.ok()) return Fail(bytes.status());

@@ -340,7 +340,7 @@ std::vector<Case> Cases() {
     p.zero = zero;
     p.micro_batches = mb;
     p.sequence_parallel = sp;
-    p.recompute = recompute;
+    p.recompute = *ParseRecompute(recompute);
     p.op_strategy = std::move(file);
     p.bucket_bytes = 16 << 10;  // several buckets
     cases.push_back({name, p});
@@ -479,7 +479,7 @@ TEST_CASE("ranks sharing devices: a pipeline's waiting stages lend their share")
   // The search's bounds allow for lending: on the shared machine its plan is
   // no slower than any of these pipelines priced one by one.
   SearchOptions o;
-  o.mode = "exact";
+  o.mode = SearchMode::kExact;
   auto r = SearchGptParallel(c, 8, 32, 4, shared, o);
   INFO(r.status().ToString());
   REQUIRE(r.ok());
@@ -630,7 +630,7 @@ std::map<std::string, std::string> Chosen(const GptConfig& c, const SearchResult
 Result<SearchResult> Propagate(const GptConfig& c, int B, int T, int devices,
                                const OpStrategyFile& f, int64_t budget = 0) {
   SearchOptions o;
-  o.mode = "propagate";
+  o.mode = SearchMode::kPropagate;
   o.fixed = std::make_shared<OpStrategyFile>(f);
   o.rank_memory = budget;
   return SearchGptParallel(c, B, T, devices, Dgx(), o);
@@ -641,7 +641,7 @@ TEST_CASE(
   // 7 divides no weight dimension here: only the (uneven) rows may be cut.
   const GptConfig c{.layers = 2, .heads = 2, .embed = 32, .context = 32, .vocab = 256};
   SearchOptions o;
-  o.mode = "exact";
+  o.mode = SearchMode::kExact;
   // This VM's profile: where the search once chose c_fc cut by columns,
   // which resolving the plan's file then refused.
   auto vm = MachineProfile::Load(std::string(TESSERA_SOURCE_DIR) +
@@ -663,7 +663,7 @@ TEST_CASE("the exact search equals brute force on a small graph, with and withou
   const int B = 8, T = 16;
   const DimAxes none, d{"dp"}, t{"tp"}, dt{"dp", "tp"};
   OpStrategyFile fixed = Settings("<fixed>", 2);
-  fixed.recompute = {{"h.*", "none"}};
+  fixed.recompute = {{"h.*", Recompute::kNone}};
   fixed.operators = {Entry("h.*.ln_1", {{dt, none}}),
                      Entry("h.*.ln_2", {{dt, none}}),
                      Entry("ln_f", {{dt, none}}),
@@ -776,7 +776,7 @@ TEST_CASE("a layer norm measured slow tips the search to sequence parallelism") 
   // tp, with the residual adds between them.
   const GptConfig c{.layers = 2, .heads = 32, .embed = 4096, .context = 128, .vocab = 32768};
   SearchOptions o;
-  o.mode = "propagate";
+  o.mode = SearchMode::kPropagate;
   o.fixed = std::make_shared<OpStrategyFile>(Settings("<tp8>", 8));
   MachineProfile slow = Dgx();
   slow.kernel_seconds[static_cast<int>(Kernel::kLayerNormForward)] = 40 * 8 / slow.memory_bandwidth;
@@ -810,7 +810,7 @@ TEST_CASE("exact chooses pure data parallelism when the batch dwarfs the hidden 
   // weights gets [[16, 1], [1, 1]]. Model: 2 blocks, C = 64; batch 512 x 64.
   const GptConfig c{.layers = 2, .heads = 4, .embed = 64, .context = 64, .vocab = 512};
   SearchOptions o;
-  o.mode = "exact";
+  o.mode = SearchMode::kExact;
   auto r = SearchGptParallel(c, 512, 64, 16, Dgx(), o);
   INFO(r.status().ToString());
   REQUIRE(r.ok());
@@ -829,9 +829,9 @@ TEST_CASE("exact chooses pure data parallelism when the batch dwarfs the hidden 
 TEST_CASE("exact is never slower than fast, and its answer does not depend on the file's order") {
   const GptConfig c{.layers = 4, .heads = 8, .embed = 256, .context = 256, .vocab = 4096};
   SearchOptions o;
-  o.mode = "fast";
+  o.mode = SearchMode::kFast;
   auto f = SearchGptParallel(c, 16, 256, 8, Dgx(), o);
-  o.mode = "exact";
+  o.mode = SearchMode::kExact;
   auto e = SearchGptParallel(c, 16, 256, 8, Dgx(), o);
   REQUIRE(f.ok());
   REQUIRE(e.ok());
@@ -872,7 +872,7 @@ TEST_CASE("operator strategy files round-trip through ToJson") {
   f.zero = 1;
   f.micro_batches = 4;
   f.stage_layers = {3, 1};
-  f.recompute = {{"h.*", "selective"}};
+  f.recompute = {{"h.*", Recompute::kSelective}};
   auto back = OpStrategyFile::Parse(f.ToJson(), "<json>");
   INFO(f.ToJson());
   REQUIRE(back.ok());
@@ -950,7 +950,7 @@ TEST_CASE("the per-operator shares add up to the stage's work") {
     ParallelConfig par;
     par.tp = 2;
     par.sequence_parallel = sp;
-    par.recompute = rc;
+    par.recompute = *ParseRecompute(rc);
     auto mesh = par.MakeMesh();
     REQUIRE(mesh.ok());
     const GptStage gs = ParallelGpt::StageOf(c, 1, 0, 2, 0);

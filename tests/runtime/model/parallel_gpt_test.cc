@@ -444,7 +444,7 @@ TEST_CASE("recompute (full, selective) keeps every configuration's losses, bit f
       DYNAMIC_SECTION("tp" << c.tp << " dp" << c.dp << " pp" << c.pp << " zero" << c.zero
                            << (c.sp ? " sp" : "") << " recompute " << mode) {
         ParallelConfig config = base;
-        config.recompute = mode;
+        config.recompute = *ParseRecompute(mode);
         const Run run = Parallel(config, c.tp * c.dp * c.pp);
         Compare(run, reference);
         CHECK(run.losses == plain.losses);
@@ -461,7 +461,7 @@ TEST_CASE("recompute (full, selective) keeps every configuration's losses, bit f
                2);
   Compare(mixed, reference);
   // Without tp, recompute runs through the operators too.
-  Compare(Parallel({.dp = 2, .bucket_bytes = 4096, .recompute = "full"}, 2), reference);
+  Compare(Parallel({.dp = 2, .bucket_bytes = 4096, .recompute = Recompute::kFull}, 2), reference);
 }
 
 TEST_CASE("memory accounting: recompute and sequence parallelism hold fewer activation bytes") {
@@ -476,8 +476,8 @@ TEST_CASE("memory accounting: recompute and sequence parallelism hold fewer acti
     return m.activations;
   };
   const int64_t none = activations({.tp = 2}, 2);
-  const int64_t selective = activations({.tp = 2, .recompute = "selective"}, 2);
-  const int64_t full = activations({.tp = 2, .recompute = "full"}, 2);
+  const int64_t selective = activations({.tp = 2, .recompute = Recompute::kSelective}, 2);
+  const int64_t full = activations({.tp = 2, .recompute = Recompute::kFull}, 2);
   CHECK(full < selective);
   CHECK(selective < none);
   CHECK(activations({.tp = 4, .sequence_parallel = true}, 4) < activations({.tp = 4}, 4));
