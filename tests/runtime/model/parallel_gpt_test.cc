@@ -13,6 +13,7 @@
 #include <mutex>
 #include <random>
 
+#include "ckpt/mindspore.h"
 #include "runtime/comm/inprocess.h"
 #include "runtime/kernels.h"
 
@@ -481,6 +482,49 @@ TEST_CASE("memory accounting: recompute and sequence parallelism hold fewer acti
   CHECK(full < selective);
   CHECK(selective < none);
   CHECK(activations({.tp = 4, .sequence_parallel = true}, 4) < activations({.tp = 4}, 4));
+}
+
+TEST_CASE("a plan's checkpoint layouts convert to MindSpore's strategy form and back") {
+  const GptConfig c{.layers = 2, .heads = 4, .embed = 32, .context = 16, .vocab = 96};
+  // Megatron's c_attn is cut by heads, in its [C, 3, C] view: MindSpore
+  // cannot say that, and the error names the tensor.
+  ParallelConfig megatron;
+  megatron.dp = 2;
+  megatron.tp = 2;
+  auto m = ParallelGpt::StrategyOf(c, megatron);
+  REQUIRE(m.ok());
+  auto refused = StrategyToMindSpore(*m);
+  REQUIRE_FALSE(refused.ok());
+  CHECK(refused.status().message().find("h.0.attn.c_attn.weight") != std::string::npos);
+  // Data parallel with ZeRO-1 (optimizer states sharded over dp): MindSpore's
+  // opt_weight_shard.
+  ParallelConfig par;
+  par.dp = 4;
+  par.zero = 1;
+  auto layouts = ParallelGpt::StrategyOf(c, par);
+  INFO(layouts.status().ToString());
+  REQUIRE(layouts.ok());
+  auto ms = StrategyToMindSpore(*layouts);
+  INFO(ms.status().ToString());
+  REQUIRE(ms.ok());
+  auto back = MindSporeToStrategy({*ms}, *layouts);
+  INFO(back.status().ToString());
+  REQUIRE(back.ok());
+  // Every rank holds the same box of every parameter under both.
+  REQUIRE(back->tensors().size() == layouts->tensors().size());
+  for (size_t i = 0; i < layouts->tensors().size(); ++i) {
+    const TensorStrategy &a = layouts->tensors()[i], &b = back->tensors()[i];
+    INFO(a.name);
+    CHECK(a.name == b.name);
+    if (a.name.starts_with("optimizer.")) continue;  // parameters: what the file records
+    for (int64_t r = 0; r < 4; ++r) {
+      auto x = ShardOf(a.layout, layouts->mesh(), r);
+      auto y = ShardOf(b.layout, back->mesh(), r);
+      REQUIRE(x.ok());
+      REQUIRE(y.ok());
+      CHECK(*x == *y);
+    }
+  }
 }
 
 }  // namespace

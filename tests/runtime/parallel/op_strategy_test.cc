@@ -163,5 +163,24 @@ TEST_CASE("strategies the operators cannot run are refused on every rank, nothin
          "bad.json: the file's mesh has tp 4 but the job runs tp 2");
 }
 
+TEST_CASE("operator strategy files round-trip through ToJson") {
+  OpStrategyFile f = OpGpt::Megatron(true);
+  f.pp = 2;
+  f.dp = 2;
+  f.tp = 2;
+  f.zero = 1;
+  f.micro_batches = 4;
+  f.stage_layers = {3, 1};
+  f.recompute = {{"h.*", Recompute::kSelective}};
+  auto back = OpStrategyFile::Parse(f.ToJson(), "<json>");
+  INFO(f.ToJson());
+  REQUIRE(back.ok());
+  CHECK(back->ToJson() == f.ToJson());
+  CHECK(back->stage_layers == f.stage_layers);
+  REQUIRE(back->operators.size() == f.operators.size());
+  for (size_t i = 0; i < f.operators.size(); ++i)
+    CHECK(back->operators[i].axes == f.operators[i].axes);
+}
+
 }  // namespace
 }  // namespace tessera
