@@ -339,6 +339,7 @@ Result<AttentionOp> AttentionOp::Create(std::string name, const OpStrategy& s, i
   op.C_ = C;
   ASSIGN_OR_RETURN(const bool rows, RowsOverTp(s.inputs[0][0], dp, name, Input(0, "qkv", 0)));
   ASSIGN_OR_RETURN(const bool h, DimOverTp(s.inputs[0][1], name, Input(0, "qkv", 1) + " (heads)"));
+  RETURN_IF_ERROR(TpOnce(rows + h, name, "both the rows and the heads"));
   if (h && heads % tp != 0) {
     return InvalidArgumentError("operator '" + name + "': " + Input(0, "qkv", 1) +
                                 " (heads): " + std::to_string(heads) +
@@ -388,6 +389,7 @@ namespace {
 Result<Placement> Elementwise(const InputStrategy& in, int dp, const std::string& op, bool* rows) {
   ASSIGN_OR_RETURN(*rows, RowsOverTp(in[0], dp, op, Input(0, "x", 0)));
   ASSIGN_OR_RETURN(const bool c, DimOverTp(in[1], op, Input(0, "x", 1)));
+  RETURN_IF_ERROR(TpOnce(*rows + c, op, "both the rows and the columns"));
   return *rows ? Placement{0} : c ? Placement{1} : Placement{-1};
 }
 
@@ -539,6 +541,7 @@ Result<CrossEntropyOp> CrossEntropyOp::Create(std::string name, const OpStrategy
   ASSIGN_OR_RETURN(const bool rows, RowsOverTp(s.inputs[0][0], dp, name, Input(0, "logits", 0)));
   ASSIGN_OR_RETURN(const bool v,
                    DimOverTp(s.inputs[0][1], name, Input(0, "logits", 1) + " (vocabulary)"));
+  RETURN_IF_ERROR(TpOnce(rows + v, name, "both the rows and the vocabulary"));
   if (s.inputs[1][0] != s.inputs[0][0]) {
     return InvalidArgumentError("operator '" + name + "': " + Input(1, "targets", 0) +
                                 " must be cut like the logits' rows");
