@@ -167,16 +167,17 @@ Result<Act> OpContext::Convert(Act& a, const Placement& to, std::vector<float>* 
         storage->resize(LocalSize(out));
         out.data = storage->data();
         const int64_t r0 = FirstRow(out), n = LocalRows(out), cl = LocalCols(out);
+        // std::copy, not memcpy: an empty shard's storage has no pointer.
         if (to.split != 1) {
-          std::memcpy(out.data, a.data + r0 * a.cols, n * cl * sizeof(float));
+          std::copy(a.data + r0 * a.cols, a.data + (r0 + n) * a.cols, out.data);
           return out;
         }
         const int64_t g = to.groups, width = a.cols / g;
         const Interval c = ChunkOf({0, width}, tp_size_, tp_rank_);
         for (int64_t r = 0; r < n; ++r) {
           for (int64_t j = 0; j < g; ++j) {
-            std::memcpy(out.data + r * cl + j * c.size(), a.data + r * a.cols + j * width + c.begin,
-                        c.size() * sizeof(float));
+            const float* from = a.data + r * a.cols + j * width + c.begin;
+            std::copy(from, from + c.size(), out.data + r * cl + j * c.size());
           }
         }
         return out;
@@ -184,7 +185,7 @@ Result<Act> OpContext::Convert(Act& a, const Placement& to, std::vector<float>* 
       case RedistStep::kRedistribute: {
         const int64_t bytes = LocalSize(a) * 4;
         std::vector<char> local(bytes);
-        std::memcpy(local.data(), a.data, bytes);
+        if (bytes > 0) std::memcpy(local.data(), a.data, bytes);  // an empty shard: no pointers
         auto t =
             DTensor::FromLocal(mesh_, a.place.ToLayout(a.rows, a.cols), tp_rank_, std::move(local));
         if (!t.ok()) {
@@ -196,7 +197,9 @@ Result<Act> OpContext::Convert(Act& a, const Placement& to, std::vector<float>* 
         if (!st.ok())
           return Status(st.code(), "operator '" + op + "' " + what + ": " + st.message());
         storage->resize(LocalSize(out));
-        std::memcpy(storage->data(), moved.local().data(), LocalSize(out) * 4);
+        if (!storage->empty()) {
+          std::memcpy(storage->data(), moved.local().data(), storage->size() * sizeof(float));
+        }
         out.data = storage->data();
         return out;
       }
