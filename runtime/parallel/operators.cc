@@ -140,6 +140,26 @@ Result<Act> OpContext::Convert(Act& a, const Placement& to, std::vector<float>* 
     return a;
   }
   Act out{nullptr, a.rows, a.cols, to};
+  // This rank's shard of `to` cut out of the whole tensor `whole` (with
+  // std::copy, not memcpy: an empty shard's storage has no pointer).
+  auto slice = [&](const float* whole) {
+    storage->resize(LocalSize(out));
+    out.data = storage->data();
+    const int64_t r0 = FirstRow(out), n = LocalRows(out), cl = LocalCols(out);
+    if (to.split != 1) {
+      std::copy(whole + r0 * a.cols, whole + (r0 + n) * a.cols, out.data);
+      return out;
+    }
+    const int64_t g = to.groups, width = a.cols / g;
+    const Interval c = ChunkOf({0, width}, tp_size_, tp_rank_);
+    for (int64_t r = 0; r < n; ++r) {
+      for (int64_t j = 0; j < g; ++j) {
+        const float* from = whole + r * a.cols + j * width + c.begin;
+        std::copy(from, from + c.size(), out.data + r * cl + j * c.size());
+      }
+    }
+    return out;
+  };
   for (RedistStep s : PlanSteps(a.place, to, a.rows, tp_size_)) {
     AddElapsed timer(&comm_seconds_);
     switch (s) {
@@ -163,25 +183,8 @@ Result<Act> OpContext::Convert(Act& a, const Placement& to, std::vector<float>* 
         out.data = storage->data();
         return out;
       }
-      case RedistStep::kSlice: {
-        storage->resize(LocalSize(out));
-        out.data = storage->data();
-        const int64_t r0 = FirstRow(out), n = LocalRows(out), cl = LocalCols(out);
-        // std::copy, not memcpy: an empty shard's storage has no pointer.
-        if (to.split != 1) {
-          std::copy(a.data + r0 * a.cols, a.data + (r0 + n) * a.cols, out.data);
-          return out;
-        }
-        const int64_t g = to.groups, width = a.cols / g;
-        const Interval c = ChunkOf({0, width}, tp_size_, tp_rank_);
-        for (int64_t r = 0; r < n; ++r) {
-          for (int64_t j = 0; j < g; ++j) {
-            const float* from = a.data + r * a.cols + j * width + c.begin;
-            std::copy(from, from + c.size(), out.data + r * cl + j * c.size());
-          }
-        }
-        return out;
-      }
+      case RedistStep::kSlice:
+        return slice(a.data);
       case RedistStep::kRedistribute: {
         const int64_t bytes = LocalSize(a) * 4;
         std::vector<char> local(bytes);
@@ -192,10 +195,17 @@ Result<Act> OpContext::Convert(Act& a, const Placement& to, std::vector<float>* 
           return Status(t.status().code(),
                         "operator '" + op + "' " + what + ": " + t.status().message());
         }
+        // Columns cut in different groups (by columns <-> by heads): a
+        // shard of one is not a box of the other's view, which the planner
+        // moves, unless the cuts fall on the groups' edges. Such a tensor
+        // goes through the whole, then is sliced.
+        const bool regroup = a.place.split == 1 && to.split == 1 && a.place.groups != to.groups;
+        const Placement via = regroup ? Placement{-1} : to;
         DTensor moved;
-        const Status st = RedistributeInto(*t, mesh_, to.ToLayout(a.rows, a.cols), *comm_, &moved);
+        const Status st = RedistributeInto(*t, mesh_, via.ToLayout(a.rows, a.cols), *comm_, &moved);
         if (!st.ok())
           return Status(st.code(), "operator '" + op + "' " + what + ": " + st.message());
+        if (regroup) return slice(reinterpret_cast<const float*>(moved.local().data()));
         storage->resize(LocalSize(out));
         if (!storage->empty()) {
           std::memcpy(storage->data(), moved.local().data(), storage->size() * sizeof(float));

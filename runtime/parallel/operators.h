@@ -23,7 +23,9 @@
 // or by a ReduceScatter when the consumer wants the rows cut (sequence
 // parallelism); cut rows gather with an AllGather; a replicated tensor is
 // cut by slicing locally; anything else goes through Redistribute
-// (dtensor.h, the offline reshard's planner). Backward runs the same
+// (dtensor.h, the offline reshard's planner), columns cut in other groups
+// (by columns <-> by heads) through the whole tensor, whose slice is kept:
+// a shard of one is no box of the other's view. Backward runs the same
 // Convert on gradients, which gives each step its dual: an AllReduce's
 // gradient passes unchanged, a ReduceScatter's is all-gathered, an
 // AllGather's is reduce-scattered (the consumer's input gradient is
