@@ -34,12 +34,13 @@
 #include "runtime/cost/machine_profile.h"
 #include "runtime/model/gpt.h"
 #include "runtime/model/gpt_ops.h"
+#include "runtime/model/stage_runner.h"
 #include "runtime/parallel/op_strategy.h"
 #include "runtime/parallel/operators.h"
 
 namespace tessera {
 
-class OpGpt {
+class OpGpt : public StageRunner {
  public:
   // Every operator of the whole model, for checking a strategy file.
   static std::vector<OpSignature> Signatures(const GptConfig& config);
@@ -64,27 +65,27 @@ class OpGpt {
   // outlive this.
   Status Bind(Gpt* model, Communicator* tp);
 
-  void SetSlots(int n);
+  void SetSlots(int n) override;
   // Block `layer` of this stage (every block when layer < 0) recomputes.
   void SetRecompute(int layer, Recompute mode);
   // Bytes this rank holds in activations (every slot's, the recompute
   // scratch, backward's gradients): the peak of a step, kept between steps
   // for the next one. And in the buffers of the parameter-gradient sums.
-  int64_t ActivationBytes() const;
-  int64_t CommBufferBytes() const;
-  int slots() const { return static_cast<int>(slots_.size()); }
+  int64_t ActivationBytes() const override;
+  int64_t CommBufferBytes() const override;
+  int slots() const override { return static_cast<int>(slots_.size()); }
   // As Gpt::ForwardStage / BackwardStage (tokens and targets are the
   // replica's [B, T]; x the previous stage's whole output). The loss is the
   // replica's mean, the same on every tp rank.
   Result<float> ForwardStage(int slot, const int32_t* tokens, const float* x,
-                             const int32_t* targets, int B, int T);
-  const float* StageOutput(int slot) const;
-  Status BackwardStage(int slot, const float* dy, float dloss);
-  const float* InputGradient() const { return input_grad_.data(); }
+                             const int32_t* targets, int B, int T) override;
+  const float* StageOutput(int slot) const override;
+  Status BackwardStage(int slot, const float* dy, float dloss) override;
+  const float* InputGradient() const override { return input_grad_.data(); }
   // After the last backward of a step: sums over tp the gradients of the
   // parameters whose operators cut the rows over tp.
-  Status ReduceParamGradients();
-  double comm_seconds() const { return ctx_.comm_seconds(); }
+  Status ReduceParamGradients() override;
+  double comm_seconds() const override { return ctx_.comm_seconds(); }
 
   // Every operator of this stage with its strategy and placements, and
   // every redistribution inserted between them (forward and backward), its

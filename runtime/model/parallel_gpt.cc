@@ -116,7 +116,12 @@ Result<std::unique_ptr<ParallelGpt>> ParallelGpt::Create(const GptConfig& config
   ASSIGN_OR_RETURN(Gpt model, Gpt::Create(config, gs));
   std::unique_ptr<ParallelGpt> p(new ParallelGpt(std::move(model), parallel, std::move(comms)));
   p->tp_dims_ = gs.tp_dims;
-  p->ops_ = std::move(ops);
+  p->ops_ = ops.get();
+  if (ops != nullptr) {
+    p->runner_ = std::move(ops);
+  } else {
+    p->runner_ = std::make_unique<WholeGptRunner>(&p->model_);
+  }
   RETURN_IF_ERROR(p->Build());
   return p;
 }
@@ -129,9 +134,9 @@ MemoryUse ParallelGpt::Memory() const {
   m.parameters = bytes(model_.weights());
   m.gradients = bytes(model_.grads());
   m.optimizer = bytes(model_.adam_m()) + bytes(model_.adam_v()) + bytes(shard_m_) + bytes(shard_v_);
-  m.activations = ops_ ? ops_->ActivationBytes() : model_.ActivationBytes();
-  m.communication = bytes(send_) + bytes(recv_) + bytes(recv_x_) + bytes(recv_dy_) +
-                    (ops_ ? ops_->CommBufferBytes() : 0);
+  m.activations = runner_->ActivationBytes();
+  m.communication =
+      bytes(send_) + bytes(recv_) + bytes(recv_x_) + bytes(recv_dy_) + runner_->CommBufferBytes();
   for (const std::vector<float>& v : send_dx_) m.communication += bytes(v);
   return m;
 }
@@ -215,7 +220,7 @@ Status ParallelGpt::Build() {
   // 1F1B keeps at most pp - stage micro-batches in flight on a stage.
   const int slots = OneFOneB{pp, stage_, micro_batches_}.in_flight();
   model_.SetSlots(slots);
-  if (ops_ != nullptr) ops_->SetSlots(slots);
+  runner_->SetSlots(slots);
   if (pp > 1) {
     const bool ends = stage_ == 0 || stage_ == pp - 1;
     const int64_t dp_tp = comms_.coordinate("dp") * parallel_.tp + comms_.coordinate("tp");
@@ -378,7 +383,7 @@ Result<double> ParallelGpt::RunPipeline(const int32_t* tokens, const int32_t* ta
   const int mb = rows / M;
   const int64_t n = static_cast<int64_t>(mb) * T * model_.config().embed;
   const int prev = comms_.Prev("pp"), next = comms_.Next("pp");
-  const int slots = ops_ ? ops_->slots() : model_.slots();
+  const int slots = runner_->slots();
   const float dloss = 1.0f / static_cast<float>(M);
   if (s > 0) recv_x_.resize(n);
   if (s < P - 1) recv_dy_.resize(n);
@@ -402,13 +407,11 @@ Result<double> ParallelGpt::RunPipeline(const int32_t* tokens, const int32_t* ta
       AddElapsed timed(&comm_seconds_);
       RETURN_IF_ERROR(slot_send[slot].Wait());
     }
-    ASSIGN_OR_RETURN(
-        float l, ops_
-                     ? ops_->ForwardStage(slot, tokens + at, recv_x_.data(), targets + at, mb, T)
-                     : model_.ForwardStage(slot, tokens + at, recv_x_.data(), targets + at, mb, T));
+    ASSIGN_OR_RETURN(float l,
+                     runner_->ForwardStage(slot, tokens + at, recv_x_.data(), targets + at, mb, T));
     loss += l;
     if (s < P - 1) {
-      const float* out = ops_ ? ops_->StageOutput(slot) : model_.StageOutput(slot);
+      const float* out = runner_->StageOutput(slot);
       ASSIGN_OR_RETURN(slot_send[slot], pp_->ISend(out, n, DType::kF32, next, 2 * i));
     }
     return Status::Ok();
@@ -418,18 +421,14 @@ Result<double> ParallelGpt::RunPipeline(const int32_t* tokens, const int32_t* ta
       AddElapsed timed(&comm_seconds_);
       RETURN_IF_ERROR(pp_->Recv(recv_dy_.data(), n, DType::kF32, next, 2 * j + 1));
     }
-    if (ops_) {
-      RETURN_IF_ERROR(ops_->BackwardStage(j % slots, recv_dy_.data(), dloss));
-    } else {
-      RETURN_IF_ERROR(model_.BackwardStage(j % slots, recv_dy_.data(), dloss));
-    }
+    RETURN_IF_ERROR(runner_->BackwardStage(j % slots, recv_dy_.data(), dloss));
     if (s > 0) {
       const int b = j % dx_buffers;
       if (dx_send[b].pending()) {  // micro-batch j - dx_buffers's gradient has left
         AddElapsed timed(&comm_seconds_);
         RETURN_IF_ERROR(dx_send[b].Wait());
       }
-      const float* dx = ops_ ? ops_->InputGradient() : model_.InputGradient();
+      const float* dx = runner_->InputGradient();
       std::copy(dx, dx + n, send_dx_[b].begin());
       ASSIGN_OR_RETURN(dx_send[b], pp_->ISend(send_dx_[b].data(), n, DType::kF32, prev, 2 * j + 1));
     }
@@ -486,7 +485,7 @@ Result<float> ParallelGpt::StepRows(const int32_t* tokens, const int32_t* target
   model_.ZeroGrad();
   ASSIGN_OR_RETURN(double loss, RunPipeline(tokens, targets, local, T));
   loss /= micro_batches_;  // the mean over this rank's rows (last stage; 0 elsewhere)
-  if (ops_) RETURN_IF_ERROR(ops_->ReduceParamGradients());
+  RETURN_IF_ERROR(runner_->ReduceParamGradients());
   RETURN_IF_ERROR(ReduceTiedEmbedding());
   RETURN_IF_ERROR(ReduceGradients());
   double squared = 0;

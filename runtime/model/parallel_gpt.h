@@ -50,6 +50,7 @@
 #include "runtime/cost/memory_use.h"
 #include "runtime/model/gpt.h"
 #include "runtime/model/op_gpt.h"
+#include "runtime/model/stage_runner.h"
 #include "runtime/parallel/pipeline.h"
 #include "runtime/train/sliced_checkpoint.h"
 #include "transform/strategy.h"
@@ -94,7 +95,7 @@ class ParallelGpt {
                           const std::vector<int>& stage_layers = {});
   // The operators (null without tp and without a strategy file: then each
   // rank runs its stage's Gpt whole).
-  const OpGpt* ops() const { return ops_.get(); }
+  const OpGpt* ops() const { return ops_; }
   // What this rank holds, after a step: its peak (buffers are kept at
   // their largest for the next step).
   MemoryUse Memory() const;
@@ -139,7 +140,7 @@ class ParallelGpt {
   // Seconds this rank has spent in the collectives of Step (reductions,
   // the loss, the norm, ZeRO's gathers) and waiting for pipeline
   // neighbours, for the communication share.
-  double comm_seconds() const { return comm_seconds_ + (ops_ ? ops_->comm_seconds() : 0.0); }
+  double comm_seconds() const { return comm_seconds_ + runner_->comm_seconds(); }
 
   // The layout of every parameter and optimizer state on the mesh, named as
   // checkpoints name them ("wte", "optimizer.wte.exp_avg", ...).
@@ -203,7 +204,10 @@ class ParallelGpt {
   Status ShardedUpdate(const AdamWConfig& adam, float clip);
 
   Gpt model_;
-  std::unique_ptr<OpGpt> ops_;
+  // What runs the stage: its operators (ops_, when there are) or the Gpt
+  // whole.
+  std::unique_ptr<StageRunner> runner_;
+  OpGpt* ops_ = nullptr;
   std::shared_ptr<const std::map<std::string, int>> tp_dims_;
   ParallelConfig parallel_;
   MeshCommunicators comms_;
