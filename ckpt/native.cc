@@ -183,9 +183,9 @@ constexpr size_t kStagingBuffers = 64;
 // window, so scattered reads are not amplified. Windows are per thread
 // (kReadAheadSlots files each, least recently used replaced): threads
 // reading one file keep their own. Bytes come out exactly as the file's
-// own Read gives them (and are checked by the caller as before); a window
-// that cannot be read is given up for the exact read, whose error names
-// the file.
+// own Read gives them (and the caller checks them as it checks a direct
+// read); a window that cannot be read is given up for the exact read,
+// whose error names the file.
 class ReadAheadFile : public RandomAccessFile {
  public:
   ReadAheadFile(std::unique_ptr<RandomAccessFile> base, uint64_t size)
@@ -539,14 +539,14 @@ class NativeReader : public CheckpointReader {
 
   // Data file i, opened and checked on first use. At most max_open_ stay
   // open, about the least recently used closed first (a reader still holding
-  // one keeps it open until it is done): a reshard of a 16,384-rank
-  // checkpoint that kept every file open ran out of descriptors (20,000
-  // here), the writer holding its 8,192 as well.
+  // one keeps it open until it is done): keeping every file open, a reshard
+  // of a 16,384-rank checkpoint runs out of descriptors (20,000 here), the
+  // writer holding its 8,192 as well.
   // Opening and checking run outside the lock. Every read takes it shared
   // and stamps its file with the count of opens so far, so the file
   // closed first is the one not used for the most opens (an exclusive
-  // lock and a list moved on every read were a reshard's most contended
-  // lock: half a million reads on 2 threads).
+  // lock and a list moved on every read would be a reshard's most
+  // contended lock: half a million reads on 2 threads).
   Result<std::shared_ptr<const RandomAccessFile>> File(uint32_t i) const {
     {
       std::shared_lock<std::shared_mutex> lock(files_mu_);
@@ -661,8 +661,8 @@ class NativeWriter : public CheckpointWriter {
       {
         std::lock_guard<std::mutex> lock(slot->mu);
         // Created by the first writer to the file, under its lock only:
-        // creating 2,048 files took a second, which a writer-wide lock made
-        // every other file wait for.
+        // creating 2,048 files takes a second, which a writer-wide lock
+        // would make every other file wait for.
         if (!slot->writer) {
           ASSIGN_OR_RETURN(slot->writer,
                            DataFileWriter::Create(env_, JoinPath(tmp_, slot->name), slot->index));
@@ -678,7 +678,7 @@ class NativeWriter : public CheckpointWriter {
       }
       info.stage = stage;
       // Under one of kPieceLocks locks, by tensor: a writer-wide lock here
-      // was the reshard's most contended one (half a million pieces).
+      // would be the reshard's most contended one (half a million pieces).
       std::lock_guard<std::mutex> lock(piece_mu_[index % kPieceLocks]);
       (stage == 0 ? pieces_ : copies_)[index].push_back(std::move(info));
     }
@@ -716,7 +716,7 @@ class NativeWriter : public CheckpointWriter {
     m.mesh = strategy_.mesh();
     // Files in rank order; pieces renumbered to match. Each file is synced
     // on a pool of its own: a sync waits for the disk, and 2,048 of them
-    // one after another took seconds where together they take one flush.
+    // one after another take seconds where together they take one flush.
     std::vector<Slot*> in_order;
     for (auto& [rank, slot] : slots_) {
       if (!slot->writer) {  // its creation failed, and so did the WritePiece that tried

@@ -25,11 +25,11 @@ inline constexpr uint32_t kNativeFormatVersion = 2;
 // Pieces of at least kPackedPieceLimit stored bytes start at a multiple of
 // kPieceAlignment (a page: one can be mapped, or read directly, from a page
 // boundary; its last page may hold small pieces packed after it); smaller
-// ones are packed at multiples of
-// kSmallPieceAlignment (writers since session 18; readers take every
-// offset from the manifest and never required either). A 4,096-rank
-// checkpoint has half a million pieces of 0.03-5 KiB: page-aligned, they
-// took 1.9 GB on disk for 0.9 GB of tensors.
+// ones are packed at multiples of kSmallPieceAlignment (readers take every
+// offset from the manifest and require neither, so packing needs no new
+// format version). A 4,096-rank checkpoint has half a million pieces of
+// 0.03-5 KiB: page-aligned, they would take 1.9 GB on disk for 0.9 GB of
+// tensors.
 inline constexpr uint64_t kPieceAlignment = 4096;
 inline constexpr uint64_t kSmallPieceAlignment = 64;
 inline constexpr uint64_t kPackedPieceLimit = 64 << 10;

@@ -56,8 +56,8 @@ class DataFileWriter {
   // than `limit` bytes are staged in `buffer` (its capacity reused) and
   // reach the file in writes of up to `limit` bytes, at the latest on
   // Unstage or Finish. A checkpoint of 4,096 ranks has half a million
-  // pieces of a few KiB: one write each (and one for its padding) was most
-  // of a reshard's time.
+  // pieces of a few KiB: one write each (and one for its padding) would be
+  // most of a reshard's time.
   void Stage(std::string buffer, size_t limit);
   bool staging() const { return stage_limit_ > 0; }
   // Writes what is staged and stops staging; returns the buffer, empty

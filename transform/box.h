@@ -39,8 +39,9 @@ Interval ChunkOf(const Interval& whole, int64_t n, int64_t i);
 // A product of intervals, one per dimension; rank 0 is a scalar (one
 // element). Up to kInlineRank dimensions are stored inline, so copying
 // such a Box never allocates; more (up to kMaxRank) are on the heap. A
-// manifest of a 4,096-rank checkpoint holds half a million boxes: inline
-// room for all kMaxRank dimensions made each 136 bytes, now 80.
+// manifest of a 4,096-rank checkpoint holds half a million boxes: each is
+// 80 bytes, where inline room for all kMaxRank dimensions would make it
+// 136.
 class Box {
  public:
   static constexpr int kInlineRank = 4;
