@@ -235,8 +235,8 @@ class GlooCommunicator final : public Communicator {
     // here in one alltoall and is folded in rank order (deterministic, as
     // in-process): (n-1)/n of the buffer moved, as a ring's reduce-scatter,
     // its n - 1 messages in flight at once (a ring's steps follow one
-    // another). An allreduce keeping our block moved twice that and, on 2
-    // ranks, took 5.4 ms at 512 KiB where this takes 1.6-3.2 (comm_bench
+    // another). An allreduce keeping our block moves twice that and, on 2
+    // ranks, takes 5.4 ms at 512 KiB where this takes 1.6-3.2 (comm_bench
     // gloo); measured on 2 and 4 ranks only.
     return FoldScatter(send, std::vector<int64_t>(size(), recv_count), recv, dtype, op,
                        DescribeArgs(args));
@@ -424,7 +424,7 @@ class GlooCommunicator final : public Communicator {
   // An allreduce as a reduce-scatter (one alltoallv, every rank's block
   // folded in rank order, as in-process) and an allgatherv: deterministic,
   // moving 2(n-1)/n of the buffer where gathering every rank's whole buffer
-  // moved n-1 times it. Not Gloo's default path: on 2 ranks it measured
+  // moves n-1 times it. Not Gloo's default path: on 2 ranks it measured
   // the same as Gloo's own allreduce from 64 KiB to 16 MiB (comm_bench).
   Status FoldAllReduce(void* buf, int64_t count, DType dtype, ReduceOp op,
                        const std::string& what) {

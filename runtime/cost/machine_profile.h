@@ -92,8 +92,9 @@ struct MachineProfile {
   std::string backend;  // what the links were measured over ("inprocess", "mpi", ...)
   int devices_per_host = 1;
   // FLOP/s of one device in f32 matrix products: a training linear's
-  // forward and backward (profiles calibrated before 2026-11-26 measured
-  // the forward alone, 10-15% faster a flop here).
+  // forward and backward, as training runs them (the forward alone runs
+  // 10-15% faster a flop here, so timing it alone would overrate the
+  // device).
   double matmul_flops = 0;
   double memory_bandwidth = 0;  // bytes/s of one device's element-wise kernels
   int64_t memory_bytes = 0;     // one device's memory (0: unknown)

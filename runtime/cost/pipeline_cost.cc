@@ -22,9 +22,10 @@ namespace {
 // are priced optimistically).
 // Compute runs at the share, collectives and transfers take their own
 // time. Returns the pipeline's seconds.
-// (A waiting rank charged a fraction of a working one, a figure fitted to
-// measured rankings, ranked no better than this physical 0 once each
-// kernel was measured: BENCHMARKS.md, "Automatic parallelism".)
+// (A waiting rank takes no share rather than a fraction of a working
+// one's: with each kernel measured, a fraction fitted to measured rankings
+// ranks no better than this physical 0; BENCHMARKS.md, "Automatic
+// parallelism".)
 double SharedPipeline(const std::vector<StageCost>& stages, int m, int rpd, int group,
                       double devices) {
   const int pp = static_cast<int>(stages.size());

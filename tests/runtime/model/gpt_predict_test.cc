@@ -147,8 +147,8 @@ TEST_CASE("predicted per-rank memory and kernel work match the runtime's") {
 TEST_CASE("a pipeline stage's send buffers do not grow with the micro-batches") {
   // pp2, 8 micro-batches of one sequence: stage 1 receives one micro-batch's
   // activations and sends input gradients from two buffers in turn (one per
-  // micro-batch, as before, was 100 GiB a rank of the SC'21 1T-parameter
-  // run); stage 0 receives one micro-batch's output gradient.
+  // micro-batch would be 100 GiB a rank of the SC'21 1T-parameter run);
+  // stage 0 receives one micro-batch's output gradient.
   ParallelConfig par;
   par.pp = 2;
   par.micro_batches = kB;
