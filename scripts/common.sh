@@ -41,7 +41,7 @@ tessera_install() {
 }
 
 # Optimized, with line tables (-g1: enough for perf, backtraces and ASan's
-# reports; full -g made the builds 30-50% slower for variables we never
+# reports; full -g makes the builds 30-50% slower for variables we never
 # inspect in CI).
 TESSERA_RELEASE_FLAGS=(-DCMAKE_BUILD_TYPE=RelWithDebInfo "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O2 -g1 -DNDEBUG")
 

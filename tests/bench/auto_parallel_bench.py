@@ -165,8 +165,8 @@ if RESCORE:
 # The machine, measured in this run: in-process ranks, MPI and Gloo
 # processes. The 4-rank setting uses the 2-rank in-process profile (told
 # that 4 ranks share the 2 cores): collectives timed on 4 ranks sharing
-# the cores came out bimodal, whether the peers were running or not
-# (BENCHMARKS.md, session 22).
+# the cores come out bimodal, whether the peers are running or not
+# (BENCHMARKS.md, "Automatic parallelism").
 profiles = {m: os.path.join(WORK, "profile-%s.json" % m) for m in ("inprocess", "mpi", "gloo")}
 subprocess.run([TRAIN, "--ranks", "2", "--quiet", "--calibrate", profiles["inprocess"]], check=True, env=ENV,
                capture_output=True)

@@ -28,9 +28,9 @@ mkdir -p "$work"
 secs() { awk '$1 == "seconds" {print $2}'; }
 # Memory the file system's pages will use, touched once before either side
 # is timed: in this VM a page the guest touches for the first time costs
-# the host a fault, which made whichever save ran first (ours) 4-5x slower
-# on a fresh machine (1.55 s against DCP's 0.34 s on tmpfs; 0.29-0.31 s
-# once warm).
+# the host a fault, which makes whichever save runs first (ours) 4-5x
+# slower on a fresh machine (1.55 s against DCP's 0.34 s on tmpfs;
+# 0.29-0.31 s once warm).
 head -c $((n * s * s * 4 * 2)) /dev/zero >"$work/warm-up"
 rm -f "$work/warm-up"
 ours_save=$("$BIN" save "$work/ours" 2 "$n" "$s" | secs)

@@ -4,9 +4,9 @@
 //   sliced: every rank writes its own pieces (SlicedCheckpointWriter), and
 //   merged: whole tensors in one data file, every rank writing its own
 //           pieces at their planned offsets (SlicedWriteOptions::merged),
-//           and, once, as it was done before: moments and slices gathered
-//           on rank 0, which writes alone (GatherOptimizerState +
-//           GatherModel + SaveGpt: "merged_gather"),
+//           and, once, as the baseline the merged save is judged against:
+//           moments and slices gathered on rank 0, which writes alone
+//           (GatherOptimizerState + GatherModel + SaveGpt: "merged_gather"),
 //   async:  a sliced save in the background (AsyncSlicedSave): the stall
 //           (each rank copying its pieces) and the time to the commit,
 //   rs:     the sliced and the async save again with --redundancy rs:4+2
@@ -128,7 +128,7 @@ Status Run(Communicator& world, const std::string& dir, Times* times) {
         }
       }
     }
-    if (round == 0) {  // the merged save as it was (6-10 s): once, for the record
+    if (round == 0) {  // the merged save by gathering on rank 0 (6-10 s): once, as the baseline
       const std::string m = dir + "/merged-gather";
       RETURN_IF_ERROR(clean(m));
       const auto t1 = now();

@@ -2,7 +2,7 @@
 # Saving from training (runtime/train/sliced_checkpoint.h): a sliced save (every
 # rank writes its pieces to its own file) and a merged save (every rank
 # writes its pieces into the one file; goal: at most 1.5x the sliced save;
-# beside it, once, the merged save as it was: rank 0 gathering and writing) of
+# beside it, once, the baseline of rank 0 gathering everything and writing) of
 # GPT-2 124M's weights and Adam moments from 4 in-process ranks (dp2 x tp2,
 # ZeRO-1), and an async sliced save (its stall and its time to the commit),
 # beside cp -r + sync of the same checkpoint (the floor for moving

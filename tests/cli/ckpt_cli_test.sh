@@ -177,8 +177,8 @@ check "missing -o is a usage error (exit 2)" test $rc -eq 2
 # --- more data files than descriptors ------------------------------------------
 # The reader keeps at most a quarter of the descriptor limit open (the least
 # recently used closed first): 512 source files reshard, verify and diff
-# under a limit of 256 (a reshard of 16,384 ranks kept every file open and
-# ran out of descriptors).
+# under a limit of 256 (keeping every file open, a reshard of 16,384 ranks
+# runs out of descriptors).
 run "$make" -o many --layers 1 --embed 64 --vocab 512 --context 64 --mesh dp=64,tp=8 --zero --optimizer
 check "make a 512-rank checkpoint" test $rc -eq 0
 run bash -c "ulimit -n 256 && exec '$ckpt' reshard many -o few --mesh dp=8,tp=8 --quiet"
@@ -220,9 +220,9 @@ run "$ckpt" diff k big-full -q
 check "the rerun's output is right" test $rc -eq 0
 check "the rerun removed the killed runs' temporaries" bash -c '! ls -d k.tmp-* 2>/dev/null'
 
-# Format 1 (tests/data/native-v1, written by make_checkpoint before format
-# 2: a bare protobuf manifest, no copy) still opens, verifies and merges to
-# the same values as the model written today.
+# Format 1 (tests/data/native-v1, a make_checkpoint model in format 1: a
+# bare protobuf manifest, no copy) still opens, verifies and merges to the
+# same values as the same model written in the current format.
 run "$ckpt" verify "$v1"
 check "a format 1 checkpoint verifies" test $rc -eq 0
 run "$make" -o v1-now --merged --layers 1 --embed 8 --vocab 16 --context 4
