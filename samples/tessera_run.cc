@@ -192,7 +192,7 @@ std::string ResumesFrom(const std::string& save) {
 // ---- one child (mpirun or in-process ranks): run_resilient's job ---------
 
 int RunSingle(const std::vector<std::string>& args, int attempt) {
-  const pid_t child = Spawn(args, {"TESSERA_RESTART_COUNT=" + std::to_string(attempt)}, -1);
+  const pid_t child = Spawn(args, {RestartEnvironment(attempt)}, -1);
   if (child < 0) return -1;
   int status = 0;
   bool forwarded = false;
@@ -423,20 +423,8 @@ std::string RunWorkers(const std::vector<std::string>& args, const WorkerOptions
           "/tmp/tessera-run-" + std::to_string(getpid()) + "-heartbeat-" + std::to_string(w.rank);
     }
     unlink(w.heartbeat.c_str());
-    const std::string master = master_host + ":" + std::to_string(worker_port);
-    const std::vector<std::string> env = {
-        "TESSERA_RANK=" + std::to_string(w.rank),
-        "TESSERA_WORLD_SIZE=" + std::to_string(world),
-        "TESSERA_MASTER=" + master,
-        "RANK=" + std::to_string(w.rank),
-        "WORLD_SIZE=" + std::to_string(world),
-        "LOCAL_RANK=" + std::to_string(l),
-        "LOCAL_WORLD_SIZE=" + std::to_string(o.nproc),
-        "MASTER_ADDR=" + master_host,
-        "MASTER_PORT=" + std::to_string(worker_port),
-        "TESSERA_HEARTBEAT_FILE=" + w.heartbeat,
-        "TESSERA_RESTART_COUNT=" + std::to_string(attempt),
-    };
+    const std::vector<std::string> env = WorkerEnvironment(
+        {w.rank, world, l, o.nproc, master_host, worker_port, w.heartbeat, attempt});
     w.pid = Spawn(args, env, fds[1]);
     close(fds[1]);
     w.out = fds[0];

@@ -45,9 +45,9 @@ Result<CommBackend> ParseCommBackend(std::string_view name) {
 Status LaunchRanks(const LaunchOptions& options, const std::function<Status(Communicator&)>& fn) {
   CommBackend backend = options.backend;
   if (backend == CommBackend::kAuto) {
-    backend = LaunchedByMpirun()                                   ? CommBackend::kMpi
-              : std::getenv("TESSERA_RANK") || std::getenv("RANK") ? CommBackend::kGloo
-                                                                   : CommBackend::kInProcess;
+    backend = LaunchedByMpirun()                             ? CommBackend::kMpi
+              : std::getenv(kEnvRank) || std::getenv("RANK") ? CommBackend::kGloo
+                                                             : CommBackend::kInProcess;
   }
   if (backend == CommBackend::kInProcess) {
     return RunInProcess(options.ranks > 0 ? options.ranks : 1, fn, options.comm);
@@ -68,10 +68,45 @@ Status LaunchRanks(const LaunchOptions& options, const std::function<Status(Comm
   return s.ok() ? s : s.Annotate("rank " + std::to_string(world->rank()));
 }
 
+std::vector<std::string> WorkerEnvironment(const WorkerSlot& w) {
+  const std::string master = w.master_host + ":" + std::to_string(w.master_port);
+  std::vector<std::string> env = {
+      std::string(kEnvRank) + "=" + std::to_string(w.rank),
+      std::string(kEnvWorldSize) + "=" + std::to_string(w.world_size),
+      std::string(kEnvMaster) + "=" + master,
+      "RANK=" + std::to_string(w.rank),
+      "WORLD_SIZE=" + std::to_string(w.world_size),
+      "LOCAL_RANK=" + std::to_string(w.local_rank),
+      "LOCAL_WORLD_SIZE=" + std::to_string(w.local_world_size),
+      "MASTER_ADDR=" + w.master_host,
+      "MASTER_PORT=" + std::to_string(w.master_port),
+      RestartEnvironment(w.restart),
+  };
+  if (!w.heartbeat_file.empty()) {
+    env.push_back(std::string(kEnvHeartbeatFile) + "=" + w.heartbeat_file);
+  }
+  return env;
+}
+
+std::string RestartEnvironment(int restart) {
+  return std::string(kEnvRestartCount) + "=" + std::to_string(restart);
+}
+
+void ExportRankTable(int rank, int world_size, const std::string& master) {
+  if (rank >= 0) setenv(kEnvRank, std::to_string(rank).c_str(), 1);
+  if (world_size >= 0) setenv(kEnvWorldSize, std::to_string(world_size).c_str(), 1);
+  if (!master.empty()) setenv(kEnvMaster, master.c_str(), 1);
+}
+
+int RestartCount() {
+  const char* n = std::getenv(kEnvRestartCount);
+  return n != nullptr ? std::atoi(n) : 0;
+}
+
 Result<RankTable> RankTableFromEnv() {
   RankTable t;
-  ASSIGN_OR_RETURN(int64_t rank, EnvInt("TESSERA_RANK"));
-  ASSIGN_OR_RETURN(int64_t size, EnvInt("TESSERA_WORLD_SIZE"));
+  ASSIGN_OR_RETURN(int64_t rank, EnvInt(kEnvRank));
+  ASSIGN_OR_RETURN(int64_t size, EnvInt(kEnvWorldSize));
   ASSIGN_OR_RETURN(int64_t torch_rank, EnvInt("RANK"));
   ASSIGN_OR_RETURN(int64_t torch_size, EnvInt("WORLD_SIZE"));
   ASSIGN_OR_RETURN(int64_t local_rank, EnvInt("LOCAL_RANK"));
@@ -118,7 +153,7 @@ Result<RankTable> RankTableFromEnv() {
   t.rank = static_cast<int>(rank);
   t.world_size = static_cast<int>(size);
   t.local_rank = static_cast<int>(local_rank);
-  if (const char* master = std::getenv("TESSERA_MASTER")) {
+  if (const char* master = std::getenv(kEnvMaster)) {
     const std::string m = master;
     const size_t colon = m.rfind(':');
     int port = 0;
@@ -142,7 +177,7 @@ Result<RankTable> RankTableFromEnv() {
 
 Heartbeat Heartbeat::FromEnv() {
   Heartbeat h;
-  if (const char* p = std::getenv("TESSERA_HEARTBEAT_FILE")) h.path_ = p;
+  if (const char* p = std::getenv(kEnvHeartbeatFile)) h.path_ = p;
   return h;
 }
 

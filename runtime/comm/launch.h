@@ -22,6 +22,7 @@
 #include <functional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "runtime/comm/communicator.h"
 
@@ -45,6 +46,37 @@ struct LaunchOptions {
 // threads in-process) and returns this process's result (in-process: the
 // root-cause error of any rank, annotated with the rank).
 Status LaunchRanks(const LaunchOptions& options, const std::function<Status(Communicator&)>& fn);
+
+// The environment a launcher gives each worker process: tessera-run writes
+// it (WorkerEnvironment), workers read it (RankTableFromEnv,
+// Heartbeat::FromEnv, RestartCount). The names live here only.
+inline constexpr char kEnvRank[] = "TESSERA_RANK";
+inline constexpr char kEnvWorldSize[] = "TESSERA_WORLD_SIZE";
+inline constexpr char kEnvMaster[] = "TESSERA_MASTER";  // host:port of rank 0's rendezvous
+inline constexpr char kEnvHeartbeatFile[] = "TESSERA_HEARTBEAT_FILE";
+inline constexpr char kEnvRestartCount[] = "TESSERA_RESTART_COUNT";  // 0 in the first attempt
+
+// One worker of a launched job.
+struct WorkerSlot {
+  int rank = 0, world_size = 1;
+  int local_rank = 0, local_world_size = 1;  // among this node's workers
+  std::string master_host;
+  int master_port = 0;
+  std::string heartbeat_file;  // empty: none
+  int restart = 0;             // the attempt it belongs to
+};
+// Its environment as NAME=value: the rank table in Tessera's and torchrun's
+// forms (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR,
+// MASTER_PORT), the heartbeat file and the restart count.
+std::vector<std::string> WorkerEnvironment(const WorkerSlot& slot);
+// The restart count alone (a job supervised without a rank table).
+std::string RestartEnvironment(int restart);
+// Sets this process's rank table, as a launcher would (a program's --rank,
+// --world-size and --master flags); a negative or empty value is left unset.
+void ExportRankTable(int rank, int world_size, const std::string& master);
+// The attempt this process belongs to under a launcher (0 in the first,
+// and when not launched).
+int RestartCount();
 
 struct RankTable {
   int rank = 0;

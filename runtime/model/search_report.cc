@@ -1,0 +1,152 @@
+#include "runtime/model/search_report.h"
+
+#include <cstdio>
+#include <sstream>
+
+#include "core/byte_size.h"
+
+namespace tessera {
+namespace {
+
+std::string Ms(double s) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.3f ms", s * 1e3);
+  return buf;
+}
+
+std::string Percent(double ours, double theirs) {
+  char pct[32];
+  std::snprintf(pct, sizeof pct, "%+.1f%%", 100 * (ours / theirs - 1));
+  return pct;
+}
+
+}  // namespace
+
+std::string SearchReport(const SearchResult& r, int64_t budget) {
+  std::ostringstream out;
+  out << "  predicted " << r.predicted.ToString() << "\n";
+  if (budget > 0) out << "  budget " << HumanBytes(budget) << " per rank\n";
+  const ParallelConfig& par = r.parallel;
+  if (par.pp > 1) {
+    out << "  stages (layers, seconds per micro-batch, memory):";
+    for (int s = 0; s < par.pp; ++s) {
+      out << (s ? "; " : " ") << par.stage_layers[s] << " layers "
+          << Ms(r.predicted.stage_seconds[s]) << " "
+          << HumanBytes(r.predicted.stage_memory[s].total());
+    }
+    out << "\n";
+  }
+  for (const auto& [name, p] : r.alternatives) {
+    out << "  runner-up " << name << ": " << Ms(p.seconds) << " ("
+        << Percent(p.seconds, r.predicted.seconds) << "), " << HumanBytes(p.memory.total())
+        << " per rank\n";
+  }
+  return out.str();
+}
+
+Result<std::string> BreakdownReport(const GptConfig& config, int B, int T,
+                                    const ParallelConfig& par, const MachineProfile& profile) {
+  ASSIGN_OR_RETURN(auto stages, BreakdownGptStep(config, B, T, par, profile));
+  std::ostringstream out;
+  for (size_t s = 0; s < stages.size(); ++s) {
+    if (stages.size() > 2 && s > 0 && s + 1 < stages.size()) continue;  // middles repeat
+    const GptStage gs =
+        ParallelGpt::StageOf(config, par.pp, static_cast<int>(s), par.tp, 0, par.stage_layers);
+    const int blocks = (gs.last_layer < 0 ? config.layers : gs.last_layer) - gs.first_layer;
+    out << "per operator, one micro-batch"
+        << (stages.size() > 1 ? " on stage " + std::to_string(s) : "")
+        << " (compute + tp collectives; block operators once per block, x" << blocks << "):\n";
+    for (const OpCost& c : stages[s]) {
+      char line[160];
+      std::snprintf(line, sizeof line, "  %-24s %10s + %10s\n", c.name.c_str(),
+                    Ms(c.compute).c_str(), Ms(c.comm).c_str());
+      out << line;
+    }
+  }
+  return out.str();
+}
+
+Result<std::string> DescribePlan(const GptConfig& config, int B, int T, const ParallelConfig& par) {
+  ASSIGN_OR_RETURN(Mesh mesh, par.MakeMesh());
+  const int64_t rows = static_cast<int64_t>(B) / par.dp / par.micro_batches * T;
+  std::string out;
+  for (int s = 0; s < par.pp; ++s) {
+    const GptStage stage = ParallelGpt::StageOf(config, par.pp, s, par.tp, 0, par.stage_layers);
+    ASSIGN_OR_RETURN(std::unique_ptr<OpGpt> ops, ParallelGpt::StageOps(config, par, mesh, stage));
+    if (par.pp > 1) out += "stage " + std::to_string(s) + ":\n";
+    out += ops->Describe(rows);
+  }
+  return out;
+}
+
+// "pp=2,dp=2,tp=2,zero=1,micro_batches=4,recompute=selective,
+// strategy=megatron|megatron_sp|data_parallel|FILE": a configuration to
+// compare with the search's.
+Result<ParallelConfig> ParseParallelConfig(const std::string& text) {
+  ParallelConfig p;
+  std::string strategy;
+  std::stringstream in(text);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    const size_t eq = item.find('=');
+    if (eq == std::string::npos) {
+      return InvalidArgumentError("--why '" + text + "': '" + item + "' is not key=value");
+    }
+    const std::string key = item.substr(0, eq), value = item.substr(eq + 1);
+    auto number = [&](int* out) -> Status {
+      try {
+        *out = std::stoi(value);
+      } catch (...) {
+        return InvalidArgumentError("--why: " + key + " '" + value + "' is not a number");
+      }
+      return Status::Ok();
+    };
+    if (key == "pp") {
+      RETURN_IF_ERROR(number(&p.pp));
+    } else if (key == "dp") {
+      RETURN_IF_ERROR(number(&p.dp));
+    } else if (key == "tp") {
+      RETURN_IF_ERROR(number(&p.tp));
+    } else if (key == "zero") {
+      RETURN_IF_ERROR(number(&p.zero));
+    } else if (key == "micro_batches") {
+      RETURN_IF_ERROR(number(&p.micro_batches));
+    } else if (key == "recompute") {
+      ASSIGN_OR_RETURN(p.recompute, ParseRecompute(value));
+    } else if (key == "strategy") {
+      strategy = value;
+    } else {
+      return InvalidArgumentError("--why: unknown key '" + key +
+                                  "' (pp, dp, tp, zero, micro_batches, recompute, strategy)");
+    }
+  }
+  if (strategy == "megatron_sp") {
+    p.sequence_parallel = true;
+  } else if (strategy == "data_parallel") {
+    p.op_strategy = std::make_shared<OpStrategyFile>();
+  } else if (!strategy.empty() && strategy != "megatron") {
+    ASSIGN_OR_RETURN(OpStrategyFile f, OpStrategyFile::Load(strategy));
+    p.op_strategy = std::make_shared<OpStrategyFile>(std::move(f));
+  }
+  return p;
+}
+
+std::string WhyNotReport(const std::string& label, const Result<StepPrediction>& p,
+                         const StepPrediction& chosen, int64_t budget) {
+  if (!p.ok()) return "why not " + label + ": it cannot run: " + p.status().message() + "\n";
+  std::ostringstream out;
+  out << "why not " << label << ": predicted " << p->ToString() << "\n  "
+      << Percent(p->seconds, chosen.seconds) << " step time against the chosen plan";
+  if (budget > 0 && p->memory.total() > budget) {
+    out << "; and it needs " << HumanBytes(p->memory.total()) << " per rank, over the "
+        << HumanBytes(budget) << " budget";
+  }
+  out << "\n  where the time goes (alternative / chosen): compute " << Ms(p->compute) << " / "
+      << Ms(chosen.compute) << ", tp collectives " << Ms(p->tp_comm) << " / " << Ms(chosen.tp_comm)
+      << ", bubble " << Ms(p->bubble) << " / " << Ms(chosen.bubble) << ", gradient sums "
+      << Ms(p->dp_comm) << " / " << Ms(chosen.dp_comm) << ", update " << Ms(p->optimizer) << " / "
+      << Ms(chosen.optimizer) << "\n";
+  return out.str();
+}
+
+}  // namespace tessera
