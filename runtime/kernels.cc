@@ -281,18 +281,8 @@ void ParallelSmallProducts(int64_t n, const std::function<void(int64_t)>& fn) {
 
 // Causal attention skips the masked upper triangle in blocks of query rows:
 // rows [i0, i1) only see keys [0, i1).
-constexpr int kAttentionBlock = 64;
 
 }  // namespace
-
-int64_t AttentionScores(int T) {
-  int64_t n = 0;
-  for (int i0 = 0; i0 < T; i0 += kAttentionBlock) {
-    const int64_t i1 = std::min(T, i0 + kAttentionBlock);
-    n += (i1 - i0) * i1;
-  }
-  return n;
-}
 
 void AttentionForward(float* out, float* att, const float* qkv, int B, int T, int C, int NH) {
   if (tally.on) {

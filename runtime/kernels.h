@@ -14,6 +14,7 @@
 #ifndef TESSERA_RUNTIME_KERNELS_H_
 #define TESSERA_RUNTIME_KERNELS_H_
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <functional>
@@ -129,8 +130,17 @@ void AttentionForward(float* out, float* att, const float* qkv, int B, int T, in
 // The scores the causal products compute for one head of one sequence of
 // T tokens (blocks of 64 query rows skip the keys after the block):
 // T x T up to 64 tokens, T (T + 64) / 2 for multiples of 64. The cost
-// model's unit for the attention core.
-int64_t AttentionScores(int T);
+// model's unit for the attention core. Inline: the cost model counts with
+// it without linking the kernels.
+inline constexpr int kAttentionBlock = 64;
+inline int64_t AttentionScores(int T) {
+  int64_t n = 0;
+  for (int i0 = 0; i0 < T; i0 += kAttentionBlock) {
+    const int64_t i1 = std::min(T, i0 + kAttentionBlock);
+    n += (i1 - i0) * i1;
+  }
+  return n;
+}
 // dqkv: [B,T,3C] (=)
 void AttentionBackward(float* dqkv, const float* dout, const float* qkv, const float* att, int B,
                        int T, int C, int NH);

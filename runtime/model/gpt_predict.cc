@@ -77,12 +77,12 @@ Result<StepPrediction> PredictGptStep(const GptConfig& config, int B, int T,
   const bool whole = ParallelGpt::RunsWhole(parallel);
   for (int s = 0; s < par.pp; ++s) {
     GptStage gs = ParallelGpt::StageOf(config, par.pp, s, par.tp, 0, par.stage_layers);
-    ASSIGN_OR_RETURN(std::unique_ptr<OpGpt> ops, ParallelGpt::StageOps(config, par, job.mesh, gs));
-    gs.tp_dims = std::make_shared<const std::map<std::string, int>>(ops->param_splits());
+    ASSIGN_OR_RETURN(const GptGraph graph, ParallelGpt::StageGraph(config, par, job.mesh, gs));
+    gs.tp_dims = std::make_shared<const std::map<std::string, int>>(graph.param_splits);
     ASSIGN_OR_RETURN(std::vector<ParamInfo> params, Gpt::Params(config, gs));
     const ParamStats ps =
         StatsOfParts(GptParamParts(params, false), 0, par.dp, par.zero, par.bucket_bytes);
-    const StageWork w = EstimateStage(*ops, job.rows, T);
+    const StageWork w = EstimateStage(graph, job.rows, T);
     std::array<double, kKernelCount>& units = kernel_units.emplace_back();
     for (int k = 0; k < kKernelCount; ++k) units[k] = w.kernel[k] * job.micro_batches;
     const OptimizerUnits optimizer = OptimizerUnitsOf(ps, par.zero);
@@ -110,9 +110,9 @@ Result<std::vector<std::vector<OpCost>>> BreakdownGptStep(const GptConfig& confi
   std::vector<std::vector<OpCost>> out;
   for (int s = 0; s < par.pp; ++s) {
     const GptStage gs = ParallelGpt::StageOf(config, par.pp, s, par.tp, 0, par.stage_layers);
-    ASSIGN_OR_RETURN(std::unique_ptr<OpGpt> ops, ParallelGpt::StageOps(config, par, job.mesh, gs));
+    ASSIGN_OR_RETURN(const GptGraph graph, ParallelGpt::StageGraph(config, par, job.mesh, gs));
     std::vector<OpCost> stage;
-    for (const auto& [name, w] : EstimateOps(*ops, job.rows, T)) {
+    for (const auto& [name, w] : EstimateOps(graph, job.rows, T)) {
       stage.push_back(
           {name, ComputeSeconds(w, job.profile), GroupCommSeconds(w, job.profile, par.tp)});
     }

@@ -180,7 +180,7 @@ Pick WithoutEnds(Pick p) {
   return p;
 }
 
-OpGpt::HalfOps AttentionHalf(const MeshOps& o, const Pick& p) {
+GptGraph::HalfOps AttentionHalf(const MeshOps& o, const Pick& p) {
   return {&o.get<LayerNormOp>(GptOp::kLn1, p[GptOp::kLn1]),
           &o.get<LinearOp>(GptOp::kQkv, p[GptOp::kQkv]),
           &o.get<AttentionOp>(GptOp::kAttention, p[GptOp::kAttention]),
@@ -188,7 +188,7 @@ OpGpt::HalfOps AttentionHalf(const MeshOps& o, const Pick& p) {
           &o.get<LinearOp>(GptOp::kProj, p[GptOp::kProj]),
           &o.get<AddOp>(GptOp::kAdd1, p[GptOp::kAdd1])};
 }
-OpGpt::HalfOps MlpHalf(const MeshOps& o, const Pick& p) {
+GptGraph::HalfOps MlpHalf(const MeshOps& o, const Pick& p) {
   return {&o.get<LayerNormOp>(GptOp::kLn2, p[GptOp::kLn2]),
           &o.get<LinearOp>(GptOp::kFc, p[GptOp::kFc]),
           nullptr,
@@ -346,7 +346,7 @@ class BlockHalves {
     const int64_t key = Key(part, p, x);
     auto it = memo.find(key);
     if (it == memo.end()) {
-      const OpGpt::HalfOps h =
+      const GptGraph::HalfOps h =
           part == GptOpPart::kAttentionHalf ? AttentionHalf(ops_, p) : MlpHalf(ops_, p);
       it = memo.emplace(key, EstimateHalf(config_, tp_, h, x, N_, T_, rc_, /*shares=*/false)).first;
     }
@@ -542,9 +542,9 @@ class StageEnds {
       return outputs_.emplace(key, EstimateOutput(config_, tp_, x, nullptr, N_, wte_summed))
           .first->second;
     }
-    const OpGpt::HeadOps head{&ops_.get<LayerNormOp>(GptOp::kLnF, lnf),
-                              &ops_.get<LmHeadOp>(GptOp::kLmHead, lm),
-                              &ops_.get<CrossEntropyOp>(GptOp::kLoss, loss)};
+    const GptGraph::HeadOps head{&ops_.get<LayerNormOp>(GptOp::kLnF, lnf),
+                                 &ops_.get<LmHeadOp>(GptOp::kLmHead, lm),
+                                 &ops_.get<CrossEntropyOp>(GptOp::kLoss, loss)};
     return outputs_.emplace(key, EstimateOutput(config_, tp_, x, &head, N_, wte_summed))
         .first->second;
   }
@@ -945,7 +945,7 @@ Result<std::optional<std::map<std::string, OpStrategy>>> UserOps(const SearchCon
   std::map<std::string, OpStrategy> named;
   if (ctx.fixed == nullptr) return std::optional(named);
   auto r =
-      ResolveOpStrategies(*ctx.fixed, OpGpt::Signatures(ctx.config), mesh, /*named_only=*/true);
+      ResolveOpStrategies(*ctx.fixed, GptGraph::Signatures(ctx.config), mesh, /*named_only=*/true);
   if (!r.ok()) {
     if (why_none->empty()) *why_none = r.status().message();
     return std::optional<std::map<std::string, OpStrategy>>();
@@ -971,8 +971,8 @@ std::vector<Pick> FastTemplates(const SearchContext& ctx, const Mesh& mesh, cons
   one.layers = 1;
   std::vector<Pick> templates;
   for (int t = 0; t < (tp == 1 ? 1 : 2); ++t) {
-    const OpStrategyFile f = tp == 1 ? OpStrategyFile{} : OpGpt::Megatron(t == 1);
-    auto r = ResolveOpStrategies(f, OpGpt::Signatures(one), mesh);
+    const OpStrategyFile f = tp == 1 ? OpStrategyFile{} : GptGraph::Megatron(t == 1);
+    auto r = ResolveOpStrategies(f, GptGraph::Signatures(one), mesh);
     if (!r.ok()) continue;
     Pick p;
     bool complete = true;

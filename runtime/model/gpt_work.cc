@@ -61,12 +61,12 @@ struct Sizer {
     }
   }
   // An edge's forward conversion.
-  void Forward(const OpGpt::Edge& e, int64_t rows, StageWork* w) const {
+  void Forward(const GptGraph::Edge& e, int64_t rows, StageWork* w) const {
     Comm(e.from, e.to, rows, e.cols, w);
   }
   // Its backward: the consumer's input gradient back to the producer's
   // placement.
-  void Backward(const OpGpt::Edge& e, int64_t rows, StageWork* w) const {
+  void Backward(const GptGraph::Edge& e, int64_t rows, StageWork* w) const {
     Comm(e.grad, e.from.Resolved(), rows, e.cols, w);
   }
   // A linear's forward flops: rows x its input's columns x its output's.
@@ -83,10 +83,10 @@ int64_t VocabFloats(int split, int64_t V, int64_t C, int tp) {
 }
 
 // One half of a block, edge by edge as BlockForward and BackwardStage run
-// it (OpGpt::HalfEdges' order).
+// it (GptGraph::HalfEdges' order).
 class HalfEstimator {
  public:
-  HalfEstimator(const GptConfig& config, int tp, const OpGpt::HalfOps& h, Placement x, int64_t N,
+  HalfEstimator(const GptConfig& config, int tp, const GptGraph::HalfOps& h, Placement x, int64_t N,
                 int T, Recompute rc, bool shares)
       : config_(config),
         h_(h),
@@ -98,7 +98,7 @@ class HalfEstimator {
         rc_(rc),
         shares_(shares),
         attention_(h.attn != nullptr),
-        e_(OpGpt::HalfEdges(h, x, config.embed)) {}
+        e_(GptGraph::HalfEdges(h, x, config.embed)) {}
 
   HalfWork Run() {
     IntoNorm();
@@ -134,13 +134,13 @@ class HalfEstimator {
     if (op.info().rows_over_tp && z_.tp > 1) bw().tp_sum_floats += LinearFloats(op, K, M, z_.tp);
   }
   // An edge's backward conversion into shared buffer `id`.
-  void Grad(const OpGpt::Edge& e, int id) {
+  void Grad(const GptGraph::Edge& e, int id) {
     Grow(&bw(), id, z_.Storage(e.grad, e.from.Resolved(), N_, e.cols));
     z_.Backward(e, N_, &bw());
   }
 
   void IntoNorm() {
-    const OpGpt::Edge& e = e_[kNorm];
+    const GptGraph::Edge& e = e_[kNorm];
     const OpInfo& ln = h_.ln->info();
     fw().slot_bytes += z_.Storage(e.from, e.to, N_, C_);
     z_.Forward(e, N_, &fw());
@@ -151,9 +151,9 @@ class HalfEstimator {
     Mark(kNorm);
   }
   void IntoFirstLinear() {
-    const OpGpt::Edge& e = e_[kFirst];
+    const GptGraph::Edge& e = e_[kFirst];
     z_.Forward(e, N_, &fw());
-    if (OpGpt::Regathers(e)) {
+    if (GptGraph::Regathers(e)) {
       Grow(&fw(), kGather, z_.Local(e.to, N_, C_));
       z_.Forward(e, N_, &bw());
     } else {
@@ -164,7 +164,7 @@ class HalfEstimator {
     Mark(kFirst);
   }
   void IntoMiddle() {
-    const OpGpt::Edge& e = e_[kMiddle];
+    const GptGraph::Edge& e = e_[kMiddle];
     fw().slot_bytes += z_.Storage(e.from, e.to, N_, e.cols);
     z_.Forward(e, N_, &fw());
     if (attention_) {
@@ -208,7 +208,7 @@ class HalfEstimator {
   }
   // The second linear, its output transient.
   void IntoSecondLinear() {
-    const OpGpt::Edge& e = e_[kSecond];
+    const GptGraph::Edge& e = e_[kSecond];
     fw().slot_bytes += z_.Storage(e.from, e.to, N_, e.cols);
     Linear(*h_.out, e.cols, C_);
     Grow(&fw(), kOutTmp, z_.Local(h_.out->info().output, N_, C_));
@@ -216,7 +216,7 @@ class HalfEstimator {
   }
   // add(x, out): x converted unless the layer norm's conversion serves.
   void IntoAdd() {
-    const OpGpt::Edge &stream = e_[kAddStream], &branch = e_[kAddBranch];
+    const GptGraph::Edge &stream = e_[kAddStream], &branch = e_[kAddBranch];
     if (stream.to != e_[kNorm].to) {
       fw().slot_bytes += z_.Storage(stream.from, stream.to, N_, C_);
       z_.Forward(stream, N_, &fw());
@@ -233,7 +233,7 @@ class HalfEstimator {
     Grow(&bw(), kDres, z_.Local(x_.Resolved(), N_, C_));
     Grad(e_[kAddBranch], kDm);
     Mark(kAdd);
-    const OpGpt::Edge &second = e_[kSecond], &middle = e_[kMiddle], &first = e_[kFirst];
+    const GptGraph::Edge &second = e_[kSecond], &middle = e_[kMiddle], &first = e_[kFirst];
     Grow(&bw(), attention_ ? kDy : kDgIn, z_.Local(second.grad, N_, second.cols));
     Grad(second, attention_ ? kDattnY : kDg);
     Mark(kSecond);
@@ -247,11 +247,11 @@ class HalfEstimator {
     Mark(kNorm);
   }
   // The layer norm's and the add's gradients of the stream
-  // (OpGpt::LayerNormBackward): fused when both take the stream as it is;
+  // (GptGraph::LayerNormBackward): fused when both take the stream as it is;
   // else the layer norm's gradient into a zeroed buffer, summed with the
   // add's by a residual add (before or after the conversions).
   void NormAndAddBackward() {
-    const OpGpt::Edge &norm = e_[kNorm], &stream = e_[kAddStream];
+    const GptGraph::Edge &norm = e_[kNorm], &stream = e_[kAddStream];
     if (norm.to == stream.to && norm.from == norm.to) return;
     Grow(&bw(), kDLnIn, z_.Local(norm.to, N_, C_));
     bw().bytes += z_.Local(norm.to, N_, C_);
@@ -267,7 +267,7 @@ class HalfEstimator {
   }
 
   const GptConfig& config_;
-  const OpGpt::HalfOps& h_;
+  const GptGraph::HalfOps& h_;
   const Sizer z_;
   const Placement x_;
   const int64_t N_;
@@ -276,14 +276,14 @@ class HalfEstimator {
   const Recompute rc_;
   const bool shares_;
   const bool attention_;
-  const std::array<OpGpt::Edge, 6> e_;
+  const std::array<GptGraph::Edge, 6> e_;
   HalfWork r_;
   StageWork seen_, seen_fw_;
 };
 
 // The transfer of a stage's output to the next stage (whole), and of its
 // gradient back.
-StageWork ToNextStage(const Sizer& z, const OpGpt::Edge& e, int64_t N, int64_t C) {
+StageWork ToNextStage(const Sizer& z, const GptGraph::Edge& e, int64_t N, int64_t C) {
   StageWork w;
   w.slot_bytes += z.Storage(e.from, e.to, N, C);
   z.Forward(e, N, &w);
@@ -295,22 +295,22 @@ StageWork ToNextStage(const Sizer& z, const OpGpt::Edge& e, int64_t N, int64_t C
 }
 
 // A block of `ops` entered from a stream placed as `x`.
-StageWork BlockWork(const OpGpt& ops, const OpGpt::Block& b, Placement x, int64_t N, int T) {
-  const int tp = ops.stage().tp;
-  const HalfWork h1 = EstimateHalf(ops.config(), tp, b.attention(), x, N, T, b.recompute);
+StageWork BlockWork(const GptGraph& ops, const GptGraph::Block& b, Placement x, int64_t N, int T) {
+  const int tp = ops.stage.tp;
+  const HalfWork h1 = EstimateHalf(ops.config, tp, b.attention(), x, N, T, b.recompute);
   const HalfWork h2 =
-      EstimateHalf(ops.config(), tp, b.mlp(), b.add1.info().output, N, T, b.recompute);
+      EstimateHalf(ops.config, tp, b.mlp(), b.add1.info().output, N, T, b.recompute);
   return EstimateBlock(h1, h2, b.recompute,
-                       Sizer{tp}.Local(b.add2.info().output, N, ops.config().embed));
+                       Sizer{tp}.Local(b.add2.info().output, N, ops.config.embed));
 }
 
 // Each operator of block `b`'s share (EstimateOps), entered from `x`.
-void BlockShares(const OpGpt& ops, const OpGpt::Block& b, Placement x, int64_t N, int T,
+void BlockShares(const GptGraph& ops, const GptGraph::Block& b, Placement x, int64_t N, int T,
                  std::vector<std::pair<std::string, StageWork>>* out) {
-  const int tp = ops.stage().tp;
-  const HalfWork h1 = EstimateHalf(ops.config(), tp, b.attention(), x, N, T, b.recompute);
+  const int tp = ops.stage.tp;
+  const HalfWork h1 = EstimateHalf(ops.config, tp, b.attention(), x, N, T, b.recompute);
   const HalfWork h2 =
-      EstimateHalf(ops.config(), tp, b.mlp(), b.add1.info().output, N, T, b.recompute);
+      EstimateHalf(ops.config, tp, b.mlp(), b.add1.info().output, N, T, b.recompute);
   const char* names[10] = {"ln_1", "attn.c_attn", "attn.attention", "attn.c_proj", "add_1",
                            "ln_2", "mlp.c_fc",    "mlp.gelu",       "mlp.c_proj",  "add_2"};
   const std::string prefix = "h." + std::to_string(b.layer) + ".";
@@ -321,7 +321,7 @@ void BlockShares(const OpGpt& ops, const OpGpt::Block& b, Placement x, int64_t N
     if (b.recompute == Recompute::kFull) {
       share.Add(i < 5 ? h1.forward_ops[i] : h2.forward_ops[i - 5]);
       if (i == 9) {
-        share.bytes += 2.0 * Sizer{tp}.Local(b.add2.info().output, N, ops.config().embed);
+        share.bytes += 2.0 * Sizer{tp}.Local(b.add2.info().output, N, ops.config.embed);
       }
     }
     out->emplace_back(prefix + names[i], share);
@@ -330,7 +330,7 @@ void BlockShares(const OpGpt& ops, const OpGpt::Block& b, Placement x, int64_t N
 
 }  // namespace
 
-HalfWork EstimateHalf(const GptConfig& config, int tp, const OpGpt::HalfOps& h, Placement x,
+HalfWork EstimateHalf(const GptConfig& config, int tp, const GptGraph::HalfOps& h, Placement x,
                       int64_t N, int T, Recompute rc, bool shares) {
   return HalfEstimator(config, tp, h, x, N, T, rc, shares).Run();
 }
@@ -376,13 +376,14 @@ StageWork EstimateInput(const GptConfig& config, int tp, const EmbeddingOp* embe
   return e;
 }
 
-StageWork EstimateOutput(const GptConfig& config, int tp, Placement x, const OpGpt::HeadOps* head,
-                         int64_t N, bool wte_summed, StageWork* parts) {
+StageWork EstimateOutput(const GptConfig& config, int tp, Placement x,
+                         const GptGraph::HeadOps* head, int64_t N, bool wte_summed,
+                         StageWork* parts) {
   const Sizer z{tp};
   const int64_t C = config.embed, V = config.vocab;
-  const std::array<OpGpt::Edge, 3> edges = OpGpt::HeadEdges(head, x, C, V);
+  const std::array<GptGraph::Edge, 3> edges = GptGraph::HeadEdges(head, x, C, V);
   if (head == nullptr) return ToNextStage(z, edges[0], N, C);
-  const OpGpt::Edge &into_lnf = edges[0], &into_lm = edges[1], &into_loss = edges[2];
+  const GptGraph::Edge &into_lnf = edges[0], &into_lm = edges[1], &into_loss = edges[2];
   const OpInfo &lnf = head->lnf->info(), &lm = head->lm_head->info();
   StageWork e;
   e.slot_bytes += N * 4;  // targets
@@ -402,7 +403,7 @@ StageWork EstimateOutput(const GptConfig& config, int tp, Placement x, const OpG
   mark(0);
   z.Forward(into_lm, N, &e);
   z.Backward(into_lm, N, &e);
-  if (OpGpt::Regathers(into_lm)) {
+  if (GptGraph::Regathers(into_lm)) {
     Grow(&e, kGather, z.Local(into_lm.to, N, C));
     z.Forward(into_lm, N, &e);
   } else {
@@ -430,36 +431,35 @@ StageWork EstimateOutput(const GptConfig& config, int tp, Placement x, const OpG
   return e;
 }
 
-StageWork EstimateStage(const OpGpt& ops, int64_t N, int T, std::vector<StageWork>* per_block,
+StageWork EstimateStage(const GptGraph& ops, int64_t N, int T, std::vector<StageWork>* per_block,
                         StageWork* ends) {
-  const GptStage& stage = ops.stage();
+  const GptStage& stage = ops.stage;
   const int tp = stage.tp;
-  StageWork e = EstimateInput(ops.config(), tp, stage.first ? &ops.embedding() : nullptr, N);
-  Placement x = ops.stream_in();
+  StageWork e = EstimateInput(ops.config, tp, stage.first ? &ops.embedding : nullptr, N);
+  Placement x = ops.stream_in;
   StageWork total;
   if (per_block != nullptr) per_block->clear();
-  for (const OpGpt::Block& b : ops.blocks()) {
+  for (const GptGraph::Block& b : ops.blocks) {
     const StageWork bw = BlockWork(ops, b, x, N, T);
     if (per_block != nullptr) per_block->push_back(bw);
     total.Add(bw);
     x = b.add2.info().output;
   }
-  const OpGpt::HeadOps head = ops.head();
-  e.Add(EstimateOutput(ops.config(), tp, x, stage.last ? &head : nullptr, N,
-                       stage.first && ops.embedding().info().rows_over_tp));
+  const GptGraph::HeadOps head = ops.head();
+  e.Add(EstimateOutput(ops.config, tp, x, stage.last ? &head : nullptr, N,
+                       stage.first && ops.embedding.info().rows_over_tp));
   if (ends != nullptr) *ends = e;
   total.Add(e);
   return total;
 }
 
-std::vector<std::pair<std::string, StageWork>> EstimateOps(const OpGpt& ops, int64_t N, int T) {
+std::vector<std::pair<std::string, StageWork>> EstimateOps(const GptGraph& ops, int64_t N, int T) {
   std::vector<std::pair<std::string, StageWork>> out;
-  const GptStage& stage = ops.stage();
+  const GptStage& stage = ops.stage;
   const int tp = stage.tp;
-  if (stage.first)
-    out.emplace_back("embedding", EstimateInput(ops.config(), tp, &ops.embedding(), N));
-  Placement x = ops.stream_in();
-  const std::vector<OpGpt::Block>& blocks = ops.blocks();
+  if (stage.first) out.emplace_back("embedding", EstimateInput(ops.config, tp, &ops.embedding, N));
+  Placement x = ops.stream_in;
+  const std::vector<GptGraph::Block>& blocks = ops.blocks;
   if (!blocks.empty()) {
     // A block entered from another (the second, when the stage has two).
     if (blocks.size() > 1) x = blocks[0].add2.info().output;
@@ -468,14 +468,14 @@ std::vector<std::pair<std::string, StageWork>> EstimateOps(const OpGpt& ops, int
   }
   if (stage.last) {
     StageWork parts[3];
-    const OpGpt::HeadOps head = ops.head();
-    EstimateOutput(ops.config(), tp, x, &head, N,
-                   stage.first && ops.embedding().info().rows_over_tp, parts);
+    const GptGraph::HeadOps head = ops.head();
+    EstimateOutput(ops.config, tp, x, &head, N, stage.first && ops.embedding.info().rows_over_tp,
+                   parts);
     out.emplace_back("ln_f", parts[0]);
     out.emplace_back("lm_head", parts[1]);
     out.emplace_back("loss", parts[2]);
   } else {
-    out.emplace_back("to the next stage", EstimateOutput(ops.config(), tp, x, nullptr, N, false));
+    out.emplace_back("to the next stage", EstimateOutput(ops.config, tp, x, nullptr, N, false));
   }
   return out;
 }

@@ -1,9 +1,9 @@
-// What a stage of the GPT's operators (op_gpt.h) does on one rank (tp rank
+// What a stage of the GPT's operators (gpt_graph.h) does on one rank (tp rank
 // 0, the largest shard) for one micro-batch, for the cost model: the
 // arithmetic, the redistributions over tp and the buffers. It walks the
-// graph that runs: the same operators and the same edges (OpGpt::Edge,
-// from OpGpt::HalfEdges and HeadEdges, which ForwardStage, BackwardStage
-// and Describe also follow), buffer by buffer as ForwardStage and
+// graph that runs: the same operators and the same edges (GptGraph::Edge,
+// from GptGraph::HalfEdges and HeadEdges, which OpGpt's ForwardStage and
+// BackwardStage and GptGraph::Describe also follow), buffer by buffer as ForwardStage and
 // BackwardStage allocate them. A change to the graph's edges is made once;
 // a change to which buffer the executor keeps an edge's result in must be
 // made here too, and the memory and kernel-unit checks in
@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "runtime/cost/stage_work.h"
-#include "runtime/model/op_gpt.h"
+#include "runtime/model/gpt_graph.h"
 
 namespace tessera {
 
@@ -71,7 +71,7 @@ struct HalfWork {
 // One half of a block on `tp` ranks for N rows of sequences of T.
 // `shares`: fill ops and forward_ops (the per-operator breakdown; the
 // search, which needs only the totals, skips them).
-HalfWork EstimateHalf(const GptConfig& config, int tp, const OpGpt::HalfOps& h, Placement x,
+HalfWork EstimateHalf(const GptConfig& config, int tp, const GptGraph::HalfOps& h, Placement x,
                       int64_t N, int T, Recompute rc, bool shares = true);
 // A block from its halves (full recompute: the forward twice, the slot
 // keeping only the output, `out_bytes`).
@@ -85,18 +85,20 @@ StageWork EstimateBlock(const HalfWork& attention, const HalfWork& mlp, Recomput
 // already sums wte's partial gradient. `parts` (3, when given): ln_f's,
 // lm_head's and the loss's shares.
 StageWork EstimateInput(const GptConfig& config, int tp, const EmbeddingOp* embedding, int64_t N);
-StageWork EstimateOutput(const GptConfig& config, int tp, Placement x, const OpGpt::HeadOps* head,
-                         int64_t N, bool wte_summed, StageWork* parts = nullptr);
+StageWork EstimateOutput(const GptConfig& config, int tp, Placement x,
+                         const GptGraph::HeadOps* head, int64_t N, bool wte_summed,
+                         StageWork* parts = nullptr);
 
 // The stage's work on one rank for micro-batches of `rows` = b x T rows of
 // a replica. With `per_block`, also each block's own (the ends in `ends`).
-StageWork EstimateStage(const OpGpt& ops, int64_t rows, int T,
+StageWork EstimateStage(const GptGraph& graph, int64_t rows, int T,
                         std::vector<StageWork>* per_block = nullptr, StageWork* ends = nullptr);
 // Every operator's share of one micro-batch's work on the stage: its first
 // block's operators (each block costs the same but the first's entry) and
 // the stage's ends, in order, named as strategy files name them. Full
 // recompute's second forward is not in the shares.
-std::vector<std::pair<std::string, StageWork>> EstimateOps(const OpGpt& ops, int64_t rows, int T);
+std::vector<std::pair<std::string, StageWork>> EstimateOps(const GptGraph& graph, int64_t rows,
+                                                           int T);
 
 }  // namespace tessera
 

@@ -13,208 +13,13 @@ std::string BlockPrefix(int i) { return "h." + std::to_string(i) + "."; }
 
 }  // namespace
 
-std::vector<OpSignature> OpGpt::Signatures(const GptConfig& config) {
-  std::vector<OpSignature> ops;
-  for (const GptOpSpec& spec : GptOpSpecs()) {
-    if (spec.part == GptOpPart::kEmbedding) ops.push_back(SignatureOf(spec.op, config, 0));
-  }
-  for (int i = 0; i < config.layers; ++i) {
-    for (const GptOpSpec& spec : GptOpSpecs()) {
-      if (InBlock(spec.op)) ops.push_back(SignatureOf(spec.op, config, i));
-    }
-  }
-  for (const GptOpSpec& spec : GptOpSpecs()) {
-    if (spec.part == GptOpPart::kHead) ops.push_back(SignatureOf(spec.op, config, 0));
-  }
-  return ops;
-}
-
-OpStrategyFile OpGpt::Megatron(bool sequence_parallel) {
-  OpStrategyFile f;
-  f.source = sequence_parallel ? "<megatron-sp>" : "<megatron>";
-  for (const GptOpSpec& spec : GptOpSpecs()) {
-    OpStrategyFile::Entry e;
-    e.pattern = OpPattern(spec.op);
-    e.axes = MegatronStrategy(spec.op, sequence_parallel);
-    for (const auto& in : e.axes) e.counts.emplace_back(in.size(), 1);
-    f.operators.push_back(std::move(e));
-  }
-  return f;
-}
-
-void OpGpt::Take(GptOp op, AnyOp o, Block* b) {
-  switch (op) {
-    case GptOp::kEmbedding:
-      embedding_ = std::get<EmbeddingOp>(std::move(o));
-      break;
-    case GptOp::kLn1:
-      b->ln1 = std::get<LayerNormOp>(std::move(o));
-      break;
-    case GptOp::kQkv:
-      b->qkv = std::get<LinearOp>(std::move(o));
-      break;
-    case GptOp::kAttention:
-      b->attn = std::get<AttentionOp>(std::move(o));
-      break;
-    case GptOp::kProj:
-      b->proj = std::get<LinearOp>(std::move(o));
-      break;
-    case GptOp::kAdd1:
-      b->add1 = std::get<AddOp>(std::move(o));
-      break;
-    case GptOp::kLn2:
-      b->ln2 = std::get<LayerNormOp>(std::move(o));
-      break;
-    case GptOp::kFc:
-      b->fc = std::get<LinearOp>(std::move(o));
-      break;
-    case GptOp::kGelu:
-      b->gelu = std::get<GeluOp>(std::move(o));
-      break;
-    case GptOp::kFcProj:
-      b->fcproj = std::get<LinearOp>(std::move(o));
-      break;
-    case GptOp::kAdd2:
-      b->add2 = std::get<AddOp>(std::move(o));
-      break;
-    case GptOp::kLnF:
-      lnf_ = std::get<LayerNormOp>(std::move(o));
-      break;
-    case GptOp::kLmHead:
-      lm_head_ = std::get<LmHeadOp>(std::move(o));
-      break;
-    case GptOp::kLoss:
-      loss_ = std::get<CrossEntropyOp>(std::move(o));
-      break;
-  }
-}
-
-namespace {
-
-// The edge into `to`'s input `input` from `from` (named `from_name`).
-OpGpt::Edge EdgeInto(const std::string* from_name, const OpInfo& to, int input, Placement from,
-                     Placement grad, int64_t cols) {
-  std::string label;
-  if (from_name != nullptr) {
-    label = *from_name + " -> " + to.name +
-            (to.inputs.size() > 1 ? " input " + std::to_string(input) : "");
-  }
-  return {std::move(label), from, to.inputs[input], grad, cols};
-}
-
-}  // namespace
-
-std::array<OpGpt::Edge, 6> OpGpt::HalfEdges(const HalfOps& h, Placement x, int64_t C,
-                                            const std::string* x_name) {
-  const bool attention = h.attn != nullptr;
-  const OpInfo& mid = attention ? h.attn->info() : h.gelu->info();
-  const OpInfo &ln = h.ln->info(), &in = h.in->info(), &out = h.out->info(), &add = h.add->info();
-  const int64_t mid_cols = attention ? 3 * C : 4 * C;  // the first linear's output
-  const int64_t out_cols = attention ? C : 4 * C;      // the second linear's input
-  auto name = [&](const OpInfo& i) { return x_name != nullptr ? &i.name : nullptr; };
-  return {EdgeInto(x_name, ln, 0, x, ln.inputs[0], C),
-          EdgeInto(name(ln), in, 0, ln.output, h.in->InputGradient(), C),
-          EdgeInto(name(in), mid, 0, in.output, mid.inputs[0], mid_cols),
-          EdgeInto(name(mid), out, 0, mid.output, h.out->InputGradient(), out_cols),
-          EdgeInto(x_name, add, 0, x, add.inputs[0], C),
-          EdgeInto(name(out), add, 1, out.output, add.inputs[1], C)};
-}
-
-std::array<OpGpt::Edge, 3> OpGpt::HeadEdges(const HeadOps* head, Placement x, int64_t C, int64_t V,
-                                            const std::string* x_name) {
-  if (head == nullptr) {
-    const Placement whole{-1};
-    return {Edge{x_name != nullptr ? *x_name + " -> the next stage" : "", x, whole, whole, C}};
-  }
-  const OpInfo &lnf = head->lnf->info(), &lm = head->lm_head->info(), &loss = head->loss->info();
-  auto name = [&](const OpInfo& i) { return x_name != nullptr ? &i.name : nullptr; };
-  return {EdgeInto(x_name, lnf, 0, x, lnf.inputs[0], C),
-          EdgeInto(name(lnf), lm, 0, lnf.output, head->lm_head->InputGradient(), C),
-          EdgeInto(name(lm), loss, 0, lm.output, loss.inputs[0], V)};
-}
-
-bool OpGpt::Regathers(const Edge& e) {
-  return e.from.split == 0 && !e.from.partial && e.to.split == -1;
-}
-
-Result<std::unique_ptr<OpGpt>> OpGpt::Create(const GptConfig& config,
-                                             const std::map<std::string, OpStrategy>& strategies,
-                                             const GptStage& stage, int dp) {
-  RETURN_IF_ERROR(config.Validate());
-  std::unique_ptr<OpGpt> g(new OpGpt());
-  g->config_ = config;
-  g->stage_ = stage;
-  g->dp_ = dp;
-  const int64_t C = config.embed, V = config.vocab;
-  const int tp = stage.tp;
-  auto strategy = [&](const std::string& name) -> Result<const OpStrategy*> {
-    auto it = strategies.find(name);
-    if (it == strategies.end()) return InternalError("no strategy for operator '" + name + "'");
-    return &it->second;
-  };
-  std::map<std::string, int>& splits = g->param_splits_;
-  // Operator `op` of block `layer` (of the ends for ends) into `b`.
-  auto take = [&](GptOp op, int layer, Block* b) -> Status {
-    const std::string name = OpName(op, layer);
-    ASSIGN_OR_RETURN(const OpStrategy* s, strategy(name));
-    ASSIGN_OR_RETURN(AnyOp o, CreateOp(op, name, *s, config, tp, dp));
-    ParamSplitsOf(op, o, layer, tp, &splits);
-    g->Take(op, std::move(o), b);
-    return Status::Ok();
-  };
-  RETURN_IF_ERROR(take(GptOp::kEmbedding, 0, nullptr));
-  const int last_layer = stage.last_layer < 0 ? config.layers : stage.last_layer;
-  // Every block is checked; the stage keeps its own.
-  for (int i = 0; i < config.layers; ++i) {
-    OpGpt::Block b;
-    for (const GptOpSpec& spec : GptOpSpecs()) {
-      if (InBlock(spec.op)) RETURN_IF_ERROR(take(spec.op, i, &b));
-    }
-    b.layer = i;
-    if (i >= stage.first_layer && i < last_layer) g->blocks_.push_back(std::move(b));
-  }
-  for (const GptOpSpec& spec : GptOpSpecs()) {
-    if (spec.part == GptOpPart::kHead) RETURN_IF_ERROR(take(spec.op, 0, nullptr));
-  }
-  if (tp == 1) {  // a cut over one rank is no cut
-    for (auto& [name, dim] : splits) dim = -1;
-  }
-  if (g->lm_head_.weight_split() != g->embedding_.weight_split()) {
-    return InternalError("wte is cut differently by embedding and lm_head");
-  }
-
-  // The graph's edges, with the residual stream's placement threaded through.
-  Placement x = stage.first ? g->embedding_.info().output : Placement{-1};
-  g->stream_in_ = x;
-  std::string xname = stage.first ? "embedding" : "the previous stage";
-  for (OpGpt::Block& b : g->blocks_) {
-    const std::array<Edge, 6> attention = HalfEdges(b.attention(), x, C, &xname);
-    const std::array<Edge, 6> mlp =
-        HalfEdges(b.mlp(), b.add1.info().output, C, &b.add1.info().name);
-    std::copy(attention.begin(), attention.end(), b.e);
-    std::copy(mlp.begin(), mlp.end(), b.e + 6);
-    x = b.add2.info().output;
-    xname = b.add2.info().name;
-  }
-  const HeadOps head = g->head();
-  const std::array<Edge, 3> ends = HeadEdges(stage.last ? &head : nullptr, x, C, V, &xname);
-  if (stage.last) {
-    g->lnf_e_ = ends[0];
-    g->lm_e_ = ends[1];
-    g->ce_e_ = ends[2];
-  } else {
-    g->out_e_ = ends[0];
-  }
-  return g;
-}
-
 Status OpGpt::Bind(Gpt* model, Communicator* tp) {
-  if (tp != nullptr && (tp->size() != stage_.tp || tp->rank() != stage_.tp_rank)) {
+  if (tp != nullptr && (tp->size() != graph_.stage.tp || tp->rank() != graph_.stage.tp_rank)) {
     return InvalidArgumentError("GPT operators: the tp communicator must have " +
-                                std::to_string(stage_.tp) + " ranks with this one as rank " +
-                                std::to_string(stage_.tp_rank));
+                                std::to_string(graph_.stage.tp) + " ranks with this one as rank " +
+                                std::to_string(graph_.stage.tp_rank));
   }
-  if (tp == nullptr && stage_.tp != 1)
+  if (tp == nullptr && graph_.stage.tp != 1)
     return InvalidArgumentError("GPT operators: tp > 1 needs a communicator");
   model_ = model;
   ctx_ = OpContext(tp);
@@ -222,8 +27,8 @@ Status OpGpt::Bind(Gpt* model, Communicator* tp) {
     const ParamInfo* p = model->FindParam(name);
     if (p == nullptr)
       return InternalError("GPT operators: the model has no parameter '" + name + "'");
-    auto it = param_splits_.find(name);
-    if (it == param_splits_.end() || it->second != p->tp_dim) {
+    auto it = graph_.param_splits.find(name);
+    if (it == graph_.param_splits.end() || it->second != p->tp_dim) {
       return InternalError("GPT operators: parameter '" + name +
                            "' is not cut as the strategy says");
     }
@@ -233,7 +38,7 @@ Status OpGpt::Bind(Gpt* model, Communicator* tp) {
   auto sum = [&](int64_t off, const std::string& name) {
     tp_sums_.emplace_back(off, model->FindParam(name)->numel);
   };
-  const int first = stage_.first_layer;
+  const int first = graph_.stage.first_layer;
   for (size_t l = 0; l < blocks_.size(); ++l) {
     OpGpt::Block& b = blocks_[l];
     const std::string p = BlockPrefix(first + static_cast<int>(l));
@@ -259,23 +64,23 @@ Status OpGpt::Bind(Gpt* model, Communicator* tp) {
     }
   }
   wte_tp_sum_ = false;
-  if (stage_.first) {
+  if (graph_.stage.first) {
     ASSIGN_OR_RETURN(wte_, offset("wte"));
     ASSIGN_OR_RETURN(wpe_, offset("wpe"));
-    if (embedding_.info().rows_over_tp && ctx_.tp() > 1) {
+    if (graph_.embedding.info().rows_over_tp && ctx_.tp() > 1) {
       wte_tp_sum_ = true;
       sum(wpe_, "wpe");
     }
   }
-  if (stage_.last) {
+  if (graph_.stage.last) {
     ASSIGN_OR_RETURN(wte_, offset("wte"));
     ASSIGN_OR_RETURN(lnfw_, offset("ln_f.weight"));
     ASSIGN_OR_RETURN(lnfb_, offset("ln_f.bias"));
-    if (lnf_.info().rows_over_tp && ctx_.tp() > 1) {
+    if (graph_.lnf.info().rows_over_tp && ctx_.tp() > 1) {
       sum(lnfw_, "ln_f.weight");
       sum(lnfb_, "ln_f.bias");
     }
-    if (lm_head_.info().rows_over_tp && ctx_.tp() > 1) wte_tp_sum_ = true;
+    if (graph_.lm_head.info().rows_over_tp && ctx_.tp() > 1) wte_tp_sum_ = true;
   }
   if (wte_tp_sum_) sum(wte_, "wte");
   const ParamInfo* wte = model->FindParam("wte");
@@ -285,7 +90,25 @@ Status OpGpt::Bind(Gpt* model, Communicator* tp) {
 
 void OpGpt::SetSlots(int n) { slots_.resize(std::max(1, n)); }
 
+Result<std::unique_ptr<OpGpt>> OpGpt::Create(const GptConfig& config,
+                                             const std::map<std::string, OpStrategy>& strategies,
+                                             const GptStage& stage, int dp) {
+  ASSIGN_OR_RETURN(GptGraph graph, GptGraph::Create(config, strategies, stage, dp));
+  return FromGraph(std::move(graph));
+}
+
+std::unique_ptr<OpGpt> OpGpt::FromGraph(GptGraph graph) {
+  std::unique_ptr<OpGpt> g(new OpGpt());
+  g->graph_ = std::move(graph);
+  for (const GptGraph::Block& b : g->graph_.blocks) {
+    g->blocks_.emplace_back();
+    static_cast<GptGraph::Block&>(g->blocks_.back()) = b;
+  }
+  return g;
+}
+
 void OpGpt::SetRecompute(int layer, Recompute mode) {
+  graph_.SetRecompute(layer, mode);
   for (OpGpt::Block& b : blocks_) {
     if (layer < 0 || b.layer == layer) b.recompute = mode;
   }
@@ -367,7 +190,7 @@ Result<Act> OpGpt::Residual(const AddOp& add, Act& x, const Act& ln_in, const Ed
 }
 
 Status OpGpt::BlockForward(const Block& b, Act& x, int T, BlockActs* acts, Buf* att, Buf* y_buf) {
-  const int64_t N = x.rows, C = config_.embed;
+  const int64_t N = x.rows, C = graph_.config.embed;
   BlockActs& s = *acts;
   ASSIGN_OR_RETURN(Act ln_in, Conv(x, b.e[0], &s.ln1_in));
   Act h1 = New(&s.h1, N, C, b.ln1.info().output);
@@ -411,20 +234,21 @@ Status OpGpt::BlockForward(const Block& b, Act& x, int T, BlockActs* acts, Buf* 
 Result<float> OpGpt::ForwardStage(int slot, const int32_t* tokens, const float* x_in,
                                   const int32_t* targets, int B, int T) {
   if (model_ == nullptr) return FailedPreconditionError("GPT operators: Bind first");
-  RETURN_IF_ERROR(CheckStageBatch(config_, stage_, slot, slots(), tokens, targets, B, T));
-  const int64_t N = static_cast<int64_t>(B) * T, C = config_.embed, V = config_.vocab;
-  const bool check_targets = stage_.last && targets != nullptr;
+  RETURN_IF_ERROR(
+      CheckStageBatch(graph_.config, graph_.stage, slot, slots(), tokens, targets, B, T));
+  const int64_t N = static_cast<int64_t>(B) * T, C = graph_.config.embed, V = graph_.config.vocab;
+  const bool check_targets = graph_.stage.last && targets != nullptr;
   Slot& a = slots_[slot];
   a.B = B;
   a.T = T;
   a.blocks.resize(blocks_.size());
-  if (stage_.first) a.tokens.assign(tokens, tokens + N);
+  if (graph_.stage.first) a.tokens.assign(tokens, tokens + N);
   a.has_targets = check_targets;
   if (a.has_targets) a.targets.assign(targets, targets + N);
 
-  Act x = New(&a.x0, N, C, stream_in_);
-  if (stage_.first) {
-    embedding_.Forward(ctx_, a.tokens.data(), T, P(wte_), P(wpe_), &x);
+  Act x = New(&a.x0, N, C, graph_.stream_in);
+  if (graph_.stage.first) {
+    graph_.embedding.Forward(ctx_, a.tokens.data(), T, P(wte_), P(wpe_), &x);
   } else {
     std::copy(x_in, x_in + N * C, x.data);
   }
@@ -446,23 +270,23 @@ Result<float> OpGpt::ForwardStage(int slot, const int32_t* tokens, const float* 
       x = s.x2.act;
     }
   }
-  if (!stage_.last) {
-    RETURN_IF_ERROR(Conv(x, out_e_, &a.out).status());
+  if (!graph_.stage.last) {
+    RETURN_IF_ERROR(Conv(x, graph_.out_e, &a.out).status());
     return 0.0f;
   }
-  ASSIGN_OR_RETURN(Act lnf_in, Conv(x, lnf_e_, &a.lnf_in));
-  Act hf = New(&a.hf, N, C, lnf_.info().output);
+  ASSIGN_OR_RETURN(Act lnf_in, Conv(x, graph_.lnf_e, &a.lnf_in));
+  Act hf = New(&a.hf, N, C, graph_.lnf.info().output);
   a.lnf_mean.resize(ctx_.LocalRows(hf));
   a.lnf_rstd.resize(ctx_.LocalRows(hf));
-  lnf_.Forward(ctx_, lnf_in, P(lnfw_), P(lnfb_), &hf, a.lnf_mean.data(), a.lnf_rstd.data());
-  ASSIGN_OR_RETURN(Act lm_in, Conv(hf, lm_e_, Regathers(lm_e_) ? &gather_ : &a.lm_in));
-  Act logits = New(&a.logits, N, V, lm_head_.info().output);
-  lm_head_.Forward(ctx_, lm_in, P(wte_), &logits);
+  graph_.lnf.Forward(ctx_, lnf_in, P(lnfw_), P(lnfb_), &hf, a.lnf_mean.data(), a.lnf_rstd.data());
+  ASSIGN_OR_RETURN(Act lm_in, Conv(hf, graph_.lm_e, Regathers(graph_.lm_e) ? &gather_ : &a.lm_in));
+  Act logits = New(&a.logits, N, V, graph_.lm_head.info().output);
+  graph_.lm_head.Forward(ctx_, lm_in, P(wte_), &logits);
   if (!a.has_targets) return 0.0f;
-  ASSIGN_OR_RETURN(Act ce_in, Conv(logits, ce_e_, &a.ce_in));
+  ASSIGN_OR_RETURN(Act ce_in, Conv(logits, graph_.ce_e, &a.ce_in));
   a.probs.resize(ctx_.LocalSize(ce_in));
-  ASSIGN_OR_RETURN(const double loss,
-                   loss_.Forward(ctx_, ce_in, a.targets.data(), a.probs.data(), &a.max, &a.sums));
+  ASSIGN_OR_RETURN(const double loss, graph_.loss.Forward(ctx_, ce_in, a.targets.data(),
+                                                          a.probs.data(), &a.max, &a.sums));
   return static_cast<float>(loss);
 }
 
@@ -519,31 +343,32 @@ Status OpGpt::BackwardStage(int slot, const float* dy, float dloss) {
                                 std::to_string(slots()));
   }
   Slot& a = slots_[slot];
-  if (a.B == 0 || (stage_.last && !a.has_targets)) {
+  if (a.B == 0 || (graph_.stage.last && !a.has_targets)) {
     return FailedPreconditionError("GPT backward needs a forward with targets first");
   }
   a.has_targets = false;  // the probabilities become the logits' gradient below
   const int T = a.T;
-  const int64_t N = static_cast<int64_t>(a.B) * T, C = config_.embed, V = config_.vocab;
-  if (stage_.last) {
+  const int64_t N = static_cast<int64_t>(a.B) * T, C = graph_.config.embed, V = graph_.config.vocab;
+  if (graph_.stage.last) {
     Act ce_in = a.ce_in.act;
-    loss_.Backward(ctx_, ce_in, a.probs.data(), a.targets.data(), dloss, a.probs.data());
-    Act dl{a.probs.data(), N, V, ce_e_.to};
-    ASSIGN_OR_RETURN(Act dlog, ConvGrad(dl, ce_e_, &d_.dlogits));
-    Act dh_in = New(&d_.dlnf, N, C, lm_head_.InputGradient());
-    ASSIGN_OR_RETURN(Act lm_in, LinearInput(lm_e_, a.lm_in, a.hf));
-    lm_head_.Backward(ctx_, lm_in, P(wte_), dlog, &dh_in,
-                      ParamGrad(wte_, wte_numel_, wte_tp_sum_, lm_head_.info().rows_over_tp));
-    ASSIGN_OR_RETURN(Act dh, ConvGrad(dh_in, lm_e_, &d_.dh));
-    Act dx = New(&d_.dx_lnf, N, C, lnf_.info().inputs[0]);
-    lnf_.Backward(ctx_, a.lnf_in.act, P(lnfw_), a.lnf_mean.data(), a.lnf_rstd.data(), dh, &dx,
-                  G(lnfw_), G(lnfb_));
-    ASSIGN_OR_RETURN(Act r, ConvGrad(dx, lnf_e_, &d_.dres2));
+    graph_.loss.Backward(ctx_, ce_in, a.probs.data(), a.targets.data(), dloss, a.probs.data());
+    Act dl{a.probs.data(), N, V, graph_.ce_e.to};
+    ASSIGN_OR_RETURN(Act dlog, ConvGrad(dl, graph_.ce_e, &d_.dlogits));
+    Act dh_in = New(&d_.dlnf, N, C, graph_.lm_head.InputGradient());
+    ASSIGN_OR_RETURN(Act lm_in, LinearInput(graph_.lm_e, a.lm_in, a.hf));
+    graph_.lm_head.Backward(
+        ctx_, lm_in, P(wte_), dlog, &dh_in,
+        ParamGrad(wte_, wte_numel_, wte_tp_sum_, graph_.lm_head.info().rows_over_tp));
+    ASSIGN_OR_RETURN(Act dh, ConvGrad(dh_in, graph_.lm_e, &d_.dh));
+    Act dx = New(&d_.dx_lnf, N, C, graph_.lnf.info().inputs[0]);
+    graph_.lnf.Backward(ctx_, a.lnf_in.act, P(lnfw_), a.lnf_mean.data(), a.lnf_rstd.data(), dh, &dx,
+                        G(lnfw_), G(lnfb_));
+    ASSIGN_OR_RETURN(Act r, ConvGrad(dx, graph_.lnf_e, &d_.dres2));
     Keep(r, {&d_.dres2, &d_.dx_lnf});
   } else {
     Act in = New(&d_.tmp, N, C, Placement{-1});
     std::copy(dy, dy + N * C, in.data);
-    ASSIGN_OR_RETURN(Act r, ConvGrad(in, out_e_, &d_.dres2));
+    ASSIGN_OR_RETURN(Act r, ConvGrad(in, graph_.out_e, &d_.dres2));
     Keep(r, {&d_.dres2, &d_.tmp});
   }
   for (size_t l = blocks_.size(); l-- > 0;) {
@@ -597,10 +422,10 @@ Status OpGpt::BackwardStage(int slot, const float* dy, float dloss) {
     RETURN_IF_ERROR(LayerNormBackward(b.ln1, s.ln1_in.act, s.ln1_mean, s.ln1_rstd, b.ln1w, b.ln1b,
                                       dh1, b.e[0], b.e[4]));
   }
-  if (stage_.first) {
-    embedding_.Backward(ctx_, a.tokens.data(), T, dres_,
-                        ParamGrad(wte_, wte_numel_, wte_tp_sum_, embedding_.info().rows_over_tp),
-                        G(wpe_));
+  if (graph_.stage.first) {
+    graph_.embedding.Backward(
+        ctx_, a.tokens.data(), T, dres_,
+        ParamGrad(wte_, wte_numel_, wte_tp_sum_, graph_.embedding.info().rows_over_tp), G(wpe_));
   } else {
     input_grad_.assign(dres_.data, dres_.data + N * C);  // placed whole: the stage input's
   }
@@ -621,61 +446,6 @@ Status OpGpt::ReduceParamGradients() {
     in += count;
   }
   return Status::Ok();
-}
-
-std::string OpGpt::Describe(int64_t rows) const {
-  const OpContext ctx(stage_.tp, 0);  // planning: collectives and sizes only
-  std::string out;
-  auto op = [&](const OpInfo& i) {
-    std::string ins;
-    for (const Placement& p : i.inputs) ins += (ins.empty() ? "" : ", ") + p.ToString();
-    out += "  " + i.name + " [" + i.kind + "] " + i.strategy.ToString() +
-           "  in: " + (ins.empty() ? "tokens" : ins) + "  out: " + i.output.ToString() + "\n";
-  };
-  auto edge = [&](const Edge& e) {
-    const OpContext::Redistribution f = ctx.Plan(e.from, e.to, rows, e.cols);
-    const OpContext::Redistribution b = ctx.Plan(e.grad, e.from.Resolved(), rows, e.cols);
-    if (!f.collective.empty()) {
-      out += "    forward  " + e.label + ": " + f.collective + ", " + HumanBytes(f.bytes) + " (" +
-             e.from.ToString() + " -> " + e.to.ToString() + ")\n";
-    }
-    if (!b.collective.empty()) {
-      out += "    backward " + e.label + ": " + b.collective + ", " + HumanBytes(b.bytes) + " (" +
-             e.grad.ToString() + " -> " + e.from.Resolved().ToString() + ")\n";
-    }
-  };
-  if (stage_.first) op(embedding_.info());
-  for (const OpGpt::Block& b : blocks_) {
-    const OpInfo* ops[] = {&b.ln1.info(),    &b.qkv.info(), &b.attn.info(), &b.proj.info(),
-                           &b.add1.info(),   &b.ln2.info(), &b.fc.info(),   &b.gelu.info(),
-                           &b.fcproj.info(), &b.add2.info()};
-    // Each operator, then the edges into it.
-    const int into[10][2] = {{0, -1}, {1, -1}, {2, -1}, {3, -1}, {4, 5},
-                             {6, -1}, {7, -1}, {8, -1}, {9, -1}, {10, 11}};
-    if (b.recompute != Recompute::kNone) {
-      out += "  h." + std::to_string(b.layer) + ": recompute " +
-             std::string(RecomputeName(b.recompute)) + "\n";
-    }
-    for (int i = 0; i < 10; ++i) {
-      for (int e : into[i]) {
-        if (e < 0) continue;
-        if ((e == 4 && b.e[4].to == b.e[0].to) || (e == 10 && b.e[10].to == b.e[6].to)) continue;
-        edge(b.e[e]);
-      }
-      op(*ops[i]);
-    }
-  }
-  if (stage_.last) {
-    edge(lnf_e_);
-    op(lnf_.info());
-    edge(lm_e_);
-    op(lm_head_.info());
-    edge(ce_e_);
-    op(loss_.info());
-  } else {
-    edge(out_e_);
-  }
-  return out;
 }
 
 }  // namespace tessera

@@ -33,6 +33,7 @@
 
 #include "runtime/cost/machine_profile.h"
 #include "runtime/model/gpt.h"
+#include "runtime/model/gpt_graph.h"
 #include "runtime/model/gpt_ops.h"
 #include "runtime/model/stage_runner.h"
 #include "runtime/parallel/op_strategy.h"
@@ -42,23 +43,23 @@ namespace tessera {
 
 class OpGpt : public StageRunner {
  public:
-  // Every operator of the whole model, for checking a strategy file.
-  static std::vector<OpSignature> Signatures(const GptConfig& config);
-  // Megatron-LM's tensor parallelism as a strategy (vocabulary-parallel
-  // embedding and loss, c_attn and c_fc by columns, the c_proj by rows),
-  // with sequence parallelism (layer norms, residual adds and GELU-free
-  // regions cut by rows over tp) when `sequence_parallel`.
-  static OpStrategyFile Megatron(bool sequence_parallel);
+  // GptGraph's (the graph is what a strategy file is checked against).
+  static std::vector<OpSignature> Signatures(const GptConfig& config) {
+    return GptGraph::Signatures(config);
+  }
+  static OpStrategyFile Megatron(bool sequence_parallel) {
+    return GptGraph::Megatron(sequence_parallel);
+  }
 
-  // The stage's operators from resolved strategies (ResolveOpStrategies
-  // over Signatures). Checks every operator of the model, not only the
-  // stage's, so every rank refuses a bad strategy alike.
+  // The stage's operators from resolved strategies (GptGraph::Create), or
+  // from a graph built already.
   static Result<std::unique_ptr<OpGpt>> Create(const GptConfig& config,
                                                const std::map<std::string, OpStrategy>& strategies,
                                                const GptStage& stage, int dp);
+  static std::unique_ptr<OpGpt> FromGraph(GptGraph graph);
   // For each parameter, the dimension of its split shape cut over tp (-1:
   // none): what GptStage::tp_dims takes. The same for every stage.
-  const std::map<std::string, int>& param_splits() const { return param_splits_; }
+  const std::map<std::string, int>& param_splits() const { return graph_.param_splits; }
 
   // Binds the operators to the stage's parameters (a Gpt created with
   // param_splits()) and to the tp group (null when tp = 1); both must
@@ -90,76 +91,18 @@ class OpGpt : public StageRunner {
   // Every operator of this stage with its strategy and placements, and
   // every redistribution inserted between them (forward and backward), its
   // collective and bytes per rank for a batch of `rows` = B x T rows.
-  std::string Describe(int64_t rows) const;
+  std::string Describe(int64_t rows) const { return graph_.Describe(rows); }
 
-  // One half of a block (x --ln--> --in--> --attn or gelu--> --out--> add(x,
-  // .)), from its operators.
-  struct HalfOps {
-    const LayerNormOp* ln;
-    const LinearOp* in;
-    const AttentionOp* attn;  // the attention half, or
-    const GeluOp* gelu;       // the MLP half
-    const LinearOp* out;
-    const AddOp* add;
-  };
-  // The ends of a stage after its blocks: ln_f, the output projection and
-  // the loss on the last stage.
-  struct HeadOps {
-    const LayerNormOp* lnf;
-    const LmHeadOp* lm_head;
-    const CrossEntropyOp* loss;
-  };
-  // A redistribution between a producer and a consumer's input: forward
-  // from -> to, backward the consumer's input gradient `grad` -> from
-  // (resolved). What runs (ForwardStage, BackwardStage), what Describe
-  // prints and what the cost model prices (gpt_work.h) are these edges.
-  struct Edge {
-    std::string label;  // "h.0.ln_1 -> h.0.attn.c_attn" (empty when only priced)
-    Placement from, to;
-    Placement grad;
-    int64_t cols = 0;
-  };
-  // A half's edges, the residual stream arriving placed as `x`, in this
-  // order: x -> ln, ln -> in, in -> attn or gelu, attn or gelu -> out,
-  // x -> add input 0, out -> add input 1. Labelled when `x_name` (x's
-  // producer) is given.
+  using HalfOps = GptGraph::HalfOps;
+  using HeadOps = GptGraph::HeadOps;
+  using Edge = GptGraph::Edge;
   static std::array<Edge, 6> HalfEdges(const HalfOps& h, Placement x, int64_t C,
-                                       const std::string* x_name = nullptr);
-  // The edges after the last block: x -> ln_f, ln_f -> lm_head, lm_head ->
-  // loss with a head; x -> the next stage (whole) without.
-  static std::array<Edge, 3> HeadEdges(const HeadOps* head, Placement x, int64_t C, int64_t V,
-                                       const std::string* x_name = nullptr);
-  // Whether an edge gathers rows (its result is not kept but gathered
-  // again in backward: Megatron's sequence parallelism).
-  static bool Regathers(const Edge& e);
-
-  struct Block {
-    int layer = 0;
-    Recompute recompute = Recompute::kNone;
-    LayerNormOp ln1, ln2;
-    LinearOp qkv, proj, fc, fcproj;
-    AttentionOp attn;
-    AddOp add1, add2;
-    GeluOp gelu;
-    // Parameter offsets in the Gpt.
-    int64_t ln1w = 0, ln1b = 0, qkvw = 0, qkvb = 0, projw = 0, projb = 0, ln2w = 0, ln2b = 0,
-            fcw = 0, fcb = 0, fcprojw = 0, fcprojb = 0;
-    // Edges: the attention half's (HalfEdges: x->ln1, h1->qkv, qkv->attn,
-    // y->proj, x->add1.a, a->add1.b), then the MLP half's (x1->ln2, h2->fc,
-    // f->gelu, g->fcproj, x1->add2.a, m->add2.b).
-    Edge e[12];
-    HalfOps attention() const { return {&ln1, &qkv, &attn, nullptr, &proj, &add1}; }
-    HalfOps mlp() const { return {&ln2, &fc, nullptr, &gelu, &fcproj, &add2}; }
-  };
-  // The graph of this stage, read-only: what the cost model walks.
-  const GptConfig& config() const { return config_; }
-  const GptStage& stage() const { return stage_; }
-  const std::vector<Block>& blocks() const { return blocks_; }
-  const EmbeddingOp& embedding() const { return embedding_; }
-  HeadOps head() const { return {&lnf_, &lm_head_, &loss_}; }
-  // The placement of the stage's input stream (the embedding's output on
-  // the first stage, whole elsewhere).
-  Placement stream_in() const { return stream_in_; }
+                                       const std::string* x_name = nullptr) {
+    return GptGraph::HalfEdges(h, x, C, x_name);
+  }
+  static bool Regathers(const Edge& e) { return GptGraph::Regathers(e); }
+  // The graph this executes.
+  const GptGraph& graph() const { return graph_; }
 
  private:
   // One activation buffer and the Act it holds (or the Act it reuses).
@@ -184,9 +127,13 @@ class OpGpt : public StageRunner {
     std::vector<double> sums;
   };
 
+  // A block of the graph with where its parameters lie in the Gpt.
+  struct Block : GptGraph::Block {
+    int64_t ln1w = 0, ln1b = 0, qkvw = 0, qkvb = 0, projw = 0, projb = 0, ln2w = 0, ln2b = 0,
+            fcw = 0, fcb = 0, fcprojw = 0, fcprojb = 0;
+  };
+
   OpGpt() = default;
-  // Keeps `o`, operator `op`: in block `b`, or as one of the ends.
-  void Take(GptOp op, AnyOp o, Block* b);
   // One block's forward on `x` into `acts`, the attention weights and output
   // into `att` and `y` (the block's own, or scratch when recomputed).
   Status BlockForward(const Block& b, Act& x, int T, BlockActs* acts, Buf* att, Buf* y);
@@ -216,17 +163,8 @@ class OpGpt : public StageRunner {
   // makes the gradient partial and this one computed it whole.
   float* ParamGrad(int64_t offset, int64_t n, bool tp_sum, bool rows_over_tp);
 
-  GptConfig config_;
-  GptStage stage_;
-  int dp_ = 1;
-  std::map<std::string, int> param_splits_;
-  std::vector<Block> blocks_;
-  EmbeddingOp embedding_;
-  LayerNormOp lnf_;
-  LmHeadOp lm_head_;
-  CrossEntropyOp loss_;
-  Edge lnf_e_, lm_e_, ce_e_, out_e_;  // x_L->ln_f, hf->lm_head, logits->loss, x_L->next stage
-  Placement stream_in_;               // the placement of x0
+  GptGraph graph_;
+  std::vector<Block> blocks_;  // the graph's, with their parameters
   int64_t wte_ = -1, wpe_ = -1, lnfw_ = 0, lnfb_ = 0;
   // Parameters whose gradient is summed over tp: offset, count.
   std::vector<std::pair<int64_t, int64_t>> tp_sums_;

@@ -8,78 +8,12 @@
 
 namespace tessera {
 
-Result<Mesh> ParallelConfig::MakeMesh() const {
-  return Mesh::Create({"pp", "dp", "tp"}, {pp, dp, tp});
-}
-
-Status ParallelConfig::Validate(int world_size) const {
-  if (dp < 1 || tp < 1 || pp < 1) return InvalidArgumentError("dp, tp and pp must be >= 1");
-  if (static_cast<int64_t>(dp) * tp * pp != world_size) {
-    return InvalidArgumentError("dp " + std::to_string(dp) + " x tp " + std::to_string(tp) +
-                                " x pp " + std::to_string(pp) + " is not the " +
-                                std::to_string(world_size) + " ranks started");
-  }
-  if (zero != 0 && zero != 1) return InvalidArgumentError("zero must be 0 or 1");
-  if (micro_batches < 0) return InvalidArgumentError("micro_batches must be >= 0");
-  if (bucket_bytes < 4) return InvalidArgumentError("the bucket size must be >= 4 bytes");
-  if (!stage_layers.empty() && static_cast<int>(stage_layers.size()) != pp) {
-    return InvalidArgumentError("stage_layers gives " + std::to_string(stage_layers.size()) +
-                                " stages; pp is " + std::to_string(pp));
-  }
-  for (int n : stage_layers) {
-    if (n < 1) return InvalidArgumentError("every pipeline stage needs at least one layer");
-  }
-  if (op_strategy != nullptr) {
-    const OpStrategyFile& f = *op_strategy;
-    for (auto [name, want, have] :
-         {std::tuple{"pp", f.pp, pp}, {"dp", f.dp, dp}, {"tp", f.tp, tp}}) {
-      if (want.has_value() && *want != have) {
-        return InvalidArgumentError(f.source + ": the file's mesh has " + name + " " +
-                                    std::to_string(*want) + " but the job runs " + name + " " +
-                                    std::to_string(have));
-      }
-    }
-    if (f.dataset_count > 0 && f.dataset_count != dp) {
-      return InvalidArgumentError(f.source + ": dataset_strategy cuts the batch " +
-                                  std::to_string(f.dataset_count) + " ways, but dp is " +
-                                  std::to_string(dp) + " (the batch is cut over dp only)");
-    }
-  }
-  return Status::Ok();
-}
-
-bool ParallelGpt::RunsWhole(const ParallelConfig& parallel) {
-  return parallel.tp == 1 && parallel.op_strategy == nullptr &&
-         parallel.recompute == Recompute::kNone;
-}
-
 Result<std::unique_ptr<OpGpt>> ParallelGpt::StageOps(const GptConfig& config,
                                                      const ParallelConfig& parallel,
                                                      const Mesh& mesh, const GptStage& gs) {
-  std::unique_ptr<OpGpt> ops;
-  if (RunsWhole(parallel)) return ops;
-  const OpStrategyFile file = StrategyFileOf(parallel);
-  ASSIGN_OR_RETURN(auto strategies, ResolveOpStrategies(file, OpGpt::Signatures(config), mesh));
-  ASSIGN_OR_RETURN(ops, OpGpt::Create(config, strategies, gs, parallel.dp));
-  ops->SetRecompute(-1, parallel.recompute);
-  // The file's blocks: patterns first, then exact names.
-  for (const bool exact : {false, true}) {
-    for (const auto& [pattern, mode] : file.recompute) {
-      if ((pattern.find('*') == std::string::npos) != exact) continue;
-      bool matched = false;
-      for (int i = 0; i < config.layers; ++i) {
-        if (!MatchesOpPattern(pattern, "h." + std::to_string(i))) continue;
-        matched = true;
-        ops->SetRecompute(i, mode);
-      }
-      if (!matched) {
-        return InvalidArgumentError(file.source + ": recompute names '" + pattern +
-                                    "', which is no block of the model (h.0 to h." +
-                                    std::to_string(config.layers - 1) + ")");
-      }
-    }
-  }
-  return ops;
+  if (RunsWhole(parallel)) return std::unique_ptr<OpGpt>();
+  ASSIGN_OR_RETURN(GptGraph graph, StageGraph(config, parallel, mesh, gs));
+  return OpGpt::FromGraph(std::move(graph));
 }
 
 Result<std::unique_ptr<ParallelGpt>> ParallelGpt::Create(const GptConfig& config,
@@ -141,29 +75,25 @@ MemoryUse ParallelGpt::Memory() const {
   return m;
 }
 
-OpStrategyFile ParallelGpt::StrategyFileOf(const ParallelConfig& parallel) {
-  return parallel.op_strategy != nullptr ? *parallel.op_strategy
-                                         : OpGpt::Megatron(parallel.sequence_parallel);
-}
-
 Result<std::string> ParallelGpt::DescribeOps(int B, int T) const {
   if (ops_ == nullptr) return std::string();
   const GptConfig& config = model_.config();
   const OpStrategyFile file = StrategyFileOf(parallel_);
   ASSIGN_OR_RETURN(auto strategies,
-                   ResolveOpStrategies(file, OpGpt::Signatures(config), comms_.mesh()));
+                   ResolveOpStrategies(file, GptGraph::Signatures(config), comms_.mesh()));
   const int64_t rows = static_cast<int64_t>(B) / parallel_.dp / micro_batches_ * T;
   std::string out = "operator strategy " + file.source + " on mesh " + comms_.mesh().ToString() +
                     ", " + std::to_string(rows) + " rows (batch x sequence) per replica and " +
                     "micro-batch; placements over tp:\n";
   for (int s = 0; s < parallel_.pp; ++s) {
     const GptStage stage = Stage(s, 0);
-    ASSIGN_OR_RETURN(auto ops, OpGpt::Create(config, strategies, stage, parallel_.dp));
+    ASSIGN_OR_RETURN(const GptGraph graph,
+                     GptGraph::Create(config, strategies, stage, parallel_.dp));
     if (parallel_.pp > 1) {
       out += "stage " + std::to_string(s) + " (layers " + std::to_string(stage.first_layer) +
              " to " + std::to_string(stage.last_layer - 1) + "):\n";
     }
-    out += ops->Describe(rows);
+    out += graph.Describe(rows);
   }
   ASSIGN_OR_RETURN(Strategy layouts, strategy());
   out += "parameter layouts (what a checkpoint records):\n";
@@ -173,38 +103,10 @@ Result<std::string> ParallelGpt::DescribeOps(int B, int T) const {
   return out;
 }
 
-GptStage ParallelGpt::StageOf(const GptConfig& config, int pp, int s, int tp, int tp_rank,
-                              const std::vector<int>& stage_layers) {
-  const int64_t L = config.layers;
-  int first = static_cast<int>(s * L / pp), last = static_cast<int>((s + 1) * L / pp);
-  if (!stage_layers.empty()) {
-    first = 0;
-    for (int i = 0; i < s; ++i) first += stage_layers[i];
-    last = first + stage_layers[s];
-  }
-  return {first, last, s == 0, s == pp - 1, tp, tp_rank, nullptr};
-}
-
 GptStage ParallelGpt::Stage(int s, int t) const {
   GptStage g = StageOf(model_.config(), parallel_.pp, s, parallel_.tp, t, parallel_.stage_layers);
   g.tp_dims = tp_dims_;
   return g;
-}
-
-Layout ParallelGpt::LayoutOf(const ParallelConfig& parallel, const ParamInfo& p, int stage,
-                             bool optimizer) {
-  Layout layout = Layout::Replicated(p.full_shape, DType::kF32);
-  layout.view = p.view;
-  if (p.tp_dim >= 0) {
-    layout.dim_axes.assign(p.split_shape().size(), {});
-    layout.dim_axes[p.tp_dim] = {"tp"};
-  }
-  if (optimizer && parallel.zero == 1) layout.opt_axes = {"dp"};
-  if (parallel.pp > 1) {
-    layout.stage_axis = "pp";
-    layout.stage = stage;
-  }
-  return layout;
 }
 
 Status ParallelGpt::Build() {
@@ -518,38 +420,6 @@ Result<float> ParallelGpt::StepRows(const int32_t* tokens, const int32_t* target
 }
 
 Result<Strategy> ParallelGpt::strategy() const { return StrategyOf(model_.config(), parallel_); }
-
-Result<Strategy> ParallelGpt::StrategyOf(const GptConfig& config, const ParallelConfig& parallel) {
-  ASSIGN_OR_RETURN(Mesh mesh, parallel.MakeMesh());
-  // The parameters' cuts: what the operators make of them (the same on
-  // every stage).
-  GptStage first = StageOf(config, parallel.pp, 0, parallel.tp, 0, parallel.stage_layers);
-  ASSIGN_OR_RETURN(std::unique_ptr<OpGpt> ops, StageOps(config, parallel, mesh, first));
-  std::shared_ptr<const std::map<std::string, int>> dims;
-  if (ops != nullptr)
-    dims = std::make_shared<const std::map<std::string, int>>(ops->param_splits());
-  // Every stage's parameters (the tied copy is not a tensor of its own),
-  // each on its stage of the pp axis when there are several.
-  const int pp = parallel.pp;
-  std::vector<std::pair<ParamInfo, int>> all;
-  for (int s = 0; s < pp; ++s) {
-    GptStage stage = StageOf(config, pp, s, parallel.tp, 0, parallel.stage_layers);
-    stage.tp_dims = dims;
-    ASSIGN_OR_RETURN(std::vector<ParamInfo> params, Gpt::Params(config, stage));
-    for (ParamInfo& p : params) {
-      if (!p.tied_copy) all.emplace_back(std::move(p), s);
-    }
-  }
-  Strategy strategy(mesh);
-  for (const auto& [p, s] : all)
-    RETURN_IF_ERROR(strategy.Add({p.name, LayoutOf(parallel, p, s, false)}));
-  for (const auto& [p, s] : all) {
-    const Layout layout = LayoutOf(parallel, p, s, true);
-    RETURN_IF_ERROR(strategy.Add({"optimizer." + p.name + ".exp_avg", layout}));
-    RETURN_IF_ERROR(strategy.Add({"optimizer." + p.name + ".exp_avg_sq", layout}));
-  }
-  return strategy;
-}
 
 Status ParallelGpt::GatherOptimizerState() {
   if (parallel_.zero == 0) return Status::Ok();

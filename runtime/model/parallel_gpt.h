@@ -49,6 +49,7 @@
 #include "runtime/comm/mesh_comms.h"
 #include "runtime/cost/memory_use.h"
 #include "runtime/model/gpt.h"
+#include "runtime/model/gpt_graph.h"
 #include "runtime/model/op_gpt.h"
 #include "runtime/model/stage_runner.h"
 #include "runtime/parallel/pipeline.h"
@@ -104,6 +105,10 @@ class ParallelGpt {
   static bool RunsWhole(const ParallelConfig& parallel);
   // The operators of stage `gs` (its tp rank's) as `parallel` makes them,
   // recompute set; null when the stage runs its Gpt whole (RunsWhole).
+  // The operators' graph of stage `gs` (its tp rank's) as `parallel` makes
+  // it, recompute set, whether or not the stage runs it (RunsWhole).
+  static Result<GptGraph> StageGraph(const GptConfig& config, const ParallelConfig& parallel,
+                                     const Mesh& mesh, const GptStage& gs);
   static Result<std::unique_ptr<OpGpt>> StageOps(const GptConfig& config,
                                                  const ParallelConfig& parallel, const Mesh& mesh,
                                                  const GptStage& gs);

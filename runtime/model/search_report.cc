@@ -72,9 +72,9 @@ Result<std::string> DescribePlan(const GptConfig& config, int B, int T, const Pa
   std::string out;
   for (int s = 0; s < par.pp; ++s) {
     const GptStage stage = ParallelGpt::StageOf(config, par.pp, s, par.tp, 0, par.stage_layers);
-    ASSIGN_OR_RETURN(std::unique_ptr<OpGpt> ops, ParallelGpt::StageOps(config, par, mesh, stage));
+    ASSIGN_OR_RETURN(const GptGraph graph, ParallelGpt::StageGraph(config, par, mesh, stage));
     if (par.pp > 1) out += "stage " + std::to_string(s) + ":\n";
-    out += ops->Describe(rows);
+    out += graph.Describe(rows);
   }
   return out;
 }
@@ -82,6 +82,37 @@ Result<std::string> DescribePlan(const GptConfig& config, int B, int T, const Pa
 // "pp=2,dp=2,tp=2,zero=1,micro_batches=4,recompute=selective,
 // strategy=megatron|megatron_sp|data_parallel|FILE": a configuration to
 // compare with the search's.
+namespace {
+
+// `key`=`value` of a configuration into `p` (a strategy name or file into
+// `strategy`).
+Status SetKey(const std::string& key, const std::string& value, ParallelConfig* p,
+              std::string* strategy) {
+  int* number = key == "pp"              ? &p->pp
+                : key == "dp"            ? &p->dp
+                : key == "tp"            ? &p->tp
+                : key == "zero"          ? &p->zero
+                : key == "micro_batches" ? &p->micro_batches
+                                         : nullptr;
+  if (number != nullptr) {
+    try {
+      *number = std::stoi(value);
+    } catch (...) {
+      return InvalidArgumentError("--why: " + key + " '" + value + "' is not a number");
+    }
+  } else if (key == "recompute") {
+    ASSIGN_OR_RETURN(p->recompute, ParseRecompute(value));
+  } else if (key == "strategy") {
+    *strategy = value;
+  } else {
+    return InvalidArgumentError("--why: unknown key '" + key +
+                                "' (pp, dp, tp, zero, micro_batches, recompute, strategy)");
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
 Result<ParallelConfig> ParseParallelConfig(const std::string& text) {
   ParallelConfig p;
   std::string strategy;
@@ -92,33 +123,7 @@ Result<ParallelConfig> ParseParallelConfig(const std::string& text) {
     if (eq == std::string::npos) {
       return InvalidArgumentError("--why '" + text + "': '" + item + "' is not key=value");
     }
-    const std::string key = item.substr(0, eq), value = item.substr(eq + 1);
-    auto number = [&](int* out) -> Status {
-      try {
-        *out = std::stoi(value);
-      } catch (...) {
-        return InvalidArgumentError("--why: " + key + " '" + value + "' is not a number");
-      }
-      return Status::Ok();
-    };
-    if (key == "pp") {
-      RETURN_IF_ERROR(number(&p.pp));
-    } else if (key == "dp") {
-      RETURN_IF_ERROR(number(&p.dp));
-    } else if (key == "tp") {
-      RETURN_IF_ERROR(number(&p.tp));
-    } else if (key == "zero") {
-      RETURN_IF_ERROR(number(&p.zero));
-    } else if (key == "micro_batches") {
-      RETURN_IF_ERROR(number(&p.micro_batches));
-    } else if (key == "recompute") {
-      ASSIGN_OR_RETURN(p.recompute, ParseRecompute(value));
-    } else if (key == "strategy") {
-      strategy = value;
-    } else {
-      return InvalidArgumentError("--why: unknown key '" + key +
-                                  "' (pp, dp, tp, zero, micro_batches, recompute, strategy)");
-    }
+    RETURN_IF_ERROR(SetKey(item.substr(0, eq), item.substr(eq + 1), &p, &strategy));
   }
   if (strategy == "megatron_sp") {
     p.sequence_parallel = true;

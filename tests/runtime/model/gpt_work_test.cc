@@ -23,10 +23,10 @@ TEST_CASE("the per-operator shares add up to the stage's work") {
     auto mesh = par.MakeMesh();
     REQUIRE(mesh.ok());
     const GptStage gs = ParallelGpt::StageOf(c, 1, 0, 2, 0);
-    auto ops = ParallelGpt::StageOps(c, par, *mesh, gs);
+    auto ops = ParallelGpt::StageGraph(c, par, *mesh, gs);
     REQUIRE(ops.ok());
     std::vector<StageWork> per_block;
-    const StageWork whole = EstimateStage(**ops, 128, 16, &per_block);
+    const StageWork whole = EstimateStage(*ops, 128, 16, &per_block);
     // The shares are of a block entered from another (the second); the
     // first, entered from the embedding, differs by its conversions.
     REQUIRE(per_block.size() == 3);
@@ -38,7 +38,7 @@ TEST_CASE("the per-operator shares add up to the stage's work") {
     for (int k = 0; k < 4; ++k)
       expected.comm_bytes[k] += per_block[1].comm_bytes[k] - per_block[0].comm_bytes[k];
     double flops = 0, bytes = 0, comm = 0, kernel[kKernelCount] = {};
-    for (const auto& [name, w] : EstimateOps(**ops, 128, 16)) {
+    for (const auto& [name, w] : EstimateOps(*ops, 128, 16)) {
       const double n = name.starts_with("h.") ? c.layers : 1;  // each block alike
       flops += n * w.flops;
       bytes += n * w.bytes;

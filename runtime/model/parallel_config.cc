@@ -1,0 +1,150 @@
+// ParallelConfig and the parts of ParallelGpt that plan without running:
+// the stages' layers, the operators' graph of a stage, the strategy file
+// and the layouts a checkpoint records. They link no kernels, so the cost
+// model, the search and `ckpt auto-parallel` use them; parallel_gpt.cc
+// runs the configuration.
+#include <algorithm>
+#include <tuple>
+
+#include "runtime/model/parallel_gpt.h"
+
+namespace tessera {
+
+Result<Mesh> ParallelConfig::MakeMesh() const {
+  return Mesh::Create({"pp", "dp", "tp"}, {pp, dp, tp});
+}
+
+Status ParallelConfig::Validate(int world_size) const {
+  if (dp < 1 || tp < 1 || pp < 1) return InvalidArgumentError("dp, tp and pp must be >= 1");
+  if (static_cast<int64_t>(dp) * tp * pp != world_size) {
+    return InvalidArgumentError("dp " + std::to_string(dp) + " x tp " + std::to_string(tp) +
+                                " x pp " + std::to_string(pp) + " is not the " +
+                                std::to_string(world_size) + " ranks started");
+  }
+  if (zero != 0 && zero != 1) return InvalidArgumentError("zero must be 0 or 1");
+  if (micro_batches < 0) return InvalidArgumentError("micro_batches must be >= 0");
+  if (bucket_bytes < 4) return InvalidArgumentError("the bucket size must be >= 4 bytes");
+  if (!stage_layers.empty() && static_cast<int>(stage_layers.size()) != pp) {
+    return InvalidArgumentError("stage_layers gives " + std::to_string(stage_layers.size()) +
+                                " stages; pp is " + std::to_string(pp));
+  }
+  for (int n : stage_layers) {
+    if (n < 1) return InvalidArgumentError("every pipeline stage needs at least one layer");
+  }
+  if (op_strategy != nullptr) {
+    const OpStrategyFile& f = *op_strategy;
+    for (auto [name, want, have] :
+         {std::tuple{"pp", f.pp, pp}, {"dp", f.dp, dp}, {"tp", f.tp, tp}}) {
+      if (want.has_value() && *want != have) {
+        return InvalidArgumentError(f.source + ": the file's mesh has " + name + " " +
+                                    std::to_string(*want) + " but the job runs " + name + " " +
+                                    std::to_string(have));
+      }
+    }
+    if (f.dataset_count > 0 && f.dataset_count != dp) {
+      return InvalidArgumentError(f.source + ": dataset_strategy cuts the batch " +
+                                  std::to_string(f.dataset_count) + " ways, but dp is " +
+                                  std::to_string(dp) + " (the batch is cut over dp only)");
+    }
+  }
+  return Status::Ok();
+}
+
+bool ParallelGpt::RunsWhole(const ParallelConfig& parallel) {
+  return parallel.tp == 1 && parallel.op_strategy == nullptr &&
+         parallel.recompute == Recompute::kNone;
+}
+
+Result<GptGraph> ParallelGpt::StageGraph(const GptConfig& config, const ParallelConfig& parallel,
+                                         const Mesh& mesh, const GptStage& gs) {
+  const OpStrategyFile file = StrategyFileOf(parallel);
+  ASSIGN_OR_RETURN(auto strategies, ResolveOpStrategies(file, GptGraph::Signatures(config), mesh));
+  ASSIGN_OR_RETURN(GptGraph graph, GptGraph::Create(config, strategies, gs, parallel.dp));
+  graph.SetRecompute(-1, parallel.recompute);
+  // The file's blocks: patterns first, then exact names.
+  for (const bool exact : {false, true}) {
+    for (const auto& [pattern, mode] : file.recompute) {
+      if ((pattern.find('*') == std::string::npos) != exact) continue;
+      bool matched = false;
+      for (int i = 0; i < config.layers; ++i) {
+        if (!MatchesOpPattern(pattern, "h." + std::to_string(i))) continue;
+        matched = true;
+        graph.SetRecompute(i, mode);
+      }
+      if (!matched) {
+        return InvalidArgumentError(file.source + ": recompute names '" + pattern +
+                                    "', which is no block of the model (h.0 to h." +
+                                    std::to_string(config.layers - 1) + ")");
+      }
+    }
+  }
+  return graph;
+}
+
+OpStrategyFile ParallelGpt::StrategyFileOf(const ParallelConfig& parallel) {
+  return parallel.op_strategy != nullptr ? *parallel.op_strategy
+                                         : GptGraph::Megatron(parallel.sequence_parallel);
+}
+
+GptStage ParallelGpt::StageOf(const GptConfig& config, int pp, int s, int tp, int tp_rank,
+                              const std::vector<int>& stage_layers) {
+  const int64_t L = config.layers;
+  int first = static_cast<int>(s * L / pp), last = static_cast<int>((s + 1) * L / pp);
+  if (!stage_layers.empty()) {
+    first = 0;
+    for (int i = 0; i < s; ++i) first += stage_layers[i];
+    last = first + stage_layers[s];
+  }
+  return {first, last, s == 0, s == pp - 1, tp, tp_rank, nullptr};
+}
+
+Layout ParallelGpt::LayoutOf(const ParallelConfig& parallel, const ParamInfo& p, int stage,
+                             bool optimizer) {
+  Layout layout = Layout::Replicated(p.full_shape, DType::kF32);
+  layout.view = p.view;
+  if (p.tp_dim >= 0) {
+    layout.dim_axes.assign(p.split_shape().size(), {});
+    layout.dim_axes[p.tp_dim] = {"tp"};
+  }
+  if (optimizer && parallel.zero == 1) layout.opt_axes = {"dp"};
+  if (parallel.pp > 1) {
+    layout.stage_axis = "pp";
+    layout.stage = stage;
+  }
+  return layout;
+}
+
+Result<Strategy> ParallelGpt::StrategyOf(const GptConfig& config, const ParallelConfig& parallel) {
+  ASSIGN_OR_RETURN(Mesh mesh, parallel.MakeMesh());
+  // The parameters' cuts: what the operators make of them (the same on
+  // every stage).
+  GptStage first = StageOf(config, parallel.pp, 0, parallel.tp, 0, parallel.stage_layers);
+  std::shared_ptr<const std::map<std::string, int>> dims;
+  if (!RunsWhole(parallel)) {
+    ASSIGN_OR_RETURN(const GptGraph graph, StageGraph(config, parallel, mesh, first));
+    dims = std::make_shared<const std::map<std::string, int>>(graph.param_splits);
+  }
+  // Every stage's parameters (the tied copy is not a tensor of its own),
+  // each on its stage of the pp axis when there are several.
+  const int pp = parallel.pp;
+  std::vector<std::pair<ParamInfo, int>> all;
+  for (int s = 0; s < pp; ++s) {
+    GptStage stage = StageOf(config, pp, s, parallel.tp, 0, parallel.stage_layers);
+    stage.tp_dims = dims;
+    ASSIGN_OR_RETURN(std::vector<ParamInfo> params, Gpt::Params(config, stage));
+    for (ParamInfo& p : params) {
+      if (!p.tied_copy) all.emplace_back(std::move(p), s);
+    }
+  }
+  Strategy strategy(mesh);
+  for (const auto& [p, s] : all)
+    RETURN_IF_ERROR(strategy.Add({p.name, LayoutOf(parallel, p, s, false)}));
+  for (const auto& [p, s] : all) {
+    const Layout layout = LayoutOf(parallel, p, s, true);
+    RETURN_IF_ERROR(strategy.Add({"optimizer." + p.name + ".exp_avg", layout}));
+    RETURN_IF_ERROR(strategy.Add({"optimizer." + p.name + ".exp_avg_sq", layout}));
+  }
+  return strategy;
+}
+
+}  // namespace tessera
