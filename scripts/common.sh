@@ -78,11 +78,11 @@ tessera_build_sanitized() {
   cmake --build "$SANITIZE_DIR" -j "$(nproc)" --target "$@"
 }
 
-# The C++ sources of the project (a git checkout's, else the tree's
-# outside the build folders).
+# The C++ sources of the project (a git checkout's, new files not yet
+# added included; else the tree's outside the build folders).
 tessera_cxx_sources() {
   if git -C "$TESSERA_ROOT" rev-parse --is-inside-work-tree >/dev/null 2>&1; then
-    git -C "$TESSERA_ROOT" ls-files '*.cc' '*.h'
+    git -C "$TESSERA_ROOT" ls-files --cached --others --exclude-standard '*.cc' '*.h'
   else
     (cd "$TESSERA_ROOT" && find . -path './build*' -prune -o \( -name '*.cc' -o -name '*.h' \) -print)
   fi
