@@ -207,6 +207,22 @@ Result<GptGraph> GptGraph::Create(const GptConfig& config,
   return graph;
 }
 
+GptGraph::HalfOps GptGraph::HalfOf(GptOpPart part,
+                                   const std::array<const AnyOp*, kGptOpCount>& ops) {
+  auto get = [&](GptOp op) { return ops[Index(op)]; };
+  if (part == GptOpPart::kAttentionHalf) {
+    return {&std::get<LayerNormOp>(*get(GptOp::kLn1)),       &std::get<LinearOp>(*get(GptOp::kQkv)),
+            &std::get<AttentionOp>(*get(GptOp::kAttention)), nullptr,
+            &std::get<LinearOp>(*get(GptOp::kProj)),         &std::get<AddOp>(*get(GptOp::kAdd1))};
+  }
+  return {&std::get<LayerNormOp>(*get(GptOp::kLn2)),
+          &std::get<LinearOp>(*get(GptOp::kFc)),
+          nullptr,
+          &std::get<GeluOp>(*get(GptOp::kGelu)),
+          &std::get<LinearOp>(*get(GptOp::kFcProj)),
+          &std::get<AddOp>(*get(GptOp::kAdd2))};
+}
+
 void GptGraph::SetRecompute(int layer, Recompute mode) {
   for (Block& b : blocks) {
     if (layer < 0 || b.layer == layer) b.recompute = mode;

@@ -106,6 +106,9 @@ struct GptGraph {
   Placement stream_in;
 
   HeadOps head() const { return {&lnf, &lm_head, &loss}; }
+  // The half `part` (attention or MLP) of a block whose operators are
+  // `ops` (by GptOp; each of its kind): what a search assembles.
+  static HalfOps HalfOf(GptOpPart part, const std::array<const AnyOp*, kGptOpCount>& ops);
 
   // Every operator of the whole model, for checking a strategy file.
   static std::vector<OpSignature> Signatures(const GptConfig& config);

@@ -180,21 +180,13 @@ Pick WithoutEnds(Pick p) {
   return p;
 }
 
-GptGraph::HalfOps AttentionHalf(const MeshOps& o, const Pick& p) {
-  return {&o.get<LayerNormOp>(GptOp::kLn1, p[GptOp::kLn1]),
-          &o.get<LinearOp>(GptOp::kQkv, p[GptOp::kQkv]),
-          &o.get<AttentionOp>(GptOp::kAttention, p[GptOp::kAttention]),
-          nullptr,
-          &o.get<LinearOp>(GptOp::kProj, p[GptOp::kProj]),
-          &o.get<AddOp>(GptOp::kAdd1, p[GptOp::kAdd1])};
-}
-GptGraph::HalfOps MlpHalf(const MeshOps& o, const Pick& p) {
-  return {&o.get<LayerNormOp>(GptOp::kLn2, p[GptOp::kLn2]),
-          &o.get<LinearOp>(GptOp::kFc, p[GptOp::kFc]),
-          nullptr,
-          &o.get<GeluOp>(GptOp::kGelu, p[GptOp::kGelu]),
-          &o.get<LinearOp>(GptOp::kFcProj, p[GptOp::kFcProj]),
-          &o.get<AddOp>(GptOp::kAdd2, p[GptOp::kAdd2])};
+// The half `part` of a block of `p`'s operators.
+GptGraph::HalfOps HalfOf(const MeshOps& o, const Pick& p, GptOpPart part) {
+  std::array<const AnyOp*, kGptOpCount> chosen{};
+  for (const GptOpSpec& spec : GptOpSpecs()) {
+    if (spec.part == part) chosen[Index(spec.op)] = &o.at(spec.op, p[spec.op]);
+  }
+  return GptGraph::HalfOf(part, chosen);
 }
 // The residual stream's placement after a half of `p`.
 Placement AfterAttention(const MeshOps& o, const Pick& p) {
@@ -346,8 +338,7 @@ class BlockHalves {
     const int64_t key = Key(part, p, x);
     auto it = memo.find(key);
     if (it == memo.end()) {
-      const GptGraph::HalfOps h =
-          part == GptOpPart::kAttentionHalf ? AttentionHalf(ops_, p) : MlpHalf(ops_, p);
+      const GptGraph::HalfOps h = HalfOf(ops_, p, part);
       it = memo.emplace(key, EstimateHalf(config_, tp_, h, x, N_, T_, rc_, /*shares=*/false)).first;
     }
     return it->second;

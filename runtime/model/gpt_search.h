@@ -4,7 +4,8 @@
 // configurations a job of N ranks can run.
 //
 // The prediction walks the same operators, placements, redistributions
-// and buffers that run (OpGpt::Estimate): compute from the matrix
+// and buffers that run (GptGraph, priced by
+// gpt_work.h's EstimateStage): compute from the matrix
 // products' flops and the element-wise kernels' bytes, collectives over
 // tp per micro-batch, the 1F1B pipeline (sum of the stages plus
 // (micro-batches - 1) x the slowest), the data-parallel gradient sums in
