@@ -51,7 +51,7 @@ check "pybind11 only in python/" pybind_only_in_python
 # The wrapped libraries: one file each.
 wrapped() {  # wrapped HEADER_REGEX ALLOWED_FILES_REGEX
   local bad
-  bad=$(grep -rlE "^#include <($1)" core transform formats ckpt runtime cli samples |
+  bad=$(grep -rlE --include='*.cc' --include='*.h' "^#include <($1)" core transform formats ckpt runtime cli samples |
         grep -Ev "$2")
   [ -z "$bad" ] || { echo "  $bad"; return 1; }
 }
@@ -60,8 +60,9 @@ check "hdf5.h only in formats/hdf5_file.cc" wrapped 'hdf5\.h|H5' '^formats/hdf5_
 check "mpi.h only in runtime/comm/mpi.cc" wrapped 'mpi\.h' '^runtime/comm/mpi\.cc$'
 check "nccl.h only in runtime/comm/nccl.cc" wrapped 'nccl\.h|cuda' '^runtime/comm/nccl\.cc$'
 check "Gloo's headers only in runtime/comm/gloo.cc" wrapped 'gloo/' '^runtime/comm/gloo\.cc$'
-check "xxhash.h only in core/checksum.cc" wrapped 'xxhash\.h' '^core/checksum\.cc$'
-check "ISA-L only in formats/erasure.cc" wrapped 'isa-l' '^formats/erasure\.cc$'
+check "xxhash.h only in core/checksum.cc" wrapped 'xxhash\.h|xxh_x86dispatch\.h' '^core/checksum\.cc$'
+check "ISA-L only in formats/erasure.cc (erasure codes) and core/checksum.cc (CRC-32)" wrapped 'isa-l' \
+  '^(formats/erasure|core/checksum)\.cc$'
 pb=$(grep -rl '\.pb\.h"' core transform formats ckpt runtime cli samples | sort | tr '\n' ' ')
 check "generated .pb.h only in manifest.cc and the strategy file's wrapper" \
   test "$pb" = "formats/manifest.cc formats/mindspore_strategy.cc "

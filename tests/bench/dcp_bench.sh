@@ -45,6 +45,7 @@ total=$((n * s * s * 4))
 floor=$("$BIN" floor "$per_rank" 2)
 memcpy=$(awk '$1 == "memcpy_gbs" {print $2}' <<<"$floor")
 xxh3=$(awk '$1 == "xxh3_gbs" {print $2}' <<<"$floor")
+xxh3_plain=$(awk '$1 == "xxh3_plain_gbs" {print $2}' <<<"$floor")
 floor_s=$(awk "BEGIN {print $per_rank / ($memcpy * 1e9) + $total / ($xxh3 * 1e9)}")
 mib=$((n * s * s * 4 >> 20))
 printf "%-52s %9s %9s %8s\n" "$n x ${s}^2 f32 ($mib MiB), 2 ranks" "ours (s)" "DCP (s)" "speedup"
@@ -56,4 +57,6 @@ row "merge-load into one process" "$ours_merge" "$dcp_merge"
 printf "%-52s %9.3f  (memcpy %.1f GB/s + XXH3 %.1f GB/s per rank; ours at %.0f%% of it)\n" \
   "floor of the reshard on load (copy half, verify all)" "$floor_s" "$memcpy" "$xxh3" \
   "$(awk "BEGIN {print 100 * $floor_s / $ours_load}")"
+printf "%-52s %9s  (XXH3 through libxxhash's plain, SSE2 entry point: %.1f GB/s per rank)\n" \
+  "" "" "$xxh3_plain"
 rm -rf "$work"
