@@ -2,6 +2,7 @@
 
 #include "ckpt/hdf5_ckpt.h"
 #include "ckpt/safetensors_ckpt.h"
+#include "ckpt/torch_ckpt.h"
 #include "formats/native_files.h"
 
 namespace tessera {
@@ -59,6 +60,7 @@ Result<std::unique_ptr<CheckpointReader>> OpenCheckpoint(Env* env, const std::st
       return OpenNativeCheckpoint(env, path);
     }
     if (IsSafetensorsCheckpoint(env, path)) return OpenSafetensorsCheckpoint(env, path);
+    if (IsTorchCheckpoint(env, path)) return OpenTorchCheckpoint(env, path);
     if (IsMindSporeCheckpoint(env, path)) {
       return OpenMindSporeCheckpoint(env, path, options.mindspore_strategy, options.strategy_hint);
     }
@@ -66,7 +68,9 @@ Result<std::unique_ptr<CheckpointReader>> OpenCheckpoint(Env* env, const std::st
     return OpenNativeCheckpoint(env, path);
   }
   if (IsHdf5Checkpoint(path)) return OpenHdf5Checkpoint(path);
+  if (EndsWith(path, kTorchIndexName)) return OpenTorchCheckpoint(env, path);
   if (IsSafetensorsCheckpoint(env, path)) return OpenSafetensorsCheckpoint(env, path);
+  if (IsTorchCheckpoint(env, path)) return OpenTorchCheckpoint(env, path);
   {
     ASSIGN_OR_RETURN(auto file, env->NewRandomAccessFile(path));
     if (LooksLikeMindSporeCkpt(*file)) {
@@ -75,7 +79,7 @@ Result<std::unique_ptr<CheckpointReader>> OpenCheckpoint(Env* env, const std::st
   }
   return InvalidArgumentError("'" + path +
                               "' is not a checkpoint this Tessera can read (native directory, "
-                              "safetensors, MindSpore .ckpt or HDF5)");
+                              "safetensors, MindSpore .ckpt, HDF5 or torch.save)");
 }
 
 Result<TransformStats> WriteTransformed(Env* env, const CheckpointReader& src, const Strategy& dst,

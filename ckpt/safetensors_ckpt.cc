@@ -22,44 +22,6 @@ std::map<std::string, std::string> MetadataOf(const Strategy& strategy,
   return m;
 }
 
-// The shard files an index names, with the file of each tensor.
-struct IndexFile {
-  std::vector<std::string> files;          // in first-mention order
-  std::map<std::string, std::string> map;  // tensor -> file name
-};
-
-// Hugging Face's index ({"weight_map": {tensor: file}}) or, with `flat`,
-// MindSpore's param_name_map.json ({tensor: file}).
-Result<IndexFile> ReadIndex(Env* env, const std::string& path, bool flat) {
-  auto bad = [&](const std::string& what) {
-    return DataLossError("safetensors index '" + path + "': " + what);
-  };
-  ASSIGN_OR_RETURN(uint64_t size, env->GetFileSize(path));
-  if (size > kMaxIndexBytes) return bad("larger than " + std::to_string(kMaxIndexBytes) + " bytes");
-  ASSIGN_OR_RETURN(std::string text, ReadFileToString(env, path));
-  nlohmann::ordered_json j = nlohmann::ordered_json::parse(text, nullptr, false);
-  if (flat ? !j.is_object()
-           : (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object())) {
-    return bad(flat ? "not a JSON object" : "not a JSON object with a \"weight_map\" object");
-  }
-  const nlohmann::ordered_json& map = flat ? j : j["weight_map"];
-  IndexFile index;
-  for (auto it = map.begin(); it != map.end(); ++it) {
-    if (!it.value().is_string())
-      return bad("the file of tensor '" + it.key() + "' is not a string");
-    const std::string file = it.value().get<std::string>();
-    if (file.empty() || file.find('/') != std::string::npos || file == "." || file == "..") {
-      return bad("tensor '" + it.key() + "' names file '" + file +
-                 "', which is not a plain file name beside the index");
-    }
-    if (!index.map.emplace(it.key(), file).second) return bad("tensor '" + it.key() + "' repeats");
-    bool known = false;
-    for (const std::string& f : index.files) known = known || f == file;
-    if (!known) index.files.push_back(file);
-  }
-  return index;
-}
-
 bool EndsWith(const std::string& s, const std::string& tail) {
   return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
 }
@@ -134,6 +96,36 @@ Result<std::unique_ptr<CheckpointWriter>> CreateUnifiedSafetensors(
 
 }  // namespace
 
+Result<WeightMapIndex> ReadWeightMapIndex(Env* env, const std::string& path, bool flat) {
+  auto bad = [&](const std::string& what) {
+    return DataLossError("index '" + path + "': " + what);
+  };
+  ASSIGN_OR_RETURN(uint64_t size, env->GetFileSize(path));
+  if (size > kMaxIndexBytes) return bad("larger than " + std::to_string(kMaxIndexBytes) + " bytes");
+  ASSIGN_OR_RETURN(std::string text, ReadFileToString(env, path));
+  nlohmann::ordered_json j = nlohmann::ordered_json::parse(text, nullptr, false);
+  if (flat ? !j.is_object()
+           : (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object())) {
+    return bad(flat ? "not a JSON object" : "not a JSON object with a \"weight_map\" object");
+  }
+  const nlohmann::ordered_json& map = flat ? j : j["weight_map"];
+  WeightMapIndex index;
+  for (auto it = map.begin(); it != map.end(); ++it) {
+    if (!it.value().is_string())
+      return bad("the file of tensor '" + it.key() + "' is not a string");
+    const std::string file = it.value().get<std::string>();
+    if (file.empty() || file.find('/') != std::string::npos || file == "." || file == "..") {
+      return bad("tensor '" + it.key() + "' names file '" + file +
+                 "', which is not a plain file name beside the index");
+    }
+    if (!index.map.emplace(it.key(), file).second) return bad("tensor '" + it.key() + "' repeats");
+    bool known = false;
+    for (const std::string& f : index.files) known = known || f == file;
+    if (!known) index.files.push_back(file);
+  }
+  return index;
+}
+
 bool IsSafetensorsCheckpoint(Env* env, const std::string& path) {
   if (env->IsDirectory(path)) {
     return env->FileExists(JoinPath(path, kSafetensorsIndexName)) ||
@@ -156,7 +148,7 @@ Result<std::unique_ptr<CheckpointReader>> OpenSafetensorsCheckpoint(Env* env,
                                                                     const std::string& path) {
   // The files, and which tensors each must hold (empty: all of its own).
   std::vector<std::string> paths;
-  IndexFile index;
+  WeightMapIndex index;
   std::string index_path;
   bool flat = false;  // a MindSpore unified_safetensors name map
   std::string hyper;  // and its hyper_param.safetensors (tensors not in the map)
@@ -177,7 +169,7 @@ Result<std::unique_ptr<CheckpointReader>> OpenSafetensorsCheckpoint(Env* env,
     paths.push_back(path);
   }
   if (!index_path.empty()) {
-    ASSIGN_OR_RETURN(index, ReadIndex(env, index_path, flat));
+    ASSIGN_OR_RETURN(index, ReadWeightMapIndex(env, index_path, flat));
     for (const std::string& f : index.files) paths.push_back(JoinPath(Dirname(index_path), f));
     if (!hyper.empty() && std::find(paths.begin(), paths.end(), hyper) == paths.end()) {
       paths.push_back(hyper);

@@ -14,8 +14,10 @@
 #define TESSERA_CKPT_SAFETENSORS_CKPT_H_
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "ckpt/checkpoint.h"
 
@@ -52,6 +54,17 @@ struct SafetensorsWriteOptions {
 Result<std::unique_ptr<CheckpointWriter>> CreateSafetensorsCheckpoint(
     Env* env, const std::string& path, const Strategy& strategy, const CheckpointMeta& meta,
     const SafetensorsWriteOptions& options);
+
+// The shard files an index names, with the file of each tensor.
+struct WeightMapIndex {
+  std::vector<std::string> files;          // in first-mention order
+  std::map<std::string, std::string> map;  // tensor -> file name
+};
+
+// Hugging Face's index ({"weight_map": {tensor: file}}; safetensors' and
+// pytorch_model.bin's) or, with `flat`, MindSpore's param_name_map.json
+// ({tensor: file}). Every file must be a plain name beside the index.
+Result<WeightMapIndex> ReadWeightMapIndex(Env* env, const std::string& path, bool flat);
 
 // Whether `path` looks like a safetensors checkpoint (by content: the
 // header length and '{', or an index in the directory).

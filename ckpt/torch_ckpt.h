@@ -1,0 +1,34 @@
+// PyTorch's torch.save files behind the checkpoint reader
+// (formats/torch_save.h has the format): one file (`.pt`, `.bin`, zip or
+// legacy), or a Hugging Face directory of shards named by
+// `pytorch_model.bin.index.json` ({"weight_map": {tensor: file}}), read as
+// one checkpoint. Tensors are whole on a one-rank mesh, named by their path
+// in the pickled object; other leaves (hyper-parameters, an
+// argparse.Namespace's fields, a loss scaler's state) are the metadata
+// ("torch.<path>" -> their text), and the step is the top-level
+// "iteration", "global_steps" or "step" where one is an integer.
+//
+// Reads verify the zip records' CRC-32 (once per storage, the first time a
+// reader touches it); legacy files carry no checksums. Views are read as
+// views: an offset into a shared storage, transposes and other strides.
+#ifndef TESSERA_CKPT_TORCH_CKPT_H_
+#define TESSERA_CKPT_TORCH_CKPT_H_
+
+#include <memory>
+#include <string>
+
+#include "ckpt/checkpoint.h"
+
+namespace tessera {
+
+inline constexpr char kTorchIndexName[] = "pytorch_model.bin.index.json";
+
+Result<std::unique_ptr<CheckpointReader>> OpenTorchCheckpoint(Env* env, const std::string& path);
+
+// Whether `path` is a torch.save file (by content) or a directory holding
+// pytorch_model.bin.index.json or pytorch_model.bin.
+bool IsTorchCheckpoint(Env* env, const std::string& path);
+
+}  // namespace tessera
+
+#endif  // TESSERA_CKPT_TORCH_CKPT_H_

@@ -1,0 +1,91 @@
+// PyTorch's torch.save files, read without running their pickles
+// (formats/pickle.h): the zip format of torch >= 1.6 (records
+// "<archive>/data.pkl", "<archive>/data/<key>", "<archive>/byteorder") and
+// the legacy format before it (five pickles, then each storage as an
+// 8-byte element count and its bytes).
+//
+// The tensors are found at any depth of the pickled object: dicts,
+// OrderedDicts, lists, tuples, Parameters, and the state of other objects
+// (argparse.Namespace, an optimizer's state), each named by its path of
+// keys and indices joined with '.' ("model.h.0.attn.c_attn.weight",
+// "optimizer.state.3.exp_avg"). A tensor is a view of a typed storage: an
+// element offset, a shape and strides (views, transposes and storages
+// shared by several tensors are kept as such). Every other leaf is kept as
+// its Python-like text ("optimizer.param_groups.0.lr" -> "0.001"); lists
+// and tuples without tensors are one leaf.
+//
+// What is interpreted (PyTorch's weights_only set, as far as files hold
+// tensors): torch._utils._rebuild_tensor(_v2), _rebuild_parameter(
+// _with_state), torch._tensor._rebuild_from_type_v2, the typed storages
+// (torch.FloatStorage, ...), torch.Size and collections.OrderedDict. Any
+// other object is an inert record shown by name; nothing is imported or
+// called.
+#ifndef TESSERA_FORMATS_TORCH_SAVE_H_
+#define TESSERA_FORMATS_TORCH_SAVE_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/dtype.h"
+#include "core/env.h"
+#include "core/status.h"
+#include "formats/pickle.h"
+
+namespace tessera {
+
+struct TorchStorage {
+  std::string key;
+  DType dtype = DType::kF32;
+  int64_t numel = 0;
+  uint64_t offset = 0;  // of its first byte in the file
+  // The zip record holding it and its CRC-32 (none in the legacy format).
+  std::string record;
+  bool has_crc = false;
+  uint32_t crc32 = 0;
+};
+
+struct TorchTensor {
+  std::string name;
+  DType dtype = DType::kF32;
+  std::vector<int64_t> shape;
+  std::vector<int64_t> strides;  // in elements
+  int64_t storage_offset = 0;    // in elements
+  size_t storage = 0;            // index into TorchSaveFile::storages
+  // Row-major with no gaps (a dense run of its storage).
+  bool Contiguous() const;
+};
+
+// A leaf that is not a tensor, as text.
+struct TorchValue {
+  std::string name;
+  std::string text;
+};
+
+struct TorchSaveFile {
+  std::string kind;  // "zip" or "legacy"
+  std::vector<TorchStorage> storages;
+  std::vector<TorchTensor> tensors;  // in the pickle's order
+  std::vector<TorchValue> values;
+};
+
+// Reads the torch.save file occupying [base, base + size) of `file`
+// (a window: DCP stores items inside larger files); `where` names it in
+// errors. Only the pickles are read, not the tensors' bytes.
+Result<TorchSaveFile> ReadTorchSave(const RandomAccessFile& file, uint64_t base, uint64_t size,
+                                    const std::string& where);
+
+// Whether the window starts like a torch.save file (a zip archive, or the
+// legacy format's magic number).
+bool LooksLikeTorchSave(const RandomAccessFile& file, uint64_t base, uint64_t size);
+
+// The tensors of a pickled object whose storages are persistent ids
+// ('storage', torch.<Type>Storage, key, location, numel[, view]), named by
+// path from `root`. `storages` receives each storage key once (offset 0,
+// for the caller to place). Used for torch.save's data.pkl and for DCP's
+// items.
+Status FindTorchTensors(const Pickle& pickle, const std::string& where, TorchSaveFile* out);
+
+}  // namespace tessera
+
+#endif  // TESSERA_FORMATS_TORCH_SAVE_H_
