@@ -61,6 +61,7 @@ Result<std::unique_ptr<CheckpointReader>> OpenCheckpoint(Env* env, const std::st
     }
     if (IsSafetensorsCheckpoint(env, path)) return OpenSafetensorsCheckpoint(env, path);
     if (IsTorchCheckpoint(env, path)) return OpenTorchCheckpoint(env, path);
+    if (IsDcpCheckpoint(env, path)) return OpenDcpCheckpoint(env, path);
     if (IsMindSporeCheckpoint(env, path)) {
       return OpenMindSporeCheckpoint(env, path, options.mindspore_strategy, options.strategy_hint);
     }

@@ -3,21 +3,40 @@
 #include <atomic>
 #include <cstring>
 #include <map>
+#include <memory>
+#include <utility>
 
 #include "ckpt/safetensors_ckpt.h"
 #include "core/checksum.h"
 #include "core/utf8.h"
+#include "formats/dcp.h"
 #include "formats/torch_save.h"
 
 namespace tessera {
 namespace {
 
-// One torch.save file: its contents and which storages were verified.
+// One torch.save archive (a file, or an item of a DCP file): its contents
+// and which of its storages were verified.
 struct TorchSource {
   std::string path;
-  std::unique_ptr<RandomAccessFile> file;
+  std::shared_ptr<RandomAccessFile> file;
   TorchSaveFile contents;
   std::unique_ptr<std::atomic<bool>[]> verified;
+};
+
+// A box of a checkpoint's tensor held by a tensor of a source (the whole
+// tensor in a torch.save file; a chunk in DCP).
+struct TorchPiece {
+  size_t source = 0;
+  size_t tensor = 0;
+  Box box;
+};
+
+struct TorchEntry {
+  std::string name;
+  DType dtype = DType::kF32;
+  std::vector<int64_t> shape;
+  std::vector<TorchPiece> pieces;
 };
 
 // Copies the elements of `extents` from `src` (byte strides `src_strides`)
@@ -59,68 +78,145 @@ void StridedCopy(const char* src, const std::vector<int64_t>& src_strides, char*
 
 class TorchReader : public CheckpointReader {
  public:
-  TorchReader(std::string path, std::vector<std::unique_ptr<TorchSource>> sources)
-      : path_(std::move(path)), sources_(std::move(sources)) {}
-
-  Status Init() {
+  TorchReader(std::string path, std::string format,
+              std::vector<std::unique_ptr<TorchSource>> sources)
+      : path_(std::move(path)), format_(std::move(format)), sources_(std::move(sources)) {
     strategy_ = Strategy(*Mesh::Create({"r"}, {1}));
-    for (size_t s = 0; s < sources_.size(); ++s) {
-      TorchSource& src = *sources_[s];
-      src.verified.reset(new std::atomic<bool>[src.contents.storages.size()]());
-      for (size_t t = 0; t < src.contents.tensors.size(); ++t) {
-        const TorchTensor& tensor = src.contents.tensors[t];
-        if (tensor.shape.size() > static_cast<size_t>(kMaxRank)) {
-          return UnimplementedError(
-              "torch checkpoint '" + src.path + "': tensor '" + PrintableText(tensor.name) +
-              "' has " + std::to_string(tensor.shape.size()) + " dimensions, more than the " +
-              std::to_string(kMaxRank) + " Tessera handles");
-        }
-        RETURN_IF_ERROR(
-            strategy_.Add({tensor.name, Layout::Replicated(tensor.shape, tensor.dtype), {}})
-                .Annotate("torch checkpoint '" + src.path + "'"));
-        entries_.push_back({s, t});
-      }
-      for (const TorchValue& v : src.contents.values) AddValue(v);
+    for (auto& src : sources_) {
+      src->verified.reset(new std::atomic<bool>[src->contents.storages.size()]());
     }
+  }
+
+  // Adds a tensor; its pieces must be disjoint boxes covering it.
+  Status Add(TorchEntry entry) {
+    const std::string where =
+        format_ + " checkpoint '" + path_ + "': tensor '" + PrintableText(entry.name) + "'";
+    if (entry.shape.size() > static_cast<size_t>(kMaxRank)) {
+      return UnimplementedError(where + " has " + std::to_string(entry.shape.size()) +
+                                " dimensions, more than the " + std::to_string(kMaxRank) +
+                                " Tessera handles");
+    }
+    RETURN_IF_ERROR(CheckPieces(entry, where));
+    RETURN_IF_ERROR(strategy_.Add({entry.name, Layout::Replicated(entry.shape, entry.dtype), {}})
+                        .Annotate(format_ + " checkpoint '" + path_ + "'"));
+    entries_.push_back(std::move(entry));
     return Status::Ok();
+  }
+  void AddValue(const std::string& key, const std::string& text) {
+    meta_.metadata[key] = text;
+    if (key == "torch.iteration" || key == "torch.global_steps" || key == "torch.step") {
+      char* end = nullptr;
+      long long step = std::strtoll(text.c_str(), &end, 10);
+      if (!text.empty() && *end == '\0') meta_.step = step;
+    }
   }
 
   const std::string& path() const override { return path_; }
-  std::string_view format() const override { return "torch"; }
+  std::string_view format() const override { return format_; }
   const Strategy& strategy() const override { return strategy_; }
   const CheckpointMeta& meta() const override { return meta_; }
   TensorStorage Storage(size_t index) const override {
-    const TorchTensor& t = Tensor(index);
-    int64_t bytes = DTypeSize(t.dtype);
-    for (int64_t e : t.shape) bytes *= e;
-    return {1, bytes};
+    const TorchEntry& e = entries_[index];
+    return {static_cast<int64_t>(e.pieces.size()), ByteSize(strategy_.tensors()[index].layout)};
   }
 
   Status ReadRegion(size_t index, const Box& region, void* dst,
                     const std::vector<int64_t>& dst_extents, const Box& dst_box) const override {
-    const TensorStrategy& ts = strategy_.tensors()[index];
-    RETURN_IF_ERROR(CheckReadRegion(ts, "torch checkpoint", path_, region));
-    const TorchSource& src = *sources_[entries_[index].source];
-    const TorchTensor& t = Tensor(index);
+    RETURN_IF_ERROR(
+        CheckReadRegion(strategy_.tensors()[index], format_ + " checkpoint", path_, region));
+    const TorchEntry& e = entries_[index];
+    const int64_t elem = DTypeSize(e.dtype);
+    const size_t rank = e.shape.size();
+    std::vector<int64_t> dst_strides(rank);
+    for (int64_t d = rank, step = elem; d-- > 0; step *= dst_extents[d]) dst_strides[d] = step;
+    for (const TorchPiece& piece : e.pieces) {
+      const Box part = Intersect(piece.box, region);
+      if (rank > 0 && IsEmpty(part)) continue;
+      char* out = static_cast<char*>(dst);
+      for (size_t d = 0; d < rank; ++d) {
+        out += (dst_box[d].begin + part[d].begin - region[d].begin) * dst_strides[d];
+      }
+      RETURN_IF_ERROR(ReadPiece(piece, RelativeTo(part, piece.box), out, dst_strides));
+    }
+    return Status::Ok();
+  }
+
+  Result<std::unique_ptr<FileView>> ViewRegion(size_t index, const Box& region) const override {
+    RETURN_IF_ERROR(
+        CheckReadRegion(strategy_.tensors()[index], format_ + " checkpoint", path_, region));
+    for (const TorchPiece& piece : entries_[index].pieces) {
+      if (!Contains(piece.box, region)) continue;
+      const TorchSource& src = *sources_[piece.source];
+      const TorchTensor& t = src.contents.tensors[piece.tensor];
+      const Box local = RelativeTo(region, piece.box);
+      if (!t.Contiguous() || t.shape.empty()) break;
+      // Dense when only the first dimension is cut.
+      int64_t row = DTypeSize(t.dtype);
+      for (size_t d = 1; d < t.shape.size(); ++d) {
+        if (local[d].begin != 0 || local[d].end != t.shape[d]) return std::unique_ptr<FileView>();
+        row *= t.shape[d];
+      }
+      const uint64_t bytes = static_cast<uint64_t>(local[0].size()) * row;
+      if (bytes < kViewAtLeast) break;
+      RETURN_IF_ERROR(Verify(src, t.storage));
+      const TorchStorage& st = src.contents.storages[t.storage];
+      return src.file->View(
+          st.offset + t.storage_offset * DTypeSize(t.dtype) + local[0].begin * row, bytes);
+    }
+    return std::unique_ptr<FileView>();
+  }
+
+ private:
+  Status CheckPieces(const TorchEntry& e, const std::string& where) const {
+    constexpr size_t kMaxPieces = 65536;
+    if (e.pieces.size() > kMaxPieces) {
+      return DataLossError(where + " is cut into more than " + std::to_string(kMaxPieces) +
+                           " chunks");
+    }
+    const Box whole = Box::FromShape(e.shape);
+    int64_t covered = 0;
+    for (size_t i = 0; i < e.pieces.size(); ++i) {
+      const TorchPiece& p = e.pieces[i];
+      const TorchTensor& t = sources_[p.source]->contents.tensors[p.tensor];
+      if (!Contains(whole, p.box) || t.shape != p.box.extents() || t.dtype != e.dtype) {
+        return DataLossError(where + ": a chunk " + ToString(p.box) + " stored as " +
+                             std::string(DTypeName(t.dtype)) + ShapeToString(t.shape) +
+                             " does not fit the tensor's " + std::string(DTypeName(e.dtype)) +
+                             ShapeToString(e.shape));
+      }
+      for (size_t j = 0; j < i; ++j) {
+        if (e.shape.size() > 0 && !IsEmpty(Intersect(p.box, e.pieces[j].box))) {
+          return DataLossError(where + ": chunks " + ToString(p.box) + " and " +
+                               ToString(e.pieces[j].box) + " overlap");
+        }
+      }
+      covered += NumElements(p.box);
+    }
+    if (covered != NumElements(whole)) {
+      return DataLossError(where + ": its chunks do not cover it");
+    }
+    return Status::Ok();
+  }
+
+  // `local` of a piece's source tensor into `out` (byte strides `dst_strides`).
+  Status ReadPiece(const TorchPiece& piece, const Box& local, char* out,
+                   const std::vector<int64_t>& dst_strides) const {
+    const TorchSource& src = *sources_[piece.source];
+    const TorchTensor& t = src.contents.tensors[piece.tensor];
     RETURN_IF_ERROR(Verify(src, t.storage));
     const int64_t elem = DTypeSize(t.dtype);
     const size_t rank = t.shape.size();
-    std::vector<int64_t> extents(rank), src_strides(rank), dst_strides(rank);
-    int64_t lo = t.storage_offset, hi = t.storage_offset, dst_at = 0, step = elem;
-    for (size_t d = rank; d-- > 0;) {
-      extents[d] = region[d].size();
+    std::vector<int64_t> extents(rank), src_strides(rank);
+    int64_t lo = t.storage_offset, hi = t.storage_offset;
+    for (size_t d = 0; d < rank; ++d) {
+      extents[d] = local[d].size();
       src_strides[d] = t.strides[d] * elem;
-      dst_strides[d] = step;
-      dst_at += dst_box[d].begin * step;
-      step *= dst_extents[d];
-      lo += region[d].begin * t.strides[d];
-      hi += (region[d].end - 1) * t.strides[d];
-      if (extents[d] == 0) return Status::Ok();
+      lo += local[d].begin * t.strides[d];
+      hi += (local[d].end - 1) * t.strides[d];
     }
     const TorchStorage& st = src.contents.storages[t.storage];
     const uint64_t span = static_cast<uint64_t>(hi - lo + 1) * elem;
     const uint64_t at = st.offset + static_cast<uint64_t>(lo) * elem;
-    char* out = static_cast<char*>(dst) + dst_at;
     ASSIGN_OR_RETURN(auto view, span >= kViewAtLeast ? src.file->View(at, span)
                                                      : Result<std::unique_ptr<FileView>>(nullptr));
     std::unique_ptr<char[]> staged;
@@ -134,84 +230,168 @@ class TorchReader : public CheckpointReader {
     return Status::Ok();
   }
 
-  Result<std::unique_ptr<FileView>> ViewRegion(size_t index, const Box& region) const override {
-    const TensorStrategy& ts = strategy_.tensors()[index];
-    RETURN_IF_ERROR(CheckReadRegion(ts, "torch checkpoint", path_, region));
-    const TorchTensor& t = Tensor(index);
-    if (!t.Contiguous() || t.shape.empty()) return std::unique_ptr<FileView>();
-    // Dense when only the first dimension is cut.
-    int64_t row = DTypeSize(t.dtype);
-    for (size_t d = 1; d < t.shape.size(); ++d) {
-      if (region[d].begin != 0 || region[d].end != t.shape[d]) {
-        return std::unique_ptr<FileView>();
-      }
-      row *= t.shape[d];
-    }
-    const uint64_t bytes = static_cast<uint64_t>(region[0].size()) * row;
-    if (bytes < kViewAtLeast) return std::unique_ptr<FileView>();
-    const TorchSource& src = *sources_[entries_[index].source];
-    RETURN_IF_ERROR(Verify(src, t.storage));
-    const TorchStorage& st = src.contents.storages[t.storage];
-    return src.file->View(st.offset + t.storage_offset * DTypeSize(t.dtype) + region[0].begin * row,
-                          bytes);
-  }
-
- private:
-  struct Entry {
-    size_t source = 0;
-    size_t tensor = 0;
-  };
-
-  const TorchTensor& Tensor(size_t index) const {
-    const Entry& e = entries_[index];
-    return sources_[e.source]->contents.tensors[e.tensor];
-  }
-  void AddValue(const TorchValue& v) {
-    meta_.metadata["torch." + v.name] = v.text;
-    if (v.name == "iteration" || v.name == "global_steps" || v.name == "step") {
-      char* end = nullptr;
-      long long step = std::strtoll(v.text.c_str(), &end, 10);
-      if (!v.text.empty() && *end == '\0') meta_.step = step;
-    }
-  }
   // The storage's zip record against its CRC-32, the first time.
   static Status Verify(const TorchSource& src, size_t storage) {
     const TorchStorage& st = src.contents.storages[storage];
     if (!st.has_crc || src.verified[storage].load(std::memory_order_acquire)) return Status::Ok();
+    constexpr uint64_t kChunk = uint64_t{4} << 20;
     const uint64_t bytes = static_cast<uint64_t>(st.numel) * DTypeSize(st.dtype);
-    std::unique_ptr<char[]> buf(new char[std::min<uint64_t>(bytes + 1, uint64_t{4} << 20)]);
+    std::unique_ptr<char[]> buf(new char[std::min<uint64_t>(bytes + 1, kChunk)]);
     uint32_t crc = 0;
-    for (uint64_t at = 0; at < bytes; at += uint64_t{4} << 20) {
-      const uint64_t n = std::min<uint64_t>(uint64_t{4} << 20, bytes - at);
+    for (uint64_t at = 0; at < bytes; at += kChunk) {
+      const uint64_t n = std::min<uint64_t>(kChunk, bytes - at);
       RETURN_IF_ERROR(src.file->Read(st.offset + at, n, buf.get()));
       crc = Crc32(buf.get(), n, crc);
     }
     if (crc != st.crc32) {
-      return DataLossError("torch checkpoint '" + src.path + "': record '" +
-                           PrintableText(st.record) + "' (storage of the tensors that use key '" +
-                           PrintableText(st.key) + "') fails its CRC-32");
+      return DataLossError("'" + src.path + "': record '" + PrintableText(st.record) +
+                           "' (storage '" + PrintableText(st.key) + "') fails its CRC-32");
     }
     src.verified[storage].store(true, std::memory_order_release);
     return Status::Ok();
   }
 
   std::string path_;
+  std::string format_;
   std::vector<std::unique_ptr<TorchSource>> sources_;
-  std::vector<Entry> entries_;
+  std::vector<TorchEntry> entries_;
   Strategy strategy_;
   CheckpointMeta meta_;
 };
 
-Result<std::unique_ptr<TorchSource>> OpenSource(Env* env, const std::string& path) {
+Result<std::unique_ptr<TorchSource>> OpenSource(const std::string& path,
+                                                std::shared_ptr<RandomAccessFile> file,
+                                                uint64_t base, uint64_t size,
+                                                const std::string& where) {
   auto src = std::make_unique<TorchSource>();
   src->path = path;
-  ASSIGN_OR_RETURN(src->file, env->NewRandomAccessFile(path));
-  ASSIGN_OR_RETURN(uint64_t size, src->file->Size());
-  ASSIGN_OR_RETURN(src->contents, ReadTorchSave(*src->file, 0, size, "'" + path + "'"));
+  src->file = std::move(file);
+  ASSIGN_OR_RETURN(src->contents, ReadTorchSave(*src->file, base, size, where));
   return src;
 }
 
+Result<std::unique_ptr<TorchSource>> OpenFile(Env* env, const std::string& path) {
+  ASSIGN_OR_RETURN(std::unique_ptr<RandomAccessFile> file, env->NewRandomAccessFile(path));
+  ASSIGN_OR_RETURN(uint64_t size, file->Size());
+  return OpenSource(path, std::move(file), 0, size, "'" + path + "'");
+}
+
+// Every tensor of every source whole, their other leaves as metadata.
+Result<std::unique_ptr<CheckpointReader>> WholeTensors(
+    const std::string& path, std::vector<std::unique_ptr<TorchSource>> sources) {
+  std::vector<TorchEntry> entries;
+  std::vector<std::pair<std::string, std::string>> values;
+  for (size_t s = 0; s < sources.size(); ++s) {
+    const TorchSaveFile& c = sources[s]->contents;
+    for (size_t t = 0; t < c.tensors.size(); ++t) {
+      const TorchTensor& tensor = c.tensors[t];
+      entries.push_back(
+          {tensor.name, tensor.dtype, tensor.shape, {{s, t, Box::FromShape(tensor.shape)}}});
+    }
+    for (const TorchValue& v : c.values) values.emplace_back("torch." + v.name, v.text);
+  }
+  auto reader = std::make_unique<TorchReader>(path, "torch", std::move(sources));
+  for (TorchEntry& e : entries) RETURN_IF_ERROR(reader->Add(std::move(e)));
+  for (const auto& [k, v] : values) reader->AddValue(k, v);
+  return std::unique_ptr<CheckpointReader>(std::move(reader));
+}
+
+// A Hugging Face index of pytorch_model shards: each file's tensors must be
+// those the index gives it.
+Result<std::vector<std::unique_ptr<TorchSource>>> OpenShards(Env* env, const std::string& path,
+                                                             const std::string& index_path) {
+  ASSIGN_OR_RETURN(WeightMapIndex index, ReadWeightMapIndex(env, index_path, false));
+  const std::string dir = index_path.substr(0, index_path.find_last_of('/') + 1);
+  std::vector<std::unique_ptr<TorchSource>> sources;
+  size_t found = 0;
+  for (const std::string& f : index.files) {
+    ASSIGN_OR_RETURN(auto src, OpenFile(env, dir + f));
+    for (const TorchTensor& t : src->contents.tensors) {
+      auto it = index.map.find(t.name);
+      if (it == index.map.end() || it->second != f) {
+        return DataLossError("torch checkpoint '" + path + "': tensor '" + PrintableText(t.name) +
+                             "' of '" + f + "' is not the index's");
+      }
+    }
+    found += src->contents.tensors.size();
+    sources.push_back(std::move(src));
+  }
+  if (found != index.map.size()) {
+    return DataLossError("torch checkpoint '" + path + "': the index names " +
+                         std::to_string(index.map.size()) + " tensors, its files hold " +
+                         std::to_string(found));
+  }
+  return sources;
+}
+
+// One DCP item: a torch.save archive at its place in its file, holding one
+// tensor.
+Result<std::unique_ptr<TorchSource>> OpenItem(
+    Env* env, const std::string& dir, const DcpItem& item,
+    std::map<std::string, std::shared_ptr<RandomAccessFile>>* files) {
+  std::shared_ptr<RandomAccessFile>& file = (*files)[item.file];
+  const std::string path = JoinPath(dir, item.file);
+  if (!file) {
+    ASSIGN_OR_RETURN(std::unique_ptr<RandomAccessFile> f, env->NewRandomAccessFile(path));
+    file = std::move(f);
+  }
+  ASSIGN_OR_RETURN(uint64_t size, file->Size());
+  if (item.offset > size || item.length > size - item.offset) {
+    return DataLossError("'" + path + "': an item at " + std::to_string(item.offset) + " (" +
+                         std::to_string(item.length) + " bytes) runs past the file's " +
+                         std::to_string(size) + " bytes");
+  }
+  return OpenSource(path, file, item.offset, item.length,
+                    "'" + path + "' item at " + std::to_string(item.offset));
+}
+
 }  // namespace
+
+bool IsDcpCheckpoint(Env* env, const std::string& path) {
+  const std::string md = JoinPath(path, kDcpMetadataName);
+  if (!env->IsDirectory(path) || !env->FileExists(md)) return false;
+  auto file = env->NewRandomAccessFile(md);
+  if (!file.ok()) return false;
+  auto size = (*file)->Size();
+  std::string head(std::min<uint64_t>(size.ok() ? *size : 0, 256), '\0');
+  return !head.empty() && (*file)->Read(0, head.size(), head.data()).ok() &&
+         LooksLikeDcpMetadata(head);
+}
+
+Result<std::unique_ptr<CheckpointReader>> OpenDcpCheckpoint(Env* env, const std::string& path) {
+  const std::string md_path = JoinPath(path, kDcpMetadataName);
+  ASSIGN_OR_RETURN(std::string text, ReadFileToString(env, md_path));
+  ASSIGN_OR_RETURN(DcpMetadata md, ParseDcpMetadata(text, "'" + md_path + "'"));
+  std::map<std::string, std::shared_ptr<RandomAccessFile>> files;
+  std::vector<std::unique_ptr<TorchSource>> sources;
+  std::vector<TorchEntry> entries;
+  for (const DcpTensor& t : md.tensors) {
+    TorchEntry e{t.name, t.dtype, t.size, {}};
+    for (const DcpChunk& c : t.chunks) {
+      ASSIGN_OR_RETURN(auto src, OpenItem(env, path, c.item, &files));
+      if (src->contents.tensors.size() != 1) {
+        return DataLossError("DCP checkpoint '" + path + "': the item of a chunk of '" +
+                             PrintableText(t.name) + "' in '" + c.item.file + "' holds " +
+                             std::to_string(src->contents.tensors.size()) + " tensors, not one");
+      }
+      Box box(static_cast<int>(c.offsets.size()));
+      for (size_t d = 0; d < c.offsets.size() && d < c.sizes.size(); ++d) {
+        box[d] = {c.offsets[d], c.offsets[d] + c.sizes[d]};
+      }
+      e.pieces.push_back({sources.size(), 0, box});
+      sources.push_back(std::move(src));
+    }
+    entries.push_back(std::move(e));
+  }
+  auto reader = std::make_unique<TorchReader>(path, "dcp", std::move(sources));
+  for (TorchEntry& e : entries) RETURN_IF_ERROR(reader->Add(std::move(e)));
+  for (const DcpBytes& b : md.bytes) {
+    reader->AddValue("dcp." + b.name, "bytes item, " + std::to_string(b.item.length) +
+                                          " bytes at " + std::to_string(b.item.offset) + " of " +
+                                          b.item.file);
+  }
+  return std::unique_ptr<CheckpointReader>(std::move(reader));
+}
 
 bool IsTorchCheckpoint(Env* env, const std::string& path) {
   if (env->IsDirectory(path)) {
@@ -225,7 +405,6 @@ bool IsTorchCheckpoint(Env* env, const std::string& path) {
 }
 
 Result<std::unique_ptr<CheckpointReader>> OpenTorchCheckpoint(Env* env, const std::string& path) {
-  std::vector<std::unique_ptr<TorchSource>> sources;
   std::string index_path = path;
   if (env->IsDirectory(path)) {
     index_path = JoinPath(path, kTorchIndexName);
@@ -233,34 +412,14 @@ Result<std::unique_ptr<CheckpointReader>> OpenTorchCheckpoint(Env* env, const st
   }
   const bool is_index =
       index_path.size() > 5 && index_path.compare(index_path.size() - 5, 5, ".json") == 0;
-  if (!is_index) {
-    ASSIGN_OR_RETURN(auto src, OpenSource(env, index_path));
-    sources.push_back(std::move(src));
+  std::vector<std::unique_ptr<TorchSource>> sources;
+  if (is_index) {
+    ASSIGN_OR_RETURN(sources, OpenShards(env, path, index_path));
   } else {
-    ASSIGN_OR_RETURN(WeightMapIndex index, ReadWeightMapIndex(env, index_path, false));
-    const std::string dir = index_path.substr(0, index_path.find_last_of('/') + 1);
-    size_t found = 0;
-    for (const std::string& f : index.files) {
-      ASSIGN_OR_RETURN(auto src, OpenSource(env, dir + f));
-      for (const TorchTensor& t : src->contents.tensors) {
-        auto it = index.map.find(t.name);
-        if (it == index.map.end() || it->second != f) {
-          return DataLossError("torch checkpoint '" + path + "': tensor '" + PrintableText(t.name) +
-                               "' of '" + f + "' is not the index's");
-        }
-      }
-      found += src->contents.tensors.size();
-      sources.push_back(std::move(src));
-    }
-    if (found != index.map.size()) {
-      return DataLossError("torch checkpoint '" + path + "': the index names " +
-                           std::to_string(index.map.size()) + " tensors, its files hold " +
-                           std::to_string(found));
-    }
+    ASSIGN_OR_RETURN(auto src, OpenFile(env, index_path));
+    sources.push_back(std::move(src));
   }
-  auto reader = std::make_unique<TorchReader>(path, std::move(sources));
-  RETURN_IF_ERROR(reader->Init());
-  return std::unique_ptr<CheckpointReader>(std::move(reader));
+  return WholeTensors(path, std::move(sources));
 }
 
 }  // namespace tessera

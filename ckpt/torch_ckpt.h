@@ -25,6 +25,14 @@ inline constexpr char kTorchIndexName[] = "pytorch_model.bin.index.json";
 
 Result<std::unique_ptr<CheckpointReader>> OpenTorchCheckpoint(Env* env, const std::string& path);
 
+// PyTorch Distributed Checkpoint directories (formats/dcp.h; torch 1.13's
+// and 2.x's), format "dcp": each tensor whole on a one-rank mesh, read
+// from its chunks (each a torch.save item of a .distcp file, verified by
+// its CRC-32s like a torch.save file); bytes items are listed in the
+// metadata as "dcp.<name>".
+Result<std::unique_ptr<CheckpointReader>> OpenDcpCheckpoint(Env* env, const std::string& path);
+bool IsDcpCheckpoint(Env* env, const std::string& path);
+
 // Whether `path` is a torch.save file (by content) or a directory holding
 // pytorch_model.bin.index.json or pytorch_model.bin.
 bool IsTorchCheckpoint(Env* env, const std::string& path);

@@ -222,3 +222,210 @@ def test_a_pickle_stream_too_short_or_wrong(tmp_path):
         zip_with_pickle(f, payload)
         with pytest.raises(Exception, match="pickle"):
             tessera.open(f)
+
+
+DCP_WRITER = r'''
+import copy, dataclasses, io, os, sys
+
+# torch 1.13's DCP metadata has a dataclass field with a mutable default,
+# which Python 3.11 refuses: made a default_factory before the import, as
+# newer torch declares it (test code only).
+_get_field = dataclasses._get_field
+def _factory_default(cls, name, type_, *args, **kwargs):
+    default = cls.__dict__.get(name, dataclasses.MISSING)
+    value = default.default if isinstance(default, dataclasses.Field) else default
+    if value is not dataclasses.MISSING and value.__class__.__hash__ is None:
+        setattr(cls, name, dataclasses.field(default_factory=lambda v=value: copy.deepcopy(v)))
+    return _get_field(cls, name, type_, *args, **kwargs)
+dataclasses._get_field = _factory_default
+
+import torch, torch.distributed as dist, torch.multiprocessing as mp
+import torch.distributed._shard.checkpoint as dcp
+from torch.distributed._shard import sharded_tensor
+from torch.distributed._shard.sharding_spec import ChunkShardingSpec
+
+def work(rank, world, out, per_rank, port):
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    spec = ChunkShardingSpec(dim=0, placements=[f"rank:{r}/cpu" for r in range(world)])
+    st = sharded_tensor.empty(spec, 7, 5, dtype=torch.bfloat16)
+    full = (torch.arange(35, dtype=torch.float32).reshape(7, 5) / 8 - 2).bfloat16()
+    for sh in st.local_shards():
+        o = sh.metadata.shard_offsets[0]
+        sh.tensor.copy_(full[o:o + sh.tensor.shape[0]])
+    cols = sharded_tensor.empty(ChunkShardingSpec(dim=1, placements=spec.placements), 3, 6)
+    for sh in cols.local_shards():
+        o = sh.metadata.shard_offsets[1]
+        sh.tensor.copy_(torch.arange(18, dtype=torch.float32).reshape(3, 6)[:, o:o + sh.tensor.shape[1]])
+    state = {"sharded": st, "cols": cols, "plain": torch.arange(10, dtype=torch.float32) * 1.5,
+             "ids": torch.arange(4), "blob": io.BytesIO(b"hello")}
+    dcp.save_state_dict(state, dcp.FileSystemWriter(out, single_file_per_rank=per_rank))
+    dist.destroy_process_group()
+
+if __name__ == "__main__":
+    mp.spawn(work, args=(2, sys.argv[1], sys.argv[2] == "1", int(sys.argv[3])), nprocs=2)
+'''
+
+
+def free_port():
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("per_rank", [False, True])
+def test_dcp_from_two_gloo_processes(tmp_path, ckpt_bin, per_rank):
+    writer = tmp_path / "w.py"
+    writer.write_text(DCP_WRITER)
+    ck = tmp_path / "ck"
+    subprocess.run(["/usr/bin/python3", str(writer), str(ck), "1" if per_rank else "0",
+                    str(free_port())], check=True, timeout=300)
+    r = tessera.open(ck)
+    assert r.format == "dcp"
+    full = (torch.arange(35, dtype=torch.float32).reshape(7, 5) / 8 - 2).bfloat16()
+    assert np.array_equal(r.read("sharded"), bits(full))
+    assert np.array_equal(r.read("sharded", [(2, 6), (1, 4)]), bits(full[2:6, 1:4]))
+    cols = torch.arange(18, dtype=torch.float32).reshape(3, 6)
+    assert np.array_equal(r.read("cols"), cols.numpy())
+    assert np.array_equal(r.read("cols", [(1, 3), (2, 5)]), cols[1:3, 2:5].numpy())
+    assert np.array_equal(r.read("plain"), (torch.arange(10) * 1.5).float().numpy())
+    assert np.array_equal(r.read("ids"), np.arange(4))
+    assert r.metadata["dcp.blob"].startswith(b"bytes item")
+    out = tmp_path / "o.safetensors"
+    run(ckpt_bin, "convert", ck, "-o", out, "--format", "safetensors", "--quiet")
+    assert np.array_equal(tessera.open(out).read("sharded"), bits(full))
+    # A damaged storage is named: flip a bit of "plain"'s bytes where they lie.
+    needle = (torch.arange(10) * 1.5).float().numpy().tobytes()
+    victim = next(p for p in ck.iterdir() if needle in p.read_bytes())
+    data = bytearray(victim.read_bytes())
+    data[data.find(needle) + 13] ^= 0x08
+    victim.write_bytes(bytes(data))
+    out = subprocess.run([str(ckpt_bin), "verify", str(ck)], capture_output=True, text=True)
+    assert out.returncode != 0 and victim.name in (out.stdout + out.stderr)
+
+
+DCP2_GENERATOR = r'''
+"""A torch 2.x DCP directory, synthesized: no torch 2.x here. Stand-ins of
+torch.distributed.checkpoint's metadata dataclasses under their real
+module and class names (TensorProperties pickles its state as a tuple, as
+2.x's __getstate__ does), items that are torch.save archives written by
+this torch (1.13) one after another in one file per rank, a raw bytes item
+as 2.x writes it, planner_data as 2.x's flattening records it."""
+import dataclasses, io, pickle, sys, types
+from typing import Any, List, Optional
+import torch
+
+def module(name):
+    m = types.ModuleType(name)
+    sys.modules[name] = m
+    return m
+
+md = module("torch.distributed.checkpoint.metadata")
+fs = module("torch.distributed.checkpoint.filesystem")
+
+def place(cls, m):
+    cls.__module__ = m.__name__
+    setattr(m, cls.__name__, cls)
+    return cls
+
+@dataclasses.dataclass
+class ChunkStorageMetadata:
+    offsets: Any
+    sizes: Any
+
+@dataclasses.dataclass
+class TensorProperties:
+    dtype: Any
+    def __getstate__(self):
+        return (self.dtype, torch.strided, False, torch.contiguous_format, False)
+
+@dataclasses.dataclass
+class TensorStorageMetadata:
+    properties: Any
+    size: Any
+    chunks: List[Any]
+
+@dataclasses.dataclass
+class BytesStorageMetadata:
+    pass
+
+@dataclasses.dataclass(frozen=True)
+class MetadataIndex:
+    fqn: str
+    offset: Optional[Any] = None
+    index: Optional[int] = None
+
+@dataclasses.dataclass
+class Metadata:
+    state_dict_metadata: Any
+    planner_data: Any = None
+    storage_data: Any = None
+
+@dataclasses.dataclass
+class _StorageInfo:
+    relative_path: str
+    offset: int
+    length: int
+    transform_descriptors: Any = None
+
+for c in (ChunkStorageMetadata, TensorProperties, TensorStorageMetadata, BytesStorageMetadata,
+          MetadataIndex, Metadata):
+    place(c, md)
+place(_StorageInfo, fs)
+
+out, transform = sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else None
+import os
+os.makedirs(out)
+full = torch.arange(24, dtype=torch.float32).reshape(6, 4) / 4
+moment = torch.arange(6, dtype=torch.float64)
+files = {0: io.BytesIO(), 1: io.BytesIO()}
+sdm, storage = {}, {}
+def item(rank, fqn, tensor, offsets):
+    f = files[rank]
+    start = f.tell()
+    torch.save(tensor.clone(), f)
+    storage[MetadataIndex(fqn, torch.Size(offsets), 0)] = _StorageInfo(
+        f"__{rank}_0.distcp", start, f.tell() - start,
+        [transform] if transform and fqn == "model.w" else None)
+chunks = []
+for rank, rows in ((0, range(0, 3)), (1, range(3, 6))):
+    item(rank, "model.w", full[rows.start:rows.stop], (rows.start, 0))
+    chunks.append(ChunkStorageMetadata(torch.Size((rows.start, 0)), torch.Size((3, 4))))
+sdm["model.w"] = TensorStorageMetadata(TensorProperties(torch.float32), torch.Size((6, 4)), chunks)
+item(0, "optim.state.0.exp_avg", moment, (0,))
+sdm["optim.state.0.exp_avg"] = TensorStorageMetadata(
+    TensorProperties(torch.float64), torch.Size((6,)),
+    [ChunkStorageMetadata(torch.Size((0,)), torch.Size((6,)))])
+start = files[1].tell()
+files[1].write(b"raw bytes")
+storage[MetadataIndex("extra")] = _StorageInfo("__1_0.distcp", start, 9)
+sdm["extra"] = BytesStorageMetadata()
+planner = {"model.w": ("model", "w"), "optim.state.0.exp_avg": ("optim", "state", 0, "exp_avg"),
+           "extra": ("extra",)}
+for rank, f in files.items():
+    with open(os.path.join(out, f"__{rank}_0.distcp"), "wb") as o:
+        o.write(f.getvalue())
+with open(os.path.join(out, ".metadata"), "wb") as o:
+    pickle.dump(Metadata(sdm, planner, storage), o)
+'''
+
+
+def test_dcp_2x_names_synthesized(tmp_path, ckpt_bin):
+    gen = tmp_path / "gen.py"
+    gen.write_text(DCP2_GENERATOR)
+    ck = tmp_path / "ck"
+    subprocess.run(["/usr/bin/python3", str(gen), str(ck)], check=True)
+    r = tessera.open(ck)
+    assert r.format == "dcp"
+    assert sorted(r.keys()) == ["model.w", "optim.state.0.exp_avg"]
+    assert np.array_equal(r.read("model.w"), (np.arange(24, dtype=np.float32) / 4).reshape(6, 4))
+    assert np.array_equal(r.read("optim.state.0.exp_avg"), np.arange(6, dtype=np.float64))
+    assert r.metadata["dcp.extra"] == b"bytes item, 9 bytes at " + \
+        str((ck / "__1_0.distcp").stat().st_size - 9).encode() + b" of __1_0.distcp"
+    # An item written through a storage transform is refused by name.
+    ck2 = tmp_path / "zstd"
+    subprocess.run(["/usr/bin/python3", str(gen), str(ck2), "stream.zstd"], check=True)
+    out = subprocess.run([str(ckpt_bin), "inspect", str(ck2)], capture_output=True, text=True)
+    assert out.returncode == 1 and "model.w" in out.stderr and "stream.zstd" in out.stderr

@@ -1,0 +1,240 @@
+#include "formats/dcp.h"
+
+#include <map>
+#include <utility>
+
+#include "core/utf8.h"
+#include "formats/pickle.h"
+
+namespace tessera {
+namespace {
+
+bool EndsWith(std::string_view s, std::string_view tail) {
+  return s.size() >= tail.size() && s.substr(s.size() - tail.size()) == tail;
+}
+
+Result<DType> DTypeOfGlobal(std::string_view name) {
+  static const std::map<std::string_view, DType> kTypes = {
+      {"torch.float32", DType::kF32},   {"torch.float", DType::kF32},
+      {"torch.float16", DType::kF16},   {"torch.half", DType::kF16},
+      {"torch.bfloat16", DType::kBF16}, {"torch.float64", DType::kF64},
+      {"torch.double", DType::kF64},    {"torch.int64", DType::kI64},
+      {"torch.long", DType::kI64},      {"torch.int32", DType::kI32},
+      {"torch.int", DType::kI32},       {"torch.int16", DType::kI16},
+      {"torch.short", DType::kI16},     {"torch.int8", DType::kI8},
+      {"torch.uint8", DType::kU8},      {"torch.bool", DType::kBool},
+  };
+  auto it = kTypes.find(name);
+  if (it == kTypes.end()) {
+    return UnimplementedError("dtype " + PrintableText(name) + " has no Tessera dtype");
+  }
+  return it->second;
+}
+
+// Reads the dataclass records of a `.metadata` pickle.
+class MetadataReader {
+ public:
+  MetadataReader(const Pickle& p, const std::string& where) : p_(p), where_(where) {}
+
+  Result<DcpMetadata> Run() {
+    const int32_t root = p_.root();
+    if (!EndsWith(p_.RecordName(root), ".metadata.Metadata")) {
+      return Bad("the pickle holds " + PrintableText(p_.Repr(root, 2)) +
+                 ", not a checkpoint Metadata");
+    }
+    ASSIGN_OR_RETURN(int32_t sdm, Field(root, "state_dict_metadata"));
+    ASSIGN_OR_RETURN(int32_t storage, Field(root, "storage_data"));
+    RETURN_IF_ERROR(ReadStorage(storage));
+    auto planner = Field(root, "planner_data");
+    const PickleValue& items = p_.at(sdm);
+    if (items.kind != PickleKind::kDict) return Bad("state_dict_metadata is not a dict");
+    DcpMetadata out;
+    for (size_t k = 0; k + 1 < items.items.size(); k += 2) {
+      const std::string fqn = Text(items.items[k]);
+      const std::string name = planner.ok() ? PlannedName(*planner, fqn) : fqn;
+      RETURN_IF_ERROR(AddItem(fqn, name, items.items[k + 1], &out));
+    }
+    return out;
+  }
+
+ private:
+  Status Bad(const std::string& what) const { return DataLossError(where_ + ": " + what); }
+  std::string Text(int32_t i) const {
+    const PickleValue& v = p_.at(i);
+    return v.kind == PickleKind::kStr || v.kind == PickleKind::kBytes ? v.text : p_.Repr(i);
+  }
+  // A dataclass field: from the BUILD state's dict, or the dict of a
+  // (dict, slots) state.
+  Result<int32_t> Field(int32_t record, std::string_view name) const {
+    const PickleValue& r = p_.at(record);
+    if (r.kind == PickleKind::kRecord && r.state >= 0) {
+      std::vector<int32_t> dicts = {r.state};
+      const PickleValue& s = p_.at(r.state);
+      if (s.kind == PickleKind::kTuple) dicts = s.items;
+      for (int32_t d : dicts) {
+        const PickleValue& dict = p_.at(d);
+        if (dict.kind != PickleKind::kDict) continue;
+        for (size_t k = 0; k + 1 < dict.items.size(); k += 2) {
+          if (p_.at(dict.items[k]).text == name) return dict.items[k + 1];
+        }
+      }
+    }
+    return Bad("a " + PrintableText(p_.RecordName(record)) + " without its field '" +
+               std::string(name) + "'");
+  }
+  Result<int64_t> Int(int32_t i, const char* what) const {
+    const PickleValue& v = p_.at(i);
+    if (v.kind != PickleKind::kInt) return Bad(std::string(what) + " is not an integer");
+    return v.integer;
+  }
+  // torch.Size((...)) or a plain tuple of integers.
+  Result<std::vector<int64_t>> Ints(int32_t i, const char* what) const {
+    if (p_.RecordName(i) == "torch.Size") i = p_.at(p_.at(i).items[1]).items.at(0);
+    const PickleValue& v = p_.at(i);
+    if (v.kind != PickleKind::kTuple && v.kind != PickleKind::kList) {
+      return Bad(std::string(what) + " is not a tuple of integers");
+    }
+    std::vector<int64_t> out;
+    for (int32_t e : v.items) {
+      ASSIGN_OR_RETURN(int64_t x, Int(e, what));
+      out.push_back(x);
+    }
+    return out;
+  }
+
+  // storage_data: {MetadataIndex(fqn, offset, index): _StorageInfo}.
+  Status ReadStorage(int32_t storage) {
+    const PickleValue& d = p_.at(storage);
+    if (d.kind != PickleKind::kDict) return Bad("storage_data is not a dict");
+    for (size_t k = 0; k + 1 < d.items.size(); k += 2) {
+      ASSIGN_OR_RETURN(int32_t fqn, Field(d.items[k], "fqn"));
+      // A MetadataIndex without an offset (a bytes item's) may omit it.
+      auto offset = Field(d.items[k], "offset");
+      std::vector<int64_t> offsets;
+      if (offset.ok() && p_.at(*offset).kind != PickleKind::kNone) {
+        ASSIGN_OR_RETURN(offsets, Ints(*offset, "a MetadataIndex offset"));
+      }
+      ASSIGN_OR_RETURN(DcpItem item, Item(d.items[k + 1], Text(fqn)));
+      storage_[{Text(fqn), offsets}] = item;
+    }
+    return Status::Ok();
+  }
+  Result<DcpItem> Item(int32_t info, const std::string& fqn) const {
+    DcpItem item;
+    ASSIGN_OR_RETURN(int32_t path, Field(info, "relative_path"));
+    ASSIGN_OR_RETURN(int32_t offset, Field(info, "offset"));
+    ASSIGN_OR_RETURN(int32_t length, Field(info, "length"));
+    item.file = Text(path);
+    if (item.file.empty() || item.file.find('/') != std::string::npos || item.file == "." ||
+        item.file == "..") {
+      return Bad("item '" + PrintableText(fqn) + "' names file '" + PrintableText(item.file) +
+                 "', which is not a plain file name in the checkpoint directory");
+    }
+    ASSIGN_OR_RETURN(int64_t o, Int(offset, "an item offset"));
+    ASSIGN_OR_RETURN(int64_t n, Int(length, "an item length"));
+    if (o < 0 || n < 0) return Bad("item '" + PrintableText(fqn) + "' has a negative place");
+    item.offset = static_cast<uint64_t>(o);
+    item.length = static_cast<uint64_t>(n);
+    auto transforms = Field(info, "transform_descriptors");
+    if (transforms.ok() && p_.at(*transforms).kind != PickleKind::kNone &&
+        !p_.at(*transforms).items.empty()) {
+      return UnimplementedError(where_ + ": item '" + PrintableText(fqn) +
+                                "' is stored through the transforms " +
+                                PrintableText(p_.Repr(*transforms)) + ", which this reader lacks");
+    }
+    return item;
+  }
+
+  // planner_data {fqn: (key, key, ...)}: the nested path a flattened key
+  // stood for, joined with '.'.
+  std::string PlannedName(int32_t planner, const std::string& fqn) const {
+    const PickleValue& d = p_.at(planner);
+    if (d.kind != PickleKind::kDict) return fqn;
+    for (size_t k = 0; k + 1 < d.items.size(); k += 2) {
+      if (Text(d.items[k]) != fqn) continue;
+      const PickleValue& path = p_.at(d.items[k + 1]);
+      if (path.kind != PickleKind::kTuple && path.kind != PickleKind::kList) return fqn;
+      std::string name;
+      for (int32_t e : path.items) {
+        const PickleValue& key = p_.at(e);
+        name += (name.empty() ? "" : ".") +
+                (key.kind == PickleKind::kInt ? std::to_string(key.integer) : Text(e));
+      }
+      return name.empty() ? fqn : name;
+    }
+    return fqn;
+  }
+
+  Status AddItem(const std::string& fqn, const std::string& name, int32_t md, DcpMetadata* out) {
+    const std::string_view kind = p_.RecordName(md);
+    if (EndsWith(kind, "BytesStorageMetadata")) {
+      auto it = storage_.find({fqn, {}});
+      if (it == storage_.end())
+        return Bad("bytes item '" + PrintableText(fqn) + "' has no storage");
+      out->bytes.push_back({name, it->second});
+      return Status::Ok();
+    }
+    if (!EndsWith(kind, "TensorStorageMetadata")) {
+      return Bad("item '" + PrintableText(fqn) + "' is a " + PrintableText(kind) +
+                 ", neither tensor nor bytes metadata");
+    }
+    DcpTensor t;
+    t.name = name;
+    ASSIGN_OR_RETURN(int32_t props, Field(md, "properties"));
+    ASSIGN_OR_RETURN(int32_t size, Field(md, "size"));
+    ASSIGN_OR_RETURN(int32_t chunks, Field(md, "chunks"));
+    ASSIGN_OR_RETURN(t.size, Ints(size, "a tensor size"));
+    ASSIGN_OR_RETURN(int32_t dtype, DTypeField(props));
+    auto dt = DTypeOfGlobal(p_.at(dtype).text);
+    if (!dt.ok()) return Bad("tensor '" + PrintableText(fqn) + "': " + dt.status().message());
+    t.dtype = *dt;
+    for (int32_t c : p_.at(chunks).items) {
+      DcpChunk chunk;
+      ASSIGN_OR_RETURN(int32_t offsets, Field(c, "offsets"));
+      ASSIGN_OR_RETURN(int32_t sizes, Field(c, "sizes"));
+      ASSIGN_OR_RETURN(chunk.offsets, Ints(offsets, "chunk offsets"));
+      ASSIGN_OR_RETURN(chunk.sizes, Ints(sizes, "chunk sizes"));
+      auto it = storage_.find({fqn, chunk.offsets});
+      if (it == storage_.end()) {
+        return Bad("tensor '" + PrintableText(fqn) + "': a chunk has no storage entry");
+      }
+      chunk.item = it->second;
+      t.chunks.push_back(std::move(chunk));
+    }
+    out->tensors.push_back(std::move(t));
+    return Status::Ok();
+  }
+  // TensorProperties' dtype: a field of its state dict (1.13), or the
+  // first element of the tuple its __getstate__ returns (2.x).
+  Result<int32_t> DTypeField(int32_t props) const {
+    const PickleValue& r = p_.at(props);
+    if (r.kind == PickleKind::kRecord && r.state >= 0) {
+      const PickleValue& s = p_.at(r.state);
+      if (s.kind == PickleKind::kTuple && !s.items.empty() &&
+          p_.at(s.items[0]).kind == PickleKind::kGlobal) {
+        return s.items[0];
+      }
+    }
+    ASSIGN_OR_RETURN(int32_t dtype, Field(props, "dtype"));
+    if (p_.at(dtype).kind != PickleKind::kGlobal) return Bad("a tensor dtype that is not torch's");
+    return dtype;
+  }
+
+  const Pickle& p_;
+  const std::string& where_;
+  std::map<std::pair<std::string, std::vector<int64_t>>, DcpItem> storage_;
+};
+
+}  // namespace
+
+bool LooksLikeDcpMetadata(std::string_view head) {
+  return !head.empty() && static_cast<unsigned char>(head[0]) == 0x80 &&
+         head.find("checkpoint.metadata") != std::string_view::npos;
+}
+
+Result<DcpMetadata> ParseDcpMetadata(std::string_view data, const std::string& where) {
+  ASSIGN_OR_RETURN(Pickle pickle, ParsePickle(data, where));
+  return MetadataReader(pickle, where).Run();
+}
+
+}  // namespace tessera

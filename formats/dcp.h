@@ -1,0 +1,66 @@
+// PyTorch Distributed Checkpoint (DCP) directories: the `.metadata` pickle
+// (read with formats/pickle.h, nothing run) and where each item lies.
+// Both generations of names are read: torch 1.13's
+// torch.distributed._shard.checkpoint and torch >= 2.0's
+// torch.distributed.checkpoint (Metadata, TensorStorageMetadata,
+// ChunkStorageMetadata, BytesStorageMetadata, MetadataIndex, _StorageInfo;
+// the records are matched by class name, whatever the module).
+//
+// A tensor is its global size, dtype and chunks (offsets and sizes in the
+// global tensor); each chunk is an item stored in a `.distcp` file at
+// (offset, length), a standalone torch.save archive. Bytes items are
+// listed with their place. Items written through a storage transform
+// (2.x's transform_descriptors, such as a compressed stream) are refused
+// by name.
+#ifndef TESSERA_FORMATS_DCP_H_
+#define TESSERA_FORMATS_DCP_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/dtype.h"
+#include "core/status.h"
+
+namespace tessera {
+
+inline constexpr char kDcpMetadataName[] = ".metadata";
+
+struct DcpItem {
+  std::string file;  // relative to the checkpoint directory
+  uint64_t offset = 0;
+  uint64_t length = 0;
+};
+
+struct DcpChunk {
+  std::vector<int64_t> offsets;
+  std::vector<int64_t> sizes;
+  DcpItem item;
+};
+
+struct DcpTensor {
+  std::string name;  // the fqn, or planner_data's path joined with '.'
+  DType dtype = DType::kF32;
+  std::vector<int64_t> size;
+  std::vector<DcpChunk> chunks;
+};
+
+struct DcpBytes {
+  std::string name;
+  DcpItem item;
+};
+
+struct DcpMetadata {
+  std::vector<DcpTensor> tensors;
+  std::vector<DcpBytes> bytes;
+};
+
+// Parses a `.metadata` file's bytes; `where` names it in errors.
+Result<DcpMetadata> ParseDcpMetadata(std::string_view data, const std::string& where);
+
+// Whether `bytes` (the start of a file) is a pickle of DCP's Metadata.
+bool LooksLikeDcpMetadata(std::string_view head);
+
+}  // namespace tessera
+
+#endif  // TESSERA_FORMATS_DCP_H_
