@@ -288,6 +288,9 @@ class DenseWriter : public CheckpointWriter {
       }
     }
     for (size_t f = 0; f < files_.size(); ++f) {
+      if (plan_.finalize) {
+        RETURN_IF_ERROR(plan_.finalize(f, FilePath(plan_.files[f]), *files_[f]));
+      }
       RETURN_IF_ERROR(files_[f]->Sync());
       RETURN_IF_ERROR(files_[f]->Close());
       ASSIGN_OR_RETURN(uint64_t size, env_->GetFileSize(FilePath(plan_.files[f])));

@@ -68,6 +68,10 @@ struct DensePlan {
   bool directory = false;  // the output is a directory of files
   std::vector<DenseFilePlan> files;
   std::vector<std::vector<DenseBlock>> blocks;  // per tensor; replicas get every copy
+  // Called at Commit for each file once every block is written, before it
+  // is synced: it may read the file (`path`, the temporary one) and patch
+  // it in place (`out`), e.g. checksums of what was written.
+  std::function<Status(size_t file, const std::string& path, WritableFile& out)> finalize;
 };
 
 // A writer for a planned output: the files are created under a temporary

@@ -32,8 +32,10 @@ Result<Format> ParseFormat(const std::string& name) {
   if (name == "mindspore") return Format::kMindSpore;
   if (name == "mindspore-safetensors") return Format::kMindSporeSafetensors;
   if (name == "hdf5") return Format::kHdf5;
-  return InvalidArgumentError(
-      "format '" + name + "': use native, safetensors, mindspore, mindspore-safetensors or hdf5");
+  if (name == "torch") return Format::kTorch;
+  return InvalidArgumentError("format '" + name +
+                              "': use native, safetensors, mindspore, mindspore-safetensors, "
+                              "hdf5 or torch");
 }
 
 std::string_view FormatName(Format format) {
@@ -48,6 +50,8 @@ std::string_view FormatName(Format format) {
       return "mindspore-safetensors";
     case Format::kHdf5:
       return "hdf5";
+    case Format::kTorch:
+      return "torch";
   }
   return "?";
 }
@@ -95,8 +99,8 @@ Result<TransformStats> WriteTransformed(Env* env, const CheckpointReader& src, c
                                 " has no place for parity");
   }
   if (options.format != Format::kSafetensors && options.format != Format::kMindSporeSafetensors &&
-      options.max_shard_size > 0) {
-    return InvalidArgumentError("--max-shard-size applies to safetensors output only");
+      options.format != Format::kTorch && options.max_shard_size > 0) {
+    return InvalidArgumentError("--max-shard-size applies to safetensors and torch output only");
   }
   ASSIGN_OR_RETURN(Strategy complete, CompleteStrategy(src.strategy(), dst));
   if (options.format != Format::kNative) {
@@ -119,6 +123,14 @@ Result<TransformStats> WriteTransformed(Env* env, const CheckpointReader& src, c
       o.max_shard_size = options.max_shard_size;
       o.overwrite = options.native.overwrite;
       ASSIGN_OR_RETURN(writer, CreateSafetensorsCheckpoint(env, out_path, complete, meta, o));
+      flow = MergedStrategy(complete);
+      break;
+    }
+    case Format::kTorch: {
+      TorchWriteOptions o;
+      o.max_shard_size = options.max_shard_size;
+      o.overwrite = options.native.overwrite;
+      ASSIGN_OR_RETURN(writer, CreateTorchCheckpoint(env, out_path, complete, o));
       flow = MergedStrategy(complete);
       break;
     }

@@ -1,16 +1,21 @@
 #include "ckpt/torch_ckpt.h"
 
 #include <atomic>
+#include <cstdio>
 #include <cstring>
 #include <map>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <utility>
 
+#include "ckpt/dense.h"
 #include "ckpt/safetensors_ckpt.h"
 #include "core/checksum.h"
+#include "core/endian.h"
 #include "core/utf8.h"
 #include "formats/dcp.h"
 #include "formats/torch_save.h"
+#include "formats/zip.h"
 
 namespace tessera {
 namespace {
@@ -429,6 +434,135 @@ Result<std::unique_ptr<CheckpointReader>> OpenTorchCheckpoint(Env* env, const st
     sources.push_back(std::move(src));
   }
   return WholeTensors(path, std::move(sources));
+}
+
+namespace {
+
+// The CRC-32 of `size` bytes at `offset` of a written file, from its
+// mapped pages where it lends them.
+Result<uint32_t> CrcOfWritten(const RandomAccessFile& file, uint64_t offset, uint64_t size) {
+  constexpr uint64_t kChunk = uint64_t{64} << 20;
+  std::unique_ptr<char[]> buf;
+  uint32_t crc = 0;
+  for (uint64_t at = 0; at < size; at += kChunk) {
+    const uint64_t n = std::min(kChunk, size - at);
+    ASSIGN_OR_RETURN(auto view, n >= kViewAtLeast ? file.View(offset + at, n)
+                                                  : Result<std::unique_ptr<FileView>>(nullptr));
+    if (view) {
+      crc = Crc32(view->data(), n, crc);
+      continue;
+    }
+    if (!buf) buf.reset(new char[std::min(size, kChunk)]);
+    RETURN_IF_ERROR(file.Read(offset + at, n, buf.get()));
+    crc = Crc32(buf.get(), n, crc);
+  }
+  return crc;
+}
+
+// One torch.save file of a planned output: its zip layout and which of its
+// records hold tensors (their CRC-32s are patched at commit).
+struct TorchFilePlan {
+  ZipLayout zip;
+  std::vector<size_t> tensor_records;
+  std::vector<uint64_t> tensor_sizes;
+};
+
+Result<TorchFilePlan> PlanTorchFile(const Strategy& strategy, const std::vector<size_t>& members,
+                                    size_t file, DensePlan* plan, const std::string& name) {
+  const std::vector<TensorStrategy>& tensors = strategy.tensors();
+  std::vector<TorchWriteTensor> written;
+  for (size_t i : members) {
+    written.push_back({tensors[i].name, tensors[i].layout.dtype, tensors[i].layout.shape});
+  }
+  ASSIGN_OR_RETURN(std::string pickle, TorchStateDictPickle(written));
+  // The archive's records as torch.save writes them (its archive name is
+  // "archive" when it writes to a buffer; readers take any).
+  std::vector<ZipRecordPlan> records = {
+      {"archive/data.pkl", pickle.size(), Crc32(pickle.data(), pickle.size())},
+      {"archive/byteorder", 6, Crc32("little", 6)}};
+  TorchFilePlan out;
+  for (size_t k = 0; k < members.size(); ++k) {
+    out.tensor_records.push_back(records.size());
+    out.tensor_sizes.push_back(static_cast<uint64_t>(ByteSize(tensors[members[k]].layout)));
+    records.push_back({"archive/data/" + std::to_string(k), out.tensor_sizes.back(), 0});
+  }
+  records.push_back({"archive/version", 2, Crc32("3\n", 2)});
+  out.zip = PlanStoredZip(records, 64);
+  DenseFilePlan f{name, out.zip.size, {}};
+  for (size_t r = 0; r < records.size(); ++r)
+    f.fixed.push_back({out.zip.header_offsets[r], out.zip.headers[r]});
+  f.fixed.push_back({out.zip.data_offsets[0], pickle});
+  f.fixed.push_back({out.zip.data_offsets[1], "little"});
+  f.fixed.push_back({out.zip.data_offsets[records.size() - 1], "3\n"});
+  f.fixed.push_back({out.zip.directory_offset, out.zip.directory});
+  plan->files.push_back(std::move(f));
+  for (size_t k = 0; k < members.size(); ++k) {
+    plan->blocks[members[k]].push_back({static_cast<uint32_t>(file),
+                                        out.zip.data_offsets[out.tensor_records[k]],
+                                        Box::FromShape(tensors[members[k]].layout.shape),
+                                        {}});
+  }
+  return out;
+}
+
+}  // namespace
+
+Result<std::unique_ptr<CheckpointWriter>> CreateTorchCheckpoint(Env* env, const std::string& path,
+                                                                const Strategy& strategy,
+                                                                const TorchWriteOptions& options) {
+  const std::vector<TensorStrategy>& tensors = strategy.tensors();
+  // Shards in tensor order, a new one when the next tensor would overflow.
+  std::vector<std::vector<size_t>> shards(1);
+  int64_t used = 0;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const int64_t bytes = ByteSize(tensors[i].layout);
+    if (options.max_shard_size > 0 && used > 0 && used + bytes > options.max_shard_size) {
+      shards.emplace_back();
+      used = 0;
+    }
+    used += bytes;
+    shards.back().push_back(i);
+  }
+  DensePlan plan;
+  plan.directory = options.max_shard_size > 0;
+  plan.blocks.resize(tensors.size());
+  std::vector<TorchFilePlan> files;
+  // Sorted, as Hugging Face writes its index (json.dumps(sort_keys=True)).
+  nlohmann::json weight_map = nlohmann::json::object();
+  int64_t total = 0;
+  for (size_t s = 0; s < shards.size(); ++s) {
+    char name[64];
+    std::snprintf(name, sizeof(name), "pytorch_model-%05zu-of-%05zu.bin", s + 1, shards.size());
+    const std::string file = !plan.directory ? "" : shards.size() == 1 ? "pytorch_model.bin" : name;
+    auto f = PlanTorchFile(strategy, shards[s], s, &plan, file);
+    if (!f.ok()) return f.status().Annotate("output '" + path + "'");
+    for (size_t i : shards[s]) {
+      weight_map[tensors[i].name] = file;
+      total += ByteSize(tensors[i].layout);
+    }
+    files.push_back(std::move(*f));
+  }
+  if (plan.directory && shards.size() > 1) {
+    nlohmann::json index = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
+    const std::string text = index.dump(2) + "\n";
+    plan.files.push_back({kTorchIndexName, text.size(), {{0, text}}});
+  }
+  plan.finalize = [env, files](size_t f, const std::string& file_path,
+                               WritableFile& out) -> Status {
+    if (f >= files.size()) return Status::Ok();  // the index
+    ASSIGN_OR_RETURN(auto in, env->NewRandomAccessFile(file_path));
+    const TorchFilePlan& p = files[f];
+    for (size_t k = 0; k < p.tensor_records.size(); ++k) {
+      const size_t r = p.tensor_records[k];
+      ASSIGN_OR_RETURN(uint32_t crc, CrcOfWritten(*in, p.zip.data_offsets[r], p.tensor_sizes[k]));
+      char le[4];
+      PutLittleEndian<uint32_t>(le, crc);
+      RETURN_IF_ERROR(out.WriteAt(p.zip.LocalCrcOffset(r), le, 4));
+      RETURN_IF_ERROR(out.WriteAt(p.zip.CentralCrcOffset(r), le, 4));
+    }
+    return Status::Ok();
+  };
+  return CreateDenseCheckpoint(env, path, strategy, std::move(plan), options.overwrite);
 }
 
 }  // namespace tessera

@@ -14,6 +14,7 @@
 #ifndef TESSERA_CKPT_TORCH_CKPT_H_
 #define TESSERA_CKPT_TORCH_CKPT_H_
 
+#include <cstdint>
 #include <memory>
 #include <string>
 
@@ -32,6 +33,24 @@ Result<std::unique_ptr<CheckpointReader>> OpenTorchCheckpoint(Env* env, const st
 // metadata as "dcp.<name>".
 Result<std::unique_ptr<CheckpointReader>> OpenDcpCheckpoint(Env* env, const std::string& path);
 bool IsDcpCheckpoint(Env* env, const std::string& path);
+
+struct TorchWriteOptions {
+  // 0: one torch.save file at the path. Otherwise the path is a directory
+  // of shards of at most this many tensor bytes each (a larger tensor gets
+  // a shard of its own), pytorch_model-0000i-of-0000n.bin with
+  // pytorch_model.bin.index.json, as Hugging Face shards; a single shard is
+  // pytorch_model.bin without an index.
+  int64_t max_shard_size = 0;
+  bool overwrite = false;
+};
+
+// A writer of `strategy`'s tensors as torch.save files of a flat state dict
+// (an OrderedDict of contiguous tensors; formats/torch_save.h), stored
+// whole: torch.load reads them (also with weights_only=True). Every record
+// carries its CRC-32, computed from the written bytes at commit.
+Result<std::unique_ptr<CheckpointWriter>> CreateTorchCheckpoint(Env* env, const std::string& path,
+                                                                const Strategy& strategy,
+                                                                const TorchWriteOptions& options);
 
 // Whether `path` is a torch.save file (by content) or a directory holding
 // pytorch_model.bin.index.json or pytorch_model.bin.

@@ -33,12 +33,14 @@ void AddIoFlags(CLI::App* cmd, IoFlags* f, bool output) {
     cmd->add_flag("--overwrite", f->overwrite, "replace an existing output checkpoint");
     cmd->add_option("--format", f->format,
                     "output format: native, safetensors, mindspore (.ckpt), "
-                    "mindspore-safetensors (MindSpore 2.3+'s format=\"safetensors\"), hdf5")
-        ->check(
-            CLI::IsMember({"native", "safetensors", "mindspore", "mindspore-safetensors", "hdf5"}));
+                    "mindspore-safetensors (MindSpore 2.3+'s format=\"safetensors\"), hdf5, "
+                    "torch (torch.save of a flat state dict)")
+        ->check(CLI::IsMember(
+            {"native", "safetensors", "mindspore", "mindspore-safetensors", "hdf5", "torch"}));
     cmd->add_option("--max-shard-size", f->max_shard_size,
                     "safetensors: shards of at most this size (e.g. 2GB) plus "
-                    "model.safetensors.index.json; mindspore-safetensors merged: "
+                    "model.safetensors.index.json; torch: pytorch_model-*.bin shards plus "
+                    "pytorch_model.bin.index.json; mindspore-safetensors merged: "
                     "part<i>.safetensors of at most this size (default 3GiB)");
     cmd->add_option("--prefix", f->prefix,
                     "mindspore: rank files are rank_<r>/<prefix><r>.ckpt (or .safetensors)");

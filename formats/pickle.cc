@@ -1,5 +1,6 @@
 #include "formats/pickle.h"
 
+#include <algorithm>
 #include <cctype>
 #include <charconv>
 #include <cstdint>
@@ -135,6 +136,10 @@ class PickleParser {
       : data_(data), where_(where), limits_(limits) {}
 
   Result<Pickle> Run() {
+    // Most opcodes make a value (a few bytes of input each); reserved up
+    // to a bound, so that growth does not copy a large graph many times.
+    out_.values_.reserve(std::min<size_t>(
+        {data_.size() / 4, size_t{1} << 20, static_cast<size_t>(limits_.max_values)}));
     while (true) {
       if (pos_ >= data_.size()) return Fail("the stream ends before STOP");
       op_at_ = pos_;

@@ -30,9 +30,12 @@
 
 namespace tessera {
 
+// The defaults bound a hostile stream to about 1 GiB of values and memo
+// (a value is ~140 bytes); a DeepSpeed optimizer file's pickle, the largest
+// a checkpoint holds, has a few values per parameter.
 struct PickleLimits {
-  int64_t max_values = int64_t{1} << 24;  // values the stream may create
-  int64_t max_memo = int64_t{1} << 24;    // memo entries
+  int64_t max_values = int64_t{1} << 22;  // values the stream may create
+  int64_t max_memo = int64_t{1} << 22;    // memo entries
   int max_depth = 256;                    // nesting a walk follows
 };
 

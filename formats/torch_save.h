@@ -86,6 +86,20 @@ bool LooksLikeTorchSave(const RandomAccessFile& file, uint64_t base, uint64_t si
 // items.
 Status FindTorchTensors(const Pickle& pickle, const std::string& where, TorchSaveFile* out);
 
+// Writing: the data.pkl of torch.save(OrderedDict(name -> tensor)) for
+// contiguous tensors, tensor i on storage key "i" (a record
+// "<archive>/data/<i>" of its bytes). Protocol 2, names only from
+// PyTorch's weights_only set (collections.OrderedDict,
+// torch._utils._rebuild_tensor_v2, the typed storages), so torch.load reads
+// it with weights_only=True too. Unsigned 16/32/64-bit tensors have no
+// torch 1.13 dtype and are refused by name.
+struct TorchWriteTensor {
+  std::string name;
+  DType dtype = DType::kF32;
+  std::vector<int64_t> shape;
+};
+Result<std::string> TorchStateDictPickle(const std::vector<TorchWriteTensor>& tensors);
+
 }  // namespace tessera
 
 #endif  // TESSERA_FORMATS_TORCH_SAVE_H_

@@ -56,7 +56,134 @@ Status ApplyZip64(std::string_view extra, ZipRecord* r, uint64_t* local, bool si
   return Status::Ok();
 }
 
+template <typename T>
+void Put(std::string* s, T v) {
+  char b[sizeof(T)];
+  PutLittleEndian<T>(b, v);
+  s->append(b, sizeof(T));
+}
+
+constexpr uint32_t kMax32 = 0xffffffff;
+constexpr uint16_t kDosDate = (0 << 9) | (1 << 5) | 1;  // 1980-01-01
+
+// A local header whose extra field pads the data to `align` (id "FB", as
+// PyTorch pads), with a Zip64 field when the size overflows.
+std::string LocalHeader(const ZipRecordPlan& r, uint64_t at, uint64_t align) {
+  const bool big = r.size >= kMax32;
+  std::string h;
+  Put<uint32_t>(&h, kLocalHeader);
+  Put<uint16_t>(&h, big ? 45 : 20);
+  Put<uint16_t>(&h, 0);  // flags
+  Put<uint16_t>(&h, 0);  // stored
+  Put<uint16_t>(&h, 0);  // time
+  Put<uint16_t>(&h, kDosDate);
+  Put<uint32_t>(&h, r.crc32);
+  Put<uint32_t>(&h, big ? kMax32 : static_cast<uint32_t>(r.size));
+  Put<uint32_t>(&h, big ? kMax32 : static_cast<uint32_t>(r.size));
+  Put<uint16_t>(&h, static_cast<uint16_t>(r.name.size()));
+  std::string extra;
+  if (big) {
+    Put<uint16_t>(&extra, 1);
+    Put<uint16_t>(&extra, 16);
+    Put<uint64_t>(&extra, r.size);
+    Put<uint64_t>(&extra, r.size);
+  }
+  uint64_t end = at + 30 + r.name.size() + extra.size() + 4;
+  const uint64_t pad = (align - end % align) % align;
+  Put<uint16_t>(&extra, 0x4246);
+  Put<uint16_t>(&extra, static_cast<uint16_t>(pad));
+  extra.append(pad, 'Z');
+  Put<uint16_t>(&h, static_cast<uint16_t>(extra.size()));
+  return h + r.name + extra;
+}
+
+std::string CentralHeader(const ZipRecordPlan& r, uint64_t local) {
+  std::string extra;
+  const bool big_size = r.size >= kMax32, big_offset = local >= kMax32;
+  if (big_size || big_offset) {
+    Put<uint16_t>(&extra, 1);
+    Put<uint16_t>(&extra, static_cast<uint16_t>((big_size ? 16 : 0) + (big_offset ? 8 : 0)));
+    if (big_size) {
+      Put<uint64_t>(&extra, r.size);
+      Put<uint64_t>(&extra, r.size);
+    }
+    if (big_offset) Put<uint64_t>(&extra, local);
+  }
+  std::string h;
+  Put<uint32_t>(&h, kCentralHeader);
+  Put<uint16_t>(&h, extra.empty() ? 20 : 45);  // made by
+  Put<uint16_t>(&h, extra.empty() ? 20 : 45);  // needed
+  Put<uint16_t>(&h, 0);
+  Put<uint16_t>(&h, 0);
+  Put<uint16_t>(&h, 0);
+  Put<uint16_t>(&h, kDosDate);
+  Put<uint32_t>(&h, r.crc32);
+  Put<uint32_t>(&h, big_size ? kMax32 : static_cast<uint32_t>(r.size));
+  Put<uint32_t>(&h, big_size ? kMax32 : static_cast<uint32_t>(r.size));
+  Put<uint16_t>(&h, static_cast<uint16_t>(r.name.size()));
+  Put<uint16_t>(&h, static_cast<uint16_t>(extra.size()));
+  Put<uint16_t>(&h, 0);  // comment
+  Put<uint16_t>(&h, 0);  // disk
+  Put<uint16_t>(&h, 0);  // internal attributes
+  Put<uint32_t>(&h, 0);  // external attributes
+  Put<uint32_t>(&h, big_offset ? kMax32 : static_cast<uint32_t>(local));
+  return h + r.name + extra;
+}
+
+// Zip64 end record and locator (when needed), then the end record.
+std::string EndRecords(uint64_t count, uint64_t cd_offset, uint64_t cd_size) {
+  std::string e;
+  const bool big = count >= 0xffff || cd_offset >= kMax32 || cd_size >= kMax32;
+  if (big) {
+    const uint64_t at = cd_offset + cd_size;
+    Put<uint32_t>(&e, kZip64End);
+    Put<uint64_t>(&e, 44);
+    Put<uint16_t>(&e, 45);
+    Put<uint16_t>(&e, 45);
+    Put<uint32_t>(&e, 0);
+    Put<uint32_t>(&e, 0);
+    Put<uint64_t>(&e, count);
+    Put<uint64_t>(&e, count);
+    Put<uint64_t>(&e, cd_size);
+    Put<uint64_t>(&e, cd_offset);
+    Put<uint32_t>(&e, kZip64Locator);
+    Put<uint32_t>(&e, 0);
+    Put<uint64_t>(&e, at);
+    Put<uint32_t>(&e, 1);
+  }
+  Put<uint32_t>(&e, kEnd);
+  Put<uint16_t>(&e, 0);
+  Put<uint16_t>(&e, 0);
+  Put<uint16_t>(&e, static_cast<uint16_t>(big ? 0xffff : count));
+  Put<uint16_t>(&e, static_cast<uint16_t>(big ? 0xffff : count));
+  Put<uint32_t>(&e, big ? kMax32 : static_cast<uint32_t>(cd_size));
+  Put<uint32_t>(&e, big ? kMax32 : static_cast<uint32_t>(cd_offset));
+  Put<uint16_t>(&e, 0);
+  return e;
+}
+
 }  // namespace
+
+ZipLayout PlanStoredZip(const std::vector<ZipRecordPlan>& records, uint64_t align) {
+  ZipLayout z;
+  uint64_t at = 0;
+  for (const ZipRecordPlan& r : records) {
+    z.header_offsets.push_back(at);
+    z.headers.push_back(LocalHeader(r, at, align));
+    at += z.headers.back().size();
+    z.data_offsets.push_back(at);
+    at += r.size;
+  }
+  z.directory_offset = at;
+  for (size_t i = 0; i < records.size(); ++i) {
+    z.central_offsets.push_back(at + z.directory.size());
+    z.directory += CentralHeader(records[i], z.header_offsets[i]);
+  }
+  const uint64_t cd_size = z.directory.size();
+  z.directory += EndRecords(records.size(), z.directory_offset, cd_size);
+  z.size = z.directory_offset + z.directory.size();
+  return z;
+}
 
 bool LooksLikeZip(const RandomAccessFile& file, uint64_t base) {
   char magic[4];
@@ -135,6 +262,7 @@ Result<ZipArchive> ZipArchive::Open(const RandomAccessFile& file, uint64_t base,
       return bad("record '" + PrintableText(r.name) + "' (" + std::to_string(r.compressed_size) +
                  " bytes) runs past the end of the archive");
     }
+    zip.by_name_.emplace(r.name, zip.records_.size());
     zip.records_.push_back(std::move(r));
     p += 46 + name_len + extra_len + comment_len;
   }
@@ -142,10 +270,8 @@ Result<ZipArchive> ZipArchive::Open(const RandomAccessFile& file, uint64_t base,
 }
 
 const ZipRecord* ZipArchive::Find(std::string_view name) const {
-  for (const ZipRecord& r : records_) {
-    if (r.name == name) return &r;
-  }
-  return nullptr;
+  auto it = by_name_.find(std::string(name));
+  return it == by_name_.end() ? nullptr : &records_[it->second];
 }
 
 Status ZipArchive::CheckStored(const ZipRecord& record) const {

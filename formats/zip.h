@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <vector>
 
 #include "core/env.h"
@@ -59,7 +60,36 @@ class ZipArchive {
   uint64_t base_ = 0;
   std::string where_;
   std::vector<ZipRecord> records_;
+  std::unordered_map<std::string, size_t> by_name_;  // the first record of each name
 };
+
+// Writing: the layout of an archive of stored records, each record's data
+// aligned (PyTorch aligns to 64 bytes, so that readers map tensors in
+// place), Zip64 fields where a size, an offset or the count overflows.
+// The writer puts `headers[i]` at `header_offsets[i]`, the record's bytes at
+// `data_offsets[i]` and `directory` at `directory_offset`. A record whose
+// CRC-32 is only known once its bytes are written is planned with crc32 0
+// and patched at `LocalCrcOffset` and `CentralCrcOffset` (4 bytes, little
+// endian) afterwards.
+struct ZipRecordPlan {
+  std::string name;
+  uint64_t size = 0;
+  uint32_t crc32 = 0;
+};
+
+struct ZipLayout {
+  std::vector<uint64_t> header_offsets;
+  std::vector<std::string> headers;
+  std::vector<uint64_t> data_offsets;
+  std::vector<uint64_t> central_offsets;  // of each record's central header
+  uint64_t directory_offset = 0;
+  std::string directory;  // central directory, Zip64 records if needed, end record
+  uint64_t size = 0;      // of the whole archive
+  uint64_t LocalCrcOffset(size_t i) const { return header_offsets[i] + 14; }
+  uint64_t CentralCrcOffset(size_t i) const { return central_offsets[i] + 16; }
+};
+
+ZipLayout PlanStoredZip(const std::vector<ZipRecordPlan>& records, uint64_t align);
 
 // Whether the window starts with a zip local file header ("PK\3\4").
 bool LooksLikeZip(const RandomAccessFile& file, uint64_t base = 0);

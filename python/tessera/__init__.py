@@ -233,7 +233,7 @@ def transform(src, out, strategy=None, mesh=None, format=None, compress=None,
     strategy: a Strategy, its dict/JSON form, or a path to a Tessera or MindSpore
       strategy file; mesh: {"dp": 2, "tp": 4} or "dp=2,tp=4" (the source's split
       axes on a new mesh); neither: merged (every tensor whole).
-    format: native (default), safetensors, mindspore, mindspore-safetensors, hdf5.
+    format: native (default), safetensors, mindspore, mindspore-safetensors, hdf5, torch.
     compress: "zstd" or "zstd:LEVEL" (native); redundancy: "rs:K+M" or "parity:G".
     memory_budget: bytes held at once (int, or "256MiB"); progress(done, total).
     Returns {"tensors", "pieces", "bytes", "seconds"}."""

@@ -423,7 +423,7 @@ fails_naming "an index naming a tensor its file lacks" "nope" "$ckpt" inspect ev
 rm -rf ms.cut && cp -r ms ms.cut && rm -rf ms.cut/rank_2
 fails_naming "a distributed MindSpore checkpoint missing a rank" "rank_2" \
   "$ckpt" merge ms.cut --src-strategy ms.strategy -o x
-fails_naming "--max-shard-size with another format" "safetensors output only" \
+fails_naming "--max-shard-size with another format" "safetensors and torch output only" \
   "$ckpt" merge zero -o x --format hdf5 --max-shard-size 1MB
 check "no output after refused writes" test ! -e x
 

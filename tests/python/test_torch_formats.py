@@ -208,6 +208,7 @@ def test_hostile_pickles_run_nothing(tmp_path, ckpt_bin):
         ("deep", b"\x80\x02" + b"]" * 5000 + b"a" * 4999 + b".", "nest deeper"),
         ("memo", b"\x80\x02Nr\xff\xff\xff\xffj\x00\x00\x00\x10.", "never stored"),
         ("long", b"\x80\x02X\xff\xff\xff\x7f", "past the end"),
+        ("many", b"\x80\x02" + b")0" * ((1 << 22) + 1) + b"N.", "more than 4194304 values"),
     ]:
         f = tmp_path / f"{name}.pt"
         zip_with_pickle(f, payload)
@@ -429,3 +430,54 @@ def test_dcp_2x_names_synthesized(tmp_path, ckpt_bin):
     subprocess.run(["/usr/bin/python3", str(gen), str(ck2), "stream.zstd"], check=True)
     out = subprocess.run([str(ckpt_bin), "inspect", str(ck2)], capture_output=True, text=True)
     assert out.returncode == 1 and "model.w" in out.stderr and "stream.zstd" in out.stderr
+
+
+def test_format_torch_is_what_torch_load_reads(tmp_path, ckpt_bin):
+    obj = state()
+    src = tmp_path / "s.pt"
+    torch.save(obj, src)
+    want = flatten(obj)
+    out = tmp_path / "flat.pt"
+    run(ckpt_bin, "convert", src, "-o", out, "--format", "torch", "--quiet")
+    with zipfile.ZipFile(out) as z:  # Python's reader checks every CRC-32
+        assert z.testzip() is None
+    for weights_only in (False, True):
+        got = torch.load(out, weights_only=weights_only)
+        assert isinstance(got, collections.OrderedDict) and list(got) == list(want)
+        for n, t in want.items():
+            assert got[n].dtype == t.dtype and got[n].shape == t.shape, n
+            assert torch.equal(got[n].detach(), t.detach().contiguous()), n
+    # Hugging Face shards with an index, from a sliced native checkpoint.
+    native = tmp_path / "native"
+    run(ckpt_bin, "convert", src, "-o", native, "--quiet")
+    shards = tmp_path / "shards"
+    run(ckpt_bin, "convert", native, "-o", shards, "--format", "torch", "--max-shard-size",
+        "4000", "--quiet")
+    index = json.loads((shards / "pytorch_model.bin.index.json").read_text())
+    files = sorted(set(index["weight_map"].values()))
+    assert len(files) > 2
+    merged = {}
+    for f in files:
+        merged.update(torch.load(shards / f, weights_only=True))
+    assert sorted(merged) == sorted(want)
+    for n, t in want.items():
+        assert torch.equal(merged[n].detach(), t.detach().contiguous()), n
+    # ... and back through Tessera: every bit kept.
+    r = tessera.open(shards)
+    for n, t in want.items():
+        assert np.array_equal(r.read(n), bits(t)), n
+
+
+def test_zip64_more_than_65535_records_both_ways(tmp_path, ckpt_bin):
+    # torch.save's own writer needs Zip64 for 70,000 storages; so does ours.
+    obj = {f"t{i}": torch.tensor([i], dtype=torch.int32) for i in range(70000)}
+    src = tmp_path / "many.pt"
+    torch.save(obj, src)
+    r = tessera.open(src)
+    assert len(r.keys()) == 70000 and r.read("t69999")[0] == 69999
+    out = tmp_path / "many-out.pt"
+    run(ckpt_bin, "convert", src, "-o", out, "--format", "torch", "--quiet")
+    with zipfile.ZipFile(out) as z:
+        assert len(z.infolist()) == 70003 and z.testzip() is None
+    got = torch.load(out, weights_only=True)
+    assert len(got) == 70000 and int(got["t12345"][0]) == 12345
