@@ -290,6 +290,14 @@ Result<std::unique_ptr<TorchSource>> OpenFile(Env* env, const std::string& path)
   return OpenSource(path, std::move(file), 0, size, "'" + path + "'");
 }
 
+// Tessera's boxes have at most kMaxRank dimensions.
+Status CheckRank(const std::string& path, const std::string& name, size_t rank) {
+  if (rank <= static_cast<size_t>(kMaxRank)) return Status::Ok();
+  return UnimplementedError("checkpoint '" + path + "': tensor '" + PrintableText(name) + "' has " +
+                            std::to_string(rank) + " dimensions, more than the " +
+                            std::to_string(kMaxRank) + " Tessera handles");
+}
+
 // Every tensor of every source whole, their other leaves as metadata.
 Result<std::unique_ptr<CheckpointReader>> WholeTensors(
     const std::string& path, std::vector<std::unique_ptr<TorchSource>> sources) {
@@ -299,6 +307,7 @@ Result<std::unique_ptr<CheckpointReader>> WholeTensors(
     const TorchSaveFile& c = sources[s]->contents;
     for (size_t t = 0; t < c.tensors.size(); ++t) {
       const TorchTensor& tensor = c.tensors[t];
+      RETURN_IF_ERROR(CheckRank(path, tensor.name, tensor.shape.size()));
       entries.push_back(
           {tensor.name, tensor.dtype, tensor.shape, {{s, t, Box::FromShape(tensor.shape)}}});
     }
@@ -324,7 +333,7 @@ Result<std::vector<std::unique_ptr<TorchSource>>> OpenShards(Env* env, const std
       auto it = index.map.find(t.name);
       if (it == index.map.end() || it->second != f) {
         return DataLossError("torch checkpoint '" + path + "': tensor '" + PrintableText(t.name) +
-                             "' of '" + f + "' is not the index's");
+                             "' of '" + PrintableText(f) + "' is not the index's");
       }
     }
     found += src->contents.tensors.size();
@@ -380,13 +389,15 @@ Result<std::unique_ptr<CheckpointReader>> OpenDcpCheckpoint(Env* env, const std:
   std::vector<std::unique_ptr<TorchSource>> sources;
   std::vector<TorchEntry> entries;
   for (const DcpTensor& t : md.tensors) {
+    RETURN_IF_ERROR(CheckRank(path, t.name, t.size.size()));
     TorchEntry e{t.name, t.dtype, t.size, {}};
     for (const DcpChunk& c : t.chunks) {
       ASSIGN_OR_RETURN(auto src, OpenItem(env, path, c.item, &files));
       if (src->contents.tensors.size() != 1) {
         return DataLossError("DCP checkpoint '" + path + "': the item of a chunk of '" +
-                             PrintableText(t.name) + "' in '" + c.item.file + "' holds " +
-                             std::to_string(src->contents.tensors.size()) + " tensors, not one");
+                             PrintableText(t.name) + "' in '" + PrintableText(c.item.file) +
+                             "' holds " + std::to_string(src->contents.tensors.size()) +
+                             " tensors, not one");
       }
       Box box(static_cast<int>(c.offsets.size()));
       for (size_t d = 0; d < c.offsets.size() && d < c.sizes.size(); ++d) {
@@ -402,7 +413,7 @@ Result<std::unique_ptr<CheckpointReader>> OpenDcpCheckpoint(Env* env, const std:
   for (const DcpBytes& b : md.bytes) {
     reader->AddValue("dcp." + b.name, "bytes item, " + std::to_string(b.item.length) +
                                           " bytes at " + std::to_string(b.item.offset) + " of " +
-                                          b.item.file);
+                                          PrintableText(b.item.file));
   }
   return std::unique_ptr<CheckpointReader>(std::move(reader));
 }

@@ -46,12 +46,15 @@ class MetadataReader {
     ASSIGN_OR_RETURN(int32_t storage, Field(root, "storage_data"));
     RETURN_IF_ERROR(ReadStorage(storage));
     auto planner = Field(root, "planner_data");
+    if (planner.ok()) ReadPlannerData(*planner);
     const PickleValue& items = p_.at(sdm);
     if (items.kind != PickleKind::kDict) return Bad("state_dict_metadata is not a dict");
     DcpMetadata out;
     for (size_t k = 0; k + 1 < items.items.size(); k += 2) {
       const std::string fqn = Text(items.items[k]);
-      const std::string name = planner.ok() ? PlannedName(*planner, fqn) : fqn;
+      auto planned = planned_.find(fqn);
+      const std::string name = planned == planned_.end() ? fqn : planned->second;
+      if (!IsUtf8(name)) return Bad("item '" + PrintableText(name) + "': a name that is not UTF-8");
       RETURN_IF_ERROR(AddItem(fqn, name, items.items[k + 1], &out));
     }
     return out;
@@ -61,7 +64,8 @@ class MetadataReader {
   Status Bad(const std::string& what) const { return DataLossError(where_ + ": " + what); }
   std::string Text(int32_t i) const {
     const PickleValue& v = p_.at(i);
-    return v.kind == PickleKind::kStr || v.kind == PickleKind::kBytes ? v.text : p_.Repr(i);
+    return v.kind == PickleKind::kStr || v.kind == PickleKind::kBytes ? v.text.substr(0, 64 << 10)
+                                                                      : p_.Repr(i);
   }
   // A dataclass field: from the BUILD state's dict, or the dict of a
   // (dict, slots) state.
@@ -87,21 +91,15 @@ class MetadataReader {
     if (v.kind != PickleKind::kInt) return Bad(std::string(what) + " is not an integer");
     return v.integer;
   }
-  // torch.Size((...)) or a plain tuple of integers.
+  // torch.Size((...)) or a plain tuple of integers, none negative.
   Result<std::vector<int64_t>> Ints(int32_t i, const char* what) const {
-    if (p_.RecordName(i) == "torch.Size") i = p_.at(p_.at(i).items[1]).items.at(0);
-    const PickleValue& v = p_.at(i);
-    if (v.kind != PickleKind::kTuple && v.kind != PickleKind::kList) {
-      return Bad(std::string(what) + " is not a tuple of integers");
+    auto ints = p_.AsInts(i);
+    if (!ints) return Bad(std::string(what) + " is not a tuple of integers");
+    for (int64_t x : *ints) {
+      if (x < 0) return Bad(std::string(what) + " has a negative value");
     }
-    std::vector<int64_t> out;
-    for (int32_t e : v.items) {
-      ASSIGN_OR_RETURN(int64_t x, Int(e, what));
-      out.push_back(x);
-    }
-    return out;
+    return *std::move(ints);
   }
-
   // storage_data: {MetadataIndex(fqn, offset, index): _StorageInfo}.
   Status ReadStorage(int32_t storage) {
     const PickleValue& d = p_.at(storage);
@@ -147,22 +145,21 @@ class MetadataReader {
 
   // planner_data {fqn: (key, key, ...)}: the nested path a flattened key
   // stood for, joined with '.'.
-  std::string PlannedName(int32_t planner, const std::string& fqn) const {
+  void ReadPlannerData(int32_t planner) {
     const PickleValue& d = p_.at(planner);
-    if (d.kind != PickleKind::kDict) return fqn;
+    if (d.kind != PickleKind::kDict) return;
     for (size_t k = 0; k + 1 < d.items.size(); k += 2) {
-      if (Text(d.items[k]) != fqn) continue;
       const PickleValue& path = p_.at(d.items[k + 1]);
-      if (path.kind != PickleKind::kTuple && path.kind != PickleKind::kList) return fqn;
+      if (path.kind != PickleKind::kTuple && path.kind != PickleKind::kList) continue;
       std::string name;
       for (int32_t e : path.items) {
         const PickleValue& key = p_.at(e);
         name += (name.empty() ? "" : ".") +
                 (key.kind == PickleKind::kInt ? std::to_string(key.integer) : Text(e));
+        if (name.size() > (64 << 10)) break;  // a hostile path; the fqn stays
       }
-      return name.empty() ? fqn : name;
+      if (!name.empty() && name.size() <= (64 << 10)) planned_[Text(d.items[k])] = name;
     }
-    return fqn;
   }
 
   Status AddItem(const std::string& fqn, const std::string& name, int32_t md, DcpMetadata* out) {
@@ -184,6 +181,12 @@ class MetadataReader {
     ASSIGN_OR_RETURN(int32_t size, Field(md, "size"));
     ASSIGN_OR_RETURN(int32_t chunks, Field(md, "chunks"));
     ASSIGN_OR_RETURN(t.size, Ints(size, "a tensor size"));
+    int64_t elements = 1;
+    for (int64_t e : t.size) {
+      if (__builtin_mul_overflow(elements, e, &elements)) {
+        return Bad("tensor '" + PrintableText(fqn) + "' has an impossible size");
+      }
+    }
     ASSIGN_OR_RETURN(int32_t dtype, DTypeField(props));
     auto dt = DTypeOfGlobal(p_.at(dtype).text);
     if (!dt.ok()) return Bad("tensor '" + PrintableText(fqn) + "': " + dt.status().message());
@@ -194,6 +197,16 @@ class MetadataReader {
       ASSIGN_OR_RETURN(int32_t sizes, Field(c, "sizes"));
       ASSIGN_OR_RETURN(chunk.offsets, Ints(offsets, "chunk offsets"));
       ASSIGN_OR_RETURN(chunk.sizes, Ints(sizes, "chunk sizes"));
+      for (size_t d = 0; d < chunk.offsets.size() && d < chunk.sizes.size(); ++d) {
+        int64_t end = 0;
+        if (chunk.offsets.size() != t.size.size() || chunk.sizes.size() != t.size.size() ||
+            __builtin_add_overflow(chunk.offsets[d], chunk.sizes[d], &end) || end > t.size[d]) {
+          return Bad("tensor '" + PrintableText(fqn) + "': a chunk lies outside it");
+        }
+      }
+      if (chunk.offsets.size() != t.size.size() || chunk.sizes.size() != t.size.size()) {
+        return Bad("tensor '" + PrintableText(fqn) + "': a chunk of another rank");
+      }
       auto it = storage_.find({fqn, chunk.offsets});
       if (it == storage_.end()) {
         return Bad("tensor '" + PrintableText(fqn) + "': a chunk has no storage entry");
@@ -223,6 +236,7 @@ class MetadataReader {
   const Pickle& p_;
   const std::string& where_;
   std::map<std::pair<std::string, std::vector<int64_t>>, DcpItem> storage_;
+  std::map<std::string, std::string> planned_;
 };
 
 }  // namespace

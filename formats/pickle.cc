@@ -50,6 +50,7 @@ std::string Pickle::Repr(int32_t index, int max_items) const {
   struct Printer {
     const Pickle& p;
     int max_items;
+    mutable int budget = 256;  // values shown in all
     std::string Seq(const std::vector<int32_t>& items, int depth, const char* open,
                     const char* close, int stride) const {
       std::string out = open;
@@ -74,7 +75,7 @@ std::string Pickle::Repr(int32_t index, int max_items) const {
     }
     std::string Of(int32_t i, int depth) const {
       const PickleValue& v = p.values_[i];
-      if (depth > 6) return "...";
+      if (depth > 6 || --budget < 0) return "...";
       switch (v.kind) {
         case PickleKind::kNone:
           return "None";
@@ -105,7 +106,7 @@ std::string Pickle::Repr(int32_t index, int max_items) const {
         case PickleKind::kSet:
           return Seq(v.items, depth, "set(", ")", 1);
         case PickleKind::kGlobal:
-          return v.text;
+          return PrintableText(v.text);
         case PickleKind::kRecord:
           return Record(v, depth);
         case PickleKind::kPersistentId:
@@ -115,6 +116,22 @@ std::string Pickle::Repr(int32_t index, int max_items) const {
     }
   };
   return Printer{*this, max_items}.Of(index, 0);
+}
+
+std::optional<std::vector<int64_t>> Pickle::AsInts(int32_t index) const {
+  const PickleValue* v = &values_[index];
+  if (v->kind == PickleKind::kRecord) {
+    const PickleValue& args = values_[v->items[1]];
+    if (args.items.size() != 1) return std::nullopt;
+    v = &values_[args.items[0]];
+  }
+  if (v->kind != PickleKind::kTuple && v->kind != PickleKind::kList) return std::nullopt;
+  std::vector<int64_t> out;
+  for (int32_t e : v->items) {
+    if (values_[e].kind != PickleKind::kInt) return std::nullopt;
+    out.push_back(values_[e].integer);
+  }
+  return out;
 }
 
 Status PickleWalkBudget::Visit(int depth, const std::string& where) {
@@ -475,6 +492,11 @@ class PickleParser {
     if (m.kind != PickleKind::kStr || n.kind != PickleKind::kStr) {
       return Fail("STACK_GLOBAL of values that are not strings");
     }
+    // Memoized strings would otherwise be copied into every global.
+    copied_ += m.text.size() + n.text.size();
+    if (m.text.size() + n.text.size() > 4096 || copied_ > data_.size() + (size_t{64} << 20)) {
+      return Fail("global names longer than the stream could hold");
+    }
     return Global(m.text, n.text);
   }
   Status TupleOf(int n) {
@@ -506,6 +528,7 @@ class PickleParser {
   std::vector<int32_t> stack_;
   std::vector<size_t> marks_;
   std::unordered_map<uint64_t, int32_t> memo_;
+  size_t copied_ = 0;  // bytes of memoized strings copied into globals
   Pickle out_;
 };
 
@@ -522,7 +545,8 @@ std::optional<Status> PickleParser::StepStack() {
     case '(':  // MARK
       marks_.push_back(stack_.size());
       return Status::Ok();
-    case '0':  // POP
+    case '0':  // POP; at a mark, CPython pops the mark
+      if (!marks_.empty() && stack_.size() == marks_.back()) return PopMark().status();
       return Pop().status();
     case '1':  // POP_MARK
       return PopMark().status();

@@ -22,6 +22,7 @@
 #define TESSERA_FORMATS_PICKLE_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -87,9 +88,15 @@ class Pickle {
   // The callable's name of a record ("collections.OrderedDict"); "" for
   // other values or a record whose callable is not a global.
   std::string_view RecordName(int32_t index) const;
-  // A short Python-like rendering for people (inspect): containers cut
-  // after `max_items`, strings after 200 bytes, nesting after 6 levels.
+  // A short Python-like rendering for people (inspect), printable: containers
+  // cut after `max_items`, strings after 200 bytes, nesting after 6 levels,
+  // and at most 256 values shown in all (shared references are shown again
+  // each time, so a budget, not the depth, bounds the text).
   std::string Repr(int32_t index, int max_items = 8) const;
+  // The integers of a tuple or list of integers, or of a record that
+  // rebuilds a tuple subclass from one (torch.Size((2, 3))); nullopt for
+  // anything else.
+  std::optional<std::vector<int64_t>> AsInts(int32_t index) const;
 
  private:
   friend class PickleParser;

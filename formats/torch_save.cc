@@ -30,7 +30,7 @@ Result<DType> StorageDType(std::string_view type) {
   };
   auto it = kTypes.find(type);
   if (it == kTypes.end()) {
-    return UnimplementedError("storage type " + std::string(type) +
+    return UnimplementedError("storage type " + PrintableText(type) +
                               " has no Tessera dtype (complex, quantized and untyped storages "
                               "are not read)");
   }
@@ -55,8 +55,16 @@ class TensorFinder {
   }
 
  private:
-  static std::string Join(const std::string& path, const std::string& key) {
-    return path.empty() ? key : path + "." + key;
+  // Names are bounded: a key shared through the memo would otherwise be
+  // copied into every path that uses it.
+  Result<std::string> Join(const std::string& path, const std::string& key) {
+    std::string joined = path.empty() ? key : path + "." + key;
+    name_bytes_ += joined.size();
+    if (joined.size() > kMaxName || name_bytes_ > kMaxNameBytes) {
+      return DataLossError(where_ + ": names longer than a checkpoint's (" +
+                           PrintableText(joined.substr(0, 64)) + "...)");
+    }
+    return joined;
   }
   std::string KeyText(int32_t key) const {
     const PickleValue& k = p_.at(key);
@@ -75,17 +83,9 @@ class TensorFinder {
   }
   // A tuple of integers, or torch.Size of one.
   Result<std::vector<int64_t>> Ints(int32_t i, const std::string& path, const char* what) const {
-    if (p_.RecordName(i) == "torch.Size") i = p_.at(p_.at(i).items[1]).items.at(0);
-    const PickleValue& v = p_.at(i);
-    if (v.kind != PickleKind::kTuple && v.kind != PickleKind::kList) {
-      return Bad(path, std::string(what) + " is not a tuple");
-    }
-    std::vector<int64_t> out;
-    for (int32_t e : v.items) {
-      ASSIGN_OR_RETURN(int64_t x, Int(e, path, what));
-      out.push_back(x);
-    }
-    return out;
+    auto ints = p_.AsInts(i);
+    if (!ints) return Bad(path, std::string(what) + " is not a tuple of integers");
+    return *std::move(ints);
   }
   const std::vector<int32_t>& Args(int32_t record) const {
     return p_.at(p_.at(record).items[1]).items;
@@ -110,7 +110,8 @@ class TensorFinder {
   }
   Status WalkPairs(const std::vector<int32_t>& items, const std::string& path, int depth) {
     for (size_t k = 0; k + 1 < items.size(); k += 2) {
-      RETURN_IF_ERROR(Walk(items[k + 1], Join(path, KeyText(items[k])), depth + 1));
+      ASSIGN_OR_RETURN(std::string name, Join(path, KeyText(items[k])));
+      RETURN_IF_ERROR(Walk(items[k + 1], name, depth + 1));
     }
     return Status::Ok();
   }
@@ -119,7 +120,8 @@ class TensorFinder {
                       int depth) {
     const size_t tensors = out_->tensors.size(), values = out_->values.size();
     for (size_t k = 0; k < items.size(); ++k) {
-      RETURN_IF_ERROR(Walk(items[k], Join(path, std::to_string(k)), depth + 1));
+      ASSIGN_OR_RETURN(std::string name, Join(path, std::to_string(k)));
+      RETURN_IF_ERROR(Walk(items[k], name, depth + 1));
     }
     if (out_->tensors.size() == tensors) {
       out_->values.resize(values);
@@ -150,14 +152,18 @@ class TensorFinder {
       return WalkPairs(p_.at(i).set_items, path, depth);
     }
     // Any other object: its name, and what its state holds.
-    out_->values.push_back({path, std::string(name.empty() ? "<object>" : name)});
+    out_->values.push_back({path, name.empty() ? "<object>" : PrintableText(name)});
     const PickleValue& v = p_.at(i);
     if (v.state >= 0) {
       const PickleValue& s = p_.at(v.state);
       if (s.kind == PickleKind::kDict) return WalkPairs(s.items, path, depth);
-      return Walk(v.state, Join(path, "__state__"), depth + 1);
+      ASSIGN_OR_RETURN(std::string name, Join(path, "__state__"));
+      return Walk(v.state, name, depth + 1);
     }
-    if (!args.empty()) return Walk(p_.at(i).items[1], Join(path, "__args__"), depth + 1);
+    if (!args.empty()) {
+      ASSIGN_OR_RETURN(std::string name, Join(path, "__args__"));
+      return Walk(p_.at(i).items[1], name, depth + 1);
+    }
     return Status::Ok();
   }
 
@@ -165,6 +171,7 @@ class TensorFinder {
   Status AddTensor(const std::vector<int32_t>& args, const std::string& path) {
     if (args.size() < 4) return Bad(path, "a tensor rebuilt from fewer than 4 arguments");
     ASSIGN_OR_RETURN(size_t storage, Storage(args[0], path));
+    if (!IsUtf8(path)) return Bad(path, "a tensor name that is not UTF-8");
     TorchTensor t;
     t.name = path.empty() ? "tensor" : path;
     t.storage = storage;
@@ -202,7 +209,8 @@ class TensorFinder {
     const PickleValue& id = p_.at(pid.items[0]);
     if (id.kind != PickleKind::kTuple || id.items.size() < 5 ||
         p_.at(id.items[0]).text != "storage" || p_.at(id.items[1]).kind != PickleKind::kGlobal ||
-        p_.at(id.items[2]).kind != PickleKind::kStr) {
+        (p_.at(id.items[2]).kind != PickleKind::kStr &&
+         p_.at(id.items[2]).kind != PickleKind::kBytes)) {
       return Bad(path, "a storage reference that is not ('storage', type, key, location, size)");
     }
     if (id.items.size() > 5 && p_.at(id.items[5]).kind != PickleKind::kNone) {
@@ -212,6 +220,10 @@ class TensorFinder {
     ASSIGN_OR_RETURN(int64_t numel, Int(id.items[4], path, "the storage size"));
     auto dtype = StorageDType(p_.at(id.items[1]).text);
     if (!dtype.ok()) return Bad(path, dtype.status().message());
+    int64_t bytes = 0;
+    if (numel < 0 || __builtin_mul_overflow(numel, DTypeSize(*dtype), &bytes)) {
+      return Bad(path, "storage '" + PrintableText(key) + "' has an impossible size");
+    }
     auto [it, added] = storage_index_.emplace(key, out_->storages.size());
     if (added) {
       TorchStorage s;
@@ -227,10 +239,13 @@ class TensorFinder {
     return it->second;
   }
 
+  static constexpr size_t kMaxName = 64 << 10;
+  static constexpr size_t kMaxNameBytes = size_t{256} << 20;
   const Pickle& p_;
   const std::string& where_;
   TorchSaveFile* out_;
   PickleWalkBudget budget_;
+  size_t name_bytes_ = 0;
   std::map<std::string, size_t> storage_index_;
 };
 
@@ -243,7 +258,7 @@ Status PlaceZipStorages(const RandomAccessFile& file, const ZipArchive& zip,
       return DataLossError(zip.where() + ": storage '" + PrintableText(s.key) + "' has no record");
     RETURN_IF_ERROR(zip.CheckStored(*r));
     const uint64_t bytes = static_cast<uint64_t>(s.numel) * DTypeSize(s.dtype);
-    if (r->size < bytes) {
+    if (r->size != bytes) {
       return DataLossError(zip.where() + ": record '" + PrintableText(r->name) + "' has " +
                            std::to_string(r->size) + " bytes for a storage of " +
                            std::to_string(bytes));
@@ -273,11 +288,13 @@ Result<TorchSaveFile> ReadZip(const RandomAccessFile& file, uint64_t base, uint6
   if (const ZipRecord* order = zip.Find(prefix + "byteorder")) {
     ASSIGN_OR_RETURN(std::string text, zip.ReadRecord(file, *order, 64));
     if (text != "little") {
-      return UnimplementedError(where + ": stored " + text + "-endian; only little-endian is read");
+      return UnimplementedError(where + ": stored " + PrintableText(text) +
+                                "-endian; only little-endian is read");
     }
   }
   ASSIGN_OR_RETURN(std::string bytes, zip.ReadRecord(file, *pkl, kMaxPickleBytes));
-  ASSIGN_OR_RETURN(Pickle pickle, ParsePickle(bytes, where + " record '" + pkl->name + "'"));
+  ASSIGN_OR_RETURN(Pickle pickle,
+                   ParsePickle(bytes, where + " record '" + PrintableText(pkl->name) + "'"));
   TorchSaveFile out;
   out.kind = "zip";
   RETURN_IF_ERROR(FindTorchTensors(pickle, where, &out));
@@ -341,6 +358,7 @@ Result<TorchSaveFile> ReadLegacy(const RandomAccessFile& file, uint64_t base, ui
     if (keys.kind != PickleKind::kList)
       return DataLossError(where + ": the storage keys are not a list");
     uint64_t at = prefix - rest.size();
+    std::vector<bool> placed(out.storages.size(), false);
     for (int32_t k : keys.items) {
       const std::string& key = pickles[4].at(k).text;
       auto it = std::find_if(out.storages.begin(), out.storages.end(),
@@ -359,8 +377,18 @@ Result<TorchSaveFile> ReadLegacy(const RandomAccessFile& file, uint64_t base, ui
         return DataLossError(where + ": storage '" + PrintableText(key) +
                              "' has the wrong size or is cut off");
       }
+      if (placed[it - out.storages.begin()]) {
+        return DataLossError(where + ": storage '" + PrintableText(key) + "' is stored twice");
+      }
+      placed[it - out.storages.begin()] = true;
       it->offset = base + at + 8;
       at += 8 + bytes;
+    }
+    for (size_t i = 0; i < placed.size(); ++i) {
+      if (!placed[i]) {
+        return DataLossError(where + ": storage '" + PrintableText(out.storages[i].key) +
+                             "' is used but not stored");
+      }
     }
     return out;
   }
@@ -432,6 +460,10 @@ Result<std::string> TorchStateDictPickle(const std::vector<TorchWriteTensor>& te
   for (size_t i = 0; i < tensors.size(); ++i) {
     const TorchWriteTensor& t = tensors[i];
     ASSIGN_OR_RETURN(std::string_view storage, StorageTypeOf(t));
+    if (!IsUtf8(t.name)) {
+      return InvalidArgumentError("tensor '" + PrintableText(t.name) +
+                                  "': PyTorch's names are text, this one is not UTF-8");
+    }
     if (i % 1000 == 0) p.Op("(");  // SETITEMS in batches, as pickle does
     p.Str(t.name);
     p.Global("torch._utils", "_rebuild_tensor_v2");
@@ -486,7 +518,7 @@ bool LooksLikeTorchSave(const RandomAccessFile& file, uint64_t base, uint64_t si
   }
   if (!LooksLikeZip(file, base)) return false;
   auto zip = ZipArchive::Open(file, base, size, "");
-  if (!zip.ok()) return false;
+  if (!zip.ok()) return true;  // a damaged zip: the torch reader names what is wrong
   for (const ZipRecord& r : zip->records()) {
     const size_t slash = r.name.find('/');
     if (slash != std::string::npos && r.name.compare(slash, std::string::npos, "/data.pkl") == 0) {

@@ -211,7 +211,7 @@ Result<ZipArchive> ZipArchive::Open(const RandomAccessFile& file, uint64_t base,
   if (U16(e + 4) != 0 || U16(e + 6) != 0) return bad("a multi-disk archive");
   if (end >= 20 && U32(e - 20) == kZip64Locator) {
     const uint64_t at = U64(e - 20 + 8);
-    if (at > size - 56) return bad("the Zip64 end record lies outside the archive");
+    if (size < 56 || at > size - 56) return bad("the Zip64 end record lies outside the archive");
     char z[56];
     RETURN_IF_ERROR(file.Read(base + at, 56, z));
     if (U32(z) != kZip64End) return bad("the Zip64 locator points at no Zip64 end record");
@@ -221,6 +221,11 @@ Result<ZipArchive> ZipArchive::Open(const RandomAccessFile& file, uint64_t base,
     return bad("the central directory (" + std::to_string(dir.entries) + " records, " +
                std::to_string(dir.size) + " bytes at " + std::to_string(dir.offset) +
                ") does not fit the archive of " + std::to_string(size) + " bytes");
+  }
+  constexpr uint64_t kMaxDirectory = uint64_t{1} << 30;
+  if (dir.size > kMaxDirectory) {
+    return ResourceExhaustedError(where + ": a central directory of " + std::to_string(dir.size) +
+                                  " bytes, more than this reader takes");
   }
   std::string cd(dir.size, '\0');
   RETURN_IF_ERROR(file.Read(base + dir.offset, dir.size, cd.data()));
@@ -262,7 +267,10 @@ Result<ZipArchive> ZipArchive::Open(const RandomAccessFile& file, uint64_t base,
       return bad("record '" + PrintableText(r.name) + "' (" + std::to_string(r.compressed_size) +
                  " bytes) runs past the end of the archive");
     }
-    zip.by_name_.emplace(r.name, zip.records_.size());
+    if (!zip.by_name_.emplace(r.name, zip.records_.size()).second) {
+      // Readers disagree on which copy counts (Python's zipfile takes the last).
+      return bad("record '" + PrintableText(r.name) + "' appears twice");
+    }
     zip.records_.push_back(std::move(r));
     p += 46 + name_len + extra_len + comment_len;
   }

@@ -153,10 +153,71 @@ def test_a_damaged_storage_is_named(tmp_path):
         r.read("w")
 
 
-def zip_with_pickle(path, payload):
+def zip_with_pickle(path, payload, storages=()):
     with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as z:
         z.writestr("archive/data.pkl", payload)
+        for i, data in enumerate(storages):
+            z.writestr(f"archive/data/{i}", data)
         z.writestr("archive/version", "3\n")
+
+
+def u(text):
+    """BINUNICODE of `text`."""
+    b = text.encode()
+    return b"X" + len(b).to_bytes(4, "little") + b
+
+
+def tensor_pickle(numel, size_opcodes):
+    """_rebuild_tensor_v2 of storage '0' (FloatStorage of `numel`), offset 0,
+    the size the given opcodes push, strides ()."""
+    numel_op = b"\x8a\x08" + numel.to_bytes(8, "little")
+    return (b"\x80\x02ctorch._utils\n_rebuild_tensor_v2\n((" + u("storage") +
+            b"ctorch\nFloatStorage\n" + u("0") + u("cpu") + numel_op + b"tQK\x00" +
+            size_opcodes + b")\x89tR.")
+
+
+def test_hostile_shapes_found_in_review(tmp_path):
+    cases = [
+        # torch.Size rebuilt from no arguments.
+        ("size", tensor_pickle(4, b"ctorch\nSize\n)R"), [b"\0" * 16], "tuple of integers"),
+        # A storage whose byte count overflows: must not read past its record.
+        ("numel", tensor_pickle((1 << 62) + 16, b")"), [b"\0" * 64], "impossible size"),
+        # Memoized names copied into thousands of globals.
+        ("globals", b"\x80\x04" + u("m" * 500000) + b"\x94" + u("n") + b"\x94" +
+         b"h\x00h\x01\x930" * 2000 + b"N.", [], "global names"),
+    ]
+    for name, payload, storages, what in cases:
+        f = tmp_path / f"{name}.pt"
+        zip_with_pickle(f, payload, storages)
+        with pytest.raises(Exception, match=what):
+            r = tessera.open(f)
+            for k in r.keys():
+                r.read(k)
+    # Shared references fanned out 2^30 times: shown within a bound.
+    levels = b"\x80\x02]q\x000"
+    for i in range(1, 31):
+        levels += b"}(" + (b"h" + bytes([i - 1])) * 8 + b"uq" + bytes([i]) + (b"0" if i < 30 else b"")
+    f = tmp_path / "fanout.pt"
+    zip_with_pickle(f, levels + b".")
+    try:
+        r = tessera.open(f)
+        assert len(r.keys()) == 0 and all(len(v) < 100000 for v in r.metadata.values())
+    except Exception as e:
+        assert any(w in str(e) for w in ("too many values", "deeper", "names longer"))
+    # The same record name twice: readers disagree on which counts.
+    f = tmp_path / "twice.pt"
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with zipfile.ZipFile(f, "w") as z:
+            z.writestr("archive/data.pkl", b"\x80\x02}.")
+            z.writestr("archive/data.pkl", b"\x80\x02}.")
+    with pytest.raises(Exception, match="appears twice"):
+        tessera.open(f)
+    # POP right after MARK pops the mark, as in CPython.
+    f = tmp_path / "popmark.pt"
+    zip_with_pickle(f, b"\x80\x02(0}.")
+    assert len(tessera.open(f).keys()) == 0
 
 
 class RunsCode:
