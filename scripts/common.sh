@@ -71,10 +71,12 @@ SANITIZE_DIR=${TESSERA_SANITIZE_DIR:-$TESSERA_ROOT/build-asan}
 tessera_build_sanitized() {
   local launcher=()
   command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
-  # -O1, as ASan's authors advise: half the compile time of -O2 here
-  # (ckpt_test.cc 52 s -> 26 s), and the reports keep their line numbers.
+  # -O0: this build is compiled once per run and its tests are short, so
+  # compile time rules: -O0 compiles the sanitized sources in about 70% of
+  # -O1's time (gpt_search.cc 19 s -> 14 s, native.cc 16 s -> 10 s), which
+  # outweighs its slower tests. -g1 keeps the reports' line numbers.
   cmake -S "$TESSERA_ROOT" -B "$SANITIZE_DIR" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-    "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g1 -DNDEBUG" -DTESSERA_SANITIZE=ON "${launcher[@]}" >/dev/null
+    "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O0 -g1 -DNDEBUG" -DTESSERA_SANITIZE=ON "${launcher[@]}" >/dev/null
   cmake --build "$SANITIZE_DIR" -j "$(nproc)" --target "$@"
 }
 
