@@ -239,24 +239,8 @@ class TorchReader : public CheckpointReader {
   static Status Verify(const TorchSource& src, size_t storage) {
     const TorchStorage& st = src.contents.storages[storage];
     if (!st.has_crc || src.verified[storage].load(std::memory_order_acquire)) return Status::Ok();
-    // Hashed where the file lends its bytes (no copy; the pages then serve
-    // the read that follows), else read a few MiB at a time.
-    constexpr uint64_t kChunk = uint64_t{64} << 20;
     const uint64_t bytes = static_cast<uint64_t>(st.numel) * DTypeSize(st.dtype);
-    std::unique_ptr<char[]> buf;
-    uint32_t crc = 0;
-    for (uint64_t at = 0; at < bytes; at += kChunk) {
-      const uint64_t n = std::min<uint64_t>(kChunk, bytes - at);
-      ASSIGN_OR_RETURN(auto view, n >= kViewAtLeast ? src.file->View(st.offset + at, n)
-                                                    : Result<std::unique_ptr<FileView>>(nullptr));
-      if (view) {
-        crc = Crc32(view->data(), n, crc);
-        continue;
-      }
-      if (!buf) buf.reset(new char[std::min(bytes, kChunk)]);
-      RETURN_IF_ERROR(src.file->Read(st.offset + at, n, buf.get()));
-      crc = Crc32(buf.get(), n, crc);
-    }
+    ASSIGN_OR_RETURN(uint32_t crc, Crc32OfRange(*src.file, st.offset, bytes));
     if (crc != st.crc32) {
       return DataLossError("'" + src.path + "': record '" + PrintableText(st.record) +
                            "' (storage '" + PrintableText(st.key) + "') fails its CRC-32");
@@ -449,27 +433,6 @@ Result<std::unique_ptr<CheckpointReader>> OpenTorchCheckpoint(Env* env, const st
 
 namespace {
 
-// The CRC-32 of `size` bytes at `offset` of a written file, from its
-// mapped pages where it lends them.
-Result<uint32_t> CrcOfWritten(const RandomAccessFile& file, uint64_t offset, uint64_t size) {
-  constexpr uint64_t kChunk = uint64_t{64} << 20;
-  std::unique_ptr<char[]> buf;
-  uint32_t crc = 0;
-  for (uint64_t at = 0; at < size; at += kChunk) {
-    const uint64_t n = std::min(kChunk, size - at);
-    ASSIGN_OR_RETURN(auto view, n >= kViewAtLeast ? file.View(offset + at, n)
-                                                  : Result<std::unique_ptr<FileView>>(nullptr));
-    if (view) {
-      crc = Crc32(view->data(), n, crc);
-      continue;
-    }
-    if (!buf) buf.reset(new char[std::min(size, kChunk)]);
-    RETURN_IF_ERROR(file.Read(offset + at, n, buf.get()));
-    crc = Crc32(buf.get(), n, crc);
-  }
-  return crc;
-}
-
 // One torch.save file of a planned output: its zip layout and which of its
 // records hold tensors (their CRC-32s are patched at commit).
 struct TorchFilePlan {
@@ -565,7 +528,7 @@ Result<std::unique_ptr<CheckpointWriter>> CreateTorchCheckpoint(Env* env, const 
     const TorchFilePlan& p = files[f];
     for (size_t k = 0; k < p.tensor_records.size(); ++k) {
       const size_t r = p.tensor_records[k];
-      ASSIGN_OR_RETURN(uint32_t crc, CrcOfWritten(*in, p.zip.data_offsets[r], p.tensor_sizes[k]));
+      ASSIGN_OR_RETURN(uint32_t crc, Crc32OfRange(*in, p.zip.data_offsets[r], p.tensor_sizes[k]));
       char le[4];
       PutLittleEndian<uint32_t>(le, crc);
       RETURN_IF_ERROR(out.WriteAt(p.zip.LocalCrcOffset(r), le, 4));

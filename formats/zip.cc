@@ -309,16 +309,28 @@ Result<std::string> ZipArchive::ReadRecord(const RandomAccessFile& file, const Z
   return bytes;
 }
 
-Status ZipArchive::VerifyRecord(const RandomAccessFile& file, const ZipRecord& record) const {
-  RETURN_IF_ERROR(CheckStored(record));
-  constexpr uint64_t kChunk = uint64_t{4} << 20;
-  std::unique_ptr<char[]> buf(new char[std::min(kChunk, std::max<uint64_t>(record.size, 1))]);
+Result<uint32_t> Crc32OfRange(const RandomAccessFile& file, uint64_t offset, uint64_t size) {
+  constexpr uint64_t kChunk = uint64_t{64} << 20;
+  std::unique_ptr<char[]> buf;
   uint32_t crc = 0;
-  for (uint64_t at = 0; at < record.size; at += kChunk) {
-    const uint64_t n = std::min(kChunk, record.size - at);
-    RETURN_IF_ERROR(file.Read(FileOffset(record) + at, n, buf.get()));
+  for (uint64_t at = 0; at < size; at += kChunk) {
+    const uint64_t n = std::min(kChunk, size - at);
+    ASSIGN_OR_RETURN(auto view, n >= kViewAtLeast ? file.View(offset + at, n)
+                                                  : Result<std::unique_ptr<FileView>>(nullptr));
+    if (view) {
+      crc = Crc32(view->data(), n, crc);
+      continue;
+    }
+    if (!buf) buf.reset(new char[std::min(size, kChunk)]);
+    RETURN_IF_ERROR(file.Read(offset + at, n, buf.get()));
     crc = Crc32(buf.get(), n, crc);
   }
+  return crc;
+}
+
+Status ZipArchive::VerifyRecord(const RandomAccessFile& file, const ZipRecord& record) const {
+  RETURN_IF_ERROR(CheckStored(record));
+  ASSIGN_OR_RETURN(uint32_t crc, Crc32OfRange(file, FileOffset(record), record.size));
   if (crc != record.crc32) {
     return DataLossError(where_ + ": record '" + PrintableText(record.name) +
                          "' fails its CRC-32 (stored " + std::to_string(record.crc32) +

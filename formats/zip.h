@@ -91,6 +91,10 @@ struct ZipLayout {
 
 ZipLayout PlanStoredZip(const std::vector<ZipRecordPlan>& records, uint64_t align);
 
+// The CRC-32 of `size` bytes at `offset` of `file`: hashed where the file
+// lends (maps) its bytes, without a copy, else read a few MiB at a time.
+Result<uint32_t> Crc32OfRange(const RandomAccessFile& file, uint64_t offset, uint64_t size);
+
 // Whether the window starts with a zip local file header ("PK\3\4").
 bool LooksLikeZip(const RandomAccessFile& file, uint64_t base = 0);
 
