@@ -1,5 +1,6 @@
 #include "ckpt/ops.h"
 
+#include "ckpt/deepspeed_ckpt.h"
 #include "ckpt/hdf5_ckpt.h"
 #include "ckpt/safetensors_ckpt.h"
 #include "ckpt/torch_ckpt.h"
@@ -60,6 +61,8 @@ Result<std::unique_ptr<CheckpointReader>> OpenCheckpoint(Env* env, const std::st
                                                          const OpenOptions& options) {
   if (!env->FileExists(path)) return NotFoundError("'" + path + "' does not exist");
   if (env->IsDirectory(path)) {
+    // Before the native reader: DeepSpeed also writes a 'latest' file.
+    if (IsDeepSpeedCheckpoint(env, path)) return OpenDeepSpeedCheckpoint(env, path);
     if (HasManifest(env, path) || env->FileExists(JoinPath(path, kLatestName))) {
       return OpenNativeCheckpoint(env, path);
     }
@@ -84,7 +87,7 @@ Result<std::unique_ptr<CheckpointReader>> OpenCheckpoint(Env* env, const std::st
   }
   return InvalidArgumentError("'" + path +
                               "' is not a checkpoint this Tessera can read (native directory, "
-                              "safetensors, MindSpore .ckpt, HDF5 or torch.save)");
+                              "safetensors, MindSpore .ckpt, HDF5, torch.save, DCP or DeepSpeed)");
 }
 
 Result<TransformStats> WriteTransformed(Env* env, const CheckpointReader& src, const Strategy& dst,

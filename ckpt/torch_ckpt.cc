@@ -1,5 +1,6 @@
 #include "ckpt/torch_ckpt.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <cstring>
@@ -10,6 +11,7 @@
 
 #include "ckpt/dense.h"
 #include "ckpt/safetensors_ckpt.h"
+#include "ckpt/torch_reader.h"
 #include "core/checksum.h"
 #include "core/endian.h"
 #include "core/utf8.h"
@@ -19,30 +21,6 @@
 
 namespace tessera {
 namespace {
-
-// One torch.save archive (a file, or an item of a DCP file): its contents
-// and which of its storages were verified.
-struct TorchSource {
-  std::string path;
-  std::shared_ptr<RandomAccessFile> file;
-  TorchSaveFile contents;
-  std::unique_ptr<std::atomic<bool>[]> verified;
-};
-
-// A box of a checkpoint's tensor held by a tensor of a source (the whole
-// tensor in a torch.save file; a chunk in DCP).
-struct TorchPiece {
-  size_t source = 0;
-  size_t tensor = 0;
-  Box box;
-};
-
-struct TorchEntry {
-  std::string name;
-  DType dtype = DType::kF32;
-  std::vector<int64_t> shape;
-  std::vector<TorchPiece> pieces;
-};
 
 // Copies the elements of `extents` from `src` (byte strides `src_strides`)
 // to `dst` (byte strides `dst_strides`), `elem` bytes each; runs that are
@@ -81,6 +59,13 @@ void StridedCopy(const char* src, const std::vector<int64_t>& src_strides, char*
   }
 }
 
+// Elements of a shape (stored shapes were checked not to overflow).
+int64_t Numel(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
 class TorchReader : public CheckpointReader {
  public:
   TorchReader(std::string path, std::string format,
@@ -109,7 +94,8 @@ class TorchReader : public CheckpointReader {
   }
   void AddValue(const std::string& key, const std::string& text) {
     meta_.metadata[key] = text;
-    if (key == "torch.iteration" || key == "torch.global_steps" || key == "torch.step") {
+    const std::string tail = key.substr(key.find('.') + 1);
+    if (tail == "iteration" || tail == "global_steps" || tail == "step") {
       char* end = nullptr;
       long long step = std::strtoll(text.c_str(), &end, 10);
       if (!text.empty() && *end == '\0') meta_.step = step;
@@ -134,6 +120,9 @@ class TorchReader : public CheckpointReader {
     const size_t rank = e.shape.size();
     std::vector<int64_t> dst_strides(rank);
     for (int64_t d = rank, step = elem; d-- > 0; step *= dst_extents[d]) dst_strides[d] = step;
+    if (!e.pieces.empty() && e.pieces[0].flat) {
+      return ReadFlat(e, region, static_cast<char*>(dst), dst_strides, dst_extents, dst_box);
+    }
     for (const TorchPiece& piece : e.pieces) {
       const Box part = Intersect(piece.box, region);
       if (rank > 0 && IsEmpty(part)) continue;
@@ -149,7 +138,9 @@ class TorchReader : public CheckpointReader {
   Result<std::unique_ptr<FileView>> ViewRegion(size_t index, const Box& region) const override {
     RETURN_IF_ERROR(
         CheckReadRegion(strategy_.tensors()[index], format_ + " checkpoint", path_, region));
-    for (const TorchPiece& piece : entries_[index].pieces) {
+    const TorchEntry& e = entries_[index];
+    if (!e.pieces.empty() && e.pieces[0].flat) return ViewFlat(e, region);
+    for (const TorchPiece& piece : e.pieces) {
       if (!Contains(piece.box, region)) continue;
       const TorchSource& src = *sources_[piece.source];
       const TorchTensor& t = src.contents.tensors[piece.tensor];
@@ -172,12 +163,46 @@ class TorchReader : public CheckpointReader {
   }
 
  private:
-  Status CheckPieces(const TorchEntry& e, const std::string& where) const {
-    constexpr size_t kMaxPieces = 65536;
+  static constexpr size_t kMaxPieces = 65536;
+
+  // Flat pieces in order, each a run of a contiguous stored tensor of the
+  // entry's dtype, covering the tensor without gaps or overlaps.
+  Status CheckFlatPieces(TorchEntry& e, const std::string& where) const {
+    std::sort(e.pieces.begin(), e.pieces.end(),
+              [](const TorchPiece& a, const TorchPiece& b) { return a.flat_begin < b.flat_begin; });
+    int64_t next = 0;
+    for (const TorchPiece& p : e.pieces) {
+      const TorchTensor& t = sources_[p.source]->contents.tensors[p.tensor];
+      const std::string stored =
+          "'" + PrintableText(t.name) + "' of '" + sources_[p.source]->path + "'";
+      if (!p.flat || p.count <= 0 || p.flat_begin != next) {
+        return DataLossError(where + ": its parts do not cover it once (elements from " +
+                             std::to_string(next) + ")");
+      }
+      if (t.dtype != e.dtype || !t.Contiguous()) {
+        return DataLossError(where + ": its part in " + stored + " is not a contiguous " +
+                             std::string(DTypeName(e.dtype)) + " tensor");
+      }
+      if (p.src_begin < 0 || p.src_begin > Numel(t.shape) - p.count) {
+        return DataLossError(where + ": its part of " + std::to_string(p.count) + " elements at " +
+                             std::to_string(p.src_begin) + " runs past " + stored + " (" +
+                             std::to_string(Numel(t.shape)) + " elements)");
+      }
+      next += p.count;
+    }
+    if (next != Numel(e.shape)) {
+      return DataLossError(where + ": its parts hold " + std::to_string(next) + " of its " +
+                           std::to_string(Numel(e.shape)) + " elements");
+    }
+    return Status::Ok();
+  }
+
+  Status CheckPieces(TorchEntry& e, const std::string& where) const {
     if (e.pieces.size() > kMaxPieces) {
       return DataLossError(where + " is cut into more than " + std::to_string(kMaxPieces) +
                            " chunks");
     }
+    if (!e.pieces.empty() && e.pieces[0].flat) return CheckFlatPieces(e, where);
     const Box whole = Box::FromShape(e.shape);
     int64_t covered = 0;
     for (size_t i = 0; i < e.pieces.size(); ++i) {
@@ -201,6 +226,86 @@ class TorchReader : public CheckpointReader {
       return DataLossError(where + ": its chunks do not cover it");
     }
     return Status::Ok();
+  }
+
+  // Elements [flat, flat + count) of a tensor of flat pieces into `out`.
+  Status ReadRun(const TorchEntry& e, int64_t flat, int64_t count, char* out) const {
+    const int64_t elem = DTypeSize(e.dtype);
+    auto it = std::upper_bound(e.pieces.begin(), e.pieces.end(), flat,
+                               [](int64_t f, const TorchPiece& p) { return f < p.flat_begin; });
+    for (--it; count > 0; ++it) {
+      const int64_t skip = flat - it->flat_begin;
+      const int64_t n = std::min(count, it->count - skip);
+      const TorchSource& src = *sources_[it->source];
+      const TorchTensor& t = src.contents.tensors[it->tensor];
+      RETURN_IF_ERROR(Verify(src, t.storage));
+      const uint64_t at = src.contents.storages[t.storage].offset +
+                          static_cast<uint64_t>(t.storage_offset + it->src_begin + skip) * elem;
+      RETURN_IF_ERROR(src.file->Read(at, n * elem, out));
+      out += n * elem;
+      flat += n;
+      count -= n;
+    }
+    return Status::Ok();
+  }
+
+  // A region of a tensor of flat pieces as runs of consecutive elements in
+  // both the tensor and the destination: the trailing dimensions both hold
+  // whole are one run.
+  Status ReadFlat(const TorchEntry& e, const Box& region, char* dst,
+                  const std::vector<int64_t>& dst_strides, const std::vector<int64_t>& dst_extents,
+                  const Box& dst_box) const {
+    const size_t rank = e.shape.size();
+    if (rank == 0) return ReadRun(e, 0, 1, dst);
+    if (IsEmpty(region)) return Status::Ok();
+    size_t d = rank - 1;
+    int64_t run = region[d].size();
+    while (d > 0 && region[d].size() == e.shape[d] && dst_extents[d] == e.shape[d]) {
+      run *= region[--d].size();
+    }
+    std::vector<int64_t> tensor_strides(rank);
+    for (int64_t k = rank, step = 1; k-- > 0; step *= e.shape[k]) tensor_strides[k] = step;
+    std::vector<int64_t> idx(d, 0);
+    while (true) {
+      int64_t flat = 0;
+      char* out = dst;
+      for (size_t k = 0; k < rank; ++k) {
+        const int64_t i = k < d ? idx[k] : 0;
+        flat += (region[k].begin + i) * tensor_strides[k];
+        out += (dst_box[k].begin + i) * dst_strides[k];
+      }
+      RETURN_IF_ERROR(ReadRun(e, flat, run, out));
+      size_t k = d;
+      while (k > 0 && ++idx[k - 1] == region[k - 1].size()) idx[--k] = 0;
+      if (k == 0) return Status::Ok();
+    }
+  }
+
+  // A view when the region is one run of consecutive elements inside one
+  // flat piece.
+  Result<std::unique_ptr<FileView>> ViewFlat(const TorchEntry& e, const Box& region) const {
+    const size_t rank = e.shape.size();
+    size_t first = 0;  // the first dimension the region holds more than one of
+    while (first < rank && region[first].size() == 1) ++first;
+    int64_t flat = 0, count = 1;
+    for (size_t k = 0; k < rank; ++k) {
+      if (k > first && region[k].size() != e.shape[k]) return std::unique_ptr<FileView>();
+      flat = flat * e.shape[k] + region[k].begin;
+      count *= region[k].size();
+    }
+    const int64_t elem = DTypeSize(e.dtype);
+    if (count * elem < static_cast<int64_t>(kViewAtLeast)) return std::unique_ptr<FileView>();
+    auto it = std::upper_bound(e.pieces.begin(), e.pieces.end(), flat,
+                               [](int64_t f, const TorchPiece& p) { return f < p.flat_begin; });
+    --it;
+    if (flat + count > it->flat_begin + it->count) return std::unique_ptr<FileView>();
+    const TorchSource& src = *sources_[it->source];
+    const TorchTensor& t = src.contents.tensors[it->tensor];
+    RETURN_IF_ERROR(Verify(src, t.storage));
+    return src.file->View(
+        src.contents.storages[t.storage].offset +
+            static_cast<uint64_t>(t.storage_offset + it->src_begin + flat - it->flat_begin) * elem,
+        count * elem);
   }
 
   // `local` of a piece's source tensor into `out` (byte strides `dst_strides`).
@@ -260,19 +365,35 @@ class TorchReader : public CheckpointReader {
 Result<std::unique_ptr<TorchSource>> OpenSource(const std::string& path,
                                                 std::shared_ptr<RandomAccessFile> file,
                                                 uint64_t base, uint64_t size,
-                                                const std::string& where) {
+                                                const std::string& where, bool keep_pickle) {
   auto src = std::make_unique<TorchSource>();
   src->path = path;
   src->file = std::move(file);
   ASSIGN_OR_RETURN(src->contents, ReadTorchSave(*src->file, base, size, where));
+  if (!keep_pickle) src->contents.pickle = Pickle();
   return src;
 }
 
-Result<std::unique_ptr<TorchSource>> OpenFile(Env* env, const std::string& path) {
+}  // namespace
+
+Result<std::unique_ptr<TorchSource>> OpenTorchSource(Env* env, const std::string& path,
+                                                     bool keep_pickle) {
   ASSIGN_OR_RETURN(std::unique_ptr<RandomAccessFile> file, env->NewRandomAccessFile(path));
   ASSIGN_OR_RETURN(uint64_t size, file->Size());
-  return OpenSource(path, std::move(file), 0, size, "'" + path + "'");
+  return OpenSource(path, std::move(file), 0, size, "'" + path + "'", keep_pickle);
 }
+
+Result<std::unique_ptr<CheckpointReader>> MakeTorchReader(
+    const std::string& path, const std::string& format,
+    std::vector<std::unique_ptr<TorchSource>> sources, std::vector<TorchEntry> entries,
+    const std::vector<std::pair<std::string, std::string>>& values) {
+  auto reader = std::make_unique<TorchReader>(path, format, std::move(sources));
+  for (TorchEntry& e : entries) RETURN_IF_ERROR(reader->Add(std::move(e)));
+  for (const auto& [k, v] : values) reader->AddValue(k, v);
+  return std::unique_ptr<CheckpointReader>(std::move(reader));
+}
+
+namespace {
 
 // Tessera's boxes have at most kMaxRank dimensions.
 Status CheckRank(const std::string& path, const std::string& name, size_t rank) {
@@ -297,10 +418,7 @@ Result<std::unique_ptr<CheckpointReader>> WholeTensors(
     }
     for (const TorchValue& v : c.values) values.emplace_back("torch." + v.name, v.text);
   }
-  auto reader = std::make_unique<TorchReader>(path, "torch", std::move(sources));
-  for (TorchEntry& e : entries) RETURN_IF_ERROR(reader->Add(std::move(e)));
-  for (const auto& [k, v] : values) reader->AddValue(k, v);
-  return std::unique_ptr<CheckpointReader>(std::move(reader));
+  return MakeTorchReader(path, "torch", std::move(sources), std::move(entries), values);
 }
 
 // A Hugging Face index of pytorch_model shards: each file's tensors must be
@@ -312,7 +430,7 @@ Result<std::vector<std::unique_ptr<TorchSource>>> OpenShards(Env* env, const std
   std::vector<std::unique_ptr<TorchSource>> sources;
   size_t found = 0;
   for (const std::string& f : index.files) {
-    ASSIGN_OR_RETURN(auto src, OpenFile(env, dir + f));
+    ASSIGN_OR_RETURN(auto src, OpenTorchSource(env, dir + f));
     for (const TorchTensor& t : src->contents.tensors) {
       auto it = index.map.find(t.name);
       if (it == index.map.end() || it->second != f) {
@@ -349,7 +467,7 @@ Result<std::unique_ptr<TorchSource>> OpenItem(
                          std::to_string(size) + " bytes");
   }
   return OpenSource(path, file, item.offset, item.length,
-                    "'" + path + "' item at " + std::to_string(item.offset));
+                    "'" + path + "' item at " + std::to_string(item.offset), false);
 }
 
 }  // namespace
@@ -392,14 +510,13 @@ Result<std::unique_ptr<CheckpointReader>> OpenDcpCheckpoint(Env* env, const std:
     }
     entries.push_back(std::move(e));
   }
-  auto reader = std::make_unique<TorchReader>(path, "dcp", std::move(sources));
-  for (TorchEntry& e : entries) RETURN_IF_ERROR(reader->Add(std::move(e)));
+  std::vector<std::pair<std::string, std::string>> values;
   for (const DcpBytes& b : md.bytes) {
-    reader->AddValue("dcp." + b.name, "bytes item, " + std::to_string(b.item.length) +
-                                          " bytes at " + std::to_string(b.item.offset) + " of " +
-                                          PrintableText(b.item.file));
+    values.emplace_back("dcp." + b.name, "bytes item, " + std::to_string(b.item.length) +
+                                             " bytes at " + std::to_string(b.item.offset) + " of " +
+                                             PrintableText(b.item.file));
   }
-  return std::unique_ptr<CheckpointReader>(std::move(reader));
+  return MakeTorchReader(path, "dcp", std::move(sources), std::move(entries), values);
 }
 
 bool IsTorchCheckpoint(Env* env, const std::string& path) {
@@ -425,7 +542,7 @@ Result<std::unique_ptr<CheckpointReader>> OpenTorchCheckpoint(Env* env, const st
   if (is_index) {
     ASSIGN_OR_RETURN(sources, OpenShards(env, path, index_path));
   } else {
-    ASSIGN_OR_RETURN(auto src, OpenFile(env, index_path));
+    ASSIGN_OR_RETURN(auto src, OpenTorchSource(env, index_path));
     sources.push_back(std::move(src));
   }
   return WholeTensors(path, std::move(sources));

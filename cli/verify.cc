@@ -3,6 +3,7 @@
 
 #include <iostream>
 
+#include "ckpt/deepspeed_ckpt.h"
 #include "ckpt/repair.h"
 #include "cli/common.h"
 #include "cli/verbs.h"
@@ -30,7 +31,7 @@ CLI::App* AddVerifyVerb(CLI::App& app, std::function<int()>* run) {
     *run = [a] {
       Env* env = Env::Default();
       const bool native =
-          env->IsDirectory(a->src) &&
+          env->IsDirectory(a->src) && !IsDeepSpeedCheckpoint(env, a->src) &&
           (HasManifest(env, a->src) || env->FileExists(JoinPath(a->src, kLatestName)));
       if (!native && env->FileExists(a->src)) {
         // Other formats: the structure checks of opening them (header

@@ -134,6 +134,33 @@ std::optional<std::vector<int64_t>> Pickle::AsInts(int32_t index) const {
   return out;
 }
 
+std::optional<int64_t> Pickle::AsInt(int32_t index) const {
+  const PickleValue* v = &values_[index];
+  if (v->kind == PickleKind::kRecord) {
+    const PickleValue& args = values_[v->items[1]];
+    if (args.kind != PickleKind::kTuple || args.items.size() != 1) return std::nullopt;
+    v = &values_[args.items[0]];
+  }
+  if (v->kind != PickleKind::kInt) return std::nullopt;
+  return v->integer;
+}
+
+const std::vector<int32_t>* Pickle::Pairs(int32_t index) const {
+  const PickleValue& v = values_[index];
+  if (v.kind == PickleKind::kDict) return &v.items;
+  if (RecordName(index) == "collections.OrderedDict") return &v.set_items;
+  return nullptr;
+}
+
+int32_t Pickle::Get(int32_t index, std::string_view key) const {
+  const std::vector<int32_t>* pairs = Pairs(index);
+  for (size_t k = 0; pairs && k + 1 < pairs->size(); k += 2) {
+    const PickleValue& name = values_[(*pairs)[k]];
+    if (name.kind == PickleKind::kStr && name.text == key) return (*pairs)[k + 1];
+  }
+  return -1;
+}
+
 Status PickleWalkBudget::Visit(int depth, const std::string& where) {
   if (depth > max_depth_) {
     return DataLossError(where + ": values nest deeper than " + std::to_string(max_depth_) +

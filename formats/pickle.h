@@ -97,6 +97,14 @@ class Pickle {
   // rebuilds a tuple subclass from one (torch.Size((2, 3))); nullopt for
   // anything else.
   std::optional<std::vector<int64_t>> AsInts(int32_t index) const;
+  // The integer of an int, or of a record made from one (an IntEnum member
+  // pickled as its class called with its value); nullopt for anything else.
+  std::optional<int64_t> AsInt(int32_t index) const;
+  // The keys and values (key, value, key, value, ...) of a dict or of a
+  // collections.OrderedDict record; nullptr for anything else.
+  const std::vector<int32_t>* Pairs(int32_t index) const;
+  // The value under the str key `key` of Pairs(index); -1 where there is none.
+  int32_t Get(int32_t index, std::string_view key) const;
 
  private:
   friend class PickleParser;

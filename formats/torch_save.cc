@@ -299,6 +299,7 @@ Result<TorchSaveFile> ReadZip(const RandomAccessFile& file, uint64_t base, uint6
   out.kind = "zip";
   RETURN_IF_ERROR(FindTorchTensors(pickle, where, &out));
   RETURN_IF_ERROR(PlaceZipStorages(file, zip, prefix, &out));
+  out.pickle = std::move(pickle);
   return out;
 }
 
@@ -390,6 +391,7 @@ Result<TorchSaveFile> ReadLegacy(const RandomAccessFile& file, uint64_t base, ui
                              "' is used but not stored");
       }
     }
+    out.pickle = std::move(pickles[3]);
     return out;
   }
 }

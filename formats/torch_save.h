@@ -67,6 +67,9 @@ struct TorchSaveFile {
   std::vector<TorchStorage> storages;
   std::vector<TorchTensor> tensors;  // in the pickle's order
   std::vector<TorchValue> values;
+  // The object's pickle, for readers of formats built on torch.save
+  // (DeepSpeed's shapes and partition counts) to walk.
+  Pickle pickle;
 };
 
 // Reads the torch.save file occupying [base, base + size) of `file`
