@@ -6,6 +6,8 @@
 // format, whose records carry CRC-32s, a read either fails or returns the
 // bytes PyTorch wrote under the names it wrote. The legacy format has no
 // checksums: there only the absence of crashes and the errors are checked.
+// The synthesized DeepSpeed directories (tests/data/deepspeed) are damaged
+// one file at a time the same ways.
 #include <algorithm>
 #include <catch2/catch.hpp>
 #include <cstdio>
@@ -51,11 +53,12 @@ std::map<std::string, std::string> Expected() {
   return out;
 }
 
-void CheckFixtureReads(const std::string& path, const std::map<std::string, std::string>& want) {
+void CheckFixtureReads(const std::string& path, const std::map<std::string, std::string>& want,
+                       int64_t step = 42) {
   auto reader = OpenCheckpoint(Env::Default(), path);
   REQUIRE(reader.ok());
   REQUIRE((*reader)->strategy().tensors().size() == want.size());
-  CHECK((*reader)->meta().step == 42);
+  CHECK((*reader)->meta().step == step);
   for (const auto& [name, bytes] : want) {
     auto index = FindTensor(**reader, name);
     REQUIRE(index.ok());
@@ -136,6 +139,90 @@ TEST_CASE("mutated torch.save files never crash, and zip files never read other 
     CHECK(opened > 0);
     CHECK(refused > 0);
     if (zip) CHECK(failed_reads > 0);
+  }
+}
+
+// Every tensor's bytes of a DeepSpeed fixture (values.json).
+std::map<std::string, std::string> DeepSpeedExpected(const std::string& fixture) {
+  auto text = ReadFileToString(Env::Default(), TESSERA_TEST_DATA "/deepspeed/values.json");
+  REQUIRE(text.ok());
+  std::map<std::string, std::string> out;
+  const nlohmann::json all = nlohmann::json::parse(*text);
+  for (auto& [name, v] : all.at(fixture).items()) {
+    out[name] = FromHex(v["hex"].get<std::string>());
+  }
+  return out;
+}
+
+void WriteFile(const std::string& path, const std::string& bytes) {
+  std::FILE* f = std::fopen(path.c_str(), "wb");  // no fsync: thousands of mutants
+  REQUIRE(f);
+  REQUIRE(std::fwrite(bytes.data(), 1, bytes.size(), f) == bytes.size());
+  REQUIRE(std::fclose(f) == 0);
+}
+
+TEST_CASE("the DeepSpeed fixtures read as zero_to_fp32 reassembles them") {
+  for (const char* fixture : {"zero2", "zero3"}) {
+    INFO(fixture);
+    CheckFixtureReads(std::string(TESSERA_TEST_DATA "/deepspeed/") + fixture,
+                      DeepSpeedExpected(fixture), 7);
+  }
+}
+
+TEST_CASE("mutated DeepSpeed files never crash, and never read other values") {
+  Env* env = Env::Default();
+  testing::TempDir tmp;
+  std::mt19937_64 rng(testing::TestSeed() + 3939);
+  const int mutants = testing::TestIterations(1000);
+  for (const char* fixture : {"zero2", "zero3"}) {
+    const auto want = DeepSpeedExpected(fixture);
+    const std::string src = std::string(TESSERA_TEST_DATA "/deepspeed/") + fixture;
+    const std::string dir = JoinPath(tmp.path, fixture);
+    auto files = env->GetChildren(JoinPath(src, "global_step7"));
+    REQUIRE(files.ok());
+    std::vector<std::string> names = {"latest"};
+    for (const std::string& f : *files) names.push_back(JoinPath("global_step7", f));
+    std::map<std::string, std::string> good;
+    REQUIRE(env->CreateDirs(JoinPath(dir, "global_step7")).ok());
+    for (const std::string& n : names) {
+      auto bytes = ReadFileToString(env, JoinPath(src, n));
+      REQUIRE(bytes.ok());
+      good[n] = *bytes;
+      WriteFile(JoinPath(dir, n), *bytes);
+    }
+    int opened = 0, refused = 0, failed_reads = 0;
+    for (int it = 0; it < mutants; ++it) {
+      const std::string& victim = names[testing::Uniform(rng, 0, names.size() - 1)];
+      INFO(fixture << " mutant " << it << " of " << victim);
+      WriteFile(JoinPath(dir, victim), Mutate(good[victim], rng));
+      auto reader = OpenCheckpoint(env, dir);
+      if (!reader.ok()) {
+        ++refused;
+        CHECK(Printable(reader.status().message()));
+        CHECK(reader.status().message().find(tmp.path) != std::string::npos);
+      } else {
+        ++opened;
+        CHECK(Printable(InspectText(**reader)));
+        for (size_t i = 0; i < (*reader)->strategy().tensors().size(); ++i) {
+          const TensorStrategy& t = (*reader)->strategy().tensors()[i];
+          std::string got(ByteSize(t.layout), '\0');
+          Status s = ReadTensor(**reader, i, got.data());
+          if (!s.ok()) {
+            ++failed_reads;
+            CHECK(Printable(s.message()));
+            CHECK(s.message().find(tmp.path) != std::string::npos);
+            continue;
+          }
+          auto w = want.find(t.name);
+          REQUIRE(w != want.end());
+          CHECK(got == w->second);
+        }
+      }
+      WriteFile(JoinPath(dir, victim), good[victim]);
+    }
+    CHECK(opened > 0);
+    CHECK(refused > 0);
+    CHECK(failed_reads > 0);
   }
 }
 
