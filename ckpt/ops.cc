@@ -34,6 +34,7 @@ Result<Format> ParseFormat(const std::string& name) {
   if (name == "mindspore-safetensors") return Format::kMindSporeSafetensors;
   if (name == "hdf5") return Format::kHdf5;
   if (name == "torch") return Format::kTorch;
+  if (name == "dcp") return Format::kDcp;
   return InvalidArgumentError("format '" + name +
                               "': use native, safetensors, mindspore, mindspore-safetensors, "
                               "hdf5 or torch");
@@ -53,6 +54,8 @@ std::string_view FormatName(Format format) {
       return "hdf5";
     case Format::kTorch:
       return "torch";
+    case Format::kDcp:
+      return "dcp";
   }
   return "?";
 }
@@ -135,6 +138,12 @@ Result<TransformStats> WriteTransformed(Env* env, const CheckpointReader& src, c
       o.overwrite = options.native.overwrite;
       ASSIGN_OR_RETURN(writer, CreateTorchCheckpoint(env, out_path, complete, o));
       flow = MergedStrategy(complete);
+      break;
+    }
+    case Format::kDcp: {
+      // The destination's pieces are DCP's chunks.
+      ASSIGN_OR_RETURN(writer,
+                       CreateDcpCheckpoint(env, out_path, complete, options.native.overwrite));
       break;
     }
     case Format::kHdf5: {

@@ -19,7 +19,7 @@ namespace tessera {
 // rank_<r>/<prefix><r>.safetensors beside the same strategy files; merged,
 // the unified_safetensors layout (part<i>.safetensors + param_name_map.json)
 // or, at a path ending in ".safetensors", one file.
-enum class Format { kNative, kSafetensors, kMindSpore, kMindSporeSafetensors, kHdf5, kTorch };
+enum class Format { kNative, kSafetensors, kMindSpore, kMindSporeSafetensors, kHdf5, kTorch, kDcp };
 
 // "native", "safetensors", "mindspore", "mindspore-safetensors", "hdf5".
 Result<Format> ParseFormat(const std::string& name);

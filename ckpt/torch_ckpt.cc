@@ -550,42 +550,76 @@ Result<std::unique_ptr<CheckpointReader>> OpenTorchCheckpoint(Env* env, const st
 
 namespace {
 
-// One torch.save file of a planned output: its zip layout and which of its
-// records hold tensors (their CRC-32s are patched at commit).
-struct TorchFilePlan {
+// A torch.save archive of a planned output, at `base` of its file: its zip
+// layout and which of its records hold tensors (their CRC-32s are patched
+// at commit).
+struct TorchArchivePlan {
+  uint64_t base = 0;
   ZipLayout zip;
   std::vector<size_t> tensor_records;
   std::vector<uint64_t> tensor_sizes;
 };
 
-Result<TorchFilePlan> PlanTorchFile(const Strategy& strategy, const std::vector<size_t>& members,
-                                    size_t file, DensePlan* plan, const std::string& name) {
-  const std::vector<TensorStrategy>& tensors = strategy.tensors();
-  std::vector<TorchWriteTensor> written;
-  for (size_t i : members) {
-    written.push_back({tensors[i].name, tensors[i].layout.dtype, tensors[i].layout.shape});
-  }
-  ASSIGN_OR_RETURN(std::string pickle, TorchStateDictPickle(written));
-  // The archive's records as torch.save writes them (its archive name is
-  // "archive" when it writes to a buffer; readers take any).
+// Plans the archive of `pickle` and tensors of `tensor_sizes` bytes
+// (records data/0, data/1, ...) at `base` of `file`, its fixed bytes added
+// to the file's plan.
+TorchArchivePlan PlanTorchArchive(const std::string& pickle,
+                                  const std::vector<uint64_t>& tensor_sizes, uint64_t base,
+                                  DenseFilePlan* file) {
+  // The records as torch.save writes them (its archive name is "archive"
+  // when it writes to a buffer; readers take any).
   std::vector<ZipRecordPlan> records = {
       {"archive/data.pkl", pickle.size(), Crc32(pickle.data(), pickle.size())},
       {"archive/byteorder", 6, Crc32("little", 6)}};
-  TorchFilePlan out;
-  for (size_t k = 0; k < members.size(); ++k) {
+  TorchArchivePlan out;
+  out.base = base;
+  out.tensor_sizes = tensor_sizes;
+  for (size_t k = 0; k < tensor_sizes.size(); ++k) {
     out.tensor_records.push_back(records.size());
-    out.tensor_sizes.push_back(static_cast<uint64_t>(ByteSize(tensors[members[k]].layout)));
-    records.push_back({"archive/data/" + std::to_string(k), out.tensor_sizes.back(), 0});
+    records.push_back({"archive/data/" + std::to_string(k), tensor_sizes[k], 0});
   }
   records.push_back({"archive/version", 2, Crc32("3\n", 2)});
   out.zip = PlanStoredZip(records, 64);
-  DenseFilePlan f{name, out.zip.size, {}};
   for (size_t r = 0; r < records.size(); ++r)
-    f.fixed.push_back({out.zip.header_offsets[r], out.zip.headers[r]});
-  f.fixed.push_back({out.zip.data_offsets[0], pickle});
-  f.fixed.push_back({out.zip.data_offsets[1], "little"});
-  f.fixed.push_back({out.zip.data_offsets[records.size() - 1], "3\n"});
-  f.fixed.push_back({out.zip.directory_offset, out.zip.directory});
+    file->fixed.push_back({base + out.zip.header_offsets[r], out.zip.headers[r]});
+  file->fixed.push_back({base + out.zip.data_offsets[0], pickle});
+  file->fixed.push_back({base + out.zip.data_offsets[1], "little"});
+  file->fixed.push_back({base + out.zip.data_offsets[records.size() - 1], "3\n"});
+  file->fixed.push_back({base + out.zip.directory_offset, out.zip.directory});
+  return out;
+}
+
+// The archives' tensor records' CRC-32s, from what was written.
+Status PatchArchiveCrcs(Env* env, const std::vector<TorchArchivePlan>& archives,
+                        const std::string& file_path, WritableFile& out) {
+  ASSIGN_OR_RETURN(auto in, env->NewRandomAccessFile(file_path));
+  for (const TorchArchivePlan& a : archives) {
+    for (size_t k = 0; k < a.tensor_records.size(); ++k) {
+      const size_t r = a.tensor_records[k];
+      ASSIGN_OR_RETURN(uint32_t crc,
+                       Crc32OfRange(*in, a.base + a.zip.data_offsets[r], a.tensor_sizes[k]));
+      char le[4];
+      PutLittleEndian<uint32_t>(le, crc);
+      RETURN_IF_ERROR(out.WriteAt(a.base + a.zip.LocalCrcOffset(r), le, 4));
+      RETURN_IF_ERROR(out.WriteAt(a.base + a.zip.CentralCrcOffset(r), le, 4));
+    }
+  }
+  return Status::Ok();
+}
+
+Result<TorchArchivePlan> PlanTorchFile(const Strategy& strategy, const std::vector<size_t>& members,
+                                       size_t file, DensePlan* plan, const std::string& name) {
+  const std::vector<TensorStrategy>& tensors = strategy.tensors();
+  std::vector<TorchWriteTensor> written;
+  std::vector<uint64_t> sizes;
+  for (size_t i : members) {
+    written.push_back({tensors[i].name, tensors[i].layout.dtype, tensors[i].layout.shape});
+    sizes.push_back(static_cast<uint64_t>(ByteSize(tensors[i].layout)));
+  }
+  ASSIGN_OR_RETURN(std::string pickle, TorchStateDictPickle(written));
+  DenseFilePlan f{name, 0, {}};
+  TorchArchivePlan out = PlanTorchArchive(pickle, sizes, 0, &f);
+  f.size = out.zip.size;
   plan->files.push_back(std::move(f));
   for (size_t k = 0; k < members.size(); ++k) {
     plan->blocks[members[k]].push_back({static_cast<uint32_t>(file),
@@ -617,7 +651,7 @@ Result<std::unique_ptr<CheckpointWriter>> CreateTorchCheckpoint(Env* env, const 
   DensePlan plan;
   plan.directory = options.max_shard_size > 0;
   plan.blocks.resize(tensors.size());
-  std::vector<TorchFilePlan> files;
+  std::vector<TorchArchivePlan> files;
   // Sorted, as Hugging Face writes its index (json.dumps(sort_keys=True)).
   nlohmann::json weight_map = nlohmann::json::object();
   int64_t total = 0;
@@ -641,19 +675,62 @@ Result<std::unique_ptr<CheckpointWriter>> CreateTorchCheckpoint(Env* env, const 
   plan.finalize = [env, files](size_t f, const std::string& file_path,
                                WritableFile& out) -> Status {
     if (f >= files.size()) return Status::Ok();  // the index
-    ASSIGN_OR_RETURN(auto in, env->NewRandomAccessFile(file_path));
-    const TorchFilePlan& p = files[f];
-    for (size_t k = 0; k < p.tensor_records.size(); ++k) {
-      const size_t r = p.tensor_records[k];
-      ASSIGN_OR_RETURN(uint32_t crc, Crc32OfRange(*in, p.zip.data_offsets[r], p.tensor_sizes[k]));
-      char le[4];
-      PutLittleEndian<uint32_t>(le, crc);
-      RETURN_IF_ERROR(out.WriteAt(p.zip.LocalCrcOffset(r), le, 4));
-      RETURN_IF_ERROR(out.WriteAt(p.zip.CentralCrcOffset(r), le, 4));
-    }
-    return Status::Ok();
+    return PatchArchiveCrcs(env, {files[f]}, file_path, out);
   };
   return CreateDenseCheckpoint(env, path, strategy, std::move(plan), options.overwrite);
+}
+
+Result<std::unique_ptr<CheckpointWriter>> CreateDcpCheckpoint(Env* env, const std::string& path,
+                                                              const Strategy& strategy,
+                                                              bool overwrite) {
+  const std::vector<TensorStrategy>& tensors = strategy.tensors();
+  DensePlan plan;
+  plan.directory = true;
+  plan.blocks.resize(tensors.size());
+  std::map<int64_t, size_t> file_of_rank;
+  std::vector<std::vector<TorchArchivePlan>> archives;  // per file
+  std::vector<DcpTensor> metadata;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const Layout& layout = tensors[i].layout;
+    auto groups = ReplicaGroups(layout, strategy.MeshOf(tensors[i]));
+    if (!groups.ok()) return groups.status().Annotate("output '" + path + "'");
+    DcpTensor t{tensors[i].name, layout.dtype, layout.shape, {}};
+    for (const ReplicaGroup& g : *groups) {
+      // Each piece once, in the file of the first rank holding it.
+      auto [it, added] = file_of_rank.emplace(g.ranks[0], plan.files.size());
+      if (added) {
+        plan.files.push_back({"__" + std::to_string(g.ranks[0]) + "_0.distcp", 0, {}});
+        archives.emplace_back();
+      }
+      DenseFilePlan& f = plan.files[it->second];
+      const std::vector<int64_t> extents = g.box.extents();
+      auto pickle = TorchTensorPickle({t.name, t.dtype, extents});
+      if (!pickle.ok()) return pickle.status().Annotate("output '" + path + "'");
+      int64_t bytes = DTypeSize(t.dtype);
+      for (int64_t e : extents) bytes *= e;
+      const uint64_t base = (f.size + 63) / 64 * 64;
+      TorchArchivePlan a = PlanTorchArchive(*pickle, {static_cast<uint64_t>(bytes)}, base, &f);
+      f.size = base + a.zip.size;
+      plan.blocks[i].push_back({static_cast<uint32_t>(it->second),
+                                base + a.zip.data_offsets[a.tensor_records[0]],
+                                g.box,
+                                {}});
+      DcpChunk chunk{{}, extents, {f.name, base, a.zip.size}};
+      for (int d = 0; d < g.box.rank(); ++d) chunk.offsets.push_back(g.box[d].begin);
+      t.chunks.push_back(std::move(chunk));
+      archives[it->second].push_back(std::move(a));
+    }
+    metadata.push_back(std::move(t));
+  }
+  auto pickle = DcpMetadataPickle(metadata);
+  if (!pickle.ok()) return pickle.status().Annotate("output '" + path + "'");
+  plan.files.push_back({kDcpMetadataName, pickle->size(), {{0, *pickle}}});
+  plan.finalize = [env, archives](size_t f, const std::string& file_path,
+                                  WritableFile& out) -> Status {
+    if (f >= archives.size()) return Status::Ok();  // .metadata
+    return PatchArchiveCrcs(env, archives[f], file_path, out);
+  };
+  return CreateDenseCheckpoint(env, path, strategy, std::move(plan), overwrite);
 }
 
 }  // namespace tessera

@@ -52,6 +52,16 @@ Result<std::unique_ptr<CheckpointWriter>> CreateTorchCheckpoint(Env* env, const 
                                                                 const Strategy& strategy,
                                                                 const TorchWriteOptions& options);
 
+// A writer of a PyTorch DCP directory as torch 1.13's FileSystemWriter
+// writes one with single_file_per_rank: each distinct piece of `strategy`
+// (a replicated one once) a chunk stored as a torch.save item in
+// __<r>_0.distcp of the first rank r holding it, and the `.metadata`
+// (formats/dcp.h) naming them, so that DCP's load_state_dict loads it onto
+// any sharding. The step and metadata have no place there.
+Result<std::unique_ptr<CheckpointWriter>> CreateDcpCheckpoint(Env* env, const std::string& path,
+                                                              const Strategy& strategy,
+                                                              bool overwrite);
+
 // Whether `path` is a torch.save file (by content) or a directory holding
 // pytorch_model.bin.index.json or pytorch_model.bin.
 bool IsTorchCheckpoint(Env* env, const std::string& path);

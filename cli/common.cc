@@ -34,9 +34,10 @@ void AddIoFlags(CLI::App* cmd, IoFlags* f, bool output) {
     cmd->add_option("--format", f->format,
                     "output format: native, safetensors, mindspore (.ckpt), "
                     "mindspore-safetensors (MindSpore 2.3+'s format=\"safetensors\"), hdf5, "
-                    "torch (torch.save of a flat state dict)")
-        ->check(CLI::IsMember(
-            {"native", "safetensors", "mindspore", "mindspore-safetensors", "hdf5", "torch"}));
+                    "torch (torch.save of a flat state dict), dcp (PyTorch DCP directory, the "
+                    "destination's pieces as chunks)")
+        ->check(CLI::IsMember({"native", "safetensors", "mindspore", "mindspore-safetensors",
+                               "hdf5", "torch", "dcp"}));
     cmd->add_option("--max-shard-size", f->max_shard_size,
                     "safetensors: shards of at most this size (e.g. 2GB) plus "
                     "model.safetensors.index.json; torch: pytorch_model-*.bin shards plus "

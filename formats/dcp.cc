@@ -251,4 +251,125 @@ Result<DcpMetadata> ParseDcpMetadata(std::string_view data, const std::string& w
   return MetadataReader(pickle, where).Run();
 }
 
+namespace {
+
+constexpr char kMetadataModule[] = "torch.distributed._shard.checkpoint.metadata";
+
+Result<std::string_view> TorchDTypeName(const DcpTensor& t) {
+  for (const auto& [name, dtype] :
+       std::initializer_list<std::pair<std::string_view, DType>>{{"float32", DType::kF32},
+                                                                 {"float64", DType::kF64},
+                                                                 {"float16", DType::kF16},
+                                                                 {"bfloat16", DType::kBF16},
+                                                                 {"int64", DType::kI64},
+                                                                 {"int32", DType::kI32},
+                                                                 {"int16", DType::kI16},
+                                                                 {"int8", DType::kI8},
+                                                                 {"uint8", DType::kU8},
+                                                                 {"bool", DType::kBool}}) {
+    if (dtype == t.dtype) return name;
+  }
+  return UnimplementedError("tensor '" + PrintableText(t.name) + "': PyTorch has no " +
+                            std::string(DTypeName(t.dtype)) + " tensors");
+}
+
+// A dataclass instance: cls.__new__(cls), then BUILD with a dict whose
+// items the caller writes between Object() and EndObject().
+void Object(PickleWriter* p, std::string_view module, std::string_view cls) {
+  p->Global(module, cls);
+  p->Op(")\x81}(");
+}
+void EndObject(PickleWriter* p) { p->Op("ub"); }
+
+void Size(PickleWriter* p, const std::vector<int64_t>& dims) {
+  p->Global("torch", "Size");
+  p->Op("((");
+  for (int64_t d : dims) p->Int(d);
+  p->Op("ttR");
+}
+
+Status TensorStorage(PickleWriter* p, const DcpTensor& t) {
+  ASSIGN_OR_RETURN(std::string_view dtype, TorchDTypeName(t));
+  Object(p, kMetadataModule, "TensorStorageMetadata");
+  p->Str("properties");
+  // TensorProperties' __getstate__ tuple: dtype, layout, requires_grad,
+  // memory format (as its MEM_FORMAT_ENCODING member), pin_memory.
+  p->Global("torch.distributed._shard.sharded_tensor.metadata", "TensorProperties");
+  p->Op(")\x81(");
+  p->Global("torch", dtype);
+  p->Global("torch.serialization", "_get_layout");
+  p->Op("(");
+  p->Str("torch.strided");
+  p->Op("tR");
+  p->Bool(false);
+  p->Global("builtins", "getattr");
+  p->Op("(");
+  p->Global("torch.distributed._shard.sharded_tensor.metadata", "MEM_FORMAT_ENCODING");
+  p->Str("TORCH_CONTIGUOUS_FORMAT");
+  p->Op("tR");
+  p->Bool(false);
+  p->Op("tb");
+  p->Str("size");
+  Size(p, t.size);
+  p->Str("chunks");
+  p->Op("](");
+  for (const DcpChunk& c : t.chunks) {
+    Object(p, kMetadataModule, "ChunkStorageMetadata");
+    p->Str("offsets");
+    Size(p, c.offsets);
+    p->Str("sizes");
+    Size(p, c.sizes);
+    EndObject(p);
+  }
+  p->Op("e");
+  EndObject(p);
+  return Status::Ok();
+}
+
+}  // namespace
+
+Result<std::string> DcpMetadataPickle(const std::vector<DcpTensor>& tensors) {
+  PickleWriter p;
+  Object(&p, kMetadataModule, "Metadata");
+  p.Str("state_dict_metadata");
+  p.Op("}(");
+  for (const DcpTensor& t : tensors) {
+    if (!IsUtf8(t.name)) {
+      return InvalidArgumentError("tensor '" + PrintableText(t.name) +
+                                  "': PyTorch's names are text, this one is not UTF-8");
+    }
+    p.Str(t.name);
+    RETURN_IF_ERROR(TensorStorage(&p, t));
+  }
+  p.Op("u");
+  p.Str("planner_data");
+  p.None();
+  p.Str("storage_data");
+  p.Op("}(");
+  for (const DcpTensor& t : tensors) {
+    for (size_t k = 0; k < t.chunks.size(); ++k) {
+      const DcpChunk& c = t.chunks[k];
+      Object(&p, kMetadataModule, "MetadataIndex");
+      p.Str("fqn");
+      p.Str(t.name);
+      p.Str("index");
+      p.Int(static_cast<int64_t>(k));
+      p.Str("offset");
+      Size(&p, c.offsets);
+      EndObject(&p);
+      Object(&p, "torch.distributed._shard.checkpoint.filesystem", "_StorageInfo");
+      p.Str("relative_path");
+      p.Str(c.item.file);
+      p.Str("offset");
+      p.Int(static_cast<int64_t>(c.item.offset));
+      p.Str("length");
+      p.Int(static_cast<int64_t>(c.item.length));
+      EndObject(&p);
+    }
+  }
+  p.Op("u");
+  EndObject(&p);
+  return p.Take();
+}
+
 }  // namespace tessera

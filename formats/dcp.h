@@ -58,6 +58,12 @@ struct DcpMetadata {
 // Parses a `.metadata` file's bytes; `where` names it in errors.
 Result<DcpMetadata> ParseDcpMetadata(std::string_view data, const std::string& where);
 
+// The `.metadata` of `tensors` (chunks placed), as torch 1.13's
+// FileSystemWriter pickles it (torch.distributed._shard.checkpoint names,
+// planner_data None): what its load_state_dict reads. Unsigned 16/32/64-bit
+// tensors have no torch dtype and are refused by name.
+Result<std::string> DcpMetadataPickle(const std::vector<DcpTensor>& tensors);
+
 // Whether `bytes` (the start of a file) is a pickle of DCP's Metadata.
 bool LooksLikeDcpMetadata(std::string_view head);
 

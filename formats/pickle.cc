@@ -771,4 +771,38 @@ Result<Pickle> ParsePickle(std::string_view data, const std::string& where,
   return PickleParser(data, where, limits).Run();
 }
 
+void PickleWriter::Global(std::string_view module, std::string_view name) {
+  out_ += 'c';
+  out_.append(module);
+  out_ += '\n';
+  out_.append(name);
+  out_ += '\n';
+}
+
+void PickleWriter::Str(std::string_view s) {
+  out_ += 'X';
+  Le32(static_cast<uint32_t>(s.size()));
+  out_.append(s);
+}
+
+void PickleWriter::Int(int64_t v) {
+  if (v >= INT32_MIN && v <= INT32_MAX) {
+    out_ += 'J';
+    Le32(static_cast<uint32_t>(static_cast<int32_t>(v)));
+    return;
+  }
+  out_ += "\x8a\x08";  // LONG1 of 8 bytes
+  for (int i = 0; i < 8; ++i)
+    out_ += static_cast<char>((static_cast<uint64_t>(v) >> (8 * i)) & 0xff);
+}
+
+std::string PickleWriter::Take() {
+  out_ += '.';
+  return std::move(out_);
+}
+
+void PickleWriter::Le32(uint32_t v) {
+  for (int i = 0; i < 4; ++i) out_ += static_cast<char>((v >> (8 * i)) & 0xff);
+}
+
 }  // namespace tessera

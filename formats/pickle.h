@@ -134,6 +134,29 @@ class PickleWalkBudget {
   int max_depth_;
 };
 
+// Writing pickles (protocol 2), opcode by opcode, for the files Tessera
+// writes in PyTorch's formats: only names and plain values, no memo.
+class PickleWriter {
+ public:
+  PickleWriter() : out_("\x80\x02") {}
+  // GLOBAL module.name.
+  void Global(std::string_view module, std::string_view name);
+  void Str(std::string_view s);  // BINUNICODE
+  void Int(int64_t v);           // BININT or LONG1
+  void None() { out_ += 'N'; }
+  void Bool(bool v) { out_ += v ? '\x88' : '\x89'; }
+  // Raw opcodes: "(" MARK, "t" TUPLE, ")" EMPTY_TUPLE, "R" REDUCE,
+  // "}" EMPTY_DICT, "u" SETITEMS, "]" EMPTY_LIST, "e" APPENDS, "b" BUILD,
+  // "\x81" NEWOBJ, "Q" BINPERSID, ...
+  void Op(std::string_view ops) { out_.append(ops); }
+  // The stream, STOP appended.
+  std::string Take();
+
+ private:
+  void Le32(uint32_t v);
+  std::string out_;
+};
+
 }  // namespace tessera
 
 #endif  // TESSERA_FORMATS_PICKLE_H_

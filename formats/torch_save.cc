@@ -396,45 +396,6 @@ Result<TorchSaveFile> ReadLegacy(const RandomAccessFile& file, uint64_t base, ui
   }
 }
 
-// The pickle opcodes the writer emits (protocol 2).
-class PickleOut {
- public:
-  PickleOut() { out_ = "\x80\x02"; }
-  void Global(std::string_view module, std::string_view name) {
-    out_ += 'c';
-    out_.append(module);
-    out_ += '\n';
-    out_.append(name);
-    out_ += '\n';
-  }
-  void Str(std::string_view s) {
-    out_ += 'X';
-    Le32(static_cast<uint32_t>(s.size()));
-    out_.append(s);
-  }
-  void Int(int64_t v) {
-    if (v >= INT32_MIN && v <= INT32_MAX) {
-      out_ += 'J';
-      Le32(static_cast<uint32_t>(static_cast<int32_t>(v)));
-      return;
-    }
-    out_ += "\x8a\x08";  // LONG1 of 8 bytes
-    for (int i = 0; i < 8; ++i)
-      out_ += static_cast<char>((static_cast<uint64_t>(v) >> (8 * i)) & 0xff);
-  }
-  void Op(std::string_view ops) { out_.append(ops); }
-  std::string Take() {
-    out_ += '.';
-    return std::move(out_);
-  }
-
- private:
-  void Le32(uint32_t v) {
-    for (int i = 0; i < 4; ++i) out_ += static_cast<char>((v >> (8 * i)) & 0xff);
-  }
-  std::string out_;
-};
-
 Result<std::string_view> StorageTypeOf(const TorchWriteTensor& t) {
   for (const auto& [name, dtype] :
        std::initializer_list<std::pair<std::string_view, DType>>{{"FloatStorage", DType::kF32},
@@ -455,44 +416,60 @@ Result<std::string_view> StorageTypeOf(const TorchWriteTensor& t) {
 
 }  // namespace
 
+namespace {
+
+// _rebuild_tensor_v2 of a contiguous tensor on storage key `key`.
+Status WriteTensor(const TorchWriteTensor& t, const std::string& key, PickleWriter* p) {
+  ASSIGN_OR_RETURN(std::string_view storage, StorageTypeOf(t));
+  p->Global("torch._utils", "_rebuild_tensor_v2");
+  p->Op("(");
+  p->Op("(");  // the persistent id
+  p->Str("storage");
+  p->Global("torch", storage);
+  p->Str(key);
+  p->Str("cpu");
+  int64_t numel = 1;
+  for (int64_t e : t.shape) numel *= e;
+  p->Int(numel);
+  p->Op("tQ");
+  p->Int(0);  // storage offset
+  p->Op("(");
+  for (int64_t e : t.shape) p->Int(e);
+  p->Op("t(");
+  int64_t stride = 1;
+  std::vector<int64_t> strides(t.shape.size());
+  for (size_t d = t.shape.size(); d-- > 0; stride *= t.shape[d]) strides[d] = stride;
+  for (int64_t e : strides) p->Int(e);
+  p->Op("t\x89");  // requires_grad False
+  p->Global("collections", "OrderedDict");
+  p->Op(")R");  // backward hooks
+  p->Op("tR");
+  return Status::Ok();
+}
+
+}  // namespace
+
 Result<std::string> TorchStateDictPickle(const std::vector<TorchWriteTensor>& tensors) {
-  PickleOut p;
+  PickleWriter p;
   p.Global("collections", "OrderedDict");
   p.Op(")R");  // OrderedDict()
   for (size_t i = 0; i < tensors.size(); ++i) {
     const TorchWriteTensor& t = tensors[i];
-    ASSIGN_OR_RETURN(std::string_view storage, StorageTypeOf(t));
     if (!IsUtf8(t.name)) {
       return InvalidArgumentError("tensor '" + PrintableText(t.name) +
                                   "': PyTorch's names are text, this one is not UTF-8");
     }
     if (i % 1000 == 0) p.Op("(");  // SETITEMS in batches, as pickle does
     p.Str(t.name);
-    p.Global("torch._utils", "_rebuild_tensor_v2");
-    p.Op("(");
-    p.Op("(");  // the persistent id
-    p.Str("storage");
-    p.Global("torch", storage);
-    p.Str(std::to_string(i));
-    p.Str("cpu");
-    int64_t numel = 1;
-    for (int64_t e : t.shape) numel *= e;
-    p.Int(numel);
-    p.Op("tQ");
-    p.Int(0);  // storage offset
-    p.Op("(");
-    for (int64_t e : t.shape) p.Int(e);
-    p.Op("t(");
-    int64_t stride = 1;
-    std::vector<int64_t> strides(t.shape.size());
-    for (size_t d = t.shape.size(); d-- > 0; stride *= t.shape[d]) strides[d] = stride;
-    for (int64_t e : strides) p.Int(e);
-    p.Op("t\x89");  // requires_grad False
-    p.Global("collections", "OrderedDict");
-    p.Op(")R");  // backward hooks
-    p.Op("tR");
+    RETURN_IF_ERROR(WriteTensor(t, std::to_string(i), &p));
     if (i % 1000 == 999 || i + 1 == tensors.size()) p.Op("u");
   }
+  return p.Take();
+}
+
+Result<std::string> TorchTensorPickle(const TorchWriteTensor& tensor) {
+  PickleWriter p;
+  RETURN_IF_ERROR(WriteTensor(tensor, "0", &p));
   return p.Take();
 }
 

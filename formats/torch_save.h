@@ -102,6 +102,9 @@ struct TorchWriteTensor {
   std::vector<int64_t> shape;
 };
 Result<std::string> TorchStateDictPickle(const std::vector<TorchWriteTensor>& tensors);
+// The data.pkl of torch.save(tensor) for one contiguous tensor on storage
+// key "0" (a DCP item).
+Result<std::string> TorchTensorPickle(const TorchWriteTensor& tensor);
 
 }  // namespace tessera
 

@@ -542,3 +542,68 @@ def test_zip64_more_than_65535_records_both_ways(tmp_path, ckpt_bin):
         assert len(z.infolist()) == 70003 and z.testzip() is None
     got = torch.load(out, weights_only=True)
     assert len(got) == 70000 and int(got["t12345"][0]) == 12345
+
+
+DCP_LOADER = DCP_WRITER.split("def work(")[0] + r'''
+from torch.distributed._shard.sharded_tensor import ShardedTensor
+
+def work(rank, world, ck, out, port):
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    place = [f"rank:{r}/cpu" for r in range(world)]
+    # Shardings other than the saved ones, and plain tensors.
+    state = {"w": sharded_tensor.zeros(ChunkShardingSpec(dim=1, placements=place), 8, 5),
+             "big": sharded_tensor.zeros(ChunkShardingSpec(dim=0, placements=place), 64, 48),
+             "b": torch.zeros(6, dtype=torch.bfloat16), "ids": torch.zeros(4, dtype=torch.int64),
+             "s": torch.zeros(())}
+    dcp.load_state_dict(state, dcp.FileSystemReader(ck))
+    got = {}
+    for k, v in state.items():
+        if isinstance(v, ShardedTensor):
+            for sh in v.local_shards():
+                got[k] = (list(sh.metadata.shard_offsets), sh.tensor.clone())
+        else:
+            got[k] = ([], v.clone())
+    torch.save(got, os.path.join(out, f"got{rank}.pt"))
+    dist.destroy_process_group()
+
+if __name__ == "__main__":
+    mp.spawn(work, args=(2, sys.argv[1], sys.argv[2], int(sys.argv[3])), nprocs=2)
+'''
+
+
+def test_format_dcp_is_what_dcp_load_state_dict_reads(tmp_path, ckpt_bin):
+    """`--format dcp` under a 2-rank strategy (rows of one tensor, columns of
+    another, the rest replicated: stored once), loaded by torch 1.13's
+    load_state_dict from two gloo processes onto other shardings."""
+    torch.manual_seed(5)
+    want = {"w": torch.randn(8, 5), "big": torch.randn(64, 48),
+            "b": torch.randn(6).bfloat16(), "ids": torch.arange(4) * 7, "s": torch.tensor(2.5)}
+    torch.save(want, tmp_path / "src.pt")
+    split = {"w": [["tp"], None], "big": [None, ["tp"]]}
+    strategy = {"mesh": {"axes": ["tp"], "shape": [2]}, "tensors": {
+        k: {"shape": list(v.shape), "dtype": {torch.float32: "f32", torch.bfloat16: "bf16",
+                                              torch.int64: "i64"}[v.dtype],
+            "split": split.get(k, [None] * v.dim())} for k, v in want.items()}}
+    (tmp_path / "s.json").write_text(json.dumps(strategy))
+    ck = tmp_path / "ck"
+    run(ckpt_bin, "reshard", tmp_path / "src.pt", "-o", ck, "--format", "dcp", "--strategy",
+        tmp_path / "s.json", "-q")
+    assert sorted(p.name for p in ck.iterdir()) == [".metadata", "__0_0.distcp", "__1_0.distcp"]
+    loader = tmp_path / "l.py"
+    loader.write_text(DCP_LOADER)
+    subprocess.run(["/usr/bin/python3", str(loader), str(ck), str(tmp_path), str(free_port())],
+                   check=True, timeout=300)
+    for rank in range(2):
+        got = torch.load(tmp_path / f"got{rank}.pt")
+        for k, (offsets, t) in got.items():
+            ref = want[k]
+            for d, o in enumerate(offsets):
+                ref = ref.narrow(d, o, t.shape[d])
+            assert t.dtype == ref.dtype and torch.equal(t, ref), (rank, k)
+    # Tessera reads it back as DCP, every bit.
+    r = tessera.open(ck)
+    assert r.format == "dcp"
+    for k, v in want.items():
+        assert np.array_equal(r.read(k), bits(v)), k
