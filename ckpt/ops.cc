@@ -2,6 +2,7 @@
 
 #include "ckpt/deepspeed_ckpt.h"
 #include "ckpt/hdf5_ckpt.h"
+#include "ckpt/megatron_ckpt.h"
 #include "ckpt/safetensors_ckpt.h"
 #include "ckpt/torch_ckpt.h"
 #include "formats/native_files.h"
@@ -66,6 +67,7 @@ Result<std::unique_ptr<CheckpointReader>> OpenCheckpoint(Env* env, const std::st
   if (env->IsDirectory(path)) {
     // Before the native reader: DeepSpeed also writes a 'latest' file.
     if (IsDeepSpeedCheckpoint(env, path)) return OpenDeepSpeedCheckpoint(env, path);
+    if (IsMegatronCheckpoint(env, path)) return OpenMegatronCheckpoint(env, path);
     if (HasManifest(env, path) || env->FileExists(JoinPath(path, kLatestName))) {
       return OpenNativeCheckpoint(env, path);
     }
@@ -90,7 +92,8 @@ Result<std::unique_ptr<CheckpointReader>> OpenCheckpoint(Env* env, const std::st
   }
   return InvalidArgumentError("'" + path +
                               "' is not a checkpoint this Tessera can read (native directory, "
-                              "safetensors, MindSpore .ckpt, HDF5, torch.save, DCP or DeepSpeed)");
+                              "safetensors, MindSpore .ckpt, HDF5, torch.save, DCP, DeepSpeed or "
+                              "Megatron-LM)");
 }
 
 Result<TransformStats> WriteTransformed(Env* env, const CheckpointReader& src, const Strategy& dst,
