@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "ckpt/torch_reader.h"
+#include "core/strings.h"
 #include "core/utf8.h"
 
 namespace tessera {
@@ -322,7 +323,7 @@ class DeepSpeedOpener {
     const std::string base = "optimizer_state_dict.base_optimizer_state.";
     const std::string rigid = base + "state." + std::to_string(g);
     for (const TorchTensor& t : Contents(source).tensors) {
-      if (t.name.compare(0, rigid.size() + 1, rigid + ".") == 0) return rigid;
+      if (StartsWith(t.name, rigid + ".")) return rigid;
     }
     return base + std::to_string(g);  // an elastic checkpoint's list of group states
   }
@@ -351,7 +352,7 @@ class DeepSpeedOpener {
     std::map<std::string, std::vector<int64_t>> out;
     const std::string prefix = StatePrefix(optim_[0], g) + ".";
     for (const TorchTensor& t : Contents(optim_[0]).tensors) {
-      if (t.name.compare(0, prefix.size(), prefix) != 0) continue;
+      if (!StartsWith(t.name, prefix)) continue;
       const std::string key = t.name.substr(prefix.size());
       if (key.find('.') != std::string::npos || t.shape.size() != 1) continue;
       std::vector<int64_t> ranks;
@@ -526,7 +527,7 @@ class DeepSpeedOpener {
       values_.emplace_back("deepspeed." + v.name, v.text);
     }
     for (const TorchValue& v : Contents(optim_[0]).values) {
-      if (v.name.compare(0, 21, "optimizer_state_dict.") != 0) continue;
+      if (!StartsWith(v.name, "optimizer_state_dict.")) continue;
       values_.emplace_back("deepspeed." + v.name, v.text);
     }
     values_.emplace_back("deepspeed.zero_stage", std::to_string(stage_));

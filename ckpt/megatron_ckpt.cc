@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "ckpt/torch_reader.h"
+#include "core/strings.h"
 #include "core/utf8.h"
 
 namespace tessera {
@@ -70,11 +71,6 @@ Result<std::string> IterationDir(Env* env, const std::string& path) {
 }
 
 enum class Cut { kReplicated, kRows, kGatedRows, kColumns, kUnknown };
-
-bool EndsWith(const std::string& s, std::string_view suffix) {
-  return s.size() >= suffix.size() &&
-         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
 
 // The table of ckpt/megatron_ckpt.h.
 Cut CutOf(const std::string& name, bool swiglu) {
@@ -231,7 +227,7 @@ class MegatronOpener {
   }
   bool HasModel(size_t source, const std::string& prefix) const {
     for (const TorchTensor& t : Contents(source).tensors) {
-      if (t.name.compare(0, prefix.size(), prefix) == 0) return true;
+      if (StartsWith(t.name, prefix)) return true;
     }
     return false;
   }
@@ -242,7 +238,7 @@ class MegatronOpener {
     int64_t layers = 0;
     const std::vector<TorchTensor>& tensors = Contents(source).tensors;
     for (size_t i = 0; i < tensors.size(); ++i) {
-      if (tensors[i].name.compare(0, prefix.size(), prefix) != 0) continue;
+      if (!StartsWith(tensors[i].name, prefix)) continue;
       std::string name = tensors[i].name.substr(prefix.size());
       if (EndsWith(name, "_extra_state")) continue;
       if (auto n = LayerNumber(name)) {
@@ -330,11 +326,11 @@ class MegatronOpener {
   void AddValues() {
     int64_t skipped = 0;
     for (const TorchTensor& t : Contents(rank0_).tensors) {
-      if (t.name.compare(0, 5, "model") != 0) ++skipped;
+      if (!StartsWith(t.name, "model")) ++skipped;
     }
     for (const TorchValue& v : Contents(rank0_).values) {
       const std::string head = v.name.substr(0, v.name.find('.'));
-      if (head.compare(0, 5, "model") == 0) continue;
+      if (StartsWith(head, "model")) continue;
       values_.emplace_back("megatron." + v.name, v.text);
     }
     values_.emplace_back("megatron.tensor_parallel", std::to_string(tp_));

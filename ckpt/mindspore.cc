@@ -5,6 +5,7 @@
 
 #include "ckpt/dense.h"
 #include "ckpt/meta_attributes.h"
+#include "core/strings.h"
 #include "core/utf8.h"
 #include "formats/safetensors.h"
 #include "transform/mindspore_layout.h"
@@ -324,10 +325,6 @@ Result<std::vector<std::string>> MetaToStringRecords(const Strategy& strategy,
     out.push_back(std::move(*record));
   }
   return out;
-}
-
-bool EndsWith(const std::string& s, const std::string& tail) {
-  return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
 }
 
 // The .ckpt file transform_checkpoints takes of a rank directory's `files`

@@ -5,14 +5,11 @@
 #include "ckpt/megatron_ckpt.h"
 #include "ckpt/safetensors_ckpt.h"
 #include "ckpt/torch_ckpt.h"
+#include "core/strings.h"
 #include "formats/native_files.h"
 
 namespace tessera {
 namespace {
-
-bool EndsWith(const std::string& s, const std::string& tail) {
-  return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
-}
 
 // Every tensor whole on every rank.
 bool IsMerged(const Strategy& strategy) {

@@ -8,6 +8,7 @@
 #include "ckpt/dense.h"
 #include "ckpt/meta_attributes.h"
 #include "core/endian.h"
+#include "core/strings.h"
 #include "formats/safetensors.h"
 
 namespace tessera {
@@ -20,10 +21,6 @@ std::map<std::string, std::string> MetadataOf(const Strategy& strategy,
   std::map<std::string, std::string> m = EncodeMetaAttributes(strategy, meta, /*text_only=*/true);
   m["format"] = "pt";
   return m;
-}
-
-bool EndsWith(const std::string& s, const std::string& tail) {
-  return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
 }
 
 constexpr char kUnifiedMapName[] = "param_name_map.json";

@@ -3,15 +3,12 @@
 #include <map>
 #include <utility>
 
+#include "core/strings.h"
 #include "core/utf8.h"
 #include "formats/pickle.h"
 
 namespace tessera {
 namespace {
-
-bool EndsWith(std::string_view s, std::string_view tail) {
-  return s.size() >= tail.size() && s.substr(s.size() - tail.size()) == tail;
-}
 
 Result<DType> DTypeOfGlobal(std::string_view name) {
   static const std::map<std::string_view, DType> kTypes = {

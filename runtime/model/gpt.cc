@@ -5,6 +5,7 @@
 
 #include "core/checksum.h"
 #include "core/random.h"
+#include "core/strings.h"
 #include "runtime/kernels.h"
 #include "transform/layout.h"
 
@@ -26,11 +27,6 @@ struct Normal {
     return std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2);
   }
 };
-
-bool EndsWith(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() &&
-         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
 
 }  // namespace
 
