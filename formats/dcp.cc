@@ -1,31 +1,22 @@
 #include "formats/dcp.h"
 
 #include <map>
+#include <optional>
 #include <utility>
 
 #include "core/strings.h"
 #include "core/utf8.h"
 #include "formats/pickle.h"
+#include "formats/torch_save.h"
 
 namespace tessera {
 namespace {
 
 Result<DType> DTypeOfGlobal(std::string_view name) {
-  static const std::map<std::string_view, DType> kTypes = {
-      {"torch.float32", DType::kF32},   {"torch.float", DType::kF32},
-      {"torch.float16", DType::kF16},   {"torch.half", DType::kF16},
-      {"torch.bfloat16", DType::kBF16}, {"torch.float64", DType::kF64},
-      {"torch.double", DType::kF64},    {"torch.int64", DType::kI64},
-      {"torch.long", DType::kI64},      {"torch.int32", DType::kI32},
-      {"torch.int", DType::kI32},       {"torch.int16", DType::kI16},
-      {"torch.short", DType::kI16},     {"torch.int8", DType::kI8},
-      {"torch.uint8", DType::kU8},      {"torch.bool", DType::kBool},
-  };
-  auto it = kTypes.find(name);
-  if (it == kTypes.end()) {
-    return UnimplementedError("dtype " + PrintableText(name) + " has no Tessera dtype");
-  }
-  return it->second;
+  std::optional<DType> dtype;
+  if (StartsWith(name, "torch.")) dtype = DTypeOfTorchDType(name.substr(6));
+  if (!dtype) return UnimplementedError("dtype " + PrintableText(name) + " has no Tessera dtype");
+  return *dtype;
 }
 
 // Reads the dataclass records of a `.metadata` pickle.
@@ -253,19 +244,8 @@ namespace {
 constexpr char kMetadataModule[] = "torch.distributed._shard.checkpoint.metadata";
 
 Result<std::string_view> TorchDTypeName(const DcpTensor& t) {
-  for (const auto& [name, dtype] :
-       std::initializer_list<std::pair<std::string_view, DType>>{{"float32", DType::kF32},
-                                                                 {"float64", DType::kF64},
-                                                                 {"float16", DType::kF16},
-                                                                 {"bfloat16", DType::kBF16},
-                                                                 {"int64", DType::kI64},
-                                                                 {"int32", DType::kI32},
-                                                                 {"int16", DType::kI16},
-                                                                 {"int8", DType::kI8},
-                                                                 {"uint8", DType::kU8},
-                                                                 {"bool", DType::kBool}}) {
-    if (dtype == t.dtype) return name;
-  }
+  const std::string_view name = TorchNamesOf(t.dtype).dtype;
+  if (!name.empty()) return name;
   return UnimplementedError("tensor '" + PrintableText(t.name) + "': PyTorch has no " +
                             std::string(DTypeName(t.dtype)) + " tensors");
 }

@@ -8,6 +8,7 @@
 #include <set>
 
 #include "core/endian.h"
+#include "core/strings.h"
 #include "core/utf8.h"
 #include "formats/zip.h"
 
@@ -20,21 +21,34 @@ constexpr uint64_t kMaxPickleBytes = uint64_t{1} << 30;
 constexpr char kLegacyMagic[] = "\x80\x02\x8a\x0a\x6c\xfc\x9c\x46\xf9\x20\x6a\xa8\x50\x19";
 constexpr size_t kLegacyMagicSize = sizeof(kLegacyMagic) - 1;
 
+struct TorchDTypeRow {
+  DType dtype;
+  std::string_view name;
+  std::string_view alias;
+  std::string_view storage;
+};
+constexpr TorchDTypeRow kTorchDTypes[] = {
+    {DType::kF32, "float32", "float", "FloatStorage"},
+    {DType::kF64, "float64", "double", "DoubleStorage"},
+    {DType::kF16, "float16", "half", "HalfStorage"},
+    {DType::kBF16, "bfloat16", "", "BFloat16Storage"},
+    {DType::kI64, "int64", "long", "LongStorage"},
+    {DType::kI32, "int32", "int", "IntStorage"},
+    {DType::kI16, "int16", "short", "ShortStorage"},
+    {DType::kI8, "int8", "", "CharStorage"},
+    {DType::kU8, "uint8", "", "ByteStorage"},
+    {DType::kBool, "bool", "", "BoolStorage"},
+};
+
 Result<DType> StorageDType(std::string_view type) {
-  static const std::map<std::string_view, DType> kTypes = {
-      {"torch.FloatStorage", DType::kF32}, {"torch.DoubleStorage", DType::kF64},
-      {"torch.HalfStorage", DType::kF16},  {"torch.BFloat16Storage", DType::kBF16},
-      {"torch.LongStorage", DType::kI64},  {"torch.IntStorage", DType::kI32},
-      {"torch.ShortStorage", DType::kI16}, {"torch.CharStorage", DType::kI8},
-      {"torch.ByteStorage", DType::kU8},   {"torch.BoolStorage", DType::kBool},
-  };
-  auto it = kTypes.find(type);
-  if (it == kTypes.end()) {
+  std::optional<DType> dtype;
+  if (StartsWith(type, "torch.")) dtype = DTypeOfTorchStorage(type.substr(6));
+  if (!dtype) {
     return UnimplementedError("storage type " + PrintableText(type) +
                               " has no Tessera dtype (complex, quantized and untyped storages "
                               "are not read)");
   }
-  return it->second;
+  return *dtype;
 }
 
 // Walks the pickled object, collecting tensors and other leaves by path.
@@ -397,19 +411,8 @@ Result<TorchSaveFile> ReadLegacy(const RandomAccessFile& file, uint64_t base, ui
 }
 
 Result<std::string_view> StorageTypeOf(const TorchWriteTensor& t) {
-  for (const auto& [name, dtype] :
-       std::initializer_list<std::pair<std::string_view, DType>>{{"FloatStorage", DType::kF32},
-                                                                 {"DoubleStorage", DType::kF64},
-                                                                 {"HalfStorage", DType::kF16},
-                                                                 {"BFloat16Storage", DType::kBF16},
-                                                                 {"LongStorage", DType::kI64},
-                                                                 {"IntStorage", DType::kI32},
-                                                                 {"ShortStorage", DType::kI16},
-                                                                 {"CharStorage", DType::kI8},
-                                                                 {"ByteStorage", DType::kU8},
-                                                                 {"BoolStorage", DType::kBool}}) {
-    if (dtype == t.dtype) return name;
-  }
+  const std::string_view storage = TorchNamesOf(t.dtype).storage;
+  if (!storage.empty()) return storage;
   return UnimplementedError("tensor '" + PrintableText(t.name) + "': PyTorch has no " +
                             std::string(DTypeName(t.dtype)) + " tensors");
 }
@@ -511,6 +514,27 @@ Result<TorchSaveFile> ReadTorchSave(const RandomAccessFile& file, uint64_t base,
                                     const std::string& where) {
   if (LooksLikeZip(file, base)) return ReadZip(file, base, size, where);
   return ReadLegacy(file, base, size, where);
+}
+
+TorchDTypeNames TorchNamesOf(DType dtype) {
+  for (const TorchDTypeRow& row : kTorchDTypes) {
+    if (row.dtype == dtype) return {row.name, row.storage};
+  }
+  return {};
+}
+
+std::optional<DType> DTypeOfTorchDType(std::string_view name) {
+  for (const TorchDTypeRow& row : kTorchDTypes) {
+    if (!name.empty() && (row.name == name || row.alias == name)) return row.dtype;
+  }
+  return std::nullopt;
+}
+
+std::optional<DType> DTypeOfTorchStorage(std::string_view name) {
+  for (const TorchDTypeRow& row : kTorchDTypes) {
+    if (row.storage == name) return row.dtype;
+  }
+  return std::nullopt;
 }
 
 }  // namespace tessera

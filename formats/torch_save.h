@@ -24,7 +24,9 @@
 #define TESSERA_FORMATS_TORCH_SAVE_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "core/dtype.h"
@@ -96,6 +98,20 @@ Status FindTorchTensors(const Pickle& pickle, const std::string& where, TorchSav
 // torch._utils._rebuild_tensor_v2, the typed storages), so torch.load reads
 // it with weights_only=True too. Unsigned 16/32/64-bit tensors have no
 // torch 1.13 dtype and are refused by name.
+// PyTorch's names for a Tessera dtype, from one table: torch.<dtype>
+// ("float32") and its typed storage torch.<storage> ("FloatStorage");
+// empty where torch has none (unsigned 16/32/64-bit).
+struct TorchDTypeNames {
+  std::string_view dtype;
+  std::string_view storage;
+};
+TorchDTypeNames TorchNamesOf(DType dtype);
+// The dtype of a torch dtype's name ("float32", or an alias such as
+// "float", "half", "long") or of a typed storage's ("FloatStorage"), the
+// "torch." prefix removed; nullopt for anything else.
+std::optional<DType> DTypeOfTorchDType(std::string_view name);
+std::optional<DType> DTypeOfTorchStorage(std::string_view name);
+
 struct TorchWriteTensor {
   std::string name;
   DType dtype = DType::kF32;

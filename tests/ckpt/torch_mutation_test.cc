@@ -91,6 +91,50 @@ std::string Mutate(const std::string& good, std::mt19937_64& rng) {
   return bad;
 }
 
+void WriteFile(const std::string& path, const std::string& bytes) {
+  std::FILE* f = std::fopen(path.c_str(), "wb");  // no fsync: thousands of mutants
+  REQUIRE(f);
+  REQUIRE(std::fwrite(bytes.data(), 1, bytes.size(), f) == bytes.size());
+  REQUIRE(std::fclose(f) == 0);
+}
+
+struct MutantCounts {
+  int opened = 0;
+  int refused = 0;
+  int failed_reads = 0;
+};
+
+// Opens the damaged checkpoint at `path` and reads every tensor whole: no
+// crash, errors printable and naming a file under `dir`, and, given
+// `want`, every read that succeeds returns the bytes written under its
+// name.
+void CheckMutant(const std::string& path, const std::string& dir,
+                 const std::map<std::string, std::string>* want, MutantCounts* n) {
+  auto reader = OpenCheckpoint(Env::Default(), path);
+  if (!reader.ok()) {
+    ++n->refused;
+    CHECK(Printable(reader.status().message()));
+    CHECK(reader.status().message().find(dir) != std::string::npos);
+    return;
+  }
+  ++n->opened;
+  CHECK(Printable(InspectText(**reader)));
+  for (size_t i = 0; i < (*reader)->strategy().tensors().size(); ++i) {
+    const TensorStrategy& t = (*reader)->strategy().tensors()[i];
+    std::string got(ByteSize(t.layout), '\0');
+    Status s = ReadTensor(**reader, i, got.data());
+    if (!s.ok()) {
+      ++n->failed_reads;
+      CHECK(Printable(s.message()));
+      CHECK(s.message().find(dir) != std::string::npos);
+    } else if (want) {
+      auto w = want->find(t.name);
+      REQUIRE(w != want->end());
+      CHECK(got == w->second);
+    }
+  }
+}
+
 TEST_CASE("mutated torch.save files never crash, and zip files never read other values") {
   const auto want = Expected();
   Env* env = Env::Default();
@@ -102,43 +146,15 @@ TEST_CASE("mutated torch.save files never crash, and zip files never read other 
     auto good = ReadFileToString(env, std::string(TESSERA_TEST_DATA "/torch/") + fixture);
     REQUIRE(good.ok());
     const std::string path = JoinPath(tmp.path, fixture);
-    int opened = 0, refused = 0, failed_reads = 0;
+    MutantCounts n;
     for (int it = 0; it < mutants; ++it) {
-      const std::string bad = Mutate(*good, rng);
       INFO(fixture << " mutant " << it);
-      {  // no fsync: thousands of mutants
-        std::FILE* f = std::fopen(path.c_str(), "wb");
-        REQUIRE(f);
-        REQUIRE(std::fwrite(bad.data(), 1, bad.size(), f) == bad.size());
-        REQUIRE(std::fclose(f) == 0);
-      }
-      auto reader = OpenCheckpoint(env, path);
-      if (!reader.ok()) {
-        ++refused;
-        CHECK(Printable(reader.status().message()));
-        CHECK(reader.status().message().find(tmp.path) != std::string::npos);
-        continue;
-      }
-      ++opened;
-      CHECK(Printable(InspectText(**reader)));
-      for (size_t i = 0; i < (*reader)->strategy().tensors().size(); ++i) {
-        const TensorStrategy& t = (*reader)->strategy().tensors()[i];
-        std::string got(ByteSize(t.layout), '\0');
-        Status s = ReadTensor(**reader, i, got.data());
-        if (!s.ok()) {
-          ++failed_reads;
-          CHECK(Printable(s.message()));
-          CHECK(s.message().find(tmp.path) != std::string::npos);
-        } else if (zip) {
-          auto w = want.find(t.name);
-          REQUIRE(w != want.end());
-          CHECK(got == w->second);
-        }
-      }
+      WriteFile(path, Mutate(*good, rng));
+      CheckMutant(path, tmp.path, zip ? &want : nullptr, &n);
     }
-    CHECK(opened > 0);
-    CHECK(refused > 0);
-    if (zip) CHECK(failed_reads > 0);
+    CHECK(n.opened > 0);
+    CHECK(n.refused > 0);
+    if (zip) CHECK(n.failed_reads > 0);
   }
 }
 
@@ -152,13 +168,6 @@ std::map<std::string, std::string> DeepSpeedExpected(const std::string& fixture)
     out[name] = FromHex(v["hex"].get<std::string>());
   }
   return out;
-}
-
-void WriteFile(const std::string& path, const std::string& bytes) {
-  std::FILE* f = std::fopen(path.c_str(), "wb");  // no fsync: thousands of mutants
-  REQUIRE(f);
-  REQUIRE(std::fwrite(bytes.data(), 1, bytes.size(), f) == bytes.size());
-  REQUIRE(std::fclose(f) == 0);
 }
 
 TEST_CASE("the DeepSpeed fixtures read as zero_to_fp32 reassembles them") {
@@ -190,39 +199,17 @@ TEST_CASE("mutated DeepSpeed files never crash, and never read other values") {
       good[n] = *bytes;
       WriteFile(JoinPath(dir, n), *bytes);
     }
-    int opened = 0, refused = 0, failed_reads = 0;
+    MutantCounts n;
     for (int it = 0; it < mutants; ++it) {
       const std::string& victim = names[testing::Uniform(rng, 0, names.size() - 1)];
       INFO(fixture << " mutant " << it << " of " << victim);
       WriteFile(JoinPath(dir, victim), Mutate(good[victim], rng));
-      auto reader = OpenCheckpoint(env, dir);
-      if (!reader.ok()) {
-        ++refused;
-        CHECK(Printable(reader.status().message()));
-        CHECK(reader.status().message().find(tmp.path) != std::string::npos);
-      } else {
-        ++opened;
-        CHECK(Printable(InspectText(**reader)));
-        for (size_t i = 0; i < (*reader)->strategy().tensors().size(); ++i) {
-          const TensorStrategy& t = (*reader)->strategy().tensors()[i];
-          std::string got(ByteSize(t.layout), '\0');
-          Status s = ReadTensor(**reader, i, got.data());
-          if (!s.ok()) {
-            ++failed_reads;
-            CHECK(Printable(s.message()));
-            CHECK(s.message().find(tmp.path) != std::string::npos);
-            continue;
-          }
-          auto w = want.find(t.name);
-          REQUIRE(w != want.end());
-          CHECK(got == w->second);
-        }
-      }
+      CheckMutant(dir, tmp.path, &want, &n);
       WriteFile(JoinPath(dir, victim), good[victim]);
     }
-    CHECK(opened > 0);
-    CHECK(refused > 0);
-    CHECK(failed_reads > 0);
+    CHECK(n.opened > 0);
+    CHECK(n.refused > 0);
+    CHECK(n.failed_reads > 0);
   }
 }
 
