@@ -2,8 +2,8 @@
 save and reshard-on-load (dcp_bench.sh). Debian's torch 1.13 carries DCP
 as torch.distributed._shard.checkpoint; it fails to import under Python
 3.11 only because a dataclass of its metadata has a mutable default that
-3.11 rejects. The patch below (before the import) turns such a default
-into a default_factory, which is what newer torch does.
+3.11 rejects. dcp_shim, imported first, turns such a default
+into a default_factory, which is what newer torch does (tests/python/dcp_shim.py).
 
 The state: N tensors of S x S float32 (16 x 4096^2 = 1 GiB by default),
 t[i][r, c] = i + r * 1e-3 + c * 1e-7 (checked after each load, outside
@@ -16,8 +16,6 @@ the clock), ShardedTensors over WORLD gloo processes (ChunkShardingSpec).
 Destination state dicts are allocated and touched before the clock, as a
 trainer's are before it loads. Prints "seconds <median>".
 """
-import copy
-import dataclasses
 import os
 import shutil
 import statistics
@@ -25,18 +23,8 @@ import sys
 import tempfile
 import time
 
-_get_field = dataclasses._get_field
-
-
-def _get_field_mutable_default_as_factory(cls, name, type_, *args, **kwargs):
-    default = cls.__dict__.get(name, dataclasses.MISSING)
-    value = default.default if isinstance(default, dataclasses.Field) else default
-    if value is not dataclasses.MISSING and value.__class__.__hash__ is None:
-        setattr(cls, name, dataclasses.field(default_factory=lambda v=value: copy.deepcopy(v)))
-    return _get_field(cls, name, type_, *args, **kwargs)
-
-
-dataclasses._get_field = _get_field_mutable_default_as_factory
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
+import dcp_shim  # noqa: E402,F401  (before torch.distributed._shard)
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402

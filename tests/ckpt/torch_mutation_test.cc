@@ -42,8 +42,10 @@ bool Printable(const std::string& s) {
 }
 
 // The values PyTorch wrote, by name.
-std::map<std::string, std::string> Expected() {
-  auto text = ReadFileToString(Env::Default(), TESSERA_TEST_DATA "/torch/small.json");
+// The bytes a fixture's writer wrote, by tensor name (a values .json).
+std::map<std::string, std::string> Expected(const std::string& json = TESSERA_TEST_DATA
+                                            "/torch/small.json") {
+  auto text = ReadFileToString(Env::Default(), json);
   REQUIRE(text.ok());
   std::map<std::string, std::string> out;
   const nlohmann::json values = nlohmann::json::parse(*text);
@@ -178,39 +180,56 @@ TEST_CASE("the DeepSpeed fixtures read as zero_to_fp32 reassembles them") {
   }
 }
 
-TEST_CASE("mutated DeepSpeed files never crash, and never read other values") {
+// Damages the checkpoint directory `src` (its files `names`) one file at a
+// time, a copy under `tmp`, checking every mutant (CheckMutant).
+void MutateDirectory(const std::string& src, const std::vector<std::string>& names,
+                     const std::map<std::string, std::string>& want, const std::string& tmp,
+                     std::mt19937_64& rng) {
   Env* env = Env::Default();
+  const std::string dir = JoinPath(tmp, "ck");
+  std::map<std::string, std::string> good;
+  for (const std::string& n : names) {
+    auto bytes = ReadFileToString(env, JoinPath(src, n));
+    REQUIRE(bytes.ok());
+    good[n] = *bytes;
+    REQUIRE(env->CreateDirs(JoinPath(dir, n.substr(0, n.find_last_of('/') + 1))).ok());
+    WriteFile(JoinPath(dir, n), *bytes);
+  }
+  MutantCounts count;
+  for (int it = 0; it < testing::TestIterations(1000); ++it) {
+    const std::string& victim = names[testing::Uniform(rng, 0, names.size() - 1)];
+    INFO(src << " mutant " << it << " of " << victim);
+    WriteFile(JoinPath(dir, victim), Mutate(good[victim], rng));
+    CheckMutant(dir, tmp, &want, &count);
+    WriteFile(JoinPath(dir, victim), good[victim]);
+  }
+  CHECK(count.opened > 0);
+  CHECK(count.refused > 0);
+  CHECK(count.failed_reads > 0);
+}
+
+TEST_CASE("mutated DeepSpeed files never crash, and never read other values") {
   testing::TempDir tmp;
   std::mt19937_64 rng(testing::TestSeed() + 3939);
-  const int mutants = testing::TestIterations(1000);
   for (const char* fixture : {"zero2", "zero3"}) {
-    const auto want = DeepSpeedExpected(fixture);
     const std::string src = std::string(TESSERA_TEST_DATA "/deepspeed/") + fixture;
-    const std::string dir = JoinPath(tmp.path, fixture);
-    auto files = env->GetChildren(JoinPath(src, "global_step7"));
+    auto files = Env::Default()->GetChildren(JoinPath(src, "global_step7"));
     REQUIRE(files.ok());
     std::vector<std::string> names = {"latest"};
     for (const std::string& f : *files) names.push_back(JoinPath("global_step7", f));
-    std::map<std::string, std::string> good;
-    REQUIRE(env->CreateDirs(JoinPath(dir, "global_step7")).ok());
-    for (const std::string& n : names) {
-      auto bytes = ReadFileToString(env, JoinPath(src, n));
-      REQUIRE(bytes.ok());
-      good[n] = *bytes;
-      WriteFile(JoinPath(dir, n), *bytes);
-    }
-    MutantCounts n;
-    for (int it = 0; it < mutants; ++it) {
-      const std::string& victim = names[testing::Uniform(rng, 0, names.size() - 1)];
-      INFO(fixture << " mutant " << it << " of " << victim);
-      WriteFile(JoinPath(dir, victim), Mutate(good[victim], rng));
-      CheckMutant(dir, tmp.path, &want, &n);
-      WriteFile(JoinPath(dir, victim), good[victim]);
-    }
-    CHECK(n.opened > 0);
-    CHECK(n.refused > 0);
-    CHECK(n.failed_reads > 0);
+    MutateDirectory(src, names, DeepSpeedExpected(fixture), tmp.path, rng);
   }
+}
+
+TEST_CASE(
+    "the DCP fixture (torch 1.13, two gloo processes) reads as written, and mutants "
+    "never crash or read other values") {
+  const std::string src = TESSERA_TEST_DATA "/dcp/small";
+  const auto want = Expected(TESSERA_TEST_DATA "/dcp/values.json");
+  CheckFixtureReads(src, want, 0);
+  testing::TempDir tmp;
+  std::mt19937_64 rng(testing::TestSeed() + 4039);
+  MutateDirectory(src, {".metadata", "__0_0.distcp", "__1_0.distcp"}, want, tmp.path, rng);
 }
 
 }  // namespace

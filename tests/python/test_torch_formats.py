@@ -287,20 +287,9 @@ def test_a_pickle_stream_too_short_or_wrong(tmp_path):
 
 
 DCP_WRITER = r'''
-import copy, dataclasses, io, os, sys
-
-# torch 1.13's DCP metadata has a dataclass field with a mutable default,
-# which Python 3.11 refuses: made a default_factory before the import, as
-# newer torch declares it (test code only).
-_get_field = dataclasses._get_field
-def _factory_default(cls, name, type_, *args, **kwargs):
-    default = cls.__dict__.get(name, dataclasses.MISSING)
-    value = default.default if isinstance(default, dataclasses.Field) else default
-    if value is not dataclasses.MISSING and value.__class__.__hash__ is None:
-        setattr(cls, name, dataclasses.field(default_factory=lambda v=value: copy.deepcopy(v)))
-    return _get_field(cls, name, type_, *args, **kwargs)
-dataclasses._get_field = _factory_default
-
+import io, os, sys
+sys.path.insert(0, "@HERE@")
+import dcp_shim  # torch 1.13's DCP under Python 3.11 (test code only)
 import torch, torch.distributed as dist, torch.multiprocessing as mp
 import torch.distributed._shard.checkpoint as dcp
 from torch.distributed._shard import sharded_tensor
@@ -327,7 +316,7 @@ def work(rank, world, out, per_rank, port):
 
 if __name__ == "__main__":
     mp.spawn(work, args=(2, sys.argv[1], sys.argv[2] == "1", int(sys.argv[3])), nprocs=2)
-'''
+'''.replace("@HERE@", os.path.dirname(os.path.abspath(__file__)))
 
 
 def free_port():
