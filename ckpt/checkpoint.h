@@ -74,6 +74,10 @@ class CheckpointReader {
                                                        const Box& /*region*/) const {
     return std::unique_ptr<FileView>();
   }
+  // What reads check the stored bytes against, for people ("the CRC-32 of
+  // every zip record"); empty where the format keeps no checksums (then
+  // only its structure and sizes are checked).
+  virtual std::string Checksums() const { return {}; }
   // What reads so far had to work around: a missing or corrupt stored
   // piece read instead from a redundant copy or rebuilt from parity, one
   // line per lost file and source ("data-00003.tsr: tensor 'w' ...").

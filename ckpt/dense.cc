@@ -39,6 +39,7 @@ class DenseReader : public CheckpointReader {
   const Strategy& strategy() const override { return c_.strategy; }
   const CheckpointMeta& meta() const override { return c_.meta; }
   StoredOrder Order() const override { return c_.order; }
+  std::string Checksums() const override { return c_.checksums; }
 
   TensorStorage Storage(size_t index) const override {
     TensorStorage s;

@@ -48,6 +48,8 @@ struct DenseCheckpoint {
   std::vector<std::vector<DenseBlock>> blocks;
   // A directory of rank files: what each stores in which order.
   StoredOrder order;
+  // What the files were checked against (CheckpointReader::Checksums).
+  std::string checksums;
 };
 
 // Checks the table (blocks inside their tensors, disjoint, covering; the

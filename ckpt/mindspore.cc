@@ -528,6 +528,7 @@ Result<std::unique_ptr<CheckpointReader>> OpenMindSporeCheckpoint(
   c.format = "mindspore";
   std::vector<std::vector<Stored>> stored;     // per rank
   std::map<std::string, std::string> strings;  // of the lowest rank holding each
+  size_t with_crc = 0;                         // .ckpt files with MindSpore's CRC trailer
   for (const auto& [rank, file] : rank_files) {
     std::map<std::string, std::string> rank_strings;
     const uint32_t index = static_cast<uint32_t>(c.files.size());
@@ -537,6 +538,7 @@ Result<std::unique_ptr<CheckpointReader>> OpenMindSporeCheckpoint(
     } else {
       ASSIGN_OR_RETURN(auto f, env->NewRandomAccessFile(file));
       ASSIGN_OR_RETURN(MindSporeFile scanned, ScanMindSporeCkpt(*f, file));
+      with_crc += scanned.has_crc ? 1 : 0;
       ASSIGN_OR_RETURN(groups, GroupRecords(*f, scanned, index, file, &rank_strings));
     }
     strings.insert(rank_strings.begin(), rank_strings.end());
@@ -544,6 +546,13 @@ Result<std::unique_ptr<CheckpointReader>> OpenMindSporeCheckpoint(
     stored.push_back(std::move(groups));
   }
   RETURN_IF_ERROR(StringsToMeta(strings, "MindSpore checkpoint '" + path + "'", &c.meta));
+  if (with_crc > 0) {
+    c.checksums = "MindSpore's CRC-32 of each .ckpt file (checked at open)";
+    if (with_crc < rank_files.size()) {
+      c.checksums += ", " + std::to_string(with_crc) + " of " + std::to_string(rank_files.size()) +
+                     " files having one";
+    }
+  }
   if (rank_files.size() > 1) {
     for (size_t r = 0; r < stored.size(); ++r) {
       for (const Stored& s : stored[r]) {

@@ -408,6 +408,7 @@ class NativeReader : public CheckpointReader {
     return out;
   }
 
+  std::string Checksums() const override { return "the XXH3-64 of every piece"; }
   std::vector<std::string> Recoveries() const override {
     std::lock_guard<std::mutex> lock(mu_);
     return recoveries_;

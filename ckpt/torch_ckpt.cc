@@ -104,6 +104,22 @@ class TorchReader : public CheckpointReader {
 
   const std::string& path() const override { return path_; }
   std::string_view format() const override { return format_; }
+  std::string Checksums() const override {
+    size_t with = 0, all = 0;
+    for (const auto& src : sources_) {
+      for (const TorchStorage& st : src->contents.storages) {
+        ++all;
+        with += st.has_crc ? 1 : 0;
+      }
+    }
+    if (with == 0) return {};
+    std::string out = "the CRC-32 of every storage's zip record";
+    if (with < all) {
+      out += " (" + std::to_string(with) + " of " + std::to_string(all) +
+             " storages; legacy-format files have none)";
+    }
+    return out;
+  }
   const Strategy& strategy() const override { return strategy_; }
   const CheckpointMeta& meta() const override { return meta_; }
   TensorStorage Storage(size_t index) const override {

@@ -47,9 +47,14 @@ CLI::App* AddVerifyVerb(CLI::App& app, std::function<int()>* run) {
                     << ", which has no redundancy to repair from; verifying only\n";
         }
         if (!a->io.quiet) {
+          const std::string checksums = (*src)->Checksums();
           std::cout << a->src << ": " << (*src)->format() << ", "
                     << (*src)->strategy().tensors().size() << " tensors, " << HumanBytes(*bytes)
-                    << " read, 0 problems\n";
+                    << " read, 0 problems; "
+                    << (checksums.empty() ? "this format keeps no checksums: its structure and "
+                                            "sizes were checked"
+                                          : "checked against " + checksums)
+                    << "\n";
         }
         return 0;
       }

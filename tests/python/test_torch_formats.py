@@ -99,6 +99,17 @@ def test_every_tensor_equals_torch_load(tmp_path, how):
     assert np.array_equal(r.read("views.col", [(2, 5)]), obj["views"]["col"][2:5].numpy())
 
 
+def test_verify_says_what_it_checked(tmp_path, ckpt_bin):
+    for how, kwargs, said in [("zip", {}, "checked against the CRC-32 of every storage"),
+                              ("legacy", {"_use_new_zipfile_serialization": False},
+                               "keeps no checksums")]:
+        p = tmp_path / f"{how}.pt"
+        torch.save(state(), p, **kwargs)
+        out = subprocess.run([str(ckpt_bin), "verify", str(p)], check=True, capture_output=True,
+                             text=True).stdout
+        assert "0 problems" in out and said in out, out
+
+
 def test_conversions_keep_every_bit(tmp_path, ckpt_bin):
     obj = state()
     p = tmp_path / "s.pt"
