@@ -6,8 +6,9 @@
 // format, whose records carry CRC-32s, a read either fails or returns the
 // bytes PyTorch wrote under the names it wrote. The legacy format has no
 // checksums: there only the absence of crashes and the errors are checked.
-// The synthesized DeepSpeed directories (tests/data/deepspeed) are damaged
-// one file at a time the same ways.
+// The synthesized DeepSpeed and Megatron directories (tests/data/deepspeed,
+// tests/data/megatron) and a DCP directory written by PyTorch 1.13
+// (tests/data/dcp) are damaged one file at a time the same ways.
 #include <algorithm>
 #include <catch2/catch.hpp>
 #include <cstdio>
@@ -230,6 +231,22 @@ TEST_CASE(
   testing::TempDir tmp;
   std::mt19937_64 rng(testing::TestSeed() + 4039);
   MutateDirectory(src, {".metadata", "__0_0.distcp", "__1_0.distcp"}, want, tmp.path, rng);
+}
+
+TEST_CASE(
+    "the Megatron fixture merges into the unsharded model, and mutants never crash or "
+    "read other values") {
+  const std::string src = TESSERA_TEST_DATA "/megatron/tp2pp2";
+  const auto want = Expected(TESSERA_TEST_DATA "/megatron/values.json");
+  CheckFixtureReads(src, want, 100);
+  std::vector<std::string> names = {"latest_checkpointed_iteration.txt"};
+  for (const char* rank :
+       {"mp_rank_00_000", "mp_rank_01_000", "mp_rank_00_001", "mp_rank_01_001"}) {
+    names.push_back(std::string("iter_0000100/") + rank + "/model_optim_rng.pt");
+  }
+  testing::TempDir tmp;
+  std::mt19937_64 rng(testing::TestSeed() + 4539);
+  MutateDirectory(src, names, want, tmp.path, rng);
 }
 
 }  // namespace
