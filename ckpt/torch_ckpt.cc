@@ -486,6 +486,28 @@ Result<std::unique_ptr<TorchSource>> OpenItem(
                     "'" + path + "' item at " + std::to_string(item.offset), false);
 }
 
+// Megatron-LM's torch_dist directories are DCP plus metadata.json (the
+// backends) and common.pt (a torch.save of what is not sharded: args, the
+// iteration): their values become metadata "megatron.<path>", the
+// iteration the step.
+Status AddMegatronCommon(Env* env, const std::string& path,
+                         std::vector<std::pair<std::string, std::string>>* values) {
+  const std::string common = JoinPath(path, "common.pt");
+  const std::string json = JoinPath(path, "metadata.json");
+  if (env->FileExists(json)) {
+    ASSIGN_OR_RETURN(uint64_t size, env->GetFileSize(json));
+    if (size <= (64 << 10)) {
+      ASSIGN_OR_RETURN(std::string text, ReadFileToString(env, json));
+      values->emplace_back("megatron.metadata.json", PrintableText(text));
+    }
+  }
+  if (!env->FileExists(common)) return Status::Ok();
+  ASSIGN_OR_RETURN(auto src, OpenTorchSource(env, common));
+  for (const TorchValue& v : src->contents.values)
+    values->emplace_back("megatron." + v.name, v.text);
+  return Status::Ok();
+}
+
 }  // namespace
 
 bool IsDcpCheckpoint(Env* env, const std::string& path) {
@@ -532,6 +554,7 @@ Result<std::unique_ptr<CheckpointReader>> OpenDcpCheckpoint(Env* env, const std:
                                              " bytes at " + std::to_string(b.item.offset) + " of " +
                                              PrintableText(b.item.file));
   }
+  RETURN_IF_ERROR(AddMegatronCommon(env, path, &values));
   return MakeTorchReader(path, "dcp", std::move(sources), std::move(entries), values);
 }
 

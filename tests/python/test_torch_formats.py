@@ -607,3 +607,24 @@ def test_format_dcp_is_what_dcp_load_state_dict_reads(tmp_path, ckpt_bin):
     assert r.format == "dcp"
     for k, v in want.items():
         assert np.array_equal(r.read(k), bits(v)), k
+
+
+def test_megatron_torch_dist_is_dcp_with_common_state(tmp_path, ckpt_bin):
+    """Megatron's torch_dist layout (SYNTHESIZED: a DCP directory, here
+    written by Tessera, plus Megatron's metadata.json and common.pt): the
+    tensors as DCP holds them (layers on a prepended axis), common.pt's
+    args and iteration as metadata and step."""
+    import argparse
+    layers = torch.arange(2 * 6 * 4, dtype=torch.float32).reshape(2, 6, 4)
+    torch.save({"decoder.layers.self_attention.linear_qkv.weight": layers}, tmp_path / "src.pt")
+    ck = tmp_path / "ck"
+    run(ckpt_bin, "convert", tmp_path / "src.pt", "-o", ck, "--format", "dcp", "-q")
+    (ck / "metadata.json").write_text('{"sharded_backend": "torch_dist", "sharded_backend_version": 1, '
+                                      '"common_backend": "torch", "common_backend_version": 1}')
+    torch.save({"args": argparse.Namespace(num_layers=2, tensor_model_parallel_size=2),
+                "iteration": 5, "checkpoint_version": 3.0}, ck / "common.pt")
+    r = tessera.open(ck)
+    assert r.format == "dcp" and r.step == 5
+    assert np.array_equal(r.read("decoder.layers.self_attention.linear_qkv.weight"), layers.numpy())
+    assert r.metadata["megatron.args.num_layers"] == b"2"
+    assert b"torch_dist" in r.metadata["megatron.metadata.json"]
