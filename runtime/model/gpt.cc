@@ -6,6 +6,7 @@
 #include "core/checksum.h"
 #include "core/random.h"
 #include "core/strings.h"
+#include "core/trace.h"
 #include "runtime/kernels.h"
 #include "transform/layout.h"
 
@@ -108,6 +109,12 @@ Status CheckStageBatch(const GptConfig& config, const GptStage& stage, int slot,
   return Status::Ok();
 }
 
+// A block's name on traces: "h.<global layer>".
+std::string Gpt::LayerName(size_t local) const {
+  return Trace::Current() == nullptr ? std::string()
+                                     : "h." + std::to_string(stage_.first_layer + local);
+}
+
 Result<float> Gpt::ForwardStage(int slot, const int32_t* tokens, const float* x,
                                 const int32_t* targets, int B, int T) {
   RETURN_IF_ERROR(CheckStageBatch(config_, stage_, slot, slots(), tokens, targets, B, T));
@@ -126,6 +133,7 @@ Result<float> Gpt::ForwardStage(int slot, const int32_t* tokens, const float* x,
         "operators (OpGpt)");
   }
   if (stage_.first) {
+    TraceSpan span("forward", "wte+wpe");
     k::EncoderForward(a.encoded.data(), tokens, P(wte_), P(wpe_), B, T, C);  // [N,C]
   } else {
     std::copy(x, x + N * C, a.encoded.begin());  // the previous stage's output
@@ -150,6 +158,9 @@ Result<float> Gpt::ForwardStage(int slot, const int32_t* tokens, const float* x,
     float* fcproj = a.fcproj.data() + l * nc;                               // [N,C]
     float* residual3 = a.residual3.data() + l * nc;                         // [N,C]
 
+    // The whole runner records a block per span (the operator runner, OpGpt,
+    // one per operator).
+    TraceSpan span("forward", LayerName(l));
     k::LayerNormForward(ln1, ln1_mean, ln1_rstd, residual, P(w.ln1w), P(w.ln1b), n, C);
     k::MatmulForward(qkv, ln1, P(w.qkvw), P(w.qkvb), n, C, 3 * CL);
     k::AttentionForward(atty, att, qkv, B, T, CL, NHL);
@@ -163,6 +174,7 @@ Result<float> Gpt::ForwardStage(int slot, const int32_t* tokens, const float* x,
     residual = residual3;
   }
   if (!stage_.last) return 0.0f;
+  TraceSpan span("forward", "ln_f+lm_head+loss");
   k::LayerNormForward(a.lnf.data(), a.lnf_mean.data(), a.lnf_rstd.data(), residual, P(lnfw_),
                       P(lnfb_), n, C);                                           // [N,C]
   k::MatmulTransposedForward(a.logits.data(), a.lnf.data(), P(wte_), n, C, VL);  // [N,VL]
@@ -193,6 +205,7 @@ Status Gpt::BackwardStage(int slot, const float* dy, float dloss) {
   // each layernorm adds its input gradient, and every residual add passes
   // it unchanged to both of its inputs (so the branch outputs read it as is).
   if (stage_.last) {
+    TraceSpan span("backward", "ln_f+lm_head+loss");
     float* dlogits = a.probs.data();
     k::SoftmaxCrossEntropyBackward(dlogits, a.probs.data(), a.targets.data(), dloss, n, VL);
     k::MatmulTransposedBackward(d.lnf.data(), G(wte_), dlogits, a.lnf.data(), P(wte_), n, C, VL);
@@ -208,6 +221,7 @@ Status Gpt::BackwardStage(int slot, const float* dy, float dloss) {
     const Layer& w = layers_[l];
     const float* residual = l == 0 ? a.encoded.data() : a.residual3.data() + (l - 1) * nc;
     const float* att = a.att.data() + static_cast<int64_t>(l) * B * NHL * T * T;
+    TraceSpan span("backward", LayerName(l));
     // residual3 = residual2 + fcproj: dfcproj = dres
     k::MatmulBackward(d.fch_gelu.data(), G(w.fcprojw), G(w.fcprojb), dres,
                       a.fch_gelu.data() + l * nfl, P(w.fcprojw), n, FL, C);
@@ -227,6 +241,7 @@ Status Gpt::BackwardStage(int slot, const float* dy, float dloss) {
                          a.ln1_mean.data() + l * N, a.ln1_rstd.data() + l * N, n, C);
   }
   if (stage_.first) {
+    TraceSpan span("backward", "wte+wpe");
     k::EncoderBackward(G(wte_), G(wpe_), dres, a.tokens.data(), B, T, C);
   }
   return Status::Ok();

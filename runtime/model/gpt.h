@@ -176,6 +176,7 @@ class Gpt {
   const std::vector<float>& logits() const { return slots_[0].logits; }
 
  private:
+  std::string LayerName(size_t local) const;
   struct Activations {
     int B = 0, T = 0;
     std::vector<int32_t> tokens, targets;

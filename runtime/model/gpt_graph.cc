@@ -5,11 +5,6 @@
 #include "core/byte_size.h"
 
 namespace tessera {
-namespace {
-
-std::string BlockPrefix(int i) { return "h." + std::to_string(i) + "."; }
-
-}  // namespace
 
 std::vector<OpSignature> GptGraph::Signatures(const GptConfig& config) {
   std::vector<OpSignature> ops;

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "core/timer.h"
+#include "core/trace.h"
 #include "runtime/train/optim.h"
 
 namespace tessera {
@@ -411,6 +412,7 @@ Result<float> ParallelGpt::StepRows(const int32_t* tokens, const int32_t* target
   const double total = std::sqrt(squared);
   if (norm != nullptr) *norm = static_cast<float>(total);
   const float clip = max_norm > 0 ? ClipFactor(total, max_norm) : 1.0f;
+  TraceSpan span("optimizer", parallel_.zero == 0 ? "AdamW" : "AdamW (ZeRO-1 shard)");
   if (parallel_.zero == 0) {
     model_.ApplyUpdate(adam, clip);
   } else {

@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "core/timer.h"
+#include "core/trace.h"
 #include "runtime/kernels.h"
 #include "runtime/parallel/dtensor.h"
 #include "runtime/parallel/operators.h"
@@ -109,6 +110,7 @@ Result<Act> OpContext::Convert(Act& a, const Placement& to, std::vector<float>* 
 
 void LinearOp::Forward(const OpContext& ctx, const Act& x, const float* w, const float* b,
                        Act* y) const {
+  TraceSpan span("forward", info_.name);
   const int n = static_cast<int>(ctx.LocalRows(x));
   if (n == 0) return;
   // A partial output gets the bias once, on tp rank 0.
@@ -119,6 +121,7 @@ void LinearOp::Forward(const OpContext& ctx, const Act& x, const float* w, const
 
 void LinearOp::Backward(const OpContext& ctx, const Act& x, const float* w, const Act& dy, Act* dx,
                         float* dw, float* db) const {
+  TraceSpan span("backward", info_.name);
   const int n = static_cast<int>(ctx.LocalRows(x));
   if (n == 0) return;
   k::MatmulBackward(dx == nullptr ? nullptr : dx->data, dw, db, dy.data, x.data, w, n,
@@ -127,6 +130,7 @@ void LinearOp::Backward(const OpContext& ctx, const Act& x, const float* w, cons
 
 void LayerNormOp::Forward(const OpContext& ctx, const Act& x, const float* w, const float* b,
                           Act* y, float* mean, float* rstd) const {
+  TraceSpan span("forward", info_.name);
   const int n = static_cast<int>(ctx.LocalRows(x));
   if (n > 0) k::LayerNormForward(y->data, mean, rstd, x.data, w, b, n, static_cast<int>(x.cols));
 }
@@ -134,6 +138,7 @@ void LayerNormOp::Forward(const OpContext& ctx, const Act& x, const float* w, co
 void LayerNormOp::Backward(const OpContext& ctx, const Act& x, const float* w, const float* mean,
                            const float* rstd, const Act& dy, Act* dx, float* dw, float* db,
                            bool accumulate) const {
+  TraceSpan span("backward", info_.name);
   const int64_t n = ctx.LocalRows(x);
   if (!accumulate) std::fill(dx->data, dx->data + n * x.cols, 0.0f);
   if (n > 0) {
@@ -143,6 +148,7 @@ void LayerNormOp::Backward(const OpContext& ctx, const Act& x, const float* w, c
 }
 
 Status AttentionOp::Forward(const OpContext& ctx, const Act& qkv, int T, float* att, Act* y) const {
+  TraceSpan span("forward", info_.name);
   const int64_t n = ctx.LocalRows(qkv), r0 = ctx.FirstRow(qkv);
   if (n % T != 0 || r0 % T != 0) {
     return InvalidArgumentError("operator '" + info_.name + "': tp rank " +
@@ -160,6 +166,7 @@ Status AttentionOp::Forward(const OpContext& ctx, const Act& qkv, int T, float* 
 
 void AttentionOp::Backward(const OpContext& ctx, const Act& qkv, const float* att, int T,
                            const Act& dy, Act* dqkv) const {
+  TraceSpan span("backward", info_.name);
   const int64_t n = ctx.LocalRows(qkv);
   if (n == 0) return;
   const bool h = info_.inputs[0].split == 1;
@@ -168,19 +175,23 @@ void AttentionOp::Backward(const OpContext& ctx, const Act& qkv, const float* at
 }
 
 void GeluOp::Forward(const OpContext& ctx, const Act& x, Act* y) const {
+  TraceSpan span("forward", info_.name);
   k::GeluForward(y->data, x.data, ctx.LocalSize(x));
 }
 
 void GeluOp::Backward(const OpContext& ctx, const Act& x, const Act& dy, Act* dx) const {
+  TraceSpan span("backward", info_.name);
   k::GeluBackward(dx->data, x.data, dy.data, ctx.LocalSize(x));
 }
 
 void AddOp::Forward(const OpContext& ctx, const Act& a, const Act& b, Act* y) const {
+  TraceSpan span("forward", info_.name);
   k::ResidualForward(y->data, a.data, b.data, ctx.LocalSize(a));
 }
 
 void EmbeddingOp::Forward(const OpContext& ctx, const int32_t* tokens, int T, const float* wte,
                           const float* wpe, Act* y) const {
+  TraceSpan span("forward", info_.name);
   const int64_t r0 = ctx.FirstRow(*y), n = ctx.LocalRows(*y), cl = ctx.LocalCols(*y);
   int64_t v0 = 0, vl = -1;
   if (weight_split_ == 0) {
@@ -200,6 +211,7 @@ void EmbeddingOp::Forward(const OpContext& ctx, const int32_t* tokens, int T, co
 
 void EmbeddingOp::Backward(const OpContext& ctx, const int32_t* tokens, int T, const Act& dy,
                            float* dwte, float* dwpe) const {
+  TraceSpan span("backward", info_.name);
   const int64_t r0 = ctx.FirstRow(dy), n = ctx.LocalRows(dy), cl = ctx.LocalCols(dy);
   int64_t v0 = 0, vl = -1;
   if (weight_split_ == 0) {
@@ -216,6 +228,7 @@ void EmbeddingOp::Backward(const OpContext& ctx, const int32_t* tokens, int T, c
 }
 
 void LmHeadOp::Forward(const OpContext& ctx, const Act& x, const float* wte, Act* logits) const {
+  TraceSpan span("forward", info_.name);
   const int n = static_cast<int>(ctx.LocalRows(x));
   if (n == 0) return;
   k::MatmulTransposedForward(logits->data, x.data, wte, n, static_cast<int>(ctx.LocalCols(x)),
@@ -224,6 +237,7 @@ void LmHeadOp::Forward(const OpContext& ctx, const Act& x, const float* wte, Act
 
 void LmHeadOp::Backward(const OpContext& ctx, const Act& x, const float* wte, const Act& dlogits,
                         Act* dx, float* dwte) const {
+  TraceSpan span("backward", info_.name);
   const int n = static_cast<int>(ctx.LocalRows(x));
   if (n == 0) return;
   k::MatmulTransposedBackward(dx->data, dwte, dlogits.data, x.data, wte, n,
@@ -234,6 +248,7 @@ void LmHeadOp::Backward(const OpContext& ctx, const Act& x, const float* wte, co
 Result<double> CrossEntropyOp::Forward(OpContext& ctx, const Act& logits, const int32_t* targets,
                                        float* probs, std::vector<float>* max,
                                        std::vector<double>* sums) const {
+  TraceSpan span("forward", info_.name);
   const int64_t n = ctx.LocalRows(logits), r0 = ctx.FirstRow(logits);
   const int vl = static_cast<int>(ctx.LocalCols(logits));
   if (logits.place.split == 1 && ctx.tp() > 1) {  // vocabulary-parallel
@@ -260,6 +275,7 @@ Result<double> CrossEntropyOp::Forward(OpContext& ctx, const Act& logits, const 
 
 void CrossEntropyOp::Backward(const OpContext& ctx, const Act& logits, const float* probs,
                               const int32_t* targets, float dloss, float* dlogits) const {
+  TraceSpan span("backward", info_.name);
   const int64_t n = ctx.LocalRows(logits), r0 = ctx.FirstRow(logits);
   if (n == 0) return;
   const int64_t v0 = logits.place.split == 1 ? ChunkOf({0, V_}, ctx.tp(), ctx.tp_rank()).begin : 0;

@@ -8,6 +8,7 @@
 #include <functional>
 
 #include "core/byte_size.h"
+#include "core/trace.h"
 
 namespace tessera {
 namespace {
@@ -148,9 +149,14 @@ Status AsyncSlicedSave::Start(const std::string& root, const std::string& name,
 
 void AsyncSlicedSave::Launch(std::function<Status()> work) {
   done_ = false;
-  thread_ = std::thread([this, work = std::move(work)] {
+  thread_ = std::thread([this, work = std::move(work), trace = Trace::Current()] {
+    ScopedTrace scoped(trace);  // the rank's timeline, on the writer thread
     const auto start = std::chrono::steady_clock::now();
-    const Status s = work();
+    Status s;
+    {
+      TraceSpan span("checkpoint", "async write");
+      s = work();
+    }
     if (written_.ok()) written_ = s;
     current_.background_seconds += Since(start);
     done_ = true;

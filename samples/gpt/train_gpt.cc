@@ -30,9 +30,11 @@
 #include <string>
 
 #include "core/byte_size.h"
+#include "core/trace.h"
 #include "formats/native_files.h"
 #include "runtime/comm/launch.h"
 #include "runtime/comm/mpi.h"
+#include "runtime/comm/traced.h"
 #include "runtime/cost/calibration.h"
 #include "runtime/kernels.h"
 #include "runtime/model/gpt.h"
@@ -256,6 +258,7 @@ class Saver {
     const std::string name = "step-" + std::to_string(step);
     const std::map<std::string, std::string> metadata = {
         {"config", job_.config_text}, {"data.position", job_.loader->position().ToString()}};
+    TraceSpan span("checkpoint", (o_.async_save ? "save (async) " : "save ") + name);
     return o_.async_save ? SaveAsync(name, metadata) : SaveNow(name, metadata);
   }
 
@@ -423,7 +426,7 @@ Status Report(const Options& o, Job& job, Communicator& world, const Progress& p
 }
 
 // The whole run on one rank; rank 0 talks.
-Status Train(const Options& o, Communicator& world) {
+Status TrainOn(const Options& o, Communicator& world) {
   if (!o.calibrate_out.empty()) return Calibrate(o, world);
   const bool talk = world.rank() == 0 && !o.quiet;
   ASSIGN_OR_RETURN(Job job, Configure(o, world));
@@ -439,7 +442,10 @@ Status Train(const Options& o, Communicator& world) {
     RETURN_IF_ERROR(heartbeat.Beat(job.trainer->step() + 1));
     const auto t0 = std::chrono::steady_clock::now();
     float loss = 0, norm = 0;
-    RETURN_IF_ERROR(Step(o, job, inputs, targets, &loss, &norm));
+    {
+      TraceSpan span("step", "step " + std::to_string(job.trainer->step() + 1));
+      RETURN_IF_ERROR(Step(o, job, inputs, targets, &loss, &norm));
+    }
     const double seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     progress.loss = loss;
@@ -455,6 +461,23 @@ Status Train(const Options& o, Communicator& world) {
   RETURN_IF_ERROR(saver.Finish());
   RETURN_IF_ERROR(Export(o, job, world, talk));
   return Report(o, job, world, progress);
+}
+
+// With --trace, the run recorded on this rank's timeline (its collectives
+// through a traced communicator), written to PREFIX.rank<R>.json even when
+// the run fails.
+Status Train(const Options& o, Communicator& world) {
+  if (o.trace.empty()) return TrainOn(o, world);
+  Trace trace(world.rank());
+  Status run;
+  {
+    ScopedTrace scoped(&trace);
+    std::unique_ptr<Communicator> traced = TracedCommunicator(world);
+    run = TrainOn(o, *traced);
+  }
+  const std::string path = o.trace + ".rank" + std::to_string(world.rank()) + ".json";
+  Status written = WriteFileAtomically(Env::Default(), path, trace.Json());
+  return run.ok() ? written : run;
 }
 
 }  // namespace

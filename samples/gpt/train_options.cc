@@ -148,6 +148,11 @@ void AddLaunchFlags(CLI::App* app, Options* o, Flags* f) {
   app->add_option("--fault-hang", f->fault_hang,
                   "testing: POINT:STEP:RANK stops that rank for ever at POINT of step STEP (a hung "
                   "rank: its heartbeat stops, its peers wait)");
+  app->add_option("--trace", o->trace,
+                  "write each rank's timeline to PREFIX.rank<R>.json (Chrome trace events: "
+                  "compute per operator, collectives, pipeline sends and waits, optimizer, "
+                  "checkpoint I/O); view with ui.perfetto.dev or chrome://tracing")
+      ->type_name("PREFIX");
   app->add_flag("--quiet", o->quiet, "log only the summary");
 }
 

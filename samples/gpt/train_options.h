@@ -73,6 +73,7 @@ struct FaultKill {
 struct Options {
   GptConfig config;
   std::string data, save, export_dir, export_dtype, save_mode = "merged", strategy_out;
+  std::string trace;  // --trace PREFIX: PREFIX.rank<R>.json per rank
   FaultKill fault;
   Redundancy redundancy;
   std::vector<std::string> hosts;  // --hosts: one per rank; empty: the real ones

@@ -8,8 +8,8 @@
 # saves, where every rank writes its own pieces: dp2 x tp2 x pp2 with
 # ZeRO-1 -> 1 rank, tp2 under mpirun -> dp2 x pp2; async saves under
 # mpirun -> 1 rank) and continues the curve; a sliced save verifies and
-# equals the merged one, an async save the sliced one; bad settings are
-# named.
+# equals the merged one, an async save the sliced one; --trace writes each
+# rank's timeline and changes no number; bad settings are named.
 # Usage: train_gpt_parallel_test.sh TRAIN_GPT CORPUS MPIRUN CKPT
 set -uo pipefail
 BIN=$1
@@ -252,6 +252,17 @@ check "micro-batches that do not divide the rows are named" \
 out=$("$BIN" "${SMALL[@]}" --steps 1 --ranks 4 --tp 4 2>&1)
 check "tp that does not divide the heads is named" \
   grep -q "operator 'h.0.attn.attention': input 0 (qkv \[rows, heads\]) dimension 1 of size 2 is not divisible by tp = 4" <<<"$out"
+# --trace: every rank's timeline, as threads and under mpirun; tracing
+# changes no number.
+CHECK_TRACE=(/usr/bin/python3 "$(dirname "$0")/check_trace.py")
+"$BIN" "${SMALL[@]}" --steps 30 --ranks 4 --tp 2 --pp 2 --zero 1 --save "$WORK/tr-ck" --save-every 15 \
+  --async-save --trace "$WORK/tr" >"$WORK/tr.log" 2>&1
+check "--trace, tp2 x pp2 ZeRO-1 as threads: the single-process losses" close "$WORK/tr.log" "$WORK/one.log"
+check "... and a timeline per rank: compute, collectives, pipeline, optimizer, checkpoint" \
+  "${CHECK_TRACE[@]}" "$WORK/tr" 4 step forward backward comm pipeline optimizer checkpoint
+"${MPIRUN[@]}" -np 2 "$BIN" "${SMALL[@]}" --steps 30 --pp 2 --trace "$WORK/trm" >"$WORK/trm.log" 2>&1
+check "--trace under mpirun -np 2 --pp 2: the single-process losses" close "$WORK/trm.log" "$WORK/one.log"
+check "... and both ranks' timelines" "${CHECK_TRACE[@]}" "$WORK/trm" 2 step forward backward pipeline optimizer
 out=$("$BIN" "${SMALL[@]}" --steps 1 --ranks 2 --threads 2 2>&1)
 check "threads per in-process rank are refused" grep -q "one rank per process" <<<"$out"
 test $fails -eq 0
