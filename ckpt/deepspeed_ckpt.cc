@@ -42,6 +42,11 @@ std::optional<std::string> OptimPrefix(Env* env, const std::string& dir) {
 // one its `latest` file names.
 Result<std::string> TagDir(Env* env, const std::string& path) {
   if (OptimPrefix(env, path)) return path;
+  if (env->FileExists(JoinPath(path, "latest_universal"))) {
+    return UnimplementedError("DeepSpeed checkpoint '" + path +
+                              "': universal checkpoints (latest_universal, zero/<param>/) are "
+                              "not read");
+  }
   const std::string latest = JoinPath(path, kLatest);
   if (!env->FileExists(latest)) {
     return NotFoundError("DeepSpeed checkpoint '" + path + "': no " + OptimName("", 0) +
@@ -185,7 +190,8 @@ class DeepSpeedOpener {
     if (env_->FileExists(JoinPath(dir_, OptimName(prefix_, 0, 1)))) {
       return UnimplementedError("DeepSpeed checkpoint '" + path_ +
                                 "': " + OptimName(prefix_, 0, 1) +
-                                ": tensor-parallel (Megatron-DeepSpeed) checkpoints are not read");
+                                ": model-parallel checkpoints (tensor or pipeline parallel: "
+                                "Megatron-DeepSpeed, PipelineEngine) are not read");
     }
     optim_.push_back(s0);
     for (int64_t r = 1; r < world_; ++r) {
@@ -202,6 +208,17 @@ class DeepSpeedOpener {
       model_.push_back(s);
     }
     const Pickle& p = Contents(model_[0]).pickle;
+    if (p.Get(p.root(), "num_experts") >= 0 ||
+        env_->FileExists(JoinPath(dir_, "expp_rank_0_mp_rank_00_optim_states.pt"))) {
+      return UnimplementedError("DeepSpeed checkpoint '" + path_ +
+                                "': mixture-of-experts checkpoints (expert files) are not read");
+    }
+    const int32_t module = p.Get(p.root(), "module");
+    if (module >= 0 && p.at(module).kind == PickleKind::kNone) {
+      return UnimplementedError("DeepSpeed checkpoint '" + path_ +
+                                "': a PipelineEngine checkpoint (its layers in layer_XX-model_YY "
+                                "files) is not read");
+    }
     if (p.Get(p.root(), "buffer_names") < 0) {
       return Bad(ModelName(stage_, 0), "no buffer_names (not a DeepSpeed model states file)");
     }
@@ -228,7 +245,9 @@ class DeepSpeedOpener {
         }
         DsParam param{key.text, *shape, 1};
         for (int64_t d : *shape) {
-          if (d < 0 || __builtin_mul_overflow(param.numel, d, &param.numel)) {
+          // Bounded well below int64's end: offsets add partitions to it.
+          if (d < 0 || __builtin_mul_overflow(param.numel, d, &param.numel) ||
+              param.numel > (int64_t{1} << 60)) {
             return Bad(ModelName(stage_, 0),
                        what + ": '" + PrintableText(key.text) + "' has an impossible shape");
           }
@@ -336,7 +355,8 @@ class DeepSpeedOpener {
       if (t < 0) {
         return Bad(OptimName(prefix_, r), "no tensor '" + PrintableText(name) + "'");
       }
-      if (Contents(optim_[r]).tensors[t].shape.size() != 1) {
+      const TorchTensor& tensor = Contents(optim_[r]).tensors[t];
+      if (tensor.shape.size() != 1 || !tensor.Contiguous()) {
         return Bad(OptimName(prefix_, r), "'" + PrintableText(name) + "' is not a flat tensor");
       }
       out.push_back(t);
@@ -354,7 +374,7 @@ class DeepSpeedOpener {
     for (const TorchTensor& t : Contents(optim_[0]).tensors) {
       if (!StartsWith(t.name, prefix)) continue;
       const std::string key = t.name.substr(prefix.size());
-      if (key.find('.') != std::string::npos || t.shape.size() != 1) continue;
+      if (key.find('.') != std::string::npos || t.shape.size() != 1 || !t.Contiguous()) continue;
       std::vector<int64_t> ranks;
       for (int64_t r = 0; r < world_; ++r) {
         const int64_t s = Find(optim_[r], StatePrefix(optim_[r], g) + "." + key);
@@ -504,7 +524,8 @@ class DeepSpeedOpener {
     for (size_t k = 0; pairs && k + 1 < pairs->size(); k += 2) {
       const PickleValue& alias = p.at((*pairs)[k]);
       const PickleValue& target = p.at((*pairs)[k + 1]);
-      if (alias.kind != PickleKind::kStr || target.kind != PickleKind::kStr) {
+      if (alias.kind != PickleKind::kStr || target.kind != PickleKind::kStr ||
+          !IsUtf8(alias.text)) {
         return Bad(ModelName(stage_, 0), "shared_params holds a value that is not a name");
       }
       auto it = std::find_if(entries_.begin(), entries_.end(),
@@ -551,7 +572,9 @@ class DeepSpeedOpener {
 }  // namespace
 
 bool IsDeepSpeedCheckpoint(Env* env, const std::string& path) {
-  return env->IsDirectory(path) && TagDir(env, path).ok();
+  // A universal checkpoint too, for the opener to refuse by name.
+  return env->IsDirectory(path) &&
+         (TagDir(env, path).ok() || env->FileExists(JoinPath(path, "latest_universal")));
 }
 
 Result<std::unique_ptr<CheckpointReader>> OpenDeepSpeedCheckpoint(Env* env,

@@ -25,9 +25,11 @@
 //                              bytes of the parameter they share
 // The rest (global_steps, the ZeRO stage, the loss scaler's state, the
 // DeepSpeed config object's fields) is the metadata, "deepspeed.<path>".
-// Tensor-parallel DeepSpeed checkpoints (mp_rank_01 and up) and parameter
-// groups partitioned over different data-parallel sizes (MoE expert
-// groups) are refused by name. Reads verify the zip records' CRC-32s.
+// Model-parallel DeepSpeed checkpoints (tensor or pipeline parallel:
+// mp_rank_01 and up, PipelineEngine's layer files), mixture-of-experts
+// ones (expp_rank_* files, groups partitioned over different data-parallel
+// sizes) and universal ones (latest_universal) are refused by name. Reads
+// verify the zip records' CRC-32s.
 #ifndef TESSERA_CKPT_DEEPSPEED_CKPT_H_
 #define TESSERA_CKPT_DEEPSPEED_CKPT_H_
 

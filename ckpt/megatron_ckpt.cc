@@ -43,6 +43,10 @@ std::optional<bool> FirstRank(Env* env, const std::string& dir) {
 // else the one the tracker file names.
 Result<std::string> IterationDir(Env* env, const std::string& path) {
   if (FirstRank(env, path)) return path;
+  if (env->FileExists(JoinPath(JoinPath(path, "mp_rank_00_000_000"), kRankFile))) {
+    return UnimplementedError("Megatron checkpoint '" + path +
+                              "': mp_rank_00_000_000: expert-parallel checkpoints are not read");
+  }
   const std::string tracker = JoinPath(path, kTracker);
   if (!env->FileExists(tracker)) {
     return NotFoundError("Megatron checkpoint '" + path + "': no mp_rank_00/" + kRankFile +
@@ -63,6 +67,10 @@ Result<std::string> IterationDir(Env* env, const std::string& path) {
     dir = name;
   }
   const std::string full = JoinPath(path, dir);
+  if (env->FileExists(JoinPath(JoinPath(full, "mp_rank_00_000_000"), kRankFile))) {
+    return UnimplementedError("Megatron checkpoint '" + path + "': " + dir +
+                              "/mp_rank_00_000_000: expert-parallel checkpoints are not read");
+  }
   if (!FirstRank(env, full)) {
     return NotFoundError("Megatron checkpoint '" + path + "': '" + dir + "' (from " + kTracker +
                          ") has no mp_rank_00/" + kRankFile);
@@ -72,8 +80,12 @@ Result<std::string> IterationDir(Env* env, const std::string& path) {
 
 enum class Cut { kReplicated, kRows, kGatedRows, kColumns, kUnknown };
 
-// The table of ckpt/megatron_ckpt.h.
-Cut CutOf(const std::string& name, bool swiglu) {
+// The table of ckpt/megatron_ckpt.h. Mamba mixers and MoE experts (cut
+// by expert_tensor_parallel_size, not tp) are not in it.
+Cut CutOf(const std::string& name, bool gated) {
+  if (name.find(".mixer.") != std::string::npos || name.find(".experts.") != std::string::npos) {
+    return Cut::kUnknown;
+  }
   for (const char* s : {"layer_norm_weight", "layer_norm_bias", "norm.weight", "norm.bias",
                         "position_embeddings.weight", "self_attention.dense.bias",
                         "dense_4h_to_h.bias", "linear_proj.bias", "linear_fc2.bias"}) {
@@ -81,7 +93,7 @@ Cut CutOf(const std::string& name, bool swiglu) {
   }
   for (const char* s :
        {"dense_h_to_4h.weight", "dense_h_to_4h.bias", "linear_fc1.weight", "linear_fc1.bias"}) {
-    if (EndsWith(name, s)) return swiglu ? Cut::kGatedRows : Cut::kRows;
+    if (EndsWith(name, s)) return gated ? Cut::kGatedRows : Cut::kRows;
   }
   for (const char* s :
        {"word_embeddings.weight", "word_embeddings_for_head.weight", "output_layer.weight",
@@ -95,18 +107,29 @@ Cut CutOf(const std::string& name, bool swiglu) {
   return Cut::kUnknown;
 }
 
-// "layers.<n>." at the start or after a '.': where n starts and ends.
+// The layer number of a name in the decoder's stack (megatron.core
+// "decoder.layers.<n>.", legacy "language_model.{encoder,decoder}.layers.<n>."):
+// where n starts and ends.
 std::optional<std::pair<size_t, size_t>> LayerNumber(const std::string& name) {
-  for (size_t at = name.find("layers."); at != std::string::npos;
-       at = name.find("layers.", at + 1)) {
-    if (at > 0 && name[at - 1] != '.') continue;
-    size_t end = at + 7;
+  for (const char* stack :
+       {"decoder.layers.", "language_model.encoder.layers.", "language_model.decoder.layers."}) {
+    if (!StartsWith(name, stack)) continue;
+    const size_t at = std::string_view(stack).size();
+    size_t end = at;
     while (end < name.size() && std::isdigit(static_cast<unsigned char>(name[end]))) ++end;
-    if (end > at + 7 && end < name.size() && name[end] == '.' && end - at - 7 < 10) {
-      return std::make_pair(at + 7, end);
+    if (end > at && end < name.size() && name[end] == '.' && end - at < 10) {
+      return std::make_pair(at, end);
     }
   }
   return std::nullopt;
+}
+
+// Another stack of layers ("mtp.layers.0.", a vision model's
+// "vision_model.decoder.layers.0."), numbered per pipeline stage in ways
+// the decoder's rule does not cover.
+bool OtherLayerStack(const std::string& name) {
+  return !LayerNumber(name) &&
+         (StartsWith(name, "layers.") || name.find(".layers.") != std::string::npos);
 }
 
 // A tensor of a rank file: its source and index there.
@@ -166,8 +189,11 @@ class MegatronOpener {
     };
     tp_ = size("tensor_model_parallel_size");
     pp_ = size("pipeline_model_parallel_size");
-    const int32_t swiglu = p.Get(state, "swiglu");
-    swiglu_ = swiglu >= 0 && p.at(swiglu).kind == PickleKind::kBool && p.at(swiglu).boolean;
+    // fc1 holds [gate; up] on each rank for every gated linear unit.
+    for (const char* flag : {"swiglu", "quick_geglu", "gated_linear_unit"}) {
+      const int32_t v = p.Get(state, flag);
+      gated_ = gated_ || (v >= 0 && p.at(v).kind == PickleKind::kBool && p.at(v).boolean);
+    }
     if (size("expert_model_parallel_size") != 1) {
       return UnimplementedError("Megatron checkpoint '" + path_ +
                                 "': expert-parallel checkpoints are not read");
@@ -178,9 +204,12 @@ class MegatronOpener {
     }
     if (pp_ > 1 && !pipeline_)
       return Bad("pipeline size " + std::to_string(pp_) + " but no mp_rank_00_000");
+    // Megatron reads a missing version as 0.
     const int32_t version = p.Get(p.root(), "checkpoint_version");
-    if (tp_ > 1 && version >= 0 && p.at(version).kind == PickleKind::kFloat &&
-        p.at(version).number < 1.0) {
+    double number = 0;
+    if (version >= 0 && p.at(version).kind == PickleKind::kFloat) number = p.at(version).number;
+    if (version >= 0 && p.at(version).kind == PickleKind::kInt) number = p.at(version).integer;
+    if (tp_ > 1 && number < 1.0) {
       return UnimplementedError("Megatron checkpoint '" + path_ +
                                 "': checkpoint_version 0 stores QKV as [3, heads, dim], which "
                                 "tensor-parallel ranks cut across q, k and v; not merged");
@@ -210,6 +239,7 @@ class MegatronOpener {
     int64_t chunks = 0;
     while (HasModel(rank0_, "model" + std::to_string(chunks) + ".")) ++chunks;
     const bool virtual_stages = chunks > 0;
+    virtual_ = virtual_stages;
     if (!virtual_stages) chunks = 1;
     int64_t offset = 0;
     for (int64_t v = 0; v < chunks; ++v) {
@@ -241,6 +271,13 @@ class MegatronOpener {
       if (!StartsWith(tensors[i].name, prefix)) continue;
       std::string name = tensors[i].name.substr(prefix.size());
       if (EndsWith(name, "_extra_state")) continue;
+      if ((pp_ > 1 || virtual_) && OtherLayerStack(name)) {
+        return UnimplementedError("Megatron checkpoint '" + path_ + "': tensor '" +
+                                  PrintableText(name) +
+                                  "' is in a layer stack other than the decoder's (multi-token "
+                                  "prediction, a vision model); across pipeline stages it is not "
+                                  "merged");
+      }
       if (auto n = LayerNumber(name)) {
         const int64_t local = std::stoll(name.substr(n->first, n->second - n->first));
         layers = std::max(layers, local + 1);
@@ -277,7 +314,7 @@ class MegatronOpener {
     }
     // A copy: RowView adds tensors to the sources.
     const TorchTensor first = Contents(ranks[0]->source).tensors[ranks[0]->tensor];
-    Cut cut = tp_ == 1 ? Cut::kReplicated : CutOf(name, swiglu_);
+    Cut cut = tp_ == 1 ? Cut::kReplicated : CutOf(name, gated_);
     if (cut == Cut::kUnknown) {
       return UnimplementedError("Megatron checkpoint '" + path_ + "': tensor '" +
                                 PrintableText(name) +
@@ -296,9 +333,12 @@ class MegatronOpener {
       return Status::Ok();
     }
     const int64_t part = first.shape[dim];
-    e.shape[dim] = part * tp_;
+    if (__builtin_mul_overflow(part, tp_, &e.shape[dim])) {
+      return Bad("'" + PrintableText(name) + "' has an impossible size");
+    }
     if (cut == Cut::kGatedRows && part % 2 != 0) {
-      return Bad("'" + PrintableText(name) + "' (gated, args.swiglu) has an odd row count");
+      return Bad("'" + PrintableText(name) +
+                 "' (gated: args.swiglu, quick_geglu or gated_linear_unit) has an odd row count");
     }
     for (int64_t t = 0; t < tp_; ++t) {
       const TorchTensor& mine = Contents(ranks[t]->source).tensors[ranks[t]->tensor];
@@ -346,9 +386,10 @@ class MegatronOpener {
   std::string path_;
   std::string dir_;
   bool pipeline_ = false;
-  bool swiglu_ = false;
+  bool gated_ = false;  // args.swiglu, quick_geglu or gated_linear_unit
   int64_t tp_ = 1;
   int64_t pp_ = 1;
+  bool virtual_ = false;  // model0..model<k> chunks
   size_t rank0_ = 0;
   std::vector<std::unique_ptr<TorchSource>> sources_;
   std::map<std::pair<int64_t, int64_t>, size_t> files_;  // (tp, pp) -> source
@@ -363,7 +404,8 @@ class MegatronOpener {
 bool IsMegatronCheckpoint(Env* env, const std::string& path) {
   // The tracker file alone is Megatron's (the opener names what is missing).
   return env->IsDirectory(path) &&
-         (FirstRank(env, path).has_value() || env->FileExists(JoinPath(path, kTracker)));
+         (FirstRank(env, path).has_value() || env->FileExists(JoinPath(path, kTracker)) ||
+          env->FileExists(JoinPath(JoinPath(path, "mp_rank_00_000_000"), kRankFile)));
 }
 
 Result<std::unique_ptr<CheckpointReader>> OpenMegatronCheckpoint(Env* env,

@@ -10,7 +10,8 @@
 // holding mp_rank_TT/model_optim_rng.pt (pipeline size 1) or
 // mp_rank_TT_PPP/model_optim_rng.pt, each {args, iteration, model or
 // model0..model<v-1>, optimizer, rng_state, ...}. The sizes come from
-// args (tensor_model_parallel_size, pipeline_model_parallel_size, swiglu).
+// args (tensor_model_parallel_size, pipeline_model_parallel_size, and
+// swiglu, quick_geglu or gated_linear_unit for a gated fc1).
 //
 // Names are the model's state-dict keys (legacy `language_model.encoder.
 // layers.N...` or megatron.core `decoder.layers.N...`) with N the global
@@ -25,7 +26,8 @@
 //                   (heads, or query groups, whole on a rank: checkpoint
 //                   version >= 1), dense_h_to_4h.{weight,bias},
 //                   linear_fc1.{weight,bias}
-//   gated rows      the same fc1 tensors when args.swiglu: each rank holds
+//   gated rows      the same fc1 tensors with a gated linear unit (args.swiglu,
+//                   quick_geglu or gated_linear_unit): each rank holds
 //                   [its gate rows; its up rows], merged as [gate; up]
 //   columns (dim 1) self_attention.dense.weight, linear_proj.weight,
 //                   dense_4h_to_h.weight, linear_fc2.weight
@@ -35,7 +37,11 @@
 //                   linear_proj.bias, linear_fc2.bias): tensor-parallel rank 0's
 //
 // A tensor not in the table is refused by name when the tensor-parallel
-// size is over 1 (it could be cut in a way the table does not know); TE's
+// size is over 1 (it could be cut in a way the table does not know), and so
+// are MoE experts (cut by expert_tensor_parallel_size) and Mamba mixers;
+// so is a layer stack other than the decoder's (multi-token prediction, a
+// vision model) across pipeline stages, and checkpoint version 0 (or none:
+// Megatron reads a missing version as 0) with tensor parallelism. TE's
 // `_extra_state` entries are left out. The optimizer state, whose flat
 // per-rank layout needs the model's parameter order, is not read (its
 // tensors are counted in the metadata). Expert parallelism is refused by

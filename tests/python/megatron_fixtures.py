@@ -130,7 +130,9 @@ def nest(family, flat):
 
 
 def write(root, full, family="mcore", tp=1, pp=1, vp=1, swiglu=False, layers=4, iteration=100,
-          version=3.0):
+          version=3.0, gated_flag="swiglu"):
+    """swiglu: fc1 is gated, said by args.<gated_flag> (swiglu, quick_geglu or
+    gated_linear_unit); version None: no checkpoint_version key."""
     it = os.path.join(root, f"iter_{iteration:07d}")
     os.makedirs(root, exist_ok=True)
     with open(os.path.join(root, "latest_checkpointed_iteration.txt"), "w") as f:
@@ -150,9 +152,12 @@ def write(root, full, family="mcore", tp=1, pp=1, vp=1, swiglu=False, layers=4, 
             args = argparse.Namespace(
                 tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
                 virtual_pipeline_model_parallel_size=vp if vp > 1 else None, num_layers=layers,
-                swiglu=swiglu, padded_vocab_size=full[next(n for n in full if "word_emb" in n)].shape[0],
+                padded_vocab_size=full[next(n for n in full if "word_emb" in n)].shape[0],
                 ckpt_format="torch", use_distributed_optimizer=False, lr=3e-4)
-            state = {"args": args, "checkpoint_version": version, "iteration": iteration}
+            setattr(args, gated_flag, swiglu)
+            state = {"args": args, "iteration": iteration}
+            if version is not None:
+                state["checkpoint_version"] = version
             if vp == 1:
                 state["model"] = nest(family, chunks[0])
             else:

@@ -142,7 +142,7 @@ def test_damaged_directories(tmp_path, ckpt_bin):
     shutil.copytree(tmp_path / "a", tmp_path / "d")
     shutil.copy(tag / "zero_pp_rank_0_mp_rank_00_optim_states.pt",
                 tmp_path / "d" / "global_step7" / "zero_pp_rank_0_mp_rank_01_optim_states.pt")
-    assert "tensor-parallel" in fails(ckpt_bin, "inspect", tmp_path / "d")
+    assert "model-parallel" in fails(ckpt_bin, "inspect", tmp_path / "d")
     # 'latest' naming nothing.
     (tmp_path / "e").mkdir()
     (tmp_path / "e" / "latest").write_text("global_step9")
@@ -159,6 +159,14 @@ def test_damaged_directories(tmp_path, ckpt_bin):
     torch.save(state, m)
     err = fails(ckpt_bin, "inspect", tmp_path / "f")
     assert "group 0's parameters take" in err and "'f'" not in err
+    # Formats of DeepSpeed this reader does not take are named.
+    shutil.copytree(tmp_path / "a", tmp_path / "u")
+    (tmp_path / "u" / "latest_universal").write_text("global_step7_universal")
+    assert "universal checkpoints" in fails(ckpt_bin, "inspect", tmp_path / "u")
+    shutil.copytree(tmp_path / "a", tmp_path / "x")
+    shutil.copy(tag / "zero_pp_rank_0_mp_rank_00_optim_states.pt",
+                tmp_path / "x" / "global_step7" / "expp_rank_0_mp_rank_00_optim_states.pt")
+    assert "mixture-of-experts" in fails(ckpt_bin, "inspect", tmp_path / "x")
     # A flipped byte in a partition: found by verify and by reads, naming the file.
     shutil.copytree(tmp_path / "a", tmp_path / "g")
     victim = tmp_path / "g" / "global_step7" / "zero_pp_rank_2_mp_rank_00_optim_states.pt"

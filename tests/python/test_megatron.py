@@ -50,6 +50,14 @@ def test_merged_tensors_equal_the_unsharded_model(tmp_path, family, tp, pp, vp, 
     assert "megatron.not_read" in md  # the optimizer and RNG tensors
 
 
+def test_quick_geglu_is_gated_too(tmp_path):
+    full = mf.model("mcore", swiglu=True)
+    mf.write(tmp_path, full, "mcore", 2, 1, 1, True, gated_flag="quick_geglu")
+    r = tessera.open(str(tmp_path))
+    for name, t in full.items():
+        assert np.array_equal(r.read(name), t.numpy()), name
+
+
 def tp_strategy(ckpt_bin, src, tp):
     """Megatron's own cut at another tensor-parallel size, as a Tessera strategy."""
     j = json.loads(subprocess.run([ckpt_bin, "inspect", src, "--json"], check=True,
@@ -107,3 +115,18 @@ def test_damaged_directories(tmp_path, ckpt_bin):
     # checkpoint_version 0's QKV layout cannot be merged.
     mf.write(tmp_path / "f", mf.model("legacy"), "legacy", 2, 1, 1, version=0.0)
     assert "checkpoint_version 0" in fails(ckpt_bin, "inspect", tmp_path / "f")
+    # ... and so does a file without one (Megatron reads it as version 0).
+    mf.write(tmp_path / "g", mf.model("legacy"), "legacy", 2, 1, 1, version=None)
+    assert "checkpoint_version 0" in fails(ckpt_bin, "inspect", tmp_path / "g")
+    # Another layer stack (multi-token prediction) across pipeline stages.
+    full = mf.model("mcore")
+    full["mtp.layers.0.enorm.weight"] = torch.randn(8)
+    mf.write(tmp_path / "h", full, "mcore", 1, 2, 1)
+    err = fails(ckpt_bin, "inspect", tmp_path / "h")
+    assert "mtp.layers.0.enorm.weight" in err and "layer stack" in err
+    # Expert-parallel rank directories.
+    ep = tmp_path / "i" / "iter_0000100" / "mp_rank_00_000_000"
+    ep.mkdir(parents=True)
+    shutil.copy(tmp_path / "a" / it / "mp_rank_00_000" / "model_optim_rng.pt", ep)
+    (tmp_path / "i" / "latest_checkpointed_iteration.txt").write_text("100")
+    assert "expert-parallel" in fails(ckpt_bin, "inspect", tmp_path / "i")
