@@ -1,8 +1,11 @@
 #include "ckpt/torch_ckpt.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -15,6 +18,7 @@
 #include "core/checksum.h"
 #include "core/endian.h"
 #include "core/utf8.h"
+#include "formats/codec.h"
 #include "formats/dcp.h"
 #include "formats/torch_save.h"
 #include "formats/zip.h"
@@ -467,8 +471,10 @@ Result<std::vector<std::unique_ptr<TorchSource>>> OpenShards(Env* env, const std
 
 // One DCP item: a torch.save archive at its place in its file, holding one
 // tensor.
+// `max_bytes` bounds what a compressed item may inflate to (its chunk's
+// bytes and the archive around them).
 Result<std::unique_ptr<TorchSource>> OpenItem(
-    Env* env, const std::string& dir, const DcpItem& item,
+    Env* env, const std::string& dir, const DcpItem& item, uint64_t max_bytes,
     std::map<std::string, std::shared_ptr<RandomAccessFile>>* files) {
   std::shared_ptr<RandomAccessFile>& file = (*files)[item.file];
   const std::string path = JoinPath(dir, item.file);
@@ -482,8 +488,27 @@ Result<std::unique_ptr<TorchSource>> OpenItem(
                          std::to_string(item.length) + " bytes) runs past the file's " +
                          std::to_string(size) + " bytes");
   }
-  return OpenSource(path, file, item.offset, item.length,
-                    "'" + path + "' item at " + std::to_string(item.offset), false);
+  const std::string where = "'" + path + "' item at " + std::to_string(item.offset);
+  if (!item.zstd) return OpenSource(path, file, item.offset, item.length, where, false);
+  // A "stream.zstd" item: decompressed into an unlinked temporary file (on
+  // disk, so a large chunk costs no memory), read from there.
+  const char* tmp = std::getenv("TMPDIR");
+  std::string temp = JoinPath(tmp && *tmp ? tmp : "/tmp", "tessera-dcp-XXXXXX");
+  const int fd = ::mkstemp(temp.data());
+  if (fd < 0) return InternalError(where + ": cannot create a temporary file in " + temp);
+  ::close(fd);
+  Status s = [&]() -> Status {
+    ASSIGN_OR_RETURN(auto out, env->NewWritableFile(temp));
+    RETURN_IF_ERROR(DecompressZstdRange(*file, item.offset, item.length, max_bytes, *out, where));
+    return out->Close();
+  }();
+  Result<std::unique_ptr<RandomAccessFile>> in =
+      s.ok() ? env->NewRandomAccessFile(temp) : Result<std::unique_ptr<RandomAccessFile>>(s);
+  (void)env->DeleteFile(temp);  // the open file stays readable
+  if (!in.ok()) return in.status();
+  std::shared_ptr<RandomAccessFile> inflated = std::move(*in);
+  ASSIGN_OR_RETURN(uint64_t inflated_size, inflated->Size());
+  return OpenSource(path, inflated, 0, inflated_size, where + " (zstd)", false);
 }
 
 // Megatron-LM's torch_dist directories are DCP plus metadata.json (the
@@ -532,7 +557,14 @@ Result<std::unique_ptr<CheckpointReader>> OpenDcpCheckpoint(Env* env, const std:
     RETURN_IF_ERROR(CheckRank(path, t.name, t.size.size()));
     TorchEntry e{t.name, t.dtype, t.size, {}};
     for (const DcpChunk& c : t.chunks) {
-      ASSIGN_OR_RETURN(auto src, OpenItem(env, path, c.item, &files));
+      uint64_t chunk_bytes = DTypeSize(t.dtype);
+      for (int64_t e : c.sizes) {
+        if (e < 0 || __builtin_mul_overflow(chunk_bytes, static_cast<uint64_t>(e), &chunk_bytes)) {
+          return DataLossError("DCP checkpoint '" + path + "': a chunk of '" +
+                               PrintableText(t.name) + "' has an impossible size");
+        }
+      }
+      ASSIGN_OR_RETURN(auto src, OpenItem(env, path, c.item, chunk_bytes + (1 << 20), &files));
       if (src->contents.tensors.size() != 1) {
         return DataLossError("DCP checkpoint '" + path + "': the item of a chunk of '" +
                              PrintableText(t.name) + "' in '" + PrintableText(c.item.file) +

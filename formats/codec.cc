@@ -2,7 +2,9 @@
 
 #include <zstd.h>
 
+#include <algorithm>
 #include <cstring>
+#include <memory>
 #include <vector>
 
 namespace tessera {
@@ -77,6 +79,39 @@ Status DecodePiece(const void* stored, size_t stored_size, Codec codec, DType dt
                          ": zstd: " + (ZSTD_isError(n) ? ZSTD_getErrorName(n) : "short output"));
   }
   if (Shuffled(dtype)) UnshuffleBytes(tmp.data(), raw_size, DTypeSize(dtype), raw);
+  return Status::Ok();
+}
+
+Status DecompressZstdRange(const RandomAccessFile& in, uint64_t offset, uint64_t length,
+                           uint64_t limit, WritableFile& out, const std::string& where) {
+  std::unique_ptr<ZSTD_DStream, size_t (*)(ZSTD_DStream*)> stream(ZSTD_createDStream(),
+                                                                  ZSTD_freeDStream);
+  if (!stream) return ResourceExhaustedError(where + ": cannot allocate a zstd stream");
+  ZSTD_initDStream(stream.get());
+  std::vector<char> src(ZSTD_DStreamInSize()), dst(ZSTD_DStreamOutSize());
+  uint64_t written = 0;
+  size_t last = 1;  // ZSTD_decompressStream's last result: 0 at the end of a frame
+  for (uint64_t at = 0; at < length;) {
+    const size_t n = static_cast<size_t>(std::min<uint64_t>(src.size(), length - at));
+    RETURN_IF_ERROR(in.Read(offset + at, n, src.data()));
+    at += n;
+    ZSTD_inBuffer input{src.data(), n, 0};
+    while (input.pos < input.size) {
+      ZSTD_outBuffer output{dst.data(), dst.size(), 0};
+      last = ZSTD_decompressStream(stream.get(), &output, &input);
+      if (ZSTD_isError(last)) {
+        return DataLossError(where + ": its zstd stream is damaged (" + ZSTD_getErrorName(last) +
+                             ")");
+      }
+      written += output.pos;
+      if (written > limit) {
+        return DataLossError(where + ": its zstd stream inflates past " + std::to_string(limit) +
+                             " bytes");
+      }
+      RETURN_IF_ERROR(out.Append(dst.data(), output.pos));
+    }
+  }
+  if (last != 0) return DataLossError(where + ": its zstd stream is cut short");
   return Status::Ok();
 }
 

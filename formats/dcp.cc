@@ -124,9 +124,16 @@ class MetadataReader {
     auto transforms = Field(info, "transform_descriptors");
     if (transforms.ok() && p_.at(*transforms).kind != PickleKind::kNone &&
         !p_.at(*transforms).items.empty()) {
+      const std::vector<int32_t>& list = p_.at(*transforms).items;
+      if (list.size() == 1 && p_.at(list[0]).kind == PickleKind::kStr &&
+          p_.at(list[0]).text == "stream.zstd") {
+        item.zstd = true;
+        return item;
+      }
       return UnimplementedError(where_ + ": item '" + PrintableText(fqn) +
                                 "' is stored through the transforms " +
-                                PrintableText(p_.Repr(*transforms)) + ", which this reader lacks");
+                                PrintableText(p_.Repr(*transforms)) +
+                                ", which this reader lacks (it undoes \"stream.zstd\")");
     }
     return item;
   }

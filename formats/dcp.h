@@ -9,9 +9,9 @@
 // A tensor is its global size, dtype and chunks (offsets and sizes in the
 // global tensor); each chunk is an item stored in a `.distcp` file at
 // (offset, length), a standalone torch.save archive. Bytes items are
-// listed with their place. Items written through a storage transform
-// (2.x's transform_descriptors, such as a compressed stream) are refused
-// by name.
+// listed with their place. Of the storage transforms of torch >= 2.8
+// (transform_descriptors), "stream.zstd" is undone (formats/codec.h's DecompressZstdRange);
+// any other is refused by name.
 #ifndef TESSERA_FORMATS_DCP_H_
 #define TESSERA_FORMATS_DCP_H_
 
@@ -30,6 +30,9 @@ struct DcpItem {
   std::string file;  // relative to the checkpoint directory
   uint64_t offset = 0;
   uint64_t length = 0;
+  // Stored through torch >= 2.8's "stream.zstd" transform: the bytes are a
+  // zstd stream of the item (DecompressZstdRange).
+  bool zstd = false;
 };
 
 struct DcpChunk {

@@ -444,10 +444,27 @@ full = torch.arange(24, dtype=torch.float32).reshape(6, 4) / 4
 moment = torch.arange(6, dtype=torch.float64)
 files = {0: io.BytesIO(), 1: io.BytesIO()}
 sdm, storage = {}, {}
+def zstd(data):
+    # torch >= 2.8's "stream.zstd" transform: the item's torch.save bytes
+    # through a zstd compressor (here libzstd through ctypes).
+    import ctypes, ctypes.util
+    z = ctypes.CDLL(ctypes.util.find_library("zstd") or "libzstd.so.1")
+    z.ZSTD_compressBound.restype = ctypes.c_size_t
+    z.ZSTD_compressBound.argtypes = [ctypes.c_size_t]
+    z.ZSTD_compress.restype = ctypes.c_size_t
+    z.ZSTD_compress.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p, ctypes.c_size_t,
+                                ctypes.c_int]
+    cap = z.ZSTD_compressBound(len(data))
+    out = ctypes.create_string_buffer(cap)
+    n = z.ZSTD_compress(out, cap, data, len(data), 3)
+    return out.raw[:n]
+
 def item(rank, fqn, tensor, offsets):
     f = files[rank]
     start = f.tell()
-    torch.save(tensor.clone(), f)
+    b = io.BytesIO()
+    torch.save(tensor.clone(), b)
+    f.write(zstd(b.getvalue()) if transform == "stream.zstd" and fqn == "model.w" else b.getvalue())
     storage[MetadataIndex(fqn, torch.Size(offsets), 0)] = _StorageInfo(
         f"__{rank}_0.distcp", start, f.tell() - start,
         [transform] if transform and fqn == "model.w" else None)
@@ -486,11 +503,25 @@ def test_dcp_2x_names_synthesized(tmp_path, ckpt_bin):
     assert np.array_equal(r.read("optim.state.0.exp_avg"), np.arange(6, dtype=np.float64))
     assert r.metadata["dcp.extra"] == b"bytes item, 9 bytes at " + \
         str((ck / "__1_0.distcp").stat().st_size - 9).encode() + b" of __1_0.distcp"
-    # An item written through a storage transform is refused by name.
+    # torch >= 2.8's "stream.zstd" items are decompressed (to a temporary
+    # file, then read as any item); other transforms are refused by name.
     ck2 = tmp_path / "zstd"
     subprocess.run(["/usr/bin/python3", str(gen), str(ck2), "stream.zstd"], check=True)
+    r2 = tessera.open(ck2)
+    assert np.array_equal(r2.read("model.w"), (np.arange(24, dtype=np.float32) / 4).reshape(6, 4))
+    assert np.array_equal(r2.read("model.w", [(2, 5), (1, 3)]),
+                          (np.arange(24, dtype=np.float32) / 4).reshape(6, 4)[2:5, 1:3])
+    run(ckpt_bin, "verify", ck2)
+    ck3 = tmp_path / "lz4"
+    subprocess.run(["/usr/bin/python3", str(gen), str(ck3), "stream.lz4"], check=True)
+    out = subprocess.run([str(ckpt_bin), "inspect", str(ck3)], capture_output=True, text=True)
+    assert out.returncode == 1 and "model.w" in out.stderr and "stream.lz4" in out.stderr
+    # A damaged stream is named, not read.
+    data = bytearray((ck2 / "__0_0.distcp").read_bytes())
+    data[20] ^= 0xff
+    (ck2 / "__0_0.distcp").write_bytes(bytes(data))
     out = subprocess.run([str(ckpt_bin), "inspect", str(ck2)], capture_output=True, text=True)
-    assert out.returncode == 1 and "model.w" in out.stderr and "stream.zstd" in out.stderr
+    assert out.returncode != 0 and "__0_0.distcp" in out.stderr
 
 
 def test_format_torch_is_what_torch_load_reads(tmp_path, ckpt_bin):
