@@ -76,8 +76,7 @@ std::optional<int64_t> ZeroStage(const Pickle& p, int32_t value) {
   if (args.kind != PickleKind::kTuple || args.items.size() != 2) return std::nullopt;
   const PickleValue& cls = p.at(args.items[0]);
   const PickleValue& name = p.at(args.items[1]);
-  if (cls.kind != PickleKind::kGlobal || cls.text.size() < 13 ||
-      cls.text.compare(cls.text.size() - 13, 13, "ZeroStageEnum") != 0 ||
+  if (cls.kind != PickleKind::kGlobal || !EndsWith(cls.text, "ZeroStageEnum") ||
       name.kind != PickleKind::kStr) {
     return std::nullopt;
   }
@@ -138,9 +137,7 @@ class DeepSpeedOpener {
     return it == names.end() ? -1 : static_cast<int64_t>(it->second);
   }
   int64_t TensorNumel(size_t source, int64_t tensor) const {
-    int64_t n = 1;
-    for (int64_t d : Contents(source).tensors[tensor].shape) n *= d;
-    return n;
+    return Contents(source).tensors[tensor].Numel();
   }
 
   Result<size_t> AddSource(const std::string& name, bool keep_pickle) {

@@ -7,9 +7,11 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <span>
 #include <utility>
 
 #include "ckpt/dense.h"
@@ -17,6 +19,7 @@
 #include "ckpt/torch_reader.h"
 #include "core/checksum.h"
 #include "core/endian.h"
+#include "core/shape.h"
 #include "core/utf8.h"
 #include "formats/codec.h"
 #include "formats/dcp.h"
@@ -61,13 +64,6 @@ void StridedCopy(const char* src, const std::vector<int64_t>& src_strides, char*
     while (k > 0 && ++idx[k - 1] == extents[k - 1]) idx[--k] = 0;
     if (k == 0) return;
   }
-}
-
-// Elements of a shape (stored shapes were checked not to overflow).
-int64_t Numel(const std::vector<int64_t>& shape) {
-  int64_t n = 1;
-  for (int64_t d : shape) n *= d;
-  return n;
 }
 
 class TorchReader : public CheckpointReader {
@@ -190,6 +186,9 @@ class TorchReader : public CheckpointReader {
   Status CheckFlatPieces(TorchEntry& e, const std::string& where) const {
     std::sort(e.pieces.begin(), e.pieces.end(),
               [](const TorchPiece& a, const TorchPiece& b) { return a.flat_begin < b.flat_begin; });
+    const Result<int64_t> numel_or = ShapeElements(e.shape, e.dtype);
+    if (!numel_or.ok()) return numel_or.status().Annotate(where);
+    const int64_t numel = *numel_or;
     int64_t next = 0;
     for (const TorchPiece& p : e.pieces) {
       const TorchTensor& t = sources_[p.source]->contents.tensors[p.tensor];
@@ -203,16 +202,16 @@ class TorchReader : public CheckpointReader {
         return DataLossError(where + ": its part in " + stored + " is not a contiguous " +
                              std::string(DTypeName(e.dtype)) + " tensor");
       }
-      if (p.src_begin < 0 || p.src_begin > Numel(t.shape) - p.count) {
+      if (p.src_begin < 0 || p.src_begin > t.Numel() - p.count) {
         return DataLossError(where + ": its part of " + std::to_string(p.count) + " elements at " +
                              std::to_string(p.src_begin) + " runs past " + stored + " (" +
-                             std::to_string(Numel(t.shape)) + " elements)");
+                             std::to_string(t.Numel()) + " elements)");
       }
       next += p.count;
     }
-    if (next != Numel(e.shape)) {
+    if (next != numel) {
       return DataLossError(where + ": its parts hold " + std::to_string(next) + " of its " +
-                           std::to_string(Numel(e.shape)) + " elements");
+                           std::to_string(numel) + " elements");
     }
     return Status::Ok();
   }
@@ -248,12 +247,18 @@ class TorchReader : public CheckpointReader {
     return Status::Ok();
   }
 
+  // The flat piece holding element `flat` (pieces are sorted and cover the
+  // tensor).
+  static std::vector<TorchPiece>::const_iterator PieceAt(const TorchEntry& e, int64_t flat) {
+    return std::prev(
+        std::upper_bound(e.pieces.begin(), e.pieces.end(), flat,
+                         [](int64_t f, const TorchPiece& p) { return f < p.flat_begin; }));
+  }
+
   // Elements [flat, flat + count) of a tensor of flat pieces into `out`.
   Status ReadRun(const TorchEntry& e, int64_t flat, int64_t count, char* out) const {
     const int64_t elem = DTypeSize(e.dtype);
-    auto it = std::upper_bound(e.pieces.begin(), e.pieces.end(), flat,
-                               [](int64_t f, const TorchPiece& p) { return f < p.flat_begin; });
-    for (--it; count > 0; ++it) {
+    for (auto it = PieceAt(e, flat); count > 0; ++it) {
       const int64_t skip = flat - it->flat_begin;
       const int64_t n = std::min(count, it->count - skip);
       const TorchSource& src = *sources_[it->source];
@@ -315,9 +320,7 @@ class TorchReader : public CheckpointReader {
     }
     const int64_t elem = DTypeSize(e.dtype);
     if (count * elem < static_cast<int64_t>(kViewAtLeast)) return std::unique_ptr<FileView>();
-    auto it = std::upper_bound(e.pieces.begin(), e.pieces.end(), flat,
-                               [](int64_t f, const TorchPiece& p) { return f < p.flat_begin; });
-    --it;
+    const auto it = PieceAt(e, flat);
     if (flat + count > it->flat_begin + it->count) return std::unique_ptr<FileView>();
     const TorchSource& src = *sources_[it->source];
     const TorchTensor& t = src.contents.tensors[it->tensor];
@@ -557,13 +560,12 @@ Result<std::unique_ptr<CheckpointReader>> OpenDcpCheckpoint(Env* env, const std:
     RETURN_IF_ERROR(CheckRank(path, t.name, t.size.size()));
     TorchEntry e{t.name, t.dtype, t.size, {}};
     for (const DcpChunk& c : t.chunks) {
-      uint64_t chunk_bytes = DTypeSize(t.dtype);
-      for (int64_t e : c.sizes) {
-        if (e < 0 || __builtin_mul_overflow(chunk_bytes, static_cast<uint64_t>(e), &chunk_bytes)) {
-          return DataLossError("DCP checkpoint '" + path + "': a chunk of '" +
-                               PrintableText(t.name) + "' has an impossible size");
-        }
+      auto elements = ShapeElements(c.sizes, t.dtype);
+      if (!elements.ok()) {
+        return DataLossError("DCP checkpoint '" + path + "': a chunk of '" + PrintableText(t.name) +
+                             "': " + elements.status().message());
       }
+      const uint64_t chunk_bytes = static_cast<uint64_t>(*elements) * DTypeSize(t.dtype);
       ASSIGN_OR_RETURN(auto src, OpenItem(env, path, c.item, chunk_bytes + (1 << 20), &files));
       if (src->contents.tensors.size() != 1) {
         return DataLossError("DCP checkpoint '" + path + "': the item of a chunk of '" +
@@ -661,7 +663,7 @@ TorchArchivePlan PlanTorchArchive(const std::string& pickle,
 }
 
 // The archives' tensor records' CRC-32s, from what was written.
-Status PatchArchiveCrcs(Env* env, const std::vector<TorchArchivePlan>& archives,
+Status PatchArchiveCrcs(Env* env, std::span<const TorchArchivePlan> archives,
                         const std::string& file_path, WritableFile& out) {
   ASSIGN_OR_RETURN(auto in, env->NewRandomAccessFile(file_path));
   for (const TorchArchivePlan& a : archives) {
@@ -746,7 +748,7 @@ Result<std::unique_ptr<CheckpointWriter>> CreateTorchCheckpoint(Env* env, const 
   plan.finalize = [env, files](size_t f, const std::string& file_path,
                                WritableFile& out) -> Status {
     if (f >= files.size()) return Status::Ok();  // the index
-    return PatchArchiveCrcs(env, {files[f]}, file_path, out);
+    return PatchArchiveCrcs(env, std::span(&files[f], 1), file_path, out);
   };
   return CreateDenseCheckpoint(env, path, strategy, std::move(plan), options.overwrite);
 }
@@ -777,8 +779,7 @@ Result<std::unique_ptr<CheckpointWriter>> CreateDcpCheckpoint(Env* env, const st
       const std::vector<int64_t> extents = g.box.extents();
       auto pickle = TorchTensorPickle({t.name, t.dtype, extents});
       if (!pickle.ok()) return pickle.status().Annotate("output '" + path + "'");
-      int64_t bytes = DTypeSize(t.dtype);
-      for (int64_t e : extents) bytes *= e;
+      const int64_t bytes = NumElements(g.box) * DTypeSize(t.dtype);
       const uint64_t base = (f.size + 63) / 64 * 64;
       TorchArchivePlan a = PlanTorchArchive(*pickle, {static_cast<uint64_t>(bytes)}, base, &f);
       f.size = base + a.zip.size;

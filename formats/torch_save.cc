@@ -485,6 +485,12 @@ bool TorchTensor::Contiguous() const {
   return true;
 }
 
+int64_t TorchTensor::Numel() const {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
 Status FindTorchTensors(const Pickle& pickle, const std::string& where, TorchSaveFile* out) {
   return TensorFinder(pickle, where, out).Run();
 }

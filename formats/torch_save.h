@@ -56,6 +56,8 @@ struct TorchTensor {
   size_t storage = 0;            // index into TorchSaveFile::storages
   // Row-major with no gaps (a dense run of its storage).
   bool Contiguous() const;
+  // Its element count (the reader checked that it does not overflow).
+  int64_t Numel() const;
 };
 
 // A leaf that is not a tensor, as text.

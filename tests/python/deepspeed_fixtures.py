@@ -202,7 +202,7 @@ def _write_models(d, stage, dp, params, groups, buffers, frozen, shared, config)
         for n, p in params.items():
             module[n] = torch.empty(0) if stage == 3 else p.half()
         for n, b in buffers.items():
-            module["" + n] = b
+            module[n] = b
         fragments = None
         if save_frozen:
             fragments = collections.OrderedDict(

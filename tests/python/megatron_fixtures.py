@@ -20,7 +20,6 @@ megatron.core GPTModel's state dict; v0.12 names):
 should report (global layer numbers)."""
 import argparse
 import collections
-import io
 import os
 
 import torch
@@ -169,7 +168,7 @@ def write(root, full, family="mcore", tp=1, pp=1, vp=1, swiglu=False, layers=4, 
             state["opt_param_scheduler"] = {"num_steps": iteration}
             state["rng_state"] = [{"random_rng_state": (3, (1, 2), None),
                                    "torch_rng_state": torch.zeros(8, dtype=torch.uint8),
-                                   "rng_tracker_states": io.BytesIO(b"x").getvalue()}]
+                                   "rng_tracker_states": b"x"}]
             d = os.path.join(it, f"mp_rank_{t:02d}" + (f"_{p:03d}" if pp > 1 else ""))
             os.makedirs(d, exist_ok=True)
             torch.save(state, os.path.join(d, "model_optim_rng.pt"))
