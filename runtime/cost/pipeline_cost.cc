@@ -41,7 +41,10 @@ double SharedPipeline(const std::vector<StageCost>& stages, int m, int rpd, int 
   thread_local std::vector<Stage> st;
   st.assign(pp, Stage{});
   // Task k of stage s: the runtime's 1F1B order.
-  auto backward = [&](int s, int k) { return OneFOneB{pp, s, m}.IsBackward(k); };
+  thread_local std::vector<PipelineSchedule> schedules;
+  schedules.clear();
+  for (int s = 0; s < pp; ++s) schedules.emplace_back(pp, s, m);
+  auto backward = [&](int s, int k) { return schedules[s].tasks()[k].backward; };
   auto part = [&](int s, bool bw, bool comm) {
     const double frac = bw ? 1 - kForward : kForward;
     return frac * (comm ? stages[s].tp_comm + stages[s].pp_comm : stages[s].compute / rpd);

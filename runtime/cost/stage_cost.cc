@@ -92,7 +92,7 @@ MemoryUse StageMemory(const StageWork& w, const ParamStats& ps, const StepShape&
   MemoryUse mem;
   mem.parameters = mem.gradients = 4 * ps.floats;
   mem.optimizer = 8 * (shape.zero == 1 ? ps.zero_shard : ps.floats);
-  mem.activations = OneFOneB{pp, s, m}.in_flight() * w.slot_bytes + w.shared_bytes();
+  mem.activations = PipelineSchedule(pp, s, m).slots() * w.slot_bytes + w.shared_bytes();
   mem.communication = (shape.zero == 1 ? 2 * 4 * ps.largest_bucket * shape.dp : 0) +
                       (shape.tp > 1 ? 4 * w.tp_sum_floats : 0);
   if (s > 0) mem.communication += act_bytes * (1 + DxSendBuffers(m));

@@ -127,9 +127,9 @@ Result<float> Gpt::ForwardStage(int slot, const int32_t* tokens, const float* x,
 
   const int C = config_.embed, CL = C, NHL = config_.heads, FL = 4 * C, VL = config_.vocab;
   const int n = static_cast<int>(N);
-  if (stage_.tp > 1) {
+  if (stage_.tp > 1 || stage_.chunks.size() > 1) {
     return FailedPreconditionError(
-        "GPT forward: a tensor-parallel slice runs through its "
+        "GPT forward: a tensor-parallel slice or a stage of several chunks runs through its "
         "operators (OpGpt)");
   }
   if (stage_.first) {

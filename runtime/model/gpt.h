@@ -48,6 +48,12 @@ struct GptConfig {
 // `tp_dims`); this rank holds chunk tp_rank of it. Such a slice holds
 // parameters only: OpGpt runs it (runtime/model/op_gpt.h). The fused
 // c_attn is cut in its [C, 3, C] view so that q, k and v are cut alike.
+//
+// Under an interleaved pipeline a rank holds several chunks of layers that
+// are not adjacent (`chunks`: their layer ranges in order); its Gpt then
+// only holds their parameters (the embeddings before the first chunk's
+// blocks, ln_f and the tied copy after the last's), and each chunk runs
+// through its own operators (OpGpt, created for the chunk's stage).
 struct GptStage {
   int first_layer = 0;
   int last_layer = -1;  // exclusive; -1: every layer
@@ -58,6 +64,9 @@ struct GptStage {
   // Each parameter's dimension (of its split shape) cut over tp; absent or
   // -1: whole. Null: nothing is cut.
   std::shared_ptr<const std::map<std::string, int>> tp_dims;
+  // Several chunks: each one's layers [begin, end), in order (first_layer
+  // and last_layer are then unused). Empty: one chunk, the range above.
+  std::vector<std::pair<int, int>> chunks;
 };
 
 struct ParamInfo {

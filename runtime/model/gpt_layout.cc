@@ -35,11 +35,14 @@ Result<Gpt> Gpt::Create(const GptConfig& config, const GptStage& stage, bool all
   g.config_ = config;
   g.stage_ = stage;
   if (g.stage_.last_layer < 0) g.stage_.last_layer = config.layers;
-  if (g.stage_.first_layer < 0 || g.stage_.first_layer > g.stage_.last_layer ||
-      g.stage_.last_layer > config.layers) {
-    return InvalidArgumentError("GPT stage: layers [" + std::to_string(stage.first_layer) + ", " +
-                                std::to_string(g.stage_.last_layer) + ") are not inside the " +
-                                std::to_string(config.layers) + " layers");
+  std::vector<std::pair<int, int>> ranges = stage.chunks;
+  if (ranges.empty()) ranges.emplace_back(g.stage_.first_layer, g.stage_.last_layer);
+  for (const auto& [begin, end] : ranges) {
+    if (begin < 0 || begin > end || end > config.layers) {
+      return InvalidArgumentError("GPT stage: layers [" + std::to_string(begin) + ", " +
+                                  std::to_string(end) + ") are not inside the " +
+                                  std::to_string(config.layers) + " layers");
+    }
   }
   const int tp = stage.tp, r = stage.tp_rank;
   if (tp < 1 || r < 0 || r >= tp) {
@@ -88,23 +91,25 @@ Result<Gpt> Gpt::Create(const GptConfig& config, const GptStage& stage, bool all
     g.wte_ = add("wte", {V, C});
     g.wpe_ = add("wpe", {config.context, C});
   }
-  for (int i = g.stage_.first_layer; i < g.stage_.last_layer; ++i) {
-    const std::string p = "h." + std::to_string(i) + ".";
-    Layer l;
-    l.ln1w = add(p + "ln_1.weight", {C});
-    l.ln1b = add(p + "ln_1.bias", {C});
-    // q | k | v side by side, each cut by heads: a box of [C, 3, C].
-    l.qkvw = add(p + "attn.c_attn.weight", {C, 3 * C}, {C, 3, C});
-    l.qkvb = add(p + "attn.c_attn.bias", {3 * C}, {3, C});
-    l.attprojw = add(p + "attn.c_proj.weight", {C, C});
-    l.attprojb = add(p + "attn.c_proj.bias", {C});
-    l.ln2w = add(p + "ln_2.weight", {C});
-    l.ln2b = add(p + "ln_2.bias", {C});
-    l.fcw = add(p + "mlp.c_fc.weight", {C, 4 * C});
-    l.fcb = add(p + "mlp.c_fc.bias", {4 * C});
-    l.fcprojw = add(p + "mlp.c_proj.weight", {4 * C, C});
-    l.fcprojb = add(p + "mlp.c_proj.bias", {C});
-    g.layers_.push_back(l);
+  for (const auto& [begin, end] : ranges) {
+    for (int i = begin; i < end; ++i) {
+      const std::string p = "h." + std::to_string(i) + ".";
+      Layer l;
+      l.ln1w = add(p + "ln_1.weight", {C});
+      l.ln1b = add(p + "ln_1.bias", {C});
+      // q | k | v side by side, each cut by heads: a box of [C, 3, C].
+      l.qkvw = add(p + "attn.c_attn.weight", {C, 3 * C}, {C, 3, C});
+      l.qkvb = add(p + "attn.c_attn.bias", {3 * C}, {3, C});
+      l.attprojw = add(p + "attn.c_proj.weight", {C, C});
+      l.attprojb = add(p + "attn.c_proj.bias", {C});
+      l.ln2w = add(p + "ln_2.weight", {C});
+      l.ln2b = add(p + "ln_2.bias", {C});
+      l.fcw = add(p + "mlp.c_fc.weight", {C, 4 * C});
+      l.fcb = add(p + "mlp.c_fc.bias", {4 * C});
+      l.fcprojw = add(p + "mlp.c_proj.weight", {4 * C, C});
+      l.fcprojb = add(p + "mlp.c_proj.bias", {C});
+      g.layers_.push_back(l);
+    }
   }
   if (stage.last) {
     g.lnfw_ = add("ln_f.weight", {C});

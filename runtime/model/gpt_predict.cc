@@ -76,7 +76,7 @@ Result<StepPrediction> PredictGptStep(const GptConfig& config, int B, int T,
   // operators' work, which is the same, and the Gpt's own buffers.
   const bool whole = ParallelGpt::RunsWhole(parallel);
   for (int s = 0; s < par.pp; ++s) {
-    GptStage gs = ParallelGpt::StageOf(config, par.pp, s, par.tp, 0, par.stage_layers);
+    GptStage gs = ParallelGpt::StageOf(config, par, s);
     ASSIGN_OR_RETURN(const GptGraph graph, ParallelGpt::StageGraph(config, par, job.mesh, gs));
     gs.tp_dims = std::make_shared<const std::map<std::string, int>>(graph.param_splits);
     ASSIGN_OR_RETURN(std::vector<ParamInfo> params, Gpt::Params(config, gs));
@@ -92,9 +92,10 @@ Result<StepPrediction> PredictGptStep(const GptConfig& config, int B, int T,
     if (whole) {
       // The runtime runs this stage's Gpt whole (no operators): its own
       // buffers. The kernels are the operators' (tested unit for unit).
-      ASSIGN_OR_RETURN(stages.back().memory.activations,
-                       Gpt::ActivationBytesOf(config, gs, static_cast<int>(job.rows / T), T,
-                                              OneFOneB{par.pp, s, job.micro_batches}.in_flight()));
+      ASSIGN_OR_RETURN(
+          stages.back().memory.activations,
+          Gpt::ActivationBytesOf(config, gs, static_cast<int>(job.rows / T), T,
+                                 PipelineSchedule(par.pp, s, job.micro_batches).slots()));
     }
   }
   StepPrediction out = PriceStep(stages, job.micro_batches, job.profile, par.dp * par.tp);
@@ -109,7 +110,7 @@ Result<std::vector<std::vector<OpCost>>> BreakdownGptStep(const GptConfig& confi
   const ParallelConfig& par = job.par;
   std::vector<std::vector<OpCost>> out;
   for (int s = 0; s < par.pp; ++s) {
-    const GptStage gs = ParallelGpt::StageOf(config, par.pp, s, par.tp, 0, par.stage_layers);
+    const GptStage gs = ParallelGpt::StageOf(config, par, s);
     ASSIGN_OR_RETURN(const GptGraph graph, ParallelGpt::StageGraph(config, par, job.mesh, gs));
     std::vector<OpCost> stage;
     for (const auto& [name, w] : EstimateOps(graph, job.rows, T)) {

@@ -24,9 +24,25 @@ Status ParallelConfig::Validate(int world_size) const {
   if (zero != 0 && zero != 1) return InvalidArgumentError("zero must be 0 or 1");
   if (micro_batches < 0) return InvalidArgumentError("micro_batches must be >= 0");
   if (bucket_bytes < 4) return InvalidArgumentError("the bucket size must be >= 4 bytes");
-  if (!stage_layers.empty() && static_cast<int>(stage_layers.size()) != pp) {
-    return InvalidArgumentError("stage_layers gives " + std::to_string(stage_layers.size()) +
-                                " stages; pp is " + std::to_string(pp));
+  if (virtual_stages < 1) return InvalidArgumentError("virtual_stages must be >= 1");
+  if (virtual_stages > 1 && pp < 2) {
+    return InvalidArgumentError("virtual_stages " + std::to_string(virtual_stages) +
+                                " interleaves pipeline stages: it needs pp > 1");
+  }
+  const int groups = pp * virtual_stages;
+  if (!stage_layers.empty() && static_cast<int>(stage_layers.size()) != groups) {
+    return InvalidArgumentError(
+        "stage_layers gives " + std::to_string(stage_layers.size()) + " stages; " +
+        (virtual_stages == 1
+             ? "pp is " + std::to_string(pp)
+             : "pp " + std::to_string(pp) + " x virtual_stages " + std::to_string(virtual_stages) +
+                   " needs " + std::to_string(groups) + " (one per chunk, in running order)"));
+  }
+  if (virtual_stages > 1 && micro_batches > 0 && micro_batches < pp) {
+    return InvalidArgumentError(
+        "interleaved pipeline (virtual_stages " + std::to_string(virtual_stages) + "): " +
+        std::to_string(micro_batches) + " micro-batches are fewer than the " + std::to_string(pp) +
+        " stages; use at least " + std::to_string(pp) + " micro-batches, or virtual_stages 1");
   }
   for (int n : stage_layers) {
     if (n < 1) return InvalidArgumentError("every pipeline stage needs at least one layer");
@@ -52,7 +68,7 @@ Status ParallelConfig::Validate(int world_size) const {
 
 bool ParallelGpt::RunsWhole(const ParallelConfig& parallel) {
   return parallel.tp == 1 && parallel.op_strategy == nullptr &&
-         parallel.recompute == Recompute::kNone;
+         parallel.recompute == Recompute::kNone && parallel.virtual_stages == 1;
 }
 
 Result<GptGraph> ParallelGpt::StageGraph(const GptConfig& config, const ParallelConfig& parallel,
@@ -86,16 +102,40 @@ OpStrategyFile ParallelGpt::StrategyFileOf(const ParallelConfig& parallel) {
                                          : GptGraph::Megatron(parallel.sequence_parallel);
 }
 
-GptStage ParallelGpt::StageOf(const GptConfig& config, int pp, int s, int tp, int tp_rank,
-                              const std::vector<int>& stage_layers) {
+std::vector<std::pair<int, int>> ParallelGpt::LayerGroups(const GptConfig& config,
+                                                          const ParallelConfig& parallel) {
+  const int groups = parallel.pp * std::max(1, parallel.virtual_stages);
   const int64_t L = config.layers;
-  int first = static_cast<int>(s * L / pp), last = static_cast<int>((s + 1) * L / pp);
-  if (!stage_layers.empty()) {
-    first = 0;
-    for (int i = 0; i < s; ++i) first += stage_layers[i];
-    last = first + stage_layers[s];
+  std::vector<std::pair<int, int>> out;
+  int first = 0;
+  for (int g = 0; g < groups; ++g) {
+    const int last = parallel.stage_layers.size() == static_cast<size_t>(groups)
+                         ? first + parallel.stage_layers[g]
+                         : static_cast<int>((g + 1) * L / groups);
+    out.emplace_back(first, last);
+    first = last;
   }
-  return {first, last, s == 0, s == pp - 1, tp, tp_rank, nullptr};
+  return out;
+}
+
+GptStage ParallelGpt::StageOf(const GptConfig& config, const ParallelConfig& parallel, int s,
+                              int tp_rank) {
+  const int pp = parallel.pp, v = std::max(1, parallel.virtual_stages);
+  const std::vector<std::pair<int, int>> groups = LayerGroups(config, parallel);
+  GptStage stage{groups[s].first, groups[s].second, s == 0,  s == pp - 1,
+                 parallel.tp,     tp_rank,          nullptr, {}};
+  if (v > 1) {
+    for (int c = 0; c < v; ++c) stage.chunks.push_back(groups[c * pp + s]);
+  }
+  return stage;
+}
+
+GptStage ParallelGpt::ChunkOf(const GptConfig& config, const ParallelConfig& parallel, int s, int c,
+                              int tp_rank) {
+  const int pp = parallel.pp, v = std::max(1, parallel.virtual_stages);
+  const std::pair<int, int> group = LayerGroups(config, parallel)[c * pp + s];
+  const int vs = c * pp + s;
+  return {group.first, group.second, vs == 0, vs == pp * v - 1, parallel.tp, tp_rank, nullptr, {}};
 }
 
 Layout ParallelGpt::LayoutOf(const ParallelConfig& parallel, const ParamInfo& p, int stage,
@@ -118,7 +158,7 @@ Result<Strategy> ParallelGpt::StrategyOf(const GptConfig& config, const Parallel
   ASSIGN_OR_RETURN(Mesh mesh, parallel.MakeMesh());
   // The parameters' cuts: what the operators make of them (the same on
   // every stage).
-  GptStage first = StageOf(config, parallel.pp, 0, parallel.tp, 0, parallel.stage_layers);
+  GptStage first = ChunkOf(config, parallel, 0, 0);
   std::shared_ptr<const std::map<std::string, int>> dims;
   if (!RunsWhole(parallel)) {
     ASSIGN_OR_RETURN(const GptGraph graph, StageGraph(config, parallel, mesh, first));
@@ -129,7 +169,7 @@ Result<Strategy> ParallelGpt::StrategyOf(const GptConfig& config, const Parallel
   const int pp = parallel.pp;
   std::vector<std::pair<ParamInfo, int>> all;
   for (int s = 0; s < pp; ++s) {
-    GptStage stage = StageOf(config, pp, s, parallel.tp, 0, parallel.stage_layers);
+    GptStage stage = StageOf(config, parallel, s);
     stage.tp_dims = dims;
     ASSIGN_OR_RETURN(std::vector<ParamInfo> params, Gpt::Params(config, stage));
     for (ParamInfo& p : params) {

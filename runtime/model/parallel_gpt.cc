@@ -21,10 +21,17 @@ Result<std::unique_ptr<ParallelGpt>> ParallelGpt::Create(const GptConfig& config
                                                          const ParallelConfig& parallel,
                                                          Communicator& world) {
   RETURN_IF_ERROR(parallel.Validate(world.size()));
-  if (config.layers < parallel.pp) {
-    return InvalidArgumentError("pp " + std::to_string(parallel.pp) + " stages need at least " +
-                                std::to_string(parallel.pp) + " layers; the model has " +
-                                std::to_string(config.layers));
+  const int pp = parallel.pp, v = parallel.virtual_stages, groups = pp * v;
+  if (config.layers < groups) {
+    return InvalidArgumentError(
+        v == 1 ? "pp " + std::to_string(pp) + " stages need at least " + std::to_string(pp) +
+                     " layers; the model has " + std::to_string(config.layers)
+               : "pp " + std::to_string(pp) + " x virtual_stages " + std::to_string(v) +
+                     " chunks need at least " + std::to_string(groups) + " layers; the model has " +
+                     std::to_string(config.layers) +
+                     (config.layers >= 2 * pp ? ": use virtual_stages " +
+                                                    std::to_string(config.layers / pp) + " or fewer"
+                                              : ": use virtual_stages 1"));
   }
   if (!parallel.stage_layers.empty()) {
     int64_t sum = 0;
@@ -33,17 +40,32 @@ Result<std::unique_ptr<ParallelGpt>> ParallelGpt::Create(const GptConfig& config
       return InvalidArgumentError("stage_layers add up to " + std::to_string(sum) +
                                   " layers; the model has " + std::to_string(config.layers));
     }
+  } else if (v > 1 && config.layers % groups != 0) {
+    std::string fits;
+    for (int w = 1; w <= config.layers / pp; ++w) {
+      if (config.layers % (pp * w) == 0) fits += (fits.empty() ? "" : ", ") + std::to_string(w);
+    }
+    return InvalidArgumentError(
+        std::to_string(config.layers) + " layers do not cut into pp " + std::to_string(pp) +
+        " x virtual_stages " + std::to_string(v) + " = " + std::to_string(groups) +
+        " equal chunks: use virtual_stages " + fits + ", or give stage_layers (" +
+        std::to_string(groups) + " layer counts, one per chunk)");
   }
   ASSIGN_OR_RETURN(Mesh mesh, parallel.MakeMesh());
   // Every rank checks the whole strategy before any communicator is made,
   // so a bad file stops every rank alike with nothing run.
-  std::unique_ptr<OpGpt> ops;
+  std::vector<std::unique_ptr<OpGpt>> ops;
   const int stage = static_cast<int>(mesh.Coordinate(world.rank(), mesh.FindAxis("pp")));
   const int tp_rank = static_cast<int>(mesh.Coordinate(world.rank(), mesh.FindAxis("tp")));
-  GptStage gs = StageOf(config, parallel.pp, stage, parallel.tp, tp_rank, parallel.stage_layers);
-  ASSIGN_OR_RETURN(ops, StageOps(config, parallel, mesh, gs));
-  if (ops != nullptr) {
-    gs.tp_dims = std::make_shared<const std::map<std::string, int>>(ops->param_splits());
+  GptStage gs = StageOf(config, parallel, stage, tp_rank);
+  for (int c = 0; c < v; ++c) {
+    ASSIGN_OR_RETURN(
+        std::unique_ptr<OpGpt> chunk,
+        StageOps(config, parallel, mesh, ChunkOf(config, parallel, stage, c, tp_rank)));
+    if (chunk != nullptr) ops.push_back(std::move(chunk));
+  }
+  if (!ops.empty()) {
+    gs.tp_dims = std::make_shared<const std::map<std::string, int>>(ops[0]->param_splits());
   } else if (parallel.sequence_parallel) {
     return InvalidArgumentError("sequence parallelism cuts the sequence over tp: it needs tp > 1");
   }
@@ -51,14 +73,19 @@ Result<std::unique_ptr<ParallelGpt>> ParallelGpt::Create(const GptConfig& config
   ASSIGN_OR_RETURN(Gpt model, Gpt::Create(config, gs));
   std::unique_ptr<ParallelGpt> p(new ParallelGpt(std::move(model), parallel, std::move(comms)));
   p->tp_dims_ = gs.tp_dims;
-  p->ops_ = ops.get();
-  if (ops != nullptr) {
-    p->runner_ = std::move(ops);
-  } else {
-    p->runner_ = std::make_unique<WholeGptRunner>(&p->model_);
+  for (std::unique_ptr<OpGpt>& o : ops) {
+    p->ops_.push_back(o.get());
+    p->runners_.push_back(std::move(o));
   }
+  if (p->runners_.empty()) p->runners_.push_back(std::make_unique<WholeGptRunner>(&p->model_));
   RETURN_IF_ERROR(p->Build());
   return p;
+}
+
+double ParallelGpt::comm_seconds() const {
+  double t = comm_seconds_;
+  for (const auto& r : runners_) t += r->comm_seconds();
+  return t;
 }
 
 MemoryUse ParallelGpt::Memory() const {
@@ -69,15 +96,17 @@ MemoryUse ParallelGpt::Memory() const {
   m.parameters = bytes(model_.weights());
   m.gradients = bytes(model_.grads());
   m.optimizer = bytes(model_.adam_m()) + bytes(model_.adam_v()) + bytes(shard_m_) + bytes(shard_v_);
-  m.activations = runner_->ActivationBytes();
-  m.communication =
-      bytes(send_) + bytes(recv_) + bytes(recv_x_) + bytes(recv_dy_) + runner_->CommBufferBytes();
+  m.communication = bytes(send_) + bytes(recv_) + bytes(recv_x_) + bytes(recv_dy_);
+  for (const auto& r : runners_) {
+    m.activations += r->ActivationBytes();
+    m.communication += r->CommBufferBytes();
+  }
   for (const std::vector<float>& v : send_dx_) m.communication += bytes(v);
   return m;
 }
 
 Result<std::string> ParallelGpt::DescribeOps(int B, int T) const {
-  if (ops_ == nullptr) return std::string();
+  if (ops_.empty()) return std::string();
   const GptConfig& config = model_.config();
   const OpStrategyFile file = StrategyFileOf(parallel_);
   ASSIGN_OR_RETURN(auto strategies,
@@ -87,14 +116,18 @@ Result<std::string> ParallelGpt::DescribeOps(int B, int T) const {
                     ", " + std::to_string(rows) + " rows (batch x sequence) per replica and " +
                     "micro-batch; placements over tp:\n";
   for (int s = 0; s < parallel_.pp; ++s) {
-    const GptStage stage = Stage(s, 0);
-    ASSIGN_OR_RETURN(const GptGraph graph,
-                     GptGraph::Create(config, strategies, stage, parallel_.dp));
-    if (parallel_.pp > 1) {
-      out += "stage " + std::to_string(s) + " (layers " + std::to_string(stage.first_layer) +
-             " to " + std::to_string(stage.last_layer - 1) + "):\n";
+    for (int c = 0; c < parallel_.virtual_stages; ++c) {
+      const GptStage stage = ChunkOf(config, parallel_, s, c);
+      ASSIGN_OR_RETURN(const GptGraph graph,
+                       GptGraph::Create(config, strategies, stage, parallel_.dp));
+      if (parallel_.pp > 1) {
+        out += "stage " + std::to_string(s) +
+               (parallel_.virtual_stages > 1 ? " chunk " + std::to_string(c) : "") + " (layers " +
+               std::to_string(stage.first_layer) + " to " + std::to_string(stage.last_layer - 1) +
+               "):\n";
+      }
+      out += graph.Describe(rows);
     }
-    out += graph.Describe(rows);
   }
   ASSIGN_OR_RETURN(Strategy layouts, strategy());
   out += "parameter layouts (what a checkpoint records):\n";
@@ -105,7 +138,7 @@ Result<std::string> ParallelGpt::DescribeOps(int B, int T) const {
 }
 
 GptStage ParallelGpt::Stage(int s, int t) const {
-  GptStage g = StageOf(model_.config(), parallel_.pp, s, parallel_.tp, t, parallel_.stage_layers);
+  GptStage g = StageOf(model_.config(), parallel_, s, t);
   g.tp_dims = tp_dims_;
   return g;
 }
@@ -115,15 +148,16 @@ Status ParallelGpt::Build() {
   ASSIGN_OR_RETURN(pp_, comms_.Along("pp"));
   ASSIGN_OR_RETURN(tp_, comms_.Along("tp"));
   ASSIGN_OR_RETURN(tp_pp_, comms_.Along(std::vector<std::string>{"pp", "tp"}));
-  if (ops_ != nullptr) RETURN_IF_ERROR(ops_->Bind(&model_, parallel_.tp > 1 ? tp_ : nullptr));
+  for (OpGpt* ops : ops_) RETURN_IF_ERROR(ops->Bind(&model_, parallel_.tp > 1 ? tp_ : nullptr));
   dp_rank_ = dp_->rank();
   stage_ = pp_->rank();
   const int pp = parallel_.pp;
   micro_batches_ = parallel_.micro_batches > 0 ? parallel_.micro_batches : pp;
-  // 1F1B keeps at most pp - stage micro-batches in flight on a stage.
-  const int slots = OneFOneB{pp, stage_, micro_batches_}.in_flight();
-  model_.SetSlots(slots);
-  runner_->SetSlots(slots);
+  // Each chunk holds the activations of the micro-batches the schedule
+  // keeps in flight on it (1F1B: at most pp - stage).
+  const PipelineSchedule schedule(pp, stage_, micro_batches_, parallel_.virtual_stages);
+  for (int c = 0; c < schedule.chunks(); ++c) runners_[c]->SetSlots(schedule.in_flight(c));
+  if (ops_.empty()) model_.SetSlots(schedule.slots());
   if (pp > 1) {
     const bool ends = stage_ == 0 || stage_ == pp - 1;
     const int64_t dp_tp = comms_.coordinate("dp") * parallel_.tp + comms_.coordinate("tp");
@@ -282,66 +316,77 @@ Status ParallelGpt::ShardedUpdate(const AdamWConfig& adam, float clip) {
 
 Result<double> ParallelGpt::RunPipeline(const int32_t* tokens, const int32_t* targets, int rows,
                                         int T) {
-  const int P = parallel_.pp, s = stage_, M = micro_batches_;
+  const PipelineSchedule schedule(parallel_.pp, stage_, micro_batches_, parallel_.virtual_stages);
+  const int M = micro_batches_, V = schedule.chunks();
   const int mb = rows / M;
   const int64_t n = static_cast<int64_t>(mb) * T * model_.config().embed;
-  const int prev = comms_.Prev("pp"), next = comms_.Next("pp");
-  const int slots = runner_->slots();
+  const int prev = schedule.PrevStage(), next = schedule.NextStage();
   const float dloss = 1.0f / static_cast<float>(M);
-  if (s > 0) recv_x_.resize(n);
-  if (s < P - 1) recv_dy_.resize(n);
-  const int dx_buffers = DxSendBuffers(M);
-  if (s > 0) {  // kept between steps: the sizes change only with the batch shape
-    send_dx_.resize(dx_buffers);
-    for (std::vector<float>& b : send_dx_) b.resize(n);
+  bool receives = false, sends_back = false;
+  for (int c = 0; c < V; ++c) {
+    receives = receives || schedule.HasPrev(c);
+    sends_back = sends_back || schedule.HasNext(c);
   }
-  std::vector<Request> slot_send(slots), dx_send(s > 0 ? dx_buffers : 0);
+  if (receives) recv_x_.resize(n);
+  if (sends_back) recv_dy_.resize(n);
+  const int dx_buffers = receives ? DxSendBuffers(M * V) : 0;
+  send_dx_.resize(dx_buffers);  // kept between steps: sizes change only with the batch shape
+  for (std::vector<float>& b : send_dx_) b.resize(n);
+  std::vector<Request> slot_send(schedule.slots()), dx_send(dx_buffers);
+  int dx_sent = 0;
   double loss = 0;
-  // Tags: 2i carries micro-batch i's activations forward, 2i + 1 their
-  // gradient back.
-  auto forward = [&](int i) -> Status {
-    const int slot = i % slots;
+  // Tags (PipelineSchedule::Tag) name the micro-batch, the chunk that
+  // receives and the direction. The last stage's chunk c feeds the first
+  // stage's chunk c + 1, whose gradient goes back the same way.
+  auto forward = [&](int i, int c) -> Status {
+    StageRunner& runner = *runners_[c];
+    const int slot = schedule.SlotOf(i, c), local = i % schedule.in_flight(c);
     const int64_t at = static_cast<int64_t>(i) * mb * T;
-    if (s > 0) {
+    if (schedule.HasPrev(c)) {
       AddElapsed timed(&comm_seconds_);
-      RETURN_IF_ERROR(pp_->Recv(recv_x_.data(), n, DType::kF32, prev, 2 * i));
+      RETURN_IF_ERROR(
+          pp_->Recv(recv_x_.data(), n, DType::kF32, prev, PipelineSchedule::Tag(i, c, V, false)));
     }
     if (slot_send[slot].pending()) {  // the slot's last output has left
       AddElapsed timed(&comm_seconds_);
       RETURN_IF_ERROR(slot_send[slot].Wait());
     }
     ASSIGN_OR_RETURN(float l,
-                     runner_->ForwardStage(slot, tokens + at, recv_x_.data(), targets + at, mb, T));
+                     runner.ForwardStage(local, tokens + at, recv_x_.data(), targets + at, mb, T));
     loss += l;
-    if (s < P - 1) {
-      const float* out = runner_->StageOutput(slot);
-      ASSIGN_OR_RETURN(slot_send[slot], pp_->ISend(out, n, DType::kF32, next, 2 * i));
+    if (schedule.HasNext(c)) {
+      const int to = stage_ == parallel_.pp - 1 ? c + 1 : c;
+      ASSIGN_OR_RETURN(slot_send[slot], pp_->ISend(runner.StageOutput(local), n, DType::kF32, next,
+                                                   PipelineSchedule::Tag(i, to, V, false)));
     }
     return Status::Ok();
   };
-  auto backward = [&](int j) -> Status {
-    if (s < P - 1) {
+  auto backward = [&](int j, int c) -> Status {
+    StageRunner& runner = *runners_[c];
+    if (schedule.HasNext(c)) {
       AddElapsed timed(&comm_seconds_);
-      RETURN_IF_ERROR(pp_->Recv(recv_dy_.data(), n, DType::kF32, next, 2 * j + 1));
+      RETURN_IF_ERROR(
+          pp_->Recv(recv_dy_.data(), n, DType::kF32, next, PipelineSchedule::Tag(j, c, V, true)));
     }
-    RETURN_IF_ERROR(runner_->BackwardStage(j % slots, recv_dy_.data(), dloss));
-    if (s > 0) {
-      const int b = j % dx_buffers;
-      if (dx_send[b].pending()) {  // micro-batch j - dx_buffers's gradient has left
+    RETURN_IF_ERROR(runner.BackwardStage(j % schedule.in_flight(c), recv_dy_.data(), dloss));
+    if (schedule.HasPrev(c)) {
+      const int b = dx_sent++ % dx_buffers;
+      if (dx_send[b].pending()) {  // the gradient sent from it before has left
         AddElapsed timed(&comm_seconds_);
         RETURN_IF_ERROR(dx_send[b].Wait());
       }
-      const float* dx = runner_->InputGradient();
+      const float* dx = runner.InputGradient();
       std::copy(dx, dx + n, send_dx_[b].begin());
-      ASSIGN_OR_RETURN(dx_send[b], pp_->ISend(send_dx_[b].data(), n, DType::kF32, prev, 2 * j + 1));
+      const int to = stage_ == 0 ? c - 1 : c;
+      ASSIGN_OR_RETURN(dx_send[b], pp_->ISend(send_dx_[b].data(), n, DType::kF32, prev,
+                                              PipelineSchedule::Tag(j, to, V, true)));
     }
     return Status::Ok();
   };
-  const OneFOneB schedule{P, s, M};
   Status status;
-  int forwards = 0, backwards = 0;
-  for (int k = 0; k < schedule.tasks() && status.ok(); ++k) {
-    status = schedule.IsBackward(k) ? backward(backwards++) : forward(forwards++);
+  for (const PipeTask& t : schedule.tasks()) {
+    status = t.backward ? backward(t.micro_batch, t.chunk) : forward(t.micro_batch, t.chunk);
+    if (!status.ok()) break;
   }
   AddElapsed timed(&comm_seconds_);
   const Status sends = WaitAll(slot_send);
@@ -388,7 +433,7 @@ Result<float> ParallelGpt::StepRows(const int32_t* tokens, const int32_t* target
   model_.ZeroGrad();
   ASSIGN_OR_RETURN(double loss, RunPipeline(tokens, targets, local, T));
   loss /= micro_batches_;  // the mean over this rank's rows (last stage; 0 elsewhere)
-  RETURN_IF_ERROR(runner_->ReduceParamGradients());
+  for (const auto& r : runners_) RETURN_IF_ERROR(r->ReduceParamGradients());
   RETURN_IF_ERROR(ReduceTiedEmbedding());
   RETURN_IF_ERROR(ReduceGradients());
   double squared = 0;

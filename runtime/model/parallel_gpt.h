@@ -30,6 +30,16 @@
 // single-process step's: the loss gradient of each micro-batch is scaled by
 // 1/micro_batches.
 //
+// Interleaved (virtual_stages V > 1, Megatron's virtual pipeline stages):
+// the layers are cut into pp x V groups and stage s holds groups s,
+// pp + s, ..., each a chunk run by its own operators over the stage's one
+// Gpt (the embeddings stay on the first chunk of stage 0, ln_f and the
+// tied wte's copy on the last chunk of stage pp - 1). Activations go round
+// the ring of stages V times (interleaved 1F1B, runtime/parallel/
+// pipeline.h); the bubble shrinks V-fold for more activations in flight.
+// Every parameter's layout records the stage that holds it, so a
+// checkpoint saved under one V loads under another, or another pp.
+//
 // Tensor parallel (tp > 1) and any other operator-level parallelism: the
 // stage runs as OpGpt, operators with shard strategies (Megatron's without
 // a strategy file, with sequence parallelism on request); each rank's Gpt
@@ -63,7 +73,13 @@ struct ParallelConfig {
   int zero = 0;           // 0: every dp rank holds the whole optimizer state; 1: ZeRO-1
   int micro_batches = 0;  // per step and dp rank under pp > 1 (0: pp)
   int64_t bucket_bytes = int64_t{25} << 20;
-  // Layers per pipeline stage (empty: as even as possible).
+  // Chunks of layers per pipeline stage (interleaved 1F1B, Megatron's
+  // virtual pipeline stages): chunk c of stage s holds layer group
+  // c x pp + s of pp x virtual_stages equal groups.
+  int virtual_stages = 1;
+  // Layers per pipeline stage (empty: as even as possible); with
+  // virtual_stages > 1, per layer group (pp x virtual_stages counts, in
+  // the order the groups run).
   std::vector<int> stage_layers;
   // The operators' shard strategies (runtime/model/op_gpt.h). Without a
   // file, tp > 1 runs Megatron's strategy (OpGpt::Megatron), with
@@ -90,18 +106,23 @@ class ParallelGpt {
   // This rank's pipeline stage (its pp coordinate) and the layers it holds.
   int stage() const { return stage_; }
   int micro_batches() const { return micro_batches_; }
-  // The stage `s` of `pp` for a model of `config`, tp slice tp_rank of tp
-  // (layers per stage as `stage_layers` says, else as even as possible).
-  static GptStage StageOf(const GptConfig& config, int pp, int s, int tp = 1, int tp_rank = 0,
-                          const std::vector<int>& stage_layers = {});
-  // The operators (null without tp and without a strategy file: then each
-  // rank runs its stage's Gpt whole).
-  const OpGpt* ops() const { return ops_; }
+  // What stage `s` holds under `parallel` for a model of `config`, tp
+  // slice tp_rank: its layers (per stage as `stage_layers` says, else as
+  // even as possible), as one range or, with virtual stages, as its chunks.
+  static GptStage StageOf(const GptConfig& config, const ParallelConfig& parallel, int s,
+                          int tp_rank = 0);
+  // Chunk c of stage s (virtual stage c x pp + s) as a stage of its own:
+  // what its operators run. The stage itself when virtual_stages is 1.
+  static GptStage ChunkOf(const GptConfig& config, const ParallelConfig& parallel, int s, int c,
+                          int tp_rank = 0);
+  // The layer groups [begin, end) of the virtual stages, in order.
+  static std::vector<std::pair<int, int>> LayerGroups(const GptConfig& config,
+                                                      const ParallelConfig& parallel);
   // What this rank holds, after a step: its peak (buffers are kept at
   // their largest for the next step).
   MemoryUse Memory() const;
   // Whether `parallel` runs each stage's Gpt whole, without operators
-  // (tp = 1, no strategy file, no recompute).
+  // (tp = 1, no strategy file, no recompute, one chunk per stage).
   static bool RunsWhole(const ParallelConfig& parallel);
   // The operators of stage `gs` (its tp rank's) as `parallel` makes them,
   // recompute set; null when the stage runs its Gpt whole (RunsWhole).
@@ -145,7 +166,7 @@ class ParallelGpt {
   // Seconds this rank has spent in the collectives of Step (reductions,
   // the loss, the norm, ZeRO's gathers) and waiting for pipeline
   // neighbours, for the communication share.
-  double comm_seconds() const { return comm_seconds_ + runner_->comm_seconds(); }
+  double comm_seconds() const;
 
   // The layout of every parameter and optimizer state on the mesh, named as
   // checkpoints name them ("wte", "optimizer.wte.exp_avg", ...).
@@ -209,10 +230,10 @@ class ParallelGpt {
   Status ShardedUpdate(const AdamWConfig& adam, float clip);
 
   Gpt model_;
-  // What runs the stage: its operators (ops_, when there are) or the Gpt
-  // whole.
-  std::unique_ptr<StageRunner> runner_;
-  OpGpt* ops_ = nullptr;
+  // What runs the stage, one per chunk: its operators (ops_, when there
+  // are) or the Gpt whole.
+  std::vector<std::unique_ptr<StageRunner>> runners_;
+  std::vector<OpGpt*> ops_;
   std::shared_ptr<const std::map<std::string, int>> tp_dims_;
   ParallelConfig parallel_;
   MeshCommunicators comms_;
@@ -227,7 +248,7 @@ class ParallelGpt {
   // sum the tied embedding's gradient (null elsewhere and when pp = 1).
   std::unique_ptr<Communicator> tied_;
   std::vector<float> recv_x_, recv_dy_;      // one micro-batch's [b,T,C]
-  std::vector<std::vector<float>> send_dx_;  // DxSendBuffers(M), in turn
+  std::vector<std::vector<float>> send_dx_;  // DxSendBuffers(M x chunks), in turn
 
   std::vector<Bucket> buckets_;
   std::vector<Shard> shards_;  // ZeRO: one per parameter

@@ -50,8 +50,7 @@ Result<std::string> BreakdownReport(const GptConfig& config, int B, int T,
   std::ostringstream out;
   for (size_t s = 0; s < stages.size(); ++s) {
     if (stages.size() > 2 && s > 0 && s + 1 < stages.size()) continue;  // middles repeat
-    const GptStage gs =
-        ParallelGpt::StageOf(config, par.pp, static_cast<int>(s), par.tp, 0, par.stage_layers);
+    const GptStage gs = ParallelGpt::StageOf(config, par, static_cast<int>(s));
     const int blocks = (gs.last_layer < 0 ? config.layers : gs.last_layer) - gs.first_layer;
     out << "per operator, one micro-batch"
         << (stages.size() > 1 ? " on stage " + std::to_string(s) : "")
@@ -71,10 +70,15 @@ Result<std::string> DescribePlan(const GptConfig& config, int B, int T, const Pa
   const int64_t rows = static_cast<int64_t>(B) / par.dp / par.micro_batches * T;
   std::string out;
   for (int s = 0; s < par.pp; ++s) {
-    const GptStage stage = ParallelGpt::StageOf(config, par.pp, s, par.tp, 0, par.stage_layers);
-    ASSIGN_OR_RETURN(const GptGraph graph, ParallelGpt::StageGraph(config, par, mesh, stage));
-    if (par.pp > 1) out += "stage " + std::to_string(s) + ":\n";
-    out += graph.Describe(rows);
+    for (int c = 0; c < par.virtual_stages; ++c) {
+      const GptStage stage = ParallelGpt::ChunkOf(config, par, s, c);
+      ASSIGN_OR_RETURN(const GptGraph graph, ParallelGpt::StageGraph(config, par, mesh, stage));
+      if (par.pp > 1) {
+        out += "stage " + std::to_string(s) +
+               (par.virtual_stages > 1 ? " chunk " + std::to_string(c) : "") + ":\n";
+      }
+      out += graph.Describe(rows);
+    }
   }
   return out;
 }

@@ -171,6 +171,10 @@ Result<OpStrategyFile> OpStrategyFile::Parse(std::string_view text, const std::s
       auto m = OptionalInt(root, "micro_batches", 1);
       if (!m.ok()) return fail(m.status().message());
       file.micro_batches = *m;
+    } else if (key == "virtual_stages") {
+      auto v = OptionalInt(root, "virtual_stages", 1);
+      if (!v.ok()) return fail(v.status().message());
+      file.virtual_stages = *v;
     } else if (key == "stage_layers") {
       if (!value.is_array()) return fail("\"stage_layers\" must be a list of layer counts");
       for (const Json& n : value) {
@@ -266,6 +270,7 @@ std::string OpStrategyFile::ToJson() const {
   if (!mesh.empty()) root["mesh"] = mesh;
   if (zero.has_value()) root["zero"] = *zero;
   if (micro_batches.has_value()) root["micro_batches"] = *micro_batches;
+  if (virtual_stages.has_value()) root["virtual_stages"] = *virtual_stages;
   if (!stage_layers.empty()) root["stage_layers"] = stage_layers;
   if (!recompute.empty()) {
     Json r = Json::object();

@@ -9,7 +9,9 @@
 //     "mesh": {"pp": 1, "dp": 2, "tp": 2},          // optional: checked
 //     "zero": 1,                                    // optional: ZeRO-1
 //     "micro_batches": 4,                           // optional (pp > 1)
+//     "virtual_stages": 2,                          // optional: chunks per stage
 //     "stage_layers": [3, 1],                       // optional: layers per stage
+//                                                   // (per chunk with virtual_stages)
 //     "recompute": {"h.*": "selective"},            // optional, per block
 //     "dataset_strategy": "data_parallel",          // optional, or "full_batch"
 //     "operators": {
@@ -90,7 +92,7 @@ std::string_view RecomputeName(Recompute r);
 
 struct OpStrategyFile {
   std::string source;  // the path (or "<text>"), for messages
-  std::optional<int> pp, dp, tp, zero, micro_batches;
+  std::optional<int> pp, dp, tp, zero, micro_batches, virtual_stages;
   std::vector<int> stage_layers;
   // "recompute": {"h.*": "selective", "h.0": "full"}: blocks (patterns as
   // for operators; an exact name wins) and none, full or selective.

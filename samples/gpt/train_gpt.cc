@@ -209,8 +209,14 @@ void SaySetup(const Job& job, Communicator& world) {
                 ParallelGpt::StrategyFileOf(par).source.c_str());
   }
   if (par.pp > 1) {
-    std::printf("pipeline: pp=%d stages, %d micro-batches per dp rank (1F1B)\n", par.pp,
-                job.trainer->micro_batches());
+    if (par.virtual_stages > 1) {
+      std::printf(
+          "pipeline: pp=%d stages x %d chunks, %d micro-batches per dp rank (interleaved 1F1B)\n",
+          par.pp, par.virtual_stages, job.trainer->micro_batches());
+    } else {
+      std::printf("pipeline: pp=%d stages, %d micro-batches per dp rank (1F1B)\n", par.pp,
+                  job.trainer->micro_batches());
+    }
   }
 }
 

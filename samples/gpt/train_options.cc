@@ -74,6 +74,10 @@ void AddParallelFlags(CLI::App* app, Options* o, Flags* f) {
   app->add_option("--micro-batches", o->parallel.micro_batches,
                   "micro-batches per step and dp rank under --pp (default: pp)")
       ->check(CLI::PositiveNumber);
+  app->add_option("--virtual-stages", o->parallel.virtual_stages,
+                  "chunks of layers per pipeline stage: interleaved 1F1B, chunk c of stage s "
+                  "runs layer group c pp + s (default 1)")
+      ->check(CLI::PositiveNumber);
   app->add_option("--zero", o->parallel.zero, "1: shard the optimizer states over dp (ZeRO-1)")
       ->check(CLI::Range(0, 1));
   app->add_option("--bucket-mib", f->bucket_mib, "gradient bucket size for the dp reduction")
@@ -191,11 +195,13 @@ Status ApplyStrategyFile(const CLI::App& app, const std::string& path, Options* 
         "--op-strategy says every operator's strategy: drop --sequence-parallel");
   }
   ASSIGN_OR_RETURN(OpStrategyFile file, OpStrategyFile::Load(path));
-  for (auto [flag, from, to] : {std::tuple{"--pp", file.pp, &o->parallel.pp},
-                                {"--dp", file.dp, &o->parallel.dp},
-                                {"--tp", file.tp, &o->parallel.tp},
-                                {"--micro-batches", file.micro_batches, &o->parallel.micro_batches},
-                                {"--zero", file.zero, &o->parallel.zero}}) {
+  for (auto [flag, from, to] :
+       {std::tuple{"--pp", file.pp, &o->parallel.pp},
+        {"--dp", file.dp, &o->parallel.dp},
+        {"--tp", file.tp, &o->parallel.tp},
+        {"--micro-batches", file.micro_batches, &o->parallel.micro_batches},
+        {"--virtual-stages", file.virtual_stages, &o->parallel.virtual_stages},
+        {"--zero", file.zero, &o->parallel.zero}}) {
     if (!from.has_value()) continue;
     if (app.count(flag) == 0) {
       *to = *from;

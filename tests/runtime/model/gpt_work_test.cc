@@ -22,7 +22,7 @@ TEST_CASE("the per-operator shares add up to the stage's work") {
     par.recompute = *ParseRecompute(rc);
     auto mesh = par.MakeMesh();
     REQUIRE(mesh.ok());
-    const GptStage gs = ParallelGpt::StageOf(c, 1, 0, 2, 0);
+    const GptStage gs = ParallelGpt::StageOf(c, par, 0);
     auto ops = ParallelGpt::StageGraph(c, par, *mesh, gs);
     REQUIRE(ops.ok());
     std::vector<StageWork> per_block;

@@ -231,6 +231,121 @@ TEST_CASE("tensor parallel (Megatron), with dp, pp and ZeRO-1, reproduces the si
   }
 }
 
+TEST_CASE("interleaved pipeline (virtual stages), with tp, SP, dp and ZeRO-1, reproduces the run") {
+  kernels::SetComputeThreads(1);
+  const Run reference = Reference();
+  struct Config {
+    int pp, v, tp, dp, zero, micro;
+    bool sp;
+  };
+  // 4 layers: pp2 x 2 chunks of one layer (stage 0 holds h.0 and h.2).
+  for (const Config c : {Config{2, 2, 1, 1, 0, 2, false}, Config{2, 2, 1, 1, 0, 4, false},
+                         Config{2, 2, 1, 1, 0, 8, false}, Config{2, 2, 2, 1, 0, 4, false},
+                         Config{2, 2, 2, 1, 1, 2, true}, Config{2, 2, 1, 2, 1, 2, false},
+                         Config{2, 2, 1, 2, 1, 4, false}, Config{2, 2, 2, 2, 1, 4, true}}) {
+    DYNAMIC_SECTION("pp" << c.pp << " V" << c.v << " tp" << c.tp << (c.sp ? "+SP" : "") << " dp"
+                         << c.dp << " zero" << c.zero << " micro-batches " << c.micro) {
+      Compare(Parallel({.dp = c.dp,
+                        .tp = c.tp,
+                        .pp = c.pp,
+                        .zero = c.zero,
+                        .micro_batches = c.micro,
+                        .bucket_bytes = 4096,
+                        .virtual_stages = c.v,
+                        .sequence_parallel = c.sp},
+                       c.pp * c.tp * c.dp),
+              reference);
+    }
+  }
+  // Each parameter's gradient sums its micro-batches in the same order
+  // with and without chunks (each chunk runs its backwards in micro-batch
+  // order), and the same operators run: bit for bit the same step.
+  SECTION("every parameter's layout records the stage that holds its chunk") {
+    const Status s = RunInProcess(2, [&](Communicator& world) -> Status {
+      ASSIGN_OR_RETURN(auto p, ParallelGpt::Create(kConfig, {.pp = 2, .virtual_stages = 2}, world));
+      ASSIGN_OR_RETURN(Strategy strategy, p->strategy());
+      for (const auto& [name, stage] :
+           std::vector<std::pair<std::string, int>>{{"wte", 0},
+                                                    {"h.0.ln_1.weight", 0},
+                                                    {"h.1.ln_1.weight", 1},
+                                                    {"h.2.mlp.c_fc.weight", 0},
+                                                    {"optimizer.h.2.ln_2.bias.exp_avg", 0},
+                                                    {"h.3.attn.c_proj.bias", 1},
+                                                    {"ln_f.weight", 1}}) {
+        const TensorStrategy* t = strategy.Find(name);
+        if (t == nullptr || t->layout.stage != stage)
+          return InternalError(name + " not on stage " + std::to_string(stage));
+      }
+      // Stage 1 holds h.1 and h.3, ln_f and the tied copy of wte.
+      std::string names;
+      for (const ParamInfo& info : p->model().params()) names += info.name.substr(0, 4) + " ";
+      if (world.rank() == 1 && (p->model().FindParam("h.3.ln_1.weight") == nullptr ||
+                                p->model().FindParam("h.2.ln_1.weight") != nullptr ||
+                                !p->model().params().back().tied_copy)) {
+        return InternalError("stage 1 holds " + names);
+      }
+      if (world.rank() == 0 && (p->model().FindParam("h.2.ln_1.weight") == nullptr ||
+                                p->model().FindParam("h.1.ln_1.weight") != nullptr ||
+                                p->model().FindParam("ln_f.weight") != nullptr)) {
+        return InternalError("stage 0 holds " + names);
+      }
+      return Status::Ok();
+    });
+    INFO(s.ToString());
+    CHECK(s.ok());
+  }
+  SECTION("bad interleavings are refused, saying what would work") {
+    auto refused = [](const GptConfig& config, ParallelConfig par, int ranks) {
+      std::string message;
+      std::mutex mu;
+      const Status s = RunInProcess(ranks, [&](Communicator& world) -> Status {
+        auto p = ParallelGpt::Create(config, par, world);
+        if (p.ok()) return InternalError("accepted");
+        std::lock_guard<std::mutex> lock(mu);
+        message = p.status().message();
+        return Status::Ok();
+      });
+      INFO(s.ToString());
+      CHECK(s.ok());
+      return message;
+    };
+    GptConfig six = kConfig;
+    six.layers = 6;
+    CHECK_THAT(refused(six, {.pp = 2, .virtual_stages = 2}, 2),
+               Catch::Contains("6 layers do not cut into pp 2 x virtual_stages 2 = 4 equal "
+                               "chunks: use virtual_stages 1, 3, or give stage_layers"));
+    CHECK_THAT(refused(kConfig, {.pp = 2, .micro_batches = 1, .virtual_stages = 2}, 2),
+               Catch::Contains("1 micro-batches are fewer than the 2 stages; use at least 2"));
+    CHECK_THAT(refused(kConfig, {.pp = 2, .virtual_stages = 3}, 2),
+               Catch::Contains("chunks need at least 6 layers; the model has 4: use "
+                               "virtual_stages 2 or fewer"));
+    CHECK_THAT(refused(kConfig, {.virtual_stages = 2}, 1), Catch::Contains("it needs pp > 1"));
+    CHECK_THAT(refused(kConfig, {.pp = 2, .virtual_stages = 2, .stage_layers = {3, 1}}, 2),
+               Catch::Contains("pp 2 x virtual_stages 2 needs 4 (one per chunk"));
+    // Per chunk, stage_layers places the layers as it says.
+    const Status s = RunInProcess(2, [&](Communicator& world) -> Status {
+      ASSIGN_OR_RETURN(
+          auto p, ParallelGpt::Create(
+                      six, {.pp = 2, .virtual_stages = 2, .stage_layers = {1, 2, 2, 1}}, world));
+      const bool holds = p->model().FindParam(world.rank() == 0 ? "h.4.ln_1.weight"
+                                                                : "h.2.ln_1.weight") != nullptr;
+      return holds ? Status::Ok() : InternalError("stage_layers per chunk not followed");
+    });
+    CHECK(s.ok());
+  }
+  SECTION("bitwise the non-interleaved run where the operators are the same") {
+    const ParallelConfig one{.tp = 2, .pp = 2, .micro_batches = 4, .bucket_bytes = 4096};
+    ParallelConfig two = one;
+    two.virtual_stages = 2;
+    const Run a = Parallel(one, 4), b = Parallel(two, 4);
+    CHECK(a.losses == b.losses);
+    CHECK(a.norms == b.norms);
+    CHECK(a.weights == b.weights);
+    CHECK(a.m == b.m);
+    CHECK(a.v == b.v);
+  }
+}
+
 TEST_CASE("parallel GPT: layouts are queryable, bad configurations are refused") {
   const Status s = RunInProcess(2, [&](Communicator& world) -> Status {
     ASSIGN_OR_RETURN(auto p, ParallelGpt::Create(kConfig, {.dp = 2, .zero = 1}, world));

@@ -170,13 +170,15 @@ TEST_CASE("operator strategy files round-trip through ToJson") {
   f.tp = 2;
   f.zero = 1;
   f.micro_batches = 4;
-  f.stage_layers = {3, 1};
+  f.virtual_stages = 2;
+  f.stage_layers = {1, 1, 1, 1};
   f.recompute = {{"h.*", Recompute::kSelective}};
   auto back = OpStrategyFile::Parse(f.ToJson(), "<json>");
   INFO(f.ToJson());
   REQUIRE(back.ok());
   CHECK(back->ToJson() == f.ToJson());
   CHECK(back->stage_layers == f.stage_layers);
+  CHECK(back->virtual_stages == 2);
   REQUIRE(back->operators.size() == f.operators.size());
   for (size_t i = 0; i < f.operators.size(); ++i)
     CHECK(back->operators[i].axes == f.operators[i].axes);
