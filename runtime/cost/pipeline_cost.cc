@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <map>
+#include <tuple>
 
 #include "core/byte_size.h"
 #include "runtime/parallel/pipeline.h"
@@ -10,62 +12,78 @@
 namespace tessera {
 namespace {
 
-// 1F1B on ranks that share devices (more ranks than cores), simulated:
-// each stage's `group` ranks run its micro-batches' forwards (a third of a
-// micro-batch's work) and backwards (the rest) in the runtime's 1F1B order,
-// a forward after the previous stage's, a backward after the next stage's;
-// the ranks that have work share the `devices` (processor sharing), those
-// waiting for their neighbour stage take none: the runtime's
-// point-to-point waits sleep (the process's CPU time drops: 3.7 s against
-// 4.3 s for dp4 over the same steps on 4 in-process ranks on 2 cores; Open
-// MPI's receives poll instead, so mpirun jobs with more ranks than cores
-// are priced optimistically).
-// Compute runs at the share, collectives and transfers take their own
-// time. Returns the pipeline's seconds.
+// The pipeline's schedule (runtime/parallel/pipeline.h: 1F1B, or
+// interleaved over chunks), simulated: each stage's `group` ranks run its
+// tasks in the runtime's order, the forwards a third of a micro-batch's
+// work through the chunk and the backwards the rest, a forward after the
+// previous virtual stage's, a backward after the next one's. Where ranks
+// share devices (more ranks than cores) the ranks that have work share the
+// `devices` (processor sharing) and those waiting for a neighbour take
+// none: the runtime's point-to-point waits sleep (the process's CPU time
+// drops: 3.7 s against 4.3 s for dp4 over the same steps on 4 in-process
+// ranks on 2 cores; Open MPI's receives poll instead, so mpirun jobs with
+// more ranks than cores are priced optimistically). Compute runs at the
+// share, collectives and transfers take their own time. Returns the
+// pipeline's seconds.
 // (A waiting rank takes no share rather than a fraction of a working
 // one's: with each kernel measured, a fraction fitted to measured rankings
 // ranks no better than this physical 0; BENCHMARKS.md, "Automatic
 // parallelism".)
-double SharedPipeline(const std::vector<StageCost>& stages, int m, int rpd, int group,
-                      double devices) {
+double SimulatePipeline(const std::vector<StageCost>& stages, int m, int rpd, int group,
+                        double devices) {
   const int pp = static_cast<int>(stages.size());
+  // (A stage priced without chunks, as one.)
+  const int v = std::max<int>(1, static_cast<int>(stages[0].chunk_compute.size()));
   constexpr double kForward = 1.0 / 3;
-  // Per stage: its next task (k of 2m in 1F1B order), the forwards and
-  // backwards done (each in micro-batch order), which phase of the task
-  // runs (compute, then collectives and transfers) and what is left of it.
+  // Per stage: its next task, which phase of it runs (compute, then
+  // collectives and transfers) and what is left of it.
   struct Stage {
-    int k = 0, forwards = 0, backwards = 0;
+    int k = 0;
     bool comm = false, ready = false;
     double left = 0;
   };
   thread_local std::vector<Stage> st;
+  // Every stage's schedule, memoized (the search prices many plans of one
+  // shape).
+  thread_local std::map<std::tuple<int, int, int>, std::vector<PipelineSchedule>> memo;
+  auto found = memo.find({pp, m, v});
+  if (found == memo.end()) {
+    std::vector<PipelineSchedule> all;
+    for (int s = 0; s < pp; ++s) all.emplace_back(pp, s, m, v);
+    found = memo.emplace(std::tuple{pp, m, v}, std::move(all)).first;
+  }
+  const std::vector<PipelineSchedule>& schedules = found->second;
+  // Forwards and backwards done per virtual stage (each in micro-batch order).
+  thread_local std::vector<int> forwards, backwards;
   st.assign(pp, Stage{});
-  // Task k of stage s: the runtime's 1F1B order.
-  thread_local std::vector<PipelineSchedule> schedules;
-  schedules.clear();
-  for (int s = 0; s < pp; ++s) schedules.emplace_back(pp, s, m);
-  auto backward = [&](int s, int k) { return schedules[s].tasks()[k].backward; };
-  auto part = [&](int s, bool bw, bool comm) {
-    const double frac = bw ? 1 - kForward : kForward;
-    return frac * (comm ? stages[s].tp_comm + stages[s].pp_comm : stages[s].compute / rpd);
+  forwards.assign(pp * v, 0);
+  backwards.assign(pp * v, 0);
+  auto task = [&](int s) -> const PipeTask& { return schedules[s].tasks()[st[s].k]; };
+  auto part = [&](int s, const PipeTask& t, bool comm) {
+    const double frac = t.backward ? 1 - kForward : kForward;
+    const StageCost& c = stages[s];
+    if (c.chunk_compute.empty()) return frac * (comm ? c.tp_comm + c.pp_comm : c.compute / rpd);
+    return frac * (comm ? c.chunk_comm[t.chunk] : c.chunk_compute[t.chunk] / rpd);
   };
-  for (int s = 0; s < pp; ++s) st[s].left = part(s, false, false);
+  const int tasks = 2 * m * v;
+  for (int s = 0; s < pp; ++s) st[s].left = part(s, task(s), false);
   double t = 0;
   int finished = 0;
   while (finished < pp) {
     int active = 0;
     for (int s = 0; s < pp; ++s) {
       Stage& x = st[s];
-      if (x.k >= 2 * m) {
+      if (x.k >= tasks) {
         x.ready = false;
         continue;
       }
-      // A forward after the previous stage's, a backward after the next's.
-      x.ready = backward(s, x.k) ? (s == pp - 1 || st[s + 1].backwards > x.backwards)
-                                 : (s == 0 || st[s - 1].forwards > x.forwards);
+      const PipeTask& y = task(s);
+      const int vs = y.chunk * pp + s;
+      x.ready = y.backward ? (vs == pp * v - 1 || backwards[vs + 1] > y.micro_batch)
+                           : (vs == 0 || forwards[vs - 1] > y.micro_batch);
       if (x.ready) active += group;
     }
-    if (active == 0) return std::numeric_limits<double>::infinity();  // cannot happen: 1F1B ends
+    if (active == 0) return std::numeric_limits<double>::infinity();  // cannot happen: it ends
     const double rate = std::min(1.0, devices / active);
     double dt = std::numeric_limits<double>::infinity();
     for (const Stage& x : st) {
@@ -77,16 +95,16 @@ double SharedPipeline(const std::vector<StageCost>& stages, int m, int rpd, int 
       if (!x.ready) continue;
       x.left -= x.comm ? dt : dt * rate;
       if (x.left > 1e-15) continue;
-      const bool bw = backward(s, x.k);
+      const PipeTask& y = task(s);
       if (!x.comm) {
         x.comm = true;
-        x.left = part(s, bw, true);
+        x.left = part(s, y, true);
         if (x.left > 0) continue;
       }
-      ++(bw ? x.backwards : x.forwards);
+      ++(y.backward ? backwards : forwards)[y.chunk * pp + s];
       x.comm = false;
-      if (++x.k < 2 * m) {
-        x.left = part(s, backward(s, x.k), false);
+      if (++x.k < tasks) {
+        x.left = part(s, task(s), false);
       } else {
         ++finished;
       }
@@ -94,6 +112,10 @@ double SharedPipeline(const std::vector<StageCost>& stages, int m, int rpd, int 
   }
   return t;
 }
+
+// Interleaved schedules up to this many stages x micro-batches x chunks
+// are simulated, longer ones priced by formula.
+constexpr double kSimulatedTasks = 64;
 
 std::string Seconds(double s) {
   char buf[32];
@@ -125,7 +147,18 @@ StepPrediction PriceStep(const std::vector<StageCost>& stages, int m, const Mach
   }
   p.pipeline = sum + (m - 1) * slowest;
   const int pp = static_cast<int>(stages.size());
-  if (pp > 1 && prof.ranks_per_device > 1) {
+  const bool interleaved = stages[0].chunk_compute.size() > 1;
+  if (interleaved && prof.ranks_per_device <= 1) {
+    // Every rank on its own device: the schedule's critical path,
+    // simulated; for long schedules (what the search meets on thousands of
+    // devices), Megatron's bubble: each micro-batch through the slowest
+    // stage plus one pass of the others' chunks, (pp - 1) / v of a step's.
+    const double v = static_cast<double>(stages[0].chunk_compute.size());
+    p.pipeline =
+        static_cast<double>(pp) * m * v <= kSimulatedTasks
+            ? SimulatePipeline(stages, m, 1, group, std::numeric_limits<double>::infinity())
+            : m * slowest + (sum - slowest) / v;
+  } else if (pp > 1 && prof.ranks_per_device > 1) {
     const int ranks = pp * group;
     const double devices =
         prof.hosts > 0
@@ -139,10 +172,14 @@ StepPrediction PriceStep(const std::vector<StageCost>& stages, int m, const Mach
       work += static_cast<double>(group) * m * c.compute / prof.ranks_per_device;
     }
     const double lower = std::max(chain, work / devices);
-    p.pipeline = lower + after >= cutoff
-                     ? lower
-                     : std::min(p.pipeline,
-                                SharedPipeline(stages, m, prof.ranks_per_device, group, devices));
+    // (1F1B's formula also bounds the shared run; not an interleaved one's.)
+    const double simulated =
+        lower + after >= cutoff
+            ? lower
+            : SimulatePipeline(stages, m, prof.ranks_per_device, group, devices);
+    p.pipeline = lower + after >= cutoff ? lower
+                 : interleaved           ? simulated
+                                         : std::min(p.pipeline, simulated);
   }
   p.compute = m * stages[slow].compute;
   p.tp_comm = m * stages[slow].tp_comm;

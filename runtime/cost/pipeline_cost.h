@@ -34,7 +34,9 @@ struct StepPrediction {
 };
 
 // The step from its stages' costs: 1F1B's critical path, the stages' sum
-// plus micro-batches - 1 times the slowest. Ranks sharing a device (more
+// plus micro-batches - 1 times the slowest; stages priced per chunk
+// (StageCost::chunk_compute, interleaved 1F1B) have their schedule
+// simulated instead. Ranks sharing a device (more
 // ranks than cores) are charged the device's share (their compute is
 // priced at it); in a pipeline the waiting ranks lend their share to the
 // working ones (simulated).

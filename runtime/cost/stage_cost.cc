@@ -1,6 +1,8 @@
 #include "runtime/cost/stage_cost.h"
 
 #include <algorithm>
+#include <map>
+#include <tuple>
 
 #include "runtime/parallel/pipeline.h"
 
@@ -43,8 +45,8 @@ class BucketCounter {
 
 // The gradients' sums once a step: over dp bucket by bucket, the partial
 // gradients over tp, the tied parameter between the end stages.
-double GradientSumSeconds(const StageWork& w, const ParamStats& ps, const StepShape& shape, int s,
-                          const MachineProfile& prof) {
+double GradientSumSeconds(const std::vector<StageWork>& chunks, const ParamStats& ps,
+                          const StepShape& shape, int s, const MachineProfile& prof) {
   const int pp = shape.pp, dp = shape.dp, tp = shape.tp;
   const bool dp_inter = prof.CrossesHosts(tp, dp);
   const double grad_bytes = 4.0 * ps.floats,
@@ -60,10 +62,13 @@ double GradientSumSeconds(const StageWork& w, const ParamStats& ps, const StepSh
   // The partial gradients' sum over tp: packed into one buffer, summed in
   // place, unpacked (OpGpt::ReduceParamGradients: each float read and
   // written twice).
-  if (tp > 1 && w.tp_sum_floats > 0) {
-    t += prof.CollectiveSeconds(CollectiveKind::kAllReduce, 4.0 * w.tp_sum_floats, tp,
-                                prof.CrossesHosts(1, tp)) +
-         prof.ComputeSeconds(0, 16.0 * static_cast<double>(w.tp_sum_floats));
+  // (Each chunk's operators sum their own.)
+  for (const StageWork& w : chunks) {
+    if (tp > 1 && w.tp_sum_floats > 0) {
+      t += prof.CollectiveSeconds(CollectiveKind::kAllReduce, 4.0 * w.tp_sum_floats, tp,
+                                  prof.CrossesHosts(1, tp)) +
+           prof.ComputeSeconds(0, 16.0 * static_cast<double>(w.tp_sum_floats));
+    }
   }
   if (pp > 1 && (s == 0 || s == pp - 1)) {
     t += prof.CollectiveSeconds(CollectiveKind::kAllReduce, 4.0 * ps.tied, 2,
@@ -86,17 +91,37 @@ double UpdateSeconds(const ParamStats& ps, int zero, const MachineProfile& prof)
          prof.ComputeSeconds(0, packing + 4.0 * static_cast<double>(ps.floats));
 }
 
-MemoryUse StageMemory(const StageWork& w, const ParamStats& ps, const StepShape& shape, int s,
-                      int64_t act_bytes) {
-  const int pp = shape.pp, m = shape.micro_batches;
+MemoryUse StageMemory(const std::vector<StageWork>& chunks, const ParamStats& ps,
+                      const StepShape& shape, int s, int64_t act_bytes) {
+  const int pp = shape.pp, m = shape.micro_batches, v = static_cast<int>(chunks.size());
   MemoryUse mem;
   mem.parameters = mem.gradients = 4 * ps.floats;
   mem.optimizer = 8 * (shape.zero == 1 ? ps.zero_shard : ps.floats);
-  mem.activations = PipelineSchedule(pp, s, m).slots() * w.slot_bytes + w.shared_bytes();
-  mem.communication = (shape.zero == 1 ? 2 * 4 * ps.largest_bucket * shape.dp : 0) +
-                      (shape.tp > 1 ? 4 * w.tp_sum_floats : 0);
-  if (s > 0) mem.communication += act_bytes * (1 + DxSendBuffers(m));
-  if (s < pp - 1) mem.communication += act_bytes;
+  bool receives = s > 0, sends = s < pp - 1;
+  if (v == 1) {  // 1F1B: pp - s in flight (the search's hot path builds no schedule)
+    mem.activations = std::min(m, pp - s) * chunks[0].slot_bytes + chunks[0].shared_bytes();
+    if (shape.tp > 1) mem.communication += 4 * chunks[0].tp_sum_floats;
+  } else {
+    // Each chunk's slots, from the schedule (memoized: the search prices
+    // many plans of one shape).
+    thread_local std::map<std::tuple<int, int, int, int>, std::vector<int>> memo;
+    auto it = memo.find({pp, s, m, v});
+    if (it == memo.end()) {
+      const PipelineSchedule schedule(pp, s, m, v);
+      std::vector<int> in_flight;
+      for (int c = 0; c < v; ++c) in_flight.push_back(schedule.in_flight(c));
+      it = memo.emplace(std::tuple{pp, s, m, v}, std::move(in_flight)).first;
+    }
+    for (int c = 0; c < v; ++c) {
+      const StageWork& w = chunks[c];
+      mem.activations += it->second[c] * w.slot_bytes + w.shared_bytes();
+      if (shape.tp > 1) mem.communication += 4 * w.tp_sum_floats;
+    }
+    receives = sends = true;  // each stage has a chunk after the first and one before the last
+  }
+  if (shape.zero == 1) mem.communication += 2 * 4 * ps.largest_bucket * shape.dp;
+  if (receives) mem.communication += act_bytes * (1 + DxSendBuffers(m * v));
+  if (sends) mem.communication += act_bytes;
   return mem;
 }
 
@@ -122,20 +147,33 @@ OptimizerUnits OptimizerUnitsOf(const ParamStats& ps, int zero) {
 
 StageCost CostOf(const StageWork& w, const ParamStats& ps, const StepShape& shape, int s,
                  int64_t act_bytes, const MachineProfile& prof) {
+  return CostOf(std::vector<StageWork>{w}, ps, shape, s, act_bytes, prof);
+}
+
+StageCost CostOf(const std::vector<StageWork>& chunks, const ParamStats& ps, const StepShape& shape,
+                 int s, int64_t act_bytes, const MachineProfile& prof) {
   StageCost c;
-  const int pp = shape.pp;
-  c.compute = ComputeSeconds(w, prof);
-  c.tp_comm = GroupCommSeconds(w, prof, shape.tp);
+  const int pp = shape.pp, v = static_cast<int>(chunks.size());
   const bool pp_inter = prof.CrossesHosts(static_cast<int64_t>(shape.dp) * shape.tp, 2);
-  if (s < pp - 1) {
-    c.pp_comm += prof.CollectiveSeconds(CollectiveKind::kSendRecv, act_bytes, 2, pp_inter);
+  const double transfer = prof.CollectiveSeconds(CollectiveKind::kSendRecv, act_bytes, 2, pp_inter);
+  for (int k = 0; k < v; ++k) {
+    const double compute = ComputeSeconds(chunks[k], prof);
+    const double tp_comm = GroupCommSeconds(chunks[k], prof, shape.tp);
+    const int vs = k * pp + s;  // a transfer each way per neighbour virtual stage
+    double pp_comm = 0;
+    if (vs < pp * v - 1) pp_comm += transfer;
+    if (vs > 0) pp_comm += transfer;
+    c.compute += compute;
+    c.tp_comm += tp_comm;
+    c.pp_comm += pp_comm;
+    c.chunk_compute.push_back(compute);
+    c.chunk_comm.push_back(tp_comm + pp_comm);
   }
-  if (s > 0) c.pp_comm += prof.CollectiveSeconds(CollectiveKind::kSendRecv, act_bytes, 2, pp_inter);
   c.micro = c.compute + c.tp_comm + c.pp_comm;
-  c.dp_comm = GradientSumSeconds(w, ps, shape, s, prof);
+  c.dp_comm = GradientSumSeconds(chunks, ps, shape, s, prof);
   c.optimizer = UpdateSeconds(ps, shape.zero, prof);
   c.after = c.dp_comm + c.optimizer;
-  c.memory = StageMemory(w, ps, shape, s, act_bytes);
+  c.memory = StageMemory(chunks, ps, shape, s, act_bytes);
   return c;
 }
 

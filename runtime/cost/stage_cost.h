@@ -48,6 +48,7 @@ ParamStats StatsOfParts(const ParamParts& parts, int blocks, int dp, int zero,
 // The shape of a job's step: its mesh, ZeRO and micro-batches per replica.
 struct StepShape {
   int pp = 1, dp = 1, tp = 1, zero = 0, micro_batches = 1;
+  int virtual_stages = 1;  // chunks per stage (interleaved 1F1B)
 };
 
 // The optimizer's kernels' units a step: AdamW over the parameters a rank
@@ -62,6 +63,9 @@ OptimizerUnits OptimizerUnitsOf(const ParamStats& ps, int zero);
 struct StageCost {
   double micro = 0;  // per micro-batch: compute + tp collectives + transfers
   double compute = 0, tp_comm = 0, pp_comm = 0;
+  // The same per chunk (one entry without virtual stages): its compute,
+  // and its tp collectives + transfers, per micro-batch.
+  std::vector<double> chunk_compute, chunk_comm;
   double after = 0, dp_comm = 0, optimizer = 0;  // once per step
   MemoryUse memory;
 };
@@ -69,6 +73,12 @@ struct StageCost {
 // `act_bytes` to the next stage (and their gradients back).
 StageCost CostOf(const StageWork& w, const ParamStats& ps, const StepShape& shape, int stage,
                  int64_t act_bytes, const MachineProfile& prof);
+// Stage `stage` of an interleaved pipeline: `chunks[c]` is the work of its
+// chunk c (virtual stage c x pp + stage), each with its own activation
+// slots and shared buffers (its own operators), each sending and
+// receiving where it has a neighbour virtual stage.
+StageCost CostOf(const std::vector<StageWork>& chunks, const ParamStats& ps, const StepShape& shape,
+                 int stage, int64_t act_bytes, const MachineProfile& prof);
 
 }  // namespace tessera
 

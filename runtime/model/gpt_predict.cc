@@ -60,12 +60,13 @@ ParamParts GptParamParts(const std::vector<ParamInfo>& params, bool fold_blocks)
 }
 
 StepShape ShapeOf(const ParallelConfig& par, int micro_batches) {
-  return {par.pp, par.dp, par.tp, par.zero, micro_batches};
+  return {par.pp, par.dp, par.tp, par.zero, micro_batches, par.virtual_stages};
 }
 
 Result<StepPrediction> PredictGptStep(const GptConfig& config, int B, int T,
                                       const ParallelConfig& parallel,
                                       const MachineProfile& machine) {
+  RETURN_IF_ERROR(parallel.ValidateLayers(config));
   ASSIGN_OR_RETURN(const Job job, PrepareJob(B, T, parallel, machine));
   const ParallelConfig& par = job.par;
   const int64_t act_bytes = job.rows * config.embed * 4;
@@ -76,19 +77,27 @@ Result<StepPrediction> PredictGptStep(const GptConfig& config, int B, int T,
   // operators' work, which is the same, and the Gpt's own buffers.
   const bool whole = ParallelGpt::RunsWhole(parallel);
   for (int s = 0; s < par.pp; ++s) {
+    // Each chunk's operators (one chunk without virtual stages), over the
+    // stage's parameters.
+    std::vector<StageWork> chunks;
     GptStage gs = ParallelGpt::StageOf(config, par, s);
-    ASSIGN_OR_RETURN(const GptGraph graph, ParallelGpt::StageGraph(config, par, job.mesh, gs));
-    gs.tp_dims = std::make_shared<const std::map<std::string, int>>(graph.param_splits);
+    std::array<double, kKernelCount>& units = kernel_units.emplace_back();
+    for (int c = 0; c < par.virtual_stages; ++c) {
+      ASSIGN_OR_RETURN(
+          const GptGraph graph,
+          ParallelGpt::StageGraph(config, par, job.mesh, ParallelGpt::ChunkOf(config, par, s, c)));
+      gs.tp_dims = std::make_shared<const std::map<std::string, int>>(graph.param_splits);
+      const StageWork& w = chunks.emplace_back(EstimateStage(graph, job.rows, T));
+      for (int k = 0; k < kKernelCount; ++k) units[k] += w.kernel[k] * job.micro_batches;
+    }
     ASSIGN_OR_RETURN(std::vector<ParamInfo> params, Gpt::Params(config, gs));
     const ParamStats ps =
         StatsOfParts(GptParamParts(params, false), 0, par.dp, par.zero, par.bucket_bytes);
-    const StageWork w = EstimateStage(graph, job.rows, T);
-    std::array<double, kKernelCount>& units = kernel_units.emplace_back();
-    for (int k = 0; k < kKernelCount; ++k) units[k] = w.kernel[k] * job.micro_batches;
     const OptimizerUnits optimizer = OptimizerUnitsOf(ps, par.zero);
     units[static_cast<int>(Kernel::kAdamW)] = optimizer.adamw;
     units[static_cast<int>(Kernel::kSquaredNorm)] = optimizer.norm;
-    stages.push_back(CostOf(w, ps, ShapeOf(par, job.micro_batches), s, act_bytes, job.profile));
+    stages.push_back(
+        CostOf(chunks, ps, ShapeOf(par, job.micro_batches), s, act_bytes, job.profile));
     if (whole) {
       // The runtime runs this stage's Gpt whole (no operators): its own
       // buffers. The kernels are the operators' (tested unit for unit).
@@ -110,7 +119,8 @@ Result<std::vector<std::vector<OpCost>>> BreakdownGptStep(const GptConfig& confi
   const ParallelConfig& par = job.par;
   std::vector<std::vector<OpCost>> out;
   for (int s = 0; s < par.pp; ++s) {
-    const GptStage gs = ParallelGpt::StageOf(config, par, s);
+    // (Under virtual stages, the stage's first chunk.)
+    const GptStage gs = ParallelGpt::ChunkOf(config, par, s, 0);
     ASSIGN_OR_RETURN(const GptGraph graph, ParallelGpt::StageGraph(config, par, job.mesh, gs));
     std::vector<OpCost> stage;
     for (const auto& [name, w] : EstimateOps(graph, job.rows, T)) {

@@ -208,11 +208,13 @@ std::string CodeOf(const MeshOps& o, const Pick& p, int tp) {
   return block + "; " + ends;
 }
 
-// "pp=2,dp=1,tp=2 micro_batches=8 zero=0 recompute=none".
-std::string PlanName(const MeshShape& mesh, int m, int zero, Recompute rc) {
+// "pp=2,dp=1,tp=2 micro_batches=8 zero=0 recompute=none" (and
+// " virtual_stages=2" after micro_batches when interleaved).
+std::string PlanName(const MeshShape& mesh, int m, int v, int zero, Recompute rc) {
   return "pp=" + std::to_string(mesh.pp) + ",dp=" + std::to_string(mesh.dp) +
          ",tp=" + std::to_string(mesh.tp) + " micro_batches=" + std::to_string(m) +
-         " zero=" + std::to_string(zero) + " recompute=" + std::string(RecomputeName(rc));
+         (v > 1 ? " virtual_stages=" + std::to_string(v) : "") + " zero=" + std::to_string(zero) +
+         " recompute=" + std::string(RecomputeName(rc));
 }
 
 // ---- Blocks: their halves, memoized, and the blocks worth trying.
@@ -630,13 +632,14 @@ StageKinds KindsOf(const MeshOps& ops, const Pick& p, BlockHalves& halves, Stage
   return s;
 }
 
-// The layers per stage that balance the kinds' predicted times.
-std::vector<int> LayersOf(const GptConfig& config, int pp, const StageKinds& s,
+// The layers per stage (per chunk: pp x v groups, with virtual stages)
+// that balance the kinds' predicted times.
+std::vector<int> LayersOf(const GptConfig& config, int pp, int v, const StageKinds& s,
                           const StageEnds& ends) {
   if (pp == 1) return {};
   const double blk = ends.Seconds(s.steady);
   const double mid = ends.Seconds(s.ends[kMiddle]) + ends.Seconds(s.first[kMiddle]) - blk;
-  return BalanceStages(config.layers, pp, blk,
+  return BalanceStages(config.layers, pp * v, blk,
                        ends.Seconds(s.ends[kFirst]) + ends.Seconds(s.first[kFirst]) - blk - mid,
                        ends.Seconds(s.ends[kLast]) + ends.Seconds(s.first[kLast]) - blk - mid);
 }
@@ -767,6 +770,7 @@ class Leaderboard {
 struct BlockSetting {
   MeshShape mesh;
   int m = 1;  // micro-batches per replica
+  int v = 1;  // chunks per stage (interleaved 1F1B)
   Recompute rc = Recompute::kNone;
   int64_t N = 0;  // rows per micro-batch of a replica
 };
@@ -774,14 +778,18 @@ struct BlockSetting {
 // Blocks whose time alone, on the critical path, reaches the best step
 // cannot win: at least all but each stage's first (L - pp), plus, for the
 // micro-batches after the first, the slowest stage's (at least ceil(L /
-// pp) - 1). Pipelined ranks that share devices may run at a whole device
-// while others wait: their blocks count 1 / rpd.
+// pp) - 1). With v chunks a stage, each micro-batch through the slowest
+// stage's blocks but its chunks' first (at least ceil(L / pp) - v).
+// Pipelined ranks that share
+// devices may run at a whole device while others wait: their blocks
+// count 1 / rpd.
 double BlocksOnCriticalPath(const SearchContext& ctx, const BlockSetting& b) {
-  const int pp = b.mesh.pp;
+  const int pp = b.mesh.pp, v = b.v;
   const int64_t L = ctx.config.layers, deepest = (L + pp - 1) / pp;
   const double lent =
       pp > 1 && ctx.profile.ranks_per_device > 1 ? 1.0 / ctx.profile.ranks_per_device : 1.0;
-  return (static_cast<double>(L - pp) + (b.m - 1.0) * (deepest - 1)) * lent;
+  if (v == 1) return (static_cast<double>(L - pp) + (b.m - 1.0) * (deepest - 1)) * lent;
+  return std::max<double>(0.0, b.m * static_cast<double>(deepest - v)) * lent;
 }
 
 // The plan as the strategy file train_gpt runs.
@@ -794,6 +802,7 @@ ParallelConfig PlanOf(const SearchContext& ctx, const MeshOps& ops, const Pick& 
   file->tp = b.mesh.tp;
   file->zero = zero;
   file->micro_batches = b.m;
+  if (b.v > 1) file->virtual_stages = b.v;
   file->stage_layers = layers;
   if (b.rc != Recompute::kNone) file->recompute = {{"h.*", b.rc}};
   for (const GptOpSpec& spec : GptOpSpecs()) {
@@ -809,6 +818,7 @@ ParallelConfig PlanOf(const SearchContext& ctx, const MeshOps& ops, const Pick& 
   par.tp = b.mesh.tp;
   par.zero = zero;
   par.micro_batches = b.m;
+  par.virtual_stages = b.v;
   par.bucket_bytes = ctx.options.bucket_bytes;
   par.stage_layers = layers;
   par.op_strategy = file;
@@ -832,17 +842,27 @@ struct Costing {
 std::vector<StageCost> StagesOf(Costing& c, const Pick& p, const StageKinds& kinds,
                                 const std::vector<int>& layers, int zero) {
   const MeshShape& mesh = c.b.mesh;
+  const int v = c.b.v, groups = mesh.pp * v;
   std::vector<StageCost> stages;
+  std::vector<StageWork> chunks(v);
   for (int s = 0; s < mesh.pp; ++s) {
-    const Kind k = mesh.pp == 1 ? kOnly : s == 0 ? kFirst : s == mesh.pp - 1 ? kLast : kMiddle;
-    const int n = mesh.pp == 1 ? c.ctx.config.layers : layers[s];
-    StageWork w = kinds.ends[k];
-    w.Add(kinds.first[k]);
-    w.AddTimes(kinds.steady, n - 1);
+    // Chunk j of stage s is group j x pp + s: the model's first, its last,
+    // or a middle one.
+    int n = 0;
+    for (int j = 0; j < v; ++j) {
+      const int g = j * mesh.pp + s;
+      const Kind k = groups == 1 ? kOnly : g == 0 ? kFirst : g == groups - 1 ? kLast : kMiddle;
+      const int layers_here = groups == 1 ? c.ctx.config.layers : layers[g];
+      StageWork& w = chunks[j];
+      w = kinds.ends[k];
+      w.Add(kinds.first[k]);
+      w.AddTimes(kinds.steady, layers_here - 1);
+      n += layers_here;
+    }
     const ParamStats* ps = c.params.Stats(c.ops, p, mesh, s, n, zero, c.ctx.options.bucket_bytes);
     if (ps == nullptr) return {};
-    const StepShape shape{mesh.pp, mesh.dp, mesh.tp, zero, c.b.m};
-    stages.push_back(CostOf(w, *ps, shape, s, c.b.N * c.ctx.config.embed * 4, c.ctx.profile));
+    const StepShape shape{mesh.pp, mesh.dp, mesh.tp, zero, c.b.m, v};
+    stages.push_back(CostOf(chunks, *ps, shape, s, c.b.N * c.ctx.config.embed * 4, c.ctx.profile));
   }
   return stages;
 }
@@ -851,7 +871,7 @@ std::vector<StageCost> StagesOf(Costing& c, const Pick& p, const StageKinds& kin
 void CostPick(Costing& c, const Pick& p) {
   const MeshShape& mesh = c.b.mesh;
   const StageKinds kinds = KindsOf(c.ops, p, c.halves, c.ends);
-  const std::vector<int> layers = LayersOf(c.ctx.config, mesh.pp, kinds, c.ends);
+  const std::vector<int> layers = LayersOf(c.ctx.config, mesh.pp, c.b.v, kinds, c.ends);
   for (int zero : mesh.dp > 1 ? std::vector{0, 1} : std::vector{0}) {
     if (!c.ctx.Allowed(c.ctx.fixed ? c.ctx.fixed->zero : std::nullopt, zero)) continue;
     const std::vector<StageCost> stages = StagesOf(c, p, kinds, layers, zero);
@@ -859,7 +879,7 @@ void CostPick(Costing& c, const Pick& p) {
     const StepPrediction pred =
         PriceStep(stages, c.b.m, c.ctx.profile, mesh.dp * mesh.tp, c.board.cutoff());
     c.board.Costed();
-    const std::string name = PlanName(mesh, c.b.m, zero, c.b.rc);
+    const std::string name = PlanName(mesh, c.b.m, c.b.v, zero, c.b.rc);
     if (pred.memory.total() > c.ctx.budget) {
       c.board.OverBudget(pred, name);
       continue;
@@ -981,6 +1001,24 @@ std::vector<Pick> FastTemplates(const SearchContext& ctx, const Mesh& mesh, cons
   return templates;
 }
 
+// The chunks per stage to try on pp stages with m micro-batches: 1, and
+// under a pipeline of at least pp micro-batches 2 where each chunk keeps a
+// layer; under propagate up to the file's, if it sets one. (Each value
+// costs the blocks' front again: up to 4 took exact 3x today's time on
+// GPT-3 / 1,024 devices, beyond the 2x the search may grow; `--why
+// virtual_stages=4` prices any.)
+constexpr int kSearchedVirtualStages = 2;
+std::vector<int> VirtualStagesFor(const SearchContext& ctx, int pp, int m) {
+  std::vector<int> out;
+  const int most = ctx.fixed != nullptr && ctx.fixed->virtual_stages ? *ctx.fixed->virtual_stages
+                                                                     : kSearchedVirtualStages;
+  for (int v = 1; v <= most; ++v) {
+    if (v > 1 && (pp == 1 || m < pp || ctx.config.layers < pp * v)) break;
+    if (ctx.Allowed(ctx.fixed ? ctx.fixed->virtual_stages : std::nullopt, v)) out.push_back(v);
+  }
+  return out;
+}
+
 Status SearchMesh(const SearchContext& ctx, const MeshShape& shape, ParamMemo& params,
                   Leaderboard& board, std::string* why_none) {
   const int pp = shape.pp, dp = shape.dp, tp = shape.tp;
@@ -999,10 +1037,12 @@ Status SearchMesh(const SearchContext& ctx, const MeshShape& shape, ParamMemo& p
   const int rows = ctx.B / dp;
   for (int m : Divisors(rows)) {
     if (!ctx.Allowed(ctx.fixed ? ctx.fixed->micro_batches : std::nullopt, m)) continue;
-    for (Recompute rc : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
-      if (ctx.fixed_rc && *ctx.fixed_rc != rc) continue;
-      const BlockSetting b{shape, m, rc, static_cast<int64_t>(rows / m) * ctx.T};
-      SearchBlocks(ctx, ops, templates, b, params, board);
+    for (int v : VirtualStagesFor(ctx, pp, m)) {
+      for (Recompute rc : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
+        if (ctx.fixed_rc && *ctx.fixed_rc != rc) continue;
+        const BlockSetting b{shape, m, v, rc, static_cast<int64_t>(rows / m) * ctx.T};
+        SearchBlocks(ctx, ops, templates, b, params, board);
+      }
     }
   }
   return Status::Ok();

@@ -8,7 +8,9 @@
 // gpt_work.h's EstimateStage): compute from the matrix
 // products' flops and the element-wise kernels' bytes, collectives over
 // tp per micro-batch, the 1F1B pipeline (sum of the stages plus
-// (micro-batches - 1) x the slowest), the data-parallel gradient sums in
+// (micro-batches - 1) x the slowest; an interleaved one's schedule
+// simulated chunk by chunk, or for long ones Megatron's bubble, the
+// others' chunks once divided by the chunks), the data-parallel gradient sums in
 // buckets (ZeRO-1: reduce-scatter + all-gather), the tied embedding's sum
 // between the end stages, the tp sums of partial parameter gradients and
 // AdamW's memory traffic. Memory is ParallelGpt::Memory()'s accounting:
@@ -17,9 +19,11 @@
 // communication buffers.
 //
 // The search chooses the mesh factorisation (pp x dp x tp), micro-batches,
-// ZeRO, recompute, every operator's strategy and the pipeline's layers
-// (balanced by cost: the last stage's ln_f, output projection and loss
-// counted) under a per-rank memory budget, in one of three modes:
+// virtual stages (1 or 2 chunks per stage: interleaved 1F1B; more under
+// propagate when the file says), ZeRO, recompute, every operator's
+// strategy and the pipeline's layers (balanced by cost per stage, or per
+// chunk: the last one's ln_f, output projection and loss counted) under a
+// per-rank memory budget, in one of three modes:
 // - fast: the operators among data parallelism, Megatron and Megatron-SP;
 // - exact: every operator's own choice among its candidates (columns,
 //   rows, batch, whole; for attention heads or whole sequences), the

@@ -66,6 +66,40 @@ Status ParallelConfig::Validate(int world_size) const {
   return Status::Ok();
 }
 
+Status ParallelConfig::ValidateLayers(const GptConfig& config) const {
+  const int v = virtual_stages, groups = pp * v;
+  if (config.layers < groups) {
+    return InvalidArgumentError(
+        v == 1 ? "pp " + std::to_string(pp) + " stages need at least " + std::to_string(pp) +
+                     " layers; the model has " + std::to_string(config.layers)
+               : "pp " + std::to_string(pp) + " x virtual_stages " + std::to_string(v) +
+                     " chunks need at least " + std::to_string(groups) + " layers; the model has " +
+                     std::to_string(config.layers) +
+                     (config.layers >= 2 * pp ? ": use virtual_stages " +
+                                                    std::to_string(config.layers / pp) + " or fewer"
+                                              : ": use virtual_stages 1"));
+  }
+  if (!stage_layers.empty()) {
+    int64_t sum = 0;
+    for (int n : stage_layers) sum += n;
+    if (sum != config.layers) {
+      return InvalidArgumentError("stage_layers add up to " + std::to_string(sum) +
+                                  " layers; the model has " + std::to_string(config.layers));
+    }
+  } else if (v > 1 && config.layers % groups != 0) {
+    std::string fits;
+    for (int w = 1; w <= config.layers / pp; ++w) {
+      if (config.layers % (pp * w) == 0) fits += (fits.empty() ? "" : ", ") + std::to_string(w);
+    }
+    return InvalidArgumentError(
+        std::to_string(config.layers) + " layers do not cut into pp " + std::to_string(pp) +
+        " x virtual_stages " + std::to_string(v) + " = " + std::to_string(groups) +
+        " equal chunks: use virtual_stages " + fits + ", or give stage_layers (" +
+        std::to_string(groups) + " layer counts, one per chunk)");
+  }
+  return Status::Ok();
+}
+
 bool ParallelGpt::RunsWhole(const ParallelConfig& parallel) {
   return parallel.tp == 1 && parallel.op_strategy == nullptr &&
          parallel.recompute == Recompute::kNone && parallel.virtual_stages == 1;

@@ -21,36 +21,8 @@ Result<std::unique_ptr<ParallelGpt>> ParallelGpt::Create(const GptConfig& config
                                                          const ParallelConfig& parallel,
                                                          Communicator& world) {
   RETURN_IF_ERROR(parallel.Validate(world.size()));
-  const int pp = parallel.pp, v = parallel.virtual_stages, groups = pp * v;
-  if (config.layers < groups) {
-    return InvalidArgumentError(
-        v == 1 ? "pp " + std::to_string(pp) + " stages need at least " + std::to_string(pp) +
-                     " layers; the model has " + std::to_string(config.layers)
-               : "pp " + std::to_string(pp) + " x virtual_stages " + std::to_string(v) +
-                     " chunks need at least " + std::to_string(groups) + " layers; the model has " +
-                     std::to_string(config.layers) +
-                     (config.layers >= 2 * pp ? ": use virtual_stages " +
-                                                    std::to_string(config.layers / pp) + " or fewer"
-                                              : ": use virtual_stages 1"));
-  }
-  if (!parallel.stage_layers.empty()) {
-    int64_t sum = 0;
-    for (int n : parallel.stage_layers) sum += n;
-    if (sum != config.layers) {
-      return InvalidArgumentError("stage_layers add up to " + std::to_string(sum) +
-                                  " layers; the model has " + std::to_string(config.layers));
-    }
-  } else if (v > 1 && config.layers % groups != 0) {
-    std::string fits;
-    for (int w = 1; w <= config.layers / pp; ++w) {
-      if (config.layers % (pp * w) == 0) fits += (fits.empty() ? "" : ", ") + std::to_string(w);
-    }
-    return InvalidArgumentError(
-        std::to_string(config.layers) + " layers do not cut into pp " + std::to_string(pp) +
-        " x virtual_stages " + std::to_string(v) + " = " + std::to_string(groups) +
-        " equal chunks: use virtual_stages " + fits + ", or give stage_layers (" +
-        std::to_string(groups) + " layer counts, one per chunk)");
-  }
+  RETURN_IF_ERROR(parallel.ValidateLayers(config));
+  const int v = parallel.virtual_stages;
   ASSIGN_OR_RETURN(Mesh mesh, parallel.MakeMesh());
   // Every rank checks the whole strategy before any communicator is made,
   // so a bad file stops every rank alike with nothing run.

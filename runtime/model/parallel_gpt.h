@@ -92,6 +92,9 @@ struct ParallelConfig {
   // The mesh "pp=P,dp=D,tp=T" (ranks row-major: tp fastest).
   Result<Mesh> MakeMesh() const;
   Status Validate(int world_size) const;
+  // That `config`'s layers cut into the stages (and chunks) asked for;
+  // errors say what would.
+  Status ValidateLayers(const GptConfig& config) const;
 };
 
 class ParallelGpt {

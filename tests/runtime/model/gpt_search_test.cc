@@ -233,6 +233,47 @@ TEST_CASE("the exact search equals brute force on a small graph, with and withou
   CHECK(Chosen(c, *rt) == tight.ops);
 }
 
+TEST_CASE("interleaved pipelines: the search prices virtual stages as the full walk does") {
+  // Eight layers on pp 2 with as few micro-batches as stages: 1F1B idles
+  // a third of the step, two chunks per stage halve that for twice the
+  // transfers (cheap on NVLink).
+  const GptConfig c{.layers = 8, .heads = 8, .embed = 512, .context = 256, .vocab = 8192};
+  OpStrategyFile f = Settings("<pp2>", 1);
+  f.pp = 2;
+  f.micro_batches = 2;
+  f.recompute = {{"h.*", Recompute::kNone}};
+  auto r = Propagate(c, 8, 256, 2, f);
+  INFO(r.status().ToString());
+  REQUIRE(r.ok());
+  INFO(r->name);
+  CHECK(r->parallel.virtual_stages == 2);
+  CHECK(r->name.find(" virtual_stages=2 ") != std::string::npos);
+  REQUIRE(r->parallel.stage_layers.size() == 4);  // balanced per chunk
+  CHECK(r->parallel.op_strategy->virtual_stages == 2);
+  // The folded prediction is the full walk's of the plan, chunk by chunk.
+  auto full = PredictGptStep(c, 8, 256, r->parallel, Dgx());
+  REQUIRE(full.ok());
+  CHECK(full->seconds == Approx(r->predicted.seconds).epsilon(1e-9));
+  CHECK(full->memory.total() == r->predicted.memory.total());
+  // Against the same plan without chunks: less bubble, more transfers and
+  // activations in flight.
+  ParallelConfig one = r->parallel;
+  one.virtual_stages = 1;
+  one.stage_layers = {4, 4};
+  auto plain = PredictGptStep(c, 8, 256, one, Dgx());
+  REQUIRE(plain.ok());
+  CHECK(full->bubble < plain->bubble);
+  CHECK(full->pp_comm > plain->pp_comm);
+  CHECK(full->memory.activations > plain->memory.activations);
+  CHECK(full->seconds < plain->seconds);
+  // A file that fixes one chunk per stage keeps it.
+  f.virtual_stages = 1;
+  auto kept = Propagate(c, 8, 256, 2, f);
+  REQUIRE(kept.ok());
+  CHECK(kept->parallel.virtual_stages == 1);
+  CHECK(kept->predicted.seconds > r->predicted.seconds);
+}
+
 TEST_CASE("exact rediscovers Megatron's column/row alternation when weights dominate") {
   // Model: 2 blocks, C = 4096, 32 heads, vocabulary 32768; batch 4 x 128
   // tokens; mesh tp = 8 (the file fixes only the mesh and the settings);
