@@ -45,7 +45,7 @@ class BucketCounter {
 
 // The gradients' sums once a step: over dp bucket by bucket, the partial
 // gradients over tp, the tied parameter between the end stages.
-double GradientSumSeconds(const std::vector<StageWork>& chunks, const ParamStats& ps,
+double GradientSumSeconds(std::span<const StageWork> chunks, const ParamStats& ps,
                           const StepShape& shape, int s, const MachineProfile& prof) {
   const int pp = shape.pp, dp = shape.dp, tp = shape.tp;
   const bool dp_inter = prof.CrossesHosts(tp, dp);
@@ -91,7 +91,7 @@ double UpdateSeconds(const ParamStats& ps, int zero, const MachineProfile& prof)
          prof.ComputeSeconds(0, packing + 4.0 * static_cast<double>(ps.floats));
 }
 
-MemoryUse StageMemory(const std::vector<StageWork>& chunks, const ParamStats& ps,
+MemoryUse StageMemory(std::span<const StageWork> chunks, const ParamStats& ps,
                       const StepShape& shape, int s, int64_t act_bytes) {
   const int pp = shape.pp, m = shape.micro_batches, v = static_cast<int>(chunks.size());
   MemoryUse mem;
@@ -147,10 +147,10 @@ OptimizerUnits OptimizerUnitsOf(const ParamStats& ps, int zero) {
 
 StageCost CostOf(const StageWork& w, const ParamStats& ps, const StepShape& shape, int s,
                  int64_t act_bytes, const MachineProfile& prof) {
-  return CostOf(std::vector<StageWork>{w}, ps, shape, s, act_bytes, prof);
+  return CostOf(std::span<const StageWork>(&w, 1), ps, shape, s, act_bytes, prof);
 }
 
-StageCost CostOf(const std::vector<StageWork>& chunks, const ParamStats& ps, const StepShape& shape,
+StageCost CostOf(std::span<const StageWork> chunks, const ParamStats& ps, const StepShape& shape,
                  int s, int64_t act_bytes, const MachineProfile& prof) {
   StageCost c;
   const int pp = shape.pp, v = static_cast<int>(chunks.size());
@@ -166,8 +166,10 @@ StageCost CostOf(const std::vector<StageWork>& chunks, const ParamStats& ps, con
     c.compute += compute;
     c.tp_comm += tp_comm;
     c.pp_comm += pp_comm;
-    c.chunk_compute.push_back(compute);
-    c.chunk_comm.push_back(tp_comm + pp_comm);
+    if (v > 1) {  // one chunk: the stage's own figures (the search's hot path allocates none)
+      c.chunk_compute.push_back(compute);
+      c.chunk_comm.push_back(tp_comm + pp_comm);
+    }
   }
   c.micro = c.compute + c.tp_comm + c.pp_comm;
   c.dp_comm = GradientSumSeconds(chunks, ps, shape, s, prof);

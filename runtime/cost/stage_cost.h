@@ -9,6 +9,7 @@
 #define TESSERA_RUNTIME_COST_STAGE_COST_H_
 
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "runtime/cost/machine_profile.h"
@@ -63,8 +64,8 @@ OptimizerUnits OptimizerUnitsOf(const ParamStats& ps, int zero);
 struct StageCost {
   double micro = 0;  // per micro-batch: compute + tp collectives + transfers
   double compute = 0, tp_comm = 0, pp_comm = 0;
-  // The same per chunk (one entry without virtual stages): its compute,
-  // and its tp collectives + transfers, per micro-batch.
+  // The same per chunk under virtual stages (empty for one chunk): its
+  // compute, and its tp collectives + transfers, per micro-batch.
   std::vector<double> chunk_compute, chunk_comm;
   double after = 0, dp_comm = 0, optimizer = 0;  // once per step
   MemoryUse memory;
@@ -77,7 +78,7 @@ StageCost CostOf(const StageWork& w, const ParamStats& ps, const StepShape& shap
 // chunk c (virtual stage c x pp + stage), each with its own activation
 // slots and shared buffers (its own operators), each sending and
 // receiving where it has a neighbour virtual stage.
-StageCost CostOf(const std::vector<StageWork>& chunks, const ParamStats& ps, const StepShape& shape,
+StageCost CostOf(std::span<const StageWork> chunks, const ParamStats& ps, const StepShape& shape,
                  int stage, int64_t act_bytes, const MachineProfile& prof);
 
 }  // namespace tessera

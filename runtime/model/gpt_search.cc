@@ -844,7 +844,8 @@ std::vector<StageCost> StagesOf(Costing& c, const Pick& p, const StageKinds& kin
   const MeshShape& mesh = c.b.mesh;
   const int v = c.b.v, groups = mesh.pp * v;
   std::vector<StageCost> stages;
-  std::vector<StageWork> chunks(v);
+  thread_local std::vector<StageWork> chunks;
+  chunks.resize(v);
   for (int s = 0; s < mesh.pp; ++s) {
     // Chunk j of stage s is group j x pp + s: the model's first, its last,
     // or a middle one.
@@ -862,7 +863,8 @@ std::vector<StageCost> StagesOf(Costing& c, const Pick& p, const StageKinds& kin
     const ParamStats* ps = c.params.Stats(c.ops, p, mesh, s, n, zero, c.ctx.options.bucket_bytes);
     if (ps == nullptr) return {};
     const StepShape shape{mesh.pp, mesh.dp, mesh.tp, zero, c.b.m, v};
-    stages.push_back(CostOf(chunks, *ps, shape, s, c.b.N * c.ctx.config.embed * 4, c.ctx.profile));
+    stages.push_back(CostOf(std::span<const StageWork>(chunks.data(), v), *ps, shape, s,
+                            c.b.N * c.ctx.config.embed * 4, c.ctx.profile));
   }
   return stages;
 }
@@ -930,17 +932,26 @@ std::vector<BlockPoint> BlockPoints(Costing& c, const std::vector<Pick>& templat
   return points;
 }
 
-// Every plan of one mesh, micro-batch count and recompute. Points come
-// fastest first: once their blocks alone reach the best step, no later
-// point can win.
+// Every plan of one mesh, micro-batch count and recompute, for each of
+// `chunks` (virtual stages, in b.v): the blocks' halves, ends and front
+// are the same for every chunk count (built once, the front under the
+// weakest chunk count's bound). Points come fastest first: once their
+// blocks alone reach the best step, no later point can win.
 void SearchBlocks(const SearchContext& ctx, const MeshOps& ops, const std::vector<Pick>& templates,
-                  const BlockSetting& b, ParamMemo& params, Leaderboard& board) {
+                  BlockSetting b, const std::vector<int>& chunks, ParamMemo& params,
+                  Leaderboard& board) {
   BlockHalves halves(ctx.config, ops, b.mesh.tp, b.N, ctx.T, b.rc, ctx.profile);
   StageEnds ends(ctx.config, ops, b.mesh.tp, b.N, ctx.profile);
-  Costing c{ctx, ops, b, halves, ends, params, board};
-  for (const BlockPoint& bp : BlockPoints(c, templates)) {
-    if (BoundOf(c).Prunes(bp.seconds)) break;
-    for (const Pick& p : EndPicks(c, bp)) CostPick(c, p);
+  b.v = chunks.back();  // the most chunks: the weakest bound
+  Costing front{ctx, ops, b, halves, ends, params, board};
+  const std::vector<BlockPoint> points = BlockPoints(front, templates);
+  for (int v : chunks) {
+    b.v = v;
+    Costing c{ctx, ops, b, halves, ends, params, board};
+    for (const BlockPoint& bp : points) {
+      if (BoundOf(c).Prunes(bp.seconds)) break;
+      for (const Pick& p : EndPicks(c, bp)) CostPick(c, p);
+    }
   }
 }
 
@@ -1037,12 +1048,12 @@ Status SearchMesh(const SearchContext& ctx, const MeshShape& shape, ParamMemo& p
   const int rows = ctx.B / dp;
   for (int m : Divisors(rows)) {
     if (!ctx.Allowed(ctx.fixed ? ctx.fixed->micro_batches : std::nullopt, m)) continue;
-    for (int v : VirtualStagesFor(ctx, pp, m)) {
-      for (Recompute rc : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
-        if (ctx.fixed_rc && *ctx.fixed_rc != rc) continue;
-        const BlockSetting b{shape, m, v, rc, static_cast<int64_t>(rows / m) * ctx.T};
-        SearchBlocks(ctx, ops, templates, b, params, board);
-      }
+    const std::vector<int> chunks = VirtualStagesFor(ctx, pp, m);
+    if (chunks.empty()) continue;
+    for (Recompute rc : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
+      if (ctx.fixed_rc && *ctx.fixed_rc != rc) continue;
+      const BlockSetting b{shape, m, 1, rc, static_cast<int64_t>(rows / m) * ctx.T};
+      SearchBlocks(ctx, ops, templates, b, chunks, params, board);
     }
   }
   return Status::Ok();
