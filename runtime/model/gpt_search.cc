@@ -869,10 +869,32 @@ std::vector<StageCost> StagesOf(Costing& c, const Pick& p, const StageKinds& kin
   return stages;
 }
 
+// What an interleaved plan of a pick takes at least: each micro-batch's
+// compute through the whole model (its chunks' ends, first blocks and the
+// rest, however the layers fall) spread evenly over the stages, in every
+// micro-batch. (The compute is linear in the work, so its sum over the
+// stages is the whole's; a plan that cannot beat the runner-ups is not
+// costed. Ranks sharing a device compute at a whole one while others wait.)
+double ChunkedComputeBound(const Costing& c, const StageKinds& kinds) {
+  const int groups = c.b.mesh.pp * c.b.v;
+  StageWork total = kinds.ends[kFirst];
+  total.Add(kinds.first[kFirst]);
+  for (int g = 1; g + 1 < groups; ++g) {
+    total.Add(kinds.ends[kMiddle]);
+    total.Add(kinds.first[kMiddle]);
+  }
+  total.Add(kinds.ends[kLast]);
+  total.Add(kinds.first[kLast]);
+  total.AddTimes(kinds.steady, c.ctx.config.layers - groups);
+  return c.b.m * ComputeSeconds(total, c.ctx.profile) / c.b.mesh.pp /
+         std::max(1, c.ctx.profile.ranks_per_device);
+}
+
 // Pick `p` with each ZeRO setting the file allows, priced and offered.
 void CostPick(Costing& c, const Pick& p) {
   const MeshShape& mesh = c.b.mesh;
   const StageKinds kinds = KindsOf(c.ops, p, c.halves, c.ends);
+  if (c.b.v > 1 && c.board.found() && ChunkedComputeBound(c, kinds) > c.board.cutoff()) return;
   const std::vector<int> layers = LayersOf(c.ctx.config, mesh.pp, c.b.v, kinds, c.ends);
   for (int zero : mesh.dp > 1 ? std::vector{0, 1} : std::vector{0}) {
     if (!c.ctx.Allowed(c.ctx.fixed ? c.ctx.fixed->zero : std::nullopt, zero)) continue;

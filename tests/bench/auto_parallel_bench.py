@@ -79,6 +79,17 @@ def configs(n):
          "pp=2,dp=1,tp=%d,micro_batches=4" % (n // 2)),
         ("dp2 x pp%d mb2" % (n // 2), ["--dp", "2", "--pp", str(n // 2), "--micro-batches", "2", "--op-strategy", empty],
          "pp=%d,dp=2,micro_batches=2,strategy=%s" % (n // 2, empty)),
+        # Interleaved: two chunks of one layer per stage.
+        ("pp2 x tp%d x 2 chunks mb4" % (n // 2),
+         ["--pp", "2", "--tp", str(n // 2), "--virtual-stages", "2", "--micro-batches", "4"]
+         + (["--op-strategy", empty] if n == 2 else []),
+         "pp=2,dp=1,tp=%d,micro_batches=4,virtual_stages=2" % (n // 2)
+         + (",strategy=%s" % empty if n == 2 else "")),
+        ("pp2 x tp%d x 2 chunks mb8" % (n // 2),
+         ["--pp", "2", "--tp", str(n // 2), "--virtual-stages", "2", "--micro-batches", "8"]
+         + (["--op-strategy", empty] if n == 2 else []),
+         "pp=2,dp=1,tp=%d,micro_batches=8,virtual_stages=2" % (n // 2)
+         + (",strategy=%s" % empty if n == 2 else "")),
     ]
     # pp2 x tp1 and dp2 x pp1 repeat others on 2 ranks.
     return [x for x in c if not (n == 2 and x[0] in ("pp2 x tp1 megatron mb4", "dp2 x pp1 mb2"))]
