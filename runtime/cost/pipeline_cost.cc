@@ -3,8 +3,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <map>
-#include <tuple>
 
 #include "core/byte_size.h"
 #include "runtime/parallel/pipeline.h"
@@ -43,16 +41,7 @@ double SimulatePipeline(const std::vector<StageCost>& stages, int m, int rpd, in
     double left = 0;
   };
   thread_local std::vector<Stage> st;
-  // Every stage's schedule, memoized (the search prices many plans of one
-  // shape).
-  thread_local std::map<std::tuple<int, int, int>, std::vector<PipelineSchedule>> memo;
-  auto found = memo.find({pp, m, v});
-  if (found == memo.end()) {
-    std::vector<PipelineSchedule> all;
-    for (int s = 0; s < pp; ++s) all.emplace_back(pp, s, m, v);
-    found = memo.emplace(std::tuple{pp, m, v}, std::move(all)).first;
-  }
-  const std::vector<PipelineSchedule>& schedules = found->second;
+  const std::vector<PipelineSchedule>& schedules = PipelineSchedules(pp, m, v);
   // Forwards and backwards done per virtual stage (each in micro-batch order).
   thread_local std::vector<int> forwards, backwards;
   st.assign(pp, Stage{});
@@ -172,14 +161,13 @@ StepPrediction PriceStep(const std::vector<StageCost>& stages, int m, const Mach
       work += static_cast<double>(group) * m * c.compute / prof.ranks_per_device;
     }
     const double lower = std::max(chain, work / devices);
-    // (1F1B's formula also bounds the shared run; not an interleaved one's.)
-    const double simulated =
-        lower + after >= cutoff
-            ? lower
-            : SimulatePipeline(stages, m, prof.ranks_per_device, group, devices);
-    p.pipeline = lower + after >= cutoff ? lower
-                 : interleaved           ? simulated
-                                         : std::min(p.pipeline, simulated);
+    if (lower + after >= cutoff) {
+      p.pipeline = lower;
+    } else {
+      // (1F1B's formula also bounds the shared run; not an interleaved one's.)
+      const double simulated = SimulatePipeline(stages, m, prof.ranks_per_device, group, devices);
+      p.pipeline = interleaved ? simulated : std::min(p.pipeline, simulated);
+    }
   }
   p.compute = m * stages[slow].compute;
   p.tp_comm = m * stages[slow].tp_comm;

@@ -1,8 +1,6 @@
 #include "runtime/cost/stage_cost.h"
 
 #include <algorithm>
-#include <map>
-#include <tuple>
 
 #include "runtime/parallel/pipeline.h"
 
@@ -97,31 +95,22 @@ MemoryUse StageMemory(std::span<const StageWork> chunks, const ParamStats& ps,
   MemoryUse mem;
   mem.parameters = mem.gradients = 4 * ps.floats;
   mem.optimizer = 8 * (shape.zero == 1 ? ps.zero_shard : ps.floats);
-  bool receives = s > 0, sends = s < pp - 1;
-  if (v == 1) {  // 1F1B: pp - s in flight (the search's hot path builds no schedule)
+  if (v == 1) {  // 1F1B: pp - s in flight (the search's hot path looks up no schedule)
     mem.activations = std::min(m, pp - s) * chunks[0].slot_bytes + chunks[0].shared_bytes();
-    if (shape.tp > 1) mem.communication += 4 * chunks[0].tp_sum_floats;
   } else {
-    // Each chunk's slots, from the schedule (memoized: the search prices
-    // many plans of one shape).
-    thread_local std::map<std::tuple<int, int, int, int>, std::vector<int>> memo;
-    auto it = memo.find({pp, s, m, v});
-    if (it == memo.end()) {
-      const PipelineSchedule schedule(pp, s, m, v);
-      std::vector<int> in_flight;
-      for (int c = 0; c < v; ++c) in_flight.push_back(schedule.in_flight(c));
-      it = memo.emplace(std::tuple{pp, s, m, v}, std::move(in_flight)).first;
-    }
+    const PipelineSchedule& schedule = PipelineSchedules(pp, m, v)[s];
     for (int c = 0; c < v; ++c) {
-      const StageWork& w = chunks[c];
-      mem.activations += it->second[c] * w.slot_bytes + w.shared_bytes();
-      if (shape.tp > 1) mem.communication += 4 * w.tp_sum_floats;
+      mem.activations += schedule.in_flight(c) * chunks[c].slot_bytes + chunks[c].shared_bytes();
     }
-    receives = sends = true;  // each stage has a chunk after the first and one before the last
+  }
+  if (shape.tp > 1) {
+    for (const StageWork& w : chunks) mem.communication += 4 * w.tp_sum_floats;
   }
   if (shape.zero == 1) mem.communication += 2 * 4 * ps.largest_bucket * shape.dp;
-  if (receives) mem.communication += act_bytes * (1 + DxSendBuffers(m * v));
-  if (sends) mem.communication += act_bytes;
+  if (PipelineSchedule::Receives(s, v)) {
+    mem.communication += act_bytes * (1 + DxSendBuffers(m * v));
+  }
+  if (PipelineSchedule::Sends(pp, s, v)) mem.communication += act_bytes;
   return mem;
 }
 

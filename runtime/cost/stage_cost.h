@@ -49,7 +49,6 @@ ParamStats StatsOfParts(const ParamParts& parts, int blocks, int dp, int zero,
 // The shape of a job's step: its mesh, ZeRO and micro-batches per replica.
 struct StepShape {
   int pp = 1, dp = 1, tp = 1, zero = 0, micro_batches = 1;
-  int virtual_stages = 1;  // chunks per stage (interleaved 1F1B)
 };
 
 // The optimizer's kernels' units a step: AdamW over the parameters a rank

@@ -60,7 +60,7 @@ ParamParts GptParamParts(const std::vector<ParamInfo>& params, bool fold_blocks)
 }
 
 StepShape ShapeOf(const ParallelConfig& par, int micro_batches) {
-  return {par.pp, par.dp, par.tp, par.zero, micro_batches, par.virtual_stages};
+  return {par.pp, par.dp, par.tp, par.zero, micro_batches};
 }
 
 Result<StepPrediction> PredictGptStep(const GptConfig& config, int B, int T,

@@ -862,7 +862,7 @@ std::vector<StageCost> StagesOf(Costing& c, const Pick& p, const StageKinds& kin
     }
     const ParamStats* ps = c.params.Stats(c.ops, p, mesh, s, n, zero, c.ctx.options.bucket_bytes);
     if (ps == nullptr) return {};
-    const StepShape shape{mesh.pp, mesh.dp, mesh.tp, zero, c.b.m, v};
+    const StepShape shape{mesh.pp, mesh.dp, mesh.tp, zero, c.b.m};
     stages.push_back(CostOf(std::span<const StageWork>(chunks.data(), v), *ps, shape, s,
                             c.b.N * c.ctx.config.embed * 4, c.ctx.profile));
   }

@@ -127,9 +127,9 @@ Status ParallelGpt::Build() {
   micro_batches_ = parallel_.micro_batches > 0 ? parallel_.micro_batches : pp;
   // Each chunk holds the activations of the micro-batches the schedule
   // keeps in flight on it (1F1B: at most pp - stage).
-  const PipelineSchedule schedule(pp, stage_, micro_batches_, parallel_.virtual_stages);
-  for (int c = 0; c < schedule.chunks(); ++c) runners_[c]->SetSlots(schedule.in_flight(c));
-  if (ops_.empty()) model_.SetSlots(schedule.slots());
+  schedule_ = PipelineSchedule(pp, stage_, micro_batches_, parallel_.virtual_stages);
+  for (int c = 0; c < schedule_.chunks(); ++c) runners_[c]->SetSlots(schedule_.in_flight(c));
+  if (ops_.empty()) model_.SetSlots(schedule_.slots());
   if (pp > 1) {
     const bool ends = stage_ == 0 || stage_ == pp - 1;
     const int64_t dp_tp = comms_.coordinate("dp") * parallel_.tp + comms_.coordinate("tp");
@@ -288,20 +288,15 @@ Status ParallelGpt::ShardedUpdate(const AdamWConfig& adam, float clip) {
 
 Result<double> ParallelGpt::RunPipeline(const int32_t* tokens, const int32_t* targets, int rows,
                                         int T) {
-  const PipelineSchedule schedule(parallel_.pp, stage_, micro_batches_, parallel_.virtual_stages);
+  const PipelineSchedule& schedule = schedule_;
   const int M = micro_batches_, V = schedule.chunks();
   const int mb = rows / M;
   const int64_t n = static_cast<int64_t>(mb) * T * model_.config().embed;
   const int prev = schedule.PrevStage(), next = schedule.NextStage();
   const float dloss = 1.0f / static_cast<float>(M);
-  bool receives = false, sends_back = false;
-  for (int c = 0; c < V; ++c) {
-    receives = receives || schedule.HasPrev(c);
-    sends_back = sends_back || schedule.HasNext(c);
-  }
-  if (receives) recv_x_.resize(n);
-  if (sends_back) recv_dy_.resize(n);
-  const int dx_buffers = receives ? DxSendBuffers(M * V) : 0;
+  if (schedule.Receives()) recv_x_.resize(n);
+  if (schedule.Sends()) recv_dy_.resize(n);
+  const int dx_buffers = schedule.Receives() ? DxSendBuffers(M * V) : 0;
   send_dx_.resize(dx_buffers);  // kept between steps: sizes change only with the batch shape
   for (std::vector<float>& b : send_dx_) b.resize(n);
   std::vector<Request> slot_send(schedule.slots()), dx_send(dx_buffers);
@@ -312,7 +307,7 @@ Result<double> ParallelGpt::RunPipeline(const int32_t* tokens, const int32_t* ta
   // stage's chunk c + 1, whose gradient goes back the same way.
   auto forward = [&](int i, int c) -> Status {
     StageRunner& runner = *runners_[c];
-    const int slot = schedule.SlotOf(i, c), local = i % schedule.in_flight(c);
+    const int slot = schedule.SlotOf(i, c), local = schedule.LocalSlot(i, c);
     const int64_t at = static_cast<int64_t>(i) * mb * T;
     if (schedule.HasPrev(c)) {
       AddElapsed timed(&comm_seconds_);
@@ -327,9 +322,9 @@ Result<double> ParallelGpt::RunPipeline(const int32_t* tokens, const int32_t* ta
                      runner.ForwardStage(local, tokens + at, recv_x_.data(), targets + at, mb, T));
     loss += l;
     if (schedule.HasNext(c)) {
-      const int to = stage_ == parallel_.pp - 1 ? c + 1 : c;
-      ASSIGN_OR_RETURN(slot_send[slot], pp_->ISend(runner.StageOutput(local), n, DType::kF32, next,
-                                                   PipelineSchedule::Tag(i, to, V, false)));
+      ASSIGN_OR_RETURN(slot_send[slot],
+                       pp_->ISend(runner.StageOutput(local), n, DType::kF32, next,
+                                  PipelineSchedule::Tag(i, schedule.NextChunk(c), V, false)));
     }
     return Status::Ok();
   };
@@ -340,7 +335,7 @@ Result<double> ParallelGpt::RunPipeline(const int32_t* tokens, const int32_t* ta
       RETURN_IF_ERROR(
           pp_->Recv(recv_dy_.data(), n, DType::kF32, next, PipelineSchedule::Tag(j, c, V, true)));
     }
-    RETURN_IF_ERROR(runner.BackwardStage(j % schedule.in_flight(c), recv_dy_.data(), dloss));
+    RETURN_IF_ERROR(runner.BackwardStage(schedule.LocalSlot(j, c), recv_dy_.data(), dloss));
     if (schedule.HasPrev(c)) {
       const int b = dx_sent++ % dx_buffers;
       if (dx_send[b].pending()) {  // the gradient sent from it before has left
@@ -349,9 +344,9 @@ Result<double> ParallelGpt::RunPipeline(const int32_t* tokens, const int32_t* ta
       }
       const float* dx = runner.InputGradient();
       std::copy(dx, dx + n, send_dx_[b].begin());
-      const int to = stage_ == 0 ? c - 1 : c;
-      ASSIGN_OR_RETURN(dx_send[b], pp_->ISend(send_dx_[b].data(), n, DType::kF32, prev,
-                                              PipelineSchedule::Tag(j, to, V, true)));
+      ASSIGN_OR_RETURN(dx_send[b],
+                       pp_->ISend(send_dx_[b].data(), n, DType::kF32, prev,
+                                  PipelineSchedule::Tag(j, schedule.PrevChunk(c), V, true)));
     }
     return Status::Ok();
   };

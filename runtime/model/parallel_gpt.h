@@ -247,6 +247,7 @@ class ParallelGpt {
   int dp_rank_ = 0;
   int stage_ = 0;
   int micro_batches_ = 1;
+  PipelineSchedule schedule_{1, 0, 1};  // this stage's, from Build
   // First and last stage ranks of the same dp and tp coordinates: they
   // sum the tied embedding's gradient (null elsewhere and when pp = 1).
   std::unique_ptr<Communicator> tied_;

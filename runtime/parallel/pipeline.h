@@ -6,6 +6,8 @@
 #define TESSERA_RUNTIME_PARALLEL_PIPELINE_H_
 
 #include <algorithm>
+#include <map>
+#include <tuple>
 #include <vector>
 
 namespace tessera {
@@ -99,8 +101,10 @@ class PipelineSchedule {
   // forwards and backwards both run in micro-batch order, so slot
   // i % in_flight(c) is free again when micro-batch i starts).
   int SlotOf(int micro_batch, int chunk) const {
-    return slot_base_[chunk] + micro_batch % in_flight_[chunk];
+    return slot_base_[chunk] + LocalSlot(micro_batch, chunk);
   }
+  // The same among chunk c's own slots.
+  int LocalSlot(int micro_batch, int chunk) const { return micro_batch % in_flight_[chunk]; }
   int VirtualStage(int chunk) const { return chunk * pp_ + stage_; }
   int virtual_stages() const { return chunks_ * pp_; }
   // Whether chunk c receives activations from the previous virtual stage
@@ -110,6 +114,17 @@ class PipelineSchedule {
   bool HasNext(int chunk) const { return VirtualStage(chunk) < virtual_stages() - 1; }
   int PrevStage() const { return (stage_ + pp_ - 1) % pp_; }
   int NextStage() const { return (stage_ + 1) % pp_; }
+  // The chunk of the previous (next) stage that chunk c receives from
+  // (sends to): the ring wraps from the last stage's chunk c to the first
+  // stage's chunk c + 1.
+  int PrevChunk(int chunk) const { return stage_ == 0 ? chunk - 1 : chunk; }
+  int NextChunk(int chunk) const { return stage_ == pp_ - 1 ? chunk + 1 : chunk; }
+  // Whether any chunk receives activations (and so sends gradients back),
+  // or sends activations (and receives their gradients).
+  bool Receives() const { return Receives(stage_, chunks_); }
+  bool Sends() const { return Sends(pp_, stage_, chunks_); }
+  static bool Receives(int stage, int chunks) { return stage > 0 || chunks > 1; }
+  static bool Sends(int pp, int stage, int chunks) { return stage < pp - 1 || chunks > 1; }
   // The tag of the message into chunk c of the receiving stage carrying
   // micro-batch i's activations (forward) or gradient (backward). Between
   // two stages each (micro-batch, receiving chunk, direction) is one
@@ -124,6 +139,21 @@ class PipelineSchedule {
   std::vector<PipeTask> tasks_;
   std::vector<int> in_flight_, slot_base_;
 };
+
+// Every stage's schedule of `pp` stages, `micro_batches` and `chunks`,
+// built once per thread and shape: what the cost model replays for many
+// plans of one shape.
+inline const std::vector<PipelineSchedule>& PipelineSchedules(int pp, int micro_batches,
+                                                              int chunks) {
+  thread_local std::map<std::tuple<int, int, int>, std::vector<PipelineSchedule>> memo;
+  auto it = memo.find({pp, micro_batches, chunks});
+  if (it == memo.end()) {
+    std::vector<PipelineSchedule> all;
+    for (int s = 0; s < pp; ++s) all.emplace_back(pp, s, micro_batches, chunks);
+    it = memo.emplace(std::tuple{pp, micro_batches, chunks}, std::move(all)).first;
+  }
+  return it->second;
+}
 
 // Buffers a pipeline stage sends its input gradients from, reused in turn:
 // the gradient of micro-batch j waits for that of j - 2 to have left. One

@@ -91,8 +91,16 @@ TEST_CASE("interleaved 1F1B: each (micro-batch, chunk) once each way, forward fi
           const int groups = m / pp, group = m / groups + (m % groups > 0 ? 1 : 0);
           CHECK(schedule.warm_up() == std::min((pp - s - 1) * 2 + (v - 1) * group, m * v));
           int slots = 0;
-          for (int c = 0; c < v; ++c) slots += schedule.in_flight(c);
+          bool receives = false, sends = false;
+          for (int c = 0; c < v; ++c) {
+            slots += schedule.in_flight(c);
+            receives = receives || schedule.HasPrev(c);
+            sends = sends || schedule.HasNext(c);
+          }
           CHECK(schedule.slots() == slots);
+          CHECK(schedule.Receives() == receives);
+          CHECK(schedule.Sends() == sends);
+          CHECK(PipelineSchedules(pp, m, v)[s].tasks().size() == schedule.tasks().size());
         }
       }
     }
@@ -130,9 +138,8 @@ std::vector<Op> Ops(const PipelineSchedule& p) {
       wait(slot);
       ops.push_back({Op::kCompute});
       if (p.HasNext(t.chunk)) {
-        const int to = p.stage() == p.pp() - 1 ? t.chunk + 1 : t.chunk;
-        ops.push_back(
-            {Op::kSend, p.NextStage(), PipelineSchedule::Tag(t.micro_batch, to, v, false), slot});
+        ops.push_back({Op::kSend, p.NextStage(),
+                       PipelineSchedule::Tag(t.micro_batch, p.NextChunk(t.chunk), v, false), slot});
         pending[slot] = true;
       }
     } else {
@@ -144,9 +151,8 @@ std::vector<Op> Ops(const PipelineSchedule& p) {
       if (p.HasPrev(t.chunk)) {
         const int b = kDx + sent_dx++ % dx_buffers;
         wait(b);
-        const int to = p.stage() == 0 ? t.chunk - 1 : t.chunk;
-        ops.push_back(
-            {Op::kSend, p.PrevStage(), PipelineSchedule::Tag(t.micro_batch, to, v, true), b});
+        ops.push_back({Op::kSend, p.PrevStage(),
+                       PipelineSchedule::Tag(t.micro_batch, p.PrevChunk(t.chunk), v, true), b});
         pending[b] = true;
       }
     }
