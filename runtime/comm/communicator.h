@@ -71,7 +71,9 @@ struct CommOptions {
   std::function<void(const Status&)> on_timeout;
 };
 
-// A pending non-blocking send or receive. Move-only; Wait() once.
+// A pending non-blocking operation (a send, a receive or a collective).
+// Move-only; Wait() once. Its buffers must stay alive and untouched until
+// Wait returns.
 class Request {
  public:
   class Impl {
@@ -94,9 +96,12 @@ class Request {
 // the first error.
 Status WaitAll(std::span<Request> requests);
 
+class AsyncLane;
+
 class Communicator {
  public:
-  virtual ~Communicator() = default;
+  Communicator();
+  virtual ~Communicator();
 
   virtual int rank() const = 0;
   virtual int size() const = 0;
@@ -136,6 +141,24 @@ class Communicator {
   virtual Status AllToAllV(const void* send, std::span<const int64_t> send_counts, void* recv,
                            std::span<const int64_t> recv_counts, DType dtype) = 0;
 
+  // Non-blocking collectives: the same arguments and results as the
+  // blocking ones (CommOptions::deterministic keeps its rank-order fold),
+  // completed by Request::Wait or WaitAll. Every rank issues its collectives
+  // (blocking and non-blocking) on a communicator in the same order; several
+  // may be in flight at once, from one thread or from threads taking turns.
+  // By default a backend runs them one after another on a thread of its own
+  // over a duplicate of this communicator (made by the first call, a
+  // collective Split), so they progress while the caller computes: the
+  // in-process and Gloo backends. MPI issues MPI's non-blocking collectives
+  // (they progress inside MPI calls, and in the Wait), NCCL enqueues on its
+  // stream.
+  virtual Result<Request> IAllReduce(const void* send, void* recv, int64_t count, DType dtype,
+                                     ReduceOp op);
+  virtual Result<Request> IReduceScatter(const void* send, void* recv, int64_t recv_count,
+                                         DType dtype, ReduceOp op);
+  virtual Result<Request> IAllGather(const void* send, int64_t count, void* recv, DType dtype);
+  virtual Result<Request> IAllToAll(const void* send, void* recv, int64_t count, DType dtype);
+
   // Tagged point-to-point (tag >= 0). Counts must match exactly. Send may
   // return before the receiver posted its receive, or may wait for it: code
   // that needs both directions at once uses ISend/IRecv.
@@ -151,6 +174,12 @@ class Communicator {
 
  protected:
   std::string name_ = "world";
+
+ private:
+  // The default non-blocking collectives' thread and duplicate
+  // communicator (it runs nothing on this one).
+  Result<AsyncLane*> Lane();
+  std::unique_ptr<AsyncLane> lane_;
 };
 
 }  // namespace tessera

@@ -8,6 +8,7 @@
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <mutex>
 #include <numeric>
 #include <thread>
@@ -455,6 +456,18 @@ class MpiCommunicator : public Communicator {
   Result<Request> ISend(const void* buf, int64_t count, DType dtype, int peer, int tag) override;
   Result<Request> IRecv(void* buf, int64_t count, DType dtype, int peer, int tag) override;
 
+  // MPI's non-blocking collectives. The deterministic allreduce takes two
+  // collectives in turn (an alltoall, the fold, an allgather), which one
+  // MPI request cannot: it runs on the default lane (a thread and a
+  // duplicate communicator, communicator.h), as does a call of more than
+  // 2^31-1 elements.
+  Result<Request> IAllReduce(const void* send, void* recv, int64_t count, DType dtype,
+                             ReduceOp op) override;
+  Result<Request> IReduceScatter(const void* send, void* recv, int64_t recv_count, DType dtype,
+                                 ReduceOp op) override;
+  Result<Request> IAllGather(const void* send, int64_t count, void* recv, DType dtype) override;
+  Result<Request> IAllToAll(const void* send, void* recv, int64_t count, DType dtype) override;
+
   Result<std::unique_ptr<Communicator>> Split(int color, int key) override {
     const CollectiveArgs args{CollectiveKind::kSplit};
     RETURN_IF_ERROR(Check(args));
@@ -478,6 +491,10 @@ class MpiCommunicator : public Communicator {
     return s + ")";
   }
 
+  Status Ok(int rc, const CollectiveArgs& args) const {
+    if (rc == MPI_SUCCESS) return Status::Ok();
+    return IOError(Where() + ": " + DescribeArgs(args) + ": " + ErrorString(rc));
+  }
   Status P2POk(int rc, const std::string& what) const {
     if (rc == MPI_SUCCESS) return Status::Ok();
     int cls = 0;
@@ -512,10 +529,6 @@ class MpiCommunicator : public Communicator {
     return std::string(text, len);
   }
 
-  Status Ok(int rc, const CollectiveArgs& args) const {
-    if (rc == MPI_SUCCESS) return Status::Ok();
-    return IOError(Where() + ": " + DescribeArgs(args) + ": " + ErrorString(rc));
-  }
   // MPI counts are int: a larger vector goes in chunks where the collective
   // allows it, else is refused.
   template <typename Fn>
@@ -668,6 +681,125 @@ class MpiRequest : public Request::Impl {
   DType dtype_;
   bool is_recv_;
 };
+
+// A non-blocking collective: MPI's request and what remains to do once it
+// completes (the fold of a reduce-scatter's blocks, an average's division).
+class MpiCollectiveRequest : public Request::Impl {
+ public:
+  MpiCollectiveRequest(MpiCommunicator* comm, MPI_Request req, CollectiveArgs args,
+                       std::vector<char> scratch, std::function<void(std::vector<char>&)> finish)
+      : comm_(comm),
+        req_(req),
+        args_(args),
+        scratch_(std::move(scratch)),
+        finish_(std::move(finish)) {}
+  // MPI cannot cancel a collective: one never waited for is completed here,
+  // so MPI does not write into freed memory.
+  ~MpiCollectiveRequest() override {
+    if (req_ != MPI_REQUEST_NULL) MPI_Wait(&req_, MPI_STATUS_IGNORE);
+  }
+  Status Wait() override {
+    int rc;
+    {
+      Watched w(comm_->world(), comm_, DescribeArgs(args_) + " (non-blocking)");
+      rc = MPI_Wait(&req_, MPI_STATUS_IGNORE);
+    }
+    RETURN_IF_ERROR(comm_->Ok(rc, args_));
+    if (finish_) finish_(scratch_);
+    return Status::Ok();
+  }
+
+ private:
+  MpiCommunicator* comm_;
+  MPI_Request req_;
+  CollectiveArgs args_;
+  std::vector<char> scratch_;
+  std::function<void(std::vector<char>&)> finish_;
+};
+
+Result<Request> MpiCommunicator::IAllReduce(const void* send, void* recv, int64_t count,
+                                            DType dtype, ReduceOp op) {
+  if (FoldInRankOrder(dtype) || count > INT_MAX) {
+    return Communicator::IAllReduce(send, recv, count, dtype, op);
+  }
+  RETURN_IF_ERROR(CheckReduction(dtype, op));
+  const CollectiveArgs args{CollectiveKind::kAllReduce, count, dtype, op};
+  RETURN_IF_ERROR(Check(args));
+  MPI_Request req;
+  RETURN_IF_ERROR(
+      Ok(MPI_Iallreduce(send == recv ? MPI_IN_PLACE : send, recv, static_cast<int>(count),
+                        MpiType(dtype), MpiOp(dtype, op), comm_, &req),
+         args));
+  std::function<void(std::vector<char>&)> finish;
+  if (op == ReduceOp::kAvg) {
+    const int n = size_;
+    finish = [=](std::vector<char>&) { DivideInPlace(dtype, recv, count, n); };
+  }
+  return Request(std::make_unique<MpiCollectiveRequest>(this, req, args, std::vector<char>(),
+                                                        std::move(finish)));
+}
+
+Result<Request> MpiCommunicator::IReduceScatter(const void* send, void* recv, int64_t recv_count,
+                                                DType dtype, ReduceOp op) {
+  if (recv_count * size_ > INT_MAX) {
+    return Communicator::IReduceScatter(send, recv, recv_count, dtype, op);
+  }
+  RETURN_IF_ERROR(CheckReduction(dtype, op));
+  const CollectiveArgs args{CollectiveKind::kReduceScatter, recv_count, dtype, op};
+  RETURN_IF_ERROR(Check(args));
+  MPI_Request req;
+  const int n = size_;
+  if (FoldInRankOrder(dtype) || size_ <= world_->options().fold_reduce_scatter_ranks) {
+    // As the blocking call: every rank's block r lands here, folded in rank
+    // order once it has.
+    std::vector<char> blocks(recv_count * size_ * DTypeSize(dtype));
+    RETURN_IF_ERROR(
+        Ok(MPI_Ialltoall(send, static_cast<int>(recv_count), MpiType(dtype), blocks.data(),
+                         static_cast<int>(recv_count), MpiType(dtype), comm_, &req),
+           args));
+    return Request(std::make_unique<MpiCollectiveRequest>(
+        this, req, args, std::move(blocks),
+        [=](std::vector<char>& b) { FoldBlocks(b.data(), n, recv_count, dtype, op, recv); }));
+  }
+  RETURN_IF_ERROR(Ok(MPI_Ireduce_scatter_block(send, recv, static_cast<int>(recv_count),
+                                               MpiType(dtype), MpiOp(dtype, op), comm_, &req),
+                     args));
+  std::function<void(std::vector<char>&)> finish;
+  if (op == ReduceOp::kAvg) {
+    finish = [=](std::vector<char>&) { DivideInPlace(dtype, recv, recv_count, n); };
+  }
+  return Request(std::make_unique<MpiCollectiveRequest>(this, req, args, std::vector<char>(),
+                                                        std::move(finish)));
+}
+
+Result<Request> MpiCommunicator::IAllGather(const void* send, int64_t count, void* recv,
+                                            DType dtype) {
+  if (count * size_ > INT_MAX) return Communicator::IAllGather(send, count, recv, dtype);
+  const CollectiveArgs args{CollectiveKind::kAllGather, count * size_, dtype};
+  if (world_->options().check) {
+    RETURN_IF_ERROR(
+        Check(VArgs(CollectiveKind::kAllGather, std::vector<int64_t>(size_, count), dtype)));
+  }
+  MPI_Request req;
+  RETURN_IF_ERROR(Ok(MPI_Iallgather(send, static_cast<int>(count), MpiType(dtype), recv,
+                                    static_cast<int>(count), MpiType(dtype), comm_, &req),
+                     args));
+  return Request(
+      std::make_unique<MpiCollectiveRequest>(this, req, args, std::vector<char>(), nullptr));
+}
+
+Result<Request> MpiCommunicator::IAllToAll(const void* send, void* recv, int64_t count,
+                                           DType dtype) {
+  if (count * size_ > INT_MAX) return Communicator::IAllToAll(send, recv, count, dtype);
+  const CollectiveArgs args{CollectiveKind::kAllToAll, 0, dtype};
+  RETURN_IF_ERROR(Check(args));
+  MPI_Request req;
+  RETURN_IF_ERROR(Ok(MPI_Ialltoall(send, static_cast<int>(count), MpiType(dtype), recv,
+                                   static_cast<int>(count), MpiType(dtype), comm_, &req),
+                     args));
+  return Request(
+      std::make_unique<MpiCollectiveRequest>(this, req, args, std::vector<char>(), nullptr));
+}
 
 Result<Request> MpiCommunicator::ISend(const void* buf, int64_t count, DType dtype, int peer,
                                        int tag) {

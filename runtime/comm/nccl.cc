@@ -224,6 +224,46 @@ class NcclCommunicator : public Communicator {
     return Run(args,
                [&] { return ncclRecv(buf, Bytes(count, dtype), ncclUint8, peer, comm_, stream_); });
   }
+  // Non-blocking collectives: enqueued on the stream (NCCL runs them while
+  // the host goes on), waited for by their event.
+  Result<Request> IAllReduce(const void* send, void* recv, int64_t count, DType dtype,
+                             ReduceOp op) override {
+    const CollectiveArgs args{CollectiveKind::kAllReduce, count, dtype, op};
+    ncclDataType_t type;
+    ncclRedOp_t nop;
+    RETURN_IF_ERROR(Reduction(dtype, op, args, &type, &nop));
+    return Async(args, [&] { return ncclAllReduce(send, recv, count, type, nop, comm_, stream_); });
+  }
+  Result<Request> IReduceScatter(const void* send, void* recv, int64_t recv_count, DType dtype,
+                                 ReduceOp op) override {
+    const CollectiveArgs args{CollectiveKind::kReduceScatter, recv_count, dtype, op};
+    ncclDataType_t type;
+    ncclRedOp_t nop;
+    RETURN_IF_ERROR(Reduction(dtype, op, args, &type, &nop));
+    return Async(
+        args, [&] { return ncclReduceScatter(send, recv, recv_count, type, nop, comm_, stream_); });
+  }
+  Result<Request> IAllGather(const void* send, int64_t count, void* recv, DType dtype) override {
+    const CollectiveArgs args{CollectiveKind::kAllGather, count * size_, dtype};
+    return Async(args, [&] {
+      return ncclAllGather(send, recv, Bytes(count, dtype), ncclUint8, comm_, stream_);
+    });
+  }
+  Result<Request> IAllToAll(const void* send, void* recv, int64_t count, DType dtype) override {
+    const CollectiveArgs args{CollectiveKind::kAllToAll, count * size_, dtype};
+    return Async(args, [&]() -> ncclResult_t {
+      ncclResult_t r = ncclGroupStart();
+      if (r != ncclSuccess) return r;
+      ncclResult_t inner = ncclSuccess;
+      for (int peer = 0; peer < size_ && inner == ncclSuccess; ++peer) {
+        inner = Exchange(At(send, peer * count, dtype), count, At(recv, peer * count, dtype), count,
+                         dtype, peer);
+      }
+      r = ncclGroupEnd();
+      return inner != ncclSuccess ? inner : r;
+    });
+  }
+
   // NCCL point-to-point runs on the stream: the operation is complete when
   // this returns, and the request is already done.
   Result<Request> ISend(const void* buf, int64_t count, DType dtype, int peer, int tag) override {
@@ -335,21 +375,29 @@ class NcclCommunicator : public Communicator {
     });
   }
 
-  // Enqueues on the stream and waits for it, polling NCCL's async error and
-  // the deadline.
+  // Enqueues on the stream.
   template <typename Enqueue>
-  Status Run(const CollectiveArgs& args, Enqueue enqueue) {
+  Status Issue(const CollectiveArgs& args, Enqueue enqueue) {
     RETURN_IF_ERROR(CheckCount(args, name_));
     if (aborted_) return AbortedError(Where() + ": the communicator was aborted after an error");
+    if (cudaError_t e = cudaSetDevice(device_); e != cudaSuccess) {
+      return CudaOk(e, Where() + ": " + DescribeArgs(args));
+    }
+    if (ncclResult_t r = enqueue(); r != ncclSuccess && r != ncclInProgress) {
+      return NcclOk(r, Where() + ": " + DescribeArgs(args));
+    }
+    return Status::Ok();
+  }
+
+  // Waits until `query` (cudaStreamQuery, cudaEventQuery) says done,
+  // polling NCCL's async error and the deadline.
+  template <typename Query>
+  Status Poll(const CollectiveArgs& args, Query query) {
     // The message is built only on failure: this is the path of every call.
     auto what = [&] { return Where() + ": " + DescribeArgs(args); };
-    if (cudaError_t e = cudaSetDevice(device_); e != cudaSuccess) return CudaOk(e, what());
-    if (ncclResult_t r = enqueue(); r != ncclSuccess && r != ncclInProgress) {
-      return NcclOk(r, what());
-    }
     const auto deadline = Clock::now() + options_.timeout;
     while (true) {
-      const cudaError_t q = cudaStreamQuery(stream_);
+      const cudaError_t q = query();
       if (q == cudaSuccess) return Status::Ok();
       if (q != cudaErrorNotReady) return CudaOk(q, what());
       ncclResult_t async = ncclSuccess;
@@ -367,6 +415,49 @@ class NcclCommunicator : public Communicator {
       }
       std::this_thread::yield();
     }
+  }
+
+  // Enqueues on the stream and waits for it.
+  template <typename Enqueue>
+  Status Run(const CollectiveArgs& args, Enqueue enqueue) {
+    RETURN_IF_ERROR(Issue(args, enqueue));
+    return Poll(args, [&] { return cudaStreamQuery(stream_); });
+  }
+
+  // A collective enqueued on the stream, complete when the event recorded
+  // after it is.
+  class NcclRequest : public Request::Impl {
+   public:
+    NcclRequest(NcclCommunicator* comm, CollectiveArgs args, cudaEvent_t event)
+        : comm_(comm), args_(args), event_(event) {}
+    ~NcclRequest() override {
+      if (event_ == nullptr) return;
+      cudaEventSynchronize(event_);  // never waited: the buffers are still written
+      cudaEventDestroy(event_);
+    }
+    Status Wait() override {
+      Status s = comm_->Poll(args_, [&] { return cudaEventQuery(event_); });
+      cudaEventDestroy(event_);
+      event_ = nullptr;
+      return s;
+    }
+
+   private:
+    NcclCommunicator* comm_;
+    CollectiveArgs args_;
+    cudaEvent_t event_;
+  };
+
+  template <typename Enqueue>
+  Result<Request> Async(const CollectiveArgs& args, Enqueue enqueue) {
+    RETURN_IF_ERROR(Issue(args, enqueue));
+    cudaEvent_t event = nullptr;
+    RETURN_IF_ERROR(CudaOk(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), Where()));
+    if (cudaError_t e = cudaEventRecord(event, stream_); e != cudaSuccess) {
+      cudaEventDestroy(event);
+      return CudaOk(e, Where() + ": " + DescribeArgs(args));
+    }
+    return Request(std::make_unique<NcclRequest>(this, args, event));
   }
 
   ncclComm_t comm_;

@@ -80,17 +80,40 @@ class Traced : public Communicator {
     TraceSpan span("pipeline", Label("Recv from " + std::to_string(peer)), Bytes(count, dtype));
     return inner_->Recv(buf, count, dtype, peer, tag);
   }
+  Result<Request> IAllReduce(const void* send, void* recv, int64_t count, DType dtype,
+                             ReduceOp op) override {
+    const int64_t begin = Trace::NowNs();
+    ASSIGN_OR_RETURN(Request r, inner_->IAllReduce(send, recv, count, dtype, op));
+    return Pending(std::move(r), "comm", Label("IAllReduce"), Bytes(count, dtype), begin);
+  }
+  Result<Request> IReduceScatter(const void* send, void* recv, int64_t recv_count, DType dtype,
+                                 ReduceOp op) override {
+    const int64_t begin = Trace::NowNs();
+    ASSIGN_OR_RETURN(Request r, inner_->IReduceScatter(send, recv, recv_count, dtype, op));
+    return Pending(std::move(r), "comm", Label("IReduceScatter"), Bytes(recv_count * size(), dtype),
+                   begin);
+  }
+  Result<Request> IAllGather(const void* send, int64_t count, void* recv, DType dtype) override {
+    const int64_t begin = Trace::NowNs();
+    ASSIGN_OR_RETURN(Request r, inner_->IAllGather(send, count, recv, dtype));
+    return Pending(std::move(r), "comm", Label("IAllGather"), Bytes(count, dtype), begin);
+  }
+  Result<Request> IAllToAll(const void* send, void* recv, int64_t count, DType dtype) override {
+    const int64_t begin = Trace::NowNs();
+    ASSIGN_OR_RETURN(Request r, inner_->IAllToAll(send, recv, count, dtype));
+    return Pending(std::move(r), "comm", Label("IAllToAll"), Bytes(count * size(), dtype), begin);
+  }
   Result<Request> ISend(const void* buf, int64_t count, DType dtype, int peer, int tag) override {
     const int64_t begin = Trace::NowNs();
     ASSIGN_OR_RETURN(Request r, inner_->ISend(buf, count, dtype, peer, tag));
-    return Pending(std::move(r), Label("ISend to " + std::to_string(peer)), Bytes(count, dtype),
-                   begin);
+    return Pending(std::move(r), "pipeline", Label("ISend to " + std::to_string(peer)),
+                   Bytes(count, dtype), begin);
   }
   Result<Request> IRecv(void* buf, int64_t count, DType dtype, int peer, int tag) override {
     const int64_t begin = Trace::NowNs();
     ASSIGN_OR_RETURN(Request r, inner_->IRecv(buf, count, dtype, peer, tag));
-    return Pending(std::move(r), Label("IRecv from " + std::to_string(peer)), Bytes(count, dtype),
-                   begin);
+    return Pending(std::move(r), "pipeline", Label("IRecv from " + std::to_string(peer)),
+                   Bytes(count, dtype), begin);
   }
   Result<std::unique_ptr<Communicator>> Split(int color, int key) override {
     TraceSpan span("comm", Label("Split"));
@@ -101,11 +124,14 @@ class Traced : public Communicator {
   }
 
  private:
-  // A non-blocking operation, recorded from issue to the end of its Wait.
+  // A non-blocking operation, recorded from issue to the end of its Wait
+  // (and its Wait on its own, "wait ...").
   class PendingImpl : public Request::Impl {
    public:
-    PendingImpl(Request inner, std::string name, std::string args, int64_t begin)
+    PendingImpl(Request inner, std::string_view category, std::string name, std::string args,
+                int64_t begin)
         : inner_(std::move(inner)),
+          category_(category),
           trace_(Trace::Current()),
           name_(std::move(name)),
           args_(std::move(args)),
@@ -113,27 +139,30 @@ class Traced : public Communicator {
     Status Wait() override {
       Status s;
       {
-        TraceSpan wait("pipeline", "wait " + name_);
+        TraceSpan wait(category_, "wait " + name_);
         s = inner_.Wait();
       }
       if (trace_ != nullptr) {
-        trace_->Add(std::move(name_), "pipeline", begin_, Trace::NowNs(), std::move(args_));
+        trace_->Add(std::move(name_), category_, begin_, Trace::NowNs(), std::move(args_));
       }
       return s;
     }
 
    private:
     Request inner_;
+    std::string_view category_;
     Trace* trace_;
     std::string name_;
     std::string args_;
     int64_t begin_;
   };
 
-  Request Pending(Request r, std::string name, std::string args, int64_t begin) {
+  // `category` is a literal ("comm", "pipeline").
+  Request Pending(Request r, std::string_view category, std::string name, std::string args,
+                  int64_t begin) {
     if (Trace::Current() == nullptr) return r;
-    return Request(
-        std::make_unique<PendingImpl>(std::move(r), std::move(name), std::move(args), begin));
+    return Request(std::make_unique<PendingImpl>(std::move(r), category, std::move(name),
+                                                 std::move(args), begin));
   }
   std::string Label(const std::string& kind) const {
     return Trace::Current() == nullptr ? std::string() : kind + " " + name();

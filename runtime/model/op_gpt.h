@@ -87,6 +87,9 @@ class OpGpt : public StageRunner {
   // parameters whose operators cut the rows over tp.
   Status ReduceParamGradients() override;
   double comm_seconds() const override { return ctx_.comm_seconds(); }
+  // Multi-copy (multi_copy.h): this copy's collectives take turns with the
+  // other copies' compute while `turns` is set (null: blocking).
+  void SetTurns(CopyTurns* turns, int copy) { ctx_.SetTurns(turns, copy); }
 
   // Every operator of this stage with its strategy and placements, and
   // every redistribution inserted between them (forward and backward), its

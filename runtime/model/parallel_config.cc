@@ -29,6 +29,13 @@ Status ParallelConfig::Validate(int world_size) const {
     return InvalidArgumentError("virtual_stages " + std::to_string(virtual_stages) +
                                 " interleaves pipeline stages: it needs pp > 1");
   }
+  if (micro_batch_interleave < 1)
+    return InvalidArgumentError("micro_batch_interleave must be >= 1");
+  if (micro_batch_interleave > 1 && tp < 2) {
+    return InvalidArgumentError("micro_batch_interleave " + std::to_string(micro_batch_interleave) +
+                                ": copies hide tensor-parallel collectives; with tp 1 there are "
+                                "none (use tp > 1, or micro_batch_interleave 1)");
+  }
   const int groups = pp * virtual_stages;
   if (!stage_layers.empty() && static_cast<int>(stage_layers.size()) != groups) {
     return InvalidArgumentError(

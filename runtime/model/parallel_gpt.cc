@@ -5,6 +5,7 @@
 
 #include "core/timer.h"
 #include "core/trace.h"
+#include "runtime/model/multi_copy.h"
 #include "runtime/train/optim.h"
 
 namespace tessera {
@@ -26,18 +27,23 @@ Result<std::unique_ptr<ParallelGpt>> ParallelGpt::Create(const GptConfig& config
   ASSIGN_OR_RETURN(Mesh mesh, parallel.MakeMesh());
   // Every rank checks the whole strategy before any communicator is made,
   // so a bad file stops every rank alike with nothing run.
-  std::vector<std::unique_ptr<OpGpt>> ops;
+  // Per chunk, one OpGpt per copy (multi-copy) or one.
+  std::vector<std::vector<std::unique_ptr<OpGpt>>> ops;
+  const int copies = parallel.micro_batch_interleave;
   const int stage = static_cast<int>(mesh.Coordinate(world.rank(), mesh.FindAxis("pp")));
   const int tp_rank = static_cast<int>(mesh.Coordinate(world.rank(), mesh.FindAxis("tp")));
   GptStage gs = StageOf(config, parallel, stage, tp_rank);
   for (int c = 0; c < v; ++c) {
-    ASSIGN_OR_RETURN(
-        std::unique_ptr<OpGpt> chunk,
-        StageOps(config, parallel, mesh, ChunkOf(config, parallel, stage, c, tp_rank)));
-    if (chunk != nullptr) ops.push_back(std::move(chunk));
+    const GptStage chunk = ChunkOf(config, parallel, stage, c, tp_rank);
+    std::vector<std::unique_ptr<OpGpt>> copy_ops;
+    for (int k = 0; k < copies; ++k) {
+      ASSIGN_OR_RETURN(std::unique_ptr<OpGpt> o, StageOps(config, parallel, mesh, chunk));
+      if (o != nullptr) copy_ops.push_back(std::move(o));
+    }
+    if (!copy_ops.empty()) ops.push_back(std::move(copy_ops));
   }
   if (!ops.empty()) {
-    gs.tp_dims = std::make_shared<const std::map<std::string, int>>(ops[0]->param_splits());
+    gs.tp_dims = std::make_shared<const std::map<std::string, int>>(ops[0][0]->param_splits());
   } else if (parallel.sequence_parallel) {
     return InvalidArgumentError("sequence parallelism cuts the sequence over tp: it needs tp > 1");
   }
@@ -45,9 +51,13 @@ Result<std::unique_ptr<ParallelGpt>> ParallelGpt::Create(const GptConfig& config
   ASSIGN_OR_RETURN(Gpt model, Gpt::Create(config, gs));
   std::unique_ptr<ParallelGpt> p(new ParallelGpt(std::move(model), parallel, std::move(comms)));
   p->tp_dims_ = gs.tp_dims;
-  for (std::unique_ptr<OpGpt>& o : ops) {
-    p->ops_.push_back(o.get());
-    p->runners_.push_back(std::move(o));
+  for (std::vector<std::unique_ptr<OpGpt>>& chunk : ops) {
+    for (const auto& o : chunk) p->ops_.push_back(o.get());
+    if (chunk.size() > 1) {
+      p->runners_.push_back(std::make_unique<MultiCopyRunner>(std::move(chunk)));
+    } else {
+      p->runners_.push_back(std::move(chunk[0]));
+    }
   }
   if (p->runners_.empty()) p->runners_.push_back(std::make_unique<WholeGptRunner>(&p->model_));
   RETURN_IF_ERROR(p->Build());
@@ -396,6 +406,14 @@ Result<float> ParallelGpt::StepRows(const int32_t* tokens, const int32_t* target
     return InvalidArgumentError("the " + std::to_string(local) + " rows of a dp rank are not a " +
                                 "multiple of the " + std::to_string(micro_batches_) +
                                 " micro-batches");
+  }
+  const int copies = parallel_.micro_batch_interleave;
+  if (local / micro_batches_ % copies != 0) {
+    return InvalidArgumentError(
+        "micro_batch_interleave " + std::to_string(copies) + ": a micro-batch of " +
+        std::to_string(local / micro_batches_) + " sequences per dp rank does not cut into " +
+        std::to_string(copies) + " copies of whole sequences; use a batch of a multiple of " +
+        std::to_string(dp * micro_batches_ * copies) + " sequences");
   }
   model_.ZeroGrad();
   ASSIGN_OR_RETURN(double loss, RunPipeline(tokens, targets, local, T));

@@ -40,6 +40,10 @@
 // Every parameter's layout records the stage that holds it, so a
 // checkpoint saved under one V loads under another, or another pp.
 //
+// Multi-copy (micro_batch_interleave N > 1): each micro-batch's rows run
+// as N copies taking turns, one copy's tensor-parallel collectives in
+// flight while the next copy computes (runtime/model/multi_copy.h).
+//
 // Tensor parallel (tp > 1) and any other operator-level parallelism: the
 // stage runs as OpGpt, operators with shard strategies (Megatron's without
 // a strategy file, with sequence parallelism on request); each rank's Gpt
@@ -77,6 +81,10 @@ struct ParallelConfig {
   // virtual pipeline stages): chunk c of stage s holds layer group
   // c x pp + s of pp x virtual_stages equal groups.
   int virtual_stages = 1;
+  // Multi-copy (multi_copy.h, MindSpore's MicroBatchInterleaved): each
+  // micro-batch's rows cut into this many copies of whole sequences whose
+  // tensor-parallel collectives overlap each other's compute. Needs tp > 1.
+  int micro_batch_interleave = 1;
   // Layers per pipeline stage (empty: as even as possible); with
   // virtual_stages > 1, per layer group (pp x virtual_stages counts, in
   // the order the groups run).

@@ -175,6 +175,10 @@ Result<OpStrategyFile> OpStrategyFile::Parse(std::string_view text, const std::s
       auto v = OptionalInt(root, "virtual_stages", 1);
       if (!v.ok()) return fail(v.status().message());
       file.virtual_stages = *v;
+    } else if (key == "micro_batch_interleave") {
+      auto n = OptionalInt(root, "micro_batch_interleave", 1);
+      if (!n.ok()) return fail(n.status().message());
+      file.micro_batch_interleave = *n;
     } else if (key == "stage_layers") {
       if (!value.is_array()) return fail("\"stage_layers\" must be a list of layer counts");
       for (const Json& n : value) {
@@ -271,6 +275,9 @@ std::string OpStrategyFile::ToJson() const {
   if (zero.has_value()) root["zero"] = *zero;
   if (micro_batches.has_value()) root["micro_batches"] = *micro_batches;
   if (virtual_stages.has_value()) root["virtual_stages"] = *virtual_stages;
+  if (micro_batch_interleave.has_value()) {
+    root["micro_batch_interleave"] = *micro_batch_interleave;
+  }
   if (!stage_layers.empty()) root["stage_layers"] = stage_layers;
   if (!recompute.empty()) {
     Json r = Json::object();

@@ -10,6 +10,7 @@
 //     "zero": 1,                                    // optional: ZeRO-1
 //     "micro_batches": 4,                           // optional (pp > 1)
 //     "virtual_stages": 2,                          // optional: chunks per stage
+//     "micro_batch_interleave": 2,                  // optional: multi-copy (tp > 1)
 //     "stage_layers": [3, 1],                       // optional: layers per stage
 //                                                   // (per chunk with virtual_stages)
 //     "recompute": {"h.*": "selective"},            // optional, per block
@@ -92,7 +93,7 @@ std::string_view RecomputeName(Recompute r);
 
 struct OpStrategyFile {
   std::string source;  // the path (or "<text>"), for messages
-  std::optional<int> pp, dp, tp, zero, micro_batches, virtual_stages;
+  std::optional<int> pp, dp, tp, zero, micro_batches, virtual_stages, micro_batch_interleave;
   std::vector<int> stage_layers;
   // "recompute": {"h.*": "selective", "h.0": "full"}: blocks (patterns as
   // for operators; an exact name wins) and none, full or selective.

@@ -15,10 +15,27 @@ namespace tessera {
 
 namespace k = kernels;
 
+Status OpContext::Collective(const std::function<Result<Request>()>& issue,
+                             const std::function<Status()>& block) {
+  if (turns_ == nullptr) {
+    AddElapsed t(&comm_seconds_);
+    return block();
+  }
+  ASSIGN_OR_RETURN(Request r, issue());
+  turns_->Pass(copy_);
+  Status s;
+  {
+    AddElapsed t(&comm_seconds_);
+    s = r.Wait();
+  }
+  turns_->Acquire(copy_);
+  return s;
+}
+
 Status OpContext::AllReduce(void* data, int64_t n, DType dtype, ReduceOp op) {
   if (tp_size_ == 1) return Status::Ok();
-  AddElapsed t(&comm_seconds_);
-  return comm_->AllReduce(data, data, n, dtype, op);
+  return Collective([&] { return comm_->IAllReduce(data, data, n, dtype, op); },
+                    [&] { return comm_->AllReduce(data, data, n, dtype, op); });
 }
 
 Result<Act> OpContext::Convert(Act& a, const Placement& to, std::vector<float>* storage,
@@ -51,31 +68,42 @@ Result<Act> OpContext::Convert(Act& a, const Placement& to, std::vector<float>* 
     return out;
   };
   for (RedistStep s : PlanSteps(a.place, to, a.rows, tp_size_)) {
-    AddElapsed timer(&comm_seconds_);
     switch (s) {
       case RedistStep::kAllReduce: {
         const int64_t n = LocalSize(a);
-        RETURN_IF_ERROR(comm_->AllReduce(a.data, a.data, n, DType::kF32, ReduceOp::kSum));
+        RETURN_IF_ERROR(Collective(
+            [&] { return comm_->IAllReduce(a.data, a.data, n, DType::kF32, ReduceOp::kSum); },
+            [&] { return comm_->AllReduce(a.data, a.data, n, DType::kF32, ReduceOp::kSum); }));
         a.place.partial = false;
         if (a.place == to) return a;
         break;
       }
       case RedistStep::kReduceScatter: {
         storage->resize(LocalSize(out));
-        RETURN_IF_ERROR(comm_->ReduceScatter(a.data, storage->data(), LocalSize(out), DType::kF32,
-                                             ReduceOp::kSum));
+        const int64_t n = LocalSize(out);
+        RETURN_IF_ERROR(Collective(
+            [&] {
+              return comm_->IReduceScatter(a.data, storage->data(), n, DType::kF32, ReduceOp::kSum);
+            },
+            [&] {
+              return comm_->ReduceScatter(a.data, storage->data(), n, DType::kF32, ReduceOp::kSum);
+            }));
         out.data = storage->data();
         return out;
       }
       case RedistStep::kAllGather: {
         storage->resize(LocalSize(out));
-        RETURN_IF_ERROR(comm_->AllGather(a.data, LocalSize(a), storage->data(), DType::kF32));
+        const int64_t n = LocalSize(a);
+        RETURN_IF_ERROR(
+            Collective([&] { return comm_->IAllGather(a.data, n, storage->data(), DType::kF32); },
+                       [&] { return comm_->AllGather(a.data, n, storage->data(), DType::kF32); }));
         out.data = storage->data();
         return out;
       }
       case RedistStep::kSlice:
         return slice(a.data);
       case RedistStep::kRedistribute: {
+        AddElapsed timer(&comm_seconds_);
         const int64_t bytes = LocalSize(a) * 4;
         std::vector<char> local(bytes);
         if (bytes > 0) std::memcpy(local.data(), a.data, bytes);  // an empty shard: no pointers

@@ -38,11 +38,13 @@
 #define TESSERA_RUNTIME_PARALLEL_OPERATORS_H_
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
 #include "core/status.h"
 #include "runtime/comm/communicator.h"
+#include "runtime/parallel/copy_turns.h"
 #include "runtime/parallel/op_strategy.h"
 #include "transform/layout.h"
 
@@ -112,10 +114,28 @@ class OpContext {
   // Reduces `n` elements over tp in place (a parameter's partial
   // gradient, the loss's sums), counted as communication.
   Status AllReduce(void* data, int64_t n, DType dtype, ReduceOp op);
+  // Seconds in collectives (under multi-copy: from handing the turn on to
+  // the collective's completion, which the other copies' compute overlaps).
   double comm_seconds() const { return comm_seconds_; }
 
+  // Multi-copy (copy_turns.h): while set, this context's AllReduce,
+  // ReduceScatter and AllGather are issued non-blocking and the turn goes
+  // to the next copy until they complete (a Redistribute stays blocking,
+  // in turn). Null: blocking calls.
+  void SetTurns(CopyTurns* turns, int copy) {
+    turns_ = turns;
+    copy_ = copy;
+  }
+
  private:
+  // `issue` (non-blocking) handing the turn on while it is in flight under
+  // multi-copy, else `block`.
+  Status Collective(const std::function<Result<Request>()>& issue,
+                    const std::function<Status()>& block);
+
   Communicator* comm_ = nullptr;
+  CopyTurns* turns_ = nullptr;
+  int copy_ = 0;
   int tp_size_ = 1, tp_rank_ = 0;
   Mesh mesh_;  // {tp}
   double comm_seconds_ = 0;

@@ -208,6 +208,12 @@ void SaySetup(const Job& job, Communicator& world) {
     std::printf("tensor parallel: tp=%d (operator strategy %s)\n", par.tp,
                 ParallelGpt::StrategyFileOf(par).source.c_str());
   }
+  if (par.micro_batch_interleave > 1) {
+    std::printf(
+        "multi-copy: %d copies per micro-batch, tensor-parallel collectives overlapping "
+        "the next copy's compute\n",
+        par.micro_batch_interleave);
+  }
   if (par.pp > 1) {
     if (par.virtual_stages > 1) {
       std::printf(

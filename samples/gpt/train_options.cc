@@ -78,6 +78,11 @@ void AddParallelFlags(CLI::App* app, Options* o, Flags* f) {
                   "chunks of layers per pipeline stage: interleaved 1F1B, chunk c of stage s "
                   "runs layer group c pp + s (default 1)")
       ->check(CLI::PositiveNumber);
+  app->add_option("--micro-batch-interleave", o->parallel.micro_batch_interleave,
+                  "multi-copy: cut each micro-batch into N copies of whole sequences whose "
+                  "tensor-parallel collectives overlap the other copies' compute (tp > 1; "
+                  "default 1)")
+      ->check(CLI::PositiveNumber);
   app->add_option("--zero", o->parallel.zero, "1: shard the optimizer states over dp (ZeRO-1)")
       ->check(CLI::Range(0, 1));
   app->add_option("--bucket-mib", f->bucket_mib, "gradient bucket size for the dp reduction")
@@ -201,6 +206,8 @@ Status ApplyStrategyFile(const CLI::App& app, const std::string& path, Options* 
         {"--tp", file.tp, &o->parallel.tp},
         {"--micro-batches", file.micro_batches, &o->parallel.micro_batches},
         {"--virtual-stages", file.virtual_stages, &o->parallel.virtual_stages},
+        {"--micro-batch-interleave", file.micro_batch_interleave,
+         &o->parallel.micro_batch_interleave},
         {"--zero", file.zero, &o->parallel.zero}}) {
     if (!from.has_value()) continue;
     if (app.count(flag) == 0) {

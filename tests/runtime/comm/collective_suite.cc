@@ -1,5 +1,6 @@
 #include "tests/runtime/comm/collective_suite.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <numeric>
@@ -150,8 +151,8 @@ class Suite {
 
   std::vector<std::string> Run() {
     (void)(Barrier() && Broadcast() && AllReduce() && AllReduceOrder() && AllGather() &&
-           ReduceScatter() && GatherScatter() && AllToAll() && PointToPoint() && Split() &&
-           Mismatch());
+           ReduceScatter() && GatherScatter() && AllToAll() && Async() && PointToPoint() &&
+           Split() && Mismatch());
     return failures_;
   }
 
@@ -448,6 +449,84 @@ class Suite {
       }
     }
     return true;
+  }
+
+  // Non-blocking collectives: five in flight at once, a blocking one issued
+  // between them, waited for in reverse order; each equals its blocking
+  // twin (bit for bit where the backend's order is the rank-order fold).
+  bool Async() {
+    const int64_t count = 1031;
+    for (DType d : {DType::kF32, DType::kF64, DType::kBF16, DType::kI32}) {
+      for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax}) {
+        const int64_t es = DTypeSize(d);
+        auto fill = [&](int64_t n, int salt) {
+          Bytes b(std::max<int64_t>(n, 1) * es);
+          for (int64_t i = 0; i < n; ++i) {
+            Set(d, b.data(), i,
+                IsFloatingPoint(d) ? std::sin(0.37 * (i + 1 + salt) * (r_ + 1)) * (1 + r_) / 3.0
+                                   : Value(d, r_, i, salt));
+          }
+          return b;
+        };
+        const Bytes ar_in = fill(count, 1), rs_in = fill(count * n_, 2), ag_in = fill(count, 3),
+                    aa_in = fill(count * n_, 4);
+        Bytes ar_out(count * es), in_place = fill(count, 5), rs_out(count * es),
+                                  ag_out(count * n_ * es), aa_out(count * n_ * es);
+        const std::string what = Name("async", d, count) + " " + std::string(ReduceOpName(op));
+        std::vector<Request> reqs;
+        auto issue = [&](Result<Request> r, const char* call) {
+          if (!Ok(r.status(), what + ": " + call)) return false;
+          reqs.push_back(std::move(r).value());
+          return true;
+        };
+        if (!issue(c_.IAllReduce(ar_in.data(), ar_out.data(), count, d, op), "iallreduce") ||
+            !issue(c_.IAllReduce(in_place.data(), in_place.data(), count, d, op),
+                   "iallreduce in place") ||
+            !issue(c_.IReduceScatter(rs_in.data(), rs_out.data(), count, d, op),
+                   "ireducescatter")) {
+          return false;
+        }
+        int64_t mid = r_ + 1;
+        if (!Ok(c_.AllReduce(&mid, &mid, 1, DType::kI64, ReduceOp::kSum), what + ": blocking")) {
+          return false;
+        }
+        if (mid != int64_t{n_} * (n_ + 1) / 2) Fail(what + ": the blocking allreduce between");
+        if (!issue(c_.IAllGather(ag_in.data(), count, ag_out.data(), d), "iallgather") ||
+            !issue(c_.IAllToAll(aa_in.data(), aa_out.data(), count, d), "ialltoall")) {
+          return false;
+        }
+        std::reverse(reqs.begin(), reqs.end());
+        if (!Ok(WaitAll(reqs), what + ": wait")) return false;
+        // The blocking twins.
+        Bytes ar_want(count * es), in_place_want = fill(count, 5), rs_want(count * es),
+                                   ag_want(count * n_ * es), aa_want(count * n_ * es);
+        if (!Ok(c_.AllReduce(ar_in.data(), ar_want.data(), count, d, op), what) ||
+            !Ok(c_.AllReduce(in_place_want.data(), in_place_want.data(), count, d, op), what) ||
+            !Ok(c_.ReduceScatter(rs_in.data(), rs_want.data(), count, d, op), what) ||
+            !Ok(c_.AllGather(ag_in.data(), count, ag_want.data(), d), what) ||
+            !Ok(c_.AllToAll(aa_in.data(), aa_want.data(), count, d), what)) {
+          return false;
+        }
+        Same(ag_out.data(), ag_want.data(), count * n_, d, what + " allgather");
+        Same(aa_out.data(), aa_want.data(), count * n_, d, what + " alltoall");
+        const bool exact = o_.bitwise_order || !IsFloatingPoint(d) || op == ReduceOp::kMax;
+        auto close = [&](const Bytes& got, const Bytes& want, const std::string& which) {
+          if (exact) return Same(got.data(), want.data(), count, d, what + " " + which);
+          const double tol = d == DType::kF64 ? 1e-12 : d == DType::kF32 ? 1e-5 : 2e-2;
+          for (int64_t i = 0; i < count; ++i) {
+            const double g = Get(d, got.data(), i), w = Get(d, want.data(), i);
+            if (std::fabs(g - w) > tol * (std::fabs(w) + 1)) {
+              return Fail(what + " " + which + ": element " + std::to_string(i) + " is " + Show(g) +
+                          ", expected " + Show(w));
+            }
+          }
+        };
+        close(ar_out, ar_want, "allreduce");
+        close(in_place, in_place_want, "allreduce in place");
+        close(rs_out, rs_want, "reducescatter");
+      }
+    }
+    return Ok(c_.Barrier(), "barrier after async");
   }
 
   bool PointToPoint() {

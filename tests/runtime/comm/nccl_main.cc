@@ -96,6 +96,35 @@ class HostStaging : public Communicator {
     RETURN_IF_ERROR(c_->Recv(r.data(), count, d, peer, tag));
     return r.CopyToHost(buf, count * DTypeSize(d));
   }
+  // The non-blocking collectives of the NCCL communicator itself (not the
+  // default lane): device buffers up front, the result copied down once
+  // the request completes.
+  Result<Request> IAllReduce(const void* send, void* recv, int64_t count, DType d,
+                             ReduceOp op) override {
+    ASSIGN_OR_RETURN(DeviceBuffer s, Up(send, count, d));
+    ASSIGN_OR_RETURN(DeviceBuffer r, Up(nullptr, count, d));
+    ASSIGN_OR_RETURN(Request q, c_->IAllReduce(s.data(), r.data(), count, d, op));
+    return Staged(std::move(q), std::move(s), std::move(r), recv, count * DTypeSize(d));
+  }
+  Result<Request> IReduceScatter(const void* send, void* recv, int64_t count, DType d,
+                                 ReduceOp op) override {
+    ASSIGN_OR_RETURN(DeviceBuffer s, Up(send, count * size(), d));
+    ASSIGN_OR_RETURN(DeviceBuffer r, Up(nullptr, count, d));
+    ASSIGN_OR_RETURN(Request q, c_->IReduceScatter(s.data(), r.data(), count, d, op));
+    return Staged(std::move(q), std::move(s), std::move(r), recv, count * DTypeSize(d));
+  }
+  Result<Request> IAllGather(const void* send, int64_t count, void* recv, DType d) override {
+    ASSIGN_OR_RETURN(DeviceBuffer s, Up(send, count, d));
+    ASSIGN_OR_RETURN(DeviceBuffer r, Up(nullptr, count * size(), d));
+    ASSIGN_OR_RETURN(Request q, c_->IAllGather(s.data(), count, r.data(), d));
+    return Staged(std::move(q), std::move(s), std::move(r), recv, count * size() * DTypeSize(d));
+  }
+  Result<Request> IAllToAll(const void* send, void* recv, int64_t count, DType d) override {
+    ASSIGN_OR_RETURN(DeviceBuffer s, Up(send, count * size(), d));
+    ASSIGN_OR_RETURN(DeviceBuffer r, Up(nullptr, count * size(), d));
+    ASSIGN_OR_RETURN(Request q, c_->IAllToAll(s.data(), r.data(), count, d));
+    return Staged(std::move(q), std::move(s), std::move(r), recv, count * size() * DTypeSize(d));
+  }
   Result<Request> ISend(const void* buf, int64_t count, DType d, int peer, int tag) override {
     RETURN_IF_ERROR(Send(buf, count, d, peer, tag));
     return Request();
@@ -111,6 +140,29 @@ class HostStaging : public Communicator {
   }
 
  private:
+  class StagedRequest : public Request::Impl {
+   public:
+    StagedRequest(Request inner, DeviceBuffer send, DeviceBuffer recv, void* host, int64_t bytes)
+        : inner_(std::move(inner)),
+          send_(std::move(send)),
+          recv_(std::move(recv)),
+          host_(host),
+          bytes_(bytes) {}
+    Status Wait() override {
+      RETURN_IF_ERROR(inner_.Wait());
+      return recv_.CopyToHost(host_, bytes_);
+    }
+
+   private:
+    Request inner_;
+    DeviceBuffer send_, recv_;
+    void* host_;
+    int64_t bytes_;
+  };
+  static Request Staged(Request q, DeviceBuffer s, DeviceBuffer r, void* host, int64_t bytes) {
+    return Request(
+        std::make_unique<StagedRequest>(std::move(q), std::move(s), std::move(r), host, bytes));
+  }
   static int64_t Sum(std::span<const int64_t> v) {
     return std::accumulate(v.begin(), v.end(), int64_t{0});
   }

@@ -1,0 +1,44 @@
+#include "runtime/parallel/copy_turns.h"
+
+#include <algorithm>
+
+namespace tessera {
+
+void CopyTurns::Reset() {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::fill(done_.begin(), done_.end(), false);
+  turn_ = 0;
+}
+
+void CopyTurns::Acquire(int copy) {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [&] { return turn_ == copy; });
+}
+
+int CopyTurns::NextLocked(int copy) const {
+  const int n = copies();
+  for (int i = 1; i < n; ++i) {
+    const int next = (copy + i) % n;
+    if (!done_[next]) return next;
+  }
+  return copy;
+}
+
+void CopyTurns::Pass(int copy) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    turn_ = NextLocked(copy);
+  }
+  cv_.notify_all();
+}
+
+void CopyTurns::Finish(int copy) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    done_[copy] = true;
+    if (turn_ == copy) turn_ = NextLocked(copy);
+  }
+  cv_.notify_all();
+}
+
+}  // namespace tessera
