@@ -120,7 +120,8 @@ CLI::App* AddAutoParallelVerb(CLI::App& app, std::function<int()>* run) {
                 "print every operator's placements and the redistributions between them");
   cmd->add_option("--why", a->why,
                   "compare with another configuration: pp=,dp=,tp=,zero=,micro_batches=,"
-                  "virtual_stages=,recompute=,strategy=megatron|megatron_sp|data_parallel|FILE");
+                  "virtual_stages=,micro_batch_interleave=,recompute=,"
+                  "strategy=megatron|megatron_sp|data_parallel|FILE");
   cmd->add_option("--write-op-strategy", a->write_ops,
                   "write the plan as an operator strategy file");
   cmd->add_option("--write-strategy", a->write_strategy,

@@ -75,6 +75,8 @@ void CountUnits(bool on) {
   tally.on = on;
 }
 
+bool CountingUnits() { return tally.on; }
+
 std::array<double, kKernelCount> CountedUnits() { return tally.units; }
 
 void AddUnits(Kernel kernel, double units) { Count(kernel, units); }

@@ -57,6 +57,7 @@ namespace tessera::kernels {
 // CountUnits(true) zeroes the tally and starts it, CountUnits(false) stops
 // it; off, a kernel pays one test of a thread-local flag.
 void CountUnits(bool on);
+bool CountingUnits();  // the calling thread's
 std::array<double, kKernelCount> CountedUnits();
 void AddUnits(Kernel kernel, double units);
 

@@ -134,6 +134,11 @@ OptimizerUnits OptimizerUnitsOf(const ParamStats& ps, int zero) {
   return {held, held - static_cast<double>(ps.norm_skip)};
 }
 
+double ExposedTpComm(double compute, double comm, int copies) {
+  if (copies <= 1) return comm;
+  return comm - std::min(compute, comm) * (copies - 1) / copies;
+}
+
 StageCost CostOf(const StageWork& w, const ParamStats& ps, const StepShape& shape, int s,
                  int64_t act_bytes, const MachineProfile& prof) {
   return CostOf(std::span<const StageWork>(&w, 1), ps, shape, s, act_bytes, prof);
@@ -147,7 +152,8 @@ StageCost CostOf(std::span<const StageWork> chunks, const ParamStats& ps, const 
   const double transfer = prof.CollectiveSeconds(CollectiveKind::kSendRecv, act_bytes, 2, pp_inter);
   for (int k = 0; k < v; ++k) {
     const double compute = ComputeSeconds(chunks[k], prof);
-    const double tp_comm = GroupCommSeconds(chunks[k], prof, shape.tp);
+    const double tp_comm =
+        ExposedTpComm(compute, GroupCommSeconds(chunks[k], prof, shape.tp), shape.copies);
     const int vs = k * pp + s;  // a transfer each way per neighbour virtual stage
     double pp_comm = 0;
     if (vs < pp * v - 1) pp_comm += transfer;

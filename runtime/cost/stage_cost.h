@@ -49,6 +49,9 @@ ParamStats StatsOfParts(const ParamParts& parts, int blocks, int dp, int zero,
 // The shape of a job's step: its mesh, ZeRO and micro-batches per replica.
 struct StepShape {
   int pp = 1, dp = 1, tp = 1, zero = 0, micro_batches = 1;
+  // Multi-copy: copies of each micro-batch taking turns, a copy's tp
+  // collectives in flight while the next computes.
+  int copies = 1;
 };
 
 // The optimizer's kernels' units a step: AdamW over the parameters a rank
@@ -61,7 +64,9 @@ OptimizerUnits OptimizerUnitsOf(const ParamStats& ps, int zero);
 
 // One stage's costs on one rank.
 struct StageCost {
-  double micro = 0;  // per micro-batch: compute + tp collectives + transfers
+  // per micro-batch: compute + tp collectives + transfers. Under multi-copy
+  // tp_comm is the collectives' exposed part (ExposedTpComm).
+  double micro = 0;
   double compute = 0, tp_comm = 0, pp_comm = 0;
   // The same per chunk under virtual stages (empty for one chunk): its
   // compute, and its tp collectives + transfers, per micro-batch.
@@ -69,6 +74,16 @@ struct StageCost {
   double after = 0, dp_comm = 0, optimizer = 0;  // once per step
   MemoryUse memory;
 };
+// Multi-copy's exposed share of `comm` seconds of tp collectives among
+// `compute` seconds of compute, all `copies` copies': while one copy's
+// collective is in flight the next copy computes, so of min(compute,
+// comm) all but one copy's share hides (the first copy's compute and the
+// last one's collective cannot): comm - min(compute, comm) (copies - 1) /
+// copies. With one copy, comm. An even spread: where the compute between
+// collectives is uneven (sequence parallelism's layer norms between an
+// all-gather and a reduce-scatter) less hides.
+double ExposedTpComm(double compute, double comm, int copies);
+
 // Stage `stage` of `shape`, whose micro-batches do `w` and send
 // `act_bytes` to the next stage (and their gradients back).
 StageCost CostOf(const StageWork& w, const ParamStats& ps, const StepShape& shape, int stage,

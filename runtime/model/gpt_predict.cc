@@ -31,6 +31,13 @@ Result<Job> PrepareJob(int B, int T, const ParallelConfig& parallel,
                                 std::to_string(parallel.dp) + " x " + std::to_string(m) +
                                 " micro-batches");
   }
+  const int copies = parallel.micro_batch_interleave;
+  if ((B / parallel.dp / m) % copies != 0) {
+    return InvalidArgumentError("micro_batch_interleave " + std::to_string(copies) +
+                                ": a micro-batch of " + std::to_string(B / parallel.dp / m) +
+                                " sequences per replica does not cut into " +
+                                std::to_string(copies) + " copies");
+  }
   ASSIGN_OR_RETURN(job.mesh, parallel.MakeMesh());
   job.par = parallel;
   if (job.par.op_strategy == nullptr && job.par.tp == 1) {
@@ -60,7 +67,7 @@ ParamParts GptParamParts(const std::vector<ParamInfo>& params, bool fold_blocks)
 }
 
 StepShape ShapeOf(const ParallelConfig& par, int micro_batches) {
-  return {par.pp, par.dp, par.tp, par.zero, micro_batches};
+  return {par.pp, par.dp, par.tp, par.zero, micro_batches, par.micro_batch_interleave};
 }
 
 Result<StepPrediction> PredictGptStep(const GptConfig& config, int B, int T,
@@ -87,7 +94,11 @@ Result<StepPrediction> PredictGptStep(const GptConfig& config, int B, int T,
           const GptGraph graph,
           ParallelGpt::StageGraph(config, par, job.mesh, ParallelGpt::ChunkOf(config, par, s, c)));
       gs.tp_dims = std::make_shared<const std::map<std::string, int>>(graph.param_splits);
-      const StageWork& w = chunks.emplace_back(EstimateStage(graph, job.rows, T));
+      const int n = par.micro_batch_interleave;
+      const StageWork& w =
+          chunks.emplace_back(n == 1 ? EstimateStage(graph, job.rows, T)
+                                     : CopiesWork(EstimateStage(graph, job.rows / n, T), n,
+                                                  act_bytes, graph.stage.first, graph.stage.last));
       for (int k = 0; k < kKernelCount; ++k) units[k] += w.kernel[k] * job.micro_batches;
     }
     ASSIGN_OR_RETURN(std::vector<ParamInfo> params, Gpt::Params(config, gs));

@@ -1081,6 +1081,53 @@ Status SearchMesh(const SearchContext& ctx, const MeshShape& shape, ParamMemo& p
   return Status::Ok();
 }
 
+// ---- Multi-copy.
+
+// Copies change how much of a stage's tp communication shows, not which
+// operators, stages or micro-batches pay it: the search prices the plan it
+// chose with 2 copies (the full walk, PredictGptStep) and keeps them when
+// faster within the budget, the plan without them then a runner-up
+// (pricing copies inside the folded search would double its setup for a
+// choice the finalist decides). A strategy file's micro_batch_interleave
+// is applied as it says.
+constexpr int kSearchedCopies = 2;
+Status SearchCopies(const SearchContext& ctx, Leaderboard& board) {
+  SearchResult& best = board.result();
+  const std::optional<int> fixed = ctx.fixed ? ctx.fixed->micro_batch_interleave : std::nullopt;
+  const int n = fixed.value_or(kSearchedCopies);
+  if (n == 1 || best.parallel.micro_batch_interleave == n || (!fixed && best.parallel.tp == 1)) {
+    return Status::Ok();  // (exact's seed, fast's answer, may have them already)
+  }
+  ParallelConfig par = best.parallel;
+  par.micro_batch_interleave = n;
+  Result<StepPrediction> with = PredictGptStep(ctx.config, ctx.B, ctx.T, par, ctx.machine);
+  const bool fits = with.ok() && (ctx.budget <= 0 || with->memory.total() <= ctx.budget);
+  if (fixed) {
+    if (!with.ok()) {
+      return InvalidArgumentError("the strategy file's micro_batch_interleave " +
+                                  std::to_string(n) + " does not run on the plan found (" +
+                                  best.name + "): " + with.status().message());
+    }
+  } else if (!fits) {
+    return Status::Ok();
+  }
+  board.Costed();
+  auto file = std::make_shared<OpStrategyFile>(*best.parallel.op_strategy);
+  file->micro_batch_interleave = n;
+  par.op_strategy = file;
+  const std::string name = best.name + " micro_batch_interleave=" + std::to_string(n);
+  // Against the same walk of the plan without copies (the search's folded
+  // price may differ from it by rounding).
+  ASSIGN_OR_RETURN(const StepPrediction without,
+                   PredictGptStep(ctx.config, ctx.B, ctx.T, best.parallel, ctx.machine));
+  if (fixed || with->seconds < without.seconds) {
+    board.SetBest(name, *with, std::move(par));
+  } else {
+    board.RunnerUp(name, *with);
+  }
+  return Status::Ok();
+}
+
 // ---- When nothing runs.
 
 // Whether some pp x dp x tp configuration of `n` ranks runs the model at
@@ -1189,6 +1236,7 @@ Result<SearchResult> SearchGptParallel(const GptConfig& config, int B, int T, in
     RETURN_IF_ERROR(SearchMesh(ctx, mesh, params, board, &why_none));
   }
   if (!board.found()) return NoPlan(ctx, board, why_none);
+  RETURN_IF_ERROR(SearchCopies(ctx, board));
   return std::move(board.result());
 }
 

@@ -23,7 +23,9 @@
 // propagate when the file says), ZeRO, recompute, every operator's
 // strategy and the pipeline's layers (balanced by cost per stage, or per
 // chunk: the last one's ln_f, output projection and loss counted) under a
-// per-rank memory budget, in one of three modes:
+// per-rank memory budget, and then multi-copy (2 copies of each
+// micro-batch, priced on the plan found by the full walk, kept when
+// faster), in one of three modes:
 // - fast: the operators among data parallelism, Megatron and Megatron-SP;
 // - exact: every operator's own choice among its candidates (columns,
 //   rows, batch, whole; for attention heads or whole sequences), the

@@ -453,6 +453,16 @@ StageWork EstimateStage(const GptGraph& ops, int64_t N, int T, std::vector<Stage
   return total;
 }
 
+StageWork CopiesWork(const StageWork& one, int copies, int64_t act_bytes, bool first, bool last) {
+  StageWork w;
+  w.AddTimes(one, copies);
+  w.tp_sum_floats = one.tp_sum_floats;
+  for (int i = 0; i < kSharedBuffers; ++i) w.shared[i] = one.shared[i] * copies;
+  if (!last) w.slot_bytes += act_bytes;
+  if (!first) Grow(&w, kCopiesInputGrad, act_bytes);
+  return w;
+}
+
 std::vector<std::pair<std::string, StageWork>> EstimateOps(const GptGraph& ops, int64_t N, int T) {
   std::vector<std::pair<std::string, StageWork>> out;
   const GptStage& stage = ops.stage;

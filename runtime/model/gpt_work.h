@@ -51,6 +51,7 @@ enum GptBuffer {
   kDlnf,
   kDxLnf,
   kInputGrad,
+  kCopiesInputGrad,  // multi-copy: the copies' input gradients put together
   kGptBufferCount
 };
 static_assert(kGptBufferCount <= kSharedBuffers, "StageWork holds every GPT buffer");
@@ -93,6 +94,13 @@ StageWork EstimateOutput(const GptConfig& config, int tp, Placement x,
 // a replica. With `per_block`, also each block's own (the ends in `ends`).
 StageWork EstimateStage(const GptGraph& graph, int64_t rows, int T,
                         std::vector<StageWork>* per_block = nullptr, StageWork* ends = nullptr);
+// Multi-copy (multi_copy.h): the work of `copies` copies of a micro-batch,
+// `one` being a copy's (its rows / copies): `copies` times its arithmetic,
+// collectives and activations, each copy its own shared buffers, the tp
+// sums once; and the runner's whole micro-batch, `act_bytes`: its output
+// per slot (but on the last stage) and its input gradient (but on the
+// first).
+StageWork CopiesWork(const StageWork& one, int copies, int64_t act_bytes, bool first, bool last);
 // Every operator's share of one micro-batch's work on the stage: its first
 // block's operators (each block costs the same but the first's entry) and
 // the stage's ends, in order, named as strategy files name them. Full

@@ -12,6 +12,7 @@ MultiCopyRunner::MultiCopyRunner(std::vector<std::unique_ptr<OpGpt>> ops)
   first_ = g.stage.first;
   last_ = g.stage.last;
   status_.resize(copies_.size());
+  units_.resize(copies_.size());
   losses_.resize(copies_.size());
   SetSlots(1);
   for (int k = 1; k < copies(); ++k) threads_.emplace_back([this, k] { Worker(k); });
@@ -53,12 +54,17 @@ void MultiCopyRunner::Worker(int k) {
 
 Status MultiCopyRunner::RunCopy(int k) {
   ScopedTrace trace(trace_);
+  if (k > 0 && counting_) kernels::CountUnits(true);
   OpGpt& ops = *copies_[k];
   ops.SetTurns(&turns_, k);
   turns_.Acquire(k);
   Status s = (*job_)(k);
   turns_.Finish(k);
   ops.SetTurns(nullptr, 0);
+  if (k > 0 && counting_) {
+    units_[k] = kernels::CountedUnits();
+    kernels::CountUnits(false);
+  }
   return s;
 }
 
@@ -68,6 +74,7 @@ Status MultiCopyRunner::RunCopies(const std::function<Status(int)>& fn) {
     std::lock_guard<std::mutex> lock(mu_);
     job_ = &fn;
     trace_ = Trace::Current();
+    counting_ = kernels::CountingUnits();
     running_ = copies() - 1;
     ++generation_;
   }
@@ -75,6 +82,11 @@ Status MultiCopyRunner::RunCopies(const std::function<Status(int)>& fn) {
   Status first = RunCopy(0);
   std::unique_lock<std::mutex> lock(mu_);
   done_.wait(lock, [&] { return running_ == 0; });
+  for (int k = 1; k < copies() && counting_; ++k) {
+    for (int i = 0; i < kKernelCount; ++i) {
+      kernels::AddUnits(static_cast<Kernel>(i), units_[k][i]);
+    }
+  }
   for (int k = 1; k < copies() && first.ok(); ++k) first = status_[k];
   return first;
 }

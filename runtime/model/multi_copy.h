@@ -16,6 +16,7 @@
 #ifndef TESSERA_RUNTIME_MODEL_MULTI_COPY_H_
 #define TESSERA_RUNTIME_MODEL_MULTI_COPY_H_
 
+#include <array>
 #include <condition_variable>
 #include <functional>
 #include <memory>
@@ -25,6 +26,7 @@
 #include <vector>
 
 #include "core/trace.h"
+#include "runtime/kernels.h"
 #include "runtime/model/op_gpt.h"
 #include "runtime/model/stage_runner.h"
 #include "runtime/parallel/copy_turns.h"
@@ -75,7 +77,12 @@ class MultiCopyRunner : public StageRunner {
   std::mutex mu_;
   std::condition_variable start_, done_;
   const std::function<Status(int)>* job_ = nullptr;
+  // What the copies' threads take from the caller's: its trace, and
+  // whether it tallies kernel units (kernels::CountUnits), each copy's
+  // tally added to the caller's.
   Trace* trace_ = nullptr;
+  bool counting_ = false;
+  std::vector<std::array<double, kKernelCount>> units_;
   uint64_t generation_ = 0;
   int running_ = 0;
   bool stop_ = false;

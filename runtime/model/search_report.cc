@@ -83,7 +83,8 @@ Result<std::string> DescribePlan(const GptConfig& config, int B, int T, const Pa
   return out;
 }
 
-// "pp=2,dp=2,tp=2,zero=1,micro_batches=4,virtual_stages=2,recompute=selective,
+// "pp=2,dp=2,tp=2,zero=1,micro_batches=4,virtual_stages=2,
+// micro_batch_interleave=2,recompute=selective,
 // strategy=megatron|megatron_sp|data_parallel|FILE": a configuration to
 // compare with the search's.
 namespace {
@@ -92,13 +93,14 @@ namespace {
 // `strategy`).
 Status SetKey(const std::string& key, const std::string& value, ParallelConfig* p,
               std::string* strategy) {
-  int* number = key == "pp"               ? &p->pp
-                : key == "dp"             ? &p->dp
-                : key == "tp"             ? &p->tp
-                : key == "zero"           ? &p->zero
-                : key == "micro_batches"  ? &p->micro_batches
-                : key == "virtual_stages" ? &p->virtual_stages
-                                          : nullptr;
+  int* number = key == "pp"                       ? &p->pp
+                : key == "dp"                     ? &p->dp
+                : key == "tp"                     ? &p->tp
+                : key == "zero"                   ? &p->zero
+                : key == "micro_batches"          ? &p->micro_batches
+                : key == "virtual_stages"         ? &p->virtual_stages
+                : key == "micro_batch_interleave" ? &p->micro_batch_interleave
+                                                  : nullptr;
   if (number != nullptr) {
     try {
       *number = std::stoi(value);
@@ -111,8 +113,8 @@ Status SetKey(const std::string& key, const std::string& value, ParallelConfig* 
     *strategy = value;
   } else {
     return InvalidArgumentError("--why: unknown key '" + key +
-                                "' (pp, dp, tp, zero, micro_batches, virtual_stages, recompute, "
-                                "strategy)");
+                                "' (pp, dp, tp, zero, micro_batches, virtual_stages, "
+                                "micro_batch_interleave, recompute, strategy)");
   }
   return Status::Ok();
 }

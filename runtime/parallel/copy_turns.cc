@@ -7,7 +7,17 @@ namespace tessera {
 void CopyTurns::Reset() {
   std::lock_guard<std::mutex> lock(mu_);
   std::fill(done_.begin(), done_.end(), false);
-  turn_ = 0;
+  GiveLocked(0);
+}
+
+void CopyTurns::GiveLocked(int copy) {
+  turn_ = copy;
+  arrived_[copy] = std::chrono::steady_clock::now();
+}
+
+std::chrono::steady_clock::time_point CopyTurns::Arrived(int copy) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return arrived_[copy];
 }
 
 void CopyTurns::Acquire(int copy) {
@@ -27,7 +37,7 @@ int CopyTurns::NextLocked(int copy) const {
 void CopyTurns::Pass(int copy) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    turn_ = NextLocked(copy);
+    GiveLocked(NextLocked(copy));
   }
   cv_.notify_all();
 }
@@ -36,7 +46,7 @@ void CopyTurns::Finish(int copy) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     done_[copy] = true;
-    if (turn_ == copy) turn_ = NextLocked(copy);
+    if (turn_ == copy) GiveLocked(NextLocked(copy));
   }
   cv_.notify_all();
 }

@@ -10,6 +10,7 @@
 #ifndef TESSERA_RUNTIME_PARALLEL_COPY_TURNS_H_
 #define TESSERA_RUNTIME_PARALLEL_COPY_TURNS_H_
 
+#include <chrono>
 #include <condition_variable>
 #include <mutex>
 #include <vector>
@@ -18,7 +19,7 @@ namespace tessera {
 
 class CopyTurns {
  public:
-  explicit CopyTurns(int copies) : done_(copies, false) {}
+  explicit CopyTurns(int copies) : done_(copies, false), arrived_(copies) {}
   CopyTurns(const CopyTurns&) = delete;
   CopyTurns& operator=(const CopyTurns&) = delete;
 
@@ -33,14 +34,19 @@ class CopyTurns {
   // `copy` is done: it leaves the rotation, handing the turn on if it
   // holds it.
   void Finish(int copy);
+  // When the turn last came to `copy` (steady clock): with the time its
+  // collective completed, what of the collective no copy's compute hid.
+  std::chrono::steady_clock::time_point Arrived(int copy);
 
  private:
   int NextLocked(int copy) const;
+  void GiveLocked(int copy);
 
   std::mutex mu_;
   std::condition_variable cv_;
   int turn_ = 0;
   std::vector<bool> done_;
+  std::vector<std::chrono::steady_clock::time_point> arrived_;
 };
 
 }  // namespace tessera

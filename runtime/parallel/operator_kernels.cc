@@ -3,6 +3,7 @@
 // checks and the placements they give), which the cost model reads
 // without linking the kernels.
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 
 #include "core/timer.h"
@@ -23,12 +24,13 @@ Status OpContext::Collective(const std::function<Result<Request>()>& issue,
   }
   ASSIGN_OR_RETURN(Request r, issue());
   turns_->Pass(copy_);
-  Status s;
-  {
-    AddElapsed t(&comm_seconds_);
-    s = r.Wait();
-  }
+  Status s = r.Wait();
+  const auto done = std::chrono::steady_clock::now();
   turns_->Acquire(copy_);
+  // Exposed: from the turn's return (nothing else left to compute) to the
+  // collective's completion; none when it completed first.
+  const auto arrived = turns_->Arrived(copy_);
+  if (done > arrived) comm_seconds_ += std::chrono::duration<double>(done - arrived).count();
   return s;
 }
 

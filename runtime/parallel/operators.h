@@ -114,8 +114,8 @@ class OpContext {
   // Reduces `n` elements over tp in place (a parameter's partial
   // gradient, the loss's sums), counted as communication.
   Status AllReduce(void* data, int64_t n, DType dtype, ReduceOp op);
-  // Seconds in collectives (under multi-copy: from handing the turn on to
-  // the collective's completion, which the other copies' compute overlaps).
+  // Seconds in collectives; under multi-copy only what no copy's compute
+  // hid (from the turn's return to the collective's completion).
   double comm_seconds() const { return comm_seconds_; }
 
   // Multi-copy (copy_turns.h): while set, this context's AllReduce,

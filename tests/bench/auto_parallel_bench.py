@@ -90,6 +90,12 @@ def configs(n):
          + (["--op-strategy", empty] if n == 2 else []),
          "pp=2,dp=1,tp=%d,micro_batches=8,virtual_stages=2" % (n // 2)
          + (",strategy=%s" % empty if n == 2 else "")),
+        # Multi-copy: two copies of each micro-batch (8 sequences).
+        ("tp%d megatron x 2 copies" % n, ["--tp", str(n), "--micro-batch-interleave", "2"],
+         "dp=1,tp=%d,micro_batch_interleave=2" % n),
+        ("tp%d megatron-sp x 2 copies" % n,
+         ["--tp", str(n), "--sequence-parallel", "--micro-batch-interleave", "2"],
+         "dp=1,tp=%d,strategy=megatron_sp,micro_batch_interleave=2" % n),
     ]
     # pp2 x tp1 and dp2 x pp1 repeat others on 2 ranks.
     return [x for x in c if not (n == 2 and x[0] in ("pp2 x tp1 megatron mb4", "dp2 x pp1 mb2"))]

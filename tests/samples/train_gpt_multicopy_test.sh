@@ -7,12 +7,16 @@
 # copies' collectives in flight (IAllReduce, IReduceScatter, IAllGather);
 # checkpoints saved with V = 2 and N = 2 resume with V = 1 and N = 1, on
 # another mesh; bad settings are refused saying what would work.
-# Usage: train_gpt_multicopy_test.sh TRAIN_GPT CORPUS MPIRUN TESSERA_RUN
+# ckpt auto-parallel --why prices copies, and a plan with copies written
+# by it trains.
+# Usage: train_gpt_multicopy_test.sh TRAIN_GPT CORPUS MPIRUN TESSERA_RUN CKPT
 set -uo pipefail
 BIN=$1
 CORPUS=$2
 MPIRUN=("$3" --allow-run-as-root --oversubscribe)
 RUN=$4
+CKPT=$5
+PROFILE="$(dirname "$0")/../../samples/gpt/profiles/debian-vm-2core.json"
 WORK=$(mktemp -d)
 trap 'pkill -9 -P $$ 2>/dev/null; rm -rf "$WORK"' EXIT
 source "$(dirname "$0")/../lib.sh"
@@ -90,6 +94,19 @@ resumed "saved under pp2 x 2 chunks x tp2 with 2 copies, resumed under dp2 x tp2
   "$VN" "--ranks 4 --dp 2 --tp 2"
 resumed "saved on one rank, resumed under tp2 with 2 copies" r3 "" \
   "--ranks 2 --tp 2 --micro-batch-interleave 2"
+
+# The cost model: --why prices copies beside the plan found, and says how
+# much tp communication they leave exposed.
+"$CKPT" auto-parallel --profile "$PROFILE" --devices 2 --mode fast --layers 4 --heads 2 --embed 32 \
+  --context 32 --vocab 256 --batch 8 --why "pp=1,dp=1,tp=2,micro_batch_interleave=2" \
+  >"$WORK/why.log" 2>&1
+check "ckpt auto-parallel --why micro_batch_interleave=2: priced" \
+  grep -q "^why not pp=1,dp=1,tp=2,micro_batch_interleave=2: predicted step" "$WORK/why.log"
+"$CKPT" auto-parallel --profile "$PROFILE" --devices 2 --mode fast --layers 4 --heads 2 --embed 32 \
+  --context 32 --vocab 256 --batch 8 --why "pp=1,dp=1,tp=2,micro_batch_interleave=3" \
+  >"$WORK/why3.log" 2>&1
+check "... 3 copies of 8 sequences: cannot run, saying why" \
+  grep -q "does not cut into 3 copies" "$WORK/why3.log"
 
 # Bad settings: named, with what would work.
 out=$("$BIN" "${SMALL[@]}" --steps 1 --ranks 2 --dp 2 --micro-batch-interleave 2 2>&1)

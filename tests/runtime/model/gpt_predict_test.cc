@@ -75,8 +75,10 @@ struct Case {
 std::vector<Case> Cases() {
   std::vector<Case> cases;
   auto add = [&](const char* name, int pp, int dp, int tp, int zero, int mb, bool sp,
-                 const char* recompute, std::shared_ptr<const OpStrategyFile> file = nullptr) {
+                 const char* recompute, std::shared_ptr<const OpStrategyFile> file = nullptr,
+                 int copies = 1) {
     ParallelConfig p;
+    p.micro_batch_interleave = copies;
     p.pp = pp;
     p.dp = dp;
     p.tp = tp;
@@ -102,6 +104,9 @@ std::vector<Case> Cases() {
   add("pp2 dp2, no strategy file, 4 micro-batches", 2, 2, 1, 0, 4, false, "none");
   add("tp2 dp2 megatron-sp, full recompute, 2 micro-batches", 1, 2, 2, 0, 2, true, "full");
   add("pp4, 8 micro-batches", 4, 1, 1, 0, 8, false, "none", std::make_shared<OpStrategyFile>());
+  add("dp2 tp2 megatron, 2 copies", 1, 2, 2, 0, 0, false, "none", nullptr, 2);
+  add("pp2 tp2 megatron-sp selective, 2 copies, 2 micro-batches", 2, 1, 2, 0, 2, true, "selective",
+      nullptr, 2);
   return cases;
 }
 

@@ -410,3 +410,59 @@ TEST_CASE("exact is never slower than fast, and its answer does not depend on th
 
 }  // namespace
 }  // namespace tessera
+
+namespace tessera {
+namespace {
+
+TEST_CASE("multi-copy: exposed tp communication, and the search takes copies where they pay") {
+  // Of min(compute, comm) all but one copy's share hides.
+  CHECK(ExposedTpComm(4.0, 2.0, 1) == 2.0);
+  CHECK(ExposedTpComm(4.0, 2.0, 2) == Approx(1.0));
+  CHECK(ExposedTpComm(1.0, 3.0, 2) == Approx(2.5));
+  CHECK(ExposedTpComm(4.0, 2.0, 4) == Approx(0.5));
+  // A model whose weights force tp on 8 devices: the search prices its plan
+  // with 2 copies and keeps them exactly when the full walk says faster.
+  const GptConfig big{.layers = 8, .heads = 32, .embed = 4096, .context = 512, .vocab = 32768};
+  const int64_t budget = int64_t{16} << 30;
+  int priced = 0;
+  for (int B : {8, 64}) {
+    INFO("batch " << B);
+    SearchOptions o;
+    o.rank_memory = budget;
+    auto r = SearchGptParallel(big, B, 512, 8, TestProfile(), o);
+    REQUIRE(r.ok());
+    INFO(r->name);
+    REQUIRE(r->parallel.tp > 1);
+    ParallelConfig one = r->parallel, two = r->parallel;
+    one.micro_batch_interleave = 1;
+    two.micro_batch_interleave = 2;
+    auto p1 = PredictGptStep(big, B, 512, one, TestProfile());
+    auto p2 = PredictGptStep(big, B, 512, two, TestProfile());
+    REQUIRE(p1.ok());
+    const bool copies = r->parallel.micro_batch_interleave == 2;
+    CHECK((r->name.find("micro_batch_interleave=2") != std::string::npos) == copies);
+    if (!p2.ok()) {  // micro-batches of one sequence
+      CHECK(!copies);
+    } else {
+      ++priced;
+      CHECK(p2->tp_comm < p1->tp_comm);  // copies hide some
+      CHECK(copies == (p2->seconds < p1->seconds && p2->memory.total() <= budget));
+    }
+    if (copies) {
+      REQUIRE(r->parallel.op_strategy != nullptr);
+      CHECK(r->parallel.op_strategy->micro_batch_interleave == 2);
+    }
+    // propagate keeps a file's micro_batch_interleave 1.
+    auto fixed = std::make_shared<OpStrategyFile>(*r->parallel.op_strategy);
+    fixed->micro_batch_interleave = 1;
+    o.mode = SearchMode::kPropagate;
+    o.fixed = fixed;
+    auto kept = SearchGptParallel(big, B, 512, 8, TestProfile(), o);
+    REQUIRE(kept.ok());
+    CHECK(kept->parallel.micro_batch_interleave == 1);
+  }
+  CHECK(priced > 0);
+}
+
+}  // namespace
+}  // namespace tessera
