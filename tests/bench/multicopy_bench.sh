@@ -9,7 +9,9 @@
 # in flight that compute overlapped, the exposed communication per step
 # and the step time; and tokens/s from the run's log. Prints the medians,
 # N=2 beside N=1 (the peer: the same job without copies) and the ratio;
-# then the same two in-process (no wire: collectives are memcpys).
+# then tp2 under mpirun across the two hosts (Open MPI's own non-blocking
+# collectives), and the same two in-process (no wire: collectives are
+# memcpys).
 # Root only (namespaces): otherwise says so and exits 0.
 # Usage: multicopy_bench.sh TESSERA_RUN TRAIN_GPT CORPUS WORKDIR [REPEATS]
 set -uo pipefail
@@ -57,6 +59,16 @@ run() {  # run TAG N REPEAT FLAGS...: one job over the two hosts
   mv "$OUT/$tag.n$n.r$r.node1.rank1.json" "$OUT/$tag.n$n.r$r.rank1.json"
   mv "$OUT/$tag.n$n.r$r.log.0" "$OUT/$tag.n$n.r$r.log"
 }
+printf "host1 slots=1\nhost2 slots=1\n" >"$WORK/hostfile"
+MPI=(mpirun --allow-run-as-root --oversubscribe --mca plm_rsh_agent "$WORK/agent"
+     --mca btl tcp,self --mca btl_tcp_if_include 10.77.0.0/24 --mca oob_tcp_if_include 10.77.0.0/24
+     -np 2 --hostfile "$WORK/hostfile" --map-by node)
+mpi() {  # mpi TAG N REPEAT FLAGS...: the same job under mpirun, one rank per host
+  local tag=$1 n=$2 r=$3
+  shift 3
+  "$INHOST" host1 timeout 600 "${MPI[@]}" "$BIN" "${MODEL[@]}" "$@" --micro-batch-interleave "$n" \
+    --trace "$OUT/$tag.n$n.r$r" >"$OUT/$tag.n$n.r$r.log" 2>&1 || { cat "$OUT/$tag.n$n.r$r.log"; exit 1; }
+}
 inprocess() {  # inprocess TAG N REPEAT FLAGS...: the same as two threads, no wire
   local tag=$1 n=$2 r=$3
   shift 3
@@ -88,15 +100,17 @@ print(f"   step: N=2 {s2:.1f} ms   N=1 {s1:.1f} ms   ratio {s2 / s1:.2f}")
 print(f"   tokens/s: N=2 {t2:.0f}   N=1 {t1:.0f}   ratio {t2 / t1:.2f}")
 PY
 }
-for config in "1gbit tp2" "2gbit tp2" "1gbit tp2 --sequence-parallel"; do
-  read -r rate label flags <<<"$config"
+for config in "1gbit run tp2" "2gbit run tp2" "1gbit run tp2 --sequence-parallel" "1gbit mpi tp2"; do
+  read -r rate how label flags <<<"$config"
   shape "$rate"
-  tag=$rate${flags:+-sp}
+  tag=$rate-$how${flags:+-sp}
   for r in $(seq 1 "$REPEATS"); do
     # shellcheck disable=SC2086
-    for n in 1 2; do run "$tag" "$n" "$r" $flags; done
+    for n in 1 2; do "$how" "$tag" "$n" "$r" $flags; done
   done
-  report "$tag" "$label${flags:+ + SP}, Gloo over a $rate link (tc tbf, each way)"
+  backend=Gloo
+  [ "$how" = mpi ] && backend="Open MPI (its non-blocking collectives)"
+  report "$tag" "$label${flags:+ + SP}, $backend over a $rate link (tc tbf, each way)"
 done
 for r in $(seq 1 "$REPEATS"); do
   for n in 1 2; do inprocess inproc "$n" "$r"; done

@@ -42,12 +42,15 @@ for setting in "--ranks 2 --tp 2 --micro-batch-interleave 2" \
   train "$WORK/par.log" $setting --steps 20
   check "$setting: the single-process losses" close "$WORK/par.log" "$WORK/one.log" 20
 done
-train "$WORK/gloo.out" gloo --tp 2 --sequence-parallel --micro-batch-interleave 2 --steps 20
+train "$WORK/gloo.out" gloo --tp 2 --sequence-parallel --micro-batch-interleave 2 --steps 20 \
+  --trace "$WORK/gtr"
 rank0 "$WORK/gloo.out" >"$WORK/gloo.log"
 check "tessera-run (gloo) --tp 2 --sequence-parallel --micro-batch-interleave 2: the single-process losses" \
   close "$WORK/gloo.log" "$WORK/one.log" 20
 check "... and says it runs copies" \
   grep -q "multi-copy: 2 copies per micro-batch" "$WORK/gloo.log"
+check "... and each Gloo rank writes its timeline (--trace)" /usr/bin/python3 \
+  "$(dirname "$0")/check_trace.py" "$WORK/gtr" 2 step forward backward comm optimizer
 
 # The strategy file's key pairs with the flag.
 printf '{"format": "tessera.op_strategy", "mesh": {"tp": 2}, "micro_batch_interleave": 2, "operators": {}}' \
