@@ -13,6 +13,7 @@
 
 #include "core/timer.h"
 #include "runtime/kernels.h"
+#include "runtime/parallel/copy_turns.h"
 #include "runtime/train/optim.h"
 
 namespace tessera {
@@ -242,6 +243,52 @@ Result<std::vector<CollectiveTable>> MeasureCollectives(Communicator& comm, int6
   return out;
 }
 
+// Multi-copy's turn: 4 KiB allreduces back to back, blocking, against the
+// same issued by two copies taking turns (IAllReduce, the turn handed on,
+// wait, the turn taken back: what a copy does around each collective) with
+// no compute between; the extra per collective, the largest of the ranks'.
+Result<double> MeasureCopyTurn(Communicator& comm) {
+  constexpr int kRounds = 200;
+  std::vector<float> a(1024, 1.0f), b(1024, 1.0f);
+  RETURN_IF_ERROR(comm.AllReduce(a.data(), a.data(), 1024, DType::kF32, ReduceOp::kSum));
+  ASSIGN_OR_RETURN(Request warm, comm.IAllReduce(a.data(), a.data(), 1024, DType::kF32,
+                                                 ReduceOp::kSum));  // makes the lane
+  RETURN_IF_ERROR(warm.Wait());
+  RETURN_IF_ERROR(comm.Barrier());
+  double start = SteadySeconds();
+  for (int i = 0; i < kRounds; ++i) {
+    RETURN_IF_ERROR(comm.AllReduce(a.data(), a.data(), 1024, DType::kF32, ReduceOp::kSum));
+  }
+  const double block = (SteadySeconds() - start) / kRounds;
+  RETURN_IF_ERROR(comm.Barrier());
+  CopyTurns turns(2);
+  Status status[2];
+  auto copy = [&](int k, float* buf) {
+    turns.Acquire(k);
+    for (int i = 0; i < kRounds / 2 && status[k].ok(); ++i) {
+      Result<Request> r = comm.IAllReduce(buf, buf, 1024, DType::kF32, ReduceOp::kSum);
+      if (!r.ok()) {
+        status[k] = r.status();
+        break;
+      }
+      turns.Pass(k);
+      status[k] = r->Wait();
+      turns.Acquire(k);
+    }
+    turns.Finish(k);
+  };
+  start = SteadySeconds();
+  std::thread second(copy, 1, b.data());
+  copy(0, a.data());
+  second.join();
+  const double turn = (SteadySeconds() - start) / kRounds;
+  RETURN_IF_ERROR(status[0]);
+  RETURN_IF_ERROR(status[1]);
+  double extra = std::max(0.0, turn - block);
+  RETURN_IF_ERROR(comm.AllReduce(&extra, &extra, 1, DType::kF64, ReduceOp::kMax));
+  return extra;
+}
+
 Result<MachineProfile> Calibrate(Communicator& world) {
   MachineProfile p;
   p.name = "calibrated";
@@ -265,6 +312,7 @@ Result<MachineProfile> Calibrate(Communicator& world) {
   if (world.size() > 1) {
     ASSIGN_OR_RETURN(p.intra_host, MeasureLink(world, int64_t{16} << 20));
     ASSIGN_OR_RETURN(p.collectives, MeasureCollectives(world, int64_t{16} << 20));
+    ASSIGN_OR_RETURN(p.copy_turn_s, MeasureCopyTurn(world));
   } else {
     p.intra_host = {1e-6, figures[1] / 3};  // one rank: a copy through memory
   }

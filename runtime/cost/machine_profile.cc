@@ -179,6 +179,8 @@ Status ParseFields(const Json& j, const std::string& source, MachineProfile* p) 
   p->backend = j.value("backend", "");
   p->devices_per_host = j.value("devices_per_host", 1);
   p->hosts = j.value("hosts", 0);
+  p->copy_turn_s = j.value("copy_turn_s", 0.0);
+  if (!(p->copy_turn_s >= 0)) return InvalidArgumentError(source + ": copy_turn_s must be >= 0");
   RETURN_IF_ERROR(ParseDevice(j, source, p));
   RETURN_IF_ERROR(ParseLinks(j, source, p));
   RETURN_IF_ERROR(ParseCollectives(j, source, p));
@@ -259,6 +261,7 @@ std::string MachineProfile::ToJson() const {
   if (!backend.empty()) j["backend"] = backend;
   j["devices_per_host"] = devices_per_host;
   j["hosts"] = hosts;
+  if (copy_turn_s > 0) j["copy_turn_s"] = copy_turn_s;
   j["device"] = {{"matmul_flops", matmul_flops},
                  {"memory_bandwidth", memory_bandwidth},
                  {"memory_bytes", static_cast<double>(memory_bytes)}};

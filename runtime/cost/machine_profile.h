@@ -16,7 +16,8 @@
 //     "hosts": 0,
 //     "collectives": [{"kind": "AllReduce", "group": 2,
 //                      "bytes": [4096, ...], "seconds": [1.2e-4, ...]}, ...],
-//     "kernels": {"layer_norm_forward": 1.2e-9, ...}
+//     "kernels": {"layer_norm_forward": 1.2e-9, ...},
+//     "copy_turn_s": 4e-5
 //   }
 //
 // "collectives" (optional; calibration writes it) holds collectives timed
@@ -104,6 +105,10 @@ struct MachineProfile {
   // Measured seconds per unit of each kernel (0: not measured, the
   // roofline). JSON: "kernels": {"layer_norm_forward": 1.2e-9, ...}.
   double kernel_seconds[kKernelCount] = {};
+  // Multi-copy: what a collective issued non-blocking with the turn handed
+  // on and taken back costs beyond the blocking call (thread wake-ups, the
+  // lane's hop, MPI's polling), measured by calibration; 0: not measured.
+  double copy_turn_s = 0;
   // Ranks sharing one device (ForRanks sets it; not in the file).
   int ranks_per_device = 1;
   // This machine running a job of `ranks`.

@@ -152,8 +152,11 @@ StageCost CostOf(std::span<const StageWork> chunks, const ParamStats& ps, const 
   const double transfer = prof.CollectiveSeconds(CollectiveKind::kSendRecv, act_bytes, 2, pp_inter);
   for (int k = 0; k < v; ++k) {
     const double compute = ComputeSeconds(chunks[k], prof);
-    const double tp_comm =
+    double tp_comm =
         ExposedTpComm(compute, GroupCommSeconds(chunks[k], prof, shape.tp), shape.copies);
+    if (shape.copies > 1) {  // each copy's collective: its turn handed on and taken back
+      for (int n : chunks[k].comm_count) tp_comm += n * prof.copy_turn_s;
+    }
     const int vs = k * pp + s;  // a transfer each way per neighbour virtual stage
     double pp_comm = 0;
     if (vs < pp * v - 1) pp_comm += transfer;

@@ -65,7 +65,8 @@ OptimizerUnits OptimizerUnitsOf(const ParamStats& ps, int zero);
 // One stage's costs on one rank.
 struct StageCost {
   // per micro-batch: compute + tp collectives + transfers. Under multi-copy
-  // tp_comm is the collectives' exposed part (ExposedTpComm).
+  // tp_comm is the collectives' exposed part (ExposedTpComm) plus each
+  // collective's turn (MachineProfile::copy_turn_s).
   double micro = 0;
   double compute = 0, tp_comm = 0, pp_comm = 0;
   // The same per chunk under virtual stages (empty for one chunk): its
