@@ -151,6 +151,12 @@ int64_t MultiCopyRunner::ActivationBytes() const {
   return n;
 }
 
+int64_t MultiCopyRunner::plans_built() const {
+  int64_t n = 0;
+  for (const auto& c : copies_) n += c->plans_built();
+  return n;
+}
+
 double MultiCopyRunner::comm_seconds() const {
   double t = 0;
   for (const auto& c : copies_) t += c->comm_seconds();

@@ -57,6 +57,7 @@ class MultiCopyRunner : public StageRunner {
   int64_t ActivationBytes() const override;
   int64_t CommBufferBytes() const override { return copies_[0]->CommBufferBytes(); }
   double comm_seconds() const override;
+  int64_t plans_built() const override;
 
  private:
   // Runs fn(k) for every copy k in turns (copy 0 on the calling thread,

@@ -87,6 +87,7 @@ class OpGpt : public StageRunner {
   // parameters whose operators cut the rows over tp.
   Status ReduceParamGradients() override;
   double comm_seconds() const override { return ctx_.comm_seconds(); }
+  int64_t plans_built() const override { return ctx_.plans_built(); }
   // Multi-copy (multi_copy.h): this copy's collectives take turns with the
   // other copies' compute while `turns` is set (null: blocking).
   void SetTurns(CopyTurns* turns, int copy) { ctx_.SetTurns(turns, copy); }

@@ -70,6 +70,12 @@ double ParallelGpt::comm_seconds() const {
   return t;
 }
 
+int64_t ParallelGpt::plans_built() const {
+  int64_t n = 0;
+  for (const auto& r : runners_) n += r->plans_built();
+  return n;
+}
+
 MemoryUse ParallelGpt::Memory() const {
   auto bytes = [](const std::vector<float>& v) {
     return static_cast<int64_t>(v.capacity() * sizeof(float));

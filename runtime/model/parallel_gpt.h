@@ -178,6 +178,9 @@ class ParallelGpt {
   // the loss, the norm, ZeRO's gathers) and waiting for pipeline
   // neighbours, for the communication share.
   double comm_seconds() const;
+  // Redistributions this rank's operators planned so far: each distinct
+  // one (an edge's placements and shape) once, reused by every later call.
+  int64_t plans_built() const;
 
   // The layout of every parameter and optimizer state on the mesh, named as
   // checkpoints name them ("wte", "optimizer.wte.exp_avg", ...).

@@ -36,6 +36,8 @@ class StageRunner {
   virtual int64_t CommBufferBytes() const = 0;
   // Seconds spent in the stage's own collectives.
   virtual double comm_seconds() const = 0;
+  // Redistributions planned so far (each distinct one once).
+  virtual int64_t plans_built() const { return 0; }
 };
 
 // The GPT run whole: every operator replicated, nothing to reduce.

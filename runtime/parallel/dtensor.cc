@@ -76,6 +76,105 @@ Result<DTensor> DTensor::FromFull(const Mesh& mesh, Layout layout, const void* f
   return FromLocal(mesh, std::move(layout), rank, std::move(local));
 }
 
+Result<RedistributionPlan> RedistributionPlan::Create(const Mesh& mesh, const Layout& from,
+                                                      const Mesh& target_mesh, const Layout& target,
+                                                      int64_t rank) {
+  RedistributionPlan p;
+  p.rank_ = rank;
+  p.es_ = DTypeSize(target.dtype);
+  p.what_ = "redistribute " + ToString(from) + " -> " + ToString(target);
+  ASSIGN_OR_RETURN(std::optional<Box> src_shard, ShardOf(from, mesh, rank));
+  ASSIGN_OR_RETURN(std::optional<Box> dst_shard, ShardOf(target, target_mesh, rank));
+  p.src_bytes_ = src_shard ? NumElements(*src_shard) * DTypeSize(from.dtype) : 0;
+  p.dst_bytes_ = dst_shard ? NumElements(*dst_shard) * p.es_ : 0;
+  const int64_t world = mesh.world_size();
+  // FSDP's unshard (row blocks in rank order -> replicated) is one
+  // AllGatherV straight into the result: no packing.
+  ASSIGN_OR_RETURN(auto blocks, RowBlocksInRankOrder(mesh, from, target_mesh, target));
+  if (blocks && target.shape == from.shape && target.dtype == from.dtype) {
+    p.gather_counts_ = std::move(*blocks);
+    return p;
+  }
+  // Every rank plans the same (deterministic) copies; local pieces first.
+  std::vector<int64_t> load;
+  ASSIGN_OR_RETURN(TensorPlan plan, PlanTensorReshard("tensor", mesh, from, target_mesh, target,
+                                                      {.prefer_local = true}, &load));
+  // The source shard in the plan's coordinates (the same bytes whatever the
+  // view: only its extents may differ).
+  ASSIGN_OR_RETURN(std::optional<Box> src_box, ShardOf(plan.src_layout, mesh, rank));
+  if (src_box) p.src_ext_ = src_box->extents();
+  p.send_counts_.assign(world, 0);
+  p.recv_counts_.assign(world, 0);
+  for (const ShardPlan& sp : plan.shards) {
+    if (sp.dst_rank == rank) p.dst_ext_ = sp.shard.extents();
+    for (const PieceCopy& c : sp.copies) {
+      const Piece piece{sp.dst_rank == rank ? c.src_rank : sp.dst_rank, c.src_box, c.dst_box,
+                        NumElements(c.src_box) * p.es_};
+      if (sp.dst_rank == rank) {
+        p.receives_.push_back(piece);
+        if (c.src_rank != rank) p.recv_counts_[c.src_rank] += piece.bytes;
+      } else if (c.src_rank == rank) {
+        p.sends_.push_back(piece);
+        p.send_counts_[sp.dst_rank] += piece.bytes;
+      }
+    }
+  }
+  return p;
+}
+
+Status RedistributionPlan::Run(const void* src_bytes, void* dst_bytes, Communicator& comm,
+                               std::vector<char>* send, std::vector<char>* recv,
+                               RedistributeStats* stats) const {
+  const int64_t world = comm.size();
+  const char* src = static_cast<const char*>(src_bytes);
+  char* dst = static_cast<char*>(dst_bytes);
+  if (!gather_counts_.empty()) {
+    RETURN_IF_ERROR(comm.AllGatherV(src, gather_counts_[rank_], dst, gather_counts_, DType::kU8)
+                        .Annotate(what_));
+    if (stats != nullptr) {
+      const int64_t mine = gather_counts_[rank_];
+      *stats = {mine * (world - 1), dst_bytes_ - mine, mine};
+    }
+    return Status::Ok();
+  }
+  // Pack what others need from here, in plan order.
+  send->clear();
+  for (const Piece& c : sends_) {
+    const size_t at = send->size();
+    send->resize(at + c.bytes);
+    CopyBox(src, src_ext_, c.src_box, send->data() + at, c.src_box.extents(),
+            Box::FromShape(c.src_box.extents()), es_);
+  }
+  int64_t total_recv = 0;
+  std::vector<int64_t> recv_at(world, 0);
+  for (int64_t r = 0; r < world; ++r) {
+    recv_at[r] = total_recv;
+    total_recv += recv_counts_[r];
+  }
+  recv->resize(total_recv);
+  RETURN_IF_ERROR(comm.AllToAllV(send->data(), send_counts_, recv->data(), recv_counts_, DType::kU8)
+                      .Annotate(what_));
+  // Unpack into this rank's target shard, in the same order.
+  RedistributeStats s;
+  for (int64_t r = 0; r < world; ++r) {
+    s.sent_bytes += send_counts_[r];
+    s.received_bytes += recv_counts_[r];
+  }
+  for (const Piece& c : receives_) {
+    if (c.peer == rank_) {
+      CopyBox(src, src_ext_, c.src_box, dst, dst_ext_, c.dst_box, es_);
+      s.local_bytes += c.bytes;
+      continue;
+    }
+    const char* from = recv->data() + recv_at[c.peer];
+    CopyBox(from, c.src_box.extents(), Box::FromShape(c.src_box.extents()), dst, dst_ext_,
+            c.dst_box, es_);
+    recv_at[c.peer] += c.bytes;
+  }
+  if (stats != nullptr) *stats = s;
+  return Status::Ok();
+}
+
 Status RedistributeInto(const DTensor& t, const Mesh& target_mesh, const Layout& target,
                         Communicator& comm, DTensor* out, RedistributeStats* stats) {
   if (out == &t) return InvalidArgumentError("redistribute: the output is the input");
@@ -88,95 +187,12 @@ Status RedistributeInto(const DTensor& t, const Mesh& target_mesh, const Layout&
     return InvalidArgumentError("the tensor is rank " + std::to_string(t.rank()) +
                                 "'s shard, this is rank " + std::to_string(comm.rank()));
   }
-  // FSDP's unshard (row blocks in rank order -> replicated) is one
-  // AllGatherV straight into the result: no packing.
-  ASSIGN_OR_RETURN(auto blocks, RowBlocksInRankOrder(t.mesh(), t.layout(), target_mesh, target));
-  if (blocks && target.shape == t.layout().shape && target.dtype == t.layout().dtype) {
-    RETURN_IF_ERROR(out->Reset(target_mesh, target, comm.rank()));
-    RETURN_IF_ERROR(
-        comm.AllGatherV(t.local().data(), (*blocks)[comm.rank()], out->local().data(), *blocks,
-                        DType::kU8)
-            .Annotate("redistribute " + ToString(t.layout()) + " -> " + ToString(target)));
-    if (stats != nullptr) {
-      const int64_t mine = (*blocks)[comm.rank()];
-      *stats = {mine * (world - 1), static_cast<int64_t>(out->local().size()) - mine, mine};
-    }
-    return Status::Ok();
-  }
-  // Every rank plans the same (deterministic) copies; local pieces first.
-  std::vector<int64_t> load;
-  ASSIGN_OR_RETURN(TensorPlan plan, PlanTensorReshard("tensor", t.mesh(), t.layout(), target_mesh,
-                                                      target, {.prefer_local = true}, &load));
-  const int64_t me = comm.rank();
-  const int64_t es = DTypeSize(target.dtype);
-  // The source shard in the plan's coordinates (the same bytes whatever the
-  // view: only its extents may differ).
-  ASSIGN_OR_RETURN(std::optional<Box> src_box, ShardOf(plan.src_layout, t.mesh(), me));
-  const std::vector<int64_t> src_ext = src_box ? src_box->extents() : std::vector<int64_t>{};
-  const char* src = t.local().data();
-
-  // Pack what others need from here: for each destination rank, its copies
-  // from this rank in plan order.
-  std::vector<int64_t> send_counts(world, 0), recv_counts(world, 0);
+  ASSIGN_OR_RETURN(
+      const RedistributionPlan plan,
+      RedistributionPlan::Create(t.mesh(), t.layout(), target_mesh, target, comm.rank()));
+  RETURN_IF_ERROR(out->Reset(target_mesh, target, comm.rank()));
   thread_local std::vector<char> send, recv;  // kept between calls (see the header)
-  send.clear();
-  const ShardPlan* mine = nullptr;
-  RedistributeStats s;
-  for (const ShardPlan& sp : plan.shards) {
-    if (sp.dst_rank == me) mine = &sp;
-    for (const PieceCopy& c : sp.copies) {
-      const int64_t bytes = NumElements(c.src_box) * es;
-      if (sp.dst_rank == me) {
-        if (c.src_rank == me) {
-          s.local_bytes += bytes;
-        } else {
-          recv_counts[c.src_rank] += bytes;
-        }
-        continue;
-      }
-      if (c.src_rank != me) continue;
-      const size_t at = send.size();
-      send.resize(at + bytes);
-      CopyBox(src, src_ext, c.src_box, send.data() + at, c.src_box.extents(),
-              Box::FromShape(c.src_box.extents()), es);
-      send_counts[sp.dst_rank] += bytes;
-    }
-  }
-  int64_t total_recv = 0;
-  std::vector<int64_t> recv_at(world, 0);
-  for (int64_t r = 0; r < world; ++r) {
-    recv_at[r] = total_recv;
-    total_recv += recv_counts[r];
-  }
-  recv.resize(total_recv);
-  RETURN_IF_ERROR(
-      comm.AllToAllV(send.data(), send_counts, recv.data(), recv_counts, DType::kU8)
-          .Annotate("redistribute " + ToString(t.layout()) + " -> " + ToString(target)));
-  for (int64_t r = 0; r < world; ++r) {
-    s.sent_bytes += send_counts[r];
-    s.received_bytes += recv_counts[r];
-  }
-
-  // Unpack into this rank's destination shard, in the same order. The
-  // result is described by the target layout as given; its bytes are the
-  // same in the plan's (possibly finer) view.
-  RETURN_IF_ERROR(out->Reset(target_mesh, target, me));
-  if (mine != nullptr) {
-    const std::vector<int64_t> dst_ext = mine->shard.extents();
-    char* dst = out->local().data();
-    for (const PieceCopy& c : mine->copies) {
-      if (c.src_rank == me) {
-        CopyBox(src, src_ext, c.src_box, dst, dst_ext, c.dst_box, es);
-        continue;
-      }
-      const char* from = recv.data() + recv_at[c.src_rank];
-      CopyBox(from, c.src_box.extents(), Box::FromShape(c.src_box.extents()), dst, dst_ext,
-              c.dst_box, es);
-      recv_at[c.src_rank] += NumElements(c.src_box) * es;
-    }
-  }
-  if (stats != nullptr) *stats = s;
-  return Status::Ok();
+  return plan.Run(t.local().data(), out->local().data(), comm, &send, &recv, stats);
 }
 
 Result<DTensor> Redistribute(const DTensor& t, const Mesh& target_mesh, const Layout& target,

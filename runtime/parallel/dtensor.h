@@ -12,6 +12,7 @@
 #define TESSERA_RUNTIME_PARALLEL_DTENSOR_H_
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "core/status.h"
@@ -57,6 +58,41 @@ class DTensor {
 
 struct RedistributeStats {
   int64_t sent_bytes = 0, received_bytes = 0, local_bytes = 0;
+};
+
+// One redistribution planned once for one rank: what it sends to whom,
+// receives from whom and copies locally. A training loop runs the same
+// redistribution every step, in every block, forward and backward: it
+// plans once and runs the plan (the seeds' "communication subgraph
+// extraction and reuse" in an eager runtime).
+class RedistributionPlan {
+ public:
+  // `from` on `mesh` to `target` on `target_mesh` (the same number of
+  // ranks) for `rank`.
+  static Result<RedistributionPlan> Create(const Mesh& mesh, const Layout& from,
+                                           const Mesh& target_mesh, const Layout& target,
+                                           int64_t rank);
+  // Bytes of this rank's source and target shards.
+  int64_t src_bytes() const { return src_bytes_; }
+  int64_t dst_bytes() const { return dst_bytes_; }
+  // Collective over `comm` (rank r is mesh rank r): `src`, this rank's
+  // source shard, into `dst`, its target shard (dense, row-major). `send`
+  // and `recv` stage the exchange and are kept by the caller between calls.
+  Status Run(const void* src, void* dst, Communicator& comm, std::vector<char>* send,
+             std::vector<char>* recv, RedistributeStats* stats = nullptr) const;
+
+ private:
+  struct Piece {
+    int64_t peer = 0;  // destination (sends) or source (receives; this rank: local)
+    Box src_box, dst_box;
+    int64_t bytes = 0;
+  };
+  int64_t rank_ = 0, es_ = 1, src_bytes_ = 0, dst_bytes_ = 0;
+  std::string what_;  // "redistribute FROM -> TO", for errors
+  // FSDP's unshard (row blocks in rank order -> replicated): one AllGatherV.
+  std::vector<int64_t> gather_counts_;
+  std::vector<Piece> sends_, receives_;  // in plan order
+  std::vector<int64_t> src_ext_, dst_ext_, send_counts_, recv_counts_;
 };
 
 // Collective over `comm`, whose ranks are the mesh's (same size; rank r is

@@ -5,6 +5,9 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <map>
+#include <memory>
+#include <tuple>
 
 #include "core/timer.h"
 #include "core/trace.h"
@@ -38,6 +41,30 @@ Status OpContext::AllReduce(void* data, int64_t n, DType dtype, ReduceOp op) {
   if (tp_size_ == 1) return Status::Ok();
   return Collective([&] { return comm_->IAllReduce(data, data, n, dtype, op); },
                     [&] { return comm_->AllReduce(data, data, n, dtype, op); });
+}
+
+// A Redistribute step's plan with its staging buffers.
+struct OpContext::Planned {
+  RedistributionPlan plan;
+  std::vector<char> send, recv;
+  std::vector<float> whole;  // a regrouped tensor, whole
+};
+struct OpContext::PlanCache {
+  std::map<std::tuple<int, int, int, int, int64_t, int64_t>, std::unique_ptr<Planned>> by_key;
+};
+
+Result<OpContext::Planned*> OpContext::PlanFor(const Placement& from, const Placement& to,
+                                               int64_t rows, int64_t cols) {
+  if (plans_ == nullptr) plans_ = std::make_shared<PlanCache>();
+  auto& slot = plans_->by_key[{from.split, from.groups, to.split, to.groups, rows, cols}];
+  if (slot == nullptr) {
+    ASSIGN_OR_RETURN(RedistributionPlan plan,
+                     RedistributionPlan::Create(mesh_, from.ToLayout(rows, cols), mesh_,
+                                                to.ToLayout(rows, cols), tp_rank_));
+    slot = std::make_unique<Planned>(Planned{std::move(plan), {}, {}, {}});
+    ++plans_built_;
+  }
+  return slot.get();
 }
 
 Result<Act> OpContext::Convert(Act& a, const Placement& to, std::vector<float>* storage,
@@ -106,30 +133,30 @@ Result<Act> OpContext::Convert(Act& a, const Placement& to, std::vector<float>* 
         return slice(a.data);
       case RedistStep::kRedistribute: {
         AddElapsed timer(&comm_seconds_);
-        const int64_t bytes = LocalSize(a) * 4;
-        std::vector<char> local(bytes);
-        if (bytes > 0) std::memcpy(local.data(), a.data, bytes);  // an empty shard: no pointers
-        auto t =
-            DTensor::FromLocal(mesh_, a.place.ToLayout(a.rows, a.cols), tp_rank_, std::move(local));
-        if (!t.ok()) {
-          return Status(t.status().code(),
-                        "operator '" + op + "' " + what + ": " + t.status().message());
-        }
         // Columns cut in different groups (by columns <-> by heads): a
         // shard of one is not a box of the other's view, which the planner
         // moves, unless the cuts fall on the groups' edges. Such a tensor
         // goes through the whole, then is sliced.
         const bool regroup = a.place.split == 1 && to.split == 1 && a.place.groups != to.groups;
         const Placement via = regroup ? Placement{-1} : to;
-        DTensor moved;
-        const Status st = RedistributeInto(*t, mesh_, via.ToLayout(a.rows, a.cols), *comm_, &moved);
+        auto plan = PlanFor(a.place.Resolved(), via, a.rows, a.cols);
+        if (!plan.ok()) {
+          return Status(plan.status().code(),
+                        "operator '" + op + "' " + what + ": " + plan.status().message());
+        }
+        Planned& r = **plan;
+        float* dst;
+        if (regroup) {
+          r.whole.resize(r.plan.dst_bytes() / sizeof(float));
+          dst = r.whole.data();
+        } else {
+          storage->resize(LocalSize(out));
+          dst = storage->data();
+        }
+        const Status st = r.plan.Run(a.data, dst, *comm_, &r.send, &r.recv);
         if (!st.ok())
           return Status(st.code(), "operator '" + op + "' " + what + ": " + st.message());
-        if (regroup) return slice(reinterpret_cast<const float*>(moved.local().data()));
-        storage->resize(LocalSize(out));
-        if (!storage->empty()) {
-          std::memcpy(storage->data(), moved.local().data(), storage->size() * sizeof(float));
-        }
+        if (regroup) return slice(r.whole.data());
         out.data = storage->data();
         return out;
       }

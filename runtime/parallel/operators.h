@@ -39,6 +39,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -118,6 +119,11 @@ class OpContext {
   // hid (from the turn's return to the collective's completion).
   double comm_seconds() const { return comm_seconds_; }
 
+  // Redistributions planned so far (Convert's Redistribute steps): each
+  // distinct one is planned once, with its staging buffers, and reused by
+  // every later call (every block, forward and backward, every step).
+  int64_t plans_built() const { return plans_built_; }
+
   // Multi-copy (copy_turns.h): while set, this context's AllReduce,
   // ReduceScatter and AllGather are issued non-blocking and the turn goes
   // to the next copy until they complete (a Redistribute stays blocking,
@@ -134,6 +140,13 @@ class OpContext {
                     const std::function<Status()>& block);
 
   Communicator* comm_ = nullptr;
+  // The Redistribute steps' plans and buffers by (from, to, rows, cols)
+  // (operator_kernels.cc; shared_ptr: the planning layer links no kernels).
+  struct Planned;
+  struct PlanCache;
+  Result<Planned*> PlanFor(const Placement& from, const Placement& to, int64_t rows, int64_t cols);
+  std::shared_ptr<PlanCache> plans_;
+  int64_t plans_built_ = 0;
   CopyTurns* turns_ = nullptr;
   int copy_ = 0;
   int tp_size_ = 1, tp_rank_ = 0;

@@ -340,6 +340,7 @@ class Saver {
 // Seconds and losses over the run, for the log and the report.
 struct Progress {
   double total_seconds = 0, comm_at_first = 0;
+  int64_t plans_at_first = 0;
   int64_t timed_steps = 0;
   float loss = 0;
 };
@@ -434,6 +435,11 @@ Status Report(const Options& o, Job& job, Communicator& world, const Progress& p
     std::printf("communication: %.1f%% of the step time on rank 0\n",
                 100.0 * (job.trainer->comm_seconds() - p.comm_at_first) / p.total_seconds);
   }
+  if (job.trainer->plans_built() > 0) {
+    std::printf("redistribution plans built on rank 0: %lld in the first step, %lld after\n",
+                static_cast<long long>(p.plans_at_first),
+                static_cast<long long>(job.trainer->plans_built() - p.plans_at_first));
+  }
   return Status::Ok();
 }
 
@@ -466,6 +472,7 @@ Status TrainOn(const Options& o, Communicator& world) {
       ++progress.timed_steps;
     } else {
       progress.comm_at_first = job.trainer->comm_seconds();
+      progress.plans_at_first = job.trainer->plans_built();
     }
     if (talk) Log(o, job.trainer->step(), loss, norm, seconds);
     RETURN_IF_ERROR(saver.AfterStep());

@@ -12,6 +12,8 @@
 //                                          beside AllGather + sgemm + ReduceScatter
 //   redistribute_bench inprocess N
 //   mpirun -np N redistribute_bench mpi
+// And a GPT activation's redistribution with its plan built once beside
+// planned on every call.
 // Median of 5 timed calls each (after one warm-up), slowest rank.
 #include <algorithm>
 #include <chrono>
@@ -133,6 +135,43 @@ Status Linears(Communicator& comm) {
       "  LinearOp %-20s %d ranks (%s): fwd+bwd %8.2f ms   %-29s %8.2f ms   ratio %.2fx\n");
 }
 
+// A redistribution as a training step repeats it (an activation [rows,
+// cols] by columns -> by rows over the ranks, as OpGpt's Redistribute
+// edges): its plan built once and run (RedistributionPlan, what OpContext
+// does) beside planning it on every call (RedistributeInto, what OpContext
+// did before); 50 calls a timed run.
+Status Plans(Communicator& comm) {
+  ASSIGN_OR_RETURN(Mesh mesh, Mesh::Create({"tp"}, {comm.size()}));
+  for (const auto& [r, c] : {std::pair<int64_t, int64_t>{1024, 128}, {4096, 512}}) {
+    const Layout cols = Placement{1}.ToLayout(r, c), rows = Placement{0}.ToLayout(r, c);
+    std::vector<float> full(r * c, 1.0f);
+    ASSIGN_OR_RETURN(DTensor t, DTensor::FromFull(mesh, cols, full.data(), comm.rank()));
+    ASSIGN_OR_RETURN(RedistributionPlan plan,
+                     RedistributionPlan::Create(mesh, cols, mesh, rows, comm.rank()));
+    std::vector<char> dst(plan.dst_bytes()), send, recv;
+    DTensor out;
+    const std::string what = "[" + std::to_string(r) + ", " + std::to_string(c) + "] cols->rows";
+    const Pair pair{what.c_str(),
+                    [&]() -> Status {
+                      for (int i = 0; i < 50; ++i) {
+                        RETURN_IF_ERROR(plan.Run(t.local().data(), dst.data(), comm, &send, &recv));
+                      }
+                      return Status::Ok();
+                    },
+                    [&]() -> Status {
+                      for (int i = 0; i < 50; ++i) {
+                        RETURN_IF_ERROR(RedistributeInto(t, mesh, rows, comm, &out));
+                      }
+                      return Status::Ok();
+                    },
+                    "planned each call"};
+    RETURN_IF_ERROR(TimePairs(
+        comm, std::span<const Pair>(&pair, 1),
+        "  plan reuse %-24s %d ranks (%s): 50 calls %7.2f ms   %-17s %7.2f ms   ratio %.2fx\n"));
+  }
+  return Status::Ok();
+}
+
 Status Run(Communicator& comm) {
   const int p = comm.size();
   ASSIGN_OR_RETURN(Mesh mesh, Mesh::Create({"r"}, {p}));
@@ -155,7 +194,8 @@ Status Run(Communicator& comm) {
   };
   RETURN_IF_ERROR(TimePairs(
       comm, rows_, "  %-20s %d ranks (%s): Redistribute %8.2f ms   %-9s %8.2f ms   ratio %.2fx\n"));
-  return Linears(comm);
+  RETURN_IF_ERROR(Linears(comm));
+  return Plans(comm);
 }
 
 }  // namespace

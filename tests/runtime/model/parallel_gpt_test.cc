@@ -561,6 +561,20 @@ TEST_CASE("sequence parallelism (Megatron-SP) reproduces the single-process run"
   }
 }
 
+// The MLP the other way round (c_fc by rows, c_proj by columns), the
+// embedding by columns, the output projection contracted over tp.
+constexpr const char* kOtherOrientation = R"({"format": "tessera.op_strategy",
+    "operators": {
+      "embedding": [[null, "tp"], ["dp"]],
+      "h.*.mlp.c_fc": [["dp", "tp"], ["tp", null]],
+      "h.*.mlp.gelu": [["dp", null]],
+      "h.*.mlp.c_proj": [["dp", null], [null, "tp"]],
+      "h.*.attn.c_attn": [["dp", null], [null, "tp"]],
+      "h.*.attn.attention": [[["dp", "tp"], null]],
+      "h.1.attn.c_proj": [[2, 1], [1, 1]],
+      "lm_head": [["dp", "tp"], [null, "tp"]],
+      "loss": [["dp", "tp"], ["dp"]]}})";
+
 // Strategies that are not Megatron's: redistributions get inserted between
 // operators whose placements differ, and their duals run in backward.
 TEST_CASE("hand-written operator strategies reproduce the single-process run") {
@@ -578,19 +592,6 @@ TEST_CASE("hand-written operator strategies reproduce the single-process run") {
       "h.*.mlp.gelu": [[["dp", "tp"], null]],
       "h.*.mlp.c_proj": [[["dp", "tp"], null], [null, null]],
       "lm_head": [["dp", null], ["tp", null]], "loss": [["dp", "tp"], ["dp"]]}})";
-  // The MLP the other way round (c_fc by rows, c_proj by columns), the
-  // embedding by columns, the output projection contracted over tp.
-  const char* other_orientation = R"({"format": "tessera.op_strategy",
-    "operators": {
-      "embedding": [[null, "tp"], ["dp"]],
-      "h.*.mlp.c_fc": [["dp", "tp"], ["tp", null]],
-      "h.*.mlp.gelu": [["dp", null]],
-      "h.*.mlp.c_proj": [["dp", null], [null, "tp"]],
-      "h.*.attn.c_attn": [["dp", null], [null, "tp"]],
-      "h.*.attn.attention": [[["dp", "tp"], null]],
-      "h.1.attn.c_proj": [[2, 1], [1, 1]],
-      "lm_head": [["dp", "tp"], [null, "tp"]],
-      "loss": [["dp", "tp"], ["dp"]]}})";
   // No operator named: everything data parallel over dp x tp.
   const char* data_parallel = R"({"format": "tessera.op_strategy", "operators": {}})";
   // The embedding's rows cut over tp (data parallel) but the output
@@ -605,8 +606,8 @@ TEST_CASE("hand-written operator strategies reproduce the single-process run") {
   };
   for (const Config c : {Config{"mlp batch split", mlp_batch_split, 2, 1, 1, 0},
                          Config{"mlp batch split", mlp_batch_split, 2, 2, 1, 1},
-                         Config{"other orientation", other_orientation, 2, 1, 1, 0},
-                         Config{"other orientation", other_orientation, 2, 1, 2, 1},
+                         Config{"other orientation", kOtherOrientation, 2, 1, 1, 0},
+                         Config{"other orientation", kOtherOrientation, 2, 1, 2, 1},
                          Config{"data parallel", data_parallel, 2, 1, 1, 0},
                          Config{"data parallel", data_parallel, 2, 2, 2, 0},
                          Config{"wte rows mixed", wte_mixed, 2, 1, 1, 0},
@@ -622,6 +623,41 @@ TEST_CASE("hand-written operator strategies reproduce the single-process run") {
                        c.tp * c.dp * c.pp),
               reference);
     }
+  }
+}
+
+// Each distinct redistribution (an edge's placements and shape) is
+// planned once, in the first step, and reused by every block, direction
+// and later step (the seeds' communication subgraph reuse).
+TEST_CASE("redistribution plans are built once, in the first step") {
+  kernels::SetComputeThreads(1);
+  std::mutex mu;
+  std::vector<int64_t> first(2), later(2);
+  const Status s = RunInProcess(2, [&](Communicator& world) -> Status {
+    ASSIGN_OR_RETURN(
+        auto p, ParallelGpt::Create(
+                    kConfig, {.tp = 2, .op_strategy = StrategyFile(kOtherOrientation)}, world));
+    p->Init(42);
+    int64_t after_first = 0;
+    for (int step = 0; step < 3; ++step) {
+      const auto tokens = Batch(step, 0), targets = Batch(step, 1);
+      RETURN_IF_ERROR(
+          p->Step(tokens.data(), targets.data(), kB, kT, kAdam, kMaxNorm, nullptr).status());
+      if (step == 0) after_first = p->plans_built();
+    }
+    std::lock_guard<std::mutex> lock(mu);
+    first[world.rank()] = after_first;
+    later[world.rank()] = p->plans_built() - after_first;
+    return Status::Ok();
+  });
+  INFO(s.ToString());
+  REQUIRE(s.ok());
+  for (int r = 0; r < 2; ++r) {
+    // 4 blocks each run the same Redistribute edges forward and backward:
+    // the plans are per distinct edge (a handful), not per block and call.
+    CHECK(first[r] > 0);
+    CHECK(first[r] <= 8);
+    CHECK(later[r] == 0);
   }
 }
 
