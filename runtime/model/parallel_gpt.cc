@@ -10,14 +10,6 @@
 
 namespace tessera {
 
-Result<std::unique_ptr<OpGpt>> ParallelGpt::StageOps(const GptConfig& config,
-                                                     const ParallelConfig& parallel,
-                                                     const Mesh& mesh, const GptStage& gs) {
-  if (RunsWhole(parallel)) return std::unique_ptr<OpGpt>();
-  ASSIGN_OR_RETURN(GptGraph graph, StageGraph(config, parallel, mesh, gs));
-  return OpGpt::FromGraph(std::move(graph));
-}
-
 Result<std::unique_ptr<ParallelGpt>> ParallelGpt::Create(const GptConfig& config,
                                                          const ParallelConfig& parallel,
                                                          Communicator& world) {
@@ -33,14 +25,13 @@ Result<std::unique_ptr<ParallelGpt>> ParallelGpt::Create(const GptConfig& config
   const int stage = static_cast<int>(mesh.Coordinate(world.rank(), mesh.FindAxis("pp")));
   const int tp_rank = static_cast<int>(mesh.Coordinate(world.rank(), mesh.FindAxis("tp")));
   GptStage gs = StageOf(config, parallel, stage, tp_rank);
-  for (int c = 0; c < v; ++c) {
-    const GptStage chunk = ChunkOf(config, parallel, stage, c, tp_rank);
-    std::vector<std::unique_ptr<OpGpt>> copy_ops;
-    for (int k = 0; k < copies; ++k) {
-      ASSIGN_OR_RETURN(std::unique_ptr<OpGpt> o, StageOps(config, parallel, mesh, chunk));
-      if (o != nullptr) copy_ops.push_back(std::move(o));
-    }
-    if (!copy_ops.empty()) ops.push_back(std::move(copy_ops));
+  for (int c = 0; !RunsWhole(parallel) && c < v; ++c) {
+    // The chunk's graph resolved once; each copy runs its own operators of it.
+    ASSIGN_OR_RETURN(
+        const GptGraph graph,
+        StageGraph(config, parallel, mesh, ChunkOf(config, parallel, stage, c, tp_rank)));
+    std::vector<std::unique_ptr<OpGpt>>& copy_ops = ops.emplace_back();
+    for (int k = 0; k < copies; ++k) copy_ops.push_back(OpGpt::FromGraph(graph));
   }
   if (!ops.empty()) {
     gs.tp_dims = std::make_shared<const std::map<std::string, int>>(ops[0][0]->param_splits());

@@ -135,15 +135,10 @@ class ParallelGpt {
   // Whether `parallel` runs each stage's Gpt whole, without operators
   // (tp = 1, no strategy file, no recompute, one chunk per stage).
   static bool RunsWhole(const ParallelConfig& parallel);
-  // The operators of stage `gs` (its tp rank's) as `parallel` makes them,
-  // recompute set; null when the stage runs its Gpt whole (RunsWhole).
   // The operators' graph of stage `gs` (its tp rank's) as `parallel` makes
   // it, recompute set, whether or not the stage runs it (RunsWhole).
   static Result<GptGraph> StageGraph(const GptConfig& config, const ParallelConfig& parallel,
                                      const Mesh& mesh, const GptStage& gs);
-  static Result<std::unique_ptr<OpGpt>> StageOps(const GptConfig& config,
-                                                 const ParallelConfig& parallel, const Mesh& mesh,
-                                                 const GptStage& gs);
   // The strategy file the operators run (the file, or the Megatron preset).
   static OpStrategyFile StrategyFileOf(const ParallelConfig& parallel);
   // Every stage's operators with their strategies and the redistributions
