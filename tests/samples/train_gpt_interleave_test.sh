@@ -73,15 +73,6 @@ check "... a flag that disagrees with it is named" \
 
 # Resume across V: saved with V = 2, resumed with V = 1, without a
 # pipeline, on pp4; and the reverse.
-resumed() {
-  local dir="$WORK/$2"
-  # shellcheck disable=SC2086
-  train "$dir.save.log" $3 --steps 8 --save "$dir"
-  # shellcheck disable=SC2086
-  train "$dir.resume.log" $4 --steps 20 --save "$dir" --resume
-  cat "$dir.save.log" "$dir.resume.log" >"$dir.both.log"
-  check "$1" close "$dir.both.log" "$WORK/one.log" 20
-}
 V2="--ranks 2 --pp 2 --virtual-stages 2 --micro-batches 4"
 resumed "saved under pp2 x 2 chunks, resumed under pp2 (V = 1)" r1 "$V2" "--ranks 2 --pp 2"
 resumed "saved under pp2 x 2 chunks (sliced), resumed on one rank" r2 "$V2 --save-mode sliced" ""

@@ -81,15 +81,6 @@ assert len(tids) >= 2, tids
 
 # Resume across V and N: saved with V = 2 and N = 2, resumed with V = 1
 # and N = 1 on one rank, and on dp2 x tp2.
-resumed() {
-  local dir="$WORK/$2"
-  # shellcheck disable=SC2086
-  train "$dir.save.log" $3 --steps 8 --save "$dir"
-  # shellcheck disable=SC2086
-  train "$dir.resume.log" $4 --steps 20 --save "$dir" --resume
-  cat "$dir.save.log" "$dir.resume.log" >"$dir.both.log"
-  check "$1" close "$dir.both.log" "$WORK/one.log" 20
-}
 VN="--ranks 4 --pp 2 --tp 2 --virtual-stages 2 --micro-batches 2 --micro-batch-interleave 2"
 resumed "saved under pp2 x 2 chunks x tp2 with 2 copies (sliced), resumed on one rank" r1 \
   "$VN --save-mode sliced" ""
