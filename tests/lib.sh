@@ -41,15 +41,16 @@ resumed_curve() {
     if (!resumed && n <= last) print; if (n == last + 1) resumed = 1; if (resumed) print}' |
     awk '!seen[$2]++'
 }
-# resumed NAME DIR SAVE_FLAGS RESUME_FLAGS: 8 steps saved to $WORK/DIR,
-# resumed there to step 20 with other flags (through the calling script's
-# `train LOG FLAGS...`), the joined curve checked against $WORK/one.log.
+# resumed NAME DIR SAVE_FLAGS RESUME_FLAGS: $RESUME_AT (default 8) steps
+# saved to $WORK/DIR, resumed there to step $RESUME_TO (default 20) with
+# other flags (through the calling script's `train LOG FLAGS...`), the
+# joined curve checked against $WORK/one.log.
 resumed() {
-  local dir="$WORK/$2"
+  local dir="$WORK/$2" at=${RESUME_AT:-8} to=${RESUME_TO:-20}
   # shellcheck disable=SC2086
-  train "$dir.save.log" $3 --steps 8 --save "$dir"
+  train "$dir.save.log" $3 --steps "$at" --save "$dir"
   # shellcheck disable=SC2086
-  train "$dir.resume.log" $4 --steps 20 --save "$dir" --resume
+  train "$dir.resume.log" $4 --steps "$to" --save "$dir" --resume
   cat "$dir.save.log" "$dir.resume.log" >"$dir.both.log"
-  check "$1" close "$dir.both.log" "$WORK/one.log" 20
+  check "$1" close "$dir.both.log" "$WORK/one.log" "$to"
 }
