@@ -383,6 +383,137 @@ void AttentionBackward(float* dqkv, const float* dout, const float* qkv, const f
 }
 
 namespace {
+// Scores of one (sequence, head) block: s[Tq, Tk] = scale * q k^T, keys
+// after a query masked to -inf when causal.
+void BlockScores(float* s, const float* q, int64_t ldq, const float* k, int64_t ldk, int Tq, int Tk,
+                 int hs, float scale, bool causal) {
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, Tq, Tk, hs, scale, q, ldq, k, ldk, 0.0f, s,
+              Tk);
+  if (!causal) return;
+  for (int i = 0; i < Tq; ++i) {
+    std::fill(s + static_cast<int64_t>(i) * Tk + std::min(i + 1, Tk),
+              s + static_cast<int64_t>(i + 1) * Tk, -std::numeric_limits<float>::infinity());
+  }
+}
+
+double BlockScoreCount(int Tq, int Tk, bool causal) {
+  return causal ? static_cast<double>(Tq) * (Tq + 1) / 2 : static_cast<double>(Tq) * Tk;
+}
+}  // namespace
+
+void AttentionBlockForward(SeqRows<float> o, float* m, float* l, SeqRows<const float> q,
+                           SeqRows<const float> k, SeqRows<const float> v, int B, int Tq, int Tk,
+                           int hs, int NH, bool causal) {
+  if (tally.on) {
+    const double scores = BlockScoreCount(Tq, Tk, causal) * B * NH;
+    Count(Kernel::kAttentionForwardScores, scores);
+    Count(Kernel::kAttentionForwardProducts, 2.0 * scores * hs);
+  }
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+  ParallelSmallProducts(static_cast<int64_t>(B) * NH, [&](int64_t bh) {
+    thread_local std::vector<float> scratch;
+    scratch.resize(static_cast<size_t>(Tq) * Tk);
+    float* s = scratch.data();
+    const int64_t b = bh / NH, h = bh % NH;
+    BlockScores(s, q.at(b, 0) + h * hs, q.ld, k.at(b, 0) + h * hs, k.ld, Tq, Tk, hs, scale, causal);
+    float* mr = m + bh * Tq;
+    float* lr = l + bh * Tq;
+    float* ob = o.at(b, 0) + h * hs;
+    for (int i = 0; i < Tq; ++i) {
+      float* r = s + static_cast<int64_t>(i) * Tk;
+      const int n = causal ? std::min(i + 1, Tk) : Tk;
+      float mx = mr[i];
+      for (int j = 0; j < n; ++j) mx = std::max(mx, r[j]);
+      const float sum = static_cast<float>(ExpShifted(r, r, n, mx));
+      std::fill(r + n, r + Tk, 0.0f);
+      const float corr = std::isinf(mr[i]) ? 0.0f : ExpApprox(mr[i] - mx);
+      lr[i] = lr[i] * corr + sum;
+      mr[i] = mx;
+      float* orow = ob + static_cast<int64_t>(i) * o.ld;
+      for (int d = 0; d < hs; ++d) orow[d] *= corr;
+    }
+    // o += p @ v
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, Tq, hs, Tk, 1.0f, s, Tk,
+                v.at(b, 0) + h * hs, v.ld, 1.0f, ob, o.ld);
+  });
+}
+
+void AttentionBlockFinish(SeqRows<float> o, const float* m, const float* l, float* lse, int B,
+                          int Tq, int hs, int NH) {
+  for (int64_t bh = 0; bh < static_cast<int64_t>(B) * NH; ++bh) {
+    const int64_t b = bh / NH, h = bh % NH;
+    for (int i = 0; i < Tq; ++i) {
+      const int64_t at = bh * Tq + i;
+      const float inv = 1.0f / l[at];
+      float* orow = o.at(b, i) + h * hs;
+      for (int d = 0; d < hs; ++d) orow[d] *= inv;
+      lse[at] = m[at] + std::log(l[at]);
+    }
+  }
+}
+
+void AttentionBlockDelta(float* D, SeqRows<const float> dout, SeqRows<const float> out, int B,
+                         int Tq, int hs, int NH) {
+  for (int64_t bh = 0; bh < static_cast<int64_t>(B) * NH; ++bh) {
+    const int64_t b = bh / NH, h = bh % NH;
+    for (int i = 0; i < Tq; ++i) {
+      const float* d = dout.at(b, i) + h * hs;
+      const float* y = out.at(b, i) + h * hs;
+      float dot = 0;
+      for (int x = 0; x < hs; ++x) dot += d[x] * y[x];
+      D[bh * Tq + i] = dot;
+    }
+  }
+}
+
+void AttentionBlockBackward(SeqRows<float> dq, SeqRows<float> dk, SeqRows<float> dv,
+                            SeqRows<const float> dout, SeqRows<const float> q,
+                            SeqRows<const float> k, SeqRows<const float> v, const float* lse,
+                            const float* D, int B, int Tq, int Tk, int hs, int NH, bool causal) {
+  if (tally.on) {
+    const double scores = BlockScoreCount(Tq, Tk, causal) * B * NH;
+    Count(Kernel::kAttentionBackwardScores, scores);
+    Count(Kernel::kAttentionBackwardProducts, 4.0 * scores * hs);
+  }
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+  ParallelSmallProducts(static_cast<int64_t>(B) * NH, [&](int64_t bh) {
+    thread_local std::vector<float> scratch;
+    scratch.resize(2 * static_cast<size_t>(Tq) * Tk);
+    float* p = scratch.data();
+    float* dp = p + static_cast<int64_t>(Tq) * Tk;
+    const int64_t b = bh / NH, h = bh % NH;
+    const float* qb = q.at(b, 0) + h * hs;
+    const float* kb = k.at(b, 0) + h * hs;
+    const float* vb = v.at(b, 0) + h * hs;
+    const float* db = dout.at(b, 0) + h * hs;
+    BlockScores(p, qb, q.ld, kb, k.ld, Tq, Tk, hs, scale, causal);
+    for (int i = 0; i < Tq; ++i) {
+      float* r = p + static_cast<int64_t>(i) * Tk;
+      const int n = causal ? std::min(i + 1, Tk) : Tk;
+      ExpShifted(r, r, n, lse[bh * Tq + i]);
+      std::fill(r + n, r + Tk, 0.0f);
+    }
+    // dv += p^T dout; dp = dout v^T
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, Tk, hs, Tq, 1.0f, p, Tk, db, dout.ld, 1.0f,
+                dv.at(b, 0) + h * hs, dv.ld);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, Tq, Tk, hs, 1.0f, db, dout.ld, vb, v.ld,
+                0.0f, dp, Tk);
+    // ds = p * (dp - D) * scale, into dp
+    for (int i = 0; i < Tq; ++i) {
+      const float* pr = p + static_cast<int64_t>(i) * Tk;
+      float* dr = dp + static_cast<int64_t>(i) * Tk;
+      const float Di = D[bh * Tq + i];
+      for (int j = 0; j < Tk; ++j) dr[j] = pr[j] * (dr[j] - Di) * scale;
+    }
+    // dq += ds k; dk += ds^T q
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, Tq, hs, Tk, 1.0f, dp, Tk, kb, k.ld, 1.0f,
+                dq.at(b, 0) + h * hs, dq.ld);
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, Tk, hs, Tq, 1.0f, dp, Tk, qb, q.ld, 1.0f,
+                dk.at(b, 0) + h * hs, dk.ld);
+  });
+}
+
+namespace {
 constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2/pi)
 
 // tanh through one exp (glibc's tanhf costs several times expf); absolute

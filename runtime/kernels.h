@@ -146,6 +146,41 @@ inline int64_t AttentionScores(int T) {
 void AttentionBackward(float* dqkv, const float* dout, const float* qkv, const float* att, int B,
                        int T, int C, int NH);
 
+// Blockwise attention with an online softmax: ring attention's step
+// (Liu et al.; FlashAttention's recurrence). Rows of B sequences are
+// views: row i of sequence b at data + (b * seq + i) * ld; head h's
+// columns start at h * hs. Per (sequence, head, query row) statistics are
+// [B, NH, Tq] arrays (m, l, lse, D), element (b, h, i) at
+// p[(b * NH + h) * Tq + i].
+template <typename T>
+struct SeqRows {
+  T* data = nullptr;
+  int64_t ld = 0, seq = 0;
+  T* at(int64_t b, int64_t i) const { return data + (b * seq + i) * ld; }
+  SeqRows<T> Offset(int64_t rows, int64_t cols = 0) const {
+    return {data + rows * ld + cols, ld, seq};
+  }
+};
+// Every sequence's Tq query rows q against Tk key and value rows k, v
+// (`causal`: key j is seen by query i only when j <= i, a block on the
+// diagonal of the same positions): updates the running row maxima m (start
+// at -inf), sums l (start at 0) and the unnormalized output o (start at 0).
+void AttentionBlockForward(SeqRows<float> o, float* m, float* l, SeqRows<const float> q,
+                           SeqRows<const float> k, SeqRows<const float> v, int B, int Tq, int Tk,
+                           int hs, int NH, bool causal);
+// After the last block: o /= l, and lse = m + log(l) for backward.
+void AttentionBlockFinish(SeqRows<float> o, const float* m, const float* l, float* lse, int B,
+                          int Tq, int hs, int NH);
+// D = rowsum(dout * out) per head: backward's correction term.
+void AttentionBlockDelta(float* D, SeqRows<const float> dout, SeqRows<const float> out, int B,
+                         int Tq, int hs, int NH);
+// One block's backward from the forward's lse and D: dq, dk, dv accumulate
+// (+=) the block's contributions.
+void AttentionBlockBackward(SeqRows<float> dq, SeqRows<float> dk, SeqRows<float> dv,
+                            SeqRows<const float> dout, SeqRows<const float> q,
+                            SeqRows<const float> k, SeqRows<const float> v, const float* lse,
+                            const float* D, int B, int Tq, int Tk, int hs, int NH, bool causal);
+
 // GELU, tanh approximation (GPT-2's). out, inp: [N]
 void GeluForward(float* out, const float* inp, int64_t N);
 // dinp[N] = gelu'(inp) * dout

@@ -22,13 +22,18 @@ std::vector<OpSignature> GptGraph::Signatures(const GptConfig& config) {
   return ops;
 }
 
-OpStrategyFile GptGraph::Megatron(bool sequence_parallel) {
+OpStrategyFile GptGraph::Megatron(bool sequence_parallel, int cp, CpAlgo cp_algo) {
   OpStrategyFile f;
   f.source = sequence_parallel ? "<megatron-sp>" : "<megatron>";
+  if (cp > 1) {
+    f.source.insert(f.source.size() - 1, std::string(" cp ") + std::string(CpAlgoName(cp_algo)));
+    f.cp_algo = cp_algo;
+  }
   for (const GptOpSpec& spec : GptOpSpecs()) {
     OpStrategyFile::Entry e;
     e.pattern = OpPattern(spec.op);
     e.axes = MegatronStrategy(spec.op, sequence_parallel);
+    if (cp > 1) e.axes = WithCp(spec.op, std::move(e.axes), cp_algo);
     for (const auto& in : e.axes) e.counts.emplace_back(in.size(), 1);
     f.operators.push_back(std::move(e));
   }
@@ -132,13 +137,15 @@ bool GptGraph::Regathers(const Edge& e) {
 
 Result<GptGraph> GptGraph::Create(const GptConfig& config,
                                   const std::map<std::string, OpStrategy>& strategies,
-                                  const GptStage& stage, int dp) {
+                                  const GptStage& stage, int dp, int cp, CpAlgo cp_algo) {
   RETURN_IF_ERROR(config.Validate());
   GptGraph graph;
   GptGraph* g = &graph;
   g->config = config;
   g->stage = stage;
   g->dp = dp;
+  g->cp = cp;
+  g->cp_algo = cp_algo;
   const int64_t C = config.embed, V = config.vocab;
   const int tp = stage.tp;
   auto strategy = [&](const std::string& name) -> Result<const OpStrategy*> {
@@ -151,7 +158,8 @@ Result<GptGraph> GptGraph::Create(const GptConfig& config,
   auto take = [&](GptOp op, int layer, Block* b) -> Status {
     const std::string name = OpName(op, layer);
     ASSIGN_OR_RETURN(const OpStrategy* s, strategy(name));
-    ASSIGN_OR_RETURN(AnyOp o, CreateOp(op, name, *s, config, tp, dp));
+    if (cp > 1) RETURN_IF_ERROR(CheckCpRows(op, name, *s, cp_algo));
+    ASSIGN_OR_RETURN(AnyOp o, CreateOp(op, name, *s, config, tp, dp, cp));
     ParamSplitsOf(op, o, layer, tp, &splits);
     g->Take(op, std::move(o), b);
     return Status::Ok();

@@ -91,6 +91,10 @@ struct GptGraph {
   GptConfig config;
   GptStage stage;
   int dp = 1;
+  // Context parallelism: cp ranks cut every sequence, attention crossing
+  // them by `cp_algo`.
+  int cp = 1;
+  CpAlgo cp_algo = CpAlgo::kRing;
   // For each parameter, the dimension of its split shape cut over tp (-1:
   // none): what GptStage::tp_dims takes. The same for every stage.
   std::map<std::string, int> param_splits;
@@ -116,13 +120,17 @@ struct GptGraph {
   // embedding and loss, c_attn and c_fc by columns, the c_proj by rows),
   // with sequence parallelism (layer norms, residual adds and GELU-free
   // regions cut by rows over tp) when `sequence_parallel`.
-  static OpStrategyFile Megatron(bool sequence_parallel);
+  // With cp > 1, every operator's rows also cut over cp (WithCp).
+  static OpStrategyFile Megatron(bool sequence_parallel, int cp = 1,
+                                 CpAlgo cp_algo = CpAlgo::kRing);
   // The stage's graph from resolved strategies (ResolveOpStrategies over
   // Signatures). Checks every operator of the model, not only the stage's,
-  // so every rank refuses a bad strategy alike.
+  // so every rank refuses a bad strategy alike. With cp > 1 every
+  // operator's rows must be cut over cp as `cp_algo` needs (CheckCpRows).
   static Result<GptGraph> Create(const GptConfig& config,
                                  const std::map<std::string, OpStrategy>& strategies,
-                                 const GptStage& stage, int dp);
+                                 const GptStage& stage, int dp, int cp = 1,
+                                 CpAlgo cp_algo = CpAlgo::kRing);
   // Block `layer` of this stage (every block when layer < 0) recomputes.
   void SetRecompute(int layer, Recompute mode);
   // Every operator of this stage with its strategy and placements, and

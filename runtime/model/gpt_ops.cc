@@ -1,5 +1,7 @@
 #include "runtime/model/gpt_ops.h"
 
+#include <algorithm>
+
 namespace tessera {
 namespace {
 
@@ -144,7 +146,7 @@ OpSignature SignatureOf(GptOp op, const GptConfig& config, int layer) {
 }
 
 Result<AnyOp> CreateOp(GptOp op, const std::string& name, const OpStrategy& s,
-                       const GptConfig& config, int tp, int dp) {
+                       const GptConfig& config, int tp, int dp, int cp) {
   const int64_t C = config.embed, V = config.vocab;
   if (IsLinear(op)) return CreateLinear(op, name, s, config, tp, dp);
   if (IsLayerNorm(op)) return Any(LayerNormOp::Create(name, s, dp));
@@ -152,7 +154,7 @@ Result<AnyOp> CreateOp(GptOp op, const std::string& name, const OpStrategy& s,
     case GptOp::kEmbedding:
       return Any(EmbeddingOp::Create(name, s, V, C, dp));
     case GptOp::kAttention:
-      return Any(AttentionOp::Create(name, s, config.heads, C, tp, dp));
+      return Any(AttentionOp::Create(name, s, config.heads, C, tp, dp, cp));
     case GptOp::kGelu:
       return Any(GeluOp::Create(name, s, dp));
     case GptOp::kLmHead:
@@ -210,6 +212,69 @@ std::vector<InputStrategy> MegatronStrategy(GptOp op, bool sp) {
     default:  // the adds
       return {{rows, none}, {rows, none}};
   }
+}
+
+namespace {
+
+// Which of the operator's inputs have rows (the signature's -1).
+std::vector<bool> RowInputs(GptOp op) {
+  const OpSignature sig = SignatureOf(op, GptConfig{}, 0);
+  std::vector<bool> rows;
+  for (const OpSignature::Input& in : sig.inputs) {
+    rows.push_back(!in.shape.empty() && in.shape[0] < 0);
+  }
+  return rows;
+}
+
+bool Has(const DimAxes& axes, const std::string& a) {
+  return std::find(axes.begin(), axes.end(), a) != axes.end();
+}
+
+}  // namespace
+
+std::vector<InputStrategy> WithCp(GptOp op, std::vector<InputStrategy> axes, CpAlgo algo) {
+  if (op == GptOp::kAttention && algo == CpAlgo::kUlysses) {
+    axes[0][1].push_back("cp");
+    return axes;
+  }
+  const std::vector<bool> rows = RowInputs(op);
+  for (size_t i = 0; i < axes.size() && i < rows.size(); ++i) {
+    if (!rows[i] || axes[i].empty() || Has(axes[i][0], "cp")) continue;
+    DimAxes& d = axes[i][0];
+    d.insert(!d.empty() && d[0] == "dp" ? d.begin() + 1 : d.begin(), "cp");
+  }
+  return axes;
+}
+
+Status CheckCpRows(GptOp op, const std::string& name, const OpStrategy& s, CpAlgo algo) {
+  const bool ulysses = op == GptOp::kAttention && algo == CpAlgo::kUlysses;
+  const std::vector<bool> rows = RowInputs(op);
+  for (size_t i = 0; i < s.inputs.size() && i < rows.size(); ++i) {
+    if (!rows[i] || s.inputs[i].empty()) continue;
+    const bool cut = Has(s.inputs[i][0], "cp");
+    if (cut == !ulysses) continue;
+    const std::string what =
+        "operator '" + name + "' " + s.ToString() + ": input " + std::to_string(i) + "'s rows";
+    if (ulysses) {
+      return InvalidArgumentError(what +
+                                  " are cut over cp, which is ring attention, but cp_algo "
+                                  "is ulysses (cut the heads over cp, the rows over dp only)");
+    }
+    if (op == GptOp::kAttention) {
+      return InvalidArgumentError(what +
+                                  " are not cut over cp: with cp_algo ring the attention's "
+                                  "rows are cut over [\"dp\", \"cp\"]");
+    }
+    return InvalidArgumentError(what +
+                                " are not cut over cp: context parallelism cuts every "
+                                "operator's sequence, [\"dp\", \"cp\"] (then tp)");
+  }
+  if (ulysses && (s.inputs[0][1].empty() || s.inputs[0][1].back() != "cp")) {
+    return InvalidArgumentError("operator '" + name + "' " + s.ToString() +
+                                ": with cp_algo ulysses the attention's heads are cut over cp "
+                                "([\"cp\"] or [\"tp\", \"cp\"])");
+  }
+  return Status::Ok();
 }
 
 void ParamSplitsOf(GptOp op, const AnyOp& chosen, int layer, int tp,

@@ -76,12 +76,19 @@ OpSignature SignatureOf(GptOp op, const GptConfig& config, int layer);
 // The operator `name` of kind `op` from its strategy, on `tp` ranks of a
 // tensor-parallel group and `dp` replicas. Errors name the operator.
 Result<AnyOp> CreateOp(GptOp op, const std::string& name, const OpStrategy& s,
-                       const GptConfig& config, int tp, int dp);
+                       const GptConfig& config, int tp, int dp, int cp = 1);
 // The strategies the search tries on a mesh {dp, tp}, in a fixed order;
 // the first runs data parallel (the only one when tp = 1).
 std::vector<OpStrategy> Candidates(GptOp op);
 // Megatron-LM's strategy for it, with sequence parallelism when `sp`.
 std::vector<InputStrategy> MegatronStrategy(GptOp op, bool sp);
+// A strategy of a mesh without cp given the cp axis (context_parallel.h):
+// every input's rows cut over cp after dp, except the attention's under
+// Ulysses, whose heads are cut over cp instead.
+std::vector<InputStrategy> WithCp(GptOp op, std::vector<InputStrategy> axes, CpAlgo algo);
+// Whether the rows of the operator's inputs (those of `s`) are cut over
+// cp as `algo` needs: the error names the operator and the input.
+Status CheckCpRows(GptOp op, const std::string& name, const OpStrategy& s, CpAlgo algo);
 // For each of its parameters, the dimension cut over tp (-1: none), into
 // `splits` (GptStage::tp_dims' form; tp = 1 cuts nothing, which the caller
 // applies).

@@ -147,7 +147,7 @@ int64_t OpGpt::ActivationBytes() const {
 }
 
 int64_t OpGpt::CommBufferBytes() const {
-  return static_cast<int64_t>(sum_buf_.capacity() * sizeof(float));
+  return static_cast<int64_t>(sum_buf_.capacity() * sizeof(float)) + ctx_.CpBufferBytes();
 }
 
 Act OpGpt::New(Buf* b, int64_t rows, int64_t cols, Placement p) {
@@ -413,7 +413,7 @@ Status OpGpt::BackwardStage(int slot, const float* dy, float dloss) {
     b.proj.Backward(ctx_, s.proj_in.act, P(b.projw), da, &dy_in, G(b.projw), G(b.projb));
     ASSIGN_OR_RETURN(Act dyv, ConvGrad(dy_in, b.e[3], &d_.dattn_y));
     Act dqkv_in = New(&d_.dqkv_in, N, 3 * C, b.attn.info().inputs[0]);
-    b.attn.Backward(ctx_, s.attn_in.act, att, T, dyv, &dqkv_in);
+    RETURN_IF_ERROR(b.attn.Backward(ctx_, s.attn_in.act, att, T, dyv, &dqkv_in));
     ASSIGN_OR_RETURN(Act dqkv, ConvGrad(dqkv_in, b.e[2], &d_.dqkv));
     Act dh1_in = New(&d_.dh_in, N, C, b.qkv.InputGradient());
     ASSIGN_OR_RETURN(Act qkv_in, LinearInput(b.e[1], s.qkv_in, s.h1));

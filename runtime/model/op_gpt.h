@@ -65,6 +65,10 @@ class OpGpt : public StageRunner {
   // param_splits()) and to the tp group (null when tp = 1); both must
   // outlive this.
   Status Bind(Gpt* model, Communicator* tp);
+  // After Bind: the cp group (null when cp = 1), which must outlive this.
+  // Tokens and targets then hold this rank's positions of each sequence
+  // (OpContext::Split) and T counts them.
+  void SetContextParallel(Communicator* cp, CpAlgo algo) { ctx_.SetContextParallel(cp, algo); }
 
   void SetSlots(int n) override;
   // Block `layer` of this stage (every block when layer < 0) recomputes.

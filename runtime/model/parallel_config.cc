@@ -11,15 +11,24 @@
 namespace tessera {
 
 Result<Mesh> ParallelConfig::MakeMesh() const {
+  if (cp > 1) return Mesh::Create({"pp", "dp", "cp", "tp"}, {pp, dp, cp, tp});
   return Mesh::Create({"pp", "dp", "tp"}, {pp, dp, tp});
 }
 
 Status ParallelConfig::Validate(int world_size) const {
-  if (dp < 1 || tp < 1 || pp < 1) return InvalidArgumentError("dp, tp and pp must be >= 1");
-  if (static_cast<int64_t>(dp) * tp * pp != world_size) {
-    return InvalidArgumentError("dp " + std::to_string(dp) + " x tp " + std::to_string(tp) +
-                                " x pp " + std::to_string(pp) + " is not the " +
-                                std::to_string(world_size) + " ranks started");
+  if (dp < 1 || tp < 1 || pp < 1 || cp < 1)
+    return InvalidArgumentError("dp, cp, tp and pp must be >= 1");
+  if (static_cast<int64_t>(dp) * cp * tp * pp != world_size) {
+    return InvalidArgumentError("dp " + std::to_string(dp) + " x " +
+                                (cp > 1 ? "cp " + std::to_string(cp) + " x " : std::string()) +
+                                "tp " + std::to_string(tp) + " x pp " + std::to_string(pp) +
+                                " is not the " + std::to_string(world_size) + " ranks started");
+  }
+  if (cp > 1 && micro_batch_interleave > 1) {
+    return InvalidArgumentError("micro_batch_interleave " + std::to_string(micro_batch_interleave) +
+                                " with cp " + std::to_string(cp) +
+                                ": multi-copy does not compose with context parallelism "
+                                "(its copies would take turns on the cp exchanges); use one");
   }
   if (zero != 0 && zero != 1) return InvalidArgumentError("zero must be 0 or 1");
   if (micro_batches < 0) return InvalidArgumentError("micro_batches must be >= 0");
@@ -57,12 +66,22 @@ Status ParallelConfig::Validate(int world_size) const {
   if (op_strategy != nullptr) {
     const OpStrategyFile& f = *op_strategy;
     for (auto [name, want, have] :
-         {std::tuple{"pp", f.pp, pp}, {"dp", f.dp, dp}, {"tp", f.tp, tp}}) {
+         {std::tuple{"pp", f.pp, pp}, {"dp", f.dp, dp}, {"cp", f.cp, cp}, {"tp", f.tp, tp}}) {
       if (want.has_value() && *want != have) {
         return InvalidArgumentError(f.source + ": the file's mesh has " + name + " " +
                                     std::to_string(*want) + " but the job runs " + name + " " +
                                     std::to_string(have));
       }
+    }
+    if (f.cp_algo.has_value() && cp > 1 && *f.cp_algo != cp_algo) {
+      return InvalidArgumentError(f.source + ": the file's cp_algo is " +
+                                  std::string(CpAlgoName(*f.cp_algo)) + " but the job runs " +
+                                  std::string(CpAlgoName(cp_algo)));
+    }
+    if (f.dataset_seq_count > 0 && f.dataset_seq_count != cp) {
+      return InvalidArgumentError(f.source + ": dataset_strategy cuts the sequence " +
+                                  std::to_string(f.dataset_seq_count) + " ways, but cp is " +
+                                  std::to_string(cp));
     }
     if (f.dataset_count > 0 && f.dataset_count != dp) {
       return InvalidArgumentError(f.source + ": dataset_strategy cuts the batch " +
@@ -74,6 +93,14 @@ Status ParallelConfig::Validate(int world_size) const {
 }
 
 Status ParallelConfig::ValidateLayers(const GptConfig& config) const {
+  if (cp > 1 && cp_algo == CpAlgo::kUlysses && op_strategy == nullptr &&
+      config.heads % (tp * cp) != 0) {
+    return InvalidArgumentError(
+        "operator 'h.*.attn.attention': cp_algo ulysses cuts the " + std::to_string(config.heads) +
+        " heads over tp " + std::to_string(tp) + " x cp " + std::to_string(cp) + " = " +
+        std::to_string(tp * cp) + " ranks, which does not divide them; use a cp that divides the " +
+        std::to_string(config.heads / tp) + " heads of a tp rank, or cp_algo ring");
+  }
   const int v = virtual_stages, groups = pp * v;
   if (config.layers < groups) {
     return InvalidArgumentError(
@@ -108,7 +135,7 @@ Status ParallelConfig::ValidateLayers(const GptConfig& config) const {
 }
 
 bool ParallelGpt::RunsWhole(const ParallelConfig& parallel) {
-  return parallel.tp == 1 && parallel.op_strategy == nullptr &&
+  return parallel.tp == 1 && parallel.cp == 1 && parallel.op_strategy == nullptr &&
          parallel.recompute == Recompute::kNone && parallel.virtual_stages == 1;
 }
 
@@ -116,7 +143,8 @@ Result<GptGraph> ParallelGpt::StageGraph(const GptConfig& config, const Parallel
                                          const Mesh& mesh, const GptStage& gs) {
   const OpStrategyFile file = StrategyFileOf(parallel);
   ASSIGN_OR_RETURN(auto strategies, ResolveOpStrategies(file, GptGraph::Signatures(config), mesh));
-  ASSIGN_OR_RETURN(GptGraph graph, GptGraph::Create(config, strategies, gs, parallel.dp));
+  ASSIGN_OR_RETURN(GptGraph graph, GptGraph::Create(config, strategies, gs, parallel.dp,
+                                                    parallel.cp, parallel.cp_algo));
   graph.SetRecompute(-1, parallel.recompute);
   // The file's blocks: patterns first, then exact names.
   for (const bool exact : {false, true}) {
@@ -139,8 +167,9 @@ Result<GptGraph> ParallelGpt::StageGraph(const GptConfig& config, const Parallel
 }
 
 OpStrategyFile ParallelGpt::StrategyFileOf(const ParallelConfig& parallel) {
-  return parallel.op_strategy != nullptr ? *parallel.op_strategy
-                                         : GptGraph::Megatron(parallel.sequence_parallel);
+  return parallel.op_strategy != nullptr
+             ? *parallel.op_strategy
+             : GptGraph::Megatron(parallel.sequence_parallel, parallel.cp, parallel.cp_algo);
 }
 
 std::vector<std::pair<int, int>> ParallelGpt::LayerGroups(const GptConfig& config,
@@ -187,7 +216,10 @@ Layout ParallelGpt::LayoutOf(const ParallelConfig& parallel, const ParamInfo& p,
     layout.dim_axes.assign(p.split_shape().size(), {});
     layout.dim_axes[p.tp_dim] = {"tp"};
   }
-  if (optimizer && parallel.zero == 1) layout.opt_axes = {"dp"};
+  if (optimizer && parallel.zero == 1) {
+    layout.opt_axes =
+        parallel.cp > 1 ? std::vector<std::string>{"dp", "cp"} : std::vector<std::string>{"dp"};
+  }
   if (parallel.pp > 1) {
     layout.stage_axis = "pp";
     layout.stage = stage;

@@ -90,7 +90,7 @@ Result<std::string> ParallelGpt::DescribeOps(int B, int T) const {
   const OpStrategyFile file = StrategyFileOf(parallel_);
   ASSIGN_OR_RETURN(auto strategies,
                    ResolveOpStrategies(file, GptGraph::Signatures(config), comms_.mesh()));
-  const int64_t rows = static_cast<int64_t>(B) / parallel_.dp / micro_batches_ * T;
+  const int64_t rows = static_cast<int64_t>(B) / parallel_.dp / micro_batches_ * T / parallel_.cp;
   std::string out = "operator strategy " + file.source + " on mesh " + comms_.mesh().ToString() +
                     ", " + std::to_string(rows) + " rows (batch x sequence) per replica and " +
                     "micro-batch; placements over tp:\n";
@@ -98,7 +98,8 @@ Result<std::string> ParallelGpt::DescribeOps(int B, int T) const {
     for (int c = 0; c < parallel_.virtual_stages; ++c) {
       const GptStage stage = ChunkOf(config, parallel_, s, c);
       ASSIGN_OR_RETURN(const GptGraph graph,
-                       GptGraph::Create(config, strategies, stage, parallel_.dp));
+                       GptGraph::Create(config, strategies, stage, parallel_.dp, parallel_.cp,
+                                        parallel_.cp_algo));
       if (parallel_.pp > 1) {
         out += "stage " + std::to_string(s) +
                (parallel_.virtual_stages > 1 ? " chunk " + std::to_string(c) : "") + " (layers " +
@@ -123,11 +124,23 @@ GptStage ParallelGpt::Stage(int s, int t) const {
 }
 
 Status ParallelGpt::Build() {
+  const int cp = parallel_.cp;
   ASSIGN_OR_RETURN(dp_, comms_.Along("dp"));
   ASSIGN_OR_RETURN(pp_, comms_.Along("pp"));
   ASSIGN_OR_RETURN(tp_, comms_.Along("tp"));
   ASSIGN_OR_RETURN(tp_pp_, comms_.Along(std::vector<std::string>{"pp", "tp"}));
-  for (OpGpt* ops : ops_) RETURN_IF_ERROR(ops->Bind(&model_, parallel_.tp > 1 ? tp_ : nullptr));
+  if (cp > 1) {
+    ASSIGN_OR_RETURN(cp_, comms_.Along("cp"));
+    ASSIGN_OR_RETURN(data_, comms_.Along(std::vector<std::string>{"dp", "cp"}));
+    cp_rank_ = cp_->rank();
+  } else {
+    data_ = dp_;
+  }
+  data_rank_ = data_->rank();
+  for (OpGpt* ops : ops_) {
+    RETURN_IF_ERROR(ops->Bind(&model_, parallel_.tp > 1 ? tp_ : nullptr));
+    ops->SetContextParallel(cp_, parallel_.cp_algo);
+  }
   dp_rank_ = dp_->rank();
   stage_ = pp_->rank();
   const int pp = parallel_.pp;
@@ -139,31 +152,36 @@ Status ParallelGpt::Build() {
   if (ops_.empty()) model_.SetSlots(schedule_.slots());
   if (pp > 1) {
     const bool ends = stage_ == 0 || stage_ == pp - 1;
-    const int64_t dp_tp = comms_.coordinate("dp") * parallel_.tp + comms_.coordinate("tp");
+    const int64_t dp_tp =
+        (comms_.coordinate("dp") * cp + (cp > 1 ? comms_.coordinate("cp") : 0)) * parallel_.tp +
+        comms_.coordinate("tp");
     ASSIGN_OR_RETURN(tied_, comms_.world().Split(ends ? static_cast<int>(dp_tp) : -1, stage_));
   }
-  const int dp = parallel_.dp;
+  const int dp = parallel_.dp * cp;  // the ranks of data_
   const std::vector<ParamInfo>& params = model_.params();
-  // ZeRO shards: dimension 0 of every parameter's tp slice cut over dp, as
-  // the optimizer state's layout says (ShardGrid: the checkpoint's own rule).
+  // ZeRO shards: dimension 0 of every parameter's tp slice cut over dp (x
+  // cp), as the optimizer state's layout says (ShardGrid: the checkpoint's
+  // own rule).
   if (parallel_.zero == 1) {
     int64_t offset = 0;
     std::vector<int64_t> coords = comms_.coordinates();
     const int dp_axis = comms_.mesh().FindAxis("dp");
+    const int cp_axis = cp > 1 ? comms_.mesh().FindAxis("cp") : -1;
     for (const ParamInfo& p : params) {
       ASSIGN_OR_RETURN(ShardGrid grid,
                        ShardGrid::Create(comms_.mesh(), LayoutOf(parallel_, p, stage_, true)));
       const int64_t row = p.box[0].size() > 0 ? p.numel / p.box[0].size() : 0;
       Shard s{&p, 0, {}, {}, offset};
-      for (int r = 0; r < dp; ++r) {
-        coords[dp_axis] = r;
+      for (int r = 0; r < dp; ++r) {  // data_'s rank r: (dp r / cp, cp r % cp)
+        coords[dp_axis] = r / cp;
+        if (cp_axis >= 0) coords[cp_axis] = r % cp;
         const std::optional<Box> box = grid.ShardOf(comms_.mesh().RankOf(coords));
         if (!box.has_value()) return InternalError("no ZeRO shard of " + p.name);
         s.starts.push_back(((*box)[0].begin - p.box[0].begin) * row);
         s.counts.push_back(NumElements(*box));
       }
-      s.begin = s.starts[dp_rank_];
-      offset += s.counts[dp_rank_];
+      s.begin = s.starts[data_rank_];
+      offset += s.counts[data_rank_];
       shards_.push_back(std::move(s));
     }
     shard_m_.assign(offset, 0.0f);
@@ -216,11 +234,11 @@ void ParallelGpt::Init(uint64_t seed) {
 Status ParallelGpt::ReduceGradients() {
   AddElapsed timed(&comm_seconds_);
   float* grads = model_.grads().data();
-  const int dp = parallel_.dp;
+  const int dp = parallel_.dp * parallel_.cp;  // the ranks of data_
   for (const Bucket& b : buckets_) {
     if (parallel_.zero == 0) {
-      RETURN_IF_ERROR(dp_->AllReduce(grads + b.begin, grads + b.begin, b.end - b.begin, DType::kF32,
-                                     ReduceOp::kAvg));
+      RETURN_IF_ERROR(data_->AllReduce(grads + b.begin, grads + b.begin, b.end - b.begin,
+                                       DType::kF32, ReduceOp::kAvg));
       continue;
     }
     // Rank r's block of the send buffer: its rows of every tensor of the
@@ -235,12 +253,12 @@ Status ParallelGpt::ReduceGradients() {
       std::fill(out, send_.data() + (r + 1) * b.max_count, 0.0f);
     }
     RETURN_IF_ERROR(
-        dp_->ReduceScatter(send_.data(), recv_.data(), b.max_count, DType::kF32, ReduceOp::kAvg));
+        data_->ReduceScatter(send_.data(), recv_.data(), b.max_count, DType::kF32, ReduceOp::kAvg));
     const float* in = recv_.data();
     for (size_t i : b.params) {
       const Shard& s = shards_[i];
-      std::copy(in, in + s.counts[dp_rank_], grads + s.param->offset + s.begin);
-      in += s.counts[dp_rank_];
+      std::copy(in, in + s.counts[data_rank_], grads + s.param->offset + s.begin);
+      in += s.counts[data_rank_];
     }
   }
   return Status::Ok();
@@ -252,10 +270,10 @@ Result<double> ParallelGpt::ShardedSquaredNorm() {
   for (const Shard& s : shards_) {
     if (s.param->tied_copy) continue;            // counted on the first stage
     if (s.param->tp_dim < 0 && !lead) continue;  // counted on tp rank 0
-    sum += SquaredNorm(model_.grads().data() + s.param->offset + s.begin, s.counts[dp_rank_]);
+    sum += SquaredNorm(model_.grads().data() + s.param->offset + s.begin, s.counts[data_rank_]);
   }
   AddElapsed timed(&comm_seconds_);
-  RETURN_IF_ERROR(dp_->AllReduce(&sum, &sum, 1, DType::kF64, ReduceOp::kSum));
+  RETURN_IF_ERROR(data_->AllReduce(&sum, &sum, 1, DType::kF64, ReduceOp::kSum));
   return sum;
 }
 
@@ -264,7 +282,7 @@ Status ParallelGpt::ShardedUpdate(const AdamWConfig& adam, float clip) {
   float* grads = model_.grads().data();
   model_.set_step(model_.step() + 1);
   for (const Shard& s : shards_) {
-    const int64_t n = s.counts[dp_rank_];
+    const int64_t n = s.counts[data_rank_];
     float* g = grads + s.param->offset + s.begin;
     if (clip != 1.0f) Scale(g, n, clip);
     AdamWUpdate(weights + s.param->offset + s.begin, g, shard_m_.data() + s.offset,
@@ -272,15 +290,15 @@ Status ParallelGpt::ShardedUpdate(const AdamWConfig& adam, float clip) {
   }
   // Everyone's new rows to everyone, bucket by bucket.
   AddElapsed timed(&comm_seconds_);
-  const int dp = parallel_.dp;
+  const int dp = parallel_.dp * parallel_.cp;  // the ranks of data_
   for (const Bucket& b : buckets_) {
     float* out = send_.data();
     for (size_t i : b.params) {
       const Shard& s = shards_[i];
       const float* w = weights + s.param->offset + s.begin;
-      out = std::copy(w, w + s.counts[dp_rank_], out);
+      out = std::copy(w, w + s.counts[data_rank_], out);
     }
-    RETURN_IF_ERROR(dp_->AllGather(send_.data(), b.max_count, recv_.data(), DType::kF32));
+    RETURN_IF_ERROR(data_->AllGather(send_.data(), b.max_count, recv_.data(), DType::kF32));
     for (int r = 0; r < dp; ++r) {
       const float* in = recv_.data() + r * b.max_count;
       for (size_t i : b.params) {
@@ -393,6 +411,32 @@ Result<float> ParallelGpt::Step(const int32_t* tokens, const int32_t* targets, i
 
 Result<float> ParallelGpt::StepRows(const int32_t* tokens, const int32_t* targets, int B, int T,
                                     const AdamWConfig& adam, float max_norm, float* norm) {
+  if (parallel_.cp == 1) return StepLocal(tokens, targets, B, T, adam, max_norm, norm);
+  const int dp = parallel_.dp;
+  if (B % dp != 0) {
+    return InvalidArgumentError("batch " + std::to_string(B) + " is not a multiple of dp " +
+                                std::to_string(dp));
+  }
+  // This rank's positions of each of its rows.
+  RETURN_IF_ERROR(CheckSequenceCut(parallel_.cp_algo, T, parallel_.cp, "h.0.attn.attention"));
+  const SequenceSplit split = sequence_split(T);
+  const int64_t rows = B / dp, Tl = split.local();
+  local_tokens_.resize(rows * Tl);
+  local_targets_.resize(rows * Tl);
+  for (int64_t r = 0; r < rows; ++r) {
+    int64_t at = r * Tl;
+    for (const auto& [pos, n] : split.Runs()) {
+      const int64_t from = r * T + pos;
+      std::copy(tokens + from, tokens + from + n, local_tokens_.begin() + at);
+      std::copy(targets + from, targets + from + n, local_targets_.begin() + at);
+      at += n;
+    }
+  }
+  return StepLocal(local_tokens_.data(), local_targets_.data(), B, T, adam, max_norm, norm);
+}
+
+Result<float> ParallelGpt::StepLocal(const int32_t* tokens, const int32_t* targets, int B, int T,
+                                     const AdamWConfig& adam, float max_norm, float* norm) {
   const int dp = parallel_.dp;
   if (B % dp != 0) {
     return InvalidArgumentError("batch " + std::to_string(B) + " is not a multiple of dp " +
@@ -412,8 +456,10 @@ Result<float> ParallelGpt::StepRows(const int32_t* tokens, const int32_t* target
         std::to_string(copies) + " copies of whole sequences; use a batch of a multiple of " +
         std::to_string(dp * micro_batches_ * copies) + " sequences");
   }
+  RETURN_IF_ERROR(CheckSequenceCut(parallel_.cp_algo, T, parallel_.cp, "h.0.attn.attention"));
   model_.ZeroGrad();
-  ASSIGN_OR_RETURN(double loss, RunPipeline(tokens, targets, local, T));
+  // Each rank runs its T / cp positions of every row.
+  ASSIGN_OR_RETURN(double loss, RunPipeline(tokens, targets, local, T / parallel_.cp));
   loss /= micro_batches_;  // the mean over this rank's rows (last stage; 0 elsewhere)
   for (const auto& r : runners_) RETURN_IF_ERROR(r->ReduceParamGradients());
   RETURN_IF_ERROR(ReduceTiedEmbedding());
@@ -426,7 +472,7 @@ Result<float> ParallelGpt::StepRows(const int32_t* tokens, const int32_t* target
   }
   {
     AddElapsed timed(&comm_seconds_);
-    RETURN_IF_ERROR(dp_->AllReduce(&loss, &loss, 1, DType::kF64, ReduceOp::kAvg));
+    RETURN_IF_ERROR(data_->AllReduce(&loss, &loss, 1, DType::kF64, ReduceOp::kAvg));
     if (parallel_.pp > 1 || parallel_.tp > 1) {
       // Only the last stage has a loss, the same on every tp rank; each
       // tp rank and stage holds its part of the squared norm.
@@ -458,10 +504,10 @@ Status ParallelGpt::GatherOptimizerState() {
   for (const Shard& s : shards_) {
     float* m = model_.adam_m().data() + s.param->offset;
     float* v = model_.adam_v().data() + s.param->offset;
-    RETURN_IF_ERROR(
-        dp_->AllGatherV(shard_m_.data() + s.offset, s.counts[dp_rank_], m, s.counts, DType::kF32));
-    RETURN_IF_ERROR(
-        dp_->AllGatherV(shard_v_.data() + s.offset, s.counts[dp_rank_], v, s.counts, DType::kF32));
+    RETURN_IF_ERROR(data_->AllGatherV(shard_m_.data() + s.offset, s.counts[data_rank_], m, s.counts,
+                                      DType::kF32));
+    RETURN_IF_ERROR(data_->AllGatherV(shard_v_.data() + s.offset, s.counts[data_rank_], v, s.counts,
+                                      DType::kF32));
   }
   return Status::Ok();
 }
@@ -469,9 +515,10 @@ Status ParallelGpt::GatherOptimizerState() {
 Status ParallelGpt::GatherModel(Gpt* full) {
   Communicator& world = comms_.world();
   const int pp = parallel_.pp, tp = parallel_.tp;
-  // The dp-rank-0 replica of every (stage, tp rank) sends its slices; world
-  // rank 0 (stage 0, tp rank 0) places them into the whole model.
-  const bool representative = comms_.coordinate("dp") == 0;
+  // The dp-rank-0 (and cp-rank-0) replica of every (stage, tp rank) sends
+  // its slices; world rank 0 (stage 0, tp rank 0) places them into the
+  // whole model.
+  const bool representative = comms_.coordinate("dp") == 0 && cp_rank_ == 0;
   const int64_t n = model_.num_params();
   if (world.rank() != 0) {
     if (!representative) return Status::Ok();
@@ -482,7 +529,8 @@ Status ParallelGpt::GatherModel(Gpt* full) {
   }
   ASSIGN_OR_RETURN(*full, Gpt::Create(model_.config()));
   full->set_step(model_.step());
-  std::vector<int64_t> coords(3, 0);  // pp, dp, tp
+  std::vector<int64_t> coords(comms_.mesh().ndim(), 0);  // dp (and cp) 0
+  const int pp_axis = comms_.mesh().FindAxis("pp"), tp_axis = comms_.mesh().FindAxis("tp");
   for (int s = 0; s < pp; ++s) {
     for (int t = 0; t < tp; ++t) {
       ASSIGN_OR_RETURN(std::vector<ParamInfo> params, Gpt::Params(model_.config(), Stage(s, t)));
@@ -494,7 +542,8 @@ Status ParallelGpt::GatherModel(Gpt* full) {
         m = model_.adam_m();
         v = model_.adam_v();
       } else {
-        coords = {s, 0, t};
+        coords[pp_axis] = s;
+        coords[tp_axis] = t;
         const int from = static_cast<int>(comms_.mesh().RankOf(coords));
         for (std::vector<float>* x : {&w, &m, &v}) {
           x->resize(count);
@@ -560,7 +609,7 @@ Result<std::vector<LocalPiece>> ParallelGpt::SlicedPieces(
     } else {
       const Shard& s = shards_[p - params.data()];
       data = (which == 1 ? shard_m_ : shard_v_).data() + s.offset;
-      count = s.counts[dp_rank_];
+      count = s.counts[data_rank_];
     }
     if (count != NumElements(piece.box)) {
       return InternalError("sliced save: '" + tensor + "' " + ToString(piece.box) +
@@ -574,7 +623,7 @@ Result<std::vector<LocalPiece>> ParallelGpt::SlicedPieces(
 void ParallelGpt::ShardOptimizerState() {
   if (parallel_.zero == 0) return;
   for (const Shard& s : shards_) {
-    const int64_t n = s.counts[dp_rank_];
+    const int64_t n = s.counts[data_rank_];
     const float* m = model_.adam_m().data() + s.param->offset + s.begin;
     const float* v = model_.adam_v().data() + s.param->offset + s.begin;
     std::copy(m, m + n, shard_m_.data() + s.offset);

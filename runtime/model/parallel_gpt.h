@@ -44,6 +44,13 @@
 // as N copies taking turns, one copy's tensor-parallel collectives in
 // flight while the next copy computes (runtime/model/multi_copy.h).
 //
+// Context parallel (cp > 1): each rank of a replica holds its positions of
+// every sequence (the zigzag chunks for ring attention, a contiguous chunk
+// for Ulysses) through every operator; attention exchanges keys and values
+// (ring) or heads (Ulysses) over the cp group. Each rank's loss is the mean
+// over its positions, so averaging over dp x cp gives the global mean and
+// its gradient: cp is data parallelism for everything but attention.
+//
 // Tensor parallel (tp > 1) and any other operator-level parallelism: the
 // stage runs as OpGpt, operators with shard strategies (Megatron's without
 // a strategy file, with sequence parallelism on request); each rank's Gpt
@@ -74,6 +81,12 @@ namespace tessera {
 
 struct ParallelConfig {
   int dp = 1, tp = 1, pp = 1;
+  // Context parallelism (runtime/parallel/context_parallel.h): every
+  // sequence cut over cp ranks, attention crossing them by `cp_algo`.
+  // Parameters are replicated over cp and their gradients averaged over
+  // dp x cp (ZeRO-1 shards over dp x cp).
+  int cp = 1;
+  CpAlgo cp_algo = CpAlgo::kRing;
   int zero = 0;           // 0: every dp rank holds the whole optimizer state; 1: ZeRO-1
   int micro_batches = 0;  // per step and dp rank under pp > 1 (0: pp)
   int64_t bucket_bytes = int64_t{25} << 20;
@@ -97,7 +110,8 @@ struct ParallelConfig {
   // Activation recompute of every block: none, full or selective (the
   // strategy file's "recompute" entries override it per block).
   Recompute recompute = Recompute::kNone;
-  // The mesh "pp=P,dp=D,tp=T" (ranks row-major: tp fastest).
+  // The mesh "pp=P,dp=D,tp=T", with cp: "pp=P,dp=D,cp=C,tp=T" (ranks
+  // row-major: tp fastest, as Megatron's tp-cp-dp-pp).
   Result<Mesh> MakeMesh() const;
   Status Validate(int world_size) const;
   // That `config`'s layers cut into the stages (and chunks) asked for;
@@ -166,8 +180,20 @@ class ParallelGpt {
   // of B): for a dataset read per replica (dataset_strategy data_parallel).
   Result<float> StepRows(const int32_t* tokens, const int32_t* targets, int B, int T,
                          const AdamWConfig& adam, float max_norm, float* norm);
+  // The same from this rank's share only: its [B / dp] rows, each holding
+  // only its T / cp positions (sequence_split(T), in that order), for a
+  // dataset read per rank (dataset_strategy sequence). StepRows when cp = 1.
+  Result<float> StepLocal(const int32_t* tokens, const int32_t* targets, int B, int T,
+                          const AdamWConfig& adam, float max_norm, float* norm);
   // This rank's replica (its dp coordinate): which rows of a batch it reads.
   int dp_rank() const { return dp_rank_; }
+  // Its cp coordinate: which positions of each sequence it holds
+  // (sequence_split()).
+  int cp_rank() const { return cp_rank_; }
+  // The positions of a sequence of T tokens this rank holds.
+  SequenceSplit sequence_split(int T) const {
+    return SequenceSplit::Of(parallel_.cp_algo, T, parallel_.cp, cp_rank_);
+  }
 
   // Seconds this rank has spent in the collectives of Step (reductions,
   // the loss, the norm, ZeRO's gathers) and waiting for pipeline
@@ -247,11 +273,17 @@ class ParallelGpt {
   ParallelConfig parallel_;
   MeshCommunicators comms_;
   Communicator* dp_ = nullptr;
+  // The ranks that average gradients and shard ZeRO: dp, or dp x cp.
+  Communicator* data_ = nullptr;
+  Communicator* cp_ = nullptr;
   Communicator* pp_ = nullptr;
   Communicator* tp_ = nullptr;
   Communicator* tp_pp_ = nullptr;
   int dp_rank_ = 0;
+  int cp_rank_ = 0;
+  int data_rank_ = 0;  // in data_
   int stage_ = 0;
+  std::vector<int32_t> local_tokens_, local_targets_;  // Step's share under cp
   int micro_batches_ = 1;
   PipelineSchedule schedule_{1, 0, 1};  // this stage's, from Build
   // First and last stage ranks of the same dp and tp coordinates: they

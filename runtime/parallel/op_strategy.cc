@@ -159,10 +159,17 @@ Result<OpStrategyFile> OpStrategyFile::Parse(std::string_view text, const std::s
           file.dp = v;
         } else if (axis == "tp") {
           file.tp = v;
+        } else if (axis == "cp") {
+          file.cp = v;
         } else {
-          return fail("mesh axis '" + axis + "' is not one of pp, dp, tp");
+          return fail("mesh axis '" + axis + "' is not one of pp, dp, cp, tp");
         }
       }
+    } else if (key == "cp_algo") {
+      const std::string a = value.is_string() ? value.get<std::string>() : value.dump();
+      const Result<CpAlgo> algo = ParseCpAlgo(a);
+      if (!algo.ok()) return fail(algo.status().message());
+      file.cp_algo = *algo;
     } else if (key == "zero") {
       auto z = OptionalInt(root, "zero", 0);
       if (!z.ok() || *z > 1) return fail("\"zero\" must be 0 or 1");
@@ -190,29 +197,41 @@ Result<OpStrategyFile> OpStrategyFile::Parse(std::string_view text, const std::s
     } else if (key == "dataset_strategy") {
       if (value.is_string()) {
         file.dataset_strategy = value.get<std::string>();
-        if (file.dataset_strategy != "data_parallel" && file.dataset_strategy != "full_batch") {
-          return fail(
-              "dataset_strategy '" + file.dataset_strategy +
-              "' is not data_parallel, full_batch or a layout like [[\"dp\", 1], [\"dp\", 1]]");
+        if (file.dataset_strategy != "data_parallel" && file.dataset_strategy != "full_batch" &&
+            file.dataset_strategy != "sequence") {
+          return fail("dataset_strategy '" + file.dataset_strategy +
+                      "' is not data_parallel, full_batch, sequence or a layout like [[\"dp\", "
+                      "1], [\"dp\", 1]]");
         }
         continue;
       }
-      // The inputs' layouts: each [batch, sequence], the batch over dp only.
+      // The inputs' layouts: each [batch, sequence], the batch over dp, the
+      // sequence whole or over cp (MindSpore's model-parallel import).
       const std::string bad = "dataset_strategy " + value.dump() +
-                              ": only the batch cut over dp is supported ([[\"dp\", 1], "
-                              "[\"dp\", 1]]; the sequence whole), or full_batch";
+                              ": the batch may be cut over dp and the sequence over cp "
+                              "([[\"dp\", \"cp\"], [\"dp\", \"cp\"]] or [[\"dp\", 1], "
+                              "[\"dp\", 1]]), or full_batch";
       if (!value.is_array() || value.empty()) return fail(bad);
+      std::optional<bool> by_sequence;
       for (const Json& input : value) {
         DimAxes batch, seq;
         int64_t bc = 1, sc = 1;
         if (!input.is_array() || input.size() != 2 || !ParseDim(input[0], &batch, &bc).ok() ||
-            !ParseDim(input[1], &seq, &sc).ok() || !seq.empty() || sc != 1 ||
-            !(batch == DimAxes{"dp"} || (batch.empty() && bc >= 1))) {
+            !ParseDim(input[1], &seq, &sc).ok() ||
+            !(batch == DimAxes{"dp"} || (batch.empty() && bc >= 1)) ||
+            !(seq == DimAxes{"cp"} || (seq.empty() && sc >= 1))) {
           return fail(bad);
         }
+        const bool cut = !seq.empty() || sc > 1;
+        if (by_sequence.has_value() && *by_sequence != cut) {
+          return fail("dataset_strategy " + value.dump() +
+                      ": the inputs (tokens and targets) must be cut alike");
+        }
+        by_sequence = cut;
         if (batch.empty()) file.dataset_count = static_cast<int>(bc);
+        if (seq.empty() && sc > 1) file.dataset_seq_count = static_cast<int>(sc);
       }
-      file.dataset_strategy = "data_parallel";
+      file.dataset_strategy = *by_sequence ? "sequence" : "data_parallel";
     } else if (key == "recompute") {
       if (!value.is_object()) return fail("\"recompute\" must map blocks (\"h.*\") to modes");
       for (const auto& [block, mode] : value.items()) {
@@ -268,10 +287,11 @@ std::string OpStrategyFile::ToJson() const {
   root["format"] = kOpStrategyFormat;
   root["version"] = 1;
   Json mesh = Json::object();
-  for (auto [name, v] : {std::pair{"pp", pp}, {"dp", dp}, {"tp", tp}}) {
+  for (auto [name, v] : {std::pair{"pp", pp}, {"dp", dp}, {"cp", cp}, {"tp", tp}}) {
     if (v.has_value()) mesh[name] = *v;
   }
   if (!mesh.empty()) root["mesh"] = mesh;
+  if (cp_algo.has_value()) root["cp_algo"] = CpAlgoName(*cp_algo);
   if (zero.has_value()) root["zero"] = *zero;
   if (micro_batches.has_value()) root["micro_batches"] = *micro_batches;
   if (virtual_stages.has_value()) root["virtual_stages"] = *virtual_stages;

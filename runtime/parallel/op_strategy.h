@@ -7,6 +7,8 @@
 //   {
 //     "format": "tessera.op_strategy", "version": 1,
 //     "mesh": {"pp": 1, "dp": 2, "tp": 2},          // optional: checked
+//                                                   // ("cp": context parallel)
+//     "cp_algo": "ring",                            // optional: or "ulysses" (cp > 1)
 //     "zero": 1,                                    // optional: ZeRO-1
 //     "micro_batches": 4,                           // optional (pp > 1)
 //     "virtual_stages": 2,                          // optional: chunks per stage
@@ -14,7 +16,9 @@
 //     "stage_layers": [3, 1],                       // optional: layers per stage
 //                                                   // (per chunk with virtual_stages)
 //     "recompute": {"h.*": "selective"},            // optional, per block
-//     "dataset_strategy": "data_parallel",          // optional, or "full_batch"
+//     "dataset_strategy": "data_parallel",          // optional, or "full_batch",
+//                                                   // "sequence" (rows over dp,
+//                                                   // positions over cp)
 //     "operators": {
 //       "h.*.attn.c_attn": [["dp", null], [null, "tp"]],
 //       "h.*.mlp.c_fc":    [[2, 1], [1, 4]],
@@ -46,6 +50,7 @@
 #include <vector>
 
 #include "core/status.h"
+#include "runtime/parallel/context_parallel.h"
 #include "transform/mesh.h"
 
 namespace tessera {
@@ -93,7 +98,8 @@ std::string_view RecomputeName(Recompute r);
 
 struct OpStrategyFile {
   std::string source;  // the path (or "<text>"), for messages
-  std::optional<int> pp, dp, tp, zero, micro_batches, virtual_stages, micro_batch_interleave;
+  std::optional<int> pp, dp, cp, tp, zero, micro_batches, virtual_stages, micro_batch_interleave;
+  std::optional<CpAlgo> cp_algo;
   std::vector<int> stage_layers;
   // "recompute": {"h.*": "selective", "h.0": "full"}: blocks (patterns as
   // for operators; an exact name wins) and none, full or selective.
@@ -101,9 +107,12 @@ struct OpStrategyFile {
   // MindSpore's dataset_strategy: "data_parallel" (each replica reads its
   // rows of the batch), "full_batch" (every rank reads the whole batch, the
   // strategy cuts it), or the layout of the inputs, [[dp, 1], [dp, 1]] (=
-  // data_parallel: the batch cut over dp, the sequence whole). Empty: unset.
+  // data_parallel: the batch cut over dp, the sequence whole), "sequence"
+  // (each rank reads its rows and its positions: the batch over dp, the
+  // sequence over cp; MindSpore's [[dp, cp], [dp, cp]]). Empty: unset.
   std::string dataset_strategy;
-  int dataset_count = 0;  // a split count given for the batch (checked against dp)
+  int dataset_count = 0;      // a split count given for the batch (checked against dp)
+  int dataset_seq_count = 0;  // one given for the sequence (checked against cp)
   struct Entry {
     std::string pattern;
     // Per input, per dimension: axis names, or a split count to map.

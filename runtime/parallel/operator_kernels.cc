@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <limits>
 #include <map>
 #include <memory>
 #include <tuple>
@@ -204,7 +205,20 @@ void LayerNormOp::Backward(const OpContext& ctx, const Act& x, const float* w, c
   }
 }
 
-Status AttentionOp::Forward(const OpContext& ctx, const Act& qkv, int T, float* att, Act* y) const {
+void OpContext::SetContextParallel(Communicator* cp, CpAlgo algo) {
+  cp_comm_ = cp;
+  cp_size_ = cp != nullptr ? cp->size() : 1;
+  cp_rank_ = cp != nullptr ? cp->rank() : 0;
+  cp_algo_ = algo;
+}
+
+int64_t OpContext::CpBufferBytes() const {
+  int64_t n = 0;
+  for (const std::vector<float>& b : cp_buf_) n += static_cast<int64_t>(b.capacity());
+  return n * static_cast<int64_t>(sizeof(float));
+}
+
+Status AttentionOp::Forward(OpContext& ctx, const Act& qkv, int T, float* att, Act* y) const {
   TraceSpan span("forward", info_.name);
   const int64_t n = ctx.LocalRows(qkv), r0 = ctx.FirstRow(qkv);
   if (n % T != 0 || r0 % T != 0) {
@@ -214,6 +228,16 @@ Status AttentionOp::Forward(const OpContext& ctx, const Act& qkv, int T, float* 
                                 "), not whole sequences of " + std::to_string(T) +
                                 " (cut the rows over tp only when each rank gets whole sequences)");
   }
+  if ((cp_mode_ != Cp::kNone) != (ctx.cp() > 1) ||
+      (cp_mode_ == Cp::kRing && ctx.cp_algo() != CpAlgo::kRing) ||
+      (cp_mode_ == Cp::kUlysses && ctx.cp_algo() != CpAlgo::kUlysses)) {
+    return InternalError("operator '" + info_.name + "': its strategy " +
+                         info_.strategy.ToString() + " does not match cp " +
+                         std::to_string(ctx.cp()) + " with cp_algo " +
+                         std::string(CpAlgoName(ctx.cp_algo())));
+  }
+  if (cp_mode_ == Cp::kUlysses) return UlyssesForward(ctx, qkv, T, att, y);
+  if (cp_mode_ == Cp::kRing) return RingForward(ctx, qkv, T, att, y);
   if (n == 0) return Status::Ok();
   const bool h = info_.inputs[0].split == 1;
   const int cl = static_cast<int>(h ? C_ / ctx.tp() : C_), nh = h ? heads_ / ctx.tp() : heads_;
@@ -221,14 +245,327 @@ Status AttentionOp::Forward(const OpContext& ctx, const Act& qkv, int T, float* 
   return Status::Ok();
 }
 
-void AttentionOp::Backward(const OpContext& ctx, const Act& qkv, const float* att, int T,
-                           const Act& dy, Act* dqkv) const {
+Status AttentionOp::Backward(OpContext& ctx, const Act& qkv, const float* att, int T, const Act& dy,
+                             Act* dqkv) const {
   TraceSpan span("backward", info_.name);
+  if (cp_mode_ == Cp::kUlysses) return UlyssesBackward(ctx, att, T, dy, dqkv);
+  if (cp_mode_ == Cp::kRing) return RingBackward(ctx, qkv, att, T, dy, dqkv);
   const int64_t n = ctx.LocalRows(qkv);
-  if (n == 0) return;
+  if (n == 0) return Status::Ok();
   const bool h = info_.inputs[0].split == 1;
   const int cl = static_cast<int>(h ? C_ / ctx.tp() : C_), nh = h ? heads_ / ctx.tp() : heads_;
   k::AttentionBackward(dqkv->data, dy.data, qkv.data, att, static_cast<int>(n / T), T, cl, nh);
+  return Status::Ok();
+}
+
+namespace {
+
+// Waits for `r`, the time counted as communication of `ctx`.
+Status WaitCp(OpContext& ctx, Request& r) {
+  if (!r.pending()) return Status::Ok();
+  const auto start = std::chrono::steady_clock::now();
+  Status s = r.Wait();
+  ctx.AddCommSeconds(
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  return s;
+}
+
+// An all-to-all over cp, timed as communication.
+Status CpAllToAll(OpContext& ctx, const float* send, float* recv, int64_t count) {
+  const auto start = std::chrono::steady_clock::now();
+  Status s = ctx.cp_comm()->AllToAll(send, recv, count, DType::kF32);
+  ctx.AddCommSeconds(
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  return s;
+}
+
+}  // namespace
+
+// Ulysses: rank r holds positions [r T, (r + 1) T) of every sequence (T
+// local) and cols = 3 x C' columns of q | k | v (C' this tp rank's). It
+// sends rank j the j-th cp-th of each of q, k, v (heads j hc .. (j+1) hc of
+// its own), receives every rank's positions of its own heads, attends over
+// whole sequences, and sends each rank back its positions' outputs.
+Status AttentionOp::UlyssesForward(OpContext& ctx, const Act& qkv, int T, float* att,
+                                   Act* y) const {
+  const int cp = ctx.cp();
+  const int64_t n = ctx.LocalRows(qkv), B = n / T, Tw = static_cast<int64_t>(T) * cp;
+  const int64_t cl = LocalHeads(ctx) * (C_ / heads_), wc = cl / cp;
+  const int hc = LocalHeads(ctx) / cp;
+  std::vector<float>& send = ctx.CpBuffer(0);
+  std::vector<float>& recv = ctx.CpBuffer(1);
+  const int64_t block = n * 3 * wc;  // to each rank
+  send.resize(block * cp);
+  recv.resize(block * cp);
+  for (int j = 0; j < cp; ++j) {
+    float* out = send.data() + j * block;
+    for (int64_t i = 0; i < n; ++i) {
+      for (int g = 0; g < 3; ++g) {
+        const float* from = qkv.data + i * 3 * cl + g * cl + j * wc;
+        out = std::copy(from, from + wc, out);
+      }
+    }
+  }
+  RETURN_IF_ERROR(CpAllToAll(ctx, send.data(), recv.data(), block));
+  // Whole sequences of this rank's heads: [B, Tw, 3 wc], kept after the
+  // weights for backward.
+  float* whole = att + B * hc * Tw * Tw;
+  for (int j = 0; j < cp; ++j) {
+    for (int64_t b = 0; b < B; ++b) {
+      const float* from = recv.data() + j * block + b * T * 3 * wc;
+      std::copy(from, from + T * 3 * wc, whole + (b * Tw + j * T) * 3 * wc);
+    }
+  }
+  std::vector<float>& yw = ctx.CpBuffer(2);
+  yw.resize(B * Tw * wc);
+  k::AttentionForward(yw.data(), att, whole, static_cast<int>(B), static_cast<int>(Tw),
+                      static_cast<int>(wc), hc);
+  // Back: rank j gets its positions of these heads.
+  const int64_t back = n * wc;
+  for (int j = 0; j < cp; ++j) {
+    for (int64_t b = 0; b < B; ++b) {
+      const float* from = yw.data() + (b * Tw + j * T) * wc;
+      std::copy(from, from + T * wc, send.data() + j * back + b * T * wc);
+    }
+  }
+  RETURN_IF_ERROR(CpAllToAll(ctx, send.data(), recv.data(), back));
+  for (int j = 0; j < cp; ++j) {
+    for (int64_t i = 0; i < n; ++i) {
+      const float* from = recv.data() + j * back + i * wc;
+      std::copy(from, from + wc, y->data + i * cl + j * wc);
+    }
+  }
+  return Status::Ok();
+}
+
+Status AttentionOp::UlyssesBackward(OpContext& ctx, const float* att, int T, const Act& dy,
+                                    Act* dqkv) const {
+  const int cp = ctx.cp();
+  const int64_t n = ctx.LocalRows(dy), B = n / T, Tw = static_cast<int64_t>(T) * cp;
+  const int64_t cl = LocalHeads(ctx) * (C_ / heads_), wc = cl / cp;
+  const int hc = LocalHeads(ctx) / cp;
+  std::vector<float>& send = ctx.CpBuffer(0);
+  std::vector<float>& recv = ctx.CpBuffer(1);
+  const int64_t back = n * wc, block = n * 3 * wc;
+  send.resize(block * cp);
+  recv.resize(block * cp);
+  // The output gradient of this rank's heads, whole sequences.
+  for (int j = 0; j < cp; ++j) {
+    for (int64_t i = 0; i < n; ++i) {
+      const float* from = dy.data + i * cl + j * wc;
+      std::copy(from, from + wc, send.data() + j * back + i * wc);
+    }
+  }
+  RETURN_IF_ERROR(CpAllToAll(ctx, send.data(), recv.data(), back));
+  std::vector<float>& dyw = ctx.CpBuffer(2);
+  std::vector<float>& dw = ctx.CpBuffer(3);
+  dyw.resize(B * Tw * wc);
+  dw.resize(B * Tw * 3 * wc);
+  for (int j = 0; j < cp; ++j) {
+    for (int64_t b = 0; b < B; ++b) {
+      const float* from = recv.data() + j * back + b * T * wc;
+      std::copy(from, from + T * wc, dyw.data() + (b * Tw + j * T) * wc);
+    }
+  }
+  const float* whole = att + B * hc * Tw * Tw;
+  k::AttentionBackward(dw.data(), dyw.data(), whole, att, static_cast<int>(B), static_cast<int>(Tw),
+                       static_cast<int>(wc), hc);
+  // Each rank's positions of dq | dk | dv of these heads back to it.
+  for (int j = 0; j < cp; ++j) {
+    for (int64_t b = 0; b < B; ++b) {
+      const float* from = dw.data() + (b * Tw + j * T) * 3 * wc;
+      std::copy(from, from + T * 3 * wc, send.data() + j * block + b * T * 3 * wc);
+    }
+  }
+  RETURN_IF_ERROR(CpAllToAll(ctx, send.data(), recv.data(), block));
+  for (int j = 0; j < cp; ++j) {
+    const float* in = recv.data() + j * block;
+    for (int64_t i = 0; i < n; ++i) {
+      for (int g = 0; g < 3; ++g) {
+        std::copy(in, in + wc, dqkv->data + i * 3 * cl + g * cl + j * wc);
+        in += wc;
+      }
+    }
+  }
+  return Status::Ok();
+}
+
+namespace {
+
+// Tags of the ring's messages: forward's key/value blocks, backward's
+// key/value blocks and their gradients.
+constexpr int kRingKv = 0x52000, kRingGrad = 0x52001;
+
+// The key/value rows of `qkv` ([n, 3 cl]) packed as [n, 2 cl].
+void PackKv(const float* qkv, int64_t n, int64_t cl, float* kv) {
+  for (int64_t i = 0; i < n; ++i) {
+    std::copy(qkv + i * 3 * cl + cl, qkv + (i + 1) * 3 * cl, kv + i * 2 * cl);
+  }
+}
+
+// Which of the held block's chunks the local query chunk `qc` sees: the
+// whole chunk (earlier positions), its causal diagonal (the same) or none.
+enum class Sees { kNone, kAll, kDiagonal };
+Sees Visibility(int q_chunk, int k_chunk) {
+  return k_chunk < q_chunk ? Sees::kAll : k_chunk == q_chunk ? Sees::kDiagonal : Sees::kNone;
+}
+
+}  // namespace
+
+// Ring attention: at step s rank r holds the keys and values of rank
+// (r - s) mod cp, receiving the next block from r - 1 and sending the one in
+// hand to r + 1 while it computes. att keeps [n, cl] outputs then [B, nh,
+// T] log-sum-exps.
+Status AttentionOp::RingForward(OpContext& ctx, const Act& qkv, int T, float* att, Act* y) const {
+  const int cp = ctx.cp(), r = ctx.cp_rank(), nh = LocalHeads(ctx);
+  const int64_t n = ctx.LocalRows(qkv), B = n / T, cl = nh * (C_ / heads_), hs = C_ / heads_;
+  Communicator& comm = *ctx.cp_comm();
+  const int next = (r + 1) % cp, prev = (r + cp - 1) % cp;
+  std::vector<float>& cur = ctx.CpBuffer(0);
+  std::vector<float>& nxt = ctx.CpBuffer(1);
+  std::vector<float>& ml = ctx.CpBuffer(2);
+  cur.resize(n * 2 * cl);
+  nxt.resize(n * 2 * cl);
+  ml.resize(2 * n * nh);
+  float* m = ml.data();
+  float* l = m + n * nh;
+  std::fill(m, m + n * nh, -std::numeric_limits<float>::infinity());
+  std::fill(l, l + n * nh, 0.0f);
+  std::fill(y->data, y->data + n * cl, 0.0f);
+  PackKv(qkv.data, n, cl, cur.data());
+  const SequenceSplit split = ctx.Split(T);
+  const int64_t c = split.chunk_size();
+  const k::SeqRows<const float> q{qkv.data, 3 * cl, T};
+  const k::SeqRows<float> o{y->data, cl, T};
+  for (int s = 0; s < cp; ++s) {
+    Request send, recv;
+    if (s + 1 < cp) {
+      ASSIGN_OR_RETURN(recv, comm.IRecv(nxt.data(), n * 2 * cl, DType::kF32, prev, kRingKv));
+      ASSIGN_OR_RETURN(send, comm.ISend(cur.data(), n * 2 * cl, DType::kF32, next, kRingKv));
+    }
+    const SequenceSplit held = SequenceSplit::Of(CpAlgo::kRing, split.T, cp, (r - s + cp) % cp);
+    const k::SeqRows<const float> kv{cur.data(), 2 * cl, T};
+    for (int qc = 0; qc < 2; ++qc) {
+      for (int kc = 0; kc < 2; ++kc) {
+        const Sees sees = Visibility(split.ChunkIndex(qc), held.ChunkIndex(kc));
+        if (sees == Sees::kNone) continue;
+        // m and l of query chunk qc: [B, nh, T] rows qc c ..
+        std::vector<float>& mc = ctx.CpBuffer(3);
+        mc.resize(2 * B * nh * c);
+        float* mq = mc.data();
+        float* lq = mq + B * nh * c;
+        for (int64_t bh = 0; bh < B * nh; ++bh) {
+          std::copy(m + bh * T + qc * c, m + bh * T + (qc + 1) * c, mq + bh * c);
+          std::copy(l + bh * T + qc * c, l + bh * T + (qc + 1) * c, lq + bh * c);
+        }
+        k::AttentionBlockForward(o.Offset(qc * c), mq, lq, q.Offset(qc * c), kv.Offset(kc * c),
+                                 kv.Offset(kc * c, cl), static_cast<int>(B), static_cast<int>(c),
+                                 static_cast<int>(c), static_cast<int>(hs), nh,
+                                 sees == Sees::kDiagonal);
+        for (int64_t bh = 0; bh < B * nh; ++bh) {
+          std::copy(mq + bh * c, mq + (bh + 1) * c, m + bh * T + qc * c);
+          std::copy(lq + bh * c, lq + (bh + 1) * c, l + bh * T + qc * c);
+        }
+      }
+    }
+    RETURN_IF_ERROR(WaitCp(ctx, send));
+    RETURN_IF_ERROR(WaitCp(ctx, recv));
+    std::swap(cur, nxt);
+  }
+  float* lse = att + n * cl;
+  k::AttentionBlockFinish(o, m, l, lse, static_cast<int>(B), T, static_cast<int>(hs), nh);
+  std::copy(y->data, y->data + n * cl, att);
+  return Status::Ok();
+}
+
+// Backward: the key/value blocks go round again, each with the gradient
+// of its keys and values, which every rank adds its share to before
+// passing it on; after cp steps each rank holds its own blocks' whole
+// gradient.
+Status AttentionOp::RingBackward(OpContext& ctx, const Act& qkv, const float* att, int T,
+                                 const Act& dy, Act* dqkv) const {
+  const int cp = ctx.cp(), r = ctx.cp_rank(), nh = LocalHeads(ctx);
+  const int64_t n = ctx.LocalRows(qkv), B = n / T, cl = nh * (C_ / heads_), hs = C_ / heads_;
+  Communicator& comm = *ctx.cp_comm();
+  const int next = (r + 1) % cp, prev = (r + cp - 1) % cp;
+  std::vector<float>& cur = ctx.CpBuffer(0);
+  std::vector<float>& nxt = ctx.CpBuffer(1);
+  std::vector<float>& delta = ctx.CpBuffer(2);
+  std::vector<float>& stats = ctx.CpBuffer(3);
+  // The gradients travelling with the blocks: the one being added to,
+  // the one being sent, the one arriving.
+  std::vector<float>* grad[3] = {&ctx.CpBuffer(4), &ctx.CpBuffer(5), &ctx.CpBuffer(6)};
+  for (std::vector<float>* g : grad) g->resize(n * 2 * cl);
+  cur.resize(n * 2 * cl);
+  nxt.resize(n * 2 * cl);
+  delta.resize(n * nh);
+  const float* out = att;
+  const float* lse = att + n * cl;
+  const SequenceSplit split = ctx.Split(T);
+  const int64_t c = split.chunk_size();
+  k::AttentionBlockDelta(delta.data(), {dy.data, cl, T}, {out, cl, T}, static_cast<int>(B), T,
+                         static_cast<int>(hs), nh);
+  PackKv(qkv.data, n, cl, cur.data());
+  // dq accumulates in place; dk, dv of the held block in grad[0].
+  for (int64_t i = 0; i < n; ++i)
+    std::fill(dqkv->data + i * 3 * cl, dqkv->data + (i + 1) * 3 * cl, 0.0f);
+  const k::SeqRows<const float> q{qkv.data, 3 * cl, T}, dout{dy.data, cl, T};
+  const k::SeqRows<float> dq{dqkv->data, 3 * cl, T};
+  Request grad_send, grad_recv;
+  for (int s = 0; s < cp; ++s) {
+    Request send, recv;
+    if (s + 1 < cp) {
+      ASSIGN_OR_RETURN(recv, comm.IRecv(nxt.data(), n * 2 * cl, DType::kF32, prev, kRingKv));
+      ASSIGN_OR_RETURN(send, comm.ISend(cur.data(), n * 2 * cl, DType::kF32, next, kRingKv));
+    }
+    std::vector<float>& mine = *grad[0];
+    std::fill(mine.begin(), mine.end(), 0.0f);
+    const SequenceSplit held = SequenceSplit::Of(CpAlgo::kRing, split.T, cp, (r - s + cp) % cp);
+    const k::SeqRows<const float> kv{cur.data(), 2 * cl, T};
+    const k::SeqRows<float> dkv{mine.data(), 2 * cl, T};
+    for (int qc = 0; qc < 2; ++qc) {
+      for (int kc = 0; kc < 2; ++kc) {
+        const Sees sees = Visibility(split.ChunkIndex(qc), held.ChunkIndex(kc));
+        if (sees == Sees::kNone) continue;
+        stats.resize(2 * B * nh * c);
+        float* lq = stats.data();
+        float* dd = lq + B * nh * c;
+        for (int64_t bh = 0; bh < B * nh; ++bh) {
+          std::copy(lse + bh * T + qc * c, lse + bh * T + (qc + 1) * c, lq + bh * c);
+          std::copy(delta.data() + bh * T + qc * c, delta.data() + bh * T + (qc + 1) * c,
+                    dd + bh * c);
+        }
+        k::AttentionBlockBackward(dq.Offset(qc * c), dkv.Offset(kc * c), dkv.Offset(kc * c, cl),
+                                  dout.Offset(qc * c), q.Offset(qc * c), kv.Offset(kc * c),
+                                  kv.Offset(kc * c, cl), lq, dd, static_cast<int>(B),
+                                  static_cast<int>(c), static_cast<int>(c), static_cast<int>(hs),
+                                  nh, sees == Sees::kDiagonal);
+      }
+    }
+    // Add what the earlier ranks added to this block, and pass it on.
+    if (s > 0) {
+      RETURN_IF_ERROR(WaitCp(ctx, grad_recv));
+      const std::vector<float>& in = *grad[2];
+      for (size_t i = 0; i < mine.size(); ++i) mine[i] += in[i];
+    }
+    RETURN_IF_ERROR(WaitCp(ctx, grad_send));  // the buffer sent before is free
+    std::swap(grad[0], grad[1]);              // mine becomes the one being sent
+    ASSIGN_OR_RETURN(grad_send,
+                     comm.ISend(grad[1]->data(), n * 2 * cl, DType::kF32, next, kRingGrad));
+    ASSIGN_OR_RETURN(grad_recv,
+                     comm.IRecv(grad[2]->data(), n * 2 * cl, DType::kF32, prev, kRingGrad));
+    RETURN_IF_ERROR(WaitCp(ctx, send));
+    RETURN_IF_ERROR(WaitCp(ctx, recv));
+    std::swap(cur, nxt);
+  }
+  RETURN_IF_ERROR(WaitCp(ctx, grad_recv));
+  RETURN_IF_ERROR(WaitCp(ctx, grad_send));
+  // This rank's own keys' and values' gradient, whole.
+  const std::vector<float>& own = *grad[2];
+  for (int64_t i = 0; i < n; ++i) {
+    std::copy(own.data() + i * 2 * cl, own.data() + (i + 1) * 2 * cl, dqkv->data + i * 3 * cl + cl);
+  }
+  return Status::Ok();
 }
 
 void GeluOp::Forward(const OpContext& ctx, const Act& x, Act* y) const {
@@ -257,10 +594,13 @@ void EmbeddingOp::Forward(const OpContext& ctx, const int32_t* tokens, int T, co
     vl = v.size();
   }
   if (info_.output.partial && ctx.tp_rank() != 0) wpe = nullptr;  // added once
-  // Row by row of whole or partial sequences: position = row % T.
+  // Runs of consecutive positions: row % T, or under context parallelism
+  // this rank's positions (its chunks of every sequence).
+  const SequenceSplit split = ctx.Split(T);
   for (int64_t i = r0; i < r0 + n;) {
-    const int64_t t = i % T, len = std::min<int64_t>(T - t, r0 + n - i);
-    k::EncoderForward(y->data + (i - r0) * cl, tokens + i, wte, wpe ? wpe + t * cl : nullptr, 1,
+    const int64_t t = i % T, len = std::min<int64_t>(split.RunEnd(t) - t, r0 + n - i);
+    const int64_t pos = split.Position(t);
+    k::EncoderForward(y->data + (i - r0) * cl, tokens + i, wte, wpe ? wpe + pos * cl : nullptr, 1,
                       static_cast<int>(len), static_cast<int>(cl), v0, vl);
     i += len;
   }
@@ -276,10 +616,12 @@ void EmbeddingOp::Backward(const OpContext& ctx, const int32_t* tokens, int T, c
     v0 = v.begin;
     vl = v.size();
   }
+  const SequenceSplit split = ctx.Split(T);
   for (int64_t i = r0; i < r0 + n;) {
-    const int64_t t = i % T, len = std::min<int64_t>(T - t, r0 + n - i);
-    k::EncoderBackward(dwte, dwpe ? dwpe + t * cl : nullptr, dy.data + (i - r0) * cl, tokens + i, 1,
-                       static_cast<int>(len), static_cast<int>(cl), v0, vl);
+    const int64_t t = i % T, len = std::min<int64_t>(split.RunEnd(t) - t, r0 + n - i);
+    const int64_t pos = split.Position(t);
+    k::EncoderBackward(dwte, dwpe ? dwpe + pos * cl : nullptr, dy.data + (i - r0) * cl, tokens + i,
+                       1, static_cast<int>(len), static_cast<int>(cl), v0, vl);
     i += len;
   }
 }

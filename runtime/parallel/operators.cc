@@ -135,11 +135,12 @@ Result<bool> RowsOverTp(const DimAxes& rows, int dp, const std::string& op,
                                 " (the rows) must be cut over dp "
                                 "first: each data-parallel replica reads its own rows");
   }
+  if (i < rows.size() && rows[i] == "cp") ++i;  // the sequence (context_parallel.h)
   if (i == rows.size()) return false;
   if (i + 1 == rows.size() && rows[i] == "tp") return true;
   return InvalidArgumentError("operator '" + op + "': " + what +
                               " (the rows) may be cut over dp, "
-                              "then tp; not " +
+                              "then cp, then tp; not " +
                               OpStrategy{{{rows}}}.ToString());
 }
 
@@ -216,19 +217,47 @@ Result<LayerNormOp> LayerNormOp::Create(std::string name, const OpStrategy& s, i
 // ---- Attention ----
 
 Result<AttentionOp> AttentionOp::Create(std::string name, const OpStrategy& s, int heads, int64_t C,
-                                        int tp, int dp) {
+                                        int tp, int dp, int cp) {
   RETURN_IF_ERROR(Shape(s, name, {2}));
   AttentionOp op;
   op.info_ = {name, "attention", s, {}, {}, false};
   op.heads_ = heads;
   op.C_ = C;
-  ASSIGN_OR_RETURN(const bool rows, RowsOverTp(s.inputs[0][0], dp, name, Input(0, "qkv", 0)));
-  ASSIGN_OR_RETURN(const bool h, DimOverTp(s.inputs[0][1], name, Input(0, "qkv", 1) + " (heads)"));
+  op.cp_ = cp;
+  const DimAxes& row_axes = s.inputs[0][0];
+  DimAxes head_axes = s.inputs[0][1];
+  const bool rows_cp = std::find(row_axes.begin(), row_axes.end(), "cp") != row_axes.end();
+  const bool heads_cp = !head_axes.empty() && head_axes.back() == "cp";
+  if (heads_cp) head_axes.pop_back();  // Ulysses: the heads of a tp rank cut again over cp
+  ASSIGN_OR_RETURN(const bool rows, RowsOverTp(row_axes, dp, name, Input(0, "qkv", 0)));
+  ASSIGN_OR_RETURN(const bool h, DimOverTp(head_axes, name, Input(0, "qkv", 1) + " (heads)"));
   RETURN_IF_ERROR(TpOnce(rows + h, name, "both the rows and the heads"));
   if (h && heads % tp != 0) {
     return InvalidArgumentError("operator '" + name + "': " + Input(0, "qkv", 1) +
                                 " (heads): " + std::to_string(heads) +
                                 " heads are not divisible by tp " + std::to_string(tp));
+  }
+  if (rows_cp && heads_cp) {
+    return InvalidArgumentError("operator '" + name + "': cp cuts both the rows (ring attention) " +
+                                "and the heads (Ulysses) of " + s.ToString() + "; choose one");
+  }
+  if (heads_cp) {
+    const int by = (h ? tp : 1) * cp;
+    if (heads % by != 0) {
+      return InvalidArgumentError("operator '" + name + "': Ulysses cuts the " +
+                                  std::to_string(heads) + " heads over " +
+                                  (h ? "tp " + std::to_string(tp) + " x " : std::string()) + "cp " +
+                                  std::to_string(cp) + " = " + std::to_string(by) +
+                                  " ranks, which does not divide them; use a cp that divides " +
+                                  std::to_string(h ? heads / tp : heads) + ", or cp_algo ring");
+    }
+    op.cp_mode_ = Cp::kUlysses;
+  } else if (rows_cp) {
+    if (rows) {
+      return InvalidArgumentError("operator '" + name + "': ring attention (the rows over cp) " +
+                                  "cannot also cut the rows over tp; cut the heads over tp");
+    }
+    op.cp_mode_ = Cp::kRing;
   }
   op.info_.rows_over_tp = rows;
   op.info_.inputs = {rows ? Placement{0} : h ? Placement{1, 3} : Placement{-1}};
@@ -236,10 +265,25 @@ Result<AttentionOp> AttentionOp::Create(std::string name, const OpStrategy& s, i
   return op;
 }
 
+int AttentionOp::LocalHeads(const OpContext& ctx) const {
+  return info_.inputs[0].split == 1 ? heads_ / ctx.tp() : heads_;
+}
+
 int64_t AttentionOp::AttSize(const OpContext& ctx, int64_t rows, int T) const {
   const Act a{nullptr, rows, 3 * C_, info_.inputs[0]};
-  const int64_t heads = info_.inputs[0].split == 1 ? heads_ / ctx.tp() : heads_;
-  return ctx.LocalRows(a) / T * heads * T * T;
+  const int64_t heads = LocalHeads(ctx), local_rows = ctx.LocalRows(a);
+  const int64_t cols = info_.inputs[0].split == 1 ? C_ / ctx.tp() : C_;
+  switch (cp_mode_) {
+    case Cp::kUlysses: {  // whole sequences of heads / cp: weights and the gathered q|k|v
+      const int64_t whole = static_cast<int64_t>(T) * ctx.cp();
+      return local_rows / T * (heads / ctx.cp() * whole * whole + whole * 3 * cols / ctx.cp());
+    }
+    case Cp::kRing:  // the output and one log-sum-exp per row and head
+      return local_rows * cols + local_rows * heads;
+    case Cp::kNone:
+      break;
+  }
+  return local_rows / T * heads * T * T;
 }
 
 // ---- element-wise ----

@@ -31,6 +31,13 @@
 // AllGather's is reduce-scattered (the consumer's input gradient is
 // partial) or sliced (it is not), a slice's is all-gathered.
 //
+// Context parallelism (context_parallel.h) cuts every activation's
+// sequence over the cp axis outside all of this: an activation's rows are
+// this cp rank's positions of each sequence, and only attention (and the
+// embedding's positions) knows. A strategy says so by cutting the rows
+// over ["dp", "cp"] (then optionally tp), or, for Ulysses, the attention's
+// heads over ["cp"] or ["tp", "cp"] with its rows whole.
+//
 // Parameters are cut over tp only (dp is the data-parallel axis; optimizer
 // sharding is ZeRO's). A parameter used where the rows are cut over tp
 // gets a partial gradient, which the model sums over tp after backward.
@@ -45,6 +52,7 @@
 
 #include "core/status.h"
 #include "runtime/comm/communicator.h"
+#include "runtime/parallel/context_parallel.h"
 #include "runtime/parallel/copy_turns.h"
 #include "runtime/parallel/op_strategy.h"
 #include "transform/layout.h"
@@ -92,6 +100,31 @@ class OpContext {
   int tp() const { return tp_size_; }
   int tp_rank() const { return tp_rank_; }
   Communicator* comm() const { return comm_; }
+
+  // Context parallelism: the cp group (null when cp = 1; it must outlive
+  // the context) and how attention crosses it.
+  void SetContextParallel(Communicator* cp, CpAlgo algo);
+  // For planning: cp ranks without a communicator.
+  void SetContextParallel(int cp, int cp_rank, CpAlgo algo) {
+    cp_size_ = cp;
+    cp_rank_ = cp_rank;
+    cp_algo_ = algo;
+  }
+  int cp() const { return cp_size_; }
+  int cp_rank() const { return cp_rank_; }
+  CpAlgo cp_algo() const { return cp_algo_; }
+  Communicator* cp_comm() const { return cp_comm_; }
+  // The split of sequences of which this rank holds `local` positions.
+  SequenceSplit Split(int64_t local) const {
+    return SequenceSplit::Of(cp_algo_, local * cp_size_, cp_size_, cp_rank_);
+  }
+  // Transient buffers of attention's exchanges over cp, reused by every
+  // block (kCpBuffers of them).
+  static constexpr int kCpBuffers = 8;
+  std::vector<float>& CpBuffer(int i) { return cp_buf_[i]; }
+  int64_t CpBufferBytes() const;
+  // Counts `seconds` spent waiting for cp exchanges as communication.
+  void AddCommSeconds(double seconds) { comm_seconds_ += seconds; }
 
   // The local extent of a placement's rows and columns on this rank.
   int64_t LocalRows(const Act& a) const;
@@ -150,6 +183,10 @@ class OpContext {
   CopyTurns* turns_ = nullptr;
   int copy_ = 0;
   int tp_size_ = 1, tp_rank_ = 0;
+  Communicator* cp_comm_ = nullptr;
+  int cp_size_ = 1, cp_rank_ = 0;
+  CpAlgo cp_algo_ = CpAlgo::kRing;
+  std::vector<float> cp_buf_[kCpBuffers];
   Mesh mesh_;  // {tp}
   double comm_seconds_ = 0;
 };
@@ -164,7 +201,8 @@ struct OpInfo {
 };
 
 // Checks the rows of an input against the rule above: cut over dp first
-// (when dp > 1), then optionally over tp. Returns whether tp cuts them.
+// (when dp > 1), then cp (context parallelism), then optionally over tp.
+// Returns whether tp cuts them.
 Result<bool> RowsOverTp(const DimAxes& rows, int dp, const std::string& op,
                         const std::string& what);
 
@@ -210,22 +248,40 @@ class LayerNormOp {
 
 // Causal self-attention of qkv[N, 3C] (q | k | v) into y[N, C]. Strategy
 // ((rows, heads),): heads cut over an axis; rows cut only into whole
-// sequences.
+// sequences. Under context parallelism (cp > 1) the rows are this rank's
+// positions; rows cut over cp, ((dp, cp), heads), run ring attention; the
+// heads cut over cp, ((dp), (cp) or (tp, cp)), run Ulysses.
 class AttentionOp {
  public:
+  enum class Cp { kNone, kUlysses, kRing };
   static Result<AttentionOp> Create(std::string name, const OpStrategy& s, int heads, int64_t C,
-                                    int tp, int dp);
+                                    int tp, int dp, int cp = 1);
   const OpInfo& info() const { return info_; }
-  // The attention weights this rank keeps for backward: [B_local, heads_local, T, T].
+  Cp cp_mode() const { return cp_mode_; }
+  int cp() const { return cp_; }  // the cp ranks it was created for
+  // What this rank keeps for backward (T: its positions of a sequence):
+  // the attention weights [B_local, heads_local, T, T]; under Ulysses those
+  // of whole sequences of its heads and their gathered q|k|v; under ring
+  // attention the output and each row's log-sum-exp, nothing of T^2.
   int64_t AttSize(const OpContext& ctx, int64_t rows, int T) const;
-  Status Forward(const OpContext& ctx, const Act& qkv, int T, float* att, Act* y) const;
-  void Backward(const OpContext& ctx, const Act& qkv, const float* att, int T, const Act& dy,
-                Act* dqkv) const;
+  Status Forward(OpContext& ctx, const Act& qkv, int T, float* att, Act* y) const;
+  Status Backward(OpContext& ctx, const Act& qkv, const float* att, int T, const Act& dy,
+                  Act* dqkv) const;
 
  private:
+  Status UlyssesForward(OpContext& ctx, const Act& qkv, int T, float* att, Act* y) const;
+  Status UlyssesBackward(OpContext& ctx, const float* att, int T, const Act& dy, Act* dqkv) const;
+  Status RingForward(OpContext& ctx, const Act& qkv, int T, float* att, Act* y) const;
+  Status RingBackward(OpContext& ctx, const Act& qkv, const float* att, int T, const Act& dy,
+                      Act* dqkv) const;
+  // This rank's heads (after tp) and their columns.
+  int LocalHeads(const OpContext& ctx) const;
+
   OpInfo info_;
   int heads_ = 1;
   int64_t C_ = 0;
+  Cp cp_mode_ = Cp::kNone;
+  int cp_ = 1;
 };
 
 // GELU (tanh) and the residual add: element-wise, any placement.

@@ -1,6 +1,7 @@
 #include "runtime/train/data.h"
 
 #include <algorithm>
+#include <atomic>
 #include <bit>
 #include <charconv>
 #include <cstring>
@@ -44,6 +45,7 @@ class FileSource : public TokenSource {
   Status Read(int64_t begin, int64_t n, int32_t* out) const override {
     RETURN_IF_ERROR(CheckRange(*this, begin, n));
     const uint64_t offset = kTokenFileHeaderBytes + static_cast<uint64_t>(begin) * width_;
+    bytes_read_.fetch_add(n * width_, std::memory_order_relaxed);
     if (width_ == 4) {
       RETURN_IF_ERROR(file_->Read(offset, n * 4, out));
       for (int64_t i = 0; i < n; ++i) {
@@ -63,8 +65,10 @@ class FileSource : public TokenSource {
   std::string Describe() const override {
     return "token file '" + path_ + "' (" + (width_ == 2 ? "uint16" : "uint32") + ")";
   }
+  int64_t bytes_read() const override { return bytes_read_.load(std::memory_order_relaxed); }
 
  private:
+  mutable std::atomic<int64_t> bytes_read_{0};
   std::unique_ptr<RandomAccessFile> file_;
   std::string path_;
   int width_;
@@ -225,6 +229,44 @@ Status TokenLoader::NextBatchRows(int first, int rows, int32_t* inputs, int32_t*
     RETURN_IF_ERROR(source_->Read(window * T_, T_ + 1, window_.data()));
     std::copy(window_.begin(), window_.end() - 1, inputs + (b - first) * T_);
     std::copy(window_.begin() + 1, window_.end(), targets + (b - first) * T_);
+  }
+  return Status::Ok();
+}
+
+Status TokenLoader::NextBatchShare(int first, int rows,
+                                   const std::vector<std::pair<int64_t, int64_t>>& runs,
+                                   int32_t* inputs, int32_t* targets) {
+  if (first < 0 || rows < 0 || first + rows > B_) {
+    return InvalidArgumentError("rows [" + std::to_string(first) + ", " +
+                                std::to_string(first + rows) + ") are not inside a batch of " +
+                                std::to_string(B_));
+  }
+  int64_t width = 0;
+  for (const auto& [pos, n] : runs) {
+    if (pos < 0 || n < 0 || pos + n > T_) {
+      return InvalidArgumentError("positions [" + std::to_string(pos) + ", " +
+                                  std::to_string(pos + n) + ") are not inside a sequence of " +
+                                  std::to_string(T_));
+    }
+    width += n;
+  }
+  for (int b = 0; b < B_; ++b) {
+    if (position_.index >= windows_) {
+      ++position_.epoch;
+      position_.index = 0;
+      Shuffle();
+    }
+    const int64_t window = order_[position_.index++];
+    if (b < first || b >= first + rows) continue;  // another replica's row
+    int64_t at = (b - first) * width;
+    for (const auto& [pos, n] : runs) {
+      // Tokens pos .. pos + n of the window: n inputs, and their targets
+      // one token on.
+      RETURN_IF_ERROR(source_->Read(window * T_ + pos, n + 1, window_.data()));
+      std::copy(window_.begin(), window_.begin() + n, inputs + at);
+      std::copy(window_.begin() + 1, window_.begin() + n + 1, targets + at);
+      at += n;
+    }
   }
   return Status::Ok();
 }

@@ -17,6 +17,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/env.h"
@@ -38,6 +39,8 @@ class TokenSource {
   virtual Status Read(int64_t begin, int64_t n, int32_t* out) const = 0;
   // Where the tokens come from ("token file 'x.bin' (uint16)", ...).
   virtual std::string Describe() const = 0;
+  // Bytes Read has taken from the file (0 for tokens in memory).
+  virtual int64_t bytes_read() const { return 0; }
 };
 
 std::unique_ptr<TokenSource> MemoryTokens(std::vector<int32_t> tokens, std::string description);
@@ -73,9 +76,17 @@ class TokenLoader {
   // data-parallel replica reads its own rows. The position moves past the
   // whole batch, as on every other rank.
   Status NextBatchRows(int first, int rows, int32_t* inputs, int32_t* targets);
+  // Of those rows, only the positions `runs` lists ((first position,
+  // count) pairs, a context-parallel rank's: SequenceSplit::Runs), each
+  // row's runs one after another ([rows, sum of counts] each): a rank
+  // reads its own share of the token file and nothing else.
+  Status NextBatchShare(int first, int rows, const std::vector<std::pair<int64_t, int64_t>>& runs,
+                        int32_t* inputs, int32_t* targets);
   const DataPosition& position() const { return position_; }
   Status Restore(const DataPosition& position);
   int64_t windows() const { return windows_; }
+  // Bytes read from the token file so far (TokenSource::bytes_read).
+  int64_t bytes_read() const { return source_->bytes_read(); }
 
  private:
   void Shuffle();

@@ -116,7 +116,8 @@ Result<Job> Configure(const Options& o, Communicator& world) {
     ASSIGN_OR_RETURN(job.parallel, AutoParallel(o, world));
   }
   ParallelConfig& par = job.parallel;
-  if (par.dp == 0) par.dp = world.size() / (par.tp * par.pp);
+  if (par.dp == 0) par.dp = world.size() / (par.tp * par.pp * par.cp);
+  RETURN_IF_ERROR(CheckSequenceCut(par.cp_algo, o.seq, par.cp, "h.*.attn.attention"));
   ASSIGN_OR_RETURN(job.trainer, ParallelGpt::Create(o.config, par, world));
   if (o.batch % par.dp != 0) {
     return InvalidArgumentError("--batch " + std::to_string(o.batch) + " is not a multiple of dp " +
@@ -357,6 +358,17 @@ Status Step(const Options& o, Job& job, std::vector<int32_t>& inputs, std::vecto
     return Status::Ok();
   }
   const int rows = o.batch / job.parallel.dp;
+  if (o.dataset_strategy == "sequence") {
+    // Only this rank's positions of its rows, from the file.
+    RETURN_IF_ERROR(
+        CheckSequenceCut(job.parallel.cp_algo, o.seq, job.parallel.cp, "h.0.attn.attention"));
+    RETURN_IF_ERROR(job.loader->NextBatchShare(trainer.dp_rank() * rows, rows,
+                                               trainer.sequence_split(o.seq).Runs(), inputs.data(),
+                                               targets.data()));
+    ASSIGN_OR_RETURN(*loss, trainer.StepLocal(inputs.data(), targets.data(), o.batch, o.seq, o.adam,
+                                              o.max_norm, norm));
+    return Status::Ok();
+  }
   RETURN_IF_ERROR(
       job.loader->NextBatchRows(trainer.dp_rank() * rows, rows, inputs.data(), targets.data()));
   ASSIGN_OR_RETURN(*loss, trainer.StepRows(inputs.data(), targets.data(), o.batch, o.seq, o.adam,
@@ -418,6 +430,17 @@ Status Report(const Options& o, Job& job, Communicator& world, const Progress& p
           mib(figures[5]), usage.ru_maxrss / 1024.0,
           world.size() > 1 && !LaunchedByMpirun() ? "the process, every in-process rank"
                                                   : "rank 0's process");
+    }
+  }
+  // What each rank read of a token file (a text file is read whole into
+  // memory): its share under --dataset-strategy sequence.
+  if (const int64_t mine = job.loader->bytes_read(); step > 0 && world.size() > 1) {
+    std::vector<int64_t> all(world.size());
+    RETURN_IF_ERROR(world.AllGather(&mine, 1, all.data(), DType::kI64));
+    if (first && !o.quiet && all[0] > 0) {
+      std::string list;
+      for (int64_t b : all) list += (list.empty() ? "" : " ") + std::to_string(b);
+      std::printf("token file bytes read per rank: %s\n", list.c_str());
     }
   }
   if (p.timed_steps == 0 || !first) return Status::Ok();

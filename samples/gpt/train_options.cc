@@ -19,6 +19,7 @@ struct Flags {
   int threads = -1, ranks = 0, rank = -1, world_size = -1;
   double bucket_mib = 25;
   std::string op_strategy, recompute = "none", redundancy = "none", rank_memory;
+  std::string cp_algo = "ring";
   std::string hosts, fault_kill, fault_hang, backend = "auto", master;
 };
 
@@ -54,6 +55,15 @@ void AddParallelFlags(CLI::App* app, Options* o, Flags* f) {
                   "tensor-parallel ranks (Megatron: heads, MLP and vocabulary split; "
                   "a divisor of --heads)")
       ->check(CLI::PositiveNumber);
+  app->add_option("--cp", o->parallel.cp,
+                  "context-parallel ranks: every sequence cut over them, attention crossing "
+                  "them by --cp-algo (parameters replicated, gradients averaged over dp x cp)")
+      ->check(CLI::PositiveNumber);
+  app->add_option("--cp-algo", f->cp_algo,
+                  "attention under --cp: ring (keys and values passed round the cp ranks, an "
+                  "online softmax, the zigzag split; T a multiple of 2 cp) or ulysses (all-to-all "
+                  "to a cut by heads; heads a multiple of tp x cp)")
+      ->check(CLI::IsMember({"ring", "ulysses"}));
   app->add_option("--op-strategy", f->op_strategy,
                   "operator strategy file (JSON, \"format\": \"tessera.op_strategy\"; its mesh, "
                   "zero, micro_batches and stage_layers apply unless given here)");
@@ -62,8 +72,9 @@ void AddParallelFlags(CLI::App* app, Options* o, Flags* f) {
       "Megatron's sequence parallelism with --tp (layer norms and residuals cut by rows)");
   app->add_option("--dataset-strategy", o->dataset_strategy,
                   "data_parallel: each data-parallel replica reads only its rows of the batch; "
-                  "full_batch: every rank reads the whole batch and keeps its rows")
-      ->check(CLI::IsMember({"data_parallel", "full_batch"}));
+                  "full_batch: every rank reads the whole batch and keeps its rows; sequence: "
+                  "each rank reads only its rows and, under --cp, its positions of them")
+      ->check(CLI::IsMember({"data_parallel", "full_batch", "sequence"}));
   app->add_option("--recompute", f->recompute,
                   "activation recompute of every block: none, full (keep each block's input, "
                   "run it again in backward) or selective (the attention core only)")
@@ -182,8 +193,8 @@ Status CheckAutoParallel(const CLI::App& app, const Flags& f, Options* o) {
             ? "--auto-parallel propagate completes --op-strategy FILE: give one"
             : "--op-strategy fixes the strategy: use --auto-parallel propagate");
   }
-  for (const char* flag : {"--dp", "--tp", "--pp", "--zero", "--micro-batches", "--recompute",
-                           "--sequence-parallel"}) {
+  for (const char* flag : {"--dp", "--tp", "--pp", "--cp", "--cp-algo", "--zero", "--micro-batches",
+                           "--recompute", "--sequence-parallel"}) {
     if (app.count(flag) > 0) {
       return InvalidArgumentError(std::string("--auto-parallel chooses ") + (flag + 2) + ": drop " +
                                   flag);
@@ -204,6 +215,7 @@ Status ApplyStrategyFile(const CLI::App& app, const std::string& path, Options* 
        {std::tuple{"--pp", file.pp, &o->parallel.pp},
         {"--dp", file.dp, &o->parallel.dp},
         {"--tp", file.tp, &o->parallel.tp},
+        {"--cp", file.cp, &o->parallel.cp},
         {"--micro-batches", file.micro_batches, &o->parallel.micro_batches},
         {"--virtual-stages", file.virtual_stages, &o->parallel.virtual_stages},
         {"--micro-batch-interleave", file.micro_batch_interleave,
@@ -217,6 +229,14 @@ Status ApplyStrategyFile(const CLI::App& app, const std::string& path, Options* 
                                   std::to_string(*from) + " but " + flag + " is " +
                                   std::to_string(*to));
     }
+  }
+  if (file.cp_algo.has_value()) {
+    if (app.count("--cp-algo") > 0 && o->parallel.cp_algo != *file.cp_algo) {
+      return InvalidArgumentError(path + " sets cp_algo " + std::string(CpAlgoName(*file.cp_algo)) +
+                                  " but --cp-algo is " +
+                                  std::string(CpAlgoName(o->parallel.cp_algo)));
+    }
+    o->parallel.cp_algo = *file.cp_algo;
   }
   o->parallel.stage_layers = file.stage_layers;
   if (!file.dataset_strategy.empty()) {
@@ -273,6 +293,7 @@ Status CheckLaunch(const Flags& f, Options* o) {
 
 Status Resolve(const CLI::App& app, const Flags& f, Options* o) {
   o->parallel.recompute = *ParseRecompute(f.recompute);  // CLI11 checked it
+  o->parallel.cp_algo = *ParseCpAlgo(f.cp_algo);
   RETURN_IF_ERROR(CheckAutoParallel(app, f, o));
   if (o->seq <= 0) o->seq = o->config.context;
   if (o->seq > o->config.context) return InvalidArgumentError("--seq is longer than --context");

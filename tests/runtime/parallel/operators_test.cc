@@ -970,7 +970,7 @@ TEST_CASE("AttentionOp::Create: heads over tp, rows whole sequences", "[operator
 
   // Rows cut into pieces that are not whole sequences: refused when run,
   // naming the operator and the rank.
-  const OpContext ctx(2, 1);
+  OpContext ctx(2, 1);
   auto op = AttentionOp::Create("h.3.attn.attention", S({{kDpTp, kNo}}), 4, 8, 2, 2);
   REQUIRE(op.ok());
   std::vector<float> qkv(6 * 24), y(6 * 8), att(1000);
@@ -1396,7 +1396,7 @@ TEST_CASE("AttentionOp on tp ranks: by heads and by whole sequences", "[operator
     Act qa = ActOf(&q1, N, 3 * C, kRep), ya = ActOf(&y1, N, C, kRep), dya = ActOf(&dy1, N, C, kRep),
         dqa = ActOf(&dq1, N, 3 * C, kRep);
     REQUIRE(whole->Forward(one, qa, T, att1.data(), &ya).ok());
-    whole->Backward(one, qa, att1.data(), T, dya, &dqa);
+    REQUIRE(whole->Backward(one, qa, att1.data(), T, dya, &dqa).ok());
     for (int tp : {2, 4}) {
       INFO("tp " << tp);
       auto op = AttentionOp::Create("attn", s, H, C, tp, 1);
@@ -1416,7 +1416,7 @@ TEST_CASE("AttentionOp on tp ranks: by heads and by whole sequences", "[operator
         RETURN_IF_ERROR(op->Forward(ctx, qi, T, att.data(), &yo));
         ASSIGN_OR_RETURN(Act dyi, Place(ctx, &dyw, N, C, out, &dys));
         Act dqo{dq.data(), N, 3 * C, in};
-        op->Backward(ctx, qi, att.data(), T, dyi, &dqo);
+        RETURN_IF_ERROR(op->Backward(ctx, qi, att.data(), T, dyi, &dqo));
         outs[r].op_calls = rec.calls;
         outs[r].local = {y, dq};
         RETURN_IF_ERROR(KeepWhole(ctx, yo, &outs[r].whole));
