@@ -119,8 +119,8 @@ CLI::App* AddAutoParallelVerb(CLI::App& app, std::function<int()>* run) {
   cmd->add_flag("--describe", a->describe,
                 "print every operator's placements and the redistributions between them");
   cmd->add_option("--why", a->why,
-                  "compare with another configuration: pp=,dp=,tp=,zero=,micro_batches=,"
-                  "virtual_stages=,micro_batch_interleave=,recompute=,"
+                  "compare with another configuration: pp=,dp=,cp=,tp=,zero=,micro_batches=,"
+                  "virtual_stages=,micro_batch_interleave=,recompute=,cp_algo=ring|ulysses,"
                   "strategy=megatron|megatron_sp|data_parallel|FILE");
   cmd->add_option("--write-op-strategy", a->write_ops,
                   "write the plan as an operator strategy file");

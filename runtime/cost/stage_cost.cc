@@ -107,6 +107,7 @@ MemoryUse StageMemory(std::span<const StageWork> chunks, const ParamStats& ps,
     for (const StageWork& w : chunks) mem.communication += 4 * w.tp_sum_floats;
   }
   if (shape.zero == 1) mem.communication += 2 * 4 * ps.largest_bucket * shape.dp;
+  for (const StageWork& w : chunks) mem.communication += w.cp_buffer_bytes;
   if (PipelineSchedule::Receives(s, v)) {
     mem.communication += act_bytes * (1 + DxSendBuffers(m * v));
   }
@@ -157,6 +158,9 @@ StageCost CostOf(std::span<const StageWork> chunks, const ParamStats& ps, const 
     if (shape.copies > 1) {  // each copy's collective: its turn handed on and taken back
       for (int n : chunks[k].comm_count) tp_comm += n * prof.copy_turn_s;
     }
+    const double cp_comm = CpCommSeconds(chunks[k], prof, shape.cp, shape.tp);
+    tp_comm += cp_comm;
+    c.cp_comm += cp_comm;
     const int vs = k * pp + s;  // a transfer each way per neighbour virtual stage
     double pp_comm = 0;
     if (vs < pp * v - 1) pp_comm += transfer;

@@ -48,10 +48,13 @@ ParamStats StatsOfParts(const ParamParts& parts, int blocks, int dp, int zero,
 
 // The shape of a job's step: its mesh, ZeRO and micro-batches per replica.
 struct StepShape {
+  // dp: the ranks that average gradients (and shard ZeRO-1): dp x cp under
+  // context parallelism, whose cp ranks are the `cp` innermost of them.
   int pp = 1, dp = 1, tp = 1, zero = 0, micro_batches = 1;
   // Multi-copy: copies of each micro-batch taking turns, a copy's tp
   // collectives in flight while the next computes.
   int copies = 1;
+  int cp = 1;  // context-parallel ranks (their exchanges: CpCommSeconds)
 };
 
 // The optimizer's kernels' units a step: AdamW over the parameters a rank
@@ -69,6 +72,7 @@ struct StageCost {
   // collective's turn (MachineProfile::copy_turn_s).
   double micro = 0;
   double compute = 0, tp_comm = 0, pp_comm = 0;
+  double cp_comm = 0;  // context parallelism's exchanges not hidden (CpCommSeconds)
   // The same per chunk under virtual stages (empty for one chunk): its
   // compute, and its tp collectives + transfers, per micro-batch.
   std::vector<double> chunk_compute, chunk_comm;

@@ -30,6 +30,12 @@ void StageWork::AddTimes(const StageWork& o, int64_t n) {
   slot_bytes += o.slot_bytes * n;
   for (int i = 0; i < kSharedBuffers; ++i) shared[i] = std::max(shared[i], o.shared[i]);
   tp_sum_floats += o.tp_sum_floats * n;
+  for (int k = 0; k < kCollectiveKinds; ++k) {
+    cp_count[k] += o.cp_count[k] * static_cast<int>(n);
+    cp_bytes[k] += o.cp_bytes[k] * n;
+  }
+  for (int k = 0; k < kKernelCount; ++k) cp_hiding[k] += o.cp_hiding[k] * n;
+  cp_buffer_bytes = std::max(cp_buffer_bytes, o.cp_buffer_bytes);
 }
 
 void Grow(StageWork* w, int id, int64_t bytes) { w->shared[id] = std::max(w->shared[id], bytes); }
@@ -42,7 +48,10 @@ StageWork Since(const StageWork& now, const StageWork& before) {
   for (int k = 0; k < kCollectiveKinds; ++k) {
     d.comm_count[k] = now.comm_count[k] - before.comm_count[k];
     d.comm_bytes[k] = now.comm_bytes[k] - before.comm_bytes[k];
+    d.cp_count[k] = now.cp_count[k] - before.cp_count[k];
+    d.cp_bytes[k] = now.cp_bytes[k] - before.cp_bytes[k];
   }
+  for (int k = 0; k < kKernelCount; ++k) d.cp_hiding[k] = now.cp_hiding[k] - before.cp_hiding[k];
   return d;
 }
 
@@ -65,6 +74,24 @@ double GroupCommSeconds(const StageWork& w, const MachineProfile& p, int group) 
     }
   }
   return t;
+}
+
+double CpCommSeconds(const StageWork& w, const MachineProfile& p, int cp, int stride) {
+  if (cp <= 1) return 0;
+  const bool inter = p.CrossesHosts(stride, cp);
+  double blocking = 0, ring = 0;
+  for (int k = 0; k < kCollectiveKinds; ++k) {
+    const int n = w.cp_count[k];
+    if (n == 0) continue;
+    const double t =
+        n * p.CollectiveSeconds(static_cast<CollectiveKind>(k), w.cp_bytes[k] / n, cp, inter);
+    (static_cast<CollectiveKind>(k) == CollectiveKind::kSendRecv ? ring : blocking) += t;
+  }
+  double hiding = 0;
+  for (int k = 0; k < kKernelCount; ++k) {
+    if (w.cp_hiding[k] > 0) hiding += p.KernelSeconds(static_cast<Kernel>(k), w.cp_hiding[k]);
+  }
+  return blocking + std::max(0.0, ring - hiding);
 }
 
 }  // namespace tessera

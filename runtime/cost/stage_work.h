@@ -38,6 +38,15 @@ struct StageWork {
   // Parameter gradients summed over the tensor-parallel group once per
   // step (floats).
   int64_t tp_sum_floats = 0;
+  // Context parallelism (runtime/parallel/context_parallel.h): attention's
+  // exchanges over the cp group, by kind as above (Ulysses' all-to-alls,
+  // ring attention's sends of key/value blocks and their gradients), the
+  // kernel units computed while ring transfers are in flight (what hides
+  // them), and the exchanges' buffers (at their largest).
+  std::array<int, kCollectiveKinds> cp_count{};
+  std::array<double, kCollectiveKinds> cp_bytes{};
+  double cp_hiding[kKernelCount] = {};
+  int64_t cp_buffer_bytes = 0;
 
   int64_t shared_bytes() const;
   // One collective of `bytes`.
@@ -60,6 +69,10 @@ double ComputeSeconds(const StageWork& w, const MachineProfile& p);
 // Seconds of its collectives over a group of `group` ranks, neighbours in
 // the rank order (a mesh's innermost axis).
 double GroupCommSeconds(const StageWork& w, const MachineProfile& p, int group);
+// Seconds of its cp exchanges not hidden (over `cp` ranks `stride` apart:
+// the tp ranks between): Ulysses' all-to-alls whole, ring transfers less
+// the attention compute they overlap.
+double CpCommSeconds(const StageWork& w, const MachineProfile& p, int cp, int stride);
 
 }  // namespace tessera
 

@@ -17,11 +17,12 @@ struct Job {
   Mesh mesh;
   int micro_batches = 1;
   int64_t rows = 0;
+  int T = 0;  // positions of a sequence on a rank (T / cp)
 };
 
 Result<Job> PrepareJob(int B, int T, const ParallelConfig& parallel,
                        const MachineProfile& machine) {
-  const int world = parallel.dp * parallel.tp * parallel.pp;
+  const int world = parallel.dp * parallel.cp * parallel.tp * parallel.pp;
   RETURN_IF_ERROR(parallel.Validate(world));
   Job job;
   job.profile = machine.ForRanks(world);
@@ -40,13 +41,16 @@ Result<Job> PrepareJob(int B, int T, const ParallelConfig& parallel,
   }
   ASSIGN_OR_RETURN(job.mesh, parallel.MakeMesh());
   job.par = parallel;
-  if (job.par.op_strategy == nullptr && job.par.tp == 1) {
+  if (job.par.op_strategy == nullptr && job.par.tp == 1 && job.par.cp == 1) {
     auto file = std::make_shared<OpStrategyFile>();
     file->source = "<data parallel>";
     job.par.op_strategy = file;
   }
+  RETURN_IF_ERROR(CheckSequenceCut(parallel.cp_algo, T, parallel.cp, "h.*.attn.attention"));
   job.micro_batches = m;
-  job.rows = static_cast<int64_t>(B) / parallel.dp / m * T;
+  // A rank's rows: its T / cp positions of each sequence.
+  job.rows = static_cast<int64_t>(B) / parallel.dp / m * T / parallel.cp;
+  job.T = T / parallel.cp;
   return job;
 }
 
@@ -67,7 +71,9 @@ ParamParts GptParamParts(const std::vector<ParamInfo>& params, bool fold_blocks)
 }
 
 StepShape ShapeOf(const ParallelConfig& par, int micro_batches) {
-  return {par.pp, par.dp, par.tp, par.zero, micro_batches, par.micro_batch_interleave};
+  // Gradients average (and ZeRO-1 shards) over dp x cp.
+  return {par.pp, par.dp * par.cp, par.tp, par.zero, micro_batches, par.micro_batch_interleave,
+          par.cp};
 }
 
 Result<StepPrediction> PredictGptStep(const GptConfig& config, int B, int T,
@@ -96,14 +102,14 @@ Result<StepPrediction> PredictGptStep(const GptConfig& config, int B, int T,
       gs.tp_dims = std::make_shared<const std::map<std::string, int>>(graph.param_splits);
       const int n = par.micro_batch_interleave;
       const StageWork& w =
-          chunks.emplace_back(n == 1 ? EstimateStage(graph, job.rows, T)
-                                     : CopiesWork(EstimateStage(graph, job.rows / n, T), n,
+          chunks.emplace_back(n == 1 ? EstimateStage(graph, job.rows, job.T)
+                                     : CopiesWork(EstimateStage(graph, job.rows / n, job.T), n,
                                                   act_bytes, graph.stage.first, graph.stage.last));
       for (int k = 0; k < kKernelCount; ++k) units[k] += w.kernel[k] * job.micro_batches;
     }
     ASSIGN_OR_RETURN(std::vector<ParamInfo> params, Gpt::Params(config, gs));
     const ParamStats ps =
-        StatsOfParts(GptParamParts(params, false), 0, par.dp, par.zero, par.bucket_bytes);
+        StatsOfParts(GptParamParts(params, false), 0, par.dp * par.cp, par.zero, par.bucket_bytes);
     const OptimizerUnits optimizer = OptimizerUnitsOf(ps, par.zero);
     units[static_cast<int>(Kernel::kAdamW)] = optimizer.adamw;
     units[static_cast<int>(Kernel::kSquaredNorm)] = optimizer.norm;
@@ -118,7 +124,7 @@ Result<StepPrediction> PredictGptStep(const GptConfig& config, int B, int T,
                                  PipelineSchedule(par.pp, s, job.micro_batches).slots()));
     }
   }
-  StepPrediction out = PriceStep(stages, job.micro_batches, job.profile, par.dp * par.tp);
+  StepPrediction out = PriceStep(stages, job.micro_batches, job.profile, par.dp * par.cp * par.tp);
   out.stage_kernel_units = std::move(kernel_units);
   return out;
 }
@@ -134,7 +140,7 @@ Result<std::vector<std::vector<OpCost>>> BreakdownGptStep(const GptConfig& confi
     const GptStage gs = ParallelGpt::ChunkOf(config, par, s, 0);
     ASSIGN_OR_RETURN(const GptGraph graph, ParallelGpt::StageGraph(config, par, job.mesh, gs));
     std::vector<OpCost> stage;
-    for (const auto& [name, w] : EstimateOps(graph, job.rows, T)) {
+    for (const auto& [name, w] : EstimateOps(graph, job.rows, job.T)) {
       stage.push_back(
           {name, ComputeSeconds(w, job.profile), GroupCommSeconds(w, job.profile, par.tp)});
     }

@@ -181,6 +181,7 @@ class HalfEstimator {
   // The attention core: what selective recompute runs again, with the
   // conversion of its output for c_proj.
   void AttentionCore() {
+    if (h_.attn->cp_mode() != AttentionOp::Cp::kNone) return ContextAttentionCore();
     StageWork core;
     const Placement qkv = e_[kMiddle].to;
     const int64_t seqs = z_.Rows(qkv, N_) / T_;
@@ -195,6 +196,69 @@ class HalfEstimator {
       core.slot_bytes += att + y;
     } else {
       Grow(&core, kScratchAtt, att);
+      Grow(&core, kScratchY, y);
+    }
+    z_.Forward(e_[kSecond], N_, &core);
+    bw().kernel[K(Kernel::kAttentionBackwardScores)] += scores;
+    bw().kernel[K(Kernel::kAttentionBackwardProducts)] += 4.0 * scores * hs;
+    fw().Add(core);
+    if (rc_ == Recompute::kSelective) {
+      core.slot_bytes = 0;
+      bw().Add(core);
+    }
+  }
+  // Under context parallelism (AttentionOp::RingForward, UlyssesForward):
+  // the scores each rank computes, what it keeps, its exchanges over cp
+  // and their buffers (OpContext::CpBuffer, by index).
+  void ContextAttentionCore() {
+    StageWork core;
+    const Placement qkv = e_[kMiddle].to;
+    const int64_t n = z_.Rows(qkv, N_), seqs = n / T_, cp = h_.attn->cp();
+    const int64_t heads = qkv.split == 1 && z_.tp > 1 ? config_.heads / z_.tp : config_.heads;
+    const int64_t hs = C_ / config_.heads, cl = heads * hs, Tw = T_ * cp;
+    const int64_t y = z_.Local(h_.attn->info().output, N_, C_);
+    constexpr int kA2a = static_cast<int>(CollectiveKind::kAllToAll);
+    constexpr int kP2p = static_cast<int>(CollectiveKind::kSendRecv);
+    auto exchange = [](StageWork* w, int kind, int64_t count, double floats) {
+      w->cp_count[kind] += static_cast<int>(count);
+      w->cp_bytes[kind] += floats * 4 * count;
+    };
+    double scores = 0;
+    int64_t keep = 0;
+    if (h_.attn->cp_mode() == AttentionOp::Cp::kUlysses) {
+      // Whole sequences of heads / cp: their weights and gathered q|k|v;
+      // q|k|v in and y out, dy in and dq|dk|dv out.
+      const int64_t hc = heads / cp;
+      scores = static_cast<double>(seqs) * hc * kernels::AttentionScores(static_cast<int>(Tw));
+      keep = (seqs * hc * Tw * Tw + seqs * Tw * 3 * (cl / cp)) * 4;
+      exchange(&core, kA2a, 1, static_cast<double>(n) * 3 * cl);
+      exchange(&core, kA2a, 1, static_cast<double>(n) * cl);
+      exchange(&bw(), kA2a, 1, static_cast<double>(n) * cl);
+      exchange(&bw(), kA2a, 1, static_cast<double>(n) * 3 * cl);
+      core.cp_buffer_bytes = (3 + 3 + 1 + 3) * n * cl * 4;
+    } else {
+      // The zigzag: per sequence and head two diagonal blocks and 2 cp - 1
+      // whole ones of c = T / 2 positions; the output and a log-sum-exp
+      // per row and head kept. Forward sends its key/value block on in
+      // cp - 1 steps, each under a step's compute; backward the blocks
+      // again and cp gradient blocks, every step's compute under one.
+      const double c = T_ / 2;
+      scores = static_cast<double>(seqs) * heads * (c * (c + 1) + (2.0 * cp - 1) * c * c);
+      keep = (n * cl + n * heads) * 4;
+      exchange(&core, kP2p, cp - 1, static_cast<double>(n) * 2 * cl);
+      exchange(&bw(), kP2p, 2 * cp - 1, static_cast<double>(n) * 2 * cl);
+      core.cp_hiding[K(Kernel::kAttentionForwardScores)] += scores * (cp - 1) / cp;
+      core.cp_hiding[K(Kernel::kAttentionForwardProducts)] += 2.0 * scores * hs * (cp - 1) / cp;
+      bw().cp_hiding[K(Kernel::kAttentionBackwardScores)] += scores;
+      bw().cp_hiding[K(Kernel::kAttentionBackwardProducts)] += 4.0 * scores * hs;
+      core.cp_buffer_bytes = (10 * n * cl + 3 * n * heads) * 4;
+    }
+    core.kernel[K(Kernel::kAttentionForwardScores)] += scores;
+    core.kernel[K(Kernel::kAttentionForwardProducts)] += 2.0 * scores * hs;
+    if (rc_ == Recompute::kNone) {
+      core.slot_bytes += keep + y;
+    } else {
+      Grow(&core, kScratchAtt, keep);
       Grow(&core, kScratchY, y);
     }
     z_.Forward(e_[kSecond], N_, &core);

@@ -83,8 +83,8 @@ Result<std::string> DescribePlan(const GptConfig& config, int B, int T, const Pa
   return out;
 }
 
-// "pp=2,dp=2,tp=2,zero=1,micro_batches=4,virtual_stages=2,
-// micro_batch_interleave=2,recompute=selective,
+// "pp=2,dp=2,cp=2,tp=2,zero=1,micro_batches=4,virtual_stages=2,
+// micro_batch_interleave=2,recompute=selective,cp_algo=ring,
 // strategy=megatron|megatron_sp|data_parallel|FILE": a configuration to
 // compare with the search's.
 namespace {
@@ -96,6 +96,7 @@ Status SetKey(const std::string& key, const std::string& value, ParallelConfig* 
   int* number = key == "pp"                       ? &p->pp
                 : key == "dp"                     ? &p->dp
                 : key == "tp"                     ? &p->tp
+                : key == "cp"                     ? &p->cp
                 : key == "zero"                   ? &p->zero
                 : key == "micro_batches"          ? &p->micro_batches
                 : key == "virtual_stages"         ? &p->virtual_stages
@@ -109,12 +110,14 @@ Status SetKey(const std::string& key, const std::string& value, ParallelConfig* 
     }
   } else if (key == "recompute") {
     ASSIGN_OR_RETURN(p->recompute, ParseRecompute(value));
+  } else if (key == "cp_algo") {
+    ASSIGN_OR_RETURN(p->cp_algo, ParseCpAlgo(value));
   } else if (key == "strategy") {
     *strategy = value;
   } else {
     return InvalidArgumentError("--why: unknown key '" + key +
-                                "' (pp, dp, tp, zero, micro_batches, virtual_stages, "
-                                "micro_batch_interleave, recompute, strategy)");
+                                "' (pp, dp, cp, tp, zero, micro_batches, virtual_stages, "
+                                "micro_batch_interleave, recompute, cp_algo, strategy)");
   }
   return Status::Ok();
 }

@@ -107,6 +107,19 @@ std::vector<Case> Cases() {
   add("dp2 tp2 megatron, 2 copies", 1, 2, 2, 0, 0, false, "none", nullptr, 2);
   add("pp2 tp2 megatron-sp selective, 2 copies, 2 micro-batches", 2, 1, 2, 0, 2, true, "selective",
       nullptr, 2);
+  // Context parallelism: ring attention and Ulysses.
+  auto add_cp = [&](const char* name, int pp, int dp, int cp, int tp, int zero, CpAlgo algo,
+                    const char* recompute) {
+    add(name, pp, dp, tp, zero, 0, false, recompute);
+    cases.back().par.cp = cp;
+    cases.back().par.cp_algo = algo;
+  };
+  add_cp("cp4 ring", 1, 1, 4, 1, 0, CpAlgo::kRing, "none");
+  add_cp("cp2 tp2 ulysses", 1, 1, 2, 2, 0, CpAlgo::kUlysses, "none");
+  add_cp("cp4 ulysses", 1, 1, 4, 1, 0, CpAlgo::kUlysses, "none");
+  add_cp("cp2 tp2 ring", 1, 1, 2, 2, 0, CpAlgo::kRing, "none");
+  add_cp("dp2 cp2 zero1 ring, selective", 1, 2, 2, 1, 1, CpAlgo::kRing, "selective");
+  add_cp("pp2 cp2 ulysses, full recompute", 2, 1, 2, 1, 0, CpAlgo::kUlysses, "full");
   return cases;
 }
 
@@ -121,7 +134,7 @@ TEST_CASE("predicted per-rank memory and kernel work match the runtime's") {
     const std::vector<RankRun> runs = Measured(c.par, 4);
     for (int r = 0; r < 4; ++r) {
       if (r % c.par.tp != 0) continue;  // tp rank 0: the predicted shard
-      const int stage = r / (c.par.dp * c.par.tp);
+      const int stage = r / (c.par.dp * c.par.cp * c.par.tp);
       const MemoryUse& want = pred->stage_memory[stage];
       const MemoryUse& got = runs[r].memory;
       INFO("rank " << r << " stage " << stage);
