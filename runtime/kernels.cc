@@ -396,16 +396,16 @@ void BlockScores(float* s, const float* q, int64_t ldq, const float* k, int64_t 
   }
 }
 
-double BlockScoreCount(int Tq, int Tk, bool causal) {
-  return causal ? static_cast<double>(Tq) * (Tq + 1) / 2 : static_cast<double>(Tq) * Tk;
-}
+// The scores a block computes: all Tq x Tk (the products run whole; a
+// causal block masks after them).
+double BlockScoreCount(int Tq, int Tk) { return static_cast<double>(Tq) * Tk; }
 }  // namespace
 
 void AttentionBlockForward(SeqRows<float> o, float* m, float* l, SeqRows<const float> q,
                            SeqRows<const float> k, SeqRows<const float> v, int B, int Tq, int Tk,
                            int hs, int NH, bool causal) {
   if (tally.on) {
-    const double scores = BlockScoreCount(Tq, Tk, causal) * B * NH;
+    const double scores = BlockScoreCount(Tq, Tk) * B * NH;
     Count(Kernel::kAttentionForwardScores, scores);
     Count(Kernel::kAttentionForwardProducts, 2.0 * scores * hs);
   }
@@ -471,7 +471,7 @@ void AttentionBlockBackward(SeqRows<float> dq, SeqRows<float> dk, SeqRows<float>
                             SeqRows<const float> k, SeqRows<const float> v, const float* lse,
                             const float* D, int B, int Tq, int Tk, int hs, int NH, bool causal) {
   if (tally.on) {
-    const double scores = BlockScoreCount(Tq, Tk, causal) * B * NH;
+    const double scores = BlockScoreCount(Tq, Tk) * B * NH;
     Count(Kernel::kAttentionBackwardScores, scores);
     Count(Kernel::kAttentionBackwardProducts, 4.0 * scores * hs);
   }

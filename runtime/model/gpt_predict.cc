@@ -141,8 +141,9 @@ Result<std::vector<std::vector<OpCost>>> BreakdownGptStep(const GptConfig& confi
     ASSIGN_OR_RETURN(const GptGraph graph, ParallelGpt::StageGraph(config, par, job.mesh, gs));
     std::vector<OpCost> stage;
     for (const auto& [name, w] : EstimateOps(graph, job.rows, job.T)) {
-      stage.push_back(
-          {name, ComputeSeconds(w, job.profile), GroupCommSeconds(w, job.profile, par.tp)});
+      stage.push_back({name, ComputeSeconds(w, job.profile),
+                       GroupCommSeconds(w, job.profile, par.tp) +
+                           CpCommSeconds(w, job.profile, par.cp, par.tp)});
     }
     out.push_back(std::move(stage));
   }

@@ -24,6 +24,17 @@ constexpr double kInfinity = std::numeric_limits<double>::infinity();
 
 struct MeshShape {
   int pp = 1, dp = 1, tp = 1;
+  // Context parallelism: cp ranks per replica and how attention crosses
+  // them (runtime/parallel/context_parallel.h).
+  int cp = 1;
+  CpAlgo algo = CpAlgo::kRing;
+  // The ranks that average gradients and shard ZeRO-1.
+  int data() const { return dp * cp; }
+  // The mesh a plan's strategies are resolved on.
+  Result<Mesh> ToMesh() const {
+    return cp > 1 ? Mesh::Create({"pp", "dp", "cp", "tp"}, {pp, dp, cp, tp})
+                  : Mesh::Create({"pp", "dp", "tp"}, {pp, dp, tp});
+  }
 };
 
 struct SearchContext {
@@ -81,18 +92,58 @@ std::vector<int> Divisors(int n) {
   return d;
 }
 
-// Every pp x dp x tp of the devices the file allows: pp at most the
-// layers, dp dividing the batch.
+// Context-parallel sizes the search tries: powers of two up to this,
+// each leaving at least kCpLeastPositions positions of a sequence a rank.
+// Below that the model's per-score costs (calibrated on the unsplit
+// kernel's 64-row blocks against whole sequences) flatter ring attention's
+// small blocks: on this VM, T = 256 over cp 4 ran 1.56x slower than dp 4
+// where the model said 5% faster; at T = 4096, cp 4 ring ran fastest of
+// cp, tp and one rank, as predicted. `--why cp=` prices any.
+// And cp takes ranks that data parallelism could take only for long
+// sequences (at least kCpLongSequence): below that, cp is tried only where
+// the batch cannot be cut over dp x cp (cp is data parallelism for every
+// operator but attention, and trying it everywhere took the exact search
+// on GPT-3 / 1,024 devices from 10.5 s to 46 s).
+constexpr int kSearchedCp = 16;
+constexpr int kCpLeastPositions = 512;
+constexpr int kCpLongSequence = 8192;
+
+// Whether the search tries cp ranks with `algo` (the file, if any, allowing
+// them): T cuts into the algorithm's chunks, Ulysses' heads cut over tp x cp.
+bool TriesCp(const SearchContext& ctx, int cp, CpAlgo algo, int tp) {
+  const OpStrategyFile* f = ctx.fixed;
+  // A propagate file's operators cut no sequence unless its mesh has cp.
+  if (f != nullptr && !f->cp) return cp == 1 && algo == CpAlgo::kRing;
+  if (!ctx.Allowed(f ? f->cp : std::nullopt, cp)) return false;
+  if (cp == 1) return algo == CpAlgo::kRing;  // one entry for no cp
+  if (f != nullptr && f->cp_algo && *f->cp_algo != algo) return false;
+  const bool searched = f != nullptr || ((cp & (cp - 1)) == 0 && cp <= kSearchedCp &&
+                                         ctx.T / cp >= kCpLeastPositions);
+  return searched && CheckSequenceCut(algo, ctx.T, cp, "").ok() &&
+         (algo == CpAlgo::kRing || ctx.config.heads % (tp * cp) == 0);
+}
+
+// Every pp x dp x cp x tp of the devices the file allows: pp at most the
+// layers, dp dividing the batch, cp as TriesCp says (each with each
+// algorithm).
 std::vector<MeshShape> MeshShapes(const SearchContext& ctx) {
   const OpStrategyFile* f = ctx.fixed;
   std::vector<MeshShape> out;
   for (int pp : Divisors(ctx.devices)) {
     if (pp > ctx.config.layers || !ctx.Allowed(f ? f->pp : std::nullopt, pp)) continue;
-    for (int tp : Divisors(ctx.devices / pp)) {
-      const int dp = ctx.devices / pp / tp;
-      if (ctx.B % dp == 0 && ctx.Allowed(f ? f->dp : std::nullopt, dp) &&
-          ctx.Allowed(f ? f->tp : std::nullopt, tp)) {
-        out.push_back({pp, dp, tp});
+    for (int cp : Divisors(ctx.devices / pp)) {
+      for (int tp : Divisors(ctx.devices / pp / cp)) {
+        const int dp = ctx.devices / pp / cp / tp;
+        if (ctx.B % dp != 0 || !ctx.Allowed(f ? f->dp : std::nullopt, dp) ||
+            !ctx.Allowed(f ? f->tp : std::nullopt, tp)) {
+          continue;
+        }
+        if (cp > 1 && ctx.fixed == nullptr && ctx.T < kCpLongSequence && ctx.B % (dp * cp) == 0) {
+          continue;  // dp x cp ranks of data parallelism instead
+        }
+        for (CpAlgo algo : {CpAlgo::kRing, CpAlgo::kUlysses}) {
+          if (TriesCp(ctx, cp, algo, tp)) out.push_back({pp, dp, tp, cp, algo});
+        }
       }
     }
   }
@@ -120,21 +171,28 @@ struct MeshOps {
 // The candidates of operator `op` (named as block 0's) on `mesh`; in
 // propagate the user's strategy is the only one, and an error when the
 // operator refuses it (the first such error is kept in `status`).
-std::vector<AnyOp> CandidatesOn(const SearchContext& ctx, GptOp op, int dp, int tp,
+std::vector<AnyOp> CandidatesOn(const SearchContext& ctx, GptOp op, const MeshShape& shape,
                                 const std::map<std::string, OpStrategy>* fixed, Status* status) {
   GptConfig one = ctx.config;  // blocks fold: block 0 says it all
   one.layers = 1;
+  const int dp = shape.dp, tp = shape.tp, cp = shape.cp;
   const std::string name = OpName(op, 0);
   const OpSignature sig = SignatureOf(op, one, 0);
-  const Mesh mesh = *Mesh::Create({"pp", "dp", "tp"}, {1, dp, tp});
+  MeshShape flat = shape;
+  flat.pp = 1;
+  const Mesh mesh = *flat.ToMesh();
   std::vector<OpStrategy> cands = Candidates(op);
   if (tp == 1) cands.resize(1);
+  if (cp > 1) {  // every candidate with its rows cut over cp as the algorithm needs
+    for (OpStrategy& st : cands) st.inputs = WithCp(op, std::move(st.inputs), shape.algo);
+  }
   const bool user = fixed != nullptr && fixed->count(name) > 0;
   if (user) cands = {fixed->at(name)};
   std::vector<AnyOp> out;
   for (const OpStrategy& st : cands) {
     Status fits = CheckOpStrategy(sig, st, mesh, "auto-parallel");
-    Result<AnyOp> created = fits.ok() ? CreateOp(op, name, st, one, tp, dp) : fits;
+    if (fits.ok() && cp > 1) fits = CheckCpRows(op, name, st, shape.algo);
+    Result<AnyOp> created = fits.ok() ? CreateOp(op, name, st, one, tp, dp, cp) : fits;
     if (created.ok()) {
       out.push_back(std::move(*created));
     } else if (user && status->ok()) {
@@ -144,12 +202,12 @@ std::vector<AnyOp> CandidatesOn(const SearchContext& ctx, GptOp op, int dp, int 
   return out;
 }
 
-Result<MeshOps> MakeMeshOps(const SearchContext& ctx, int dp, int tp,
+Result<MeshOps> MakeMeshOps(const SearchContext& ctx, const MeshShape& shape,
                             const std::map<std::string, OpStrategy>* fixed) {
   MeshOps m;
   Status status = Status::Ok();
   for (const GptOpSpec& spec : GptOpSpecs()) {
-    m.of[Index(spec.op)] = CandidatesOn(ctx, spec.op, dp, tp, fixed, &status);
+    m.of[Index(spec.op)] = CandidatesOn(ctx, spec.op, shape, fixed, &status);
   }
   RETURN_IF_ERROR(status);
   return m;
@@ -209,12 +267,15 @@ std::string CodeOf(const MeshOps& o, const Pick& p, int tp) {
 }
 
 // "pp=2,dp=1,tp=2 micro_batches=8 zero=0 recompute=none" (and
-// " virtual_stages=2" after micro_batches when interleaved).
+// " virtual_stages=2" after micro_batches when interleaved; ",cp=4"
+// before tp and " cp_algo=ring" at the end under context parallelism).
 std::string PlanName(const MeshShape& mesh, int m, int v, int zero, Recompute rc) {
   return "pp=" + std::to_string(mesh.pp) + ",dp=" + std::to_string(mesh.dp) +
-         ",tp=" + std::to_string(mesh.tp) + " micro_batches=" + std::to_string(m) +
+         (mesh.cp > 1 ? ",cp=" + std::to_string(mesh.cp) : "") + ",tp=" + std::to_string(mesh.tp) +
+         " micro_batches=" + std::to_string(m) +
          (v > 1 ? " virtual_stages=" + std::to_string(v) : "") + " zero=" + std::to_string(zero) +
-         " recompute=" + std::string(RecomputeName(rc));
+         " recompute=" + std::string(RecomputeName(rc)) +
+         (mesh.cp > 1 ? " cp_algo=" + std::string(CpAlgoName(mesh.algo)) : "");
 }
 
 // ---- Blocks: their halves, memoized, and the blocks worth trying.
@@ -232,8 +293,8 @@ class BlockHalves {
   };
 
   BlockHalves(const GptConfig& config, const MeshOps& ops, int tp, int64_t N, int T, Recompute rc,
-              const MachineProfile& profile)
-      : config_(config), ops_(ops), tp_(tp), N_(N), T_(T), rc_(rc), profile_(profile) {
+              const MachineProfile& profile, int cp = 1)
+      : config_(config), ops_(ops), tp_(tp), cp_(cp), N_(N), T_(T), rc_(rc), profile_(profile) {
     AddPlacement(Placement{-1});
     for (GptOp op : {GptOp::kAdd1, GptOp::kAdd2, GptOp::kEmbedding}) {
       for (size_t i = 0; i < ops.size(op); ++i) AddPlacement(ops.info(op, i).output);
@@ -326,8 +387,10 @@ class BlockHalves {
   }
   Sum Summarize(const HalfWork& h) const {
     Sum s;
-    s.fw = ComputeSeconds(h.forward, profile_) + GroupCommSeconds(h.forward, profile_, tp_);
-    s.bw = ComputeSeconds(h.backward, profile_) + GroupCommSeconds(h.backward, profile_, tp_);
+    s.fw = ComputeSeconds(h.forward, profile_) + GroupCommSeconds(h.forward, profile_, tp_) +
+           CpCommSeconds(h.forward, profile_, cp_, tp_);
+    s.bw = ComputeSeconds(h.backward, profile_) + GroupCommSeconds(h.backward, profile_, tp_) +
+           CpCommSeconds(h.backward, profile_, cp_, tp_);
     s.slot = h.forward.slot_bytes;
     s.tp_sum = h.forward.tp_sum_floats + h.backward.tp_sum_floats;
     for (int i = 0; i < kSharedBuffers; ++i) {
@@ -348,7 +411,7 @@ class BlockHalves {
 
   const GptConfig& config_;
   const MeshOps& ops_;
-  const int tp_;
+  const int tp_, cp_;
   const int64_t N_;
   const int T_;
   const Recompute rc_;
@@ -655,7 +718,7 @@ class ParamMemo {
                           int zero, int64_t bucket_bytes) {
     const bool first = s == 0, last = s == mesh.pp - 1;
     const int sig = Signature(ops, p);
-    const auto key = std::tuple(mesh.tp, sig, first, last, n, mesh.dp, zero);
+    const auto key = std::tuple(mesh.tp, sig, first, last, n, mesh.data(), zero);
     auto it = stats_.find(key);
     if (it != stats_.end()) return &it->second;
     const auto pkey = std::tuple(mesh.tp, sig, first, last);
@@ -669,7 +732,7 @@ class ParamMemo {
       if (!params.ok()) return nullptr;
       parts = parts_.emplace(pkey, GptParamParts(*params, true)).first;
     }
-    return &stats_.emplace(key, StatsOfParts(parts->second, n, mesh.dp, zero, bucket_bytes))
+    return &stats_.emplace(key, StatsOfParts(parts->second, n, mesh.data(), zero, bucket_bytes))
                 .first->second;
   }
 
@@ -800,6 +863,10 @@ ParallelConfig PlanOf(const SearchContext& ctx, const MeshOps& ops, const Pick& 
   file->pp = b.mesh.pp;
   file->dp = b.mesh.dp;
   file->tp = b.mesh.tp;
+  if (b.mesh.cp > 1) {
+    file->cp = b.mesh.cp;
+    file->cp_algo = b.mesh.algo;
+  }
   file->zero = zero;
   file->micro_batches = b.m;
   if (b.v > 1) file->virtual_stages = b.v;
@@ -816,6 +883,8 @@ ParallelConfig PlanOf(const SearchContext& ctx, const MeshOps& ops, const Pick& 
   par.pp = b.mesh.pp;
   par.dp = b.mesh.dp;
   par.tp = b.mesh.tp;
+  par.cp = b.mesh.cp;
+  par.cp_algo = b.mesh.algo;
   par.zero = zero;
   par.micro_batches = b.m;
   par.virtual_stages = b.v;
@@ -862,7 +931,7 @@ std::vector<StageCost> StagesOf(Costing& c, const Pick& p, const StageKinds& kin
     }
     const ParamStats* ps = c.params.Stats(c.ops, p, mesh, s, n, zero, c.ctx.options.bucket_bytes);
     if (ps == nullptr) return {};
-    const StepShape shape{mesh.pp, mesh.dp, mesh.tp, zero, c.b.m};
+    const StepShape shape{mesh.pp, mesh.data(), mesh.tp, zero, c.b.m, 1, mesh.cp};
     stages.push_back(CostOf(std::span<const StageWork>(chunks.data(), v), *ps, shape, s,
                             c.b.N * c.ctx.config.embed * 4, c.ctx.profile));
   }
@@ -896,12 +965,12 @@ void CostPick(Costing& c, const Pick& p) {
   const StageKinds kinds = KindsOf(c.ops, p, c.halves, c.ends);
   if (c.b.v > 1 && c.board.found() && ChunkedComputeBound(c, kinds) > c.board.cutoff()) return;
   const std::vector<int> layers = LayersOf(c.ctx.config, mesh.pp, c.b.v, kinds, c.ends);
-  for (int zero : mesh.dp > 1 ? std::vector{0, 1} : std::vector{0}) {
+  for (int zero : mesh.data() > 1 ? std::vector{0, 1} : std::vector{0}) {
     if (!c.ctx.Allowed(c.ctx.fixed ? c.ctx.fixed->zero : std::nullopt, zero)) continue;
     const std::vector<StageCost> stages = StagesOf(c, p, kinds, layers, zero);
     if (stages.empty()) continue;
     const StepPrediction pred =
-        PriceStep(stages, c.b.m, c.ctx.profile, mesh.dp * mesh.tp, c.board.cutoff());
+        PriceStep(stages, c.b.m, c.ctx.profile, mesh.data() * mesh.tp, c.board.cutoff());
     c.board.Costed();
     const std::string name = PlanName(mesh, c.b.m, c.b.v, zero, c.b.rc);
     if (pred.memory.total() > c.ctx.budget) {
@@ -962,7 +1031,8 @@ std::vector<BlockPoint> BlockPoints(Costing& c, const std::vector<Pick>& templat
 void SearchBlocks(const SearchContext& ctx, const MeshOps& ops, const std::vector<Pick>& templates,
                   BlockSetting b, const std::vector<int>& chunks, ParamMemo& params,
                   Leaderboard& board) {
-  BlockHalves halves(ctx.config, ops, b.mesh.tp, b.N, ctx.T, b.rc, ctx.profile);
+  BlockHalves halves(ctx.config, ops, b.mesh.tp, b.N, ctx.T / b.mesh.cp, b.rc, ctx.profile,
+                     b.mesh.cp);
   StageEnds ends(ctx.config, ops, b.mesh.tp, b.N, ctx.profile);
   b.v = chunks.back();  // the most chunks: the weakest bound
   Costing front{ctx, ops, b, halves, ends, params, board};
@@ -1010,12 +1080,19 @@ Result<std::optional<std::map<std::string, OpStrategy>>> UserOps(const SearchCon
 // The templates fast chooses among, as picks: data parallelism, or
 // Megatron and Megatron-SP on tp.
 std::vector<Pick> FastTemplates(const SearchContext& ctx, const Mesh& mesh, const MeshOps& ops,
-                                int tp) {
+                                const MeshShape& shape) {
   GptConfig one = ctx.config;  // blocks fold: block 0 says it all
   one.layers = 1;
+  const int tp = shape.tp;
   std::vector<Pick> templates;
+  if (tp == 1 && shape.cp > 1) {  // data parallelism over dp x cp: the one candidate of each
+    Pick p;
+    for (const GptOpSpec& spec : GptOpSpecs()) p[spec.op] = 0;
+    return {p};
+  }
   for (int t = 0; t < (tp == 1 ? 1 : 2); ++t) {
-    const OpStrategyFile f = tp == 1 ? OpStrategyFile{} : GptGraph::Megatron(t == 1);
+    const OpStrategyFile f =
+        tp == 1 ? OpStrategyFile{} : GptGraph::Megatron(t == 1, shape.cp, shape.algo);
     auto r = ResolveOpStrategies(f, GptGraph::Signatures(one), mesh);
     if (!r.ok()) continue;
     Pick p;
@@ -1055,10 +1132,10 @@ std::vector<int> VirtualStagesFor(const SearchContext& ctx, int pp, int m) {
 Status SearchMesh(const SearchContext& ctx, const MeshShape& shape, ParamMemo& params,
                   Leaderboard& board, std::string* why_none) {
   const int pp = shape.pp, dp = shape.dp, tp = shape.tp;
-  ASSIGN_OR_RETURN(Mesh mesh, Mesh::Create({"pp", "dp", "tp"}, {pp, dp, tp}));
+  ASSIGN_OR_RETURN(Mesh mesh, shape.ToMesh());
   ASSIGN_OR_RETURN(auto user, UserOps(ctx, mesh, why_none));
   if (!user.has_value()) return Status::Ok();
-  ASSIGN_OR_RETURN(MeshOps ops, MakeMeshOps(ctx, dp, tp, ctx.fixed ? &*user : nullptr));
+  ASSIGN_OR_RETURN(MeshOps ops, MakeMeshOps(ctx, shape, ctx.fixed ? &*user : nullptr));
   if (!HasEveryOperator(ops)) {
     if (why_none->empty()) {
       *why_none = "on tp " + std::to_string(tp) + " some operator has no strategy that runs";
@@ -1066,7 +1143,7 @@ Status SearchMesh(const SearchContext& ctx, const MeshShape& shape, ParamMemo& p
     return Status::Ok();
   }
   const std::vector<Pick> templates =
-      ctx.fast ? FastTemplates(ctx, mesh, ops, tp) : std::vector<Pick>();
+      ctx.fast ? FastTemplates(ctx, mesh, ops, shape) : std::vector<Pick>();
   const int rows = ctx.B / dp;
   for (int m : Divisors(rows)) {
     if (!ctx.Allowed(ctx.fixed ? ctx.fixed->micro_batches : std::nullopt, m)) continue;
@@ -1074,7 +1151,8 @@ Status SearchMesh(const SearchContext& ctx, const MeshShape& shape, ParamMemo& p
     if (chunks.empty()) continue;
     for (Recompute rc : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
       if (ctx.fixed_rc && *ctx.fixed_rc != rc) continue;
-      const BlockSetting b{shape, m, 1, rc, static_cast<int64_t>(rows / m) * ctx.T};
+      // A rank's rows of a micro-batch: its T / cp positions of each sequence.
+      const BlockSetting b{shape, m, 1, rc, static_cast<int64_t>(rows / m) * ctx.T / shape.cp};
       SearchBlocks(ctx, ops, templates, b, chunks, params, board);
     }
   }
@@ -1141,7 +1219,7 @@ bool RunsOn(const SearchContext& ctx, int n, std::map<std::pair<int, int>, bool>
       if (ctx.B % dp != 0) continue;
       auto [it, fresh] = memo->emplace(std::pair{dp, tp}, false);
       if (fresh) {
-        Result<MeshOps> ops = MakeMeshOps(ctx, dp, tp, nullptr);
+        Result<MeshOps> ops = MakeMeshOps(ctx, MeshShape{1, dp, tp}, nullptr);
         it->second = ops.ok() && HasEveryOperator(*ops);
       }
       if (it->second) return true;

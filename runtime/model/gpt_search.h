@@ -18,7 +18,10 @@
 // activations of the micro-batches in flight plus shared buffers, and
 // communication buffers.
 //
-// The search chooses the mesh factorisation (pp x dp x tp), micro-batches,
+// The search chooses the mesh factorisation (pp x dp x cp x tp; cp a power
+// of two up to 16 leaving each rank at least 512 positions of a sequence,
+// with ring attention or Ulysses, where the batch cannot take those ranks
+// over dp or the sequence is at least 8,192), micro-batches,
 // virtual stages (1 or 2 chunks per stage: interleaved 1F1B; more under
 // propagate when the file says), ZeRO, recompute, every operator's
 // strategy and the pipeline's layers (balanced by cost per stage, or per

@@ -236,14 +236,18 @@ class HalfEstimator {
       exchange(&bw(), kA2a, 1, static_cast<double>(n) * cl);
       exchange(&bw(), kA2a, 1, static_cast<double>(n) * 3 * cl);
       core.cp_buffer_bytes = (3 + 3 + 1 + 3) * n * cl * 4;
+      // Packing for and unpacking from each all-to-all (read and written).
+      core.bytes += 16.0 * n * cl * 4;
+      bw().bytes += 16.0 * n * cl * 4;
     } else {
       // The zigzag: per sequence and head two diagonal blocks and 2 cp - 1
-      // whole ones of c = T / 2 positions; the output and a log-sum-exp
-      // per row and head kept. Forward sends its key/value block on in
-      // cp - 1 steps, each under a step's compute; backward the blocks
-      // again and cp gradient blocks, every step's compute under one.
+      // whole ones of c = T / 2 positions (a diagonal block's products run
+      // whole, masked after); the output and a log-sum-exp per row and
+      // head kept. Forward sends its key/value block on in cp - 1 steps,
+      // each under a step's compute; backward the blocks again and cp
+      // gradient blocks, every step's compute under one.
       const double c = T_ / 2;
-      scores = static_cast<double>(seqs) * heads * (c * (c + 1) + (2.0 * cp - 1) * c * c);
+      scores = static_cast<double>(seqs) * heads * (2.0 * cp + 1) * c * c;
       keep = (n * cl + n * heads) * 4;
       exchange(&core, kP2p, cp - 1, static_cast<double>(n) * 2 * cl);
       exchange(&bw(), kP2p, 2 * cp - 1, static_cast<double>(n) * 2 * cl);
@@ -252,6 +256,11 @@ class HalfEstimator {
       bw().cp_hiding[K(Kernel::kAttentionBackwardScores)] += scores;
       bw().cp_hiding[K(Kernel::kAttentionBackwardProducts)] += 4.0 * scores * hs;
       core.cp_buffer_bytes = (10 * n * cl + 3 * n * heads) * 4;
+      // Copies: forward packs the keys and values, clears and keeps the
+      // output; backward packs again, clears dq and each step's gradient
+      // block, adds the arriving one, and copies its own out.
+      core.bytes += 7.0 * n * cl * 4;
+      bw().bytes += (11.0 + 2.0 * cp + 6.0 * (cp - 1)) * n * cl * 4;
     }
     core.kernel[K(Kernel::kAttentionForwardScores)] += scores;
     core.kernel[K(Kernel::kAttentionForwardProducts)] += 2.0 * scores * hs;

@@ -67,7 +67,7 @@ Result<std::string> BreakdownReport(const GptConfig& config, int B, int T,
 
 Result<std::string> DescribePlan(const GptConfig& config, int B, int T, const ParallelConfig& par) {
   ASSIGN_OR_RETURN(Mesh mesh, par.MakeMesh());
-  const int64_t rows = static_cast<int64_t>(B) / par.dp / par.micro_batches * T;
+  const int64_t rows = static_cast<int64_t>(B) / par.dp / par.micro_batches * T / par.cp;
   std::string out;
   for (int s = 0; s < par.pp; ++s) {
     for (int c = 0; c < par.virtual_stages; ++c) {

@@ -251,6 +251,10 @@ Result<AttentionOp> AttentionOp::Create(std::string name, const OpStrategy& s, i
                                   " ranks, which does not divide them; use a cp that divides " +
                                   std::to_string(h ? heads / tp : heads) + ", or cp_algo ring");
     }
+    if (rows) {
+      return InvalidArgumentError("operator '" + name + "': Ulysses (the heads over cp) takes " +
+                                  "whole sequences; it cannot also cut the rows over tp");
+    }
     op.cp_mode_ = Cp::kUlysses;
   } else if (rows_cp) {
     if (rows) {

@@ -8,7 +8,8 @@
 # --dataset-strategy sequence reads only each rank's positions of the token
 # file (counted) with losses bitwise equal to reading whole rows; checkpoints
 # saved under cp resume without it and the reverse, and across algorithms;
-# what cannot run is refused by name before a step runs.
+# the search chooses cp where a long sequence does not fit otherwise; what
+# cannot run is refused by name before a step runs.
 # Usage: train_gpt_cp_test.sh TRAIN_GPT CORPUS MPIRUN TESSERA_RUN
 set -uo pipefail
 BIN=$1
@@ -60,6 +61,18 @@ check "... over gloo" grep -q "ranks: 2 (gloo)" "$WORK/gloo.log"
 train "$WORK/ul.log" --steps 20 --ranks 4 --cp 2 --tp 2 --op-strategy "$STRATEGIES/ulysses.json"
 check "the shipped ulysses.json (cp2 x tp2): the single-process losses" \
   close "$WORK/ul.log" "$WORK/one.log" 20
+
+# The search finds the sequence cut where memory is tight: one sequence
+# of 1,024 tokens on 2 ranks of this VM's profile within 16 MiB a rank
+# gives cp 2 with ring attention, which trains to the single-process losses.
+LONG=(--data "$CORPUS" --layers 2 --heads 4 --embed 32 --context 1024 --seq 1024 --batch 1
+  --lr 1e-3 --max-norm 0.5 --steps 10)
+"$BIN" "${LONG[@]}" >"$WORK/long1.log" 2>&1
+"$BIN" "${LONG[@]}" --ranks 2 --auto-parallel exact --rank-memory 16MiB \
+  --profile "$(dirname "$0")/../../samples/gpt/profiles/debian-vm-2core.json" >"$WORK/auto.log" 2>&1
+check "--auto-parallel exact, T 1024 in 16 MiB a rank: chooses cp 2 with ring attention" \
+  grep -q "auto-parallel (exact.*: pp=1,dp=1,cp=2,tp=1 .*cp_algo=ring" "$WORK/auto.log"
+check "... and trains to the single-process losses" close "$WORK/auto.log" "$WORK/long1.log" 10
 
 # The input cut at the source: a uint16 token file, each rank reading its
 # rows' positions only.

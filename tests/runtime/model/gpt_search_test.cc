@@ -157,6 +157,65 @@ TEST_CASE(
   CHECK(Chosen(c, *r).size() == 14);  // every operator's strategy resolves (REQUIREd inside)
 }
 
+TEST_CASE("long sequences: the search finds context parallelism (a rediscovery)") {
+  // One sequence of 4,096 tokens (batch 1: no data parallelism) through 4
+  // layers of 8 heads x 16 on 4 ranks of this VM's profile, 128 MiB a rank:
+  // the attention's T^2 dominates. Expected: the sequence cut over cp 4
+  // with ring attention (no T^2 kept, its transfers under the blocks'
+  // compute), faster than anything without cp.
+  const GptConfig c{.layers = 4, .heads = 8, .embed = 128, .context = 4096, .vocab = 256};
+  auto vm = MachineProfile::Load(std::string(TESSERA_SOURCE_DIR) +
+                                 "/samples/gpt/profiles/debian-vm-2core.json");
+  REQUIRE(vm.ok());
+  SearchOptions o;
+  o.mode = SearchMode::kExact;
+  o.rank_memory = int64_t{128} << 20;
+  auto r = SearchGptParallel(c, 1, 4096, 4, *vm, o);
+  INFO((r.ok() ? r->name : r.status().message()));
+  REQUIRE(r.ok());
+  CHECK(r->parallel.cp == 4);
+  CHECK(r->parallel.cp_algo == CpAlgo::kRing);
+  CHECK(r->name.find("cp=4") != std::string::npos);
+  CHECK(r->name.find("cp_algo=ring") != std::string::npos);
+  CHECK(r->predicted.memory.total() <= o.rank_memory);
+  REQUIRE(r->parallel.op_strategy != nullptr);
+  CHECK(r->parallel.op_strategy->cp == 4);
+  // Its plan runs as predicted: the full walk prices it alike.
+  auto walked = PredictGptStep(c, 1, 4096, r->parallel, *vm);
+  REQUIRE(walked.ok());
+  CHECK(walked->seconds == Approx(r->predicted.seconds).epsilon(0.02));
+  // Without cp (a propagate file fixing nothing but leaving no cp axis),
+  // the best plan is slower.
+  o.mode = SearchMode::kPropagate;
+  o.fixed = std::make_shared<OpStrategyFile>();
+  auto without = SearchGptParallel(c, 1, 4096, 4, *vm, o);
+  INFO((without.ok() ? without->name : without.status().message()));
+  if (without.ok()) {
+    CHECK(without->parallel.cp == 1);
+    CHECK(without->predicted.seconds > r->predicted.seconds);
+  }
+  // Ulysses keeps whole sequences of heads / cp: its activations per rank
+  // are within 1.3x of a quarter of one rank's running the sequence alone.
+  ParallelConfig u = r->parallel;
+  u.op_strategy = nullptr;
+  u.cp_algo = CpAlgo::kUlysses;
+  u.zero = 0;
+  auto pu = PredictGptStep(c, 1, 4096, u, *vm), p1 = PredictGptStep(c, 1, 4096, {}, *vm);
+  REQUIRE(pu.ok());
+  REQUIRE(p1.ok());
+  const double att1 = 8.0 * 4096 * 4096 * 4 * c.layers;  // the weights, every layer
+  CHECK(p1->memory.activations > att1);
+  CHECK(pu->memory.activations < p1->memory.activations / 4 * 1.3);
+  CHECK(walked->memory.activations < p1->memory.activations / 4);  // ring: no T^2
+  // Short sequences: no cp.
+  o.mode = SearchMode::kExact;
+  o.fixed = nullptr;
+  o.rank_memory = 0;
+  auto s = SearchGptParallel(c, 16, 256, 4, *vm, o);
+  REQUIRE(s.ok());
+  CHECK(s->parallel.cp == 1);
+}
+
 TEST_CASE("the exact search equals brute force on a small graph, with and without a budget") {
   // One block on tp = 2: eight operators fixed, six free (c_attn,
   // attention, c_proj, c_fc, mlp.c_proj, lm_head): 1,536 assignments, each
