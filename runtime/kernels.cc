@@ -336,9 +336,11 @@ void AttentionBackward(float* dqkv, const float* dout, const float* qkv, const f
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
   const int64_t row = 3 * static_cast<int64_t>(C);
   ParallelSmallProducts(static_cast<int64_t>(B) * NH, [&](int64_t bh) {
+    // One block of query rows' score gradients at a time: [64, T], not
+    // [T, T] (64 MiB a thread at T = 4096).
     thread_local std::vector<float> scratch;
-    scratch.resize(static_cast<size_t>(T) * T);
-    float* datt = scratch.data();  // [T,T]
+    scratch.resize(static_cast<size_t>(std::min(T, kAttentionBlock)) * T);
+    float* db = scratch.data();
     const int64_t b = bh / NH, h = bh % NH;
     const float* q = qkv + b * T * row + h * hs;
     const float* k = q + C;
@@ -348,16 +350,16 @@ void AttentionBackward(float* dqkv, const float* dout, const float* qkv, const f
     float* dv = dq + 2 * C;
     const float* a = att + bh * T * T;
     const float* d = dout + b * T * C + h * hs;  // [T,hs], ld C
+    for (int t = 0; t < T; ++t) std::fill(dk + t * row, dk + t * row + hs, 0.0f);
     for (int i0 = 0; i0 < T; i0 += kAttentionBlock) {
       const int i1 = std::min(T, i0 + kAttentionBlock), rows = i1 - i0;
-      float* db = datt + static_cast<int64_t>(i0) * T;
       // datt[i0:i1, 0:i1] = dout[i0:i1] @ v[0:i1]^T
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, i1, hs, 1.0f,
                   d + static_cast<int64_t>(i0) * C, C, v, row, 0.0f, db, T);
       // softmax backward in place: dpre = att * (datt - sum(att * datt)) * scale
       for (int t = i0; t < i1; ++t) {
         const float* ar = a + static_cast<int64_t>(t) * T;
-        float* dr = datt + static_cast<int64_t>(t) * T;
+        float* dr = db + static_cast<int64_t>(t - i0) * T;
         float dot = 0;
         for (int u = 0; u <= t; ++u) dot += ar[u] * dr[u];
         for (int u = 0; u <= t; ++u) dr[u] = ar[u] * (dr[u] - dot) * scale;
@@ -366,6 +368,9 @@ void AttentionBackward(float* dqkv, const float* dout, const float* qkv, const f
       // dq[i0:i1] = dpre[i0:i1, 0:i1] @ k[0:i1]
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, hs, i1, 1.0f, db, T, k, row,
                   0.0f, dq + i0 * row, row);
+      // dk[0:i1] += dpre[i0:i1, 0:i1]^T @ q[i0:i1]
+      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, i1, hs, rows, 1.0f, db, T, q + i0 * row,
+                  row, 1.0f, dk, row);
     }
     // Key block j gets contributions from query rows t >= j0 only.
     for (int j0 = 0; j0 < T; j0 += kAttentionBlock) {
@@ -374,10 +379,6 @@ void AttentionBackward(float* dqkv, const float* dout, const float* qkv, const f
       cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, keys, hs, below, 1.0f,
                   a + static_cast<int64_t>(j0) * T + j0, T, d + static_cast<int64_t>(j0) * C, C,
                   0.0f, dv + j0 * row, row);
-      // dk[j0:j1] = dpre[j0:T, j0:j1]^T @ q[j0:T]
-      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, keys, hs, below, 1.0f,
-                  datt + static_cast<int64_t>(j0) * T + j0, T, q + j0 * row, row, 0.0f,
-                  dk + j0 * row, row);
     }
   });
 }
