@@ -8,6 +8,7 @@
 #include "runtime/comm/inprocess.h"
 #include "runtime/model/op_gpt.h"
 #include "runtime/model/parallel_gpt.h"
+#include "runtime/model/search_report.h"
 #include "transform/strategy.h"
 
 namespace tessera {
@@ -182,6 +183,66 @@ TEST_CASE("operator strategy files round-trip through ToJson") {
   REQUIRE(back->operators.size() == f.operators.size());
   for (size_t i = 0; i < f.operators.size(); ++i)
     CHECK(back->operators[i].axes == f.operators[i].axes);
+}
+
+}  // namespace
+}  // namespace tessera
+
+namespace tessera {
+namespace {
+
+OpStrategyFile Parsed(const std::string& json) {
+  auto f = OpStrategyFile::Parse(json, "cp.json");
+  INFO(f.status().ToString());
+  REQUIRE(f.ok());
+  return *f;
+}
+
+TEST_CASE("context parallelism in strategy files: mesh cp, cp_algo, dataset_strategy forms") {
+  const std::string head = R"({"format": "tessera.op_strategy", )";
+  OpStrategyFile f = Parsed(head + R"("mesh": {"dp": 2, "cp": 4}, "cp_algo": "ulysses"})");
+  CHECK(f.cp == 4);
+  CHECK(f.cp_algo == CpAlgo::kUlysses);
+  // Round trip.
+  const OpStrategyFile back = Parsed(f.ToJson());
+  CHECK(back.cp == 4);
+  CHECK(back.cp_algo == CpAlgo::kUlysses);
+  auto bad = OpStrategyFile::Parse(head + R"("cp_algo": "zigzag"})", "cp.json");
+  REQUIRE_FALSE(bad.ok());
+  CHECK_THAT(bad.status().message(), Catch::Contains("cp.json") && Catch::Contains("zigzag"));
+  // The model-parallel import, named or as MindSpore's counts; the plain
+  // data-parallel layouts stay data_parallel.
+  CHECK(Parsed(head + R"("dataset_strategy": "sequence"})").dataset_strategy == "sequence");
+  f = Parsed(head + R"("dataset_strategy": [["dp", "cp"], ["dp", "cp"]]})");
+  CHECK(f.dataset_strategy == "sequence");
+  f = Parsed(head + R"("dataset_strategy": [[2, 4], [2, 4]]})");
+  CHECK(f.dataset_strategy == "sequence");
+  CHECK(f.dataset_count == 2);
+  CHECK(f.dataset_seq_count == 4);
+  CHECK(Parsed(head + R"("dataset_strategy": [["dp", 1], ["dp", 1]]})").dataset_strategy ==
+        "data_parallel");
+  auto mixed =
+      OpStrategyFile::Parse(head + R"("dataset_strategy": [["dp", "cp"], ["dp", 1]]})", "cp.json");
+  REQUIRE_FALSE(mixed.ok());
+  CHECK_THAT(mixed.status().message(), Catch::Contains("cut alike"));
+  // The counts are checked against the job's mesh.
+  ParallelConfig par;
+  par.dp = 2;
+  par.cp = 2;
+  par.op_strategy = std::make_shared<OpStrategyFile>(f);  // [[2, 4], [2, 4]]
+  const Status s = par.Validate(4);
+  REQUIRE_FALSE(s.ok());
+  CHECK_THAT(s.message(), Catch::Contains("cuts the sequence 4 ways, but cp is 2"));
+}
+
+TEST_CASE("a configuration to compare (--why) takes cp= and cp_algo=") {
+  auto p = ParseParallelConfig("pp=1,dp=2,cp=4,tp=1,cp_algo=ulysses");
+  REQUIRE(p.ok());
+  CHECK(p->cp == 4);
+  CHECK(p->cp_algo == CpAlgo::kUlysses);
+  auto bad = ParseParallelConfig("cp=2,cp_algo=blocks");
+  REQUIRE_FALSE(bad.ok());
+  CHECK_THAT(bad.status().message(), Catch::Contains("blocks"));
 }
 
 }  // namespace
