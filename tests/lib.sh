@@ -54,3 +54,16 @@ resumed() {
   cat "$dir.save.log" "$dir.resume.log" >"$dir.both.log"
   check "$1" close "$dir.both.log" "$WORK/one.log" "$to"
 }
+# write_token_file TEXT OUT: TEXT's bytes as an llm.c uint16 token file
+# (magic 20240520, version 1), written independently of our code.
+write_token_file() {
+  /usr/bin/python3 - "$1" "$2" <<'PY'
+import sys, numpy as np
+tokens = np.frombuffer(open(sys.argv[1], "rb").read(), dtype=np.uint8).astype(np.uint16)
+header = np.zeros(256, dtype=np.int32)
+header[:3] = [20240520, 1, len(tokens)]
+with open(sys.argv[2], "wb") as f:
+    f.write(header.tobytes())
+    f.write(tokens.tobytes())
+PY
+}

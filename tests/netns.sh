@@ -67,3 +67,14 @@ netns_cleanup() {
     ip netns pids "$h" 2>/dev/null | xargs -r kill -9
   done
 }
+
+# netns_shape RATE: limits the link of hosts 1 and 2 to RATE each way
+# (into the host, and out of it) with `tc qdisc tbf`.
+netns_shape() {
+  local h verb=add
+  tc qdisc show dev veth1 | grep -q tbf && verb=change
+  for h in 1 2; do
+    tc qdisc "$verb" dev "veth$h" root tbf rate "$1" burst 256kb latency 100ms
+    ip netns exec "host$h" tc qdisc "$verb" dev eth0 root tbf rate "$1" burst 256kb latency 100ms
+  done
+}

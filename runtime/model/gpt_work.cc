@@ -188,23 +188,29 @@ class HalfEstimator {
     const int64_t heads = qkv.split == 1 && z_.tp > 1 ? config_.heads / z_.tp : config_.heads;
     const int64_t hs = C_ / config_.heads;
     const double scores = static_cast<double>(seqs) * heads * kernels::AttentionScores(T_);
-    core.kernel[K(Kernel::kAttentionForwardScores)] += scores;
-    core.kernel[K(Kernel::kAttentionForwardProducts)] += 2.0 * scores * hs;
-    const int64_t att = seqs * heads * T_ * T_ * 4;
+    FinishCore(&core, scores, hs, seqs * heads * T_ * T_ * 4);
+  }
+  // The core's scores (forward and backward), what it keeps (`keep`
+  // bytes, and its output) in the slot or, recomputed, in the scratch, the
+  // conversion of its output for c_proj; selective recompute runs it all
+  // again in backward.
+  void FinishCore(StageWork* core, double scores, int64_t hs, int64_t keep) {
+    core->kernel[K(Kernel::kAttentionForwardScores)] += scores;
+    core->kernel[K(Kernel::kAttentionForwardProducts)] += 2.0 * scores * hs;
     const int64_t y = z_.Local(h_.attn->info().output, N_, C_);
     if (rc_ == Recompute::kNone) {
-      core.slot_bytes += att + y;
+      core->slot_bytes += keep + y;
     } else {
-      Grow(&core, kScratchAtt, att);
-      Grow(&core, kScratchY, y);
+      Grow(core, kScratchAtt, keep);
+      Grow(core, kScratchY, y);
     }
-    z_.Forward(e_[kSecond], N_, &core);
+    z_.Forward(e_[kSecond], N_, core);
     bw().kernel[K(Kernel::kAttentionBackwardScores)] += scores;
     bw().kernel[K(Kernel::kAttentionBackwardProducts)] += 4.0 * scores * hs;
-    fw().Add(core);
+    fw().Add(*core);
     if (rc_ == Recompute::kSelective) {
-      core.slot_bytes = 0;
-      bw().Add(core);
+      core->slot_bytes = 0;
+      bw().Add(*core);
     }
   }
   // Under context parallelism (AttentionOp::RingForward, UlyssesForward):
@@ -216,7 +222,6 @@ class HalfEstimator {
     const int64_t n = z_.Rows(qkv, N_), seqs = n / T_, cp = h_.attn->cp();
     const int64_t heads = qkv.split == 1 && z_.tp > 1 ? config_.heads / z_.tp : config_.heads;
     const int64_t hs = C_ / config_.heads, cl = heads * hs, Tw = T_ * cp;
-    const int64_t y = z_.Local(h_.attn->info().output, N_, C_);
     constexpr int kA2a = static_cast<int>(CollectiveKind::kAllToAll);
     constexpr int kP2p = static_cast<int>(CollectiveKind::kSendRecv);
     auto exchange = [](StageWork* w, int kind, int64_t count, double floats) {
@@ -262,22 +267,7 @@ class HalfEstimator {
       core.bytes += 7.0 * n * cl * 4;
       bw().bytes += (11.0 + 2.0 * cp + 6.0 * (cp - 1)) * n * cl * 4;
     }
-    core.kernel[K(Kernel::kAttentionForwardScores)] += scores;
-    core.kernel[K(Kernel::kAttentionForwardProducts)] += 2.0 * scores * hs;
-    if (rc_ == Recompute::kNone) {
-      core.slot_bytes += keep + y;
-    } else {
-      Grow(&core, kScratchAtt, keep);
-      Grow(&core, kScratchY, y);
-    }
-    z_.Forward(e_[kSecond], N_, &core);
-    bw().kernel[K(Kernel::kAttentionBackwardScores)] += scores;
-    bw().kernel[K(Kernel::kAttentionBackwardProducts)] += 4.0 * scores * hs;
-    fw().Add(core);
-    if (rc_ == Recompute::kSelective) {
-      core.slot_bytes = 0;
-      bw().Add(core);
-    }
+    FinishCore(&core, scores, hs, keep);
   }
   // The second linear, its output transient.
   void IntoSecondLinear() {

@@ -213,24 +213,7 @@ Status TokenLoader::NextBatch(int32_t* inputs, int32_t* targets) {
 }
 
 Status TokenLoader::NextBatchRows(int first, int rows, int32_t* inputs, int32_t* targets) {
-  if (first < 0 || rows < 0 || first + rows > B_) {
-    return InvalidArgumentError("rows [" + std::to_string(first) + ", " +
-                                std::to_string(first + rows) + ") are not inside a batch of " +
-                                std::to_string(B_));
-  }
-  for (int b = 0; b < B_; ++b) {
-    if (position_.index >= windows_) {
-      ++position_.epoch;
-      position_.index = 0;
-      Shuffle();
-    }
-    const int64_t window = order_[position_.index++];
-    if (b < first || b >= first + rows) continue;  // another replica's row
-    RETURN_IF_ERROR(source_->Read(window * T_, T_ + 1, window_.data()));
-    std::copy(window_.begin(), window_.end() - 1, inputs + (b - first) * T_);
-    std::copy(window_.begin() + 1, window_.end(), targets + (b - first) * T_);
-  }
-  return Status::Ok();
+  return NextBatchShare(first, rows, {{0, T_}}, inputs, targets);  // every position
 }
 
 Status TokenLoader::NextBatchShare(int first, int rows,

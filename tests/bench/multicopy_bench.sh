@@ -31,14 +31,6 @@ trap 'pkill -9 -P $$ 2>/dev/null; netns_cleanup; rm -rf "$WORK"' EXIT
 mkdir -p "$OUT"
 netns_hosts 2 "$WORK"
 INHOST=$WORK/inhost
-shape() {  # shape RATE: the link's rate each way (into the host, and out of it)
-  local h verb=add
-  tc qdisc show dev veth1 | grep -q tbf && verb=change
-  for h in 1 2; do
-    tc qdisc "$verb" dev "veth$h" root tbf rate "$1" burst 256kb latency 100ms
-    ip netns exec "host$h" tc qdisc "$verb" dev eth0 root tbf rate "$1" burst 256kb latency 100ms
-  done
-}
 MODEL=(--data "$CORPUS" --layers 2 --heads 8 --embed 512 --context 128 --batch 8 --lr 1e-3
        --steps 8 --tp 2)
 echo "model: ${MODEL[*]:2}; Gloo, one rank per host; medians of $REPEATS interleaved runs"
@@ -102,7 +94,7 @@ PY
 }
 for config in "1gbit run tp2" "2gbit run tp2" "1gbit run tp2 --sequence-parallel" "1gbit mpi tp2"; do
   read -r rate how label flags <<<"$config"
-  shape "$rate"
+  netns_shape "$rate"
   tag=$rate-$how${flags:+-sp}
   for r in $(seq 1 "$REPEATS"); do
     # shellcheck disable=SC2086

@@ -28,14 +28,6 @@ trap 'pkill -9 -P $$ 2>/dev/null; netns_cleanup; rm -rf "$WORK"' EXIT
 mkdir -p "$OUT"
 netns_hosts 2 "$WORK"
 INHOST=$WORK/inhost
-shape() { # shape RATE: the link's rate each way (into the host, and out of it)
-  local h verb=add
-  tc qdisc show dev veth1 | grep -q tbf && verb=change
-  for h in 1 2; do
-    tc qdisc "$verb" dev "veth$h" root tbf rate "$1" burst 256kb latency 100ms
-    ip netns exec "host$h" tc qdisc "$verb" dev eth0 root tbf rate "$1" burst 256kb latency 100ms
-  done
-}
 MODEL=(--data "$CORPUS" --layers 2 --heads 8 --embed 256 --context 2048 --seq 2048 --batch 1
   --lr 1e-3 --steps 6 --cp 2)
 echo "model: ${MODEL[*]:2}; Gloo, one rank per host; medians of $REPEATS interleaved runs"
@@ -86,7 +78,7 @@ print(f"   tokens/s: ring {t1:.0f}   Ulysses {t2:.0f}   ratio {t1 / t2:.2f}")
 PY
 }
 for rate in 1gbit 400mbit; do
-  shape "$rate"
+  netns_shape "$rate"
   for r in $(seq 1 "$REPEATS"); do
     for algo in ring ulysses; do run "$rate" "$algo" "$r"; done
   done

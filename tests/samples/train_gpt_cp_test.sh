@@ -76,15 +76,7 @@ check "... and trains to the single-process losses" close "$WORK/auto.log" "$WOR
 
 # The input cut at the source: a uint16 token file, each rank reading its
 # rows' positions only.
-/usr/bin/python3 - "$CORPUS" "$WORK/corpus.bin" <<'PY'
-import sys, numpy as np
-tokens = np.frombuffer(open(sys.argv[1], "rb").read(), dtype=np.uint8).astype(np.uint16)
-header = np.zeros(256, dtype=np.int32)
-header[:3] = [20240520, 1, len(tokens)]
-with open(sys.argv[2], "wb") as f:
-    f.write(header.tobytes())
-    f.write(tokens.tobytes())
-PY
+write_token_file "$CORPUS" "$WORK/corpus.bin"
 TOKENS=("${SMALL[@]/$CORPUS/$WORK/corpus.bin}")
 for algo in ring ulysses; do
   for ds in data_parallel sequence; do

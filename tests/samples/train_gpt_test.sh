@@ -30,15 +30,7 @@ check "resumed losses equal the uninterrupted run's bit for bit" \
   diff <(train_losses "$WORK/full.log") "$WORK/resumed.txt"
 
 # The corpus as a uint16 token file, written independently of our code.
-/usr/bin/python3 - "$CORPUS" "$WORK/corpus.bin" <<'PY'
-import sys, numpy as np
-tokens = np.frombuffer(open(sys.argv[1], "rb").read(), dtype=np.uint8).astype(np.uint16)
-header = np.zeros(256, dtype=np.int32)
-header[:3] = [20240520, 1, len(tokens)]
-with open(sys.argv[2], "wb") as f:
-    f.write(header.tobytes())
-    f.write(tokens.tobytes())
-PY
+write_token_file "$CORPUS" "$WORK/corpus.bin"
 "$BIN" "${SMALL[@]/$CORPUS/$WORK/corpus.bin}" --steps 30 --export "$WORK/export" \
   --export-dtype bf16 >"$WORK/tokens.log" 2>&1
 check "a token file trains exactly as its text" diff <(train_losses "$WORK/full.log") <(train_losses "$WORK/tokens.log")
