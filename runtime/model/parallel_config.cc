@@ -24,6 +24,9 @@ Status ParallelConfig::Validate(int world_size) const {
                                 "tp " + std::to_string(tp) + " x pp " + std::to_string(pp) +
                                 " is not the " + std::to_string(world_size) + " ranks started");
   }
+  if (offload_optimizer && offload_dir.empty()) {
+    return InvalidArgumentError("optimizer offload needs a directory for its files (offload_dir)");
+  }
   if (cp > 1 && micro_batch_interleave > 1) {
     return InvalidArgumentError("micro_batch_interleave " + std::to_string(micro_batch_interleave) +
                                 " with cp " + std::to_string(cp) +

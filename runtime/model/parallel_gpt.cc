@@ -75,6 +75,7 @@ MemoryUse ParallelGpt::Memory() const {
   m.parameters = bytes(model_.weights());
   m.gradients = bytes(model_.grads());
   m.optimizer = bytes(model_.adam_m()) + bytes(model_.adam_v()) + bytes(shard_m_) + bytes(shard_v_);
+  if (offload_ != nullptr) m.optimizer += offload_->resident_bytes();  // its buckets
   m.communication = bytes(send_) + bytes(recv_) + bytes(recv_x_) + bytes(recv_dy_);
   for (const auto& r : runners_) {
     m.activations += r->ActivationBytes();
@@ -218,6 +219,18 @@ Status ParallelGpt::Build() {
     send_.assign(largest * dp, 0.0f);
     recv_.assign(largest * dp, 0.0f);
   }
+  if (parallel_.offload_optimizer) {
+    // The moments (this rank's shard under ZeRO-1) to a file; none in memory.
+    const int64_t floats =
+        parallel_.zero == 1 ? static_cast<int64_t>(shard_m_.size()) : model_.num_params();
+    ASSIGN_OR_RETURN(offload_,
+                     OffloadedMoments::Create(parallel_.offload_dir, comms_.world().rank(), floats,
+                                              std::max<int64_t>(1, bucket_floats)));
+    for (std::vector<float>* v : {&model_.adam_m(), &model_.adam_v(), &shard_m_, &shard_v_}) {
+      v->clear();
+      v->shrink_to_fit();
+    }
+  }
   return Status::Ok();
 }
 
@@ -229,6 +242,75 @@ void ParallelGpt::Init(uint64_t seed) {
     model_.adam_m().clear();
     model_.adam_v().clear();
   }
+  if (offload_ != nullptr) {
+    ReleaseOptimizerState();
+    model_.adam_m().clear();
+    model_.adam_m().shrink_to_fit();
+    model_.adam_v().clear();
+    model_.adam_v().shrink_to_fit();
+    moments_zero_ = true;  // the next update starts them from zero
+  }
+}
+
+Status ParallelGpt::OffloadedUpdate(const AdamWConfig& adam, float clip) {
+  float* weights = model_.weights().data();
+  float* grads = model_.grads().data();
+  model_.set_step(model_.step() + 1);
+  // The moments' segments in the file's order: a parameter each, or its
+  // ZeRO shard; each bucket updates the parts of them it holds, element
+  // by element as the in-memory update does (the same arithmetic).
+  struct Segment {
+    int64_t at, n, weight;  // in the file, its length, in weights/grads
+    bool decay;
+  };
+  std::vector<Segment> segments;
+  if (parallel_.zero == 1) {
+    for (const Shard& s : shards_) {
+      segments.push_back(
+          {s.offset, s.counts[data_rank_], s.param->offset + s.begin, s.param->decay});
+    }
+  } else {
+    for (const ParamInfo& p : model_.params())
+      segments.push_back({p.offset, p.numel, p.offset, p.decay});
+  }
+  size_t first = 0;
+  const int64_t step = model_.step();
+  const Status s = offload_->Stream(
+      [&](int64_t begin, int64_t n, float* m, float* v) {
+        while (first < segments.size() && segments[first].at + segments[first].n <= begin) ++first;
+        for (size_t k = first; k < segments.size() && segments[k].at < begin + n; ++k) {
+          const Segment& g = segments[k];
+          const int64_t lo = std::max(begin, g.at), hi = std::min(begin + n, g.at + g.n);
+          if (hi <= lo) continue;
+          float* gr = grads + g.weight + (lo - g.at);
+          if (clip != 1.0f) Scale(gr, hi - lo, clip);
+          AdamWUpdate(weights + g.weight + (lo - g.at), gr, m + (lo - begin), v + (lo - begin),
+                      hi - lo, step, adam, g.decay);
+        }
+      },
+      moments_zero_);
+  moments_zero_ = false;
+  return s;
+}
+
+Status ParallelGpt::MaterializeOptimizerState() {
+  if (offload_ == nullptr || materialized_) return Status::Ok();
+  std::vector<float>& m = parallel_.zero == 1 ? shard_m_ : model_.adam_m();
+  std::vector<float>& v = parallel_.zero == 1 ? shard_v_ : model_.adam_v();
+  m.assign(offload_->floats(), 0.0f);
+  v.assign(offload_->floats(), 0.0f);
+  if (!moments_zero_) RETURN_IF_ERROR(offload_->Read(0, offload_->floats(), m.data(), v.data()));
+  materialized_ = true;
+  return Status::Ok();
+}
+
+void ParallelGpt::ReleaseOptimizerState() {
+  if (!materialized_) return;
+  for (std::vector<float>* v : {&model_.adam_m(), &model_.adam_v(), &shard_m_, &shard_v_}) {
+    v->clear();
+    v->shrink_to_fit();
+  }
+  materialized_ = false;
 }
 
 Status ParallelGpt::ReduceGradients() {
@@ -288,7 +370,12 @@ Status ParallelGpt::ShardedUpdate(const AdamWConfig& adam, float clip) {
     AdamWUpdate(weights + s.param->offset + s.begin, g, shard_m_.data() + s.offset,
                 shard_v_.data() + s.offset, n, model_.step(), adam, s.param->decay);
   }
+  return GatherShardWeights();
+}
+
+Status ParallelGpt::GatherShardWeights() {
   // Everyone's new rows to everyone, bucket by bucket.
+  float* weights = model_.weights().data();
   AddElapsed timed(&comm_seconds_);
   const int dp = parallel_.dp * parallel_.cp;  // the ranks of data_
   for (const Bucket& b : buckets_) {
@@ -457,6 +544,7 @@ Result<float> ParallelGpt::StepLocal(const int32_t* tokens, const int32_t* targe
         std::to_string(dp * micro_batches_ * copies) + " sequences");
   }
   RETURN_IF_ERROR(CheckSequenceCut(parallel_.cp_algo, T, parallel_.cp, "h.0.attn.attention"));
+  ReleaseOptimizerState();  // a save's copy of offloaded moments
   model_.ZeroGrad();
   // Each rank runs its T / cp positions of every row.
   ASSIGN_OR_RETURN(double loss, RunPipeline(tokens, targets, local, T / parallel_.cp));
@@ -485,8 +573,12 @@ Result<float> ParallelGpt::StepLocal(const int32_t* tokens, const int32_t* targe
   const double total = std::sqrt(squared);
   if (norm != nullptr) *norm = static_cast<float>(total);
   const float clip = max_norm > 0 ? ClipFactor(total, max_norm) : 1.0f;
-  TraceSpan span("optimizer", parallel_.zero == 0 ? "AdamW" : "AdamW (ZeRO-1 shard)");
-  if (parallel_.zero == 0) {
+  TraceSpan span("optimizer", std::string(parallel_.zero == 0 ? "AdamW" : "AdamW (ZeRO-1 shard)") +
+                                  (offload_ != nullptr ? ", offloaded" : ""));
+  if (offload_ != nullptr) {
+    RETURN_IF_ERROR(OffloadedUpdate(adam, clip));
+    if (parallel_.zero == 1) RETURN_IF_ERROR(GatherShardWeights());
+  } else if (parallel_.zero == 0) {
     model_.ApplyUpdate(adam, clip);
   } else {
     RETURN_IF_ERROR(ShardedUpdate(adam, clip));
@@ -497,6 +589,7 @@ Result<float> ParallelGpt::StepLocal(const int32_t* tokens, const int32_t* targe
 Result<Strategy> ParallelGpt::strategy() const { return StrategyOf(model_.config(), parallel_); }
 
 Status ParallelGpt::GatherOptimizerState() {
+  RETURN_IF_ERROR(MaterializeOptimizerState());
   if (parallel_.zero == 0) return Status::Ok();
   const int64_t n = model_.num_params();
   model_.adam_m().assign(n, 0.0f);
@@ -570,7 +663,8 @@ Status ParallelGpt::GatherModel(Gpt* full) {
   return Status::Ok();
 }
 
-Status ParallelGpt::WriteSliced(SlicedCheckpointWriter& writer, const Strategy& strategy) const {
+Status ParallelGpt::WriteSliced(SlicedCheckpointWriter& writer, const Strategy& strategy) {
+  RETURN_IF_ERROR(MaterializeOptimizerState());
   ASSIGN_OR_RETURN(std::vector<LocalPiece> pieces, SlicedPieces(strategy, writer.Pieces()));
   for (const LocalPiece& p : pieces) RETURN_IF_ERROR(writer.WritePiece(p.tensor, p.box, p.data));
   return Status::Ok();
@@ -620,19 +714,38 @@ Result<std::vector<LocalPiece>> ParallelGpt::SlicedPieces(
   return out;
 }
 
-void ParallelGpt::ShardOptimizerState() {
-  if (parallel_.zero == 0) return;
-  for (const Shard& s : shards_) {
-    const int64_t n = s.counts[data_rank_];
-    const float* m = model_.adam_m().data() + s.param->offset + s.begin;
-    const float* v = model_.adam_v().data() + s.param->offset + s.begin;
-    std::copy(m, m + n, shard_m_.data() + s.offset);
-    std::copy(v, v + n, shard_v_.data() + s.offset);
+Status ParallelGpt::ShardOptimizerState() {
+  materialized_ = false;
+  if (parallel_.zero == 1) {
+    shard_m_.resize(offload_ != nullptr ? offload_->floats() : shard_m_.size());
+    shard_v_.resize(shard_m_.size());
+    for (const Shard& s : shards_) {
+      const int64_t n = s.counts[data_rank_];
+      const float* m = model_.adam_m().data() + s.param->offset + s.begin;
+      const float* v = model_.adam_v().data() + s.param->offset + s.begin;
+      std::copy(m, m + n, shard_m_.data() + s.offset);
+      std::copy(v, v + n, shard_v_.data() + s.offset);
+    }
+    model_.adam_m().clear();
+    model_.adam_m().shrink_to_fit();
+    model_.adam_v().clear();
+    model_.adam_v().shrink_to_fit();
   }
-  model_.adam_m().clear();
-  model_.adam_m().shrink_to_fit();
-  model_.adam_v().clear();
-  model_.adam_v().shrink_to_fit();
+  if (offload_ == nullptr) return Status::Ok();
+  // Offloaded: the loaded moments to the file, none kept.
+  const std::vector<float>& m = parallel_.zero == 1 ? shard_m_ : model_.adam_m();
+  const std::vector<float>& v = parallel_.zero == 1 ? shard_v_ : model_.adam_v();
+  if (static_cast<int64_t>(m.size()) != offload_->floats() ||
+      static_cast<int64_t>(v.size()) != offload_->floats()) {
+    return FailedPreconditionError("optimizer offload: the loaded moments are " +
+                                   std::to_string(m.size()) + " floats, the offload file holds " +
+                                   std::to_string(offload_->floats()));
+  }
+  RETURN_IF_ERROR(offload_->Write(0, offload_->floats(), m.data(), v.data()));
+  moments_zero_ = false;
+  materialized_ = true;
+  ReleaseOptimizerState();
+  return Status::Ok();
 }
 
 }  // namespace tessera

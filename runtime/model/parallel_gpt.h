@@ -74,6 +74,7 @@
 #include "runtime/model/op_gpt.h"
 #include "runtime/model/stage_runner.h"
 #include "runtime/parallel/pipeline.h"
+#include "runtime/train/offload.h"
 #include "runtime/train/sliced_checkpoint.h"
 #include "transform/strategy.h"
 
@@ -110,6 +111,11 @@ struct ParallelConfig {
   // Activation recompute of every block: none, full or selective (the
   // strategy file's "recompute" entries override it per block).
   Recompute recompute = Recompute::kNone;
+  // Optimizer-state offload (runtime/train/offload.h): this rank's Adam
+  // moments (its ZeRO-1 shard under zero 1) in a file under offload_dir,
+  // streamed through the update bucket by bucket (buckets of bucket_bytes).
+  bool offload_optimizer = false;
+  std::string offload_dir;
   // The mesh "pp=P,dp=D,tp=T", with cp: "pp=P,dp=D,cp=C,tp=T" (ranks
   // row-major: tp fastest, as Megatron's tp-cp-dp-pp).
   Result<Mesh> MakeMesh() const;
@@ -226,10 +232,17 @@ class ParallelGpt {
   Result<std::vector<LocalPiece>> SlicedPieces(const Strategy& strategy,
                                                const std::vector<PieceToWrite>& pieces) const;
   // Writes SlicedPieces into `writer` (whose Commit is collective).
-  Status WriteSliced(SlicedCheckpointWriter& writer, const Strategy& strategy) const;
+  Status WriteSliced(SlicedCheckpointWriter& writer, const Strategy& strategy);
+  // With the optimizer offloaded: reads this rank's moments back into
+  // memory (model().adam_m/adam_v, or the ZeRO shard) for a save or a
+  // gather, until the next Step (a no-op otherwise). SlicedPieces needs it.
+  Status MaterializeOptimizerState();
+  // The offload file, when the optimizer is offloaded (else null).
+  const OffloadedMoments* offloaded() const { return offload_.get(); }
   // After the model's moments were loaded or gathered: keeps this rank's
   // shard under ZeRO-1 and frees the rest (local, not collective).
-  void ShardOptimizerState();
+  // Offloaded, the moments go to the offload file instead (errors name it).
+  Status ShardOptimizerState();
 
  private:
   // Where this rank's ZeRO shard of one parameter lies.
@@ -263,6 +276,12 @@ class ParallelGpt {
   Status ReduceGradients();
   Result<double> ShardedSquaredNorm();
   Status ShardedUpdate(const AdamWConfig& adam, float clip);
+  // The update with the moments streamed from the offload file.
+  Status OffloadedUpdate(const AdamWConfig& adam, float clip);
+  // Frees the moments MaterializeOptimizerState read back.
+  void ReleaseOptimizerState();
+  // ZeRO-1: every rank's updated rows of the weights to every rank.
+  Status GatherShardWeights();
 
   Gpt model_;
   // What runs the stage, one per chunk: its operators (ops_, when there
@@ -296,6 +315,9 @@ class ParallelGpt {
   std::vector<Shard> shards_;  // ZeRO: one per parameter
   std::vector<float> shard_m_, shard_v_, send_, recv_;
   double comm_seconds_ = 0;
+  std::unique_ptr<OffloadedMoments> offload_;
+  bool materialized_ = false;  // the offloaded moments are in memory too
+  bool moments_zero_ = false;  // the offloaded moments are zero (not yet written)
 };
 
 }  // namespace tessera

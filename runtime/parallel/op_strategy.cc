@@ -170,6 +170,18 @@ Result<OpStrategyFile> OpStrategyFile::Parse(std::string_view text, const std::s
       const Result<CpAlgo> algo = ParseCpAlgo(a);
       if (!algo.ok()) return fail(algo.status().message());
       file.cp_algo = *algo;
+    } else if (key == "offload") {
+      const std::string o = value.is_string() ? value.get<std::string>() : value.dump();
+      if (o != "optimizer" && o != "none") {
+        return fail("offload '" + o + "': expected \"optimizer\" (Adam's moments on disk) or " +
+                    "\"none\"");
+      }
+      file.offload_optimizer = o == "optimizer";
+    } else if (key == "offload_dir") {
+      if (!value.is_string() || value.get<std::string>().empty()) {
+        return fail("\"offload_dir\" must be a directory's path");
+      }
+      file.offload_dir = value.get<std::string>();
     } else if (key == "zero") {
       auto z = OptionalInt(root, "zero", 0);
       if (!z.ok() || *z > 1) return fail("\"zero\" must be 0 or 1");
@@ -292,6 +304,8 @@ std::string OpStrategyFile::ToJson() const {
   }
   if (!mesh.empty()) root["mesh"] = mesh;
   if (cp_algo.has_value()) root["cp_algo"] = CpAlgoName(*cp_algo);
+  if (offload_optimizer.has_value()) root["offload"] = *offload_optimizer ? "optimizer" : "none";
+  if (!offload_dir.empty()) root["offload_dir"] = offload_dir;
   if (zero.has_value()) root["zero"] = *zero;
   if (micro_batches.has_value()) root["micro_batches"] = *micro_batches;
   if (virtual_stages.has_value()) root["virtual_stages"] = *virtual_stages;

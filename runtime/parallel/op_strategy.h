@@ -16,6 +16,8 @@
 //     "stage_layers": [3, 1],                       // optional: layers per stage
 //                                                   // (per chunk with virtual_stages)
 //     "recompute": {"h.*": "selective"},            // optional, per block
+//     "offload": "optimizer",                       // optional: Adam's moments on disk
+//     "offload_dir": "/scratch/offload",            // where (with offload)
 //     "dataset_strategy": "data_parallel",          // optional, or "full_batch",
 //                                                   // "sequence" (rows over dp,
 //                                                   // positions over cp)
@@ -100,6 +102,9 @@ struct OpStrategyFile {
   std::string source;  // the path (or "<text>"), for messages
   std::optional<int> pp, dp, cp, tp, zero, micro_batches, virtual_stages, micro_batch_interleave;
   std::optional<CpAlgo> cp_algo;
+  // "offload": "optimizer" (or "none"); "offload_dir": where its files go.
+  std::optional<bool> offload_optimizer;
+  std::string offload_dir;
   std::vector<int> stage_layers;
   // "recompute": {"h.*": "selective", "h.0": "full"}: blocks (patterns as
   // for operators; an exact name wins) and none, full or selective.

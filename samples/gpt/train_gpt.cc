@@ -114,6 +114,9 @@ Result<Job> Configure(const Options& o, Communicator& world) {
   job.parallel = o.parallel;
   if (!o.auto_parallel.empty()) {
     ASSIGN_OR_RETURN(job.parallel, AutoParallel(o, world));
+    // Not the search's to choose (yet): where the optimizer lives.
+    job.parallel.offload_optimizer = o.parallel.offload_optimizer;
+    job.parallel.offload_dir = o.parallel.offload_dir;
   }
   ParallelConfig& par = job.parallel;
   if (par.dp == 0) par.dp = world.size() / (par.tp * par.pp * par.cp);
@@ -175,7 +178,7 @@ Status Resume(const Options& o, Communicator& world, Job& job, bool talk) {
   RETURN_IF_ERROR(LoadGpt(*checkpoint, &model));
   ASSIGN_OR_RETURN(const RepairNotes notes, RepairAfterLoad(env, *checkpoint, world));
   SayRepairs(notes, checkpoint->path(), world.rank(), talk);
-  job.trainer->ShardOptimizerState();
+  RETURN_IF_ERROR(job.trainer->ShardOptimizerState());
   ASSIGN_OR_RETURN(const DataPosition position, SavedDataPosition(*checkpoint));
   RETURN_IF_ERROR(job.loader->Restore(position));
   job.resumed = true;

@@ -19,7 +19,7 @@ struct Flags {
   int threads = -1, ranks = 0, rank = -1, world_size = -1;
   double bucket_mib = 25;
   std::string op_strategy, recompute = "none", redundancy = "none", rank_memory;
-  std::string cp_algo = "ring";
+  std::string cp_algo = "ring", offload = "none";
   std::string hosts, fault_kill, fault_hang, backend = "auto", master;
 };
 
@@ -94,6 +94,12 @@ void AddParallelFlags(CLI::App* app, Options* o, Flags* f) {
                   "tensor-parallel collectives overlap the other copies' compute (tp > 1; "
                   "default 1)")
       ->check(CLI::PositiveNumber);
+  app->add_option("--offload", f->offload,
+                  "optimizer: keep Adam's moments (this rank's ZeRO shard) in a file under "
+                  "--offload-dir, streamed through the update bucket by bucket (none: in memory)")
+      ->check(CLI::IsMember({"none", "optimizer"}));
+  app->add_option("--offload-dir", o->parallel.offload_dir,
+                  "directory of the offload files (a local disk; created files are scratch)");
   app->add_option("--zero", o->parallel.zero, "1: shard the optimizer states over dp (ZeRO-1)")
       ->check(CLI::Range(0, 1));
   app->add_option("--bucket-mib", f->bucket_mib, "gradient bucket size for the dp reduction")
@@ -238,6 +244,21 @@ Status ApplyStrategyFile(const CLI::App& app, const std::string& path, Options* 
     }
     o->parallel.cp_algo = *file.cp_algo;
   }
+  if (file.offload_optimizer.has_value()) {
+    if (app.count("--offload") > 0 && o->parallel.offload_optimizer != *file.offload_optimizer) {
+      return InvalidArgumentError(
+          path + " sets offload " + (*file.offload_optimizer ? "optimizer" : "none") +
+          " but --offload is " + (o->parallel.offload_optimizer ? "optimizer" : "none"));
+    }
+    o->parallel.offload_optimizer = *file.offload_optimizer;
+  }
+  if (!file.offload_dir.empty()) {
+    if (app.count("--offload-dir") > 0 && o->parallel.offload_dir != file.offload_dir) {
+      return InvalidArgumentError(path + " sets offload_dir " + file.offload_dir +
+                                  " but --offload-dir is " + o->parallel.offload_dir);
+    }
+    o->parallel.offload_dir = file.offload_dir;
+  }
   o->parallel.stage_layers = file.stage_layers;
   if (!file.dataset_strategy.empty()) {
     if (app.count("--dataset-strategy") > 0 && o->dataset_strategy != file.dataset_strategy) {
@@ -266,6 +287,11 @@ Status CheckSaves(const Flags& f, Options* o) {
   }
   ASSIGN_OR_RETURN(o->fault, FaultKill::Parse(f.fault_kill.empty() ? f.fault_hang : f.fault_kill));
   o->fault.hang = !f.fault_hang.empty();
+  if (o->async_save && o->parallel.offload_optimizer) {
+    return InvalidArgumentError(
+        "--async-save with --offload optimizer: the async snapshot would hold the offloaded "
+        "moments in memory; save synchronously (drop --async-save)");
+  }
   if (!o->redundancy.none() && o->save_mode != "sliced") {
     return InvalidArgumentError("--redundancy needs --save-mode sliced (or --async-save)");
   }
@@ -294,6 +320,7 @@ Status CheckLaunch(const Flags& f, Options* o) {
 Status Resolve(const CLI::App& app, const Flags& f, Options* o) {
   o->parallel.recompute = *ParseRecompute(f.recompute);  // CLI11 checked it
   o->parallel.cp_algo = *ParseCpAlgo(f.cp_algo);
+  o->parallel.offload_optimizer = f.offload == "optimizer";
   RETURN_IF_ERROR(CheckAutoParallel(app, f, o));
   if (o->seq <= 0) o->seq = o->config.context;
   if (o->seq > o->config.context) return InvalidArgumentError("--seq is longer than --context");

@@ -83,7 +83,7 @@ Result<double> Load(const std::string& path, int ranks, ParallelConfig parallel)
     const auto t0 = std::chrono::steady_clock::now();
     ASSIGN_OR_RETURN(auto reader, OpenNativeCheckpoint(Env::Default(), path));
     RETURN_IF_ERROR(LoadGpt(*reader, &trainer->model()));
-    trainer->ShardOptimizerState();
+    RETURN_IF_ERROR(trainer->ShardOptimizerState());
     RETURN_IF_ERROR(world.Barrier());
     if (world.rank() == 0) seconds = Since(t0);
     return Status::Ok();

@@ -136,7 +136,7 @@ Status Run(Communicator& world, const std::string& dir, Times* times) {
       Gpt full;
       RETURN_IF_ERROR(trainer->GatherModel(&full));
       if (world.rank() == 0) RETURN_IF_ERROR(SaveGpt(env, full, dir, "merged-gather", {}));
-      trainer->ShardOptimizerState();
+      RETURN_IF_ERROR(trainer->ShardOptimizerState());
       RETURN_IF_ERROR(world.Barrier());
       times->merged_gather = std::chrono::duration<double>(now() - t1).count();
       RETURN_IF_ERROR(clean(m));
