@@ -104,6 +104,9 @@ Status CheckStageBatch(const GptConfig& config, const GptStage& stage, int slot,
 class Gpt {
  public:
   static Result<Gpt> Create(const GptConfig& config, const GptStage& stage = {});
+  // Weights and gradients only: Adam's moments (adam_m, adam_v) left empty,
+  // for their owner to hold elsewhere (a ZeRO shard, an offload file).
+  static Result<Gpt> CreateWithoutMoments(const GptConfig& config, const GptStage& stage);
   // The parameters a stage holds, in order, without allocating them.
   static Result<std::vector<ParamInfo>> Params(const GptConfig& config, const GptStage& stage = {});
 
@@ -209,7 +212,8 @@ class Gpt {
   void ForEachGradient(Gradients& d, int B, int T, F f) const;
   void Resize(Activations& a, int B, int T) const;
   void Resize(Gradients& d, int B, int T) const;
-  static Result<Gpt> Create(const GptConfig& config, const GptStage& stage, bool allocate);
+  static Result<Gpt> Create(const GptConfig& config, const GptStage& stage, bool allocate,
+                            bool moments = true);
   float* P(int64_t offset) { return weights_.data() + offset; }
   float* G(int64_t offset) { return grads_.data() + offset; }
 

@@ -29,7 +29,12 @@ Result<Gpt> Gpt::Create(const GptConfig& config, const GptStage& stage) {
   return Create(config, stage, /*allocate=*/true);
 }
 
-Result<Gpt> Gpt::Create(const GptConfig& config, const GptStage& stage, bool allocate) {
+Result<Gpt> Gpt::CreateWithoutMoments(const GptConfig& config, const GptStage& stage) {
+  return Create(config, stage, /*allocate=*/true, /*moments=*/false);
+}
+
+Result<Gpt> Gpt::Create(const GptConfig& config, const GptStage& stage, bool allocate,
+                        bool moments) {
   RETURN_IF_ERROR(config.Validate());
   Gpt g;
   g.config_ = config;
@@ -122,8 +127,10 @@ Result<Gpt> Gpt::Create(const GptConfig& config, const GptStage& stage, bool all
   if (allocate) {
     g.weights_.assign(offset, 0.0f);
     g.grads_.assign(offset, 0.0f);
-    g.m_.assign(offset, 0.0f);
-    g.v_.assign(offset, 0.0f);
+    if (moments) {
+      g.m_.assign(offset, 0.0f);
+      g.v_.assign(offset, 0.0f);
+    }
   }
   return g;
 }

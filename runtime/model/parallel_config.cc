@@ -24,6 +24,9 @@ Status ParallelConfig::Validate(int world_size) const {
                                 "tp " + std::to_string(tp) + " x pp " + std::to_string(pp) +
                                 " is not the " + std::to_string(world_size) + " ranks started");
   }
+  if (offload_optimizer && offload_bucket_bytes < 4) {
+    return InvalidArgumentError("the offload bucket size must be >= 4 bytes");
+  }
   if (offload_optimizer && offload_dir.empty()) {
     return InvalidArgumentError("optimizer offload needs a directory for its files (offload_dir)");
   }

@@ -39,7 +39,11 @@ Result<std::unique_ptr<ParallelGpt>> ParallelGpt::Create(const GptConfig& config
     return InvalidArgumentError("sequence parallelism cuts the sequence over tp: it needs tp > 1");
   }
   ASSIGN_OR_RETURN(MeshCommunicators comms, MeshCommunicators::Create(world, mesh));
-  ASSIGN_OR_RETURN(Gpt model, Gpt::Create(config, gs));
+  // Moments a ZeRO shard or the offload file holds are never allocated
+  // whole (they would set the peak resident set).
+  ASSIGN_OR_RETURN(Gpt model, parallel.zero == 1 || parallel.offload_optimizer
+                                  ? Gpt::CreateWithoutMoments(config, gs)
+                                  : Gpt::Create(config, gs));
   std::unique_ptr<ParallelGpt> p(new ParallelGpt(std::move(model), parallel, std::move(comms)));
   p->tp_dims_ = gs.tp_dims;
   for (std::vector<std::unique_ptr<OpGpt>>& chunk : ops) {
@@ -223,9 +227,9 @@ Status ParallelGpt::Build() {
     // The moments (this rank's shard under ZeRO-1) to a file; none in memory.
     const int64_t floats =
         parallel_.zero == 1 ? static_cast<int64_t>(shard_m_.size()) : model_.num_params();
-    ASSIGN_OR_RETURN(offload_,
-                     OffloadedMoments::Create(parallel_.offload_dir, comms_.world().rank(), floats,
-                                              std::max<int64_t>(1, bucket_floats)));
+    ASSIGN_OR_RETURN(offload_, OffloadedMoments::Create(
+                                   parallel_.offload_dir, comms_.world().rank(), floats,
+                                   std::max<int64_t>(1, parallel_.offload_bucket_bytes / 4)));
     for (std::vector<float>* v : {&model_.adam_m(), &model_.adam_v(), &shard_m_, &shard_v_}) {
       v->clear();
       v->shrink_to_fit();

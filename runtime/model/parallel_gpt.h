@@ -113,9 +113,11 @@ struct ParallelConfig {
   Recompute recompute = Recompute::kNone;
   // Optimizer-state offload (runtime/train/offload.h): this rank's Adam
   // moments (its ZeRO-1 shard under zero 1) in a file under offload_dir,
-  // streamed through the update bucket by bucket (buckets of bucket_bytes).
+  // streamed through the update bucket by bucket: three buckets of
+  // offload_bucket_bytes of each of m and v resident.
   bool offload_optimizer = false;
   std::string offload_dir;
+  int64_t offload_bucket_bytes = int64_t{4} << 20;
   // The mesh "pp=P,dp=D,tp=T", with cp: "pp=P,dp=D,cp=C,tp=T" (ranks
   // row-major: tp fastest, as Megatron's tp-cp-dp-pp).
   Result<Mesh> MakeMesh() const;

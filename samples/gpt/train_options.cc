@@ -17,7 +17,7 @@ namespace {
 // The flags read as text, checked once all are parsed.
 struct Flags {
   int threads = -1, ranks = 0, rank = -1, world_size = -1;
-  double bucket_mib = 25;
+  double bucket_mib = 25, offload_bucket_mib = 4;
   std::string op_strategy, recompute = "none", redundancy = "none", rank_memory;
   std::string cp_algo = "ring", offload = "none";
   std::string hosts, fault_kill, fault_hang, backend = "auto", master;
@@ -98,6 +98,10 @@ void AddParallelFlags(CLI::App* app, Options* o, Flags* f) {
                   "optimizer: keep Adam's moments (this rank's ZeRO shard) in a file under "
                   "--offload-dir, streamed through the update bucket by bucket (none: in memory)")
       ->check(CLI::IsMember({"none", "optimizer"}));
+  app->add_option("--offload-bucket-mib", f->offload_bucket_mib,
+                  "--offload: MiB of each of m and v a streamed bucket holds (three resident; "
+                  "default 4)")
+      ->check(CLI::PositiveNumber);
   app->add_option("--offload-dir", o->parallel.offload_dir,
                   "directory of the offload files (a local disk; created files are scratch)");
   app->add_option("--zero", o->parallel.zero, "1: shard the optimizer states over dp (ZeRO-1)")
@@ -327,6 +331,7 @@ Status Resolve(const CLI::App& app, const Flags& f, Options* o) {
   if (o->resume && o->save.empty()) return InvalidArgumentError("--resume needs --save DIR");
   if (o->async_save && app.count("--save-mode") == 0) o->save_mode = "sliced";
   o->parallel.bucket_bytes = static_cast<int64_t>(f.bucket_mib * (1 << 20));
+  o->parallel.offload_bucket_bytes = static_cast<int64_t>(f.offload_bucket_mib * (1 << 20));
   if (!f.op_strategy.empty()) RETURN_IF_ERROR(ApplyStrategyFile(app, f.op_strategy, o));
   RETURN_IF_ERROR(CheckSaves(f, o));
   return CheckLaunch(f, o);

@@ -19,7 +19,7 @@ WORK=$(mktemp -d)
 trap 'umount "$WORK/full" 2>/dev/null; rm -rf "$WORK"' EXIT
 source "$(dirname "$0")/../lib.sh"
 SMALL=(--data "$CORPUS" --layers 2 --heads 4 --embed 32 --context 32 --batch 8 --lr 1e-3
-  --max-norm 0.5 --steps 12 --bucket-mib 0.01)
+  --max-norm 0.5 --steps 12 --bucket-mib 0.01 --offload-bucket-mib 0.01)
 OFF=(--offload optimizer --offload-dir "$WORK")
 same_run() { # same_run A_DIR A_LOG B_DIR B_LOG: bitwise losses and end state
   diff <(train_losses "$2") <(train_losses "$4") >/dev/null &&
@@ -61,13 +61,46 @@ done
 # The moments leave memory: 4 layers of C 128 hold 6.5 MiB of moments;
 # offloaded, the optimizer's account is its three buckets (3 x 2 x 0.25 MiB).
 BIG=(--data "$CORPUS" --layers 4 --heads 4 --embed 128 --context 32 --batch 8 --steps 3
-  --bucket-mib 0.25)
+  --offload-bucket-mib 0.25)
 optimizer_mib() { sed -n 's/.*optimizer \([0-9.]*\) MiB.*/\1/p' "$1"; }
 "$BIN" "${BIG[@]}" >"$WORK/bm.log" 2>&1
 "$BIN" "${BIG[@]}" "${OFF[@]}" >"$WORK/bo.log" 2>&1
 check "offloaded, the optimizer's resident bytes are its 3 buckets (1.5 MiB), not the moments" \
   awk -v m="$(optimizer_mib "$WORK/bm.log")" -v o="$(optimizer_mib "$WORK/bo.log")" \
   'BEGIN { exit !(m > 6 && o <= 1.51) }'
+
+# The claim, in a memory cgroup (v1) below the in-memory run's peak and
+# above the offloaded one's: 8 layers of C 512 hold 194 MiB of moments;
+# within 340 MiB the plain run is killed by the kernel's OOM killer, the
+# offloaded one (4 MiB buckets) trains to the unlimited run's losses.
+CG=/sys/fs/cgroup/memory
+if [ -w "$CG" ] && [ -f "$CG/memory.limit_in_bytes" ] && mkdir "$CG/tessera_offload_$$" 2>/dev/null
+then
+  G=$CG/tessera_offload_$$
+  echo $((340 << 20)) >"$G/memory.limit_in_bytes"
+  echo 0 >"$G/memory.swappiness" 2>/dev/null
+  WIDE=(--data "$CORPUS" --layers 8 --heads 8 --embed 512 --context 32 --batch 2 --steps 3
+    --lr 1e-4)
+  capped() { # capped LOG FLAGS...: a run inside the cgroup
+    local log=$1
+    shift
+    (bash -c 'echo $$ >"$0/cgroup.procs" && exec "$@"' "$G" "$BIN" "${WIDE[@]}" "$@" \
+      >"$log" 2>&1) 2>/dev/null
+  }
+  "$BIN" "${WIDE[@]}" >"$WORK/free.log" 2>&1
+  capped "$WORK/capped.log"
+  plain=$?
+  capped "$WORK/capped_off.log" "${OFF[@]}"
+  off=$?
+  rmdir "$G"
+  check "within 340 MiB (cgroup v1), the in-memory run is killed by the OOM killer" \
+    test "$plain" -eq 137
+  check "... the offloaded one finishes with the unlimited run's losses, bit for bit" \
+    bash -c "[ $off -eq 0 ] && diff <(grep '^step' '$WORK/free.log' | awk '{print \$4}') \
+      <(grep '^step' '$WORK/capped_off.log' | awk '{print \$4}') >/dev/null"
+else
+  echo "skip the memory-cgroup case: $CG is not a writable cgroup v1 memory hierarchy (root)"
+fi
 
 # Refusals, before any step.
 refused() { # refused NAME PATTERN FLAGS...
