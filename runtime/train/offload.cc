@@ -9,6 +9,7 @@
 #include <future>
 
 #include "core/byte_size.h"
+#include "core/trace.h"
 
 namespace tessera {
 namespace {
@@ -57,7 +58,12 @@ Result<std::unique_ptr<OffloadedMoments>> OffloadedMoments::Create(const std::st
   }
   std::unique_ptr<OffloadedMoments> o(new OffloadedMoments(
       path, fd, floats, std::min(bucket_floats, std::max<int64_t>(floats, 1))));
-  for (std::vector<float>& b : o->buf_) b.resize(2 * o->bucket_);
+  // Buffers for the buckets that can be in flight at once (fewer than
+  // three when the moments are fewer buckets).
+  const int64_t buckets = (floats + o->bucket_ - 1) / o->bucket_;
+  for (int64_t i = 0; i < std::min<int64_t>(kResidentBuckets, std::max<int64_t>(buckets, 1)); ++i) {
+    o->buf_[i].resize(2 * o->bucket_);
+  }
   return o;
 }
 
@@ -117,9 +123,14 @@ Status OffloadedMoments::Stream(
   auto range = [&](int64_t i) { return std::min(bucket_, floats_ - i * bucket_); };
   auto slot = [&](int64_t i) { return buf_[i % kResidentBuckets].data(); };
   std::future<Status> reading, writing[kResidentBuckets];
+  // On a timeline (--trace): each bucket's read and write (category
+  // offload, on the I/O threads) and its update (optimizer).
+  Trace* const trace = Trace::Current();
   auto read = [&](int64_t i) {
     return std::async(std::launch::async,
-                      [this, i, n = range(i), m = slot(i), b = bucket_, from_zero] {
+                      [this, i, n = range(i), m = slot(i), b = bucket_, from_zero, trace] {
+                        ScopedTrace scoped(trace);
+                        TraceSpan span("offload", "read bucket");
                         if (!from_zero) return ReadRange(i * b, n, m, m + b);
                         std::fill(m, m + 2 * b, 0.0f);
                         return Status::Ok();
@@ -139,10 +150,16 @@ Status OffloadedMoments::Stream(
     if (i + 1 < buckets && status.ok()) reading = read(i + 1);
     if (!status.ok()) break;
     float* m = slot(i);
-    update(i * bucket_, range(i), m, m + bucket_);
-    writing[i % kResidentBuckets] = std::async(
-        std::launch::async,
-        [this, i, n = range(i), m, b = bucket_] { return WriteRange(i * b, n, m, m + b); });
+    {
+      TraceSpan span("optimizer", "update bucket");
+      update(i * bucket_, range(i), m, m + bucket_);
+    }
+    writing[i % kResidentBuckets] =
+        std::async(std::launch::async, [this, i, n = range(i), m, b = bucket_, trace] {
+          ScopedTrace scoped(trace);
+          TraceSpan span("offload", "write bucket");
+          return WriteRange(i * b, n, m, m + b);
+        });
   }
   if (reading.valid()) reading.wait();
   for (std::future<Status>& w : writing) {
@@ -151,6 +168,7 @@ Status OffloadedMoments::Stream(
     if (status.ok()) status = wrote;
   }
   RETURN_IF_ERROR(status);
+  TraceSpan span("offload", "sync and drop pages");
   return DropCache();
 }
 

@@ -435,6 +435,18 @@ Status Report(const Options& o, Job& job, Communicator& world, const Progress& p
                                                   : "rank 0's process");
     }
   }
+  // Optimizer offload: the disk bytes rank 0 moved, beside 2 (m + v) a
+  // step (each read and written once; the first step reads none).
+  if (const OffloadedMoments* off = job.trainer->offloaded();
+      off != nullptr && first && !o.quiet && step > 0) {
+    auto mib = [](double b) { return b / (1 << 20); };
+    std::printf(
+        "offload: %.1f MiB read and %.1f MiB written in %lld steps on rank 0 (m + v: %.1f "
+        "MiB), %.1f MiB resident\n",
+        mib(off->bytes_read()), mib(off->bytes_written()),
+        static_cast<long long>(p.timed_steps + 1), mib(2.0 * off->floats() * 4),
+        mib(off->resident_bytes()));
+  }
   // What each rank read of a token file (a text file is read whole into
   // memory): its share under --dataset-strategy sequence.
   if (const int64_t mine = job.loader->bytes_read(); step > 0 && world.size() > 1) {
