@@ -402,7 +402,7 @@ void BlockScores(float* s, const float* q, int64_t ldq, const float* k, int64_t 
 double BlockScoreCount(int Tq, int Tk) { return static_cast<double>(Tq) * Tk; }
 }  // namespace
 
-void AttentionBlockForward(SeqRows<float> o, float* m, float* l, SeqRows<const float> q,
+void AttentionBlockForward(SeqRows<float> o, float* m, float* l, int64_t ld, SeqRows<const float> q,
                            SeqRows<const float> k, SeqRows<const float> v, int B, int Tq, int Tk,
                            int hs, int NH, bool causal) {
   if (tally.on) {
@@ -417,8 +417,8 @@ void AttentionBlockForward(SeqRows<float> o, float* m, float* l, SeqRows<const f
     float* s = scratch.data();
     const int64_t b = bh / NH, h = bh % NH;
     BlockScores(s, q.at(b, 0) + h * hs, q.ld, k.at(b, 0) + h * hs, k.ld, Tq, Tk, hs, scale, causal);
-    float* mr = m + bh * Tq;
-    float* lr = l + bh * Tq;
+    float* mr = m + bh * ld;
+    float* lr = l + bh * ld;
     float* ob = o.at(b, 0) + h * hs;
     for (int i = 0; i < Tq; ++i) {
       float* r = s + static_cast<int64_t>(i) * Tk;
@@ -470,7 +470,8 @@ void AttentionBlockDelta(float* D, SeqRows<const float> dout, SeqRows<const floa
 void AttentionBlockBackward(SeqRows<float> dq, SeqRows<float> dk, SeqRows<float> dv,
                             SeqRows<const float> dout, SeqRows<const float> q,
                             SeqRows<const float> k, SeqRows<const float> v, const float* lse,
-                            const float* D, int B, int Tq, int Tk, int hs, int NH, bool causal) {
+                            const float* D, int64_t ld, int B, int Tq, int Tk, int hs, int NH,
+                            bool causal) {
   if (tally.on) {
     const double scores = BlockScoreCount(Tq, Tk) * B * NH;
     Count(Kernel::kAttentionBackwardScores, scores);
@@ -491,7 +492,7 @@ void AttentionBlockBackward(SeqRows<float> dq, SeqRows<float> dk, SeqRows<float>
     for (int i = 0; i < Tq; ++i) {
       float* r = p + static_cast<int64_t>(i) * Tk;
       const int n = causal ? std::min(i + 1, Tk) : Tk;
-      ExpShifted(r, r, n, lse[bh * Tq + i]);
+      ExpShifted(r, r, n, lse[bh * ld + i]);
       std::fill(r + n, r + Tk, 0.0f);
     }
     // dv += p^T dout; dp = dout v^T
@@ -503,7 +504,7 @@ void AttentionBlockBackward(SeqRows<float> dq, SeqRows<float> dk, SeqRows<float>
     for (int i = 0; i < Tq; ++i) {
       const float* pr = p + static_cast<int64_t>(i) * Tk;
       float* dr = dp + static_cast<int64_t>(i) * Tk;
-      const float Di = D[bh * Tq + i];
+      const float Di = D[bh * ld + i];
       for (int j = 0; j < Tk; ++j) dr[j] = pr[j] * (dr[j] - Di) * scale;
     }
     // dq += ds k; dk += ds^T q

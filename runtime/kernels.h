@@ -149,9 +149,11 @@ void AttentionBackward(float* dqkv, const float* dout, const float* qkv, const f
 // Blockwise attention with an online softmax: ring attention's step
 // (Liu et al.; FlashAttention's recurrence). Rows of B sequences are
 // views: row i of sequence b at data + (b * seq + i) * ld; head h's
-// columns start at h * hs. Per (sequence, head, query row) statistics are
-// [B, NH, Tq] arrays (m, l, lse, D), element (b, h, i) at
-// p[(b * NH + h) * Tq + i].
+// columns start at h * hs. Per (sequence, head, query row) statistics
+// (m, l, lse, D) are [B, NH, ld] arrays, element (b, h, i) at
+// p[(b * NH + h) * ld + i]: ld is Tq where no `ld` is given, and a block of
+// a longer sequence's rows passes its first row's statistics and the
+// sequence's ld.
 template <typename T>
 struct SeqRows {
   T* data = nullptr;
@@ -165,7 +167,7 @@ struct SeqRows {
 // (`causal`: key j is seen by query i only when j <= i, a block on the
 // diagonal of the same positions): updates the running row maxima m (start
 // at -inf), sums l (start at 0) and the unnormalized output o (start at 0).
-void AttentionBlockForward(SeqRows<float> o, float* m, float* l, SeqRows<const float> q,
+void AttentionBlockForward(SeqRows<float> o, float* m, float* l, int64_t ld, SeqRows<const float> q,
                            SeqRows<const float> k, SeqRows<const float> v, int B, int Tq, int Tk,
                            int hs, int NH, bool causal);
 // After the last block: o /= l, and lse = m + log(l) for backward.
@@ -179,7 +181,8 @@ void AttentionBlockDelta(float* D, SeqRows<const float> dout, SeqRows<const floa
 void AttentionBlockBackward(SeqRows<float> dq, SeqRows<float> dk, SeqRows<float> dv,
                             SeqRows<const float> dout, SeqRows<const float> q,
                             SeqRows<const float> k, SeqRows<const float> v, const float* lse,
-                            const float* D, int B, int Tq, int Tk, int hs, int NH, bool causal);
+                            const float* D, int64_t ld, int B, int Tq, int Tk, int hs, int NH,
+                            bool causal);
 
 // GELU, tanh approximation (GPT-2's). out, inp: [N]
 void GeluForward(float* out, const float* inp, int64_t N);

@@ -260,7 +260,7 @@ class HalfEstimator {
       core.cp_hiding[K(Kernel::kAttentionForwardProducts)] += 2.0 * scores * hs * (cp - 1) / cp;
       bw().cp_hiding[K(Kernel::kAttentionBackwardScores)] += scores;
       bw().cp_hiding[K(Kernel::kAttentionBackwardProducts)] += 4.0 * scores * hs;
-      core.cp_buffer_bytes = (10 * n * cl + 3 * n * heads) * 4;
+      core.cp_buffer_bytes = (10 * n * cl + 2 * n * heads) * 4;
       // Copies: forward packs the keys and values, clears and keeps the
       // output; backward packs again, clears dq and each step's gradient
       // block, adds the arriving one, and copies its own out.

@@ -191,10 +191,7 @@ Status ParallelGpt::Build() {
     }
     shard_m_.assign(offset, 0.0f);
     shard_v_.assign(offset, 0.0f);
-    model_.adam_m().clear();
-    model_.adam_m().shrink_to_fit();
-    model_.adam_v().clear();
-    model_.adam_v().shrink_to_fit();
+    Free({&model_.adam_m(), &model_.adam_v()});
   }
   // Buckets of consecutive parameters, from the last (whose gradients the
   // backward pass finishes first) to the first.
@@ -230,12 +227,28 @@ Status ParallelGpt::Build() {
     ASSIGN_OR_RETURN(offload_, OffloadedMoments::Create(
                                    parallel_.offload_dir, comms_.world().rank(), floats,
                                    std::max<int64_t>(1, parallel_.offload_bucket_bytes / 4)));
-    for (std::vector<float>* v : {&model_.adam_m(), &model_.adam_v(), &shard_m_, &shard_v_}) {
-      v->clear();
-      v->shrink_to_fit();
+    Free({&model_.adam_m(), &model_.adam_v(), &shard_m_, &shard_v_});
+    // The moments' segments in the file's order: a parameter each, or its
+    // ZeRO shard, and where its weights and gradients lie.
+    if (parallel_.zero == 1) {
+      for (const Shard& s : shards_) {
+        offload_segments_.push_back(
+            {s.offset, s.counts[data_rank_], s.param->offset + s.begin, s.param->decay});
+      }
+    } else {
+      for (const ParamInfo& p : model_.params()) {
+        offload_segments_.push_back({p.offset, p.numel, p.offset, p.decay});
+      }
     }
   }
   return Status::Ok();
+}
+
+void ParallelGpt::Free(std::initializer_list<std::vector<float>*> vectors) {
+  for (std::vector<float>* v : vectors) {
+    v->clear();
+    v->shrink_to_fit();
+  }
 }
 
 void ParallelGpt::Init(uint64_t seed) {
@@ -248,10 +261,6 @@ void ParallelGpt::Init(uint64_t seed) {
   }
   if (offload_ != nullptr) {
     ReleaseOptimizerState();
-    model_.adam_m().clear();
-    model_.adam_m().shrink_to_fit();
-    model_.adam_v().clear();
-    model_.adam_v().shrink_to_fit();
     moments_zero_ = true;  // the next update starts them from zero
   }
 }
@@ -260,30 +269,16 @@ Status ParallelGpt::OffloadedUpdate(const AdamWConfig& adam, float clip) {
   float* weights = model_.weights().data();
   float* grads = model_.grads().data();
   model_.set_step(model_.step() + 1);
-  // The moments' segments in the file's order: a parameter each, or its
-  // ZeRO shard; each bucket updates the parts of them it holds, element
-  // by element as the in-memory update does (the same arithmetic).
-  struct Segment {
-    int64_t at, n, weight;  // in the file, its length, in weights/grads
-    bool decay;
-  };
-  std::vector<Segment> segments;
-  if (parallel_.zero == 1) {
-    for (const Shard& s : shards_) {
-      segments.push_back(
-          {s.offset, s.counts[data_rank_], s.param->offset + s.begin, s.param->decay});
-    }
-  } else {
-    for (const ParamInfo& p : model_.params())
-      segments.push_back({p.offset, p.numel, p.offset, p.decay});
-  }
+  // Each bucket updates the parts of the segments it holds, element by
+  // element as the in-memory update does (the same arithmetic).
+  const std::vector<OffloadSegment>& segments = offload_segments_;
   size_t first = 0;
   const int64_t step = model_.step();
   const Status s = offload_->Stream(
       [&](int64_t begin, int64_t n, float* m, float* v) {
         while (first < segments.size() && segments[first].at + segments[first].n <= begin) ++first;
         for (size_t k = first; k < segments.size() && segments[k].at < begin + n; ++k) {
-          const Segment& g = segments[k];
+          const OffloadSegment& g = segments[k];
           const int64_t lo = std::max(begin, g.at), hi = std::min(begin + n, g.at + g.n);
           if (hi <= lo) continue;
           float* gr = grads + g.weight + (lo - g.at);
@@ -299,8 +294,7 @@ Status ParallelGpt::OffloadedUpdate(const AdamWConfig& adam, float clip) {
 
 Status ParallelGpt::MaterializeOptimizerState() {
   if (offload_ == nullptr || materialized_) return Status::Ok();
-  std::vector<float>& m = parallel_.zero == 1 ? shard_m_ : model_.adam_m();
-  std::vector<float>& v = parallel_.zero == 1 ? shard_v_ : model_.adam_v();
+  auto [m, v] = Moments();
   m.assign(offload_->floats(), 0.0f);
   v.assign(offload_->floats(), 0.0f);
   if (!moments_zero_) RETURN_IF_ERROR(offload_->Read(0, offload_->floats(), m.data(), v.data()));
@@ -310,10 +304,7 @@ Status ParallelGpt::MaterializeOptimizerState() {
 
 void ParallelGpt::ReleaseOptimizerState() {
   if (!materialized_) return;
-  for (std::vector<float>* v : {&model_.adam_m(), &model_.adam_v(), &shard_m_, &shard_v_}) {
-    v->clear();
-    v->shrink_to_fit();
-  }
+  Free({&model_.adam_m(), &model_.adam_v(), &shard_m_, &shard_v_});
   materialized_ = false;
 }
 
@@ -503,15 +494,10 @@ Result<float> ParallelGpt::Step(const int32_t* tokens, const int32_t* targets, i
 Result<float> ParallelGpt::StepRows(const int32_t* tokens, const int32_t* targets, int B, int T,
                                     const AdamWConfig& adam, float max_norm, float* norm) {
   if (parallel_.cp == 1) return StepLocal(tokens, targets, B, T, adam, max_norm, norm);
-  const int dp = parallel_.dp;
-  if (B % dp != 0) {
-    return InvalidArgumentError("batch " + std::to_string(B) + " is not a multiple of dp " +
-                                std::to_string(dp));
-  }
-  // This rank's positions of each of its rows.
-  RETURN_IF_ERROR(CheckSequenceCut(parallel_.cp_algo, T, parallel_.cp, "h.0.attn.attention"));
+  // This rank's positions of each of its rows (StepLocal checks B and T;
+  // the cut stays inside the rows either way).
   const SequenceSplit split = sequence_split(T);
-  const int64_t rows = B / dp, Tl = split.local();
+  const int64_t rows = B / parallel_.dp, Tl = split.local();
   local_tokens_.resize(rows * Tl);
   local_targets_.resize(rows * Tl);
   for (int64_t r = 0; r < rows; ++r) {
@@ -730,15 +716,11 @@ Status ParallelGpt::ShardOptimizerState() {
       std::copy(m, m + n, shard_m_.data() + s.offset);
       std::copy(v, v + n, shard_v_.data() + s.offset);
     }
-    model_.adam_m().clear();
-    model_.adam_m().shrink_to_fit();
-    model_.adam_v().clear();
-    model_.adam_v().shrink_to_fit();
+    Free({&model_.adam_m(), &model_.adam_v()});
   }
   if (offload_ == nullptr) return Status::Ok();
   // Offloaded: the loaded moments to the file, none kept.
-  const std::vector<float>& m = parallel_.zero == 1 ? shard_m_ : model_.adam_m();
-  const std::vector<float>& v = parallel_.zero == 1 ? shard_v_ : model_.adam_v();
+  auto [m, v] = Moments();
   if (static_cast<int64_t>(m.size()) != offload_->floats() ||
       static_cast<int64_t>(v.size()) != offload_->floats()) {
     return FailedPreconditionError("optimizer offload: the loaded moments are " +
@@ -747,8 +729,7 @@ Status ParallelGpt::ShardOptimizerState() {
   }
   RETURN_IF_ERROR(offload_->Write(0, offload_->floats(), m.data(), v.data()));
   moments_zero_ = false;
-  materialized_ = true;
-  ReleaseOptimizerState();
+  Free({&m, &v});
   return Status::Ok();
 }
 

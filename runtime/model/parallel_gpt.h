@@ -63,7 +63,9 @@
 #define TESSERA_RUNTIME_MODEL_PARALLEL_GPT_H_
 
 #include <cstdint>
+#include <initializer_list>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "runtime/comm/communicator.h"
@@ -282,6 +284,13 @@ class ParallelGpt {
   Status OffloadedUpdate(const AdamWConfig& adam, float clip);
   // Frees the moments MaterializeOptimizerState read back.
   void ReleaseOptimizerState();
+  // This rank's moments in memory: its ZeRO shard's, or the model's.
+  std::pair<std::vector<float>&, std::vector<float>&> Moments() {
+    if (parallel_.zero == 1) return {shard_m_, shard_v_};
+    return {model_.adam_m(), model_.adam_v()};
+  }
+  // Empties the vectors and returns their memory.
+  static void Free(std::initializer_list<std::vector<float>*> vectors);
   // ZeRO-1: every rank's updated rows of the weights to every rank.
   Status GatherShardWeights();
 
@@ -318,6 +327,14 @@ class ParallelGpt {
   std::vector<float> shard_m_, shard_v_, send_, recv_;
   double comm_seconds_ = 0;
   std::unique_ptr<OffloadedMoments> offload_;
+  // The offloaded moments' segments in the file's order: a parameter's, or
+  // its ZeRO shard's (`at` in the file, `n` long, `weight` its first
+  // element in the weights and gradients).
+  struct OffloadSegment {
+    int64_t at, n, weight;
+    bool decay;
+  };
+  std::vector<OffloadSegment> offload_segments_;
   bool materialized_ = false;  // the offloaded moments are in memory too
   bool moments_zero_ = false;  // the offloaded moments are zero (not yet written)
 };

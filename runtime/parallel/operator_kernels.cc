@@ -263,20 +263,59 @@ namespace {
 // Waits for `r`, the time counted as communication of `ctx`.
 Status WaitCp(OpContext& ctx, Request& r) {
   if (!r.pending()) return Status::Ok();
-  const auto start = std::chrono::steady_clock::now();
-  Status s = r.Wait();
-  ctx.AddCommSeconds(
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
-  return s;
+  return ctx.TimedComm([&] { return r.Wait(); });
 }
 
 // An all-to-all over cp, timed as communication.
 Status CpAllToAll(OpContext& ctx, const float* send, float* recv, int64_t count) {
-  const auto start = std::chrono::steady_clock::now();
-  Status s = ctx.cp_comm()->AllToAll(send, recv, count, DType::kF32);
-  ctx.AddCommSeconds(
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
-  return s;
+  return ctx.TimedComm([&] { return ctx.cp_comm()->AllToAll(send, recv, count, DType::kF32); });
+}
+
+// Ulysses' reshuffles. Columns: a rank's n rows hold `g` groups of cl
+// columns (q | k | v: 3; an output: 1), each cut into cp slices of wc =
+// cl / cp; block j (to or from rank j) holds slice j of every group of
+// every row, [n, g, wc]. Sequences: block j holds positions [j T, (j + 1)
+// T) of every sequence, [B, T, w]; whole sequences are [B, cp T, w].
+void ColumnsToRanks(const float* rows, int64_t n, int g, int64_t cl, int cp, float* blocks) {
+  const int64_t wc = cl / cp;
+  for (int j = 0; j < cp; ++j) {
+    float* out = blocks + j * n * g * wc;
+    for (int64_t i = 0; i < n; ++i) {
+      for (int h = 0; h < g; ++h) {
+        const float* from = rows + (i * g + h) * cl + j * wc;
+        out = std::copy(from, from + wc, out);
+      }
+    }
+  }
+}
+
+void RanksToColumns(const float* blocks, int64_t n, int g, int64_t cl, int cp, float* rows) {
+  const int64_t wc = cl / cp;
+  for (int j = 0; j < cp; ++j) {
+    const float* in = blocks + j * n * g * wc;
+    for (int64_t i = 0; i < n; ++i) {
+      for (int h = 0; h < g; ++h, in += wc)
+        std::copy(in, in + wc, rows + (i * g + h) * cl + j * wc);
+    }
+  }
+}
+
+void RanksToSequences(const float* blocks, int64_t B, int64_t T, int64_t w, int cp, float* whole) {
+  for (int j = 0; j < cp; ++j) {
+    for (int64_t b = 0; b < B; ++b) {
+      const float* from = blocks + (j * B + b) * T * w;
+      std::copy(from, from + T * w, whole + (b * cp + j) * T * w);
+    }
+  }
+}
+
+void SequencesToRanks(const float* whole, int64_t B, int64_t T, int64_t w, int cp, float* blocks) {
+  for (int j = 0; j < cp; ++j) {
+    for (int64_t b = 0; b < B; ++b) {
+      const float* from = whole + (b * cp + j) * T * w;
+      std::copy(from, from + T * w, blocks + (j * B + b) * T * w);
+    }
+  }
 }
 
 }  // namespace
@@ -294,47 +333,22 @@ Status AttentionOp::UlyssesForward(OpContext& ctx, const Act& qkv, int T, float*
   const int hc = LocalHeads(ctx) / cp;
   std::vector<float>& send = ctx.CpBuffer(0);
   std::vector<float>& recv = ctx.CpBuffer(1);
-  const int64_t block = n * 3 * wc;  // to each rank
-  send.resize(block * cp);
-  recv.resize(block * cp);
-  for (int j = 0; j < cp; ++j) {
-    float* out = send.data() + j * block;
-    for (int64_t i = 0; i < n; ++i) {
-      for (int g = 0; g < 3; ++g) {
-        const float* from = qkv.data + i * 3 * cl + g * cl + j * wc;
-        out = std::copy(from, from + wc, out);
-      }
-    }
-  }
-  RETURN_IF_ERROR(CpAllToAll(ctx, send.data(), recv.data(), block));
+  send.resize(n * 3 * cl);
+  recv.resize(n * 3 * cl);
+  ColumnsToRanks(qkv.data, n, 3, cl, cp, send.data());
+  RETURN_IF_ERROR(CpAllToAll(ctx, send.data(), recv.data(), n * 3 * wc));
   // Whole sequences of this rank's heads: [B, Tw, 3 wc], kept after the
   // weights for backward.
   float* whole = att + B * hc * Tw * Tw;
-  for (int j = 0; j < cp; ++j) {
-    for (int64_t b = 0; b < B; ++b) {
-      const float* from = recv.data() + j * block + b * T * 3 * wc;
-      std::copy(from, from + T * 3 * wc, whole + (b * Tw + j * T) * 3 * wc);
-    }
-  }
+  RanksToSequences(recv.data(), B, T, 3 * wc, cp, whole);
   std::vector<float>& yw = ctx.CpBuffer(2);
   yw.resize(B * Tw * wc);
   k::AttentionForward(yw.data(), att, whole, static_cast<int>(B), static_cast<int>(Tw),
                       static_cast<int>(wc), hc);
   // Back: rank j gets its positions of these heads.
-  const int64_t back = n * wc;
-  for (int j = 0; j < cp; ++j) {
-    for (int64_t b = 0; b < B; ++b) {
-      const float* from = yw.data() + (b * Tw + j * T) * wc;
-      std::copy(from, from + T * wc, send.data() + j * back + b * T * wc);
-    }
-  }
-  RETURN_IF_ERROR(CpAllToAll(ctx, send.data(), recv.data(), back));
-  for (int j = 0; j < cp; ++j) {
-    for (int64_t i = 0; i < n; ++i) {
-      const float* from = recv.data() + j * back + i * wc;
-      std::copy(from, from + wc, y->data + i * cl + j * wc);
-    }
-  }
+  SequencesToRanks(yw.data(), B, T, wc, cp, send.data());
+  RETURN_IF_ERROR(CpAllToAll(ctx, send.data(), recv.data(), n * wc));
+  RanksToColumns(recv.data(), n, 1, cl, cp, y->data);
   return Status::Ok();
 }
 
@@ -346,47 +360,23 @@ Status AttentionOp::UlyssesBackward(OpContext& ctx, const float* att, int T, con
   const int hc = LocalHeads(ctx) / cp;
   std::vector<float>& send = ctx.CpBuffer(0);
   std::vector<float>& recv = ctx.CpBuffer(1);
-  const int64_t back = n * wc, block = n * 3 * wc;
-  send.resize(block * cp);
-  recv.resize(block * cp);
+  send.resize(n * 3 * cl);
+  recv.resize(n * 3 * cl);
   // The output gradient of this rank's heads, whole sequences.
-  for (int j = 0; j < cp; ++j) {
-    for (int64_t i = 0; i < n; ++i) {
-      const float* from = dy.data + i * cl + j * wc;
-      std::copy(from, from + wc, send.data() + j * back + i * wc);
-    }
-  }
-  RETURN_IF_ERROR(CpAllToAll(ctx, send.data(), recv.data(), back));
+  ColumnsToRanks(dy.data, n, 1, cl, cp, send.data());
+  RETURN_IF_ERROR(CpAllToAll(ctx, send.data(), recv.data(), n * wc));
   std::vector<float>& dyw = ctx.CpBuffer(2);
   std::vector<float>& dw = ctx.CpBuffer(3);
   dyw.resize(B * Tw * wc);
   dw.resize(B * Tw * 3 * wc);
-  for (int j = 0; j < cp; ++j) {
-    for (int64_t b = 0; b < B; ++b) {
-      const float* from = recv.data() + j * back + b * T * wc;
-      std::copy(from, from + T * wc, dyw.data() + (b * Tw + j * T) * wc);
-    }
-  }
+  RanksToSequences(recv.data(), B, T, wc, cp, dyw.data());
   const float* whole = att + B * hc * Tw * Tw;
   k::AttentionBackward(dw.data(), dyw.data(), whole, att, static_cast<int>(B), static_cast<int>(Tw),
                        static_cast<int>(wc), hc);
   // Each rank's positions of dq | dk | dv of these heads back to it.
-  for (int j = 0; j < cp; ++j) {
-    for (int64_t b = 0; b < B; ++b) {
-      const float* from = dw.data() + (b * Tw + j * T) * 3 * wc;
-      std::copy(from, from + T * 3 * wc, send.data() + j * block + b * T * 3 * wc);
-    }
-  }
-  RETURN_IF_ERROR(CpAllToAll(ctx, send.data(), recv.data(), block));
-  for (int j = 0; j < cp; ++j) {
-    const float* in = recv.data() + j * block;
-    for (int64_t i = 0; i < n; ++i) {
-      for (int g = 0; g < 3; ++g) {
-        std::copy(in, in + wc, dqkv->data + i * 3 * cl + g * cl + j * wc);
-        in += wc;
-      }
-    }
-  }
+  SequencesToRanks(dw.data(), B, T, 3 * wc, cp, send.data());
+  RETURN_IF_ERROR(CpAllToAll(ctx, send.data(), recv.data(), n * 3 * wc));
+  RanksToColumns(recv.data(), n, 3, cl, cp, dqkv->data);
   return Status::Ok();
 }
 
@@ -449,23 +439,11 @@ Status AttentionOp::RingForward(OpContext& ctx, const Act& qkv, int T, float* at
       for (int kc = 0; kc < 2; ++kc) {
         const Sees sees = Visibility(split.ChunkIndex(qc), held.ChunkIndex(kc));
         if (sees == Sees::kNone) continue;
-        // m and l of query chunk qc: [B, nh, T] rows qc c ..
-        std::vector<float>& mc = ctx.CpBuffer(3);
-        mc.resize(2 * B * nh * c);
-        float* mq = mc.data();
-        float* lq = mq + B * nh * c;
-        for (int64_t bh = 0; bh < B * nh; ++bh) {
-          std::copy(m + bh * T + qc * c, m + bh * T + (qc + 1) * c, mq + bh * c);
-          std::copy(l + bh * T + qc * c, l + bh * T + (qc + 1) * c, lq + bh * c);
-        }
-        k::AttentionBlockForward(o.Offset(qc * c), mq, lq, q.Offset(qc * c), kv.Offset(kc * c),
-                                 kv.Offset(kc * c, cl), static_cast<int>(B), static_cast<int>(c),
-                                 static_cast<int>(c), static_cast<int>(hs), nh,
+        // m and l of query chunk qc: rows qc c .. of [B, nh, T].
+        k::AttentionBlockForward(o.Offset(qc * c), m + qc * c, l + qc * c, T, q.Offset(qc * c),
+                                 kv.Offset(kc * c), kv.Offset(kc * c, cl), static_cast<int>(B),
+                                 static_cast<int>(c), static_cast<int>(c), static_cast<int>(hs), nh,
                                  sees == Sees::kDiagonal);
-        for (int64_t bh = 0; bh < B * nh; ++bh) {
-          std::copy(mq + bh * c, mq + (bh + 1) * c, m + bh * T + qc * c);
-          std::copy(lq + bh * c, lq + (bh + 1) * c, l + bh * T + qc * c);
-        }
       }
     }
     RETURN_IF_ERROR(WaitCp(ctx, send));
@@ -491,10 +469,9 @@ Status AttentionOp::RingBackward(OpContext& ctx, const Act& qkv, const float* at
   std::vector<float>& cur = ctx.CpBuffer(0);
   std::vector<float>& nxt = ctx.CpBuffer(1);
   std::vector<float>& delta = ctx.CpBuffer(2);
-  std::vector<float>& stats = ctx.CpBuffer(3);
   // The gradients travelling with the blocks: the one being added to,
   // the one being sent, the one arriving.
-  std::vector<float>* grad[3] = {&ctx.CpBuffer(4), &ctx.CpBuffer(5), &ctx.CpBuffer(6)};
+  std::vector<float>* grad[3] = {&ctx.CpBuffer(3), &ctx.CpBuffer(4), &ctx.CpBuffer(5)};
   for (std::vector<float>* g : grad) g->resize(n * 2 * cl);
   cur.resize(n * 2 * cl);
   nxt.resize(n * 2 * cl);
@@ -527,19 +504,11 @@ Status AttentionOp::RingBackward(OpContext& ctx, const Act& qkv, const float* at
       for (int kc = 0; kc < 2; ++kc) {
         const Sees sees = Visibility(split.ChunkIndex(qc), held.ChunkIndex(kc));
         if (sees == Sees::kNone) continue;
-        stats.resize(2 * B * nh * c);
-        float* lq = stats.data();
-        float* dd = lq + B * nh * c;
-        for (int64_t bh = 0; bh < B * nh; ++bh) {
-          std::copy(lse + bh * T + qc * c, lse + bh * T + (qc + 1) * c, lq + bh * c);
-          std::copy(delta.data() + bh * T + qc * c, delta.data() + bh * T + (qc + 1) * c,
-                    dd + bh * c);
-        }
         k::AttentionBlockBackward(dq.Offset(qc * c), dkv.Offset(kc * c), dkv.Offset(kc * c, cl),
                                   dout.Offset(qc * c), q.Offset(qc * c), kv.Offset(kc * c),
-                                  kv.Offset(kc * c, cl), lq, dd, static_cast<int>(B),
-                                  static_cast<int>(c), static_cast<int>(c), static_cast<int>(hs),
-                                  nh, sees == Sees::kDiagonal);
+                                  kv.Offset(kc * c, cl), lse + qc * c, delta.data() + qc * c, T,
+                                  static_cast<int>(B), static_cast<int>(c), static_cast<int>(c),
+                                  static_cast<int>(hs), nh, sees == Sees::kDiagonal);
       }
     }
     // Add what the earlier ranks added to this block, and pass it on.

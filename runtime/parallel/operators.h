@@ -51,6 +51,7 @@
 #include <vector>
 
 #include "core/status.h"
+#include "core/timer.h"
 #include "runtime/comm/communicator.h"
 #include "runtime/parallel/context_parallel.h"
 #include "runtime/parallel/copy_turns.h"
@@ -104,12 +105,6 @@ class OpContext {
   // Context parallelism: the cp group (null when cp = 1; it must outlive
   // the context) and how attention crosses it.
   void SetContextParallel(Communicator* cp, CpAlgo algo);
-  // For planning: cp ranks without a communicator.
-  void SetContextParallel(int cp, int cp_rank, CpAlgo algo) {
-    cp_size_ = cp;
-    cp_rank_ = cp_rank;
-    cp_algo_ = algo;
-  }
   int cp() const { return cp_size_; }
   int cp_rank() const { return cp_rank_; }
   CpAlgo cp_algo() const { return cp_algo_; }
@@ -120,11 +115,15 @@ class OpContext {
   }
   // Transient buffers of attention's exchanges over cp, reused by every
   // block (kCpBuffers of them).
-  static constexpr int kCpBuffers = 8;
+  static constexpr int kCpBuffers = 6;
   std::vector<float>& CpBuffer(int i) { return cp_buf_[i]; }
   int64_t CpBufferBytes() const;
-  // Counts `seconds` spent waiting for cp exchanges as communication.
-  void AddCommSeconds(double seconds) { comm_seconds_ += seconds; }
+  // Runs `fn` (a cp exchange or a wait for one), its time counted as
+  // communication.
+  Status TimedComm(const std::function<Status()>& fn) {
+    AddElapsed timed(&comm_seconds_);
+    return fn();
+  }
 
   // The local extent of a placement's rows and columns on this rank.
   int64_t LocalRows(const Act& a) const;
