@@ -32,9 +32,19 @@ struct Normal {
 }  // namespace
 
 void Gpt::Init(uint64_t seed) {
+  InitParams(seed, -1);
+  std::fill(m_.begin(), m_.end(), 0.0f);
+  std::fill(v_.begin(), v_.end(), 0.0f);
+  step_ = 0;
+}
+
+void Gpt::InitUnit(uint64_t seed, int unit) { InitParams(seed, unit); }
+
+void Gpt::InitParams(uint64_t seed, int unit) {
   const double residual_std = 0.02 / std::sqrt(2.0 * config_.layers);
   std::vector<float> whole;
   for (const ParamInfo& p : params_) {
+    if (unit >= 0 && p.unit != unit) continue;
     Normal rng{seed ^ Xxh3(p.name.data(), p.name.size())};  // XXH3: stable everywhere
     float* w = P(p.offset);
     double std = 0.02;
@@ -57,9 +67,6 @@ void Gpt::Init(uint64_t seed) {
       std::fill(w, w + p.numel, value);
     }
   }
-  std::fill(m_.begin(), m_.end(), 0.0f);
-  std::fill(v_.begin(), v_.end(), 0.0f);
-  step_ = 0;
 }
 
 Result<float> Gpt::Forward(const int32_t* tokens, const int32_t* targets, int B, int T) {
@@ -133,6 +140,7 @@ Result<float> Gpt::ForwardStage(int slot, const int32_t* tokens, const float* x,
         "operators (OpGpt)");
   }
   if (stage_.first) {
+    RETURN_IF_ERROR(NeedWeights(0));
     TraceSpan span("forward", "wte+wpe");
     k::EncoderForward(a.encoded.data(), tokens, P(wte_), P(wpe_), B, T, C);  // [N,C]
   } else {
@@ -158,6 +166,7 @@ Result<float> Gpt::ForwardStage(int slot, const int32_t* tokens, const float* x,
     float* fcproj = a.fcproj.data() + l * nc;                               // [N,C]
     float* residual3 = a.residual3.data() + l * nc;                         // [N,C]
 
+    RETURN_IF_ERROR(NeedWeights(static_cast<int>(l) + 1));
     // The whole runner records a block per span (the operator runner, OpGpt,
     // one per operator).
     TraceSpan span("forward", LayerName(l));
@@ -174,6 +183,7 @@ Result<float> Gpt::ForwardStage(int slot, const int32_t* tokens, const float* x,
     residual = residual3;
   }
   if (!stage_.last) return 0.0f;
+  RETURN_IF_ERROR(NeedWeights(0));
   TraceSpan span("forward", "ln_f+lm_head+loss");
   k::LayerNormForward(a.lnf.data(), a.lnf_mean.data(), a.lnf_rstd.data(), residual, P(lnfw_),
                       P(lnfb_), n, C);                                           // [N,C]
@@ -205,6 +215,7 @@ Status Gpt::BackwardStage(int slot, const float* dy, float dloss) {
   // each layernorm adds its input gradient, and every residual add passes
   // it unchanged to both of its inputs (so the branch outputs read it as is).
   if (stage_.last) {
+    RETURN_IF_ERROR(NeedWeights(0));
     TraceSpan span("backward", "ln_f+lm_head+loss");
     float* dlogits = a.probs.data();
     k::SoftmaxCrossEntropyBackward(dlogits, a.probs.data(), a.targets.data(), dloss, n, VL);
@@ -221,6 +232,7 @@ Status Gpt::BackwardStage(int slot, const float* dy, float dloss) {
     const Layer& w = layers_[l];
     const float* residual = l == 0 ? a.encoded.data() : a.residual3.data() + (l - 1) * nc;
     const float* att = a.att.data() + static_cast<int64_t>(l) * B * NHL * T * T;
+    RETURN_IF_ERROR(NeedWeights(l + 1));
     TraceSpan span("backward", LayerName(l));
     // residual3 = residual2 + fcproj: dfcproj = dres
     k::MatmulBackward(d.fch_gelu.data(), G(w.fcprojw), G(w.fcprojb), dres,
@@ -241,6 +253,7 @@ Status Gpt::BackwardStage(int slot, const float* dy, float dloss) {
                          a.ln1_mean.data() + l * N, a.ln1_rstd.data() + l * N, n, C);
   }
   if (stage_.first) {
+    RETURN_IF_ERROR(NeedWeights(0));
     TraceSpan span("backward", "wte+wpe");
     k::EncoderBackward(G(wte_), G(wpe_), dres, a.tokens.data(), B, T, C);
   }

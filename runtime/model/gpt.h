@@ -21,6 +21,7 @@
 
 #include "core/status.h"
 #include "runtime/comm/communicator.h"
+#include "runtime/train/offload.h"
 #include "runtime/train/optim.h"
 #include "transform/box.h"
 
@@ -92,6 +93,10 @@ struct ParamInfo {
   std::vector<int64_t> view;
   int tp_dim = -1;
   Box box;
+  // Its unit of weights (parameter offload, runtime/train/offload.h): 0
+  // for the stage's parameters outside its blocks (wte, wpe, ln_f, the
+  // tied copy), 1 + l for those of the stage's l-th block.
+  int unit = 0;
   const std::vector<int64_t>& split_shape() const { return view.empty() ? full_shape : view; }
 };
 
@@ -106,7 +111,10 @@ class Gpt {
   static Result<Gpt> Create(const GptConfig& config, const GptStage& stage = {});
   // Weights and gradients only: Adam's moments (adam_m, adam_v) left empty,
   // for their owner to hold elsewhere (a ZeRO shard, an offload file).
-  static Result<Gpt> CreateWithoutMoments(const GptConfig& config, const GptStage& stage);
+  // `offload_weights`: the weights' pages given back as soon as allocated
+  // (they read zero), for an OffloadedWeights to fill unit by unit.
+  static Result<Gpt> CreateWithoutMoments(const GptConfig& config, const GptStage& stage,
+                                          bool offload_weights = false);
   // The parameters a stage holds, in order, without allocating them.
   static Result<std::vector<ParamInfo>> Params(const GptConfig& config, const GptStage& stage = {});
 
@@ -134,6 +142,16 @@ class Gpt {
   // numbers depend on its name only, so a tp slice or a stage holds exactly
   // its part of the whole model's initialisation.
   void Init(uint64_t seed);
+  // The same for the parameters of one unit (ParamInfo::unit) only.
+  void InitUnit(uint64_t seed, int unit);
+
+  // Weights held in units that are not all in memory (parameter offload):
+  // the forward and backward ask `units` for each unit before they read
+  // it. Null (the default): every weight is in memory.
+  void set_weight_units(WeightUnits* units) { units_ = units; }
+  Status NeedWeights(int unit, bool write = false) {
+    return units_ == nullptr ? Status::Ok() : units_->Need(unit, write);
+  }
 
   const GptStage& stage() const { return stage_; }
 
@@ -213,7 +231,8 @@ class Gpt {
   void Resize(Activations& a, int B, int T) const;
   void Resize(Gradients& d, int B, int T) const;
   static Result<Gpt> Create(const GptConfig& config, const GptStage& stage, bool allocate,
-                            bool moments = true);
+                            bool moments = true, bool offload_weights = false);
+  void InitParams(uint64_t seed, int unit);  // unit -1: every parameter
   float* P(int64_t offset) { return weights_.data() + offset; }
   float* G(int64_t offset) { return grads_.data() + offset; }
 
@@ -228,6 +247,7 @@ class Gpt {
   std::vector<Layer> layers_;
   int64_t wte_ = 0, wpe_ = 0, lnfw_ = 0, lnfb_ = 0;
   std::vector<float> weights_, grads_, m_, v_;
+  WeightUnits* units_ = nullptr;
   int64_t step_ = 0;
   std::vector<Activations> slots_ = std::vector<Activations>(1);
   Gradients grad_acts_;

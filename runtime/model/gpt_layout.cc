@@ -4,6 +4,7 @@
 // read (they link no kernels); gpt.cc computes.
 #include <algorithm>
 
+#include "core/pages.h"
 #include "runtime/model/gpt.h"
 #include "transform/layout.h"
 
@@ -29,12 +30,13 @@ Result<Gpt> Gpt::Create(const GptConfig& config, const GptStage& stage) {
   return Create(config, stage, /*allocate=*/true);
 }
 
-Result<Gpt> Gpt::CreateWithoutMoments(const GptConfig& config, const GptStage& stage) {
-  return Create(config, stage, /*allocate=*/true, /*moments=*/false);
+Result<Gpt> Gpt::CreateWithoutMoments(const GptConfig& config, const GptStage& stage,
+                                      bool offload_weights) {
+  return Create(config, stage, /*allocate=*/true, /*moments=*/false, offload_weights);
 }
 
-Result<Gpt> Gpt::Create(const GptConfig& config, const GptStage& stage, bool allocate,
-                        bool moments) {
+Result<Gpt> Gpt::Create(const GptConfig& config, const GptStage& stage, bool allocate, bool moments,
+                        bool offload_weights) {
   RETURN_IF_ERROR(config.Validate());
   Gpt g;
   g.config_ = config;
@@ -56,6 +58,7 @@ Result<Gpt> Gpt::Create(const GptConfig& config, const GptStage& stage, bool all
   }
   const int64_t C = config.embed, V = config.vocab;
   int64_t offset = 0;
+  int unit = 0;  // ParamInfo::unit
   // `full`: the whole tensor; `view` (or {}): the finer shape a tp cut
   // applies to (c_attn's [C, 3, C], so q, k and v are cut alike). The cut
   // dimension comes from stage.tp_dims (operator strategies decide it).
@@ -88,6 +91,7 @@ Result<Gpt> Gpt::Create(const GptConfig& config, const GptStage& stage, bool all
     p.numel = NumElements(p.box);
     p.offset = offset;
     p.decay = p.full_shape.size() >= 2;
+    p.unit = unit;
     offset += p.numel;
     g.params_.push_back(std::move(p));
     return g.params_.back().offset;
@@ -99,6 +103,7 @@ Result<Gpt> Gpt::Create(const GptConfig& config, const GptStage& stage, bool all
   for (const auto& [begin, end] : ranges) {
     for (int i = begin; i < end; ++i) {
       const std::string p = "h." + std::to_string(i) + ".";
+      unit = static_cast<int>(g.layers_.size()) + 1;
       Layer l;
       l.ln1w = add(p + "ln_1.weight", {C});
       l.ln1b = add(p + "ln_1.bias", {C});
@@ -116,6 +121,7 @@ Result<Gpt> Gpt::Create(const GptConfig& config, const GptStage& stage, bool all
       g.layers_.push_back(l);
     }
   }
+  unit = 0;
   if (stage.last) {
     g.lnfw_ = add("ln_f.weight", {C});
     g.lnfb_ = add("ln_f.bias", {C});
@@ -126,6 +132,11 @@ Result<Gpt> Gpt::Create(const GptConfig& config, const GptStage& stage, bool all
   }
   if (allocate) {
     g.weights_.assign(offset, 0.0f);
+    // Given back before the gradients are allocated, so the two never sit
+    // in memory together.
+    if (offload_weights) {
+      RETURN_IF_ERROR(ReturnPages(g.weights_.data(), offset * static_cast<int64_t>(sizeof(float))));
+    }
     g.grads_.assign(offset, 0.0f);
     if (moments) {
       g.m_.assign(offset, 0.0f);

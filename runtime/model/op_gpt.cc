@@ -248,6 +248,7 @@ Result<float> OpGpt::ForwardStage(int slot, const int32_t* tokens, const float* 
 
   Act x = New(&a.x0, N, C, graph_.stream_in);
   if (graph_.stage.first) {
+    RETURN_IF_ERROR(model_->NeedWeights(0));
     graph_.embedding.Forward(ctx_, a.tokens.data(), T, P(wte_), P(wpe_), &x);
   } else {
     std::copy(x_in, x_in + N * C, x.data);
@@ -255,6 +256,7 @@ Result<float> OpGpt::ForwardStage(int slot, const int32_t* tokens, const float* 
   for (size_t l = 0; l < blocks_.size(); ++l) {
     const OpGpt::Block& b = blocks_[l];
     BlockActs& s = a.blocks[l];
+    RETURN_IF_ERROR(model_->NeedWeights(static_cast<int>(l) + 1));
     if (b.recompute == Recompute::kFull) {
       // Only the block's input (as its conversions left it) and output stay.
       RETURN_IF_ERROR(BlockForward(b, x, T, &scratch_, &scratch_att_, &scratch_y_));
@@ -274,6 +276,7 @@ Result<float> OpGpt::ForwardStage(int slot, const int32_t* tokens, const float* 
     RETURN_IF_ERROR(Conv(x, graph_.out_e, &a.out).status());
     return 0.0f;
   }
+  RETURN_IF_ERROR(model_->NeedWeights(0));
   ASSIGN_OR_RETURN(Act lnf_in, Conv(x, graph_.lnf_e, &a.lnf_in));
   Act hf = New(&a.hf, N, C, graph_.lnf.info().output);
   a.lnf_mean.resize(ctx_.LocalRows(hf));
@@ -350,6 +353,7 @@ Status OpGpt::BackwardStage(int slot, const float* dy, float dloss) {
   const int T = a.T;
   const int64_t N = static_cast<int64_t>(a.B) * T, C = graph_.config.embed, V = graph_.config.vocab;
   if (graph_.stage.last) {
+    RETURN_IF_ERROR(model_->NeedWeights(0));
     Act ce_in = a.ce_in.act;
     graph_.loss.Backward(ctx_, ce_in, a.probs.data(), a.targets.data(), dloss, a.probs.data());
     Act dl{a.probs.data(), N, V, graph_.ce_e.to};
@@ -375,6 +379,7 @@ Status OpGpt::BackwardStage(int slot, const float* dy, float dloss) {
     const OpGpt::Block& b = blocks_[l];
     BlockActs* acts = &a.blocks[l];
     const float* att = acts->att.data.data();
+    RETURN_IF_ERROR(model_->NeedWeights(static_cast<int>(l) + 1));
     if (b.recompute == Recompute::kFull) {
       // The block again from its input, into the scratch activations.
       Act in = acts->input;
@@ -423,6 +428,7 @@ Status OpGpt::BackwardStage(int slot, const float* dy, float dloss) {
                                       dh1, b.e[0], b.e[4]));
   }
   if (graph_.stage.first) {
+    RETURN_IF_ERROR(model_->NeedWeights(0));
     graph_.embedding.Backward(
         ctx_, a.tokens.data(), T, dres_,
         ParamGrad(wte_, wte_numel_, wte_tp_sum_, graph_.embedding.info().rows_over_tp), G(wpe_));

@@ -30,6 +30,23 @@ Status ParallelConfig::Validate(int world_size) const {
   if (offload_optimizer && offload_dir.empty()) {
     return InvalidArgumentError("optimizer offload needs a directory for its files (offload_dir)");
   }
+  if (offload_params) {
+    if (!offload_optimizer) {
+      return InvalidArgumentError(
+          "parameter offload needs optimizer offload too (offload optimizer,params): the update "
+          "streams the weights with Adam's moments");
+    }
+    if (virtual_stages > 1) {
+      return InvalidArgumentError("parameter offload with virtual_stages " +
+                                  std::to_string(virtual_stages) +
+                                  ": an interleaved stage's chunks are not offloaded (use one)");
+    }
+    if (micro_batch_interleave > 1) {
+      return InvalidArgumentError("parameter offload with micro_batch_interleave " +
+                                  std::to_string(micro_batch_interleave) +
+                                  ": multi-copy's copies would take turns on the units (use one)");
+    }
+  }
   if (cp > 1 && micro_batch_interleave > 1) {
     return InvalidArgumentError("micro_batch_interleave " + std::to_string(micro_batch_interleave) +
                                 " with cp " + std::to_string(cp) +

@@ -42,7 +42,7 @@ Result<std::unique_ptr<ParallelGpt>> ParallelGpt::Create(const GptConfig& config
   // Moments a ZeRO shard or the offload file holds are never allocated
   // whole (they would set the peak resident set).
   ASSIGN_OR_RETURN(Gpt model, parallel.zero == 1 || parallel.offload_optimizer
-                                  ? Gpt::CreateWithoutMoments(config, gs)
+                                  ? Gpt::CreateWithoutMoments(config, gs, parallel.offload_params)
                                   : Gpt::Create(config, gs));
   std::unique_ptr<ParallelGpt> p(new ParallelGpt(std::move(model), parallel, std::move(comms)));
   p->tp_dims_ = gs.tp_dims;
@@ -76,7 +76,9 @@ MemoryUse ParallelGpt::Memory() const {
     return static_cast<int64_t>(v.capacity() * sizeof(float));
   };
   MemoryUse m;
-  m.parameters = bytes(model_.weights());
+  m.parameters = offload_weights_ != nullptr
+                     ? offload_weights_->peak_resident_bytes() + offload_weights_->buffer_bytes()
+                     : bytes(model_.weights());
   m.gradients = bytes(model_.grads());
   m.optimizer = bytes(model_.adam_m()) + bytes(model_.adam_v()) + bytes(shard_m_) + bytes(shard_v_);
   if (offload_ != nullptr) m.optimizer += offload_->resident_bytes();  // its buckets
@@ -232,14 +234,37 @@ Status ParallelGpt::Build() {
     // ZeRO shard, and where its weights and gradients lie.
     if (parallel_.zero == 1) {
       for (const Shard& s : shards_) {
-        offload_segments_.push_back(
-            {s.offset, s.counts[data_rank_], s.param->offset + s.begin, s.param->decay});
+        offload_segments_.push_back({s.offset, s.counts[data_rank_], s.param->offset + s.begin,
+                                     s.param->decay, s.param->unit});
       }
     } else {
       for (const ParamInfo& p : model_.params()) {
-        offload_segments_.push_back({p.offset, p.numel, p.offset, p.decay});
+        offload_segments_.push_back({p.offset, p.numel, p.offset, p.decay, p.unit});
       }
     }
+  }
+  if (parallel_.offload_params) {
+    // The weights' units: each one's parameters, adjacent ones as one range.
+    std::vector<std::vector<OffloadedWeights::Range>> units;
+    for (size_t i = 0; i < params.size(); ++i) {
+      const ParamInfo& p = params[i];
+      if (p.unit >= static_cast<int>(units.size())) {
+        units.resize(p.unit + 1);
+        unit_params_.resize(p.unit + 1);
+      }
+      std::vector<OffloadedWeights::Range>& ranges = units[p.unit];
+      if (!ranges.empty() && ranges.back().begin + ranges.back().n == p.offset) {
+        ranges.back().n += p.numel;
+      } else {
+        ranges.push_back({p.offset, p.numel});
+      }
+      unit_params_[p.unit].push_back(i);
+    }
+    ASSIGN_OR_RETURN(
+        offload_weights_,
+        OffloadedWeights::Create(parallel_.offload_dir, comms_.world().rank(),
+                                 model_.weights().data(), model_.num_params(), std::move(units)));
+    model_.set_weight_units(offload_weights_.get());
   }
   return Status::Ok();
 }
@@ -251,8 +276,20 @@ void ParallelGpt::Free(std::initializer_list<std::vector<float>*> vectors) {
   }
 }
 
-void ParallelGpt::Init(uint64_t seed) {
-  model_.Init(seed);
+Status ParallelGpt::Init(uint64_t seed) {
+  if (offload_weights_ != nullptr) {
+    // Unit by unit, each written out before the next is made.
+    model_.set_step(0);
+    for (int u = 0; u < offload_weights_->units(); ++u) {
+      RETURN_IF_ERROR(offload_weights_->Need(u, /*write=*/true));
+      model_.InitUnit(seed, u);
+    }
+    // Every unit written and out, nothing in flight: a checkpoint loaded
+    // next may write the weights whole (ShardOptimizerState stores them).
+    RETURN_IF_ERROR(offload_weights_->Evict());
+  } else {
+    model_.Init(seed);
+  }
   if (parallel_.zero == 1) {
     std::fill(shard_m_.begin(), shard_m_.end(), 0.0f);
     std::fill(shard_v_.begin(), shard_v_.end(), 0.0f);
@@ -263,6 +300,7 @@ void ParallelGpt::Init(uint64_t seed) {
     ReleaseOptimizerState();
     moments_zero_ = true;  // the next update starts them from zero
   }
+  return Status::Ok();
 }
 
 Status ParallelGpt::OffloadedUpdate(const AdamWConfig& adam, float clip) {
@@ -274,13 +312,16 @@ Status ParallelGpt::OffloadedUpdate(const AdamWConfig& adam, float clip) {
   const std::vector<OffloadSegment>& segments = offload_segments_;
   size_t first = 0;
   const int64_t step = model_.step();
+  Status units;  // the weights' units, when offloaded too
   const Status s = offload_->Stream(
       [&](int64_t begin, int64_t n, float* m, float* v) {
         while (first < segments.size() && segments[first].at + segments[first].n <= begin) ++first;
         for (size_t k = first; k < segments.size() && segments[k].at < begin + n; ++k) {
           const OffloadSegment& g = segments[k];
           const int64_t lo = std::max(begin, g.at), hi = std::min(begin + n, g.at + g.n);
-          if (hi <= lo) continue;
+          if (hi <= lo || !units.ok()) continue;
+          units = model_.NeedWeights(g.unit, /*write=*/true);
+          if (!units.ok()) continue;
           float* gr = grads + g.weight + (lo - g.at);
           if (clip != 1.0f) Scale(gr, hi - lo, clip);
           AdamWUpdate(weights + g.weight + (lo - g.at), gr, m + (lo - begin), v + (lo - begin),
@@ -289,10 +330,12 @@ Status ParallelGpt::OffloadedUpdate(const AdamWConfig& adam, float clip) {
       },
       moments_zero_);
   moments_zero_ = false;
-  return s;
+  RETURN_IF_ERROR(s);
+  return units;
 }
 
 Status ParallelGpt::MaterializeOptimizerState() {
+  if (offload_weights_ != nullptr) RETURN_IF_ERROR(offload_weights_->NeedAll());
   if (offload_ == nullptr || materialized_) return Status::Ok();
   auto [m, v] = Moments();
   m.assign(offload_->floats(), 0.0f);
@@ -387,6 +430,55 @@ Status ParallelGpt::GatherShardWeights() {
         const Shard& s = shards_[i];
         std::copy(in, in + s.counts[r], weights + s.param->offset + s.starts[r]);
         in += s.counts[r];
+      }
+    }
+  }
+  return Status::Ok();
+}
+
+Status ParallelGpt::GatherUnitWeights() {
+  // Each rank's shards of a unit's parameters, in order, as one stream of
+  // floats; the streams go round in rounds of the gather buffers' block.
+  float* weights = model_.weights().data();
+  const int dp = parallel_.dp * parallel_.cp;  // the ranks of data_
+  const int64_t block = static_cast<int64_t>(send_.size()) / dp;
+  // Copies floats [from, from + n) of rank r's stream of `unit` to (`out`)
+  // or from the buffer `buf`.
+  auto copy = [&](int unit, int r, int64_t from, int64_t n, float* buf, bool out) {
+    for (size_t i : unit_params_[unit]) {
+      if (n == 0) return;
+      const Shard& s = shards_[i];
+      if (from >= s.counts[r]) {
+        from -= s.counts[r];
+        continue;
+      }
+      const int64_t k = std::min(n, s.counts[r] - from);
+      float* w = weights + s.param->offset + s.starts[r] + from;
+      if (out) {
+        std::copy(w, w + k, buf);
+      } else {
+        std::copy(buf, buf + k, w);
+      }
+      buf += k;
+      n -= k;
+      from = 0;
+    }
+  };
+  for (int u = 0; u < offload_weights_->units(); ++u) {
+    RETURN_IF_ERROR(offload_weights_->Need(u, /*write=*/true));
+    std::vector<int64_t> total(dp, 0);
+    for (size_t i : unit_params_[u]) {
+      for (int r = 0; r < dp; ++r) total[r] += shards_[i].counts[r];
+    }
+    const int64_t longest = *std::max_element(total.begin(), total.end());
+    AddElapsed timed(&comm_seconds_);
+    for (int64_t at = 0; at < longest; at += block) {
+      const int64_t mine = std::clamp<int64_t>(total[data_rank_] - at, 0, block);
+      copy(u, data_rank_, at, mine, send_.data(), true);
+      RETURN_IF_ERROR(data_->AllGather(send_.data(), block, recv_.data(), DType::kF32));
+      for (int r = 0; r < dp; ++r) {
+        copy(u, r, at, std::clamp<int64_t>(total[r] - at, 0, block), recv_.data() + r * block,
+             false);
       }
     }
   }
@@ -536,6 +628,10 @@ Result<float> ParallelGpt::StepLocal(const int32_t* tokens, const int32_t* targe
   RETURN_IF_ERROR(CheckSequenceCut(parallel_.cp_algo, T, parallel_.cp, "h.0.attn.attention"));
   ReleaseOptimizerState();  // a save's copy of offloaded moments
   model_.ZeroGrad();
+  // The first step records the order the weights' units are needed in;
+  // later steps read each one ahead in that order.
+  const bool record = offload_weights_ != nullptr && !order_learned_;
+  if (record) offload_weights_->BeginOrder();
   // Each rank runs its T / cp positions of every row.
   ASSIGN_OR_RETURN(double loss, RunPipeline(tokens, targets, local, T / parallel_.cp));
   loss /= micro_batches_;  // the mean over this rank's rows (last stage; 0 elsewhere)
@@ -567,11 +663,17 @@ Result<float> ParallelGpt::StepLocal(const int32_t* tokens, const int32_t* targe
                                   (offload_ != nullptr ? ", offloaded" : ""));
   if (offload_ != nullptr) {
     RETURN_IF_ERROR(OffloadedUpdate(adam, clip));
-    if (parallel_.zero == 1) RETURN_IF_ERROR(GatherShardWeights());
+    if (parallel_.zero == 1) {
+      RETURN_IF_ERROR(offload_weights_ != nullptr ? GatherUnitWeights() : GatherShardWeights());
+    }
   } else if (parallel_.zero == 0) {
     model_.ApplyUpdate(adam, clip);
   } else {
     RETURN_IF_ERROR(ShardedUpdate(adam, clip));
+  }
+  if (record) {
+    offload_weights_->EndOrder();
+    order_learned_ = true;
   }
   return static_cast<float>(loss);
 }
@@ -706,6 +808,7 @@ Result<std::vector<LocalPiece>> ParallelGpt::SlicedPieces(
 
 Status ParallelGpt::ShardOptimizerState() {
   materialized_ = false;
+  if (offload_weights_ != nullptr) RETURN_IF_ERROR(offload_weights_->StoreAll());
   if (parallel_.zero == 1) {
     shard_m_.resize(offload_ != nullptr ? offload_->floats() : shard_m_.size());
     shard_v_.resize(shard_m_.size());

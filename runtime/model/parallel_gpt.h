@@ -118,6 +118,11 @@ struct ParallelConfig {
   // streamed through the update bucket by bucket: three buckets of
   // offload_bucket_bytes of each of m and v resident.
   bool offload_optimizer = false;
+  // Parameter offload (with offload_optimizer): this rank's weights in a
+  // file under offload_dir too, in memory a unit at a time (the stage's
+  // parameters outside its blocks, then each block) while the next one is
+  // read (OffloadedWeights). Not with virtual stages or multi-copy.
+  bool offload_params = false;
   std::string offload_dir;
   int64_t offload_bucket_bytes = int64_t{4} << 20;
   // The mesh "pp=P,dp=D,tp=T", with cp: "pp=P,dp=D,cp=C,tp=T" (ranks
@@ -177,8 +182,9 @@ class ParallelGpt {
   const Gpt& model() const { return model_; }
   int64_t step() const { return model_.step(); }
 
-  // GPT-2 initialisation, the same on every rank.
-  void Init(uint64_t seed);
+  // GPT-2 initialisation, the same on every rank (errors: the offload
+  // file's).
+  Status Init(uint64_t seed);
 
   // One training step on the global batch (the same tokens on every rank).
   // B must be a multiple of dp. Returns the global mean loss; `norm` (if
@@ -239,13 +245,19 @@ class ParallelGpt {
   Status WriteSliced(SlicedCheckpointWriter& writer, const Strategy& strategy);
   // With the optimizer offloaded: reads this rank's moments back into
   // memory (model().adam_m/adam_v, or the ZeRO shard) for a save or a
-  // gather, until the next Step (a no-op otherwise). SlicedPieces needs it.
+  // gather, until the next Step, and with the parameters offloaded, every
+  // weight (a no-op otherwise). SlicedPieces and an export need it.
   Status MaterializeOptimizerState();
-  // The offload file, when the optimizer is offloaded (else null).
+  // The offload files, when the optimizer (and the parameters) are
+  // offloaded (else null).
   const OffloadedMoments* offloaded() const { return offload_.get(); }
+  const OffloadedWeights* offloaded_weights() const { return offload_weights_.get(); }
   // After the model's moments were loaded or gathered: keeps this rank's
   // shard under ZeRO-1 and frees the rest (local, not collective).
-  // Offloaded, the moments go to the offload file instead (errors name it).
+  // Offloaded, the moments go to the offload file instead (errors name it),
+  // and with the parameters offloaded, the loaded weights to theirs (loaded
+  // right after Init or MaterializeOptimizerState, when no unit is in
+  // flight).
   Status ShardOptimizerState();
 
  private:
@@ -293,6 +305,9 @@ class ParallelGpt {
   static void Free(std::initializer_list<std::vector<float>*> vectors);
   // ZeRO-1: every rank's updated rows of the weights to every rank.
   Status GatherShardWeights();
+  // The same unit after unit, with the parameters offloaded: each unit's
+  // shards in rounds through the gather buffers while it is in memory.
+  Status GatherUnitWeights();
 
   Gpt model_;
   // What runs the stage, one per chunk: its operators (ops_, when there
@@ -333,9 +348,13 @@ class ParallelGpt {
   struct OffloadSegment {
     int64_t at, n, weight;
     bool decay;
+    int unit;  // of its weights
   };
   std::vector<OffloadSegment> offload_segments_;
-  bool materialized_ = false;  // the offloaded moments are in memory too
+  std::unique_ptr<OffloadedWeights> offload_weights_;
+  std::vector<std::vector<size_t>> unit_params_;  // each unit's parameters (indices)
+  bool order_learned_ = false;                    // the units' order of a step, for prefetching
+  bool materialized_ = false;                     // the offloaded moments are in memory too
   bool moments_zero_ = false;  // the offloaded moments are zero (not yet written)
 };
 

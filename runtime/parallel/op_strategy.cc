@@ -114,6 +114,31 @@ bool MatchesOpPattern(std::string_view pattern, std::string_view name) {
   return false;
 }
 
+std::string OffloadKinds::Name() const {
+  if (!optimizer && !params) return "none";
+  return optimizer && params ? "optimizer,params" : optimizer ? "optimizer" : "params";
+}
+
+Result<OffloadKinds> ParseOffload(const std::string& text) {
+  OffloadKinds kinds;
+  if (text == "none") return kinds;
+  for (size_t at = 0; at <= text.size();) {
+    const size_t comma = std::min(text.find(',', at), text.size());
+    const std::string kind = text.substr(at, comma - at);
+    if (kind == "optimizer") {
+      kinds.optimizer = true;
+    } else if (kind == "params") {
+      kinds.params = true;
+    } else {
+      return InvalidArgumentError("offload '" + text +
+                                  "': expected none, optimizer (Adam's moments on disk) or "
+                                  "optimizer,params (the weights too)");
+    }
+    at = comma + 1;
+  }
+  return kinds;
+}
+
 Result<OpStrategyFile> OpStrategyFile::Parse(std::string_view text, const std::string& source) {
   auto fail = [&](const std::string& what) {
     return InvalidArgumentError("operator strategy file " + source + ": " + what);
@@ -172,11 +197,9 @@ Result<OpStrategyFile> OpStrategyFile::Parse(std::string_view text, const std::s
       file.cp_algo = *algo;
     } else if (key == "offload") {
       const std::string o = value.is_string() ? value.get<std::string>() : value.dump();
-      if (o != "optimizer" && o != "none") {
-        return fail("offload '" + o + "': expected \"optimizer\" (Adam's moments on disk) or " +
-                    "\"none\"");
-      }
-      file.offload_optimizer = o == "optimizer";
+      const Result<OffloadKinds> kinds = ParseOffload(o);
+      if (!kinds.ok()) return fail(kinds.status().message());
+      file.offload = *kinds;
     } else if (key == "offload_dir") {
       if (!value.is_string() || value.get<std::string>().empty()) {
         return fail("\"offload_dir\" must be a directory's path");
@@ -304,7 +327,7 @@ std::string OpStrategyFile::ToJson() const {
   }
   if (!mesh.empty()) root["mesh"] = mesh;
   if (cp_algo.has_value()) root["cp_algo"] = CpAlgoName(*cp_algo);
-  if (offload_optimizer.has_value()) root["offload"] = *offload_optimizer ? "optimizer" : "none";
+  if (offload.has_value()) root["offload"] = offload->Name();
   if (!offload_dir.empty()) root["offload_dir"] = offload_dir;
   if (zero.has_value()) root["zero"] = *zero;
   if (micro_batches.has_value()) root["micro_batches"] = *micro_batches;

@@ -98,12 +98,23 @@ enum class Recompute { kNone, kFull, kSelective };
 Result<Recompute> ParseRecompute(std::string_view text);  // none, full, selective
 std::string_view RecomputeName(Recompute r);
 
+// What offload keeps on disk (train_gpt --offload, the file's "offload"):
+// "none", "optimizer" (Adam's moments), "optimizer,params" (the weights
+// too; the kinds in any order).
+struct OffloadKinds {
+  bool optimizer = false, params = false;
+  std::string Name() const;
+  bool operator==(const OffloadKinds&) const = default;
+};
+Result<OffloadKinds> ParseOffload(const std::string& text);
+
 struct OpStrategyFile {
   std::string source;  // the path (or "<text>"), for messages
   std::optional<int> pp, dp, cp, tp, zero, micro_batches, virtual_stages, micro_batch_interleave;
   std::optional<CpAlgo> cp_algo;
-  // "offload": "optimizer" (or "none"); "offload_dir": where its files go.
-  std::optional<bool> offload_optimizer;
+  // "offload": "optimizer", "optimizer,params" (or "none"); "offload_dir":
+  // where its files go.
+  std::optional<OffloadKinds> offload;
   std::string offload_dir;
   std::vector<int> stage_layers;
   // "recompute": {"h.*": "selective", "h.0": "full"}: blocks (patterns as

@@ -116,6 +116,7 @@ Result<Job> Configure(const Options& o, Communicator& world) {
     ASSIGN_OR_RETURN(job.parallel, AutoParallel(o, world));
     // Not the search's to choose (yet): where the optimizer lives.
     job.parallel.offload_optimizer = o.parallel.offload_optimizer;
+    job.parallel.offload_params = o.parallel.offload_params;
     job.parallel.offload_dir = o.parallel.offload_dir;
   }
   ParallelConfig& par = job.parallel;
@@ -145,7 +146,7 @@ Result<Job> Configure(const Options& o, Communicator& world) {
     ASSIGN_OR_RETURN(Strategy strategy, job.trainer->strategy());
     if (first) RETURN_IF_ERROR(SaveStrategyFile(env, o.strategy_out, strategy));
   }
-  job.trainer->Init(o.seed);
+  RETURN_IF_ERROR(job.trainer->Init(o.seed));
   return job;
 }
 
@@ -394,6 +395,8 @@ Status Export(const Options& o, Job& job, Communicator& world, bool talk) {
   if (gather) {
     RETURN_IF_ERROR(job.trainer->GatherOptimizerState());
     RETURN_IF_ERROR(job.trainer->GatherModel(&full));
+  } else {
+    RETURN_IF_ERROR(job.trainer->MaterializeOptimizerState());  // offloaded weights
   }
   if (world.rank() != 0) return Status::Ok();
   const SaveGptOptions options{.weights_dtype = *ParseDType(o.export_dtype),
@@ -445,6 +448,23 @@ Status Report(const Options& o, Job& job, Communicator& world, const Progress& p
         mib(off->bytes_read()), mib(off->bytes_written()),
         static_cast<long long>(p.timed_steps + 1), mib(2.0 * off->floats() * 4),
         mib(off->resident_bytes()));
+  }
+  // Parameter offload: the same for the weights (each unit read in every
+  // forward and backward it is needed in, written after the update), and
+  // the most of them in memory at once beside the largest unit.
+  if (const OffloadedWeights* w = job.trainer->offloaded_weights();
+      w != nullptr && first && !o.quiet && step > 0) {
+    auto mib = [](double b) { return b / (1 << 20); };
+    int64_t all = 0, largest = 0;
+    for (int u = 0; u < w->units(); ++u) {
+      all += w->unit_bytes(u);
+      largest = std::max(largest, w->unit_bytes(u));
+    }
+    std::printf(
+        "weights offload: %.1f MiB read and %.1f MiB written in %lld steps on rank 0 (weights: "
+        "%.1f MiB in %d units, the largest %.1f MiB), at most %.1f MiB resident\n",
+        mib(w->bytes_read()), mib(w->bytes_written()), static_cast<long long>(p.timed_steps + 1),
+        mib(all), w->units(), mib(largest), mib(w->peak_resident_bytes()));
   }
   // What each rank read of a token file (a text file is read whole into
   // memory): its share under --dataset-strategy sequence.

@@ -96,8 +96,13 @@ void AddParallelFlags(CLI::App* app, Options* o, Flags* f) {
       ->check(CLI::PositiveNumber);
   app->add_option("--offload", f->offload,
                   "optimizer: keep Adam's moments (this rank's ZeRO shard) in a file under "
-                  "--offload-dir, streamed through the update bucket by bucket (none: in memory)")
-      ->check(CLI::IsMember({"none", "optimizer"}));
+                  "--offload-dir, streamed through the update bucket by bucket; "
+                  "optimizer,params: the weights too, in memory a block (or the embeddings) "
+                  "at a time while the next is read (none: in memory)")
+      ->check([](const std::string& s) {
+        const Result<OffloadKinds> k = ParseOffload(s);
+        return k.ok() ? std::string() : std::string(k.status().message());
+      });
   app->add_option("--offload-bucket-mib", f->offload_bucket_mib,
                   "--offload: MiB of each of m and v a streamed bucket holds (three resident; "
                   "default 4)")
@@ -248,13 +253,14 @@ Status ApplyStrategyFile(const CLI::App& app, const std::string& path, Options* 
     }
     o->parallel.cp_algo = *file.cp_algo;
   }
-  if (file.offload_optimizer.has_value()) {
-    if (app.count("--offload") > 0 && o->parallel.offload_optimizer != *file.offload_optimizer) {
-      return InvalidArgumentError(
-          path + " sets offload " + (*file.offload_optimizer ? "optimizer" : "none") +
-          " but --offload is " + (o->parallel.offload_optimizer ? "optimizer" : "none"));
+  if (file.offload.has_value()) {
+    const OffloadKinds flag{o->parallel.offload_optimizer, o->parallel.offload_params};
+    if (app.count("--offload") > 0 && flag != *file.offload) {
+      return InvalidArgumentError(path + " sets offload " + file.offload->Name() +
+                                  " but --offload is " + flag.Name());
     }
-    o->parallel.offload_optimizer = *file.offload_optimizer;
+    o->parallel.offload_optimizer = file.offload->optimizer;
+    o->parallel.offload_params = file.offload->params;
   }
   if (!file.offload_dir.empty()) {
     if (app.count("--offload-dir") > 0 && o->parallel.offload_dir != file.offload_dir) {
@@ -291,10 +297,12 @@ Status CheckSaves(const Flags& f, Options* o) {
   }
   ASSIGN_OR_RETURN(o->fault, FaultKill::Parse(f.fault_kill.empty() ? f.fault_hang : f.fault_kill));
   o->fault.hang = !f.fault_hang.empty();
-  if (o->async_save && o->parallel.offload_optimizer) {
+  if (o->async_save && (o->parallel.offload_optimizer || o->parallel.offload_params)) {
     return InvalidArgumentError(
-        "--async-save with --offload optimizer: the async snapshot would hold the offloaded "
-        "moments in memory; save synchronously (drop --async-save)");
+        "--async-save with --offload " +
+        OffloadKinds{o->parallel.offload_optimizer, o->parallel.offload_params}.Name() +
+        ": the async snapshot would hold the offloaded state in memory; save synchronously "
+        "(drop --async-save)");
   }
   if (!o->redundancy.none() && o->save_mode != "sliced") {
     return InvalidArgumentError("--redundancy needs --save-mode sliced (or --async-save)");
@@ -324,7 +332,9 @@ Status CheckLaunch(const Flags& f, Options* o) {
 Status Resolve(const CLI::App& app, const Flags& f, Options* o) {
   o->parallel.recompute = *ParseRecompute(f.recompute);  // CLI11 checked it
   o->parallel.cp_algo = *ParseCpAlgo(f.cp_algo);
-  o->parallel.offload_optimizer = f.offload == "optimizer";
+  const OffloadKinds offload = *ParseOffload(f.offload);  // CLI11 checked it
+  o->parallel.offload_optimizer = offload.optimizer;
+  o->parallel.offload_params = offload.params;
   RETURN_IF_ERROR(CheckAutoParallel(app, f, o));
   if (o->seq <= 0) o->seq = o->config.context;
   if (o->seq > o->config.context) return InvalidArgumentError("--seq is longer than --context");

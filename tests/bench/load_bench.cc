@@ -55,7 +55,7 @@ Result<double> Save(const std::string& path, const std::string& redundancy) {
   RETURN_IF_ERROR(RunInProcess(4, [&](Communicator& world) -> Status {
     ASSIGN_OR_RETURN(auto trainer,
                      ParallelGpt::Create(kConfig, {.dp = 2, .tp = 2, .zero = 1}, world));
-    trainer->Init(1);
+    RETURN_IF_ERROR(trainer->Init(1));
     ASSIGN_OR_RETURN(Strategy strategy, trainer->strategy());
     SlicedWriteOptions options;
     ASSIGN_OR_RETURN(options.redundancy, Redundancy::Parse(redundancy));

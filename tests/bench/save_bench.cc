@@ -54,7 +54,7 @@ struct Times {
 Status Run(Communicator& world, const std::string& dir, Times* times) {
   const GptConfig config{.layers = 12, .heads = 12, .embed = 768, .context = 256, .vocab = 50257};
   ASSIGN_OR_RETURN(auto trainer, ParallelGpt::Create(config, {.dp = 2, .tp = 2, .zero = 1}, world));
-  trainer->Init(1);
+  RETURN_IF_ERROR(trainer->Init(1));
   ASSIGN_OR_RETURN(Strategy strategy, trainer->strategy());
   Env* env = Env::Default();
   auto clean = [&](const std::string& path) -> Status {

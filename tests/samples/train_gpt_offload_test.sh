@@ -1,22 +1,27 @@
 #!/usr/bin/env bash
 # Optimizer-state offload (train_gpt --offload optimizer --offload-dir DIR):
-# Adam's moments stream from a file through the update; losses, final
-# weights and both moments are bit for bit those of the same run in memory
-# (dp1, dp2 + ZeRO-1, tp2, pp2, dp2 x tp2 + ZeRO-1); a run killed with
+# Adam's moments stream from a file through the update; with
+# --offload optimizer,params the weights too, a unit (the embeddings, a
+# block) at a time. Losses, final weights and both moments are bit for bit
+# those of the same run in memory (dp1, dp2 + ZeRO-1, tp2, pp2, dp2 x tp2 +
+# ZeRO-1, and pp2 with full recompute for the weights); a run killed with
 # SIGKILL and resumed from its latest checkpoint, with or without offload,
 # ends bit for bit where the uninterrupted one does (the offload file is
 # scratch, recreated by every job and removed at its end); the moments
 # leave the rank's memory (the accounted optimizer bytes are the streaming
-# buckets); an unwritable directory, a full one and --async-save are
-# refused by name before any step, and the strategy file's offload keys
-# pair with the flags.
+# buckets), the weights hold at most three units; in a memory cgroup the
+# in-memory run is OOM-killed where the offloaded ones train, and optimizer
+# offload alone is where optimizer and parameter offload train; an
+# unwritable directory, a full one, --async-save and parameter offload
+# without the optimizer's or with virtual stages are refused by name before
+# any step, and the strategy file's offload keys pair with the flags.
 # Usage: train_gpt_offload_test.sh TRAIN_GPT CORPUS CKPT
 set -uo pipefail
 BIN=$1
 CORPUS=$2
 CKPT=$3
 WORK=$(mktemp -d)
-trap 'umount "$WORK/full" 2>/dev/null; rm -rf "$WORK"' EXIT
+trap 'umount "$WORK/full" "$WORK/tmpfs" 2>/dev/null; rm -rf "$WORK"' EXIT
 source "$(dirname "$0")/../lib.sh"
 SMALL=(--data "$CORPUS" --layers 2 --heads 4 --embed 32 --context 32 --batch 8 --lr 1e-3
   --max-norm 0.5 --steps 12 --bucket-mib 0.01 --offload-bucket-mib 0.01)
@@ -27,23 +32,34 @@ same_run() { # same_run A_DIR A_LOG B_DIR B_LOG: bitwise losses and end state
 }
 
 for setting in "" "--ranks 2 --zero 1" "--ranks 2 --tp 2" "--ranks 2 --pp 2" \
-  "--ranks 4 --dp 2 --tp 2 --zero 1"; do
+  "--ranks 4 --dp 2 --tp 2 --zero 1" "--ranks 2 --pp 2 --recompute full"; do
   # shellcheck disable=SC2086
   "$BIN" "${SMALL[@]}" $setting --save "$WORK/mem" >"$WORK/mem.log" 2>&1
-  # shellcheck disable=SC2086
-  "$BIN" "${SMALL[@]}" $setting "${OFF[@]}" --save "$WORK/off" >"$WORK/off.log" 2>&1
-  check "${setting:-1 rank}: offloaded, losses, weights and moments bit for bit the in-memory run's" \
-    same_run "$WORK/mem" "$WORK/mem.log" "$WORK/off" "$WORK/off.log"
-  rm -rf "$WORK/off" "$WORK/mem"
+  for kinds in optimizer optimizer,params; do
+    [ "$kinds" = optimizer ] && [[ $setting == *recompute* ]] && continue
+    # shellcheck disable=SC2086
+    "$BIN" "${SMALL[@]}" $setting --offload $kinds --offload-dir "$WORK" --save "$WORK/off" \
+      >"$WORK/off.log" 2>&1
+    check "${setting:-1 rank}, --offload $kinds: losses, weights and moments bit for bit the \
+in-memory run's" same_run "$WORK/mem" "$WORK/mem.log" "$WORK/off" "$WORK/off.log"
+    rm -rf "$WORK/off"
+  done
+  rm -rf "$WORK/mem"
 done
+check "... the weights were offloaded: units read from their file step after step" \
+  awk '/weights offload:/ && $3 > 0 { found = 1 } END { exit !found }' "$WORK/off.log"
 check "... the offload files are gone after the runs" \
-  bash -c "! ls '$WORK'/adam.rank*.bin 2>/dev/null | grep -q ."
+  bash -c "! ls '$WORK'/adam.rank*.bin '$WORK'/weights.rank*.bin 2>/dev/null | grep -q ."
 
 # Killed (SIGKILL at step 9) and resumed from step 6's checkpoint, with
 # offload, then without it, and an in-memory save resumed with offload.
-for resume in "offload offload" "offload memory" "memory offload"; do
+for resume in "offload offload" "offload memory" "memory offload" "params params" \
+  "params memory"; do
   read -r first second <<<"$resume"
-  flags() { [ "$1" = offload ] && echo "--offload optimizer --offload-dir $WORK"; }
+  flags() {
+    [ "$1" = offload ] && echo "--offload optimizer --offload-dir $WORK"
+    [ "$1" = params ] && echo "--offload optimizer,params --offload-dir $WORK"
+  }
   rm -rf "$WORK/k"
   # shellcheck disable=SC2046
   ("$BIN" "${SMALL[@]}" --ranks 2 --zero 1 $(flags "$first") --save "$WORK/k" --save-every 6 \
@@ -68,6 +84,16 @@ optimizer_mib() { sed -n 's/.*optimizer \([0-9.]*\) MiB.*/\1/p' "$1"; }
 check "offloaded, the optimizer's resident bytes are its 3 buckets (1.5 MiB), not the moments" \
   awk -v m="$(optimizer_mib "$WORK/bm.log")" -v o="$(optimizer_mib "$WORK/bo.log")" \
   'BEGIN { exit !(m > 6 && o <= 1.51) }'
+# The weights too: 4 blocks of 0.75 MiB and the embeddings; at most the
+# unit in use, the one read ahead and one written back are in memory.
+"$BIN" "${BIG[@]}" --offload optimizer,params --offload-dir "$WORK" >"$WORK/bp.log" 2>&1
+check "parameter offload: at most three units of the weights resident, well under all of them" \
+  awk '/weights offload:/ { for (i = 1; i <= NF; i++) {
+      if ($i == "(weights:") all = $(i + 1); if ($i == "largest") big = $(i + 1)
+      if ($i == "most") res = $(i + 1) }
+      found = 1 }
+    END { exit !(found && res <= 3 * big + 0.01 && res < all) }' \
+  "$WORK/bp.log"
 
 # The claim, in a memory cgroup (v1) below the in-memory run's peak and
 # above the offloaded one's: 8 layers of C 512 hold 194 MiB of moments;
@@ -87,17 +113,32 @@ then
     (bash -c 'echo $$ >"$0/cgroup.procs" && exec "$@"' "$G" "$BIN" "${WIDE[@]}" "$@" \
       >"$log" 2>&1) 2>/dev/null
   }
+  # finished_same RC LOG: the run exited 0 with the unlimited run's losses.
+  finished_same() { [ "$1" -eq 0 ] && diff <(train_losses "$WORK/free.log") \
+    <(train_losses "$2") >/dev/null; }
   "$BIN" "${WIDE[@]}" >"$WORK/free.log" 2>&1
   capped "$WORK/capped.log"
   plain=$?
   capped "$WORK/capped_off.log" "${OFF[@]}"
   off=$?
+  # Within 230 MiB, optimizer offload alone (~265 MiB: the weights and
+  # their gradients, 97 MiB each) is killed; with the weights offloaded too
+  # (~205 MiB: three blocks of them) it trains.
+  echo $((230 << 20)) >"$G/memory.limit_in_bytes"
+  capped "$WORK/tight_off.log" "${OFF[@]}"
+  tight_off=$?
+  capped "$WORK/tight_params.log" --offload optimizer,params --offload-dir "$WORK" \
+    --offload-bucket-mib 1
+  tight_params=$?
   rmdir "$G"
   check "within 340 MiB (cgroup v1), the in-memory run is killed by the OOM killer" \
     test "$plain" -eq 137
   check "... the offloaded one finishes with the unlimited run's losses, bit for bit" \
-    bash -c "[ $off -eq 0 ] && diff <(grep '^step' '$WORK/free.log' | awk '{print \$4}') \
-      <(grep '^step' '$WORK/capped_off.log' | awk '{print \$4}') >/dev/null"
+    finished_same "$off" "$WORK/capped_off.log"
+  check "within 230 MiB, optimizer offload alone is killed by the OOM killer" \
+    test "$tight_off" -eq 137
+  check "... optimizer and parameter offload finish with the unlimited run's losses, bit for bit" \
+    finished_same "$tight_params" "$WORK/tight_params.log"
 else
   echo "skip the memory-cgroup case: $CG is not a writable cgroup v1 memory hierarchy (root)"
 fi
@@ -117,6 +158,11 @@ refused "--offload optimizer without a directory is refused" "needs a directory"
   --offload optimizer
 refused "--async-save with offload is refused by name" "--async-save with --offload optimizer" \
   "${OFF[@]}" --save "$WORK/as" --async-save
+refused "parameter offload without the optimizer's is refused" \
+  "parameter offload needs optimizer offload too" --offload params --offload-dir "$WORK"
+refused "parameter offload with virtual stages is refused by name" \
+  "parameter offload with virtual_stages 2" --offload optimizer,params --offload-dir "$WORK" \
+  --ranks 2 --pp 2 --virtual-stages 2
 printf '{"format": "tessera.op_strategy", "offload": "optimizer", "offload_dir": "%s"}\n' \
   "$WORK" >"$WORK/off.json"
 "$BIN" "${SMALL[@]}" --op-strategy "$WORK/off.json" --save "$WORK/file" >"$WORK/file.log" 2>&1
@@ -125,9 +171,20 @@ check "the strategy file's offload keys: the same run, bit for bit" \
   same_run "$WORK/mem1" "$WORK/mem1.log" "$WORK/file" "$WORK/file.log"
 refused "a file's offload disagreeing with --offload is named" \
   "sets offload optimizer but --offload is none" --op-strategy "$WORK/off.json" --offload none
+refused "... and optimizer,params against optimizer" \
+  "sets offload optimizer but --offload is optimizer,params" --op-strategy "$WORK/off.json" \
+  --offload optimizer,params
 if mkdir -p "$WORK/full" && mount -t tmpfs -o size=64k tmpfs "$WORK/full" 2>/dev/null; then
   refused "a full offload directory (64 KiB tmpfs) is refused naming the path and the bytes" \
     "adam.rank0.bin' needs .* the disk has no room" --offload optimizer --offload-dir "$WORK/full"
+  # tmpfs has no direct I/O: the files go through the page cache there.
+  mkdir -p "$WORK/tmpfs" && mount -t tmpfs -o size=64m tmpfs "$WORK/tmpfs" &&
+    "$BIN" "${SMALL[@]}" --offload optimizer,params --offload-dir "$WORK/tmpfs" \
+      --save "$WORK/tm" >"$WORK/tm.log" 2>&1
+  "$BIN" "${SMALL[@]}" --save "$WORK/mem2" >"$WORK/mem2.log" 2>&1
+  check "on tmpfs (no O_DIRECT: through the page cache), the same run bit for bit" \
+    same_run "$WORK/mem2" "$WORK/mem2.log" "$WORK/tm" "$WORK/tm.log"
+  umount "$WORK/tmpfs" 2>/dev/null
 else
   echo "skip full-directory case: mounting a tmpfs needs root"
 fi

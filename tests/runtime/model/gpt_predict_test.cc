@@ -42,7 +42,7 @@ std::vector<RankRun> Measured(const ParallelConfig& par, int ranks) {
   std::mutex mu;
   const Status s = RunInProcess(ranks, [&](Communicator& world) -> Status {
     ASSIGN_OR_RETURN(std::unique_ptr<ParallelGpt> p, ParallelGpt::Create(kConfig, par, world));
-    p->Init(1);
+    RETURN_IF_ERROR(p->Init(1));
     const auto tokens = Tokens(1), targets = Tokens(2);
     for (int step = 0; step < 2; ++step) {
       kernels::CountUnits(step == 1);

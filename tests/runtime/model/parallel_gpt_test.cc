@@ -81,7 +81,7 @@ Run Parallel(const ParallelConfig& config, int ranks, MemoryUse* memory = nullpt
   std::mutex mu;
   const Status s = RunInProcess(ranks, [&](Communicator& world) -> Status {
     ASSIGN_OR_RETURN(std::unique_ptr<ParallelGpt> p, ParallelGpt::Create(kConfig, config, world));
-    p->Init(42);
+    RETURN_IF_ERROR(p->Init(42));
     for (int step = 0; step < kSteps; ++step) {
       const auto tokens = Batch(step, 0), targets = Batch(step, 1);
       float norm = 0;
@@ -417,7 +417,7 @@ TEST_CASE(
     s = RunInProcess(2, [&](Communicator& world) -> Status {
       ASSIGN_OR_RETURN(auto p,
                        ParallelGpt::Create(kConfig, {.tp = 2, .micro_batch_interleave = 3}, world));
-      p->Init(42);
+      RETURN_IF_ERROR(p->Init(42));
       const auto tokens = Batch(0, 0), targets = Batch(0, 1);
       auto loss = p->Step(tokens.data(), targets.data(), kB, kT, kAdam, kMaxNorm, nullptr);
       if (loss.ok()) return InternalError("accepted");
@@ -637,7 +637,7 @@ TEST_CASE("redistribution plans are built once, in the first step") {
     ASSIGN_OR_RETURN(
         auto p, ParallelGpt::Create(
                     kConfig, {.tp = 2, .op_strategy = StrategyFile(kOtherOrientation)}, world));
-    p->Init(42);
+    RETURN_IF_ERROR(p->Init(42));
     int64_t after_first = 0;
     for (int step = 0; step < 3; ++step) {
       const auto tokens = Batch(step, 0), targets = Batch(step, 1);
