@@ -22,7 +22,7 @@ namespace {
 struct AutoArgs {
   GptConfig config{.layers = 12, .heads = 12, .embed = 768, .context = 1024, .vocab = 50257};
   int batch = 8, seq = 0, devices = 8;
-  std::string mode = "exact", profile, rank_memory, fixed, why;
+  std::string mode = "exact", profile, rank_memory, fixed, why, offload_dir;
   std::string write_ops, write_strategy, write_mindspore;
   double bucket_mib = 25;
   bool describe = false;
@@ -58,6 +58,7 @@ Status RunAuto(const AutoArgs& a, std::ostream& out) {
   SearchOptions options;
   ASSIGN_OR_RETURN(options.mode, ParseSearchMode(a.mode));
   options.bucket_bytes = static_cast<int64_t>(a.bucket_mib * (1 << 20));
+  options.offload_dir = a.offload_dir;
   if (!a.rank_memory.empty()) {
     ASSIGN_OR_RETURN(options.rank_memory, ParseByteSize(a.rank_memory));
   }
@@ -86,6 +87,7 @@ Status RunAuto(const AutoArgs& a, std::ostream& out) {
   if (!a.why.empty()) {
     ASSIGN_OR_RETURN(ParallelConfig alt, ParseParallelConfig(a.why));
     alt.bucket_bytes = options.bucket_bytes;
+    if (alt.offload_optimizer) alt.offload_dir = a.offload_dir.empty() ? "." : a.offload_dir;
     out << WhyNotReport(a.why, PredictGptStep(a.config, a.batch, T, alt, profile), r.predicted,
                         budget);
   }
@@ -106,6 +108,9 @@ CLI::App* AddAutoParallelVerb(CLI::App& app, std::function<int()>* run) {
       ->check(CLI::IsMember({"propagate", "fast", "exact"}));
   cmd->add_option("--rank-memory", a->rank_memory,
                   "memory per rank the plan must fit (default: the profile's device memory)");
+  cmd->add_option("--offload-dir", a->offload_dir,
+                  "where the job can offload: when no plan fits the memory, the search takes "
+                  "the fastest with the optimizer offloaded, else with the weights too");
   cmd->add_option("--op-strategy", a->fixed, "propagate: the operators (and settings) to keep");
   cmd->add_option("--layers", a->config.layers)->check(CLI::PositiveNumber);
   cmd->add_option("--heads", a->config.heads)->check(CLI::PositiveNumber);
@@ -121,6 +126,7 @@ CLI::App* AddAutoParallelVerb(CLI::App& app, std::function<int()>* run) {
   cmd->add_option("--why", a->why,
                   "compare with another configuration: pp=,dp=,cp=,tp=,zero=,micro_batches=,"
                   "virtual_stages=,micro_batch_interleave=,recompute=,cp_algo=ring|ulysses,"
+                  "offload=none|optimizer|optimizer+params,"
                   "strategy=megatron|megatron_sp|data_parallel|FILE");
   cmd->add_option("--write-op-strategy", a->write_ops,
                   "write the plan as an operator strategy file");

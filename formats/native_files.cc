@@ -4,6 +4,7 @@
 #include <cstring>
 #include <limits>
 #include <memory>
+#include <vector>
 
 #include "core/buffer.h"
 #include "core/checksum.h"
@@ -34,8 +35,11 @@ namespace {
 // time: the block's checksum, the piece's (streamed) and the write all
 // read the block while it is in cache, instead of three passes over the
 // piece from memory. The records are those EncodeStoredPiece gives.
-template <typename Write>
-Result<PieceInfo> WriteRawBlocks(const std::string& path, const void* raw, size_t size,
+//
+// `block(off, n)` gives the bytes of [off, off + n) of the piece: the
+// caller's memory, or a buffer a PieceReader refilled (StreamedBlocks).
+template <typename Block, typename Write>
+Result<PieceInfo> WriteRawBlocks(const std::string& path, Block&& block, size_t size,
                                  const Box& box, uint32_t file_index, uint64_t offset,
                                  Write&& write) {
   PieceInfo p;
@@ -46,17 +50,46 @@ Result<PieceInfo> WriteRawBlocks(const std::string& path, const void* raw, size_
   p.offset = offset;
   p.length = size;
   Xxh3Hasher piece;
-  const char* data = static_cast<const char*>(raw);
   for (uint64_t off = 0; off < size; off += kChecksumBlock) {
     const size_t n = static_cast<size_t>(std::min<uint64_t>(kChecksumBlock, size - off));
-    if (size > kChecksumBlock) p.block_checksums.push_back(Xxh3(data + off, n));
-    piece.Update(data + off, n);
-    Status s = write(data + off, n, off);
+    ASSIGN_OR_RETURN(const char* data, block(off, n));
+    if (size > kChecksumBlock) p.block_checksums.push_back(Xxh3(data, n));
+    piece.Update(data, n);
+    Status s = write(data, n, off);
     if (!s.ok()) return s.Annotate("data file '" + path + "'");
   }
   p.checksum = piece.Digest();
   return p;
 }
+
+// A piece's bytes from memory.
+auto MemoryBlocks(const void* raw) {
+  return [data = static_cast<const char*>(raw)](uint64_t off, size_t) -> Result<const char*> {
+    return data + off;
+  };
+}
+
+// A piece's bytes through `read`, a buffer of up to kStreamBytes at a time.
+class StreamedBlocks {
+ public:
+  StreamedBlocks(const PieceReader& read, size_t size)
+      : read_(read), size_(size), buffer_(std::min(size, kStreamBytes)) {}
+  Result<const char*> operator()(uint64_t off, size_t n) {
+    if (off < begin_ || off + n > begin_ + filled_) {
+      begin_ = off;
+      filled_ = static_cast<size_t>(std::min<uint64_t>(buffer_.size(), size_ - off));
+      RETURN_IF_ERROR(read_(off, filled_, buffer_.data()));
+    }
+    return buffer_.data() + (off - begin_);
+  }
+
+ private:
+  const PieceReader& read_;
+  size_t size_;
+  std::vector<char> buffer_;
+  uint64_t begin_ = 0;
+  size_t filled_ = 0;
+};
 
 }  // namespace
 
@@ -163,8 +196,24 @@ Result<PieceInfo> DataFileWriter::Append(const void* raw, size_t size, const Box
   // A large raw piece in one pass (WriteRawBlocks); Write adds the file's
   // whole-file checksum while the block is in cache.
   RETURN_IF_ERROR(PadTo(PieceStart(size_, size)));
-  ASSIGN_OR_RETURN(PieceInfo p, WriteRawBlocks(path_, raw, size, box, index_, size_,
+  ASSIGN_OR_RETURN(PieceInfo p, WriteRawBlocks(path_, MemoryBlocks(raw), size, box, index_, size_,
                                                [&](const char* data, size_t n, uint64_t) {
+                                                 return Write(data, n);
+                                               }));
+  size_ += size;
+  return p;
+}
+
+Result<PieceInfo> DataFileWriter::AppendFrom(const PieceReader& read, size_t size, const Box& box,
+                                             DType dtype) {
+  if (size <= kChecksumBlock) {  // one block: whole, as Append encodes it
+    std::vector<char> whole(size);
+    RETURN_IF_ERROR(read(0, size, whole.data()));
+    return Append(whole.data(), size, box, dtype, Codec::kRaw, 0);
+  }
+  RETURN_IF_ERROR(PadTo(PieceStart(size_, size)));
+  ASSIGN_OR_RETURN(PieceInfo p, WriteRawBlocks(path_, StreamedBlocks(read, size), size, box, index_,
+                                               size_, [&](const char* data, size_t n, uint64_t) {
                                                  return Write(data, n);
                                                }));
   size_ += size;
@@ -238,14 +287,29 @@ Result<std::unique_ptr<PlacedDataFile>> PlacedDataFile::Open(Env* env, const std
   return std::unique_ptr<PlacedDataFile>(new PlacedDataFile(path, std::move(file), file_index));
 }
 
-Result<PieceInfo> PlacedDataFile::WriteRaw(uint64_t offset, const void* raw, size_t size,
-                                           const Box& box) {
+Status PlacedDataFile::CheckPieceOffset(uint64_t offset) const {
   if (offset < kHeaderSize || offset % kPieceAlignment != 0) {
     return InvalidArgumentError("data file '" + path_ + "': offset " + std::to_string(offset) +
                                 " is not a piece's");
   }
+  return Status::Ok();
+}
+
+Result<PieceInfo> PlacedDataFile::WriteRaw(uint64_t offset, const void* raw, size_t size,
+                                           const Box& box) {
+  RETURN_IF_ERROR(CheckPieceOffset(offset));
   WritableFile& file = *file_;
-  return WriteRawBlocks(path_, raw, size, box, index_, offset,
+  return WriteRawBlocks(path_, MemoryBlocks(raw), size, box, index_, offset,
+                        [&](const char* data, size_t n, uint64_t off) {
+                          return file.WriteAt(offset + off, data, n);
+                        });
+}
+
+Result<PieceInfo> PlacedDataFile::WriteRawFrom(uint64_t offset, const PieceReader& read,
+                                               size_t size, const Box& box) {
+  RETURN_IF_ERROR(CheckPieceOffset(offset));
+  WritableFile& file = *file_;
+  return WriteRawBlocks(path_, StreamedBlocks(read, size), size, box, index_, offset,
                         [&](const char* data, size_t n, uint64_t off) {
                           return file.WriteAt(offset + off, data, n);
                         });

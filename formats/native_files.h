@@ -4,6 +4,7 @@
 #ifndef TESSERA_FORMATS_NATIVE_FILES_H_
 #define TESSERA_FORMATS_NATIVE_FILES_H_
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -34,6 +35,14 @@ struct StoredPiece {
 Result<StoredPiece> EncodeStoredPiece(const void* raw, size_t size, const Box& box, DType dtype,
                                       Codec codec, int level);
 
+// Where a raw piece's bytes come from when they are not in memory whole
+// (a checkpoint streamed from the offload tier): fills bytes [offset,
+// offset + n) of the piece into `out`. Offsets and counts are whole
+// checksum blocks but for the last.
+using PieceReader = std::function<Status(uint64_t offset, size_t n, void* out)>;
+// Bytes a streamed piece holds in memory at once (whole checksum blocks).
+inline constexpr size_t kStreamBytes = size_t{16} << 20;
+
 // Appends pieces to one data file. Not thread-safe.
 class DataFileWriter {
  public:
@@ -48,6 +57,10 @@ class DataFileWriter {
                            int level);
   // Writes an encoded piece at PieceStart.
   Result<PieceInfo> Append(const StoredPiece& piece);
+  // A raw piece of `size` bytes read through `read` a buffer of at most
+  // kStreamBytes at a time, hashed as it streams: the same record and
+  // bytes as Append of the whole.
+  Result<PieceInfo> AppendFrom(const PieceReader& read, size_t size, const Box& box, DType dtype);
   // Zeros to the next 4 KiB boundary, where the file ends: after it, size()
   // and checksum() are the file's final ones (Finish does it too).
   Status EndPieces();
@@ -127,6 +140,9 @@ class PlacedDataFile {
   // Writes and checksums one raw piece holding `box`, `size` bytes, at
   // `offset` (one of Place's).
   Result<PieceInfo> WriteRaw(uint64_t offset, const void* raw, size_t size, const Box& box);
+  // The same read through `read` (DataFileWriter::AppendFrom).
+  Result<PieceInfo> WriteRawFrom(uint64_t offset, const PieceReader& read, size_t size,
+                                 const Box& box);
   // Makes this writer's pieces durable and closes it.
   Status Finish();
   const std::string& path() const { return path_; }
@@ -134,6 +150,7 @@ class PlacedDataFile {
  private:
   PlacedDataFile(std::string path, std::unique_ptr<WritableFile> file, uint32_t index)
       : path_(std::move(path)), file_(std::move(file)), index_(index) {}
+  Status CheckPieceOffset(uint64_t offset) const;
   std::string path_;
   std::unique_ptr<WritableFile> file_;
   uint32_t index_;

@@ -14,6 +14,7 @@
 #include "core/timer.h"
 #include "runtime/kernels.h"
 #include "runtime/parallel/copy_turns.h"
+#include "runtime/train/offload.h"
 #include "runtime/train/optim.h"
 
 namespace tessera {
@@ -487,11 +488,43 @@ void MeasureKernels(MachineProfile* profile) {
   MeasureOptimizer(profile);
 }
 
-Result<MachineProfile> CalibrateMachine(Communicator& world) {
+Status MeasureDisk(const std::string& dir, MachineProfile* profile) {
+  // 256 MiB in 4 MiB requests, as offload moves its buckets and units:
+  // written, then read back, direct I/O (ScratchFile; through the page
+  // cache, dropped, where the filesystem has none).
+  constexpr int64_t kChunk = int64_t{4} << 20, kBytes = int64_t{256} << 20;
+  ASSIGN_OR_RETURN(std::unique_ptr<ScratchFile> file,
+                   ScratchFile::Create(dir + "/tessera-calibrate." + std::to_string(::getpid()),
+                                       kBytes, "calibration", "a disk bandwidth test"));
+  AlignedFloats buf = AllocateAligned(kChunk / 4);
+  if (buf == nullptr) return ResourceExhaustedError("calibration: no memory for a disk buffer");
+  for (int64_t i = 0; i < kChunk / 4; ++i) buf[i] = static_cast<float>(i);
+  double start = SteadySeconds();
+  for (int64_t at = 0; at < kBytes; at += kChunk)
+    RETURN_IF_ERROR(file->Write(buf.get(), kChunk, at));
+  RETURN_IF_ERROR(file->DropCache());
+  profile->disk_write = static_cast<double>(kBytes) / (SteadySeconds() - start);
+  start = SteadySeconds();
+  for (int64_t at = 0; at < kBytes; at += kChunk)
+    RETURN_IF_ERROR(file->Read(buf.get(), kChunk, at));
+  profile->disk_read = static_cast<double>(kBytes) / (SteadySeconds() - start);
+  return Status::Ok();
+}
+
+Result<MachineProfile> CalibrateMachine(Communicator& world, const std::string& disk_dir) {
   ASSIGN_OR_RETURN(MachineProfile profile, Calibrate(world));
   RETURN_IF_ERROR(world.Barrier());
-  if (world.rank() == 0) MeasureKernels(&profile);
+  Status disk;
+  if (world.rank() == 0) {
+    MeasureKernels(&profile);
+    if (!disk_dir.empty()) disk = MeasureDisk(disk_dir, &profile);
+  }
   RETURN_IF_ERROR(world.Broadcast(profile.kernel_seconds, kKernelCount, DType::kF64, 0));
+  double bandwidths[2] = {profile.disk_read, profile.disk_write};
+  RETURN_IF_ERROR(world.Broadcast(bandwidths, 2, DType::kF64, 0));
+  profile.disk_read = bandwidths[0];
+  profile.disk_write = bandwidths[1];
+  RETURN_IF_ERROR(disk);  // rank 0's (the others wait on its broadcast)
   return profile;
 }
 

@@ -59,9 +59,12 @@ Result<MachineProfile> Calibrate(Communicator& world);
 // from a fit over sequences of 128 and 256 and heads of 32 and 128.
 void MeasureKernels(MachineProfile* profile);
 // What train_gpt --calibrate measures: Calibrate (above) and the
-// kernels, timed on rank 0 while the others wait. Collective; every rank
-// returns the same profile.
-Result<MachineProfile> CalibrateMachine(Communicator& world);
+// kernels, timed on rank 0 while the others wait, and with `disk_dir`
+// the bandwidth of direct-I/O reads and writes of a scratch file there
+// (offload's disk). Collective; every rank returns the same profile.
+Result<MachineProfile> CalibrateMachine(Communicator& world, const std::string& disk_dir = "");
+// The disk's figures alone (MachineProfile::disk_read, disk_write).
+Status MeasureDisk(const std::string& dir, MachineProfile* profile);
 
 }  // namespace tessera
 

@@ -181,6 +181,14 @@ Status ParseFields(const Json& j, const std::string& source, MachineProfile* p) 
   p->hosts = j.value("hosts", 0);
   p->copy_turn_s = j.value("copy_turn_s", 0.0);
   if (!(p->copy_turn_s >= 0)) return InvalidArgumentError(source + ": copy_turn_s must be >= 0");
+  if (j.contains("disk")) {
+    const Json& d = j["disk"];
+    p->disk_read = d.value("read", 0.0);
+    p->disk_write = d.value("write", 0.0);
+    if (!(p->disk_read >= 0) || !(p->disk_write >= 0)) {
+      return InvalidArgumentError(source + ": disk bandwidths must be >= 0");
+    }
+  }
   RETURN_IF_ERROR(ParseDevice(j, source, p));
   RETURN_IF_ERROR(ParseLinks(j, source, p));
   RETURN_IF_ERROR(ParseCollectives(j, source, p));
@@ -262,6 +270,7 @@ std::string MachineProfile::ToJson() const {
   j["devices_per_host"] = devices_per_host;
   j["hosts"] = hosts;
   if (copy_turn_s > 0) j["copy_turn_s"] = copy_turn_s;
+  if (disk_read > 0 || disk_write > 0) j["disk"] = {{"read", disk_read}, {"write", disk_write}};
   j["device"] = {{"matmul_flops", matmul_flops},
                  {"memory_bandwidth", memory_bandwidth},
                  {"memory_bytes", static_cast<double>(memory_bytes)}};
@@ -290,11 +299,18 @@ MachineProfile MachineProfile::ForRanks(int ranks) const {
   const int64_t devices = static_cast<int64_t>(hosts) * devices_per_host;
   p.ranks_per_device =
       hosts > 0 && ranks > devices ? static_cast<int>((ranks + devices - 1) / devices) : 1;
+  p.ranks_per_host = hosts > 0 ? (ranks + hosts - 1) / hosts : 1;
   return p;
 }
 
 double MachineProfile::ComputeSeconds(double flops, double bytes) const {
   return (flops / matmul_flops + bytes / memory_bandwidth) * ranks_per_device;
+}
+
+double MachineProfile::DiskSeconds(double read_bytes, double write_bytes) const {
+  const double r = disk_read > 0 ? disk_read : kDefaultDiskBandwidth;
+  const double w = disk_write > 0 ? disk_write : kDefaultDiskBandwidth;
+  return (read_bytes / r + write_bytes / w) * ranks_per_host;
 }
 
 double MachineProfile::KernelSeconds(Kernel kernel, double units) const {

@@ -109,6 +109,13 @@ struct MachineProfile {
   // on and taken back costs beyond the blocking call (thread wake-ups, the
   // lane's hop, MPI's polling), measured by calibration; 0: not measured.
   double copy_turn_s = 0;
+  // The local disk offload writes to: bytes/s of direct-I/O reads and
+  // writes in 4 MiB requests, measured by calibration (JSON "disk":
+  // {"read": ..., "write": ...}); 0: not measured (kDefaultDiskBandwidth).
+  double disk_read = 0, disk_write = 0;
+  static constexpr double kDefaultDiskBandwidth = 500e6;
+  // Ranks sharing one host's disk (ForRanks sets it; not in the file).
+  int ranks_per_host = 1;
   // Ranks sharing one device (ForRanks sets it; not in the file).
   int ranks_per_device = 1;
   // This machine running a job of `ranks`.
@@ -121,6 +128,9 @@ struct MachineProfile {
   // Seconds for `flops` of matrix products and `bytes` of element-wise
   // memory traffic on one rank (shared devices divide the throughput).
   double ComputeSeconds(double flops, double bytes) const;
+  // Seconds for a rank to read and write those bytes of its offload files
+  // (the ranks of a host share its disk).
+  double DiskSeconds(double read_bytes, double write_bytes) const;
   // Seconds for `units` of `kernel` on one rank: measured, else its
   // roofline (shared devices divide the throughput).
   double KernelSeconds(Kernel kernel, double units) const;

@@ -182,11 +182,7 @@ std::string StepPrediction::ToString() const {
       "step " + Seconds(seconds) + " (compute " + Seconds(compute) + ", tp collectives " +
       Seconds(tp_comm) + ", pipeline transfers " + Seconds(pp_comm) + ", bubble " +
       Seconds(bubble) + ", gradient sums " + Seconds(dp_comm) + ", update " + Seconds(optimizer) +
-      "); largest rank (stage " + std::to_string(memory_stage) +
-      "): " + HumanBytes(memory.total()) + " (parameters " + HumanBytes(memory.parameters) +
-      ", gradients " + HumanBytes(memory.gradients) + ", optimizer " +
-      HumanBytes(memory.optimizer) + ", activations " + HumanBytes(memory.activations) +
-      ", communication " + HumanBytes(memory.communication) + ")";
+      "); largest rank (stage " + std::to_string(memory_stage) + "): " + memory.ToString();
   return out;
 }
 

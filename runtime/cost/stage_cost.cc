@@ -81,12 +81,30 @@ double GradientSumSeconds(std::span<const StageWork> chunks, const ParamStats& p
 // every gradient into the send buffer and of the rank's averaged rows
 // back; of the rank's new rows out and everyone's back in). The gradients
 // are zeroed once a step.
-double UpdateSeconds(const ParamStats& ps, int zero, const MachineProfile& prof) {
+//
+// Offloaded, the moments stream through the update from the disk (each
+// read and written once): the pass takes the longer of the arithmetic and
+// the disk's time for them. The weights' units are read in the forward,
+// the backward and the update and written after it (under ZeRO-1 read and
+// written once more for the gather): priced whole, as not hidden, for on
+// this runtime's CPUs the I/O threads' copies and page refills compete
+// with the compute they would hide under.
+double UpdateSeconds(const ParamStats& ps, const StepShape& shape, const MachineProfile& prof) {
+  const int zero = shape.zero;
   const OptimizerUnits units = OptimizerUnitsOf(ps, zero);
   const double packing = zero == 1 ? 16.0 * static_cast<double>(ps.floats) + 16.0 * units.adamw : 0;
-  return prof.KernelSeconds(Kernel::kAdamW, units.adamw) +
-         prof.KernelSeconds(Kernel::kSquaredNorm, units.norm) +
-         prof.ComputeSeconds(0, packing + 4.0 * static_cast<double>(ps.floats));
+  double t = prof.KernelSeconds(Kernel::kAdamW, units.adamw) +
+             prof.KernelSeconds(Kernel::kSquaredNorm, units.norm) +
+             prof.ComputeSeconds(0, packing + 4.0 * static_cast<double>(ps.floats));
+  if (shape.offload_optimizer) {
+    const double moments = 8.0 * units.adamw;
+    t = std::max(t, prof.DiskSeconds(moments, moments));
+  }
+  if (shape.offload_params) {
+    const double w = 4.0 * static_cast<double>(ps.floats);
+    t += prof.DiskSeconds((zero == 1 ? 4 : 3) * w, (zero == 1 ? 2 : 1) * w);
+  }
+  return t;
 }
 
 MemoryUse StageMemory(std::span<const StageWork> chunks, const ParamStats& ps,
@@ -94,7 +112,17 @@ MemoryUse StageMemory(std::span<const StageWork> chunks, const ParamStats& ps,
   const int pp = shape.pp, m = shape.micro_batches, v = static_cast<int>(chunks.size());
   MemoryUse mem;
   mem.parameters = mem.gradients = 4 * ps.floats;
-  mem.optimizer = 8 * (shape.zero == 1 ? ps.zero_shard : ps.floats);
+  const int64_t held = shape.zero == 1 ? ps.zero_shard : ps.floats;
+  mem.optimizer = 8 * held;
+  if (shape.offload_optimizer) {  // OffloadedMoments: up to three buckets of m and v
+    const int64_t bucket = OffloadBucketFloats(held, shape.offload_bucket_floats);
+    mem.optimizer = std::clamp<int64_t>((held + bucket - 1) / bucket, 1, 3) * 8 * bucket;
+    mem.offloaded_optimizer = 8 * held;
+  }
+  if (shape.offload_params) {  // OffloadedWeights: three units and two transfer buffers
+    mem.parameters = 4 * ps.offload_resident + 2 * OffloadBufferBytes(ps.floats);
+    mem.offloaded_parameters = 4 * ps.floats;
+  }
   if (v == 1) {  // 1F1B: pp - s in flight (the search's hot path looks up no schedule)
     mem.activations = std::min(m, pp - s) * chunks[0].slot_bytes + chunks[0].shared_bytes();
   } else {
@@ -117,6 +145,19 @@ MemoryUse StageMemory(std::span<const StageWork> chunks, const ParamStats& ps,
 
 }  // namespace
 
+int64_t OffloadBucketFloats(int64_t held, int64_t bucket_floats) {
+  constexpr int64_t kBlock = 1024;  // floats of a 4 KiB direct-I/O block
+  const int64_t b = std::min(std::max<int64_t>(bucket_floats, 1), std::max<int64_t>(held, 1));
+  return (b + kBlock - 1) / kBlock * kBlock;
+}
+
+int64_t OffloadBufferBytes(int64_t floats) {
+  constexpr int64_t kChunk = int64_t{4} << 20, kAlign = 4096;
+  const int64_t bytes =
+      std::min(kChunk, std::max((4 * floats + kAlign - 1) / kAlign * kAlign, kAlign));
+  return bytes;
+}
+
 ParamStats StatsOfParts(const ParamParts& parts, int blocks, int dp, int zero,
                         int64_t bucket_bytes) {
   ParamStats s;
@@ -127,6 +168,18 @@ ParamStats StatsOfParts(const ParamParts& parts, int blocks, int dp, int zero,
   buckets.VisitBackwards(parts.before);
   // The clipping norm skips the tied copy (counted on the first stage).
   s.norm_skip = zero == 1 ? ShardOf(parts.tied_copy, dp) : parts.tied_copy.numel;
+  std::vector<int64_t> units = parts.unit_floats;
+  if (units.empty()) {
+    auto sum = [](const std::vector<ParamShape>& v) {
+      int64_t n = 0;
+      for (const ParamShape& p : v) n += p.numel;
+      return n;
+    };
+    if (const int64_t ends = sum(parts.before) + sum(parts.after); ends > 0) units.push_back(ends);
+    units.insert(units.end(), std::min(blocks, 3), sum(parts.block));
+  }
+  std::sort(units.begin(), units.end(), std::greater<>());
+  for (size_t i = 0; i < std::min<size_t>(3, units.size()); ++i) s.offload_resident += units[i];
   return s;
 }
 
@@ -175,7 +228,7 @@ StageCost CostOf(std::span<const StageWork> chunks, const ParamStats& ps, const 
   }
   c.micro = c.compute + c.tp_comm + c.pp_comm;
   c.dp_comm = GradientSumSeconds(chunks, ps, shape, s, prof);
-  c.optimizer = UpdateSeconds(ps, shape.zero, prof);
+  c.optimizer = UpdateSeconds(ps, shape, prof);
   c.after = c.dp_comm + c.optimizer;
   c.memory = StageMemory(chunks, ps, shape, s, act_bytes);
   return c;

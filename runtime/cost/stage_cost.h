@@ -31,6 +31,9 @@ struct ParamShape {
 // which the clipping norm skips (it counts the first stage's).
 struct ParamParts {
   std::vector<ParamShape> before, block, after;
+  // Floats of each unit of parameter offload (ParamInfo::unit) where the
+  // blocks are not folded; empty: the ends, then each block.
+  std::vector<int64_t> unit_floats;
   int64_t tied = 0;
   ParamShape tied_copy{0, 0};
 };
@@ -41,6 +44,9 @@ struct ParamParts {
 struct ParamStats {
   int64_t floats = 0, zero_shard = 0, largest_bucket = 0, buckets = 0, tied = 0;
   int64_t norm_skip = 0;  // held floats the clipping norm does not read
+  // Parameter offload: the three largest units' floats (in use, read
+  // ahead, written back: the most it holds at once).
+  int64_t offload_resident = 0;
 };
 // `blocks` copies of parts.block between the ends.
 ParamStats StatsOfParts(const ParamParts& parts, int blocks, int dp, int zero,
@@ -55,7 +61,18 @@ struct StepShape {
   // collectives in flight while the next computes.
   int copies = 1;
   int cp = 1;  // context-parallel ranks (their exchanges: CpCommSeconds)
+  // Offload (runtime/train/offload.h): the moments streamed from disk in
+  // buckets of offload_bucket_floats, and the weights a unit at a time.
+  bool offload_optimizer = false, offload_params = false;
+  int64_t offload_bucket_floats = int64_t{1} << 20;
 };
+
+// Offload's buffers as the runtime sizes them (runtime/train/offload.cc):
+// a moments bucket (floats, whole 4 KiB blocks) for `held` moments asked
+// in buckets of `bucket_floats`, and one of the weights' two transfer
+// buffers for `floats` weights.
+int64_t OffloadBucketFloats(int64_t held, int64_t bucket_floats);
+int64_t OffloadBufferBytes(int64_t floats);
 
 // The optimizer's kernels' units a step: AdamW over the parameters a rank
 // updates (its ZeRO-1 shard, else all its stage's), the clipping norm over

@@ -66,14 +66,27 @@ ParamParts GptParamParts(const std::vector<ParamInfo>& params, bool fold_blocks)
     to.push_back({q.numel, q.shape.empty() ? 1 : q.shape[0]});
     if (q.name == "wte") parts.tied = q.numel;
     if (q.tied_copy) parts.tied_copy = to.back();
+    if (!fold_blocks) {
+      if (q.unit >= static_cast<int>(parts.unit_floats.size()))
+        parts.unit_floats.resize(q.unit + 1);
+      parts.unit_floats[q.unit] += q.numel;
+    }
   }
   return parts;
 }
 
 StepShape ShapeOf(const ParallelConfig& par, int micro_batches) {
   // Gradients average (and ZeRO-1 shards) over dp x cp.
-  return {par.pp, par.dp * par.cp, par.tp, par.zero, micro_batches, par.micro_batch_interleave,
-          par.cp};
+  return {par.pp,
+          par.dp * par.cp,
+          par.tp,
+          par.zero,
+          micro_batches,
+          par.micro_batch_interleave,
+          par.cp,
+          par.offload_optimizer,
+          par.offload_params,
+          std::max<int64_t>(1, par.offload_bucket_bytes / 4)};
 }
 
 Result<StepPrediction> PredictGptStep(const GptConfig& config, int B, int T,

@@ -49,6 +49,7 @@ struct SearchContext {
   const OpStrategyFile* fixed = nullptr;
   std::optional<Recompute> fixed_rc;
   int64_t budget = 0;
+  OffloadKinds offload;  // what every plan of this search offloads
   // Whether the file (if any) allows `v` for a setting it may fix.
   bool Allowed(const std::optional<int>& want, int v) const {
     return fixed == nullptr || !want || *want == v;
@@ -890,6 +891,12 @@ ParallelConfig PlanOf(const SearchContext& ctx, const MeshOps& ops, const Pick& 
   par.virtual_stages = b.v;
   par.bucket_bytes = ctx.options.bucket_bytes;
   par.stage_layers = layers;
+  if (ctx.offload.optimizer) {
+    file->offload = ctx.offload;
+    par.offload_optimizer = ctx.offload.optimizer;
+    par.offload_params = ctx.offload.params;
+    par.offload_dir = ctx.options.offload_dir;
+  }
   par.op_strategy = file;
   return par;
 }
@@ -931,7 +938,16 @@ std::vector<StageCost> StagesOf(Costing& c, const Pick& p, const StageKinds& kin
     }
     const ParamStats* ps = c.params.Stats(c.ops, p, mesh, s, n, zero, c.ctx.options.bucket_bytes);
     if (ps == nullptr) return {};
-    const StepShape shape{mesh.pp, mesh.data(), mesh.tp, zero, c.b.m, 1, mesh.cp};
+    const StepShape shape{mesh.pp,
+                          mesh.data(),
+                          mesh.tp,
+                          zero,
+                          c.b.m,
+                          1,
+                          mesh.cp,
+                          c.ctx.offload.optimizer,
+                          c.ctx.offload.params,
+                          ParallelConfig{}.offload_bucket_bytes / 4};
     stages.push_back(CostOf(std::span<const StageWork>(chunks.data(), v), *ps, shape, s,
                             c.b.N * c.ctx.config.embed * 4, c.ctx.profile));
   }
@@ -972,7 +988,9 @@ void CostPick(Costing& c, const Pick& p) {
     const StepPrediction pred =
         PriceStep(stages, c.b.m, c.ctx.profile, mesh.data() * mesh.tp, c.board.cutoff());
     c.board.Costed();
-    const std::string name = PlanName(mesh, c.b.m, c.b.v, zero, c.b.rc);
+    const std::string name =
+        PlanName(mesh, c.b.m, c.b.v, zero, c.b.rc) +
+        (c.ctx.offload.optimizer ? " offload=" + c.ctx.offload.Name() : std::string());
     if (pred.memory.total() > c.ctx.budget) {
       c.board.OverBudget(pred, name);
       continue;
@@ -1295,17 +1313,21 @@ std::string_view SearchModeName(SearchMode mode) {
                                           : "fast";
 }
 
-Result<SearchResult> SearchGptParallel(const GptConfig& config, int B, int T, int devices,
-                                       const MachineProfile& machine,
-                                       const SearchOptions& options) {
-  ASSIGN_OR_RETURN(const SearchContext ctx, MakeContext(config, B, T, devices, machine, options));
+namespace {
+
+// The search with `offload` applied to every plan.
+Result<SearchResult> SearchWith(const GptConfig& config, int B, int T, int devices,
+                                const MachineProfile& machine, const SearchOptions& options,
+                                OffloadKinds offload) {
+  ASSIGN_OR_RETURN(SearchContext ctx, MakeContext(config, B, T, devices, machine, options));
+  ctx.offload = offload;
   Leaderboard board;
   if (!ctx.fast && ctx.fixed == nullptr) {
     // Start from fast's answer (its choices are among exact's): the
     // bounds then skip most block strategies at once.
     SearchOptions seed = options;
     seed.mode = SearchMode::kFast;
-    auto r = SearchGptParallel(config, B, T, devices, machine, seed);
+    auto r = SearchWith(config, B, T, devices, machine, seed, offload);
     if (r.ok()) board.Seed(std::move(*r));
   }
   ParamMemo params(config);
@@ -1316,6 +1338,26 @@ Result<SearchResult> SearchGptParallel(const GptConfig& config, int B, int T, in
   if (!board.found()) return NoPlan(ctx, board, why_none);
   RETURN_IF_ERROR(SearchCopies(ctx, board));
   return std::move(board.result());
+}
+
+}  // namespace
+
+Result<SearchResult> SearchGptParallel(const GptConfig& config, int B, int T, int devices,
+                                       const MachineProfile& machine,
+                                       const SearchOptions& options) {
+  Result<SearchResult> r = SearchWith(config, B, T, devices, machine, options, {});
+  // Nothing fits the memory: offload the optimizer, then the weights too,
+  // where the job has somewhere to put them.
+  if (r.ok() || options.offload_dir.empty() ||
+      r.status().code() != StatusCode::kResourceExhausted) {
+    return r;
+  }
+  for (const OffloadKinds kinds : {OffloadKinds{true, false}, OffloadKinds{true, true}}) {
+    Result<SearchResult> o = SearchWith(config, B, T, devices, machine, options, kinds);
+    if (o.ok() || o.status().code() != StatusCode::kResourceExhausted) return o;
+    r = std::move(o);
+  }
+  return Status(r.status()).Annotate("even with the optimizer and the weights offloaded");
 }
 
 }  // namespace tessera

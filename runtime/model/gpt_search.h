@@ -74,6 +74,11 @@ struct SearchOptions {
   std::shared_ptr<const OpStrategyFile> fixed;
   int64_t rank_memory = 0;  // bytes per rank; 0: the profile's device memory (or no limit)
   int64_t bucket_bytes = int64_t{25} << 20;
+  // Where offload would put its files. Given, when no configuration fits
+  // the memory in memory, the search takes the fastest that fits with the
+  // optimizer offloaded, else with the weights offloaded too (the plan
+  // and its name say so); empty: offload is never chosen.
+  std::string offload_dir;
   // When no configuration of the device count runs at all, the error names
   // the nearest counts (up to 3 each side) that do in this mode.
   bool name_runnable_counts = true;

@@ -81,7 +81,13 @@ MemoryUse ParallelGpt::Memory() const {
                      : bytes(model_.weights());
   m.gradients = bytes(model_.grads());
   m.optimizer = bytes(model_.adam_m()) + bytes(model_.adam_v()) + bytes(shard_m_) + bytes(shard_v_);
-  if (offload_ != nullptr) m.optimizer += offload_->resident_bytes();  // its buckets
+  if (offload_ != nullptr) {
+    m.optimizer += offload_->resident_bytes();  // its buckets
+    m.offloaded_optimizer = 2 * offload_->floats() * static_cast<int64_t>(sizeof(float));
+  }
+  if (offload_weights_ != nullptr) {
+    m.offloaded_parameters = model_.num_params() * static_cast<int64_t>(sizeof(float));
+  }
   m.communication = bytes(send_) + bytes(recv_) + bytes(recv_x_) + bytes(recv_dy_);
   for (const auto& r : runners_) {
     m.activations += r->ActivationBytes();
@@ -756,52 +762,83 @@ Status ParallelGpt::GatherModel(Gpt* full) {
 }
 
 Status ParallelGpt::WriteSliced(SlicedCheckpointWriter& writer, const Strategy& strategy) {
-  RETURN_IF_ERROR(MaterializeOptimizerState());
-  ASSIGN_OR_RETURN(std::vector<LocalPiece> pieces, SlicedPieces(strategy, writer.Pieces()));
-  for (const LocalPiece& p : pieces) RETURN_IF_ERROR(writer.WritePiece(p.tensor, p.box, p.data));
+  if (offload_ == nullptr || materialized_) {
+    RETURN_IF_ERROR(MaterializeOptimizerState());
+    ASSIGN_OR_RETURN(std::vector<LocalPiece> pieces, SlicedPieces(strategy, writer.Pieces()));
+    for (const LocalPiece& p : pieces) RETURN_IF_ERROR(writer.WritePiece(p.tensor, p.box, p.data));
+    return Status::Ok();
+  }
+  // From the offload tier, within its memory: each weight piece while its
+  // unit is in memory, each moment piece streamed from the offload file.
+  for (const PieceToWrite& piece : writer.Pieces()) {
+    ASSIGN_OR_RETURN(const PieceSource src, Locate(strategy, piece));
+    if (src.which == 0) {
+      RETURN_IF_ERROR(model_.NeedWeights(src.param->unit));
+      RETURN_IF_ERROR(
+          writer.WritePiece(piece.tensor, piece.box, model_.weights().data() + src.begin));
+      continue;
+    }
+    RETURN_IF_ERROR(writer.WritePieceFrom(
+        piece.tensor, piece.box, [&](uint64_t offset, size_t n, void* out) -> Status {
+          float* to = static_cast<float*>(out);
+          if (moments_zero_) {  // not written yet: zero
+            std::fill(to, to + n / sizeof(float), 0.0f);
+            return Status::Ok();
+          }
+          return offload_->ReadOne(src.which - 1,
+                                   src.begin + static_cast<int64_t>(offset / sizeof(float)),
+                                   static_cast<int64_t>(n / sizeof(float)), to);
+        }));
+  }
   return Status::Ok();
+}
+
+Result<ParallelGpt::PieceSource> ParallelGpt::Locate(const Strategy& strategy,
+                                                     const PieceToWrite& piece) const {
+  const std::string& tensor = strategy.tensors()[piece.tensor].name;
+  std::string name = tensor;
+  int which = 0;  // 0 weights, 1 exp_avg, 2 exp_avg_sq
+  if (name.starts_with("optimizer.")) {
+    for (auto [suffix, w] : {std::pair{".exp_avg_sq", 2}, {".exp_avg", 1}}) {
+      const std::string_view sv(suffix);
+      if (which == 0 && name.ends_with(sv)) {
+        which = w;
+        name = name.substr(10, name.size() - 10 - sv.size());
+      }
+    }
+  }
+  const ParamInfo* p = model_.FindParam(name);
+  if (p == nullptr || p->tied_copy) {
+    return InternalError("sliced save: rank " + std::to_string(comms_.world().rank()) +
+                         " holds no '" + tensor + "'");
+  }
+  PieceSource src{p, which, p->offset, p->numel};
+  if (which == 0 || parallel_.zero == 0) {
+    if (piece.box != p->box) src.count = -1;
+  } else {
+    const Shard& s = shards_[p - model_.params().data()];
+    src.begin = s.offset;
+    src.count = s.counts[data_rank_];
+  }
+  if (src.count != NumElements(piece.box)) {
+    return InternalError("sliced save: '" + tensor + "' " + ToString(piece.box) +
+                         " is not what rank " + std::to_string(comms_.world().rank()) + " holds");
+  }
+  return src;
 }
 
 Result<std::vector<LocalPiece>> ParallelGpt::SlicedPieces(
     const Strategy& strategy, const std::vector<PieceToWrite>& pieces) const {
-  const std::vector<ParamInfo>& params = model_.params();
   std::vector<LocalPiece> out;
   for (const PieceToWrite& piece : pieces) {
-    const std::string& tensor = strategy.tensors()[piece.tensor].name;
-    std::string name = tensor;
-    int which = 0;  // 0 weights, 1 exp_avg, 2 exp_avg_sq
-    if (name.starts_with("optimizer.")) {
-      for (auto [suffix, w] : {std::pair{".exp_avg_sq", 2}, {".exp_avg", 1}}) {
-        const std::string_view sv(suffix);
-        if (which == 0 && name.ends_with(sv)) {
-          which = w;
-          name = name.substr(10, name.size() - 10 - sv.size());
-        }
-      }
-    }
-    const ParamInfo* p = model_.FindParam(name);
-    if (p == nullptr || p->tied_copy) {
-      return InternalError("sliced save: rank " + std::to_string(comms_.world().rank()) +
-                           " holds no '" + tensor + "'");
-    }
-    const float* data = nullptr;
-    int64_t count = p->numel;
-    if (which == 0 || parallel_.zero == 0) {
-      const std::vector<float>& v = which == 0   ? model_.weights()
-                                    : which == 1 ? model_.adam_m()
-                                                 : model_.adam_v();
-      data = v.data() + p->offset;
-      if (piece.box != p->box) count = -1;
-    } else {
-      const Shard& s = shards_[p - params.data()];
-      data = (which == 1 ? shard_m_ : shard_v_).data() + s.offset;
-      count = s.counts[data_rank_];
-    }
-    if (count != NumElements(piece.box)) {
-      return InternalError("sliced save: '" + tensor + "' " + ToString(piece.box) +
-                           " is not what rank " + std::to_string(comms_.world().rank()) + " holds");
-    }
-    out.push_back({piece.tensor, piece.box, data, count * static_cast<int64_t>(sizeof(float))});
+    ASSIGN_OR_RETURN(const PieceSource src, Locate(strategy, piece));
+    // The moments: the model's, or this rank's ZeRO shard.
+    const std::vector<float>& v = src.which == 0 ? model_.weights()
+                                  : src.which == 1
+                                      ? (parallel_.zero == 1 ? shard_m_ : model_.adam_m())
+                                      : (parallel_.zero == 1 ? shard_v_ : model_.adam_v());
+    out.push_back({piece.tensor, piece.box, v.data() + src.begin,
+                   src.count * static_cast<int64_t>(sizeof(float))});
   }
   return out;
 }

@@ -241,7 +241,10 @@ class ParallelGpt {
   // shard), so nothing is gathered. They stay valid until the next Step.
   Result<std::vector<LocalPiece>> SlicedPieces(const Strategy& strategy,
                                                const std::vector<PieceToWrite>& pieces) const;
-  // Writes SlicedPieces into `writer` (whose Commit is collective).
+  // Writes SlicedPieces into `writer` (whose Commit is collective). With
+  // the optimizer offloaded, from the offload tier within its memory: the
+  // weights a unit at a time, the moments streamed from their file
+  // (WritePieceFrom: a bounded buffer, hashed as it streams).
   Status WriteSliced(SlicedCheckpointWriter& writer, const Strategy& strategy);
   // With the optimizer offloaded: reads this rank's moments back into
   // memory (model().adam_m/adam_v, or the ZeRO shard) for a save or a
@@ -261,6 +264,16 @@ class ParallelGpt {
   Status ShardOptimizerState();
 
  private:
+  // Where a piece of a sliced save lives on this rank: its parameter,
+  // which of the weights (0), exp_avg (1) or exp_avg_sq (2), its first
+  // element (in the weights; in the moments, the model's or the ZeRO
+  // shard's, which is the offload file's order) and count.
+  struct PieceSource {
+    const ParamInfo* param;
+    int which;
+    int64_t begin, count;
+  };
+  Result<PieceSource> Locate(const Strategy& strategy, const PieceToWrite& piece) const;
   // Where this rank's ZeRO shard of one parameter lies.
   struct Shard {
     const ParamInfo* param;

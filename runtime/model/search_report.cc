@@ -1,5 +1,6 @@
 #include "runtime/model/search_report.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <sstream>
 
@@ -114,10 +115,18 @@ Status SetKey(const std::string& key, const std::string& value, ParallelConfig* 
     ASSIGN_OR_RETURN(p->cp_algo, ParseCpAlgo(value));
   } else if (key == "strategy") {
     *strategy = value;
+  } else if (key == "offload") {
+    // In --why the kinds join with '+' (',' separates the keys); params
+    // alone means both, as parameter offload needs the optimizer's.
+    std::string kinds = value;
+    std::replace(kinds.begin(), kinds.end(), '+', ',');
+    ASSIGN_OR_RETURN(const OffloadKinds k, ParseOffload(kinds));
+    p->offload_optimizer = k.optimizer || k.params;
+    p->offload_params = k.params;
   } else {
     return InvalidArgumentError("--why: unknown key '" + key +
                                 "' (pp, dp, cp, tp, zero, micro_batches, virtual_stages, "
-                                "micro_batch_interleave, recompute, cp_algo, strategy)");
+                                "micro_batch_interleave, recompute, cp_algo, offload, strategy)");
   }
   return Status::Ok();
 }

@@ -243,6 +243,19 @@ Status OffloadedMoments::Read(int64_t begin, int64_t n, float* m, float* v) {
   return file_->DropCache();
 }
 
+Status OffloadedMoments::ReadOne(int which, int64_t begin, int64_t n, float* out) {
+  RETURN_IF_ERROR(CheckRange(begin, n));
+  float* buffer = buf_[0].get();
+  for (int64_t b = begin / bucket_ * bucket_; b < begin + n; b += bucket_) {
+    const int64_t count = std::min(bucket_, floats_ - b);
+    RETURN_IF_ERROR(file_->Read(buffer, RoundUp(count * 4, kAlign), which * region_ + b * 4));
+    const int64_t lo = std::max(b, begin), hi = std::min(b + count, begin + n);
+    std::copy(buffer + (lo - b), buffer + (hi - b), out + (lo - begin));
+  }
+  bytes_read_ += n * static_cast<int64_t>(sizeof(float));
+  return file_->DropCache();
+}
+
 Status OffloadedMoments::Write(int64_t begin, int64_t n, const float* m, const float* v) {
   RETURN_IF_ERROR(CheckRange(begin, n));
   float* buffer = buf_[0].get();
@@ -293,7 +306,8 @@ Result<std::unique_ptr<OffloadedWeights>> OffloadedWeights::Create(
       w->file_,
       ScratchFile::Create(dir + "/weights.rank" + std::to_string(rank) + ".bin", at, "parameter",
                           "the weights of " + std::to_string(floats) + " parameters"));
-  w->buffer_floats_ = std::min(kChunkBytes, std::max(at, kAlign)) / 4;
+  // A chunk, or all the weights where they are less (a range is never more).
+  w->buffer_floats_ = std::min(kChunkBytes, std::max(RoundUp(floats * 4, kAlign), kAlign)) / 4;
   w->read_buf_ = AllocateAligned(w->buffer_floats_);
   w->write_buf_ = AllocateAligned(w->buffer_floats_);
   if (w->read_buf_ == nullptr || w->write_buf_ == nullptr) {

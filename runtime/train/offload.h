@@ -109,6 +109,9 @@ class OffloadedMoments {
   // saving a checkpoint), through a bucket's buffer.
   Status Read(int64_t begin, int64_t n, float* m, float* v);
   Status Write(int64_t begin, int64_t n, const float* m, const float* v);
+  // Moments [begin, begin + n) of m (`which` 0) or v (1) alone, through a
+  // bucket's buffer (a save streaming them: no more in memory).
+  Status ReadOne(int which, int64_t begin, int64_t n, float* out);
   // Sets every moment to zero.
   Status Zero();
 

@@ -213,6 +213,16 @@ SlicedCheckpointWriter::~SlicedCheckpointWriter() {
 }
 
 Status SlicedCheckpointWriter::WritePiece(size_t index, const Box& box, const void* data) {
+  return Store(index, box, data, nullptr);
+}
+
+Status SlicedCheckpointWriter::WritePieceFrom(size_t index, const Box& box,
+                                              const PieceReader& read) {
+  return Store(index, box, nullptr, &read);
+}
+
+Status SlicedCheckpointWriter::Store(size_t index, const Box& box, const void* data,
+                                     const PieceReader* read) {
   RETURN_IF_ERROR(failed_);
   Status s = [&]() -> Status {
     if (data_finished_) return FailedPreconditionError("its data file is finished");
@@ -234,13 +244,25 @@ Status SlicedCheckpointWriter::WritePiece(size_t index, const Box& box, const vo
                                   " is not one rank " + std::to_string(rank) + " writes");
     }
     const size_t size = static_cast<size_t>(NumElements(box) * DTypeSize(t->layout.dtype));
+    std::vector<char> whole;  // a streamed piece to encode
+    if (read != nullptr && !placed_ && options_.native.codec != Codec::kRaw) {
+      whole.resize(size);
+      RETURN_IF_ERROR((*read)(0, size, whole.data()));
+      data = whole.data();
+      read = nullptr;
+    }
     if (placed_) {
-      ASSIGN_OR_RETURN(PieceInfo info, placed_->WriteRaw(offsets_[it->second], data, size, box));
+      ASSIGN_OR_RETURN(PieceInfo info,
+                       read != nullptr
+                           ? placed_->WriteRawFrom(offsets_[it->second], *read, size, box)
+                           : placed_->WriteRaw(offsets_[it->second], data, size, box));
       pieces_[index].push_back(std::move(info));
       return Status::Ok();
     }
-    ASSIGN_OR_RETURN(PieceInfo info, file_->Append(data, size, box, t->layout.dtype,
-                                                   options_.native.codec, options_.native.level));
+    ASSIGN_OR_RETURN(PieceInfo info,
+                     read != nullptr ? file_->AppendFrom(*read, size, box, t->layout.dtype)
+                                     : file_->Append(data, size, box, t->layout.dtype,
+                                                     options_.native.codec, options_.native.level));
     (slot == 0 ? pieces_ : copies_)[index].push_back(std::move(info));
     return Status::Ok();
   }();

@@ -94,6 +94,11 @@ class SlicedCheckpointWriter {
   // Local: stores `box` (over the split shape) of tensor `index`, one of
   // Pieces().
   Status WritePiece(size_t index, const Box& box, const void* data);
+  // The same with the bytes read through `read` (formats/native_files.h:
+  // at most kStreamBytes of them in memory at once, hashed as they
+  // stream), for state that is not in memory (the offload tier). Written
+  // raw; under a codec the piece is read whole and encoded.
+  Status WritePieceFrom(size_t index, const Box& box, const PieceReader& read);
   // Local: this rank's data file is complete; durable now, or after the
   // redundancy phase when the plan has one (Commit does it if not done).
   Status FinishData();
@@ -121,6 +126,8 @@ class SlicedCheckpointWriter {
   }
   // Makes this rank's data file durable (once).
   Status SyncData();
+  // WritePiece and WritePieceFrom: `data` or else `read`.
+  Status Store(size_t index, const Box& box, const void* data, const PieceReader* read);
   // This rank's records as a partial manifest: its files (data file first),
   // with pieces and copies in them.
   std::string Part() const;

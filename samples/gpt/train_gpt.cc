@@ -39,6 +39,7 @@
 #include "runtime/kernels.h"
 #include "runtime/model/gpt.h"
 #include "runtime/model/gpt_checkpoint.h"
+#include "runtime/model/gpt_predict.h"
 #include "runtime/model/parallel_gpt.h"
 #include "runtime/model/search_report.h"
 #include "runtime/train/async_checkpoint.h"
@@ -64,7 +65,12 @@ int Fail(const Status& s) {
 
 // --calibrate: this machine's profile, written by rank 0.
 Status Calibrate(const Options& o, Communicator& world) {
-  ASSIGN_OR_RETURN(MachineProfile profile, CalibrateMachine(world));
+  // The disk offload would use: --offload-dir's, else TMPDIR's or /tmp.
+  const char* tmp = std::getenv("TMPDIR");
+  const std::string disk = !o.parallel.offload_dir.empty() ? o.parallel.offload_dir
+                           : tmp != nullptr && *tmp != 0   ? std::string(tmp)
+                                                           : "/tmp";
+  ASSIGN_OR_RETURN(MachineProfile profile, CalibrateMachine(world, disk));
   if (world.rank() == 0) {
     RETURN_IF_ERROR(WriteFileAtomically(Env::Default(), o.calibrate_out, profile.ToJson()));
     if (!o.quiet) std::printf("calibrated: %s", profile.ToJson().c_str());
@@ -86,6 +92,9 @@ Result<ParallelConfig> AutoParallel(const Options& o, Communicator& world) {
   if (search.mode == SearchMode::kPropagate) search.fixed = o.parallel.op_strategy;
   search.rank_memory = o.rank_memory;
   search.bucket_bytes = o.parallel.bucket_bytes;
+  // Offload is the search's to choose where nothing else fits, when the
+  // job has a directory for it and did not choose itself.
+  if (!o.parallel.offload_optimizer) search.offload_dir = o.parallel.offload_dir;
   ASSIGN_OR_RETURN(SearchResult r,
                    SearchGptParallel(o.config, o.batch, o.seq, world.size(), profile, search));
   if (world.rank() == 0 && !o.quiet) {
@@ -95,6 +104,38 @@ Result<ParallelConfig> AutoParallel(const Options& o, Communicator& world) {
                 r.name.c_str(), SearchReport(r, budget).c_str());
   }
   return r.parallel;
+}
+
+// --rank-memory, before anything is allocated: the cost model's account of
+// the rank that holds the most (the runtime's own figures, category by
+// category) must fit, or the job does not start; the error names the
+// categories and what offload would bring the peak to.
+Status CheckRankMemory(const Options& o, const ParallelConfig& par) {
+  if (o.rank_memory <= 0) return Status::Ok();
+  // Memory does not depend on the machine's speeds: any profile does.
+  MachineProfile profile;
+  if (!o.profile.empty()) {
+    ASSIGN_OR_RETURN(profile, MachineProfile::Load(o.profile));
+  } else {
+    profile.matmul_flops = 1e11;
+    profile.memory_bandwidth = 1e10;
+  }
+  ASSIGN_OR_RETURN(const StepPrediction p, PredictGptStep(o.config, o.batch, o.seq, par, profile));
+  if (p.memory.total() <= o.rank_memory) return Status::Ok();
+  std::string msg = "--rank-memory " + HumanBytes(o.rank_memory) + ": the accounted peak of a " +
+                    "rank (stage " + std::to_string(p.memory_stage) + ") is " + p.memory.ToString();
+  for (const OffloadKinds kinds : {OffloadKinds{true, false}, OffloadKinds{true, true}}) {
+    if (par.offload_optimizer >= kinds.optimizer && par.offload_params >= kinds.params) continue;
+    ParallelConfig off = par;
+    off.offload_optimizer = kinds.optimizer;
+    off.offload_params = kinds.params;
+    if (off.offload_dir.empty()) off.offload_dir = ".";  // a prediction writes nothing
+    const Result<StepPrediction> q = PredictGptStep(o.config, o.batch, o.seq, off, profile);
+    if (q.ok()) {
+      msg += "; with --offload " + kinds.Name() + ": " + HumanBytes(q->memory.total());
+    }
+  }
+  return ResourceExhaustedError(msg);
 }
 
 // What a rank trains: its stage of the model, its batches, and the settings
@@ -114,14 +155,17 @@ Result<Job> Configure(const Options& o, Communicator& world) {
   job.parallel = o.parallel;
   if (!o.auto_parallel.empty()) {
     ASSIGN_OR_RETURN(job.parallel, AutoParallel(o, world));
-    // Not the search's to choose (yet): where the optimizer lives.
-    job.parallel.offload_optimizer = o.parallel.offload_optimizer;
-    job.parallel.offload_params = o.parallel.offload_params;
+    if (o.parallel.offload_optimizer) {  // chosen by hand: kept
+      job.parallel.offload_optimizer = o.parallel.offload_optimizer;
+      job.parallel.offload_params = o.parallel.offload_params;
+    }
     job.parallel.offload_dir = o.parallel.offload_dir;
+    job.parallel.offload_bucket_bytes = o.parallel.offload_bucket_bytes;
   }
   ParallelConfig& par = job.parallel;
   if (par.dp == 0) par.dp = world.size() / (par.tp * par.pp * par.cp);
   RETURN_IF_ERROR(CheckSequenceCut(par.cp_algo, o.seq, par.cp, "h.*.attn.attention"));
+  RETURN_IF_ERROR(CheckRankMemory(o, par));
   ASSIGN_OR_RETURN(job.trainer, ParallelGpt::Create(o.config, par, world));
   if (o.batch % par.dp != 0) {
     return InvalidArgumentError("--batch " + std::to_string(o.batch) + " is not a multiple of dp " +
@@ -419,10 +463,15 @@ Status Report(const Options& o, Job& job, Communicator& world, const Progress& p
   const int64_t step = job.trainer->step();
   if (step > 0) {
     const MemoryUse m = job.trainer->Memory();
-    double figures[] = {static_cast<double>(m.parameters),    static_cast<double>(m.gradients),
-                        static_cast<double>(m.optimizer),     static_cast<double>(m.activations),
-                        static_cast<double>(m.communication), static_cast<double>(m.total())};
-    RETURN_IF_ERROR(world.AllReduce(figures, figures, 6, DType::kF64, ReduceOp::kMax));
+    double figures[] = {static_cast<double>(m.parameters),
+                        static_cast<double>(m.gradients),
+                        static_cast<double>(m.optimizer),
+                        static_cast<double>(m.activations),
+                        static_cast<double>(m.communication),
+                        static_cast<double>(m.total()),
+                        static_cast<double>(m.offloaded_parameters),
+                        static_cast<double>(m.offloaded_optimizer)};
+    RETURN_IF_ERROR(world.AllReduce(figures, figures, 8, DType::kF64, ReduceOp::kMax));
     struct rusage usage {};
     getrusage(RUSAGE_SELF, &usage);
     auto mib = [](double b) { return b / (1 << 20); };
@@ -430,9 +479,15 @@ Status Report(const Options& o, Job& job, Communicator& world, const Progress& p
       std::printf(
           "memory per rank (largest): parameters %.2f MiB, gradients %.2f MiB, optimizer "
           "%.2f MiB, activations %.2f MiB (peak of a step), communication buffers %.2f "
-          "MiB, total %.2f MiB; peak RSS %.1f MiB (%s)\n",
+          "MiB, total %.2f MiB%s; peak RSS %.1f MiB (%s)\n",
           mib(figures[0]), mib(figures[1]), mib(figures[2]), mib(figures[3]), mib(figures[4]),
-          mib(figures[5]), usage.ru_maxrss / 1024.0,
+          mib(figures[5]),
+          figures[6] + figures[7] > 0
+              ? (" (on disk: parameters " + HumanBytes(static_cast<int64_t>(figures[6])) +
+                 ", optimizer " + HumanBytes(static_cast<int64_t>(figures[7])) + ")")
+                    .c_str()
+              : "",
+          usage.ru_maxrss / 1024.0,
           world.size() > 1 && !LaunchedByMpirun() ? "the process, every in-process rank"
                                                   : "rank 0's process");
     }
@@ -532,6 +587,13 @@ Status TrainOn(const Options& o, Communicator& world) {
       progress.plans_at_first = job.trainer->plans_built();
     }
     if (talk) Log(o, job.trainer->step(), loss, norm, seconds);
+    // The budget holds step after step, by the runtime's own account.
+    if (const MemoryUse m = job.trainer->Memory(); o.rank_memory > 0 && m.total() > o.rank_memory) {
+      return ResourceExhaustedError("rank " + std::to_string(world.rank()) + ", step " +
+                                    std::to_string(job.trainer->step()) +
+                                    ": the accounted memory " + m.ToString() +
+                                    " exceeds --rank-memory " + HumanBytes(o.rank_memory));
+    }
     RETURN_IF_ERROR(saver.AfterStep());
   }
   RETURN_IF_ERROR(saver.Finish());

@@ -120,8 +120,10 @@ void AddParallelFlags(CLI::App* app, Options* o, Flags* f) {
                   "propagate (exact, keeping what --op-strategy FILE sets)")
       ->check(CLI::IsMember({"fast", "exact", "propagate"}));
   app->add_option("--rank-memory", f->rank_memory,
-                  "--auto-parallel: memory per rank the configuration must fit (2GiB; default: "
-                  "the profile's device memory)");
+                  "memory per rank (2GiB): the job refuses to start when the accounted peak "
+                  "would exceed it and stops when a step's account does; --auto-parallel "
+                  "searches within it (default there: the profile's device memory), offloading "
+                  "to --offload-dir when nothing else fits");
   app->add_option(
          "--profile", o->profile,
          "--auto-parallel: machine profile (JSON, \"format\": \"tessera.machine_profile\"; "
@@ -197,8 +199,8 @@ Status CheckAutoParallel(const CLI::App& app, const Flags& f, Options* o) {
     ASSIGN_OR_RETURN(o->rank_memory, ParseByteSize(f.rank_memory));
   }
   if (o->auto_parallel.empty()) {
-    if (!f.rank_memory.empty() || !o->profile.empty()) {
-      return InvalidArgumentError("--rank-memory and --profile are for --auto-parallel");
+    if (!o->profile.empty() && f.rank_memory.empty()) {
+      return InvalidArgumentError("--profile is for --auto-parallel or --rank-memory");
     }
     return Status::Ok();
   }

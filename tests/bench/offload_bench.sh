@@ -10,8 +10,10 @@
 # parameters and the optimizer and rank 0's peak RSS, the disk bytes moved
 # per step beside 2 x (m + v) and the weights', and from the --trace
 # timeline of the last run the share of the moments' I/O that ran while a
-# bucket updated and the time a step waited for a unit of weights. Then the
-# disk's own direct-I/O bandwidth (dd) in the same run.
+# bucket updated and the time a step waited for a unit of weights; the
+# sliced save after the last step (from the offload files when offloaded,
+# within their memory: the peak RSS includes it), from the timeline. Then
+# the disk's own direct-I/O bandwidth (dd) in the same run.
 # Usage: offload_bench.sh TRAIN_GPT CORPUS WORKDIR [REPS]
 set -uo pipefail
 BIN=$(realpath "$1")
@@ -25,8 +27,10 @@ MPI=(mpirun --allow-run-as-root --oversubscribe)
 run() { # run TAG NP FLAGS...
   local tag=$1 np=$2
   shift 2
-  "${MPI[@]}" -np "$np" "$BIN" "${MODEL[@]}" "$@" --trace "$OUT/$tag" >"$OUT/$tag.log" 2>&1 ||
+  "${MPI[@]}" -np "$np" "$BIN" "${MODEL[@]}" "$@" --trace "$OUT/$tag" \
+    --save "$OUT/ck.$tag" --save-every 4 >"$OUT/$tag.log" 2>&1 ||
     { tail -5 "$OUT/$tag.log"; exit 1; }
+  rm -rf "$OUT/ck.$tag"
 }
 report() { # report PEER_PREFIX PREFIX: the last run's figures, the median step over REPS
   /usr/bin/python3 - "$OUT/$1" "$OUT/$2" "$REPS" <<'PY'
@@ -47,6 +51,12 @@ line = f"   step {med:.0f} ms (runs {', '.join(f'{m:.0f}' for m in all_ms)})"
 if peer != prefix:
     line += f", {med / step_ms(peer)[0]:.2f}x in memory"
 line += f"; resident: parameters {par} MiB, optimizer {opt} MiB; peak RSS {rss} MiB"
+def save_s(p):
+    ev = json.load(open(f"{p}.{reps - 1}.rank0.json"))["traceEvents"]
+    return sum(e["dur"] for e in ev if e.get("ph") == "X" and e.get("cat") == "checkpoint") / 1e6
+line += f"; the step-4 save {save_s(prefix):.2f} s"
+if peer != prefix:
+    line += f" (in memory {save_s(peer):.2f} s)"
 print(line)
 off = re.search(r"offload: ([0-9.]+) MiB read and ([0-9.]+) MiB written in ([0-9]+) steps.*m \+ v: ([0-9.]+) MiB", log)
 if not off:

@@ -235,6 +235,35 @@ TEST_CASE("region reads of a multi-block raw piece: staged and direct paths agre
   REQUIRE((*writer)->Finish().ok());
   CHECK((*writer)->checksum() ==
         Xxh3(ReadFileToString(env.get(), "/r/d.tsr")->data(), (*writer)->size()));
+  {
+    // Streamed through a reader (the offload tier's saves): the same record
+    // and the same file, with at most kStreamBytes asked for at once.
+    auto streamed = DataFileWriter::Create(env.get(), "/r/s.tsr", 0);
+    REQUIRE(streamed.ok());
+    size_t most = 0;
+    const PieceReader read = [&](uint64_t offset, size_t n, void* out) {
+      most = std::max(most, n);
+      std::memcpy(out, reinterpret_cast<const char*>(data.data()) + offset, n);
+      return Status::Ok();
+    };
+    auto got = (*streamed)->AppendFrom(read, data.size() * 4, pbox, DType::kF32);
+    REQUIRE(got.ok());
+    CHECK(got->checksum == info->checksum);
+    CHECK(got->block_checksums == info->block_checksums);
+    CHECK(got->offset == info->offset);
+    CHECK(most <= kStreamBytes);
+    REQUIRE((*streamed)->Finish().ok());
+    CHECK(*ReadFileToString(env.get(), "/r/s.tsr") == *ReadFileToString(env.get(), "/r/d.tsr"));
+    // A reader's error names itself through the append.
+    auto failing = DataFileWriter::Create(env.get(), "/r/f.tsr", 0);
+    REQUIRE(failing.ok());
+    const PieceReader broken = [](uint64_t, size_t, void*) {
+      return IOError("offload file 'adam.rank0.bin': cannot read");
+    };
+    auto bad = (*failing)->AppendFrom(broken, data.size() * 4, pbox, DType::kF32);
+    REQUIRE_FALSE(bad.ok());
+    CHECK_THAT(std::string(bad.status().message()), Catch::Contains("adam.rank0.bin"));
+  }
   auto file = env->NewRandomAccessFile("/r/d.tsr");
   REQUIRE(file.ok());
   struct Case {

@@ -78,7 +78,7 @@ done
 # offloaded, the optimizer's account is its three buckets (3 x 2 x 0.25 MiB).
 BIG=(--data "$CORPUS" --layers 4 --heads 4 --embed 128 --context 32 --batch 8 --steps 3
   --offload-bucket-mib 0.25)
-optimizer_mib() { sed -n 's/.*optimizer \([0-9.]*\) MiB.*/\1/p' "$1"; }
+optimizer_mib() { sed -n 's/.*gradients [0-9.]* MiB, optimizer \([0-9.]*\) MiB.*/\1/p' "$1"; }
 "$BIN" "${BIG[@]}" >"$WORK/bm.log" 2>&1
 "$BIN" "${BIG[@]}" "${OFF[@]}" >"$WORK/bo.log" 2>&1
 check "offloaded, the optimizer's resident bytes are its 3 buckets (1.5 MiB), not the moments" \
@@ -116,7 +116,7 @@ then
   # finished_same RC LOG: the run exited 0 with the unlimited run's losses.
   finished_same() { [ "$1" -eq 0 ] && diff <(train_losses "$WORK/free.log") \
     <(train_losses "$2") >/dev/null; }
-  "$BIN" "${WIDE[@]}" >"$WORK/free.log" 2>&1
+  "$BIN" "${WIDE[@]}" --save "$WORK/free_ck" --save-every 2 >"$WORK/free.log" 2>&1
   capped "$WORK/capped.log"
   plain=$?
   capped "$WORK/capped_off.log" "${OFF[@]}"
@@ -127,8 +127,10 @@ then
   echo $((230 << 20)) >"$G/memory.limit_in_bytes"
   capped "$WORK/tight_off.log" "${OFF[@]}"
   tight_off=$?
+  # ... saving too: the checkpoint streams from the offload files (the
+  # moments, 194 MiB, never whole in memory).
   capped "$WORK/tight_params.log" --offload optimizer,params --offload-dir "$WORK" \
-    --offload-bucket-mib 1
+    --offload-bucket-mib 1 --save "$WORK/tight_ck" --save-every 2
   tight_params=$?
   rmdir "$G"
   check "within 340 MiB (cgroup v1), the in-memory run is killed by the OOM killer" \
@@ -139,9 +141,35 @@ then
     test "$tight_off" -eq 137
   check "... optimizer and parameter offload finish with the unlimited run's losses, bit for bit" \
     finished_same "$tight_params" "$WORK/tight_params.log"
+  check "... and its checkpoint, saved within the cap, is the unlimited run's bit for bit" \
+    "$CKPT" diff "$WORK/free_ck/step-2" "$WORK/tight_ck/step-2"
 else
   echo "skip the memory-cgroup case: $CG is not a writable cgroup v1 memory hierarchy (root)"
 fi
+
+# --rank-memory on its own: a job whose accounted peak exceeds it does not
+# start, and says what offload would bring it to; offloaded it trains. With
+# --auto-parallel and an offload directory the search offloads where
+# nothing else fits, and says so.
+WIDE=(--data "$CORPUS" --layers 8 --heads 8 --embed 512 --context 32 --batch 2 --steps 2
+  --lr 1e-4)
+"$BIN" "${WIDE[@]}" --rank-memory 230MiB >"$WORK/rm.log" 2>&1
+rc=$?
+check "--rank-memory below the accounted peak: refused before any step, naming the categories" \
+  bash -c "[ $rc -ne 0 ] && ! grep -q '^step' '$WORK/rm.log' &&
+    grep -q 'rank-memory 230.0 MiB: the accounted peak .* optimizer 193.5 MiB' '$WORK/rm.log' &&
+    grep -q 'with --offload optimizer,params: 185.7 MiB' '$WORK/rm.log'"
+"$BIN" "${WIDE[@]}" --rank-memory 230MiB --offload optimizer,params --offload-dir "$WORK" \
+  --offload-bucket-mib 1 >"$WORK/rm_off.log" 2>&1
+check "... offloaded, the same budget trains (the account on disk: 96.8 MiB of weights)" \
+  bash -c "grep -q '^step     2/2' '$WORK/rm_off.log' &&
+    grep -q 'on disk: parameters 96.8 MiB, optimizer 193.5 MiB' '$WORK/rm_off.log'"
+PROFILE=$(dirname "$0")/../../samples/gpt/profiles/debian-vm-2core.json
+"$BIN" "${WIDE[@]}" --auto-parallel exact --profile "$PROFILE" --rank-memory 230MiB \
+  --offload-dir "$WORK" >"$WORK/auto.log" 2>&1
+check "--auto-parallel within 230 MiB offloads (chosen and run), nothing else fits" \
+  bash -c "grep -q '^auto-parallel .* offload=optimizer' '$WORK/auto.log' &&
+    grep -q '^offload: ' '$WORK/auto.log' && grep -q '^step     2/2' '$WORK/auto.log'"
 
 # Refusals, before any step.
 refused() { # refused NAME PATTERN FLAGS...

@@ -19,7 +19,8 @@ TEST_CASE("calibration measures every kernel, rank 0's figures on every rank") {
   std::vector<MachineProfile> by_rank(2);
   std::mutex mu;
   const Status s = RunInProcess(2, [&](Communicator& world) -> Status {
-    ASSIGN_OR_RETURN(MachineProfile p, CalibrateMachine(world));
+    // With a directory: the disk's direct-I/O figures too (rank 0's).
+    ASSIGN_OR_RETURN(MachineProfile p, CalibrateMachine(world, "/tmp"));
     std::lock_guard<std::mutex> lock(mu);
     by_rank[world.rank()] = p;
     return Status::Ok();
@@ -32,7 +33,14 @@ TEST_CASE("calibration measures every kernel, rank 0's figures on every rank") {
     CHECK(by_rank[0].kernel_seconds[k] > 0);
     CHECK(by_rank[1].kernel_seconds[k] == by_rank[0].kernel_seconds[k]);
   }
+  CHECK(by_rank[0].disk_read > 0);
+  CHECK(by_rank[0].disk_write > 0);
   CHECK(by_rank[1].ToJson() == by_rank[0].ToJson());
+  CHECK(by_rank[0].ToJson().find("\"disk\"") != std::string::npos);
+  MachineProfile none;
+  const Status missing = MeasureDisk("/nonexistent/dir", &none);
+  REQUIRE_FALSE(missing.ok());
+  CHECK(missing.message().find("/nonexistent/dir/tessera-calibrate.") != std::string::npos);
   auto parsed = MachineProfile::Parse(by_rank[0].ToJson(), "<calibrated>");
   REQUIRE(parsed.ok());
   CHECK(parsed->ToJson() == by_rank[0].ToJson());

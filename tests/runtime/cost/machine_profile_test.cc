@@ -48,6 +48,24 @@ TEST_CASE("machine profiles parse, round-trip and name what is wrong") {
   CHECK_FALSE(p.CrossesHosts(2, 4));
 }
 
+TEST_CASE("the disk: measured figures price offload's reads and writes, shared on a host") {
+  auto p = ParseWith("disk", R"({"read": 2e9, "write": 1e9})", "disk.json");
+  REQUIRE(p.ok());
+  CHECK(p->DiskSeconds(2e9, 1e9) == Approx(2.0));
+  auto again = MachineProfile::Parse(p->ToJson(), "<again>");
+  REQUIRE(again.ok());
+  CHECK(again->disk_read == 2e9);
+  CHECK(again->disk_write == 1e9);
+  // Not measured: the default; four ranks on one host share its disk.
+  MachineProfile q = TestProfile();
+  q.hosts = 1;
+  CHECK(q.DiskSeconds(MachineProfile::kDefaultDiskBandwidth, 0) == Approx(1.0));
+  CHECK(q.ForRanks(4).DiskSeconds(MachineProfile::kDefaultDiskBandwidth, 0) == Approx(4.0));
+  auto bad = ParseWith("disk", R"({"read": -1})", "neg.json");
+  REQUIRE_FALSE(bad.ok());
+  CHECK(bad.status().message().find("neg.json") != std::string::npos);
+}
+
 TEST_CASE("measured collective tables price their kind and group, the line the rest") {
   MachineProfile p = TestProfile();
   auto with = MachineProfile::Parse(R"({

@@ -4,6 +4,8 @@
 // and ranks that share devices.
 #include "runtime/model/gpt_predict.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <array>
 #include <catch2/catch.hpp>
@@ -120,6 +122,20 @@ std::vector<Case> Cases() {
   add_cp("cp2 tp2 ring", 1, 1, 2, 2, 0, CpAlgo::kRing, "none");
   add_cp("dp2 cp2 zero1 ring, selective", 1, 2, 2, 1, 1, CpAlgo::kRing, "selective");
   add_cp("pp2 cp2 ulysses, full recompute", 2, 1, 2, 1, 0, CpAlgo::kUlysses, "full");
+  // Offload: the moments' buckets, and the weights' three largest units
+  // with the transfer buffers, in memory; the rest on disk.
+  static const std::string dir = [] {
+    char tmpl[] = "/tmp/tessera_predict_XXXXXX";
+    return std::string(::mkdtemp(tmpl));
+  }();
+  add("dp2 tp2 zero1 megatron, optimizer offload", 1, 2, 2, 1, 0, false, "none");
+  cases.back().par.offload_optimizer = true;
+  cases.back().par.offload_bucket_bytes = 64 << 10;
+  cases.back().par.offload_dir = dir;
+  add("pp2 dp2, optimizer and parameter offload", 2, 2, 1, 0, 2, false, "none");
+  cases.back().par.offload_optimizer = cases.back().par.offload_params = true;
+  cases.back().par.offload_bucket_bytes = 64 << 10;
+  cases.back().par.offload_dir = dir;
   return cases;
 }
 
@@ -138,7 +154,13 @@ TEST_CASE("predicted per-rank memory and kernel work match the runtime's") {
       const MemoryUse& want = pred->stage_memory[stage];
       const MemoryUse& got = runs[r].memory;
       INFO("rank " << r << " stage " << stage);
+      // Offloaded weights: the most units the runtime held at once (the
+      // three largest, in the update) and its two transfer buffers.
       CHECK(want.parameters == got.parameters);
+      CHECK(want.offloaded_parameters == got.offloaded_parameters);
+      // (Under ZeRO-1 a rank's shard, as the model takes it: see below.)
+      CHECK(want.offloaded_optimizer ==
+            Approx(got.offloaded_optimizer).epsilon(c.par.zero == 1 ? 0.005 : 0));
       CHECK(want.gradients == got.gradients);
       CHECK(want.optimizer == Approx(got.optimizer).epsilon(0.02));
       CHECK(want.activations == Approx(got.activations).epsilon(0.02));
@@ -159,6 +181,9 @@ TEST_CASE("predicted per-rank memory and kernel work match the runtime's") {
               Approx(pred->stage_kernel_units[stage][k]).epsilon(shard ? 0.005 : 1e-9));
       }
     }
+  }
+  for (const Case& c : cases) {
+    if (!c.par.offload_dir.empty()) ::rmdir(c.par.offload_dir.c_str());  // the files are gone
   }
 }
 

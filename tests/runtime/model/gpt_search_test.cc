@@ -57,6 +57,61 @@ TEST_CASE("the search cuts the weights (Megatron's column/row linears) when they
   }
 }
 
+TEST_CASE("nothing fits in memory: the search offloads the optimizer, then the weights too") {
+  // Weights and moments dwarf the activations (one short sequence).
+  const GptConfig c{.layers = 4, .heads = 8, .embed = 512, .context = 32, .vocab = 8192};
+  ParallelConfig par;
+  par.offload_dir = "/nonexistent";  // a plan is priced, nothing written
+  auto need = [&](bool optimizer, bool params) {
+    par.offload_optimizer = optimizer;
+    par.offload_params = params;
+    auto p = PredictGptStep(c, 1, 32, par, TestProfile());
+    REQUIRE(p.ok());
+    return p->memory.total();
+  };
+  const int64_t in_memory = need(false, false), opt = need(true, false), both = need(true, true);
+  REQUIRE(in_memory > opt);
+  REQUIRE(opt > both);
+  SearchOptions o;
+  o.mode = SearchMode::kExact;  // (fast has no one-rank template)
+  o.offload_dir = "/scratch";
+  // Between the optimizer offloaded and everything in memory.
+  o.rank_memory = (in_memory + opt) / 2;
+  auto r = SearchGptParallel(c, 1, 32, 1, TestProfile(), o);
+  INFO(r.status().ToString());
+  REQUIRE(r.ok());
+  CHECK(r->parallel.offload_optimizer);
+  CHECK_FALSE(r->parallel.offload_params);
+  CHECK(r->parallel.offload_dir == "/scratch");
+  CHECK(r->name.find("offload=optimizer") != std::string::npos);
+  CHECK(r->predicted.memory.total() <= o.rank_memory);
+  CHECK(r->predicted.memory.offloaded_optimizer > 0);
+  // Offloading costs time: the update waits for the disk.
+  SearchOptions roomy;
+  roomy.mode = SearchMode::kExact;
+  auto mem = SearchGptParallel(c, 1, 32, 1, TestProfile(), roomy);
+  REQUIRE(mem.ok());
+  CHECK(mem->predicted.optimizer < r->predicted.optimizer);
+  // Below that: the weights too.
+  o.rank_memory = both + (1 << 20);
+  r = SearchGptParallel(c, 1, 32, 1, TestProfile(), o);
+  INFO(r.status().ToString());
+  REQUIRE(r.ok());
+  CHECK(r->parallel.offload_params);
+  CHECK(r->name.find("offload=optimizer,params") != std::string::npos);
+  // Without a directory offload is never chosen; below everything, the
+  // error says offload was tried.
+  o.offload_dir.clear();
+  CHECK(SearchGptParallel(c, 1, 32, 1, TestProfile(), o).status().code() ==
+        StatusCode::kResourceExhausted);
+  o.offload_dir = "/scratch";
+  o.rank_memory = 1 << 20;
+  auto none = SearchGptParallel(c, 1, 32, 1, TestProfile(), o);
+  REQUIRE_FALSE(none.ok());
+  CHECK_THAT(std::string(none.status().message()),
+             Catch::Contains("even with the optimizer and the weights offloaded"));
+}
+
 TEST_CASE("the search is deterministic, keeps the budget, and says what would fit") {
   const GptConfig c{.layers = 4, .heads = 8, .embed = 512, .context = 256, .vocab = 8192};
   const SearchResult a = Search(c, 16, 256, 8, int64_t{1} << 30);
