@@ -63,7 +63,8 @@ if not off:
     sys.exit(0)
 r, w, n, mv = float(off[1]), float(off[2]), int(off[3]), float(off[4])
 # The first step reads no moments (they start at zero).
-io = f"   disk per step: moments read {r / (n - 1):.0f}, written {w / n:.0f} MiB (m + v {mv:.0f} MiB)"
+io = (f"   disk per step: moments read {r / (n - 1):.0f} (the save's stream of them included), "
+      f"written {w / n:.0f} MiB (m + v {mv:.0f} MiB)")
 wo = re.search(r"weights offload: ([0-9.]+) MiB read and ([0-9.]+) MiB written.*weights: ([0-9.]+) MiB in ([0-9]+) units, the largest ([0-9.]+) MiB\), at most ([0-9.]+) MiB", log)
 if wo:
     io += (f"; weights read {float(wo[1]) / n:.0f}, written {float(wo[2]) / n:.0f} MiB "
