@@ -72,37 +72,41 @@ Status SaveGpt(Env* env, const Gpt& model, const std::string& root, const std::s
   return SetLatest(env, root, name);
 }
 
+Status ReadGptRegion(const CheckpointReader& reader, const std::string& name, const ParamInfo& p,
+                     const Box& region, float* out) {
+  ASSIGN_OR_RETURN(size_t index, FindTensor(reader, name));
+  const Layout& layout = reader.strategy().tensors()[index].layout;
+  if (layout.shape != p.full_shape || !IsFloatingPoint(layout.dtype)) {
+    return InvalidArgumentError("checkpoint '" + reader.path() + "': tensor '" + name + "' is " +
+                                std::string(DTypeName(layout.dtype)) + ShapeToString(layout.shape) +
+                                ", the model's is f32" + ShapeToString(p.full_shape));
+  }
+  // Just its byte ranges (the reader reads no more).
+  if (layout.dtype == DType::kF32)
+    return ReadRegionOver(reader, index, p.split_shape(), region, out);
+  ASSIGN_OR_RETURN(Tensor t, Tensor::Zeros(layout.dtype, region.extents()));
+  RETURN_IF_ERROR(ReadRegionOver(reader, index, p.split_shape(), region, t.bytes()));
+  return t.CopyToF32({out, static_cast<size_t>(NumElements(region))});
+}
+
+bool HasOptimizerState(const CheckpointReader& reader) {
+  for (const TensorStrategy& t : reader.strategy().tensors()) {
+    if (t.name.starts_with("optimizer.")) return true;
+  }
+  return false;
+}
+
 Status LoadGpt(const CheckpointReader& reader, Gpt* model) {
   // An export has no optimizer state at all; a checkpoint with only some of
   // it is damaged and fails below on the first missing tensor.
-  bool optimizer_state = false;
-  for (const TensorStrategy& t : reader.strategy().tensors()) {
-    optimizer_state = optimizer_state || t.name.starts_with("optimizer.");
-  }
+  const bool optimizer_state = HasOptimizerState(reader);
   if (optimizer_state) {  // a ZeRO trainer may have released them
     model->adam_m().resize(model->num_params());
     model->adam_v().resize(model->num_params());
   }
   for (const Entry& e : Entries(*model, optimizer_state)) {
-    ASSIGN_OR_RETURN(size_t index, FindTensor(reader, e.name));
-    const Layout& layout = reader.strategy().tensors()[index].layout;
-    const ParamInfo& p = *e.param;
-    if (layout.shape != p.full_shape || !IsFloatingPoint(layout.dtype)) {
-      return InvalidArgumentError("checkpoint '" + reader.path() + "': tensor '" + e.name +
-                                  "' is " + std::string(DTypeName(layout.dtype)) +
-                                  ShapeToString(layout.shape) + ", the model's is f32" +
-                                  ShapeToString(p.full_shape));
-    }
-    // This rank's slice only (the whole tensor without tp): the reader
-    // reads just its byte ranges.
-    float* values = Values(*model, e.which).data() + p.offset;
-    if (layout.dtype == DType::kF32) {
-      RETURN_IF_ERROR(ReadRegionOver(reader, index, p.split_shape(), p.box, values));
-      continue;
-    }
-    ASSIGN_OR_RETURN(Tensor t, Tensor::Zeros(layout.dtype, p.box.extents()));
-    RETURN_IF_ERROR(ReadRegionOver(reader, index, p.split_shape(), p.box, t.bytes()));
-    RETURN_IF_ERROR(t.CopyToF32({values, static_cast<size_t>(p.numel)}));
+    float* values = Values(*model, e.which).data() + e.param->offset;
+    RETURN_IF_ERROR(ReadGptRegion(reader, e.name, *e.param, e.param->box, values));
   }
   if (optimizer_state) {
     model->set_step(reader.meta().step);

@@ -32,6 +32,14 @@ Status SaveGpt(Env* env, const Gpt& model, const std::string& root, const std::s
                const std::map<std::string, std::string>& metadata,
                const SaveGptOptions& options = {});
 
+// Region `region` (over p.split_shape(), inside p.box) of tensor `name` of
+// `reader`, as f32 into `out` (its extents, row-major): the checks LoadGpt
+// makes (the shape, a floating dtype), errors naming the tensor.
+Status ReadGptRegion(const CheckpointReader& reader, const std::string& name, const ParamInfo& p,
+                     const Box& region, float* out);
+// Whether `reader` holds optimizer state (an export has none).
+bool HasOptimizerState(const CheckpointReader& reader);
+
 // Loads parameters, moments and step from an open checkpoint (OpenCheckpoint
 // takes a directory, or a root with `latest`; check reader.meta() first) into
 // `model`, whose config must give the same names and shapes; a missing

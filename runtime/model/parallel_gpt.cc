@@ -5,6 +5,7 @@
 
 #include "core/timer.h"
 #include "core/trace.h"
+#include "runtime/model/gpt_checkpoint.h"
 #include "runtime/model/multi_copy.h"
 #include "runtime/train/optim.h"
 
@@ -841,6 +842,54 @@ Result<std::vector<LocalPiece>> ParallelGpt::SlicedPieces(
                    src.count * static_cast<int64_t>(sizeof(float))});
   }
   return out;
+}
+
+Status ParallelGpt::Load(const CheckpointReader& reader) {
+  if (offload_ == nullptr) {
+    RETURN_IF_ERROR(LoadGpt(reader, &model_));
+    return ShardOptimizerState();
+  }
+  ReleaseOptimizerState();
+  const std::vector<ParamInfo>& params = model_.params();
+  // The weights, unit by unit (all at once when they are in memory).
+  for (size_t i = 0; i < params.size(); ++i) {
+    const ParamInfo& p = params[i];
+    RETURN_IF_ERROR(model_.NeedWeights(p.unit, /*write=*/true));
+    RETURN_IF_ERROR(ReadGptRegion(reader, p.name, p, p.box, model_.weights().data() + p.offset));
+  }
+  if (offload_weights_ != nullptr) RETURN_IF_ERROR(offload_weights_->Evict());
+  const bool moments = HasOptimizerState(reader);
+  model_.set_step(moments ? reader.meta().step : 0);
+  moments_zero_ = !moments;  // an export: Adam starts afresh
+  if (!moments) return Status::Ok();
+  // The moments of this rank's rows (its ZeRO shard's), a block of rows at
+  // a time into the file.
+  constexpr int64_t kBlockBytes = int64_t{16} << 20;
+  std::vector<float> rows;
+  for (size_t i = 0; i < params.size(); ++i) {
+    const ParamInfo& p = params[i];
+    const int64_t row = p.box[0].size() > 0 ? p.numel / p.box[0].size() : p.numel;
+    int64_t first = 0, count = p.numel, at = p.offset;  // elements of the slice; file offset
+    if (parallel_.zero == 1) {
+      first = shards_[i].begin;
+      count = shards_[i].counts[data_rank_];
+      at = shards_[i].offset;
+    }
+    const int64_t block_rows = std::max<int64_t>(1, kBlockBytes / 4 / std::max<int64_t>(row, 1));
+    for (int64_t r = first / row; r * row < first + count; r += block_rows) {
+      Box region = p.box;
+      const int64_t n_rows = std::min(block_rows, (first + count) / row - r);
+      region[0] = {p.box[0].begin + r, p.box[0].begin + r + n_rows};
+      rows.resize(n_rows * row);
+      for (int which = 1; which <= 2; ++which) {
+        const std::string name = "optimizer." + p.name + (which == 1 ? ".exp_avg" : ".exp_avg_sq");
+        RETURN_IF_ERROR(ReadGptRegion(reader, name, p, region, rows.data()));
+        RETURN_IF_ERROR(
+            offload_->WriteOne(which - 1, at + (r * row - first), n_rows * row, rows.data()));
+      }
+    }
+  }
+  return Status::Ok();
 }
 
 Status ParallelGpt::ShardOptimizerState() {

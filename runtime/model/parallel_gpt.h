@@ -255,6 +255,12 @@ class ParallelGpt {
   // offloaded (else null).
   const OffloadedMoments* offloaded() const { return offload_.get(); }
   const OffloadedWeights* offloaded_weights() const { return offload_weights_.get(); }
+  // Loads this rank's parameters, moments and step from `reader` (LoadGpt,
+  // then ShardOptimizerState). With the optimizer offloaded, within the
+  // offload tier's memory: each unit's weights while it is in memory, the
+  // moments (this rank's ZeRO shard) read in row blocks of at most 16 MiB
+  // straight into the offload file.
+  Status Load(const CheckpointReader& reader);
   // After the model's moments were loaded or gathered: keeps this rank's
   // shard under ZeRO-1 and frees the rest (local, not collective).
   // Offloaded, the moments go to the offload file instead (errors name it),

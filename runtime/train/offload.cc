@@ -256,6 +256,21 @@ Status OffloadedMoments::ReadOne(int which, int64_t begin, int64_t n, float* out
   return file_->DropCache();
 }
 
+Status OffloadedMoments::WriteOne(int which, int64_t begin, int64_t n, const float* in) {
+  RETURN_IF_ERROR(CheckRange(begin, n));
+  float* buffer = buf_[0].get();
+  for (int64_t b = begin / bucket_ * bucket_; b < begin + n; b += bucket_) {
+    const int64_t count = std::min(bucket_, floats_ - b);
+    const int64_t at = which * region_ + b * 4, bytes = RoundUp(count * 4, kAlign);
+    const int64_t lo = std::max(b, begin), hi = std::min(b + count, begin + n);
+    if (lo > b || hi < b + count) RETURN_IF_ERROR(file_->Read(buffer, bytes, at));
+    std::copy(in + (lo - begin), in + (hi - begin), buffer + (lo - b));
+    RETURN_IF_ERROR(file_->Write(buffer, bytes, at));
+  }
+  bytes_written_ += n * static_cast<int64_t>(sizeof(float));
+  return file_->DropCache();
+}
+
 Status OffloadedMoments::Write(int64_t begin, int64_t n, const float* m, const float* v) {
   RETURN_IF_ERROR(CheckRange(begin, n));
   float* buffer = buf_[0].get();

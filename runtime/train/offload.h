@@ -112,6 +112,9 @@ class OffloadedMoments {
   // Moments [begin, begin + n) of m (`which` 0) or v (1) alone, through a
   // bucket's buffer (a save streaming them: no more in memory).
   Status ReadOne(int which, int64_t begin, int64_t n, float* out);
+  // ... and to it (a load streaming them in); the rest of a bucket written
+  // in part is kept.
+  Status WriteOne(int which, int64_t begin, int64_t n, const float* in);
   // Sets every moment to zero.
   Status Zero();
 

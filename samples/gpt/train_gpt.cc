@@ -220,10 +220,9 @@ Status Resume(const Options& o, Communicator& world, Job& job, bool talk) {
                    OpenResumeCheckpoint(env, o.save, job.config_text));
   if (checkpoint == nullptr) return Status::Ok();  // nothing saved yet: a fresh start
   Gpt& model = job.trainer->model();
-  RETURN_IF_ERROR(LoadGpt(*checkpoint, &model));
+  RETURN_IF_ERROR(job.trainer->Load(*checkpoint));
   ASSIGN_OR_RETURN(const RepairNotes notes, RepairAfterLoad(env, *checkpoint, world));
   SayRepairs(notes, checkpoint->path(), world.rank(), talk);
-  RETURN_IF_ERROR(job.trainer->ShardOptimizerState());
   ASSIGN_OR_RETURN(const DataPosition position, SavedDataPosition(*checkpoint));
   RETURN_IF_ERROR(job.loader->Restore(position));
   job.resumed = true;

@@ -132,6 +132,13 @@ then
   capped "$WORK/tight_params.log" --offload optimizer,params --offload-dir "$WORK" \
     --offload-bucket-mib 1 --save "$WORK/tight_ck" --save-every 2
   tight_params=$?
+  # ... and killed at step 3, resumed from step 2's checkpoint within the
+  # cap: the load streams the moments into the offload file too.
+  capped "$WORK/tight_kill.log" --offload optimizer,params --offload-dir "$WORK" \
+    --offload-bucket-mib 1 --save "$WORK/tight_k" --save-every 2 --fault-kill step:3:0
+  capped "$WORK/tight_resume.log" --offload optimizer,params --offload-dir "$WORK" \
+    --offload-bucket-mib 1 --save "$WORK/tight_k" --save-every 2 --resume
+  tight_resume=$?
   rmdir "$G"
   check "within 340 MiB (cgroup v1), the in-memory run is killed by the OOM killer" \
     test "$plain" -eq 137
@@ -143,6 +150,11 @@ then
     finished_same "$tight_params" "$WORK/tight_params.log"
   check "... and its checkpoint, saved within the cap, is the unlimited run's bit for bit" \
     "$CKPT" diff "$WORK/free_ck/step-2" "$WORK/tight_ck/step-2"
+  # resumed_same RC LOG: resumed from step 2, step 3's loss the unlimited run's.
+  resumed_same() { [ "$1" -eq 0 ] && grep -q 'resumed from step 2' "$2" &&
+    [ "$(train_losses "$2")" = "$(train_losses "$WORK/free.log" | tail -1)" ]; }
+  check "... killed at step 3 and resumed within the cap: step 3's loss is the unlimited run's" \
+    resumed_same "$tight_resume" "$WORK/tight_resume.log"
 else
   echo "skip the memory-cgroup case: $CG is not a writable cgroup v1 memory hierarchy (root)"
 fi
