@@ -231,18 +231,6 @@ Status OffloadedMoments::CheckRange(int64_t begin, int64_t n) const {
   return Status::Ok();
 }
 
-Status OffloadedMoments::Read(int64_t begin, int64_t n, float* m, float* v) {
-  RETURN_IF_ERROR(CheckRange(begin, n));
-  float* buffer = buf_[0].get();
-  for (int64_t b = begin / bucket_ * bucket_; b < begin + n; b += bucket_) {
-    RETURN_IF_ERROR(ReadBucket(b, std::min(bucket_, floats_ - b), buffer));
-    const int64_t lo = std::max(b, begin), hi = std::min(b + bucket_, begin + n);
-    std::copy(buffer + (lo - b), buffer + (hi - b), m + (lo - begin));
-    std::copy(buffer + bucket_ + (lo - b), buffer + bucket_ + (hi - b), v + (lo - begin));
-  }
-  return file_->DropCache();
-}
-
 Status OffloadedMoments::ReadOne(int which, int64_t begin, int64_t n, float* out) {
   RETURN_IF_ERROR(CheckRange(begin, n));
   float* buffer = buf_[0].get();
@@ -271,28 +259,14 @@ Status OffloadedMoments::WriteOne(int which, int64_t begin, int64_t n, const flo
   return file_->DropCache();
 }
 
-Status OffloadedMoments::Write(int64_t begin, int64_t n, const float* m, const float* v) {
-  RETURN_IF_ERROR(CheckRange(begin, n));
-  float* buffer = buf_[0].get();
-  for (int64_t b = begin / bucket_ * bucket_; b < begin + n; b += bucket_) {
-    const int64_t count = std::min(bucket_, floats_ - b);
-    const int64_t lo = std::max(b, begin), hi = std::min(b + count, begin + n);
-    // A bucket written in part keeps the rest of what the file holds.
-    if (lo > b || hi < b + count) RETURN_IF_ERROR(ReadBucket(b, count, buffer));
-    std::copy(m + (lo - begin), m + (hi - begin), buffer + (lo - b));
-    std::copy(v + (lo - begin), v + (hi - begin), buffer + bucket_ + (lo - b));
-    RETURN_IF_ERROR(WriteBucket(b, count, buffer));
-  }
-  return file_->DropCache();
+Status OffloadedMoments::Read(int64_t begin, int64_t n, float* m, float* v) {
+  RETURN_IF_ERROR(ReadOne(0, begin, n, m));
+  return ReadOne(1, begin, n, v);
 }
 
-Status OffloadedMoments::Zero() {
-  float* zeros = buf_[0].get();
-  std::fill(zeros, zeros + 2 * bucket_, 0.0f);
-  for (int64_t at = 0; at < floats_; at += bucket_) {
-    RETURN_IF_ERROR(WriteBucket(at, std::min(bucket_, floats_ - at), zeros));
-  }
-  return file_->DropCache();
+Status OffloadedMoments::Write(int64_t begin, int64_t n, const float* m, const float* v) {
+  RETURN_IF_ERROR(WriteOne(0, begin, n, m));
+  return WriteOne(1, begin, n, v);
 }
 
 // ----------------------------------------------------------- OffloadedWeights

@@ -115,8 +115,6 @@ class OffloadedMoments {
   // ... and to it (a load streaming them in); the rest of a bucket written
   // in part is kept.
   Status WriteOne(int which, int64_t begin, int64_t n, const float* in);
-  // Sets every moment to zero.
-  Status Zero();
 
  private:
   OffloadedMoments(std::unique_ptr<ScratchFile> file, int64_t floats, int64_t bucket);

@@ -460,6 +460,7 @@ Status Export(const Options& o, Job& job, Communicator& world, bool talk) {
 Status Report(const Options& o, Job& job, Communicator& world, const Progress& p) {
   const bool first = world.rank() == 0;
   const int64_t step = job.trainer->step();
+  auto mib = [](double b) { return b / (1 << 20); };
   if (step > 0) {
     const MemoryUse m = job.trainer->Memory();
     double figures[] = {static_cast<double>(m.parameters),
@@ -473,7 +474,6 @@ Status Report(const Options& o, Job& job, Communicator& world, const Progress& p
     RETURN_IF_ERROR(world.AllReduce(figures, figures, 8, DType::kF64, ReduceOp::kMax));
     struct rusage usage {};
     getrusage(RUSAGE_SELF, &usage);
-    auto mib = [](double b) { return b / (1 << 20); };
     if (first && !o.quiet) {
       std::printf(
           "memory per rank (largest): parameters %.2f MiB, gradients %.2f MiB, optimizer "
@@ -495,7 +495,6 @@ Status Report(const Options& o, Job& job, Communicator& world, const Progress& p
   // step (each read and written once; the first step reads none).
   if (const OffloadedMoments* off = job.trainer->offloaded();
       off != nullptr && first && !o.quiet && step > 0) {
-    auto mib = [](double b) { return b / (1 << 20); };
     std::printf(
         "offload: %.1f MiB read and %.1f MiB written in %lld steps on rank 0 (m + v: %.1f "
         "MiB), %.1f MiB resident\n",
@@ -508,7 +507,6 @@ Status Report(const Options& o, Job& job, Communicator& world, const Progress& p
   // the most of them in memory at once beside the largest unit.
   if (const OffloadedWeights* w = job.trainer->offloaded_weights();
       w != nullptr && first && !o.quiet && step > 0) {
-    auto mib = [](double b) { return b / (1 << 20); };
     int64_t all = 0, largest = 0;
     for (int u = 0; u < w->units(); ++u) {
       all += w->unit_bytes(u);
@@ -587,11 +585,14 @@ Status TrainOn(const Options& o, Communicator& world) {
     }
     if (talk) Log(o, job.trainer->step(), loss, norm, seconds);
     // The budget holds step after step, by the runtime's own account.
-    if (const MemoryUse m = job.trainer->Memory(); o.rank_memory > 0 && m.total() > o.rank_memory) {
-      return ResourceExhaustedError("rank " + std::to_string(world.rank()) + ", step " +
-                                    std::to_string(job.trainer->step()) +
-                                    ": the accounted memory " + m.ToString() +
-                                    " exceeds --rank-memory " + HumanBytes(o.rank_memory));
+    if (o.rank_memory > 0) {
+      const MemoryUse m = job.trainer->Memory();
+      if (m.total() > o.rank_memory) {
+        return ResourceExhaustedError("rank " + std::to_string(world.rank()) + ", step " +
+                                      std::to_string(job.trainer->step()) +
+                                      ": the accounted memory " + m.ToString() +
+                                      " exceeds --rank-memory " + HumanBytes(o.rank_memory));
+      }
     }
     RETURN_IF_ERROR(saver.AfterStep());
   }
