@@ -30,6 +30,10 @@
 // load. With --np, a --hostfile is read again before every attempt
 // (run_resilient's job: a scheduler removes a dead host from it).
 //
+// Parameter servers (--ps-servers S): the first S ranks of the job serve
+// parameters, the rest are workers; every process gets TESSERA_PS_SERVERS
+// (through mpirun's -x under --np).
+//
 // In COMMAND, {ranks} becomes the job's number of ranks in each attempt.
 // Every process gets TESSERA_RESTART_COUNT (0 in the first attempt).
 #include <dirent.h>
@@ -580,7 +584,7 @@ int main(int argc, char** argv) {
       "Start a job's processes (Gloo workers, mpirun or in-process ranks) and restart "
       "it from its newest checkpoint when a process dies or hangs"};
   int nproc = 0, nnodes = 1, node_rank = 0, np = 0, ranks = 0, min_nodes = 1, min_ranks = 1,
-      max_restarts = 3;
+      max_restarts = 3, ps_servers = 0;
   double heartbeat_timeout = 0, join_timeout = 30;
   std::string master, hostfile, mpirun = "mpirun", log_dir;
   bool quiet = false;
@@ -615,6 +619,10 @@ int main(int argc, char** argv) {
   app.add_option("--mpirun", mpirun, "the mpirun to use");
   app.add_option("--max-restarts", max_restarts, "restarts before giving up")
       ->check(CLI::NonNegativeNumber);
+  app.add_option("--ps-servers", ps_servers,
+                 "the job's first S ranks are parameter servers (TESSERA_PS_SERVERS for every "
+                 "process)")
+      ->check(CLI::NonNegativeNumber);
   app.add_option("command", command, "the job (after --)")->required();
   app.positionals_at_end();
   CLI11_PARSE(app, argc, argv);
@@ -645,6 +653,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (!log_dir.empty()) (void)Env::Default()->CreateDirs(log_dir);
+  if (ps_servers > 0) setenv(kEnvPsServers, std::to_string(ps_servers).c_str(), 1);
   const std::string save = FlagValue(command, "--save");
   signal(SIGINT, OnSignal);
   signal(SIGTERM, OnSignal);
@@ -707,6 +716,7 @@ int main(int argc, char** argv) {
       if (np > 0) {
         args = {mpirun, "-np", std::to_string(n)};
         if (!hostfile.empty()) args.insert(args.end(), {"--hostfile", hostfile});
+        if (ps_servers > 0) args.insert(args.end(), {"-x", kEnvPsServers});
       }
       for (const std::string& a : Substitute(command, n)) args.push_back(a);
       std::printf("tessera-run: attempt %d on %d rank(s), %s\n  $ %s\n", attempt + 1, n,

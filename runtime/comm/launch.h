@@ -55,6 +55,8 @@ inline constexpr char kEnvWorldSize[] = "TESSERA_WORLD_SIZE";
 inline constexpr char kEnvMaster[] = "TESSERA_MASTER";  // host:port of rank 0's rendezvous
 inline constexpr char kEnvHeartbeatFile[] = "TESSERA_HEARTBEAT_FILE";
 inline constexpr char kEnvRestartCount[] = "TESSERA_RESTART_COUNT";  // 0 in the first attempt
+// Parameter servers: ranks [0, S) of TESSERA_WORLD_SIZE serve (train_gpt).
+inline constexpr char kEnvPsServers[] = "TESSERA_PS_SERVERS";
 
 // One worker of a launched job.
 struct WorkerSlot {

@@ -15,9 +15,38 @@ Result<Mesh> ParallelConfig::MakeMesh() const {
   return Mesh::Create({"pp", "dp", "tp"}, {pp, dp, tp});
 }
 
+// Parameter servers serve data-parallel workers only.
+Status ParallelConfig::ValidateServers() const {
+  if (ps_servers < 0) return InvalidArgumentError("--ps-servers must be >= 0");
+  if (ps_servers > 0) {
+    std::string other;
+    if (tp > 1)
+      other = "tp " + std::to_string(tp);
+    else if (pp > 1)
+      other = "pp " + std::to_string(pp);
+    else if (cp > 1)
+      other = "cp " + std::to_string(cp);
+    else if (zero != 0)
+      other = "zero " + std::to_string(zero);
+    else if (offload_optimizer)
+      other = "offload";
+    if (!other.empty()) {
+      return InvalidArgumentError("--ps-servers " + std::to_string(ps_servers) + " with " + other +
+                                  ": parameter servers serve data-parallel workers (tp, pp, cp 1, "
+                                  "zero 0, no offload)");
+    }
+  } else if (!ps_params.empty() && ps_params != "all") {
+    return InvalidArgumentError("--ps-params '" + ps_params +
+                                "' without parameter servers: give --ps-servers S (or "
+                                "TESSERA_PS_SERVERS)");
+  }
+  return Status::Ok();
+}
+
 Status ParallelConfig::Validate(int world_size) const {
   if (dp < 1 || tp < 1 || pp < 1 || cp < 1)
     return InvalidArgumentError("dp, cp, tp and pp must be >= 1");
+  RETURN_IF_ERROR(ValidateServers());
   if (static_cast<int64_t>(dp) * cp * tp * pp != world_size) {
     return InvalidArgumentError("dp " + std::to_string(dp) + " x " +
                                 (cp > 1 ? "cp " + std::to_string(cp) + " x " : std::string()) +

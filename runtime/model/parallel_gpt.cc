@@ -42,9 +42,10 @@ Result<std::unique_ptr<ParallelGpt>> ParallelGpt::Create(const GptConfig& config
   ASSIGN_OR_RETURN(MeshCommunicators comms, MeshCommunicators::Create(world, mesh));
   // Moments a ZeRO shard or the offload file holds are never allocated
   // whole (they would set the peak resident set).
-  ASSIGN_OR_RETURN(Gpt model, parallel.zero == 1 || parallel.offload_optimizer
-                                  ? Gpt::CreateWithoutMoments(config, gs, parallel.offload_params)
-                                  : Gpt::Create(config, gs));
+  ASSIGN_OR_RETURN(Gpt model,
+                   parallel.zero == 1 || parallel.offload_optimizer || parallel.ps_servers > 0
+                       ? Gpt::CreateWithoutMoments(config, gs, parallel.offload_params)
+                       : Gpt::Create(config, gs));
   std::unique_ptr<ParallelGpt> p(new ParallelGpt(std::move(model), parallel, std::move(comms)));
   p->tp_dims_ = gs.tp_dims;
   for (std::vector<std::unique_ptr<OpGpt>>& chunk : ops) {
@@ -82,6 +83,7 @@ MemoryUse ParallelGpt::Memory() const {
                      : bytes(model_.weights());
   m.gradients = bytes(model_.grads());
   m.optimizer = bytes(model_.adam_m()) + bytes(model_.adam_v()) + bytes(shard_m_) + bytes(shard_v_);
+  if (ps_ != nullptr) m.optimizer += ps_->moment_bytes();
   if (offload_ != nullptr) {
     m.optimizer += offload_->resident_bytes();  // its buckets
     m.offloaded_optimizer = 2 * offload_->floats() * static_cast<int64_t>(sizeof(float));
@@ -202,11 +204,23 @@ Status ParallelGpt::Build() {
     shard_v_.assign(offset, 0.0f);
     Free({&model_.adam_m(), &model_.adam_v()});
   }
+  if (parallel_.ps_servers > 0) {
+    ASSIGN_OR_RETURN(PsPlacement placement,
+                     PsPlacement::Create(params, parallel_.ps_servers, parallel_.ps_params));
+    ps_placement_ = std::make_unique<PsPlacement>(std::move(placement));
+  }
   // Buckets of consecutive parameters, from the last (whose gradients the
-  // backward pass finishes first) to the first.
+  // backward pass finishes first) to the first. Parameters on servers are
+  // in none (and end the bucket before them).
   const int64_t bucket_floats = std::max<int64_t>(1, parallel_.bucket_bytes / 4);
+  bool gap = false;
   for (size_t i = params.size(); i-- > 0;) {
-    if (buckets_.empty() || buckets_.back().end - buckets_.back().begin >= bucket_floats) {
+    if (ps_placement_ != nullptr && ps_placement_->OnServers(i)) {
+      gap = true;
+      continue;
+    }
+    if (buckets_.empty() || gap || buckets_.back().end - buckets_.back().begin >= bucket_floats) {
+      gap = false;
       buckets_.emplace_back();
       buckets_.back().end = params[i].offset + params[i].numel;
     }
@@ -297,6 +311,7 @@ Status ParallelGpt::Init(uint64_t seed) {
   } else {
     model_.Init(seed);
   }
+  if (ps_ != nullptr) ps_->ZeroMoments();
   if (parallel_.zero == 1) {
     std::fill(shard_m_.begin(), shard_m_.end(), 0.0f);
     std::fill(shard_v_.begin(), shard_v_.end(), 0.0f);
@@ -356,6 +371,24 @@ void ParallelGpt::ReleaseOptimizerState() {
   if (!materialized_) return;
   Free({&model_.adam_m(), &model_.adam_v(), &shard_m_, &shard_v_});
   materialized_ = false;
+}
+
+Status ParallelGpt::ConnectServers(Communicator& world) {
+  if (ps_placement_ == nullptr) return FailedPreconditionError("ConnectServers without ps_servers");
+  if (world.size() != parallel_.ps_servers + data_->size() ||
+      world.rank() != parallel_.ps_servers + data_->rank()) {
+    return InvalidArgumentError("world rank " + std::to_string(world.rank()) + " of " +
+                                std::to_string(world.size()) + ": expected " +
+                                std::to_string(parallel_.ps_servers) + " servers then the " +
+                                std::to_string(data_->size()) + " workers in order");
+  }
+  ASSIGN_OR_RETURN(ps_, PsClient::Create(*ps_placement_, world, model_.params()));
+  return Status::Ok();
+}
+
+Status ParallelGpt::StopServers(bool failed) {
+  if (ps_ == nullptr) return Status::Ok();
+  return ps_->Stop(failed);
 }
 
 Status ParallelGpt::ReduceGradients() {
@@ -645,6 +678,16 @@ Result<float> ParallelGpt::StepLocal(const int32_t* tokens, const int32_t* targe
   for (const auto& r : runners_) RETURN_IF_ERROR(r->ReduceParamGradients());
   RETURN_IF_ERROR(ReduceTiedEmbedding());
   RETURN_IF_ERROR(ReduceGradients());
+  if (ps_ != nullptr) {
+    // The servers' parameters: pushed, clipped by the norm over everything,
+    // updated there and pulled back; the rest updated here.
+    {
+      AddElapsed timed(&comm_seconds_);
+      RETURN_IF_ERROR(data_->AllReduce(&loss, &loss, 1, DType::kF64, ReduceOp::kAvg));
+    }
+    AddElapsed timed(&comm_seconds_);
+    return ps_->Exchange(model_, loss, adam, max_norm, norm);
+  }
   double squared = 0;
   if (parallel_.zero == 1) {
     ASSIGN_OR_RETURN(squared, ShardedSquaredNorm());

@@ -74,6 +74,8 @@
 #include "runtime/model/gpt.h"
 #include "runtime/model/gpt_graph.h"
 #include "runtime/model/op_gpt.h"
+#include "runtime/model/param_server.h"
+#include "runtime/model/ps_placement.h"
 #include "runtime/model/stage_runner.h"
 #include "runtime/parallel/pipeline.h"
 #include "runtime/train/offload.h"
@@ -125,10 +127,18 @@ struct ParallelConfig {
   bool offload_params = false;
   std::string offload_dir;
   int64_t offload_bucket_bytes = int64_t{4} << 20;
+  // Parameter servers (runtime/model/param_server.h): with ps_servers S >
+  // 0 the ranks given to ParallelGpt are the workers (dp of them), and the
+  // parameters `ps_params` names ("all", or names and patterns) live on S
+  // server ranks of the world (ConnectServers). Data parallelism only: tp,
+  // pp, cp 1, zero 0, no offload.
+  int ps_servers = 0;
+  std::string ps_params = "all";
   // The mesh "pp=P,dp=D,tp=T", with cp: "pp=P,dp=D,cp=C,tp=T" (ranks
   // row-major: tp fastest, as Megatron's tp-cp-dp-pp).
   Result<Mesh> MakeMesh() const;
   Status Validate(int world_size) const;
+  Status ValidateServers() const;
   // That `config`'s layers cut into the stages (and chunks) asked for;
   // errors say what would.
   Status ValidateLayers(const GptConfig& config) const;
@@ -201,6 +211,14 @@ class ParallelGpt {
   // dataset read per rank (dataset_strategy sequence). StepRows when cp = 1.
   Result<float> StepLocal(const int32_t* tokens, const int32_t* targets, int B, int T,
                           const AdamWConfig& adam, float max_norm, float* norm);
+  // Parameter servers (parallel().ps_servers > 0): collective over
+  // `world`, whose ranks [0, S) serve (PsServer) and the rest are this
+  // job's workers in order; it must outlive this object. Before Init.
+  Status ConnectServers(Communicator& world);
+  const PsClient* ps() const { return ps_.get(); }
+  // Tells the servers this worker is done (`failed`: on an error). A no-op
+  // without servers.
+  Status StopServers(bool failed);
   // This rank's replica (its dp coordinate): which rows of a batch it reads.
   int dp_rank() const { return dp_rank_; }
   // Its cp coordinate: which positions of each sequence it holds
@@ -371,6 +389,9 @@ class ParallelGpt {
   };
   std::vector<OffloadSegment> offload_segments_;
   std::unique_ptr<OffloadedWeights> offload_weights_;
+  // Parameter servers: where the parameters live, and the workers' side.
+  std::unique_ptr<PsPlacement> ps_placement_;
+  std::unique_ptr<PsClient> ps_;
   std::vector<std::vector<size_t>> unit_params_;  // each unit's parameters (indices)
   bool order_learned_ = false;                    // the units' order of a step, for prefetching
   bool materialized_ = false;                     // the offloaded moments are in memory too

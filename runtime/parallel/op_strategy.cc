@@ -205,6 +205,17 @@ Result<OpStrategyFile> OpStrategyFile::Parse(std::string_view text, const std::s
         return fail("\"offload_dir\" must be a directory's path");
       }
       file.offload_dir = value.get<std::string>();
+    } else if (key == "ps_servers") {
+      auto n = OptionalInt(root, "ps_servers", 0);
+      if (!n.ok()) return fail(n.status().message());
+      file.ps_servers = *n;
+    } else if (key == "ps_params") {
+      if (!value.is_string() || value.get<std::string>().empty()) {
+        return fail(
+            "\"ps_params\" must be \"all\" or parameter names and patterns, "
+            "comma-separated");
+      }
+      file.ps_params = value.get<std::string>();
     } else if (key == "zero") {
       auto z = OptionalInt(root, "zero", 0);
       if (!z.ok() || *z > 1) return fail("\"zero\" must be 0 or 1");
@@ -330,6 +341,8 @@ std::string OpStrategyFile::ToJson() const {
   if (offload.has_value()) root["offload"] = offload->Name();
   if (!offload_dir.empty()) root["offload_dir"] = offload_dir;
   if (zero.has_value()) root["zero"] = *zero;
+  if (ps_servers.has_value()) root["ps_servers"] = *ps_servers;
+  if (!ps_params.empty()) root["ps_params"] = ps_params;
   if (micro_batches.has_value()) root["micro_batches"] = *micro_batches;
   if (virtual_stages.has_value()) root["virtual_stages"] = *virtual_stages;
   if (micro_batch_interleave.has_value()) {

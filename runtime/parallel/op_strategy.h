@@ -18,6 +18,8 @@
 //     "recompute": {"h.*": "selective"},            // optional, per block
 //     "offload": "optimizer",                       // optional: Adam's moments on disk
 //     "offload_dir": "/scratch/offload",            // where (with offload)
+//     "ps_servers": 2,                              // optional: parameter servers
+//     "ps_params": "wte,h.*.mlp.c_fc.*",            // what they hold (default all)
 //     "dataset_strategy": "data_parallel",          // optional, or "full_batch",
 //                                                   // "sequence" (rows over dp,
 //                                                   // positions over cp)
@@ -111,6 +113,10 @@ Result<OffloadKinds> ParseOffload(const std::string& text);
 struct OpStrategyFile {
   std::string source;  // the path (or "<text>"), for messages
   std::optional<int> pp, dp, cp, tp, zero, micro_batches, virtual_stages, micro_batch_interleave;
+  // Parameter servers (runtime/model/ps_placement.h): how many, and the
+  // parameters they hold ("all", or names and patterns; empty: unset).
+  std::optional<int> ps_servers;
+  std::string ps_params;
   std::optional<CpAlgo> cp_algo;
   // "offload": "optimizer", "optimizer,params" (or "none"); "offload_dir":
   // where its files go.

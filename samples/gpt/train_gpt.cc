@@ -27,7 +27,9 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <string>
+#include <vector>
 
 #include "core/byte_size.h"
 #include "core/trace.h"
@@ -41,6 +43,8 @@
 #include "runtime/model/gpt_checkpoint.h"
 #include "runtime/model/gpt_predict.h"
 #include "runtime/model/parallel_gpt.h"
+#include "runtime/model/param_server.h"
+#include "runtime/model/ps_placement.h"
 #include "runtime/model/search_report.h"
 #include "runtime/train/async_checkpoint.h"
 #include "runtime/train/data.h"
@@ -150,7 +154,9 @@ struct Job {
 };
 
 // The parallel configuration, the model's stage on this rank, its data.
-Result<Job> Configure(const Options& o, Communicator& world) {
+// `servers`: with parameter servers, the whole world (`world` is the
+// workers').
+Result<Job> Configure(const Options& o, Communicator& world, Communicator* servers) {
   Job job;
   job.parallel = o.parallel;
   if (!o.auto_parallel.empty()) {
@@ -167,6 +173,7 @@ Result<Job> Configure(const Options& o, Communicator& world) {
   RETURN_IF_ERROR(CheckSequenceCut(par.cp_algo, o.seq, par.cp, "h.*.attn.attention"));
   RETURN_IF_ERROR(CheckRankMemory(o, par));
   ASSIGN_OR_RETURN(job.trainer, ParallelGpt::Create(o.config, par, world));
+  if (servers != nullptr) RETURN_IF_ERROR(job.trainer->ConnectServers(*servers));
   if (o.batch % par.dp != 0) {
     return InvalidArgumentError("--batch " + std::to_string(o.batch) + " is not a multiple of dp " +
                                 std::to_string(par.dp));
@@ -487,8 +494,8 @@ Status Report(const Options& o, Job& job, Communicator& world, const Progress& p
                     .c_str()
               : "",
           usage.ru_maxrss / 1024.0,
-          world.size() > 1 && !LaunchedByMpirun() ? "the process, every in-process rank"
-                                                  : "rank 0's process");
+          world.size() > 1 && world.backend() == "inprocess" ? "the process, every in-process rank"
+                                                             : "this rank's process");
     }
   }
   // Optimizer offload: the disk bytes rank 0 moved, beside 2 (m + v) a
@@ -552,11 +559,12 @@ Status Report(const Options& o, Job& job, Communicator& world, const Progress& p
   return Status::Ok();
 }
 
-// The whole run on one rank; rank 0 talks.
-Status TrainOn(const Options& o, Communicator& world) {
+// The whole run on one rank; rank 0 talks. With parameter servers,
+// `world` is the workers' and `servers` everyone's.
+Status TrainOn(const Options& o, Communicator& world, Communicator* servers = nullptr) {
   if (!o.calibrate_out.empty()) return Calibrate(o, world);
   const bool talk = world.rank() == 0 && !o.quiet;
-  ASSIGN_OR_RETURN(Job job, Configure(o, world));
+  ASSIGN_OR_RETURN(Job job, Configure(o, world, servers));
   RETURN_IF_ERROR(Resume(o, world, job, talk));
   if (talk) SaySetup(job, world);
   Saver saver(o, world, job, talk);
@@ -596,22 +604,95 @@ Status TrainOn(const Options& o, Communicator& world) {
     }
     RETURN_IF_ERROR(saver.AfterStep());
   }
+  RETURN_IF_ERROR(job.trainer->StopServers(/*failed=*/false));
   RETURN_IF_ERROR(saver.Finish());
   RETURN_IF_ERROR(Export(o, job, world, talk));
   return Report(o, job, world, progress);
+}
+
+// A parameter server's run: its pieces initialised as every worker's
+// model is, then one step served per step of the workers until they stop.
+Status Serve(const Options& o, Communicator& world) {
+  const int S = o.parallel.ps_servers;
+  ASSIGN_OR_RETURN(std::vector<ParamInfo> params, Gpt::Params(o.config));
+  ASSIGN_OR_RETURN(PsPlacement placement, PsPlacement::Create(params, S, o.parallel.ps_params));
+  ASSIGN_OR_RETURN(std::unique_ptr<PsServer> server,
+                   PsServer::Create(o.config, std::move(placement), world));
+  RETURN_IF_ERROR(server->Init(o.seed));
+  Heartbeat heartbeat = Heartbeat::FromEnv();
+  while (true) {
+    o.fault.At("step", server->step() + 1, world.rank());
+    RETURN_IF_ERROR(heartbeat.Beat(server->step() + 1));
+    ASSIGN_OR_RETURN(const bool more, server->Serve(o.adam, o.max_norm));
+    if (!more) break;
+  }
+  if (!o.quiet) {
+    const MemoryUse m = server->Memory();
+    std::printf("parameter server %d: %lld steps served, holds %s, %s in and out a step\n",
+                world.rank(), static_cast<long long>(server->step()), m.ToString().c_str(),
+                HumanBytes(server->bytes_per_step()).c_str());
+  }
+  return Status::Ok();
+}
+
+// Parameter servers (--ps-servers S): ranks [0, S) serve, the rest train
+// as data-parallel workers over a communicator of their own. Every rank
+// checks the configuration first, so a bad one stops all of them alike.
+Status TrainWithServers(const Options& o, Communicator& world) {
+  const int S = o.parallel.ps_servers, N = world.size();
+  // Every rank must have been given the same servers and parameters.
+  const int64_t mine[2] = {S, static_cast<int64_t>(std::hash<std::string>{}(o.parallel.ps_params))};
+  std::vector<int64_t> all(2 * static_cast<size_t>(N));
+  RETURN_IF_ERROR(world.AllGather(mine, 2, all.data(), DType::kI64));
+  for (int r = 0; r < N; ++r) {
+    if (all[2 * r] != S) {
+      return InvalidArgumentError("--ps-servers: rank " + std::to_string(r) + " was given " +
+                                  std::to_string(all[2 * r]) + " servers, rank " +
+                                  std::to_string(world.rank()) + " " + std::to_string(S) +
+                                  " (TESSERA_PS_SERVERS differs between the processes)");
+    }
+    if (all[2 * r + 1] != mine[1]) {
+      return InvalidArgumentError("--ps-params: rank " + std::to_string(r) + " was given other " +
+                                  "parameters than rank " + std::to_string(world.rank()) + " ('" +
+                                  o.parallel.ps_params + "')");
+    }
+  }
+  if (S >= N) {
+    return InvalidArgumentError("--ps-servers " + std::to_string(S) + " of " + std::to_string(N) +
+                                " ranks leaves no worker (ranks = servers + workers)");
+  }
+  ParallelConfig par = o.parallel;
+  if (par.dp == 0) par.dp = N - S;
+  RETURN_IF_ERROR(par.Validate(N - S));
+  ASSIGN_OR_RETURN(std::vector<ParamInfo> params, Gpt::Params(o.config));
+  ASSIGN_OR_RETURN(const PsPlacement placement, PsPlacement::Create(params, S, par.ps_params));
+  const bool server = world.rank() < S;
+  ASSIGN_OR_RETURN(std::unique_ptr<Communicator> group, world.Split(server ? 0 : 1, world.rank()));
+  group->set_name(server ? "servers" : "workers");
+  if (server) return Serve(o, world);
+  if (group->rank() == 0 && !o.quiet) {
+    std::printf("parameter servers: %d of %d ranks (%d workers)\n%s", S, N, N - S,
+                placement.Describe().c_str());
+  }
+  return TrainOn(o, *group, &world);
+}
+
+Status Run(const Options& o, Communicator& world) {
+  if (o.parallel.ps_servers > 0 && o.calibrate_out.empty()) return TrainWithServers(o, world);
+  return TrainOn(o, world);
 }
 
 // With --trace, the run recorded on this rank's timeline (its collectives
 // through a traced communicator), written to PREFIX.rank<R>.json even when
 // the run fails.
 Status Train(const Options& o, Communicator& world) {
-  if (o.trace.empty()) return TrainOn(o, world);
+  if (o.trace.empty()) return Run(o, world);
   Trace trace(world.rank());
   Status run;
   {
     ScopedTrace scoped(&trace);
     std::unique_ptr<Communicator> traced = TracedCommunicator(world);
-    run = TrainOn(o, *traced);
+    run = Run(o, *traced);
   }
   const std::string path = o.trace + ".rank" + std::to_string(world.rank()) + ".json";
   Status written = WriteFileAtomically(Env::Default(), path, trace.Json());
@@ -631,6 +712,15 @@ int main(int argc, char** argv) {
   kernels::SetComputeThreads(o.compute_threads);
   if (Status s = LaunchRanks(o.launch, [&](Communicator& world) { return Train(o, world); });
       !s.ok()) {
+    if (o.parallel.ps_servers > 0 && s.code() == StatusCode::kDeadlineExceeded) {
+      // Which role a rank that never came has.
+      const int S = o.parallel.ps_servers;
+      s = Status(s.code(),
+                 s.message() + " (with --ps-servers " + std::to_string(S) + ": rank" +
+                     (S == 1 ? " 0 is the parameter server"
+                             : "s 0-" + std::to_string(S - 1) + " are parameter servers") +
+                     ", the others workers)");
+    }
     return Fail(s);
   }
   return 0;

@@ -17,7 +17,7 @@ namespace {
 // The flags read as text, checked once all are parsed.
 struct Flags {
   int threads = -1, ranks = 0, rank = -1, world_size = -1;
-  double bucket_mib = 25, offload_bucket_mib = 4;
+  double bucket_mib = 25, offload_bucket_mib = 4, comm_timeout = 300;
   std::string op_strategy, recompute = "none", redundancy = "none", rank_memory;
   std::string cp_algo = "ring", offload = "none";
   std::string hosts, fault_kill, fault_hang, backend = "auto", master;
@@ -109,6 +109,14 @@ void AddParallelFlags(CLI::App* app, Options* o, Flags* f) {
       ->check(CLI::PositiveNumber);
   app->add_option("--offload-dir", o->parallel.offload_dir,
                   "directory of the offload files (a local disk; created files are scratch)");
+  app->add_option("--ps-servers", o->parallel.ps_servers,
+                  "parameter servers: ranks [0, S) hold the parameters --ps-params names and "
+                  "their Adam moments, the other ranks are data-parallel workers pushing "
+                  "gradients and pulling weights (default: TESSERA_PS_SERVERS, else 0)")
+      ->check(CLI::NonNegativeNumber);
+  app->add_option("--ps-params", o->parallel.ps_params,
+                  "with --ps-servers: all (default) or parameter names and patterns, "
+                  "comma-separated ('*' one dot-free part: 'wte,h.*.mlp.c_fc.*')");
   app->add_option("--zero", o->parallel.zero, "1: shard the optimizer states over dp (ZeRO-1)")
       ->check(CLI::Range(0, 1));
   app->add_option("--bucket-mib", f->bucket_mib, "gradient bucket size for the dp reduction")
@@ -179,6 +187,10 @@ void AddLaunchFlags(CLI::App* app, Options* o, Flags* f) {
   app->add_option(
       "--master", f->master,
       "host:port of rank 0's rendezvous (gloo; else TESSERA_MASTER or MASTER_ADDR/PORT)");
+  app->add_option("--comm-timeout", f->comm_timeout,
+                  "seconds any collective, message or rendezvous may wait before the job fails "
+                  "naming what it waited for (default 300)")
+      ->check(CLI::PositiveNumber);
   app->add_option("--fault-kill", f->fault_kill,
                   "testing: POINT:STEP:RANK kills that rank's process (SIGKILL) at POINT of step "
                   "STEP (step, write, redundancy, commit, rename)");
@@ -271,6 +283,20 @@ Status ApplyStrategyFile(const CLI::App& app, const std::string& path, Options* 
     }
     o->parallel.offload_dir = file.offload_dir;
   }
+  if (file.ps_servers.has_value()) {
+    if (app.count("--ps-servers") > 0 && o->parallel.ps_servers != *file.ps_servers) {
+      return InvalidArgumentError(path + " sets ps_servers " + std::to_string(*file.ps_servers) +
+                                  " but --ps-servers is " + std::to_string(o->parallel.ps_servers));
+    }
+    o->parallel.ps_servers = *file.ps_servers;
+  }
+  if (!file.ps_params.empty()) {
+    if (app.count("--ps-params") > 0 && o->parallel.ps_params != file.ps_params) {
+      return InvalidArgumentError(path + " sets ps_params " + file.ps_params +
+                                  " but --ps-params is " + o->parallel.ps_params);
+    }
+    o->parallel.ps_params = file.ps_params;
+  }
   o->parallel.stage_layers = file.stage_layers;
   if (!file.dataset_strategy.empty()) {
     if (app.count("--dataset-strategy") > 0 && o->dataset_strategy != file.dataset_strategy) {
@@ -312,11 +338,41 @@ Status CheckSaves(const Flags& f, Options* o) {
   return Status::Ok();
 }
 
+// Parameter servers: --ps-servers, else the launcher's TESSERA_PS_SERVERS.
+Status CheckServers(const CLI::App& app, Options* o) {
+  ParallelConfig& par = o->parallel;
+  if (app.count("--ps-servers") == 0 &&
+      (par.op_strategy == nullptr || !par.op_strategy->ps_servers.has_value())) {
+    if (const char* env = std::getenv(kEnvPsServers); env != nullptr && *env != '\0') {
+      char* end = nullptr;
+      const long n = std::strtol(env, &end, 10);
+      if (*end != '\0' || n < 0 || n > (1 << 20)) {
+        return InvalidArgumentError(std::string(kEnvPsServers) + "='" + env +
+                                    "': expected a number of servers");
+      }
+      par.ps_servers = static_cast<int>(n);
+    }
+  }
+  if (par.ps_servers == 0) return Status::Ok();
+  if (!o->auto_parallel.empty()) {
+    return InvalidArgumentError(
+        "--ps-servers with --auto-parallel: the search does not place "
+        "parameter servers; choose one or the other");
+  }
+  if (!o->save.empty()) {
+    return InvalidArgumentError(
+        "--ps-servers with --save: parameter-server checkpoints are not "
+        "written yet (--export writes the weights)");
+  }
+  return Status::Ok();
+}
+
 // How the ranks start: the rank table from flags, as the environment would
 // give it; one compute thread a rank where several share the cores.
 Status CheckLaunch(const Flags& f, Options* o) {
   ExportRankTable(f.rank, f.world_size, f.master);
   o->launch.ranks = f.ranks;
+  o->launch.comm.timeout = std::chrono::milliseconds(static_cast<int64_t>(f.comm_timeout * 1000));
   o->launch.backend = *ParseCommBackend(f.backend);  // CLI11 checked it
   if (LaunchedByMpirun() && f.ranks > 0) {
     return InvalidArgumentError("--ranks starts threads; under mpirun use -np instead");
@@ -345,6 +401,7 @@ Status Resolve(const CLI::App& app, const Flags& f, Options* o) {
   o->parallel.bucket_bytes = static_cast<int64_t>(f.bucket_mib * (1 << 20));
   o->parallel.offload_bucket_bytes = static_cast<int64_t>(f.offload_bucket_mib * (1 << 20));
   if (!f.op_strategy.empty()) RETURN_IF_ERROR(ApplyStrategyFile(app, f.op_strategy, o));
+  RETURN_IF_ERROR(CheckServers(app, o));
   RETURN_IF_ERROR(CheckSaves(f, o));
   return CheckLaunch(f, o);
 }

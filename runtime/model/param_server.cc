@@ -1,0 +1,340 @@
+#include "runtime/model/param_server.h"
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include "core/trace.h"
+
+namespace tessera {
+namespace {
+
+// A message carries at most this many floats (4 MiB): the server's fold
+// buffers hold one per worker, whatever the size of a piece.
+constexpr int64_t kMessageFloats = int64_t{1} << 20;
+// Tags stay below MPI's guaranteed upper bound (32767).
+constexpr int64_t kMaxMessages = 16000;
+
+std::string WorkerName(int w, int servers) {
+  return "worker " + std::to_string(w) + " (rank " + std::to_string(servers + w) + ")";
+}
+
+}  // namespace
+
+PsProtocol::PsProtocol(PsPlacement placement, int workers)
+    : placement_(std::move(placement)), workers_(workers) {
+  const std::vector<PsPiece>& pieces = placement_.pieces();
+  int64_t total = 0;
+  for (const PsPiece& p : pieces) total += p.count;
+  const int64_t size = std::max(kMessageFloats, (total + kMaxMessages - 1) / kMaxMessages + 1);
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    for (int64_t at = 0; at < pieces[i].count; at += size) {
+      const int64_t n = std::min(size, pieces[i].count - at);
+      messages_.push_back({i, pieces[i].offset + at, n, pieces[i].server});
+      largest_ = std::max(largest_, n);
+    }
+  }
+  // The norm's order: the model's parameters, each by its pieces or its
+  // worker-held slot.
+  size_t piece = 0, local = 0;
+  const std::vector<size_t>& locals = placement_.local();
+  while (piece < pieces.size() || local < locals.size()) {
+    if (local == locals.size() || (piece < pieces.size() && pieces[piece].param < locals[local])) {
+      norm_order_.push_back(static_cast<int64_t>(piece++));
+    } else {
+      norm_order_.push_back(LocalSlot(local++));
+    }
+  }
+}
+
+double PsProtocol::SumNorms(const std::vector<double>& slots) const {
+  double sum = 0;
+  for (int64_t s : norm_order_) sum += slots[s];
+  return sum;
+}
+
+Result<std::unique_ptr<PsServer>> PsServer::Create(const GptConfig& config, PsPlacement placement,
+                                                   Communicator& world) {
+  const int servers = placement.servers();
+  if (world.rank() >= servers) return InternalError("PsServer::Create on a worker rank");
+  const int workers = world.size() - servers;
+  if (workers < 1) {
+    return InvalidArgumentError("--ps-servers " + std::to_string(servers) + " of " +
+                                std::to_string(world.size()) + " ranks leaves no worker");
+  }
+  std::unique_ptr<PsServer> s(
+      new PsServer(config, PsProtocol(std::move(placement), workers), world));
+  s->server_ = world.rank();
+  int64_t at = 0;
+  const auto& messages = s->protocol_.messages();
+  s->piece_at_.assign(s->protocol_.placement().pieces().size(), -1);
+  for (size_t i = 0; i < messages.size(); ++i) {
+    if (messages[i].server != s->server_) continue;
+    const size_t piece = messages[i].piece;
+    if (s->piece_at_[piece] < 0) {  // a piece's messages are consecutive
+      s->piece_at_[piece] = at;
+      s->pieces_.push_back(piece);
+    }
+    s->messages_.push_back(i);
+    s->local_.push_back(at);
+    at += messages[i].count;
+  }
+  s->weights_.assign(at, 0.0f);
+  s->grads_.assign(at, 0.0f);
+  s->m_.assign(at, 0.0f);
+  s->v_.assign(at, 0.0f);
+  s->scratch_.assign(static_cast<size_t>(workers - 1) * s->protocol_.largest_message(), 0.0f);
+  return s;
+}
+
+Status PsServer::Init(uint64_t seed) {
+  // The whole model made once and its pieces kept: the same values every
+  // worker's Gpt::Init gives.
+  ASSIGN_OR_RETURN(Gpt full, Gpt::CreateWithoutMoments(config_, GptStage{}));
+  full.Init(seed);
+  const auto& messages = protocol_.messages();
+  for (size_t k = 0; k < messages_.size(); ++k) {
+    const PsProtocol::Message& msg = messages[messages_[k]];
+    std::copy_n(full.weights().data() + msg.offset, msg.count, weights_.data() + local_[k]);
+  }
+  std::fill(m_.begin(), m_.end(), 0.0f);
+  std::fill(v_.begin(), v_.end(), 0.0f);
+  step_ = 0;
+  return Status::Ok();
+}
+
+Result<bool> PsServer::Serve(const AdamWConfig& adam, float max_norm) {
+  const int S = protocol_.servers(), W = protocol_.workers();
+  // Every worker's header: all step n + 1, or all stop.
+  std::vector<int64_t> headers(static_cast<size_t>(W) * 2);
+  for (int w = 0; w < W; ++w) {
+    Status s = world_.Recv(&headers[2 * w], 2, DType::kI64, S + w, PsProtocol::kTagHeader);
+    if (!s.ok()) {
+      return Status(s.code(), "parameter server " + std::to_string(server_) + ": waiting for " +
+                                  WorkerName(w, S) + ": " + s.message());
+    }
+  }
+  int stops = 0;
+  for (int w = 0; w < W; ++w) {
+    const int64_t cmd = headers[2 * w], step = headers[2 * w + 1];
+    if (cmd == PsProtocol::kAbort) {
+      return AbortedError("parameter server " + std::to_string(server_) + ": " + WorkerName(w, S) +
+                          " stopped on an error before step " + std::to_string(step_ + 1));
+    }
+    if (cmd == PsProtocol::kStop) {
+      ++stops;
+    } else if (cmd != PsProtocol::kStep || step != step_ + 1) {
+      return InvalidArgumentError("parameter server " + std::to_string(server_) + " at step " +
+                                  std::to_string(step_) + ": " + WorkerName(w, S) +
+                                  " asks for step " + std::to_string(step) +
+                                  " (workers resumed from different checkpoints?)");
+    }
+  }
+  if (stops == W) return false;
+  if (stops > 0) {
+    for (int w = 0; w < W; ++w) {
+      if (headers[2 * w] == PsProtocol::kStop) {
+        return AbortedError("parameter server " + std::to_string(server_) + ": " +
+                            WorkerName(w, S) + " stopped at step " + std::to_string(step_) +
+                            " while others go on");
+      }
+    }
+  }
+  const auto& messages = protocol_.messages();
+  std::vector<double> slots(protocol_.slots(), 0.0);
+  {
+    TraceSpan span("ps", "fold the workers' gradients");
+    const float inv = static_cast<float>(W);
+    for (size_t k = 0; k < messages_.size(); ++k) {
+      const PsProtocol::Message& msg = messages[messages_[k]];
+      float* acc = grads_.data() + local_[k];
+      std::vector<Request> requests;
+      ASSIGN_OR_RETURN(Request first, world_.IRecv(acc, msg.count, DType::kF32, S,
+                                                   protocol_.PushTag(messages_[k])));
+      requests.push_back(std::move(first));
+      for (int w = 1; w < W; ++w) {
+        float* in = scratch_.data() + static_cast<int64_t>(w - 1) * protocol_.largest_message();
+        ASSIGN_OR_RETURN(Request r, world_.IRecv(in, msg.count, DType::kF32, S + w,
+                                                 protocol_.PushTag(messages_[k])));
+        requests.push_back(std::move(r));
+      }
+      RETURN_IF_ERROR(WaitAll(requests));
+      for (int w = 1; w < W; ++w) {
+        const float* in =
+            scratch_.data() + static_cast<int64_t>(w - 1) * protocol_.largest_message();
+        for (int64_t j = 0; j < msg.count; ++j) acc[j] = acc[j] + in[j];
+      }
+      if (W > 1) {
+        for (int64_t j = 0; j < msg.count; ++j) acc[j] = acc[j] / inv;
+      }
+    }
+  }
+  // Each piece's squared norm, over its messages in order.
+  for (size_t k = 0; k < messages_.size(); ++k) {
+    const PsProtocol::Message& msg = messages[messages_[k]];
+    slots[msg.piece] += SquaredNorm(grads_.data() + local_[k], msg.count);
+  }
+  RETURN_IF_ERROR(
+      world_.AllReduce(slots.data(), slots.data(), protocol_.slots(), DType::kF64, ReduceOp::kSum));
+  loss_ = slots[protocol_.loss_slot()];
+  const double total = std::sqrt(protocol_.SumNorms(slots));
+  const float clip = max_norm > 0 ? ClipFactor(total, max_norm) : 1.0f;
+  ++step_;
+  std::vector<Request> sends;
+  {
+    TraceSpan span("ps", "AdamW on the served pieces");
+    for (size_t k = 0; k < messages_.size(); ++k) {
+      const PsProtocol::Message& msg = messages[messages_[k]];
+      const int64_t at = local_[k];
+      if (clip != 1.0f) Scale(grads_.data() + at, msg.count, clip);
+      AdamWUpdate(weights_.data() + at, grads_.data() + at, m_.data() + at, v_.data() + at,
+                  msg.count, step_, adam, protocol_.placement().pieces()[msg.piece].decay);
+      for (int w = 0; w < W; ++w) {
+        ASSIGN_OR_RETURN(Request r, world_.ISend(weights_.data() + at, msg.count, DType::kF32,
+                                                 S + w, protocol_.PullTag(messages_[k])));
+        sends.push_back(std::move(r));
+      }
+    }
+  }
+  RETURN_IF_ERROR(WaitAll(sends));
+  return true;
+}
+
+std::span<float> PsServer::PieceData(size_t piece, int which) {
+  if (piece >= piece_at_.size() || piece_at_[piece] < 0) return {};
+  std::vector<float>& v = which == 0 ? weights_ : which == 1 ? m_ : v_;
+  return {v.data() + piece_at_[piece],
+          static_cast<size_t>(protocol_.placement().pieces()[piece].count)};
+}
+
+MemoryUse PsServer::Memory() const {
+  auto bytes = [](const std::vector<float>& v) {
+    return static_cast<int64_t>(v.capacity() * sizeof(float));
+  };
+  MemoryUse m;
+  m.parameters = bytes(weights_);
+  m.gradients = bytes(grads_);
+  m.optimizer = bytes(m_) + bytes(v_);
+  m.communication = bytes(scratch_);
+  return m;
+}
+
+int64_t PsServer::bytes_per_step() const {
+  // In: each worker's gradients; out: the new values to each worker.
+  return 2 * static_cast<int64_t>(protocol_.workers()) *
+         static_cast<int64_t>(weights_.size() * sizeof(float));
+}
+
+Result<std::unique_ptr<PsClient>> PsClient::Create(PsPlacement placement, Communicator& world,
+                                                   const std::vector<ParamInfo>& params) {
+  const int servers = placement.servers();
+  if (world.rank() < servers) return InternalError("PsClient::Create on a server rank");
+  const int workers = world.size() - servers;
+  std::unique_ptr<PsClient> c(new PsClient(PsProtocol(std::move(placement), workers), world));
+  c->worker_ = world.rank() - servers;
+  int64_t at = 0;
+  for (size_t i : c->protocol_.placement().local()) {
+    const ParamInfo& p = params[i];
+    c->local_.push_back({p.offset, p.numel, at, p.decay});
+    at += p.numel;
+  }
+  c->m_.assign(at, 0.0f);
+  c->v_.assign(at, 0.0f);
+  return c;
+}
+
+void PsClient::ZeroMoments() {
+  std::fill(m_.begin(), m_.end(), 0.0f);
+  std::fill(v_.begin(), v_.end(), 0.0f);
+}
+
+int64_t PsClient::moment_bytes() const {
+  return static_cast<int64_t>((m_.capacity() + v_.capacity()) * sizeof(float));
+}
+
+Result<float> PsClient::Exchange(Gpt& model, double loss, const AdamWConfig& adam, float max_norm,
+                                 float* norm) {
+  const int S = protocol_.servers();
+  const auto& messages = protocol_.messages();
+  const int64_t step = model.step() + 1;
+  const int64_t header[2] = {PsProtocol::kStep, step};
+  std::vector<Request> sends, recvs;
+  for (int s = 0; s < S; ++s) {
+    ASSIGN_OR_RETURN(Request r, world_.ISend(header, 2, DType::kI64, s, PsProtocol::kTagHeader));
+    sends.push_back(std::move(r));
+  }
+  float* grads = model.grads().data();
+  float* weights = model.weights().data();
+  {
+    TraceSpan span("ps", "push gradients");
+    for (size_t i = 0; i < messages.size(); ++i) {
+      const PsProtocol::Message& msg = messages[i];
+      ASSIGN_OR_RETURN(Request r, world_.ISend(grads + msg.offset, msg.count, DType::kF32,
+                                               msg.server, protocol_.PushTag(i)));
+      sends.push_back(std::move(r));
+    }
+  }
+  // The norm's slots: this worker's own parameters (the same on every
+  // worker: the first one says them) and the loss.
+  std::vector<double> slots(protocol_.slots(), 0.0);
+  if (worker_ == 0) {
+    for (size_t k = 0; k < local_.size(); ++k) {
+      slots[protocol_.LocalSlot(k)] = SquaredNorm(grads + local_[k].offset, local_[k].count);
+    }
+    slots[protocol_.loss_slot()] = loss;
+  }
+  Status reduced =
+      world_.AllReduce(slots.data(), slots.data(), protocol_.slots(), DType::kF64, ReduceOp::kSum);
+  if (!reduced.ok()) {
+    (void)WaitAll(sends);
+    return reduced;
+  }
+  const double total = std::sqrt(protocol_.SumNorms(slots));
+  if (norm != nullptr) *norm = static_cast<float>(total);
+  const float clip = max_norm > 0 ? ClipFactor(total, max_norm) : 1.0f;
+  for (size_t i = 0; i < messages.size(); ++i) {
+    const PsProtocol::Message& msg = messages[i];
+    Result<Request> r = world_.IRecv(weights + msg.offset, msg.count, DType::kF32, msg.server,
+                                     protocol_.PullTag(i));
+    if (!r.ok()) {
+      (void)WaitAll(sends);
+      (void)WaitAll(recvs);
+      return r.status();
+    }
+    recvs.push_back(std::move(*r));
+  }
+  {
+    TraceSpan span("optimizer", "AdamW (the workers' own parameters)");
+    for (const Local& p : local_) {
+      if (clip != 1.0f) Scale(grads + p.offset, p.count, clip);
+      AdamWUpdate(weights + p.offset, grads + p.offset, m_.data() + p.at, v_.data() + p.at, p.count,
+                  step, adam, p.decay);
+    }
+  }
+  Status sent = WaitAll(sends);
+  Status received;
+  {
+    TraceSpan span("ps", "pull weights");
+    received = WaitAll(recvs);
+  }
+  RETURN_IF_ERROR(sent);
+  RETURN_IF_ERROR(received);
+  model.set_step(step);
+  return static_cast<float>(slots[protocol_.loss_slot()]);
+}
+
+Status PsClient::Stop(bool failed) {
+  if (stopped_) return Status::Ok();
+  stopped_ = true;
+  const int64_t header[2] = {failed ? PsProtocol::kAbort : PsProtocol::kStop, 0};
+  Status first;
+  for (int s = 0; s < protocol_.servers(); ++s) {
+    Status st = world_.Send(header, 2, DType::kI64, s, PsProtocol::kTagHeader);
+    if (first.ok() && !st.ok()) first = st;
+  }
+  return first;
+}
+
+PsClient::~PsClient() { (void)Stop(/*failed=*/true); }
+
+}  // namespace tessera

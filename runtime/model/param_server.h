@@ -1,0 +1,158 @@
+// Parameter servers: both sides of a synchronous step (the placement is
+// ps_placement.h's). World ranks [0, S) are servers, S + w is worker w.
+//
+// A step, per worker: a header (step n, or stop), then its gradient of
+// every placed piece to the piece's server, in messages of at most
+// `message floats` (tags name the message, so the backends' matching
+// needs no ordering between them). Per server: each message's W
+// contributions folded in worker order (((g0 + g1) + g2) ...) and divided
+// by W, as the in-process all-reduce averages, so a job whose fold order
+// matches data parallelism's gives its bits. Then one all-reduce over the
+// world of each piece's and each worker-held parameter's squared gradient
+// norm (each slot filled by one rank, so the sum is exact) and of the
+// loss: every rank sums the slots in the model's parameter order, as
+// Gpt::GradSquaredNorm does, and clips with the same factor. Each server
+// runs AdamW on its pieces and sends the new values to every worker; the
+// workers update their own parameters meanwhile (moments of those only).
+//
+// Failures: a worker that fails sends "abort" (its destructor path), and a
+// server that gets it stops with an error naming that worker; every wait
+// is bounded by the communicator's timeout.
+#ifndef TESSERA_RUNTIME_MODEL_PARAM_SERVER_H_
+#define TESSERA_RUNTIME_MODEL_PARAM_SERVER_H_
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "runtime/comm/communicator.h"
+#include "runtime/cost/memory_use.h"
+#include "runtime/model/gpt.h"
+#include "runtime/model/ps_placement.h"
+#include "runtime/train/optim.h"
+
+namespace tessera {
+
+// What both sides agree on: the placement, cut into messages.
+class PsProtocol {
+ public:
+  PsProtocol(PsPlacement placement, int workers);
+  const PsPlacement& placement() const { return placement_; }
+  int servers() const { return placement_.servers(); }
+  int workers() const { return workers_; }
+  struct Message {
+    size_t piece;
+    int64_t offset, count;  // in the flat parameter vector
+    int server;
+  };
+  const std::vector<Message>& messages() const { return messages_; }
+  int64_t largest_message() const { return largest_; }
+  // The norm's slots: one per piece, then one per worker-held parameter,
+  // then the loss; and the order they are summed in (the model's).
+  int64_t slots() const { return static_cast<int64_t>(norm_order_.size()) + 1; }
+  int64_t loss_slot() const { return slots() - 1; }
+  int64_t LocalSlot(size_t k) const { return static_cast<int64_t>(placement_.pieces().size() + k); }
+  double SumNorms(const std::vector<double>& slots) const;
+
+  static constexpr int kTagHeader = 1;
+  int PushTag(size_t message) const { return 2 + static_cast<int>(message); }
+  int PullTag(size_t message) const { return 2 + static_cast<int>(messages_.size() + message); }
+  enum Command : int64_t { kStep = 1, kStop = 2, kAbort = 3 };
+
+ private:
+  PsPlacement placement_;
+  int workers_;
+  std::vector<Message> messages_;
+  int64_t largest_ = 0;
+  std::vector<int64_t> norm_order_;
+};
+
+// A server: its pieces' weights, gradients and Adam moments.
+class PsServer {
+ public:
+  // `world`: every rank (servers first), which must outlive the server.
+  static Result<std::unique_ptr<PsServer>> Create(const GptConfig& config, PsPlacement placement,
+                                                  Communicator& world);
+  // The same initial values as Gpt::Init(seed) gives the whole model.
+  Status Init(uint64_t seed);
+  // Serves one step: false once every worker said stop. Errors name the
+  // worker that aborted, stopped alone or disagreed on the step.
+  Result<bool> Serve(const AdamWConfig& adam, float max_norm);
+  int64_t step() const { return step_; }
+  double last_loss() const { return loss_; }
+  // Its weights, gradients, moments and the fold's receive buffers.
+  MemoryUse Memory() const;
+  const PsProtocol& protocol() const { return protocol_; }
+  // The pieces this server holds (indices into the placement's pieces()),
+  // and one's weights (which 0), Adam exp_avg (1) or exp_avg_sq (2); empty
+  // for a piece held elsewhere.
+  const std::vector<size_t>& pieces() const { return pieces_; }
+  std::span<float> PieceData(size_t piece, int which);
+  std::span<const float> PieceData(size_t piece, int which) const {
+    return const_cast<PsServer*>(this)->PieceData(piece, which);
+  }
+  // Bytes received and sent per step.
+  int64_t bytes_per_step() const;
+
+ private:
+  PsServer(const GptConfig& config, PsProtocol protocol, Communicator& world)
+      : config_(config), protocol_(std::move(protocol)), world_(world) {}
+  GptConfig config_;
+  PsProtocol protocol_;
+  Communicator& world_;
+  int server_ = 0;
+  std::vector<size_t> messages_;   // this server's, in order
+  std::vector<int64_t> local_;     // each message's first element in the buffers below
+  std::vector<size_t> pieces_;     // this server's
+  std::vector<int64_t> piece_at_;  // by piece index: its first element here (-1: elsewhere)
+  std::vector<float> weights_, grads_, m_, v_, scratch_;
+  int64_t step_ = 0;
+  double loss_ = 0;
+};
+
+// A worker's side: pushes the placed gradients, takes part in the norm,
+// updates its own parameters, receives the placed ones.
+class PsClient {
+ public:
+  // `world` as for PsServer; `params`: the worker model's (the whole
+  // model's list the placement was made from).
+  static Result<std::unique_ptr<PsClient>> Create(PsPlacement placement, Communicator& world,
+                                                  const std::vector<ParamInfo>& params);
+  const PsProtocol& protocol() const { return protocol_; }
+  // After forward and backward, with the worker-held parameters' gradients
+  // already averaged over the workers and `loss` the workers' mean: the
+  // rest of the step. Returns the loss; `norm` gets the gradient norm.
+  Result<float> Exchange(Gpt& model, double loss, const AdamWConfig& adam, float max_norm,
+                         float* norm);
+  // The moments of the worker-held parameters (zero at Init): exp_avg
+  // (which 1) or exp_avg_sq (2), the placement's local() parameters one
+  // after another.
+  void ZeroMoments();
+  const std::vector<float>& LocalMoments(int which) const { return which == 1 ? m_ : v_; }
+  std::vector<float>& LocalMoments(int which) { return which == 1 ? m_ : v_; }
+  int64_t moment_bytes() const;
+  // Tells every server the job is done (or, `failed`, that this worker
+  // stopped on an error). Once.
+  Status Stop(bool failed);
+  ~PsClient();
+
+ private:
+  PsClient(PsProtocol protocol, Communicator& world)
+      : protocol_(std::move(protocol)), world_(world) {}
+  PsProtocol protocol_;
+  Communicator& world_;
+  int worker_ = 0;
+  struct Local {
+    int64_t offset, count;  // in the flat parameter vector
+    int64_t at;             // in m_ and v_
+    bool decay;
+  };
+  std::vector<Local> local_;  // the worker-held parameters, in order
+  std::vector<float> m_, v_;
+  bool stopped_ = false;
+};
+
+}  // namespace tessera
+
+#endif  // TESSERA_RUNTIME_MODEL_PARAM_SERVER_H_

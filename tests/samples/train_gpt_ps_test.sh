@@ -1,0 +1,132 @@
+#!/usr/bin/env bash
+# Parameter servers end to end (train_gpt --ps-servers S [--ps-params P]):
+# ranks [0, S) serve, the rest are data-parallel workers. Synchronous mode
+# gives the single-process losses within 1e-5 relative per step over 20
+# steps, and bit for bit the losses and final weights of data parallelism
+# over the same two workers (its fold, a + b): S = 1 and 2 with every
+# parameter on the servers, the embedding alone, the embedding cut by rows
+# over two servers (1e-5: its norm is summed in two parts), the MLP's
+# first matrices by pattern; in-process, under mpirun and over Gloo
+# (tessera-run --ps-servers, which passes TESSERA_PS_SERVERS), the file's
+# ps_servers/ps_params keys; Gloo processes started by hand with the roles
+# in another order train the same, a rank that never comes is named with
+# the roles, and processes given different server counts refuse by name;
+# bad configurations are refused before any step.
+# Usage: train_gpt_ps_test.sh TRAIN_GPT CORPUS MPIRUN TESSERA_RUN CKPT
+set -uo pipefail
+BIN=$1
+CORPUS=$2
+MPIRUN=("$3" --allow-run-as-root --oversubscribe)
+RUN=$4
+CKPT=$5
+WORK=$(mktemp -d)
+work=$WORK
+trap 'pkill -9 -P $$ 2>/dev/null; rm -rf "$WORK"' EXIT
+source "$(dirname "$0")/../lib.sh"
+SMALL=(--data "$CORPUS" --layers 2 --heads 4 --embed 32 --context 32 --batch 8 --lr 1e-3
+  --max-norm 0.5 --steps 20)
+train() { # train LOG FLAGS...
+  local log=$1
+  shift
+  "$BIN" "${SMALL[@]}" "$@" >"$log" 2>&1
+}
+same_losses() { diff <(train_losses "$1") <(train_losses "$2") >/dev/null; }
+
+train "$WORK/one.log"
+check "single-process reference" test $? -eq 0
+train "$WORK/dp.log" --ranks 2 --export "$WORK/dp"
+check "data parallel over 2 ranks" test $? -eq 0
+
+for setting in "--ranks 3 --ps-servers 1" "--ranks 4 --ps-servers 2" \
+  "--ranks 3 --ps-servers 1 --ps-params wte" "--ranks 4 --ps-servers 2 --ps-params h.*.mlp.c_fc.*" \
+  "--ranks 4 --ps-servers 2 --ps-params wte,wpe"; do
+  rm -rf "$WORK/ps"
+  # shellcheck disable=SC2086
+  train "$WORK/ps.log" $setting --export "$WORK/ps"
+  check "$setting: the single-process losses" close "$WORK/ps.log" "$WORK/one.log" 20
+  if [[ $setting != *wte,wpe* ]]; then
+    check "... bit for bit data parallelism's losses" same_losses "$WORK/ps.log" "$WORK/dp.log"
+    check "... and final weights" "$CKPT" diff -q "$WORK/dp/step-20" "$WORK/ps/step-20"
+  else
+    check "... wte cut by rows over the two servers" grep -q "wte\[0:128)" "$WORK/ps.log"
+    check "... final weights within 1e-5 of data parallelism's" \
+      "$CKPT" diff -q --rtol 1e-5 --atol 1e-7 "$WORK/dp/step-20" "$WORK/ps/step-20"
+  fi
+done
+check "... the placement is said" grep -q "^server 1: " "$WORK/ps.log"
+check "... a worker holds no optimizer state for served parameters" \
+  grep -q "optimizer 0.00 MiB" <(train "/dev/stdout" --ranks 3 --ps-servers 1)
+
+"${MPIRUN[@]}" -np 4 "$BIN" "${SMALL[@]}" --ps-servers 2 >"$WORK/mpi.log" 2>&1
+check "mpirun -np 4 --ps-servers 2: data parallelism's losses bit for bit" \
+  same_losses "$WORK/mpi.log" "$WORK/dp.log"
+"$RUN" --nproc-per-node 3 --ps-servers 1 -- "$BIN" "${SMALL[@]}" >"$WORK/gloo.out" 2>&1
+sed -n 's/^\[rank 1\] //p' "$WORK/gloo.out" >"$WORK/gloo.log"
+check "tessera-run --nproc-per-node 3 --ps-servers 1 (Gloo): data parallelism's losses" \
+  same_losses "$WORK/gloo.log" "$WORK/dp.log"
+check "... rank 0 served" grep -q "^\[rank 0\] parameter server 0: 20 steps served" "$WORK/gloo.out"
+
+cat >"$WORK/ps.json" <<'EOF'
+{"format": "tessera.op_strategy", "version": 1, "ps_servers": 2, "ps_params": "wte",
+ "operators": {}}
+EOF
+train "$WORK/file.log" --ranks 4 --op-strategy "$WORK/ps.json"
+check "the strategy file's ps_servers and ps_params: data parallelism's losses" \
+  same_losses "$WORK/file.log" "$WORK/dp.log"
+check "... wte on the two servers" grep -q '^server 1: wte\[' "$WORK/file.log"
+run "$BIN" "${SMALL[@]}" --ranks 4 --op-strategy "$WORK/ps.json" --ps-servers 1
+check "... a flag that contradicts it is refused" grep -q "sets ps_servers 2 but --ps-servers is 1" \
+  "$WORK/out"
+
+# Processes started by hand (a scheduler's rank table): the workers first,
+# the server two seconds later.
+gloo_rank() { # gloo_rank RANK SERVERS LOG FLAGS...
+  local rank=$1 servers=$2 log=$3
+  shift 3
+  TESSERA_RANK=$rank TESSERA_WORLD_SIZE=3 TESSERA_MASTER=127.0.0.1:$port \
+    TESSERA_PS_SERVERS=$servers timeout 120 "$BIN" "${SMALL[@]}" "$@" >"$log" 2>&1
+}
+port=$((29700 + RANDOM % 200))
+gloo_rank 2 1 "$WORK/h2.log" &
+gloo_rank 1 1 "$WORK/h1.log" &
+sleep 2
+gloo_rank 0 1 "$WORK/h0.log"
+wait
+check "roles started in another order (workers first): data parallelism's losses" \
+  same_losses "$WORK/h1.log" "$WORK/dp.log"
+port=$((port + 1))
+gloo_rank 0 1 "$WORK/m0.log" --comm-timeout 3 &
+gloo_rank 1 1 "$WORK/m1.log" --comm-timeout 3
+wait
+check "a rank that never comes is named, with the roles" \
+  grep -q "rank(s) 2 did not join.*rank 0 is the parameter server, the others workers" \
+  "$WORK/m1.log"
+port=$((port + 1))
+gloo_rank 0 1 "$WORK/d0.log" &
+gloo_rank 1 1 "$WORK/d1.log" &
+gloo_rank 2 2 "$WORK/d2.log"
+wait
+check "processes given different server counts refuse by name" \
+  grep -q "rank 0 was given 1 servers, rank 2 2 (TESSERA_PS_SERVERS differs" "$WORK/d2.log"
+
+refused() { # refused PATTERN FLAGS...: train_gpt exits 1 before step 1 saying PATTERN
+  local pattern=$1
+  shift
+  run "$BIN" "${SMALL[@]}" "$@"
+  [ "$rc" -eq 1 ] && grep -q -- "$pattern" "$WORK/out" && ! grep -q "^step" "$WORK/out"
+}
+check "refused: every rank a server" refused "--ps-servers 2 of 2 ranks leaves no worker" \
+  --ranks 2 --ps-servers 2
+check "refused: a pattern naming nothing" refused "pattern 'h.\*.mlp.nothing' names no parameter" \
+  --ranks 3 --ps-servers 1 --ps-params 'wte,h.*.mlp.nothing'
+check "refused: more servers than pieces" refused "server 1 would hold nothing" \
+  --ranks 4 --ps-servers 2 --ps-params h.0.ln_1.bias
+check "refused: --ps-params without servers" refused "--ps-params 'wte' without parameter servers" \
+  --ranks 2 --ps-params wte
+check "refused: servers with tensor parallelism" refused "--ps-servers 1 with tp 2" \
+  --ranks 3 --ps-servers 1 --tp 2
+check "refused: servers with ZeRO" refused "--ps-servers 1 with zero 1" \
+  --ranks 3 --ps-servers 1 --zero 1
+
+echo "$passes passed, $fails failed"
+[ "$fails" -eq 0 ]
