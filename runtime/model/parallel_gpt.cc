@@ -728,7 +728,13 @@ Result<float> ParallelGpt::StepLocal(const int32_t* tokens, const int32_t* targe
   return static_cast<float>(loss);
 }
 
-Result<Strategy> ParallelGpt::strategy() const { return StrategyOf(model_.config(), parallel_); }
+Result<Strategy> ParallelGpt::strategy() const {
+  if (ps_ != nullptr) {
+    const PsProtocol& ps = ps_->protocol();
+    return PsStrategy(model_.params(), ps.placement(), ps.servers() + ps.workers());
+  }
+  return StrategyOf(model_.config(), parallel_);
+}
 
 Status ParallelGpt::GatherOptimizerState() {
   RETURN_IF_ERROR(MaterializeOptimizerState());
@@ -806,6 +812,7 @@ Status ParallelGpt::GatherModel(Gpt* full) {
 }
 
 Status ParallelGpt::WriteSliced(SlicedCheckpointWriter& writer, const Strategy& strategy) {
+  if (ps_ != nullptr) return ps_->WriteSliced(writer, strategy, model_);
   if (offload_ == nullptr || materialized_) {
     RETURN_IF_ERROR(MaterializeOptimizerState());
     ASSIGN_OR_RETURN(std::vector<LocalPiece> pieces, SlicedPieces(strategy, writer.Pieces()));
@@ -888,6 +895,15 @@ Result<std::vector<LocalPiece>> ParallelGpt::SlicedPieces(
 }
 
 Status ParallelGpt::Load(const CheckpointReader& reader) {
+  if (ps_ != nullptr) {
+    // Every weight (the servers' are pulled each step, so the worker holds
+    // them too), the moments of the workers' own.
+    for (const ParamInfo& p : model_.params()) {
+      RETURN_IF_ERROR(ReadGptRegion(reader, p.name, p, p.box, model_.weights().data() + p.offset));
+    }
+    model_.set_step(HasOptimizerState(reader) ? reader.meta().step : 0);
+    return ps_->LoadMoments(reader, model_);
+  }
   if (offload_ == nullptr) {
     RETURN_IF_ERROR(LoadGpt(reader, &model_));
     return ShardOptimizerState();

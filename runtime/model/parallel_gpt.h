@@ -219,6 +219,12 @@ class ParallelGpt {
   // Tells the servers this worker is done (`failed`: on an error). A no-op
   // without servers.
   Status StopServers(bool failed);
+  // Asks the servers to join a save of this step (PsClient::RequestSave);
+  // then every rank of the world writes its pieces (WriteSliced) to the
+  // world's SlicedCheckpointWriter of strategy().
+  Status RequestServerSave(const std::map<std::string, std::string>& metadata) {
+    return ps_ == nullptr ? Status::Ok() : ps_->RequestSave(model_.step(), metadata);
+  }
   // This rank's replica (its dp coordinate): which rows of a batch it reads.
   int dp_rank() const { return dp_rank_; }
   // Its cp coordinate: which positions of each sequence it holds
@@ -238,7 +244,8 @@ class ParallelGpt {
   int64_t plans_built() const;
 
   // The layout of every parameter and optimizer state on the mesh, named as
-  // checkpoints name them ("wte", "optimizer.wte.exp_avg", ...).
+  // checkpoints name them ("wte", "optimizer.wte.exp_avg", ...). With
+  // parameter servers (once connected), PsStrategy: the world's layouts.
   Result<Strategy> strategy() const;
   // The same without a job: the layouts `parallel` gives `config`'s
   // parameters and optimizer states (for a plan made on paper).

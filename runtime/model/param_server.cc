@@ -5,6 +5,7 @@
 #include <string>
 
 #include "core/trace.h"
+#include "runtime/model/gpt_checkpoint.h"
 
 namespace tessera {
 namespace {
@@ -79,6 +80,7 @@ Result<std::unique_ptr<PsServer>> PsServer::Create(const GptConfig& config, PsPl
     s->local_.push_back(at);
     at += messages[i].count;
   }
+  ASSIGN_OR_RETURN(s->params_, Gpt::Params(config));
   s->weights_.assign(at, 0.0f);
   s->grads_.assign(at, 0.0f);
   s->m_.assign(at, 0.0f);
@@ -103,43 +105,61 @@ Status PsServer::Init(uint64_t seed) {
   return Status::Ok();
 }
 
-Result<bool> PsServer::Serve(const AdamWConfig& adam, float max_norm) {
+Result<PsServer::Asked> PsServer::Next() {
   const int S = protocol_.servers(), W = protocol_.workers();
-  // Every worker's header: all step n + 1, or all stop.
-  std::vector<int64_t> headers(static_cast<size_t>(W) * 2);
+  constexpr int kWords = PsProtocol::kHeaderWords;
+  // Every worker's header: all the same command for step n + 1 (a save:
+  // for step n), or all stop.
+  std::vector<int64_t> headers(static_cast<size_t>(W) * kWords);
   for (int w = 0; w < W; ++w) {
-    Status s = world_.Recv(&headers[2 * w], 2, DType::kI64, S + w, PsProtocol::kTagHeader);
+    Status s =
+        world_.Recv(&headers[kWords * w], kWords, DType::kI64, S + w, PsProtocol::kTagHeader);
     if (!s.ok()) {
       return Status(s.code(), "parameter server " + std::to_string(server_) + ": waiting for " +
                                   WorkerName(w, S) + ": " + s.message());
     }
   }
-  int stops = 0;
+  const std::string where =
+      "parameter server " + std::to_string(server_) + " at step " + std::to_string(step_) + ": ";
   for (int w = 0; w < W; ++w) {
-    const int64_t cmd = headers[2 * w], step = headers[2 * w + 1];
-    if (cmd == PsProtocol::kAbort) {
-      return AbortedError("parameter server " + std::to_string(server_) + ": " + WorkerName(w, S) +
-                          " stopped on an error before step " + std::to_string(step_ + 1));
-    }
-    if (cmd == PsProtocol::kStop) {
-      ++stops;
-    } else if (cmd != PsProtocol::kStep || step != step_ + 1) {
-      return InvalidArgumentError("parameter server " + std::to_string(server_) + " at step " +
-                                  std::to_string(step_) + ": " + WorkerName(w, S) +
-                                  " asks for step " + std::to_string(step) +
-                                  " (workers resumed from different checkpoints?)");
+    if (headers[kWords * w] == PsProtocol::kAbort) {
+      return AbortedError(where + WorkerName(w, S) + " stopped on an error");
     }
   }
-  if (stops == W) return false;
-  if (stops > 0) {
-    for (int w = 0; w < W; ++w) {
-      if (headers[2 * w] == PsProtocol::kStop) {
-        return AbortedError("parameter server " + std::to_string(server_) + ": " +
-                            WorkerName(w, S) + " stopped at step " + std::to_string(step_) +
-                            " while others go on");
+  Asked request{static_cast<PsProtocol::Command>(headers[0]), headers[1], {}};
+  for (int w = 0; w < W; ++w) {
+    const int64_t cmd = headers[kWords * w], step = headers[kWords * w + 1];
+    if (cmd != request.command) {
+      return AbortedError(where + WorkerName(w, S) + " asks for command " + std::to_string(cmd) +
+                          ", worker 0 for " + std::to_string(request.command) +
+                          " (a worker stopped while others go on?)");
+    }
+    const int64_t expected = cmd == PsProtocol::kStep ? step_ + 1 : step_;
+    if (cmd != PsProtocol::kStop && step != expected) {
+      return InvalidArgumentError(where + WorkerName(w, S) + " asks for step " +
+                                  std::to_string(step) +
+                                  " (the workers and servers resumed from different checkpoints?)");
+    }
+  }
+  if (request.command == PsProtocol::kSave && headers[2] > 0) {
+    std::string payload(static_cast<size_t>(headers[2]), '\0');
+    RETURN_IF_ERROR(
+        world_.Recv(payload.data(), headers[2], DType::kU8, S, PsProtocol::kTagPayload));
+    // "key\0value\0" pairs.
+    for (size_t at = 0; at < payload.size();) {
+      const size_t k = payload.find('\0', at), v = payload.find('\0', k + 1);
+      if (k == std::string::npos || v == std::string::npos) {
+        return DataLossError(where + "a malformed save request from worker 0");
       }
+      request.metadata[payload.substr(at, k - at)] = payload.substr(k + 1, v - k - 1);
+      at = v + 1;
     }
   }
+  return request;
+}
+
+Status PsServer::Step(const AdamWConfig& adam, float max_norm) {
+  const int S = protocol_.servers(), W = protocol_.workers();
   const auto& messages = protocol_.messages();
   std::vector<double> slots(protocol_.slots(), 0.0);
   {
@@ -196,8 +216,7 @@ Result<bool> PsServer::Serve(const AdamWConfig& adam, float max_norm) {
       }
     }
   }
-  RETURN_IF_ERROR(WaitAll(sends));
-  return true;
+  return WaitAll(sends);
 }
 
 std::span<float> PsServer::PieceData(size_t piece, int which) {
@@ -257,10 +276,11 @@ Result<float> PsClient::Exchange(Gpt& model, double loss, const AdamWConfig& ada
   const int S = protocol_.servers();
   const auto& messages = protocol_.messages();
   const int64_t step = model.step() + 1;
-  const int64_t header[2] = {PsProtocol::kStep, step};
+  const int64_t header[PsProtocol::kHeaderWords] = {PsProtocol::kStep, step, 0};
   std::vector<Request> sends, recvs;
   for (int s = 0; s < S; ++s) {
-    ASSIGN_OR_RETURN(Request r, world_.ISend(header, 2, DType::kI64, s, PsProtocol::kTagHeader));
+    ASSIGN_OR_RETURN(Request r, world_.ISend(header, PsProtocol::kHeaderWords, DType::kI64, s,
+                                             PsProtocol::kTagHeader));
     sends.push_back(std::move(r));
   }
   float* grads = model.grads().data();
@@ -323,16 +343,137 @@ Result<float> PsClient::Exchange(Gpt& model, double loss, const AdamWConfig& ada
   return static_cast<float>(slots[protocol_.loss_slot()]);
 }
 
-Status PsClient::Stop(bool failed) {
-  if (stopped_) return Status::Ok();
-  stopped_ = true;
-  const int64_t header[2] = {failed ? PsProtocol::kAbort : PsProtocol::kStop, 0};
+Status PsClient::SendHeaders(PsProtocol::Command command, int64_t step, int64_t payload) {
+  const int64_t header[PsProtocol::kHeaderWords] = {command, step, payload};
   Status first;
   for (int s = 0; s < protocol_.servers(); ++s) {
-    Status st = world_.Send(header, 2, DType::kI64, s, PsProtocol::kTagHeader);
+    Status st =
+        world_.Send(header, PsProtocol::kHeaderWords, DType::kI64, s, PsProtocol::kTagHeader);
     if (first.ok() && !st.ok()) first = st;
   }
   return first;
+}
+
+Status PsClient::Stop(bool failed) {
+  if (stopped_) return Status::Ok();
+  stopped_ = true;
+  return SendHeaders(failed ? PsProtocol::kAbort : PsProtocol::kStop, 0, 0);
+}
+
+Status PsClient::RequestSave(int64_t step, const std::map<std::string, std::string>& metadata) {
+  std::string payload;
+  if (worker_ == 0) {
+    for (const auto& [k, v] : metadata) payload += k + '\0' + v + '\0';
+  }
+  RETURN_IF_ERROR(SendHeaders(PsProtocol::kSave, step, static_cast<int64_t>(payload.size())));
+  for (int s = 0; s < protocol_.servers() && !payload.empty(); ++s) {
+    RETURN_IF_ERROR(world_.Send(payload.data(), static_cast<int64_t>(payload.size()), DType::kU8, s,
+                                PsProtocol::kTagPayload));
+  }
+  return Status::Ok();
+}
+
+namespace {
+
+// Tensor `name` of a PsStrategy: its parameter (index in `params`) and
+// which of the weights (0), exp_avg (1) or exp_avg_sq (2).
+Result<std::pair<size_t, int>> PsTensor(const std::vector<ParamInfo>& params,
+                                        const std::string& name) {
+  std::string param = name;
+  int which = 0;
+  if (param.rfind("optimizer.", 0) == 0) {
+    const bool sq = param.size() > 11 && param.compare(param.size() - 11, 11, ".exp_avg_sq") == 0;
+    const size_t tail = sq ? 11 : 8;
+    param = param.substr(10, param.size() - 10 - tail);
+    which = sq ? 2 : 1;
+  }
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (params[i].name == param) return std::pair<size_t, int>{i, which};
+  }
+  return InternalError("a parameter-server checkpoint's tensor '" + name +
+                       "' is no parameter of the model");
+}
+
+}  // namespace
+
+Status PsClient::WriteSliced(SlicedCheckpointWriter& writer, const Strategy& strategy,
+                             const Gpt& model) const {
+  for (const PieceToWrite& piece : writer.Pieces()) {
+    const TensorStrategy& t = strategy.tensors()[piece.tensor];
+    ASSIGN_OR_RETURN(const auto found, PsTensor(model.params(), t.name));
+    const auto [param, which] = found;
+    const ParamInfo& p = model.params()[param];
+    const float* data = model.weights().data() + p.offset;
+    if (which > 0) {
+      auto it = std::find_if(local_.begin(), local_.end(),
+                             [&](const Local& l) { return l.offset == p.offset; });
+      if (it == local_.end()) return InternalError("a worker asked to write " + t.name);
+      data = (which == 1 ? m_ : v_).data() + it->at;
+    }
+    RETURN_IF_ERROR(writer.WritePiece(piece.tensor, piece.box, data));
+  }
+  return Status::Ok();
+}
+
+Status PsClient::LoadMoments(const CheckpointReader& reader, const Gpt& model) {
+  ZeroMoments();
+  if (!HasOptimizerState(reader)) return Status::Ok();
+  const std::vector<size_t>& locals = protocol_.placement().local();
+  for (size_t k = 0; k < locals.size(); ++k) {
+    const ParamInfo& p = model.params()[locals[k]];
+    for (int which = 1; which <= 2; ++which) {
+      const std::string name = "optimizer." + p.name + (which == 1 ? ".exp_avg" : ".exp_avg_sq");
+      RETURN_IF_ERROR(
+          ReadGptRegion(reader, name, p, p.box, (which == 1 ? m_ : v_).data() + local_[k].at));
+    }
+  }
+  return Status::Ok();
+}
+
+Status PsServer::WriteSliced(SlicedCheckpointWriter& writer, const Strategy& strategy) const {
+  for (const PieceToWrite& piece : writer.Pieces()) {
+    const TensorStrategy& t = strategy.tensors()[piece.tensor];
+    ASSIGN_OR_RETURN(const auto found, PsTensor(params_, t.name));
+    const auto [param, which] = found;
+    // The piece of this server that the planned box is.
+    const std::vector<PsPiece>& pieces = protocol_.placement().pieces();
+    size_t mine = pieces.size();
+    for (size_t i : pieces_) {
+      if (pieces[i].param == param && pieces[i].row_begin == piece.box[0].begin &&
+          pieces[i].row_end == piece.box[0].end) {
+        mine = i;
+      }
+    }
+    if (mine == pieces.size()) {
+      return InternalError("parameter server " + std::to_string(server_) +
+                           " asked to write a piece of " + t.name + " it does not hold");
+    }
+    RETURN_IF_ERROR(writer.WritePiece(piece.tensor, piece.box, PieceData(mine, which).data()));
+  }
+  return Status::Ok();
+}
+
+Status PsServer::Load(const CheckpointReader& reader) {
+  const bool moments = HasOptimizerState(reader);
+  const std::vector<PsPiece>& pieces = protocol_.placement().pieces();
+  for (size_t i : pieces_) {
+    const PsPiece& piece = pieces[i];
+    const ParamInfo& p = params_[piece.param];
+    Box region = p.box;
+    region[0] = {piece.row_begin, piece.row_end};
+    for (int which = 0; which <= 2; ++which) {
+      std::span<float> out = PieceData(i, which);
+      if (which > 0 && !moments) {
+        std::fill(out.begin(), out.end(), 0.0f);
+        continue;
+      }
+      const std::string name =
+          which == 0 ? p.name : "optimizer." + p.name + (which == 1 ? ".exp_avg" : ".exp_avg_sq");
+      RETURN_IF_ERROR(ReadGptRegion(reader, name, p, region, out.data()));
+    }
+  }
+  step_ = moments ? reader.meta().step : 0;
+  return Status::Ok();
 }
 
 PsClient::~PsClient() { (void)Stop(/*failed=*/true); }

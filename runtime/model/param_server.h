@@ -22,15 +22,19 @@
 #define TESSERA_RUNTIME_MODEL_PARAM_SERVER_H_
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <span>
+#include <string>
 #include <vector>
 
+#include "ckpt/checkpoint.h"
 #include "runtime/comm/communicator.h"
 #include "runtime/cost/memory_use.h"
 #include "runtime/model/gpt.h"
 #include "runtime/model/ps_placement.h"
 #include "runtime/train/optim.h"
+#include "runtime/train/sliced_checkpoint.h"
 
 namespace tessera {
 
@@ -55,10 +59,13 @@ class PsProtocol {
   int64_t LocalSlot(size_t k) const { return static_cast<int64_t>(placement_.pieces().size() + k); }
   double SumNorms(const std::vector<double>& slots) const;
 
-  static constexpr int kTagHeader = 1;
-  int PushTag(size_t message) const { return 2 + static_cast<int>(message); }
-  int PullTag(size_t message) const { return 2 + static_cast<int>(messages_.size() + message); }
-  enum Command : int64_t { kStep = 1, kStop = 2, kAbort = 3 };
+  // Headers {command, step, payload bytes}; a save's payload (the
+  // checkpoint's metadata) follows from the first worker.
+  static constexpr int kHeaderWords = 3;
+  static constexpr int kTagHeader = 1, kTagPayload = 2;
+  int PushTag(size_t message) const { return 3 + static_cast<int>(message); }
+  int PullTag(size_t message) const { return 3 + static_cast<int>(messages_.size() + message); }
+  enum Command : int64_t { kStep = 1, kStop = 2, kAbort = 3, kSave = 4 };
 
  private:
   PsPlacement placement_;
@@ -76,9 +83,23 @@ class PsServer {
                                                   Communicator& world);
   // The same initial values as Gpt::Init(seed) gives the whole model.
   Status Init(uint64_t seed);
-  // Serves one step: false once every worker said stop. Errors name the
-  // worker that aborted, stopped alone or disagreed on the step.
-  Result<bool> Serve(const AdamWConfig& adam, float max_norm);
+  // This server's pieces, their moments and the step from a checkpoint of
+  // any layout (a parameter-server job's of any S, data parallelism's,
+  // ...); an export (no moments) starts Adam afresh at step 0.
+  Status Load(const CheckpointReader& reader);
+  // What the workers ask next: a step, a save (with its metadata), or to
+  // stop. Errors name the worker that aborted, stopped alone or disagreed.
+  struct Asked {
+    PsProtocol::Command command;
+    int64_t step = 0;
+    std::map<std::string, std::string> metadata;  // a save's
+  };
+  Result<Asked> Next();
+  // After Next said kStep: the step's fold, norm, update and replies.
+  Status Step(const AdamWConfig& adam, float max_norm);
+  // After Next said kSave: this server's pieces of PsStrategy into
+  // `writer` (the world's sliced save; its Commit is collective).
+  Status WriteSliced(SlicedCheckpointWriter& writer, const Strategy& strategy) const;
   int64_t step() const { return step_; }
   double last_loss() const { return loss_; }
   // Its weights, gradients, moments and the fold's receive buffers.
@@ -107,6 +128,7 @@ class PsServer {
   std::vector<size_t> pieces_;     // this server's
   std::vector<int64_t> piece_at_;  // by piece index: its first element here (-1: elsewhere)
   std::vector<float> weights_, grads_, m_, v_, scratch_;
+  std::vector<ParamInfo> params_;  // the whole model's
   int64_t step_ = 0;
   double loss_ = 0;
 };
@@ -135,6 +157,16 @@ class PsClient {
   // Tells every server the job is done (or, `failed`, that this worker
   // stopped on an error). Once.
   Status Stop(bool failed);
+  // Asks the servers to join a save of step `step` (the first worker's
+  // `metadata` goes to them); then every rank of the world writes.
+  Status RequestSave(int64_t step, const std::map<std::string, std::string>& metadata);
+  // This worker's pieces of PsStrategy (the parameters the workers keep
+  // and their moments: what the plan gives it) into `writer`.
+  Status WriteSliced(SlicedCheckpointWriter& writer, const Strategy& strategy,
+                     const Gpt& model) const;
+  // The moments of the worker-held parameters from a checkpoint of any
+  // layout (the weights are LoadGpt's); zero for an export.
+  Status LoadMoments(const CheckpointReader& reader, const Gpt& model);
   ~PsClient();
 
  private:
@@ -151,6 +183,7 @@ class PsClient {
   std::vector<Local> local_;  // the worker-held parameters, in order
   std::vector<float> m_, v_;
   bool stopped_ = false;
+  Status SendHeaders(PsProtocol::Command command, int64_t step, int64_t payload);
 };
 
 }  // namespace tessera

@@ -163,4 +163,49 @@ std::string PsPlacement::Describe() const {
   return out;
 }
 
+Result<Strategy> PsStrategy(const std::vector<ParamInfo>& params, const PsPlacement& placement,
+                            int world) {
+  const int S = placement.servers();
+  if (world <= S) {
+    return InvalidArgumentError("a parameter-server job of " + std::to_string(world) +
+                                " ranks with " + std::to_string(S) + " servers has no worker");
+  }
+  ASSIGN_OR_RETURN(Mesh ranks, Mesh::Create({"rank"}, {world}));
+  ASSIGN_OR_RETURN(Mesh servers, Mesh::Create({"server"}, {S}));
+  std::vector<TensorStrategy> tensors;
+  for (size_t i = 0; i < params.size(); ++i) {
+    const ParamInfo& p = params[i];
+    TensorStrategy t{p.name, Layout::Replicated(p.full_shape, DType::kF32), std::nullopt};
+    if (!placement.OnServers(i)) {
+      t.layout.stage_axis = "rank";
+      t.layout.stage = S;
+      for (int r = S + 1; r < world; ++r) t.layout.copy_stages.push_back(r);
+    } else {
+      t.mesh = servers;
+      const PsPiece* first = nullptr;
+      for (const PsPiece& piece : placement.pieces()) {
+        if (piece.param == i && first == nullptr) first = &piece;
+      }
+      if (first->whole) {
+        t.layout.stage_axis = "server";
+        t.layout.stage = first->server;
+      } else {
+        t.layout.dim_axes.assign(p.full_shape.size(), {});
+        t.layout.dim_axes[0] = {"server"};
+      }
+    }
+    tensors.push_back(std::move(t));
+  }
+  Strategy strategy(ranks);
+  for (const TensorStrategy& t : tensors) RETURN_IF_ERROR(strategy.Add(t));
+  for (const TensorStrategy& t : tensors) {
+    for (const char* which : {".exp_avg", ".exp_avg_sq"}) {
+      TensorStrategy m = t;
+      m.name = "optimizer." + t.name + which;
+      RETURN_IF_ERROR(strategy.Add(std::move(m)));
+    }
+  }
+  return strategy;
+}
+
 }  // namespace tessera

@@ -29,6 +29,7 @@
 
 #include "core/status.h"
 #include "runtime/model/gpt.h"
+#include "transform/strategy.h"
 
 namespace tessera {
 
@@ -71,6 +72,18 @@ class PsPlacement {
   std::vector<bool> on_servers_;
   std::vector<int64_t> param_floats_;
 };
+
+// The layouts of a parameter-server job's checkpoint (a sliced save by
+// every rank of the world, servers first): the strategy's mesh is the
+// world, {"rank": world}; a parameter on the servers lives on a mesh of
+// its own, {"server": S}, cut by rows over it (dim 0 split over "server")
+// or whole on its server (stage_axis "server", stage k); one the workers
+// keep is on ranks S .. world - 1 (stage_axis "rank", stage S, the other
+// workers as copy stages, so one of them writes it). The moments
+// ("optimizer.<name>.exp_avg", "...exp_avg_sq") have their parameter's
+// layout. Any reader loads it into any other configuration (regions).
+Result<Strategy> PsStrategy(const std::vector<ParamInfo>& params, const PsPlacement& placement,
+                            int world);
 
 }  // namespace tessera
 

@@ -364,6 +364,8 @@ class Saver {
     Env* env = Env::Default();
     ASSIGN_OR_RETURN(Strategy strategy, job_.trainer->strategy());
     RETURN_IF_ERROR(env->CreateDirs(o_.save));
+    // With parameter servers the world writes it: they join now.
+    RETURN_IF_ERROR(job_.trainer->RequestServerSave(metadata));
     ASSIGN_OR_RETURN(std::unique_ptr<SlicedCheckpointWriter> writer,
                      SlicedCheckpointWriter::Create(env, world_, o_.save + "/" + name, strategy,
                                                     {job_.trainer->step(), metadata,
@@ -375,8 +377,8 @@ class Saver {
     RETURN_IF_ERROR(committed);
     RETURN_IF_ERROR(PointLatest(env, world_, o_.save, name, o_.keep));
     if (talk_ && options_.merged) {
-      std::printf("saved %s/%s (merged, written by %d ranks)\n", o_.save.c_str(), name.c_str(),
-                  world_.size());
+      std::printf("saved %s/%s (merged, written by %d ranks%s)\n", o_.save.c_str(), name.c_str(),
+                  world_.size(), o_.parallel.ps_servers > 0 ? ", servers and workers" : "");
     } else if (talk_) {
       std::printf("saved %s/%s (sliced over %d ranks, redundancy %s)\n", o_.save.c_str(),
                   name.c_str(), world_.size(), writer->plan().Describe().c_str());
@@ -567,13 +569,15 @@ Status TrainOn(const Options& o, Communicator& world, Communicator* servers = nu
   ASSIGN_OR_RETURN(Job job, Configure(o, world, servers));
   RETURN_IF_ERROR(Resume(o, world, job, talk));
   if (talk) SaySetup(job, world);
-  Saver saver(o, world, job, talk);
+  // The world saves: with parameter servers, servers and workers together.
+  Communicator& everyone = servers != nullptr ? *servers : world;
+  Saver saver(o, everyone, job, talk);
   RETURN_IF_ERROR(saver.Prepare());
   std::vector<int32_t> inputs(o.batch * o.seq), targets(o.batch * o.seq);
   Progress progress;
   Heartbeat heartbeat = Heartbeat::FromEnv();
   while (job.trainer->step() < o.steps) {
-    o.fault.At("step", job.trainer->step() + 1, world.rank());
+    o.fault.At("step", job.trainer->step() + 1, everyone.rank());
     RETURN_IF_ERROR(heartbeat.Beat(job.trainer->step() + 1));
     const auto t0 = std::chrono::steady_clock::now();
     float loss = 0, norm = 0;
@@ -611,20 +615,58 @@ Status TrainOn(const Options& o, Communicator& world, Communicator* servers = nu
 }
 
 // A parameter server's run: its pieces initialised as every worker's
-// model is, then one step served per step of the workers until they stop.
+// model is (or from the checkpoint --resume finds), then what the workers
+// ask, step by step: a step, a save (the world writes it), or the end.
 Status Serve(const Options& o, Communicator& world) {
   const int S = o.parallel.ps_servers;
+  Env* env = Env::Default();
   ASSIGN_OR_RETURN(std::vector<ParamInfo> params, Gpt::Params(o.config));
   ASSIGN_OR_RETURN(PsPlacement placement, PsPlacement::Create(params, S, o.parallel.ps_params));
+  ASSIGN_OR_RETURN(const Strategy strategy, PsStrategy(params, placement, world.size()));
   ASSIGN_OR_RETURN(std::unique_ptr<PsServer> server,
                    PsServer::Create(o.config, std::move(placement), world));
   RETURN_IF_ERROR(server->Init(o.seed));
+  const std::string config_text = ConfigString(o.config, o.batch, o.seq, o.seed);
+  bool resumed = false;
+  if (o.resume) {
+    ASSIGN_OR_RETURN(std::unique_ptr<CheckpointReader> checkpoint,
+                     OpenResumeCheckpoint(env, o.save, config_text));
+    if (checkpoint != nullptr) {
+      RETURN_IF_ERROR(server->Load(*checkpoint));
+      resumed = true;
+    }
+  }
+  SlicedWriteOptions options;
+  options.redundancy = o.redundancy;
+  options.merged = o.save_mode == "merged";
+  options.hosts = o.hosts;
+  options.native.overwrite = resumed;
+  options.fault_hook = [&](std::string_view point, int64_t step) {
+    o.fault.At(point, step, world.rank());
+  };
   Heartbeat heartbeat = Heartbeat::FromEnv();
   while (true) {
     o.fault.At("step", server->step() + 1, world.rank());
     RETURN_IF_ERROR(heartbeat.Beat(server->step() + 1));
-    ASSIGN_OR_RETURN(const bool more, server->Serve(o.adam, o.max_norm));
-    if (!more) break;
+    ASSIGN_OR_RETURN(const PsServer::Asked asked, server->Next());
+    if (asked.command == PsProtocol::kStop) break;
+    if (asked.command == PsProtocol::kStep) {
+      RETURN_IF_ERROR(server->Step(o.adam, o.max_norm));
+      continue;
+    }
+    // A save: the same checkpoint the workers write, with their metadata.
+    const std::string name = "step-" + std::to_string(server->step());
+    RETURN_IF_ERROR(env->CreateDirs(o.save));
+    ASSIGN_OR_RETURN(
+        std::unique_ptr<SlicedCheckpointWriter> writer,
+        SlicedCheckpointWriter::Create(
+            env, world, o.save + "/" + name, strategy,
+            {server->step(), asked.metadata, "tessera train_gpt (" + o.save_mode + ")"}, options));
+    const Status wrote = server->WriteSliced(*writer, strategy);
+    const Status committed = writer->Commit();
+    RETURN_IF_ERROR(wrote);
+    RETURN_IF_ERROR(committed);
+    RETURN_IF_ERROR(PointLatest(env, world, o.save, name, o.keep));
   }
   if (!o.quiet) {
     const MemoryUse m = server->Memory();

@@ -359,10 +359,10 @@ Status CheckServers(const CLI::App& app, Options* o) {
         "--ps-servers with --auto-parallel: the search does not place "
         "parameter servers; choose one or the other");
   }
-  if (!o->save.empty()) {
+  if (o->async_save) {
     return InvalidArgumentError(
-        "--ps-servers with --save: parameter-server checkpoints are not "
-        "written yet (--export writes the weights)");
+        "--ps-servers with --async-save: the servers save with the "
+        "workers, synchronously (drop --async-save)");
   }
   return Status::Ok();
 }

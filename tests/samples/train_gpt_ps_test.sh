@@ -11,6 +11,12 @@
 # ps_servers/ps_params keys; Gloo processes started by hand with the roles
 # in another order train the same, a rank that never comes is named with
 # the roles, and processes given different server counts refuse by name;
+# checkpoints are written by the whole world (servers their pieces and
+# moments) with the servers' cut in the strategy, bit for bit data
+# parallelism's where the fold matches, merged or sliced, and resume on
+# another number of servers, without servers, and from a data-parallel
+# checkpoint; a server killed with SIGKILL under tessera-run: the job
+# restarts from the newest checkpoint and ends on the uninterrupted losses;
 # bad configurations are refused before any step.
 # Usage: train_gpt_ps_test.sh TRAIN_GPT CORPUS MPIRUN TESSERA_RUN CKPT
 set -uo pipefail
@@ -65,6 +71,57 @@ sed -n 's/^\[rank 1\] //p' "$WORK/gloo.out" >"$WORK/gloo.log"
 check "tessera-run --nproc-per-node 3 --ps-servers 1 (Gloo): data parallelism's losses" \
   same_losses "$WORK/gloo.log" "$WORK/dp.log"
 check "... rank 0 served" grep -q "^\[rank 0\] parameter server 0: 20 steps served" "$WORK/gloo.out"
+
+# Checkpoints: the world writes them (servers their pieces and moments,
+# one worker the workers' own), the strategy records the servers' cut.
+train "$WORK/dpsave.log" --ranks 2 --save "$WORK/dpck" --save-every 10
+train "$WORK/pssave.log" --ranks 3 --ps-servers 1 --save "$WORK/psck" --save-every 10 \
+  --save-mode sliced
+check "a sliced save by a server and two workers: bit for bit data parallelism's checkpoint \
+(weights, both moments, step)" "$CKPT" diff -q "$WORK/dpck/step-20" "$WORK/psck/step-20"
+train "$WORK/pssave2.log" --ranks 4 --ps-servers 2 --ps-params wte,wpe --save "$WORK/ps2" \
+  --save-every 10 --save-mode sliced
+"$CKPT" inspect "$WORK/ps2/step-10" >"$WORK/inspect" 2>&1
+check "... the strategy records the servers' cut (wte by rows, wpe on server 0, the rest on \
+the workers)" bash -c "grep -q '^wte .*split \[server, -\]' '$WORK/inspect' &&
+  grep -q '^wpe .*stage server=0' '$WORK/inspect' &&
+  grep -q '^h.0.ln_1.weight .*stage rank=2,3' '$WORK/inspect' &&
+  grep -q '^optimizer.wte.exp_avg .*split \[server, -\]' '$WORK/inspect'"
+train "$WORK/merged.log" --ranks 4 --ps-servers 2 --ps-params wte,wpe --save "$WORK/ps2m" \
+  --save-every 10
+check "... a merged save of the same run holds the same tensors" \
+  "$CKPT" diff -q "$WORK/ps2/step-20" "$WORK/ps2m/step-20"
+# Step 10 of that run resumed on other configurations: the curve goes on.
+for setting in "--ranks 4 --ps-servers 2 --ps-params wte,wpe" "--ranks 3 --ps-servers 1" \
+  "--ranks 5 --ps-servers 3" "--ranks 2" "--ranks 1"; do
+  rm -rf "$WORK/r"
+  cp -r "$WORK/ps2" "$WORK/r"
+  rm -rf "$WORK/r/step-20"
+  echo step-10 >"$WORK/r/latest"
+  # shellcheck disable=SC2086
+  train "$WORK/r.log" $setting --save "$WORK/r" --resume
+  head -n 10 <(grep ^step "$WORK/pssave2.log") | cat - "$WORK/r.log" >"$WORK/joined.log"
+  check "PS checkpoint (2 servers) resumed with $setting: the single-process curve" \
+    close "$WORK/joined.log" "$WORK/one.log" 20
+done
+rm -rf "$WORK/r"
+cp -r "$WORK/dpck" "$WORK/r"
+rm -rf "$WORK/r/step-20"
+echo step-10 >"$WORK/r/latest"
+train "$WORK/r.log" --ranks 3 --ps-servers 1 --save "$WORK/r" --resume
+head -n 10 <(grep ^step "$WORK/dp.log") | cat - "$WORK/r.log" >"$WORK/joined.log"
+check "a data-parallel checkpoint resumed by a server and two workers: bit for bit" \
+  same_losses "$WORK/joined.log" "$WORK/dp.log"
+
+# A server killed (SIGKILL) at step 8 under tessera-run: the job restarts
+# from step 5's checkpoint and ends on the uninterrupted losses.
+"$RUN" --nproc-per-node 3 --ps-servers 1 -- "$BIN" "${SMALL[@]}" --save "$WORK/kill" \
+  --save-every 5 --resume --fault-kill step:8:0 >"$WORK/kill.out" 2>&1
+check "a server killed by SIGKILL under tessera-run: the job restarted from step 5" \
+  grep -q "attempt 2: .*from $WORK/kill/step-5" "$WORK/kill.out"
+sed -n 's/^\[rank 1\] //p' "$WORK/kill.out" | awk '/^step/ && !seen[$2]++' >"$WORK/kill.log"
+check "... and ends on the uninterrupted run's losses, bit for bit" \
+  same_losses "$WORK/kill.log" "$WORK/dp.log"
 
 cat >"$WORK/ps.json" <<'EOF'
 {"format": "tessera.op_strategy", "version": 1, "ps_servers": 2, "ps_params": "wte",
@@ -127,6 +184,8 @@ check "refused: servers with tensor parallelism" refused "--ps-servers 1 with tp
   --ranks 3 --ps-servers 1 --tp 2
 check "refused: servers with ZeRO" refused "--ps-servers 1 with zero 1" \
   --ranks 3 --ps-servers 1 --zero 1
+check "refused: servers with --async-save" refused "--ps-servers with --async-save" \
+  --ranks 3 --ps-servers 1 --save "$WORK/async" --async-save
 
 echo "$passes passed, $fails failed"
 [ "$fails" -eq 0 ]

@@ -142,8 +142,9 @@ Run WithServers(int servers, const std::string& patterns) {
       ASSIGN_OR_RETURN(std::unique_ptr<PsServer> ps, PsServer::Create(kConfig, pl, world));
       RETURN_IF_ERROR(ps->Init(42));
       while (true) {
-        ASSIGN_OR_RETURN(const bool more, ps->Serve(kAdam, kMaxNorm));
-        if (!more) break;
+        ASSIGN_OR_RETURN(const PsServer::Asked asked, ps->Next());
+        if (asked.command == PsProtocol::kStop) break;
+        RETURN_IF_ERROR(ps->Step(kAdam, kMaxNorm));
       }
       std::lock_guard<std::mutex> lock(mu);
       for (size_t i : ps->pieces()) {
