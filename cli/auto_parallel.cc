@@ -126,7 +126,7 @@ CLI::App* AddAutoParallelVerb(CLI::App& app, std::function<int()>* run) {
   cmd->add_option("--why", a->why,
                   "compare with another configuration: pp=,dp=,cp=,tp=,zero=,micro_batches=,"
                   "virtual_stages=,micro_batch_interleave=,recompute=,cp_algo=ring|ulysses,"
-                  "offload=none|optimizer|optimizer+params,"
+                  "offload=none|optimizer|optimizer+params,ps_servers= (dp= the workers),"
                   "strategy=megatron|megatron_sp|data_parallel|FILE");
   cmd->add_option("--write-op-strategy", a->write_ops,
                   "write the plan as an operator strategy file");

@@ -183,6 +183,7 @@ std::string StepPrediction::ToString() const {
       Seconds(tp_comm) + ", pipeline transfers " + Seconds(pp_comm) + ", bubble " +
       Seconds(bubble) + ", gradient sums " + Seconds(dp_comm) + ", update " + Seconds(optimizer) +
       "); largest rank (stage " + std::to_string(memory_stage) + "): " + memory.ToString();
+  if (server_memory.total() > 0) out += "; largest parameter server: " + server_memory.ToString();
   return out;
 }
 

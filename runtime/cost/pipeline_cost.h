@@ -24,7 +24,10 @@ struct StepPrediction {
   // which `bubble` is idle, then the gradient sums and the update.
   double pipeline = 0, compute = 0, tp_comm = 0, pp_comm = 0, bubble = 0;
   double dp_comm = 0, optimizer = 0;
-  MemoryUse memory;                     // the rank that holds the most
+  MemoryUse memory;  // the rank that holds the most
+  // With parameter servers: `memory` is a worker's, this the server that
+  // holds the most (runtime/model/param_server.h).
+  MemoryUse server_memory;
   int memory_stage = 0;                 // its stage
   std::vector<double> stage_seconds;    // per micro-batch, forward + backward
   std::vector<MemoryUse> stage_memory;  // each stage's (its tp rank 0's)

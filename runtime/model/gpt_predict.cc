@@ -1,8 +1,10 @@
 #include "runtime/model/gpt_predict.h"
 
+#include <algorithm>
 #include <memory>
 
 #include "runtime/model/gpt_work.h"
+#include "runtime/model/ps_placement.h"
 
 namespace tessera {
 namespace {
@@ -25,7 +27,8 @@ Result<Job> PrepareJob(int B, int T, const ParallelConfig& parallel,
   const int world = parallel.dp * parallel.cp * parallel.tp * parallel.pp;
   RETURN_IF_ERROR(parallel.Validate(world));
   Job job;
-  job.profile = machine.ForRanks(world);
+  // Parameter servers are ranks of the job too (on its hosts' cores).
+  job.profile = machine.ForRanks(world + parallel.ps_servers);
   const int m = parallel.micro_batches > 0 ? parallel.micro_batches : parallel.pp;
   if (B % parallel.dp != 0 || (B / parallel.dp) % m != 0) {
     return InvalidArgumentError("a batch of " + std::to_string(B) + " does not cut into dp " +
@@ -52,6 +55,50 @@ Result<Job> PrepareJob(int B, int T, const ParallelConfig& parallel,
   job.rows = static_cast<int64_t>(B) / parallel.dp / m * T / parallel.cp;
   job.T = T / parallel.cp;
   return job;
+}
+
+// Parameter servers (runtime/model/param_server.h): the workers all-reduce
+// only their own parameters; every served byte goes to its server and
+// back, W times through the server's link (where a ring all-reduce moves
+// 2 P (W - 1) / W per rank), so the busiest server bounds the exchange;
+// servers fold, clip and update their pieces while the workers update
+// their own. A worker holds no moments for served parameters; the server
+// holding the most is priced apart.
+Status PriceServers(const GptConfig& config, const ParallelConfig& par, const MachineProfile& prof,
+                    StageCost* stage, MemoryUse* server) {
+  ASSIGN_OR_RETURN(const std::vector<ParamInfo> params, Gpt::Params(config));
+  ASSIGN_OR_RETURN(const PsPlacement pl,
+                   PsPlacement::Create(params, par.ps_servers, par.ps_params));
+  const int W = par.dp, S = par.ps_servers;
+  const double local = static_cast<double>(pl.LocalFloats());
+  double comm = W > 1 && local > 0 ? prof.CollectiveSeconds(CollectiveKind::kAllReduce, 4 * local,
+                                                            W, prof.CrossesHosts(1, W))
+                                   : 0.0;
+  const bool inter = prof.CrossesHosts(1, S + W);
+  double busiest = 0;
+  int64_t most = 0, largest_piece = 0;
+  for (int s = 0; s < S; ++s) {
+    const double bytes = 4.0 * static_cast<double>(pl.ServerFloats(s));
+    busiest = std::max(
+        busiest, 2.0 * W * prof.CollectiveSeconds(CollectiveKind::kSendRecv, bytes, 2, inter));
+    most = std::max(most, pl.ServerFloats(s));
+  }
+  for (const PsPiece& p : pl.pieces()) largest_piece = std::max(largest_piece, p.count);
+  stage->dp_comm = comm + busiest;
+  const double m = static_cast<double>(most);
+  const double on_server = prof.KernelSeconds(Kernel::kAdamW, m) +
+                           prof.KernelSeconds(Kernel::kSquaredNorm, m) +
+                           prof.ComputeSeconds(0, 12.0 * (W - 1) * m);
+  const double on_worker =
+      prof.KernelSeconds(Kernel::kAdamW, local) + prof.KernelSeconds(Kernel::kSquaredNorm, local);
+  stage->optimizer = std::max(on_server, on_worker);
+  stage->after = stage->dp_comm + stage->optimizer;
+  stage->memory.optimizer = 8 * pl.LocalFloats();
+  server->parameters = server->gradients = 4 * most;
+  server->optimizer = 8 * most;
+  server->communication =
+      4 * static_cast<int64_t>(W - 1) * std::min(PsMessageFloats(pl), largest_piece);
+  return Status::Ok();
 }
 
 }  // namespace
@@ -137,7 +184,11 @@ Result<StepPrediction> PredictGptStep(const GptConfig& config, int B, int T,
                                  PipelineSchedule(par.pp, s, job.micro_batches).slots()));
     }
   }
+  MemoryUse server;
+  if (par.ps_servers > 0)
+    RETURN_IF_ERROR(PriceServers(config, par, job.profile, &stages[0], &server));
   StepPrediction out = PriceStep(stages, job.micro_batches, job.profile, par.dp * par.cp * par.tp);
+  out.server_memory = server;
   out.stage_kernel_units = std::move(kernel_units);
   return out;
 }

@@ -10,12 +10,6 @@
 namespace tessera {
 namespace {
 
-// A message carries at most this many floats (4 MiB): the server's fold
-// buffers hold one per worker, whatever the size of a piece.
-constexpr int64_t kMessageFloats = int64_t{1} << 20;
-// Tags stay below MPI's guaranteed upper bound (32767).
-constexpr int64_t kMaxMessages = 16000;
-
 std::string WorkerName(int w, int servers) {
   return "worker " + std::to_string(w) + " (rank " + std::to_string(servers + w) + ")";
 }
@@ -25,9 +19,9 @@ std::string WorkerName(int w, int servers) {
 PsProtocol::PsProtocol(PsPlacement placement, int workers)
     : placement_(std::move(placement)), workers_(workers) {
   const std::vector<PsPiece>& pieces = placement_.pieces();
-  int64_t total = 0;
-  for (const PsPiece& p : pieces) total += p.count;
-  const int64_t size = std::max(kMessageFloats, (total + kMaxMessages - 1) / kMaxMessages + 1);
+  // Each message at most PsMessageFloats: the server's fold buffers hold
+  // one per worker whatever a piece's size, and tags stay below 32767.
+  const int64_t size = PsMessageFloats(placement_);
   for (size_t i = 0; i < pieces.size(); ++i) {
     for (int64_t at = 0; at < pieces[i].count; at += size) {
       const int64_t n = std::min(size, pieces[i].count - at);

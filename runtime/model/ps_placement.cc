@@ -163,6 +163,13 @@ std::string PsPlacement::Describe() const {
   return out;
 }
 
+int64_t PsMessageFloats(const PsPlacement& placement) {
+  constexpr int64_t kMessageFloats = int64_t{1} << 20, kMaxMessages = 16000;
+  int64_t total = 0;
+  for (const PsPiece& p : placement.pieces()) total += p.count;
+  return std::max(kMessageFloats, (total + kMaxMessages - 1) / kMaxMessages + 1);
+}
+
 Result<Strategy> PsStrategy(const std::vector<ParamInfo>& params, const PsPlacement& placement,
                             int world) {
   const int S = placement.servers();

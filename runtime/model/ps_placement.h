@@ -73,6 +73,11 @@ class PsPlacement {
   std::vector<int64_t> param_floats_;
 };
 
+// The largest message of a step's push or pull, in floats: 4 MiB, or more
+// when the pieces would need more than 16,000 messages (MPI's tags). A
+// server folds through W - 1 buffers of it.
+int64_t PsMessageFloats(const PsPlacement& placement);
+
 // The layouts of a parameter-server job's checkpoint (a sliced save by
 // every rank of the world, servers first): the strategy's mesh is the
 // world, {"rank": world}; a parameter on the servers lives on a mesh of

@@ -102,6 +102,7 @@ Status SetKey(const std::string& key, const std::string& value, ParallelConfig* 
                 : key == "micro_batches"          ? &p->micro_batches
                 : key == "virtual_stages"         ? &p->virtual_stages
                 : key == "micro_batch_interleave" ? &p->micro_batch_interleave
+                : key == "ps_servers"             ? &p->ps_servers
                                                   : nullptr;
   if (number != nullptr) {
     try {
@@ -126,7 +127,8 @@ Status SetKey(const std::string& key, const std::string& value, ParallelConfig* 
   } else {
     return InvalidArgumentError("--why: unknown key '" + key +
                                 "' (pp, dp, cp, tp, zero, micro_batches, virtual_stages, "
-                                "micro_batch_interleave, recompute, cp_algo, offload, strategy)");
+                                "micro_batch_interleave, recompute, cp_algo, offload, ps_servers, "
+                                "strategy)");
   }
   return Status::Ok();
 }

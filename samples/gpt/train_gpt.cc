@@ -125,6 +125,11 @@ Status CheckRankMemory(const Options& o, const ParallelConfig& par) {
     profile.memory_bandwidth = 1e10;
   }
   ASSIGN_OR_RETURN(const StepPrediction p, PredictGptStep(o.config, o.batch, o.seq, par, profile));
+  if (p.server_memory.total() > o.rank_memory) {
+    return ResourceExhaustedError("--rank-memory " + HumanBytes(o.rank_memory) +
+                                  ": the accounted peak of a parameter server is " +
+                                  p.server_memory.ToString() + "; use more --ps-servers");
+  }
   if (p.memory.total() <= o.rank_memory) return Status::Ok();
   std::string msg = "--rank-memory " + HumanBytes(o.rank_memory) + ": the accounted peak of a " +
                     "rank (stage " + std::to_string(p.memory_stage) + ") is " + p.memory.ToString();
@@ -706,6 +711,10 @@ Status TrainWithServers(const Options& o, Communicator& world) {
   ParallelConfig par = o.parallel;
   if (par.dp == 0) par.dp = N - S;
   RETURN_IF_ERROR(par.Validate(N - S));
+  // What a worker would refuse, every rank refuses (no server waits for a
+  // worker that never comes).
+  RETURN_IF_ERROR(CheckSequenceCut(par.cp_algo, o.seq, par.cp, "h.*.attn.attention"));
+  RETURN_IF_ERROR(CheckRankMemory(o, par));
   ASSIGN_OR_RETURN(std::vector<ParamInfo> params, Gpt::Params(o.config));
   ASSIGN_OR_RETURN(const PsPlacement placement, PsPlacement::Create(params, S, par.ps_params));
   const bool server = world.rank() < S;

@@ -16,6 +16,7 @@
 #include "runtime/comm/inprocess.h"
 #include "runtime/kernels.h"
 #include "runtime/model/gpt_search.h"
+#include "runtime/model/param_server.h"
 #include "tests/runtime/cost/test_profiles.h"
 
 namespace tessera {
@@ -185,6 +186,104 @@ TEST_CASE("predicted per-rank memory and kernel work match the runtime's") {
   for (const Case& c : cases) {
     if (!c.par.offload_dir.empty()) ::rmdir(c.par.offload_dir.c_str());  // the files are gone
   }
+}
+
+// Parameter servers: S servers and 2 workers in-process, each side's
+// accounted memory after two steps.
+std::pair<MemoryUse, MemoryUse> MeasuredServers(int servers, const std::string& patterns) {
+  MemoryUse worker, server;
+  std::mutex mu;
+  const Status s = RunInProcess(servers + 2, [&](Communicator& world) -> Status {
+    ParallelConfig par;
+    par.dp = 2;
+    par.ps_servers = servers;
+    par.ps_params = patterns;
+    const bool serving = world.rank() < servers;
+    ASSIGN_OR_RETURN(std::unique_ptr<Communicator> group, world.Split(serving ? 0 : 1, 0));
+    if (serving) {
+      ASSIGN_OR_RETURN(PsPlacement pl,
+                       PsPlacement::Create(*Gpt::Params(kConfig), servers, patterns));
+      ASSIGN_OR_RETURN(std::unique_ptr<PsServer> ps, PsServer::Create(kConfig, pl, world));
+      RETURN_IF_ERROR(ps->Init(1));
+      while (true) {
+        ASSIGN_OR_RETURN(const PsServer::Asked asked, ps->Next());
+        if (asked.command == PsProtocol::kStop) break;
+        RETURN_IF_ERROR(ps->Step(AdamWConfig{}, 1.0f));
+      }
+      std::lock_guard<std::mutex> lock(mu);
+      if (ps->Memory().total() > server.total()) server = ps->Memory();
+      return Status::Ok();
+    }
+    ASSIGN_OR_RETURN(std::unique_ptr<ParallelGpt> p, ParallelGpt::Create(kConfig, par, *group));
+    RETURN_IF_ERROR(p->ConnectServers(world));
+    RETURN_IF_ERROR(p->Init(1));
+    const auto tokens = Tokens(1), targets = Tokens(2);
+    for (int step = 0; step < 2; ++step) {
+      RETURN_IF_ERROR(
+          p->Step(tokens.data(), targets.data(), kB, kT, AdamWConfig{}, 1.0f, nullptr).status());
+    }
+    RETURN_IF_ERROR(p->StopServers(false));
+    std::lock_guard<std::mutex> lock(mu);
+    worker = p->Memory();
+    return Status::Ok();
+  });
+  INFO(s.ToString());
+  REQUIRE(s.ok());
+  return {worker, server};
+}
+
+TEST_CASE("parameter servers: predicted worker and server memory match the runtime's") {
+  for (auto [servers, patterns] :
+       {std::pair<int, const char*>{1, "all"}, {2, "all"}, {2, "wte,h.*.mlp.c_fc.*"}}) {
+    INFO(servers << " servers, " << patterns);
+    ParallelConfig par;
+    par.dp = 2;
+    par.ps_servers = servers;
+    par.ps_params = patterns;
+    auto pred = PredictGptStep(kConfig, kB, kT, par, TestProfile());
+    INFO(pred.status().ToString());
+    REQUIRE(pred.ok());
+    const auto [worker, server] = MeasuredServers(servers, patterns);
+    CHECK(pred->memory.parameters == worker.parameters);
+    CHECK(pred->memory.gradients == worker.gradients);
+    CHECK(pred->memory.optimizer == worker.optimizer);  // the workers' own parameters' only
+    CHECK(pred->memory.activations == Approx(worker.activations).epsilon(0.02));
+    CHECK(pred->server_memory.parameters == server.parameters);
+    CHECK(pred->server_memory.gradients == server.gradients);
+    CHECK(pred->server_memory.optimizer == server.optimizer);
+    CHECK(pred->server_memory.communication == server.communication);
+  }
+}
+
+TEST_CASE("parameter servers lose to the ring all-reduce as workers grow, and servers share the load") {
+  // The same model and batch per worker; S = 1 server against W workers'
+  // all-reduce: the server's link carries 2 W P a step, a ring rank
+  // 2 P (W - 1) / W.
+  const GptConfig big{.layers = 4, .heads = 4, .embed = 256, .context = 64, .vocab = 4096};
+  MachineProfile prof = TestProfile();
+  prof.ranks_per_host = 1;  // every rank its own host: the links price it all
+  double previous = 0;
+  for (int w : {2, 4, 8}) {
+    ParallelConfig dp, ps;
+    dp.dp = ps.dp = w;
+    ps.ps_servers = 1;
+    auto a = PredictGptStep(big, 2 * w, 64, dp, prof), b = PredictGptStep(big, 2 * w, 64, ps, prof);
+    REQUIRE(a.ok());
+    REQUIRE(b.ok());
+    INFO(w << " workers: all-reduce " << a->dp_comm << " s, one server " << b->dp_comm << " s");
+    CHECK(b->dp_comm > a->dp_comm);
+    CHECK(b->dp_comm > 1.8 * previous);  // linear in W
+    previous = b->dp_comm;
+  }
+  // More servers share the traffic: four carry about a quarter each.
+  ParallelConfig one, four;
+  one.dp = four.dp = 2;
+  one.ps_servers = 1;
+  four.ps_servers = 4;
+  auto a = PredictGptStep(big, 4, 64, one, prof), b = PredictGptStep(big, 4, 64, four, prof);
+  REQUIRE(a.ok());
+  REQUIRE(b.ok());
+  CHECK(b->dp_comm < 0.4 * a->dp_comm);
 }
 
 TEST_CASE("a pipeline stage's send buffers do not grow with the micro-batches") {
