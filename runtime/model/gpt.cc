@@ -186,8 +186,8 @@ Result<float> Gpt::ForwardStage(int slot, const int32_t* tokens, const float* x,
   RETURN_IF_ERROR(NeedWeights(0));
   TraceSpan span("forward", "ln_f+lm_head+loss");
   k::LayerNormForward(a.lnf.data(), a.lnf_mean.data(), a.lnf_rstd.data(), residual, P(lnfw_),
-                      P(lnfb_), n, C);                                           // [N,C]
-  k::MatmulTransposedForward(a.logits.data(), a.lnf.data(), P(wte_), n, C, VL);  // [N,VL]
+                      P(lnfb_), n, C);                                            // [N,C]
+  k::MatmulTransposedForward(a.logits.data(), a.lnf.data(), P(head_), n, C, VL);  // [N,VL]
   if (!a.has_targets) return 0.0f;
   return k::SoftmaxCrossEntropyForward(a.probs.data(), a.logits.data(), targets, n, VL);
 }
@@ -219,7 +219,7 @@ Status Gpt::BackwardStage(int slot, const float* dy, float dloss) {
     TraceSpan span("backward", "ln_f+lm_head+loss");
     float* dlogits = a.probs.data();
     k::SoftmaxCrossEntropyBackward(dlogits, a.probs.data(), a.targets.data(), dloss, n, VL);
-    k::MatmulTransposedBackward(d.lnf.data(), G(wte_), dlogits, a.lnf.data(), P(wte_), n, C, VL);
+    k::MatmulTransposedBackward(d.lnf.data(), G(head_), dlogits, a.lnf.data(), P(head_), n, C, VL);
     std::fill(d.residual.begin(), d.residual.end(), 0.0f);
     const float* last = L > 0 ? a.residual3.data() + (L - 1) * nc : a.encoded.data();
     k::LayerNormBackward(d.residual.data(), G(lnfw_), G(lnfb_), d.lnf.data(), last, P(lnfw_),
@@ -260,7 +260,14 @@ Status Gpt::BackwardStage(int slot, const float* dy, float dloss) {
   return Status::Ok();
 }
 
-void Gpt::ZeroGrad() { std::fill(grads_.begin(), grads_.end(), 0.0f); }
+void Gpt::ZeroGrad() {
+  if (keep_end_ <= keep_begin_) {
+    std::fill(grads_.begin(), grads_.end(), 0.0f);
+    return;
+  }
+  std::fill(grads_.begin(), grads_.begin() + keep_begin_, 0.0f);
+  std::fill(grads_.begin() + keep_end_, grads_.end(), 0.0f);
+}
 
 float Gpt::Update(const AdamWConfig& config, float max_norm) {
   const double norm = std::sqrt(GradSquaredNorm());

@@ -33,6 +33,12 @@ struct GptConfig {
   int embed = 256;    // C
   int context = 256;  // the longest sequence (wpe rows)
   int vocab = 4096;   // V
+  // The output projection a parameter of its own ("lm_head.weight",
+  // [V, C], on the last stage) instead of wte's transpose (GPT-2's tie).
+  // Whole stages only (no operator strategy, tp or recompute). What lets
+  // parameter servers serve the embedding by rows: a worker then needs
+  // only its batch's rows of wte.
+  bool untied = false;
   Status Validate() const;
 };
 
@@ -163,6 +169,13 @@ class Gpt {
   // probabilities as its own buffer.
   Status Backward();
   void ZeroGrad();
+  // ZeroGrad skips gradients [begin, end) from now on: the caller keeps
+  // them zero (parameter servers give the served embedding's pages back
+  // after each step instead of writing every row).
+  void SkipZeroing(int64_t begin, int64_t end) {
+    keep_begin_ = begin;
+    keep_end_ = end;
+  }
   // Clips the global gradient norm to max_norm (<= 0: no clipping) and
   // applies AdamW. Returns the norm before clipping. One rank holding the
   // whole model only: a tp slice or stage sums GradSquaredNorm with its
@@ -246,6 +259,10 @@ class Gpt {
   };
   std::vector<Layer> layers_;
   int64_t wte_ = 0, wpe_ = 0, lnfw_ = 0, lnfb_ = 0;
+  int64_t head_ = 0;  // the output projection: wte (tied) or lm_head.weight
+  // A range of the gradients ZeroGrad leaves alone: its owner keeps it
+  // zero (parameter servers' served embedding rows).
+  int64_t keep_begin_ = 0, keep_end_ = 0;
   std::vector<float> weights_, grads_, m_, v_;
   WeightUnits* units_ = nullptr;
   int64_t step_ = 0;

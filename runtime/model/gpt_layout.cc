@@ -125,10 +125,13 @@ Result<Gpt> Gpt::Create(const GptConfig& config, const GptStage& stage, bool all
   if (stage.last) {
     g.lnfw_ = add("ln_f.weight", {C});
     g.lnfb_ = add("ln_f.bias", {C});
-    if (!stage.first) {
+    if (config.untied) {
+      g.head_ = add("lm_head.weight", {V, C});
+    } else if (!stage.first) {
       g.wte_ = add("wte", {V, C});
       g.params_.back().tied_copy = true;
     }
+    if (!config.untied) g.head_ = g.wte_;
   }
   if (allocate) {
     g.weights_.assign(offset, 0.0f);

@@ -112,6 +112,7 @@ ParamParts GptParamParts(const std::vector<ParamInfo>& params, bool fold_blocks)
     std::vector<ParamShape>& to = block ? parts.block : seen_block ? parts.after : parts.before;
     to.push_back({q.numel, q.shape.empty() ? 1 : q.shape[0]});
     if (q.name == "wte") parts.tied = q.numel;
+    if (q.name == "lm_head.weight") parts.tied = 0;  // untied: the stages share nothing
     if (q.tied_copy) parts.tied_copy = to.back();
     if (!fold_blocks) {
       if (q.unit >= static_cast<int>(parts.unit_floats.size()))

@@ -145,6 +145,11 @@ Status ParallelConfig::Validate(int world_size) const {
 }
 
 Status ParallelConfig::ValidateLayers(const GptConfig& config) const {
+  if (config.untied && !ParallelGpt::RunsWhole(*this)) {
+    return InvalidArgumentError(
+        "an untied output projection (lm_head.weight) runs whole stages: no tp, operator "
+        "strategy file, recompute or virtual stages");
+  }
   if (cp > 1 && cp_algo == CpAlgo::kUlysses && op_strategy == nullptr &&
       config.heads % (tp * cp) != 0) {
     return InvalidArgumentError(

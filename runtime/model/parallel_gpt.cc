@@ -166,7 +166,7 @@ Status ParallelGpt::Build() {
   schedule_ = PipelineSchedule(pp, stage_, micro_batches_, parallel_.virtual_stages);
   for (int c = 0; c < schedule_.chunks(); ++c) runners_[c]->SetSlots(schedule_.in_flight(c));
   if (ops_.empty()) model_.SetSlots(schedule_.slots());
-  if (pp > 1) {
+  if (pp > 1 && !model_.config().untied) {  // an untied head shares nothing
     const bool ends = stage_ == 0 || stage_ == pp - 1;
     const int64_t dp_tp =
         (comms_.coordinate("dp") * cp + (cp > 1 ? comms_.coordinate("cp") : 0)) * parallel_.tp +

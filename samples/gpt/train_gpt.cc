@@ -59,7 +59,8 @@ std::string ConfigString(const GptConfig& c, int batch, int seq, uint64_t seed) 
   return "layers=" + std::to_string(c.layers) + " heads=" + std::to_string(c.heads) +
          " embed=" + std::to_string(c.embed) + " context=" + std::to_string(c.context) +
          " vocab=" + std::to_string(c.vocab) + " batch=" + std::to_string(batch) +
-         " seq=" + std::to_string(seq) + " seed=" + std::to_string(seed);
+         " seq=" + std::to_string(seq) + " seed=" + std::to_string(seed) +
+         (c.untied ? " head=untied" : "");
 }
 
 int Fail(const Status& s) {

@@ -33,6 +33,9 @@ void AddModelFlags(CLI::App* app, Options* o) {
   app->add_option("--context", o->config.context, "longest sequence")->check(CLI::PositiveNumber);
   app->add_option("--vocab", o->config.vocab, "vocabulary (>= 256; bytes use the first 256)")
       ->check(CLI::Range(kByteVocab, 1 << 20));
+  app->add_flag("--untied-head", o->config.untied,
+                "an output projection of its own (lm_head.weight) instead of wte's transpose; "
+                "with parameter servers holding wte, workers pull only their batch's rows");
   app->add_option("--batch", o->batch, "global batch (split over dp)")->check(CLI::PositiveNumber);
   app->add_option("--seq", o->seq, "sequence length (default: the context)");
   app->add_option("--steps", o->steps, "train until this step")->check(CLI::NonNegativeNumber);

@@ -60,13 +60,12 @@ std::vector<float> ReadF32(const SafetensorsFile& f, const std::string& name) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
-  if (argc != 4) {
-    std::fprintf(stderr, "usage: gpt_parity PYTHON SCRIPT WORKDIR\n");
-    return 2;
-  }
-  const std::string python = argv[1], script = argv[2], dir = argv[3];
-  const GptConfig config{.layers = 2, .heads = 4, .embed = 64, .context = 32, .vocab = 97};
+// The model (tied, or with its own output projection) against PyTorch's.
+int Parity(const std::string& python, const std::string& script, const std::string& dir,
+           bool untied) {
+  std::printf("%s output projection:\n", untied ? "untied" : "tied");
+  const GptConfig config{
+      .layers = 2, .heads = 4, .embed = 64, .context = 32, .vocab = 97, .untied = untied};
   const int B = 4, T = 32, kSteps = 10;
   const AdamWConfig adam{.lr = 1e-3f, .weight_decay = 0.1f};
   const float max_norm = 1.0f;
@@ -147,6 +146,17 @@ int main(int argc, char** argv) {
   }
   if (!(losses.back() < losses.front())) Fail("the loss did not go down");
   if (clipped == 0) Fail("no step was clipped: the test would not cover clipping");
+  return 0;
+}
+
+int main(int argc, char** argv) {
+  if (argc != 4) {
+    std::fprintf(stderr, "usage: gpt_parity PYTHON SCRIPT WORKDIR\n");
+    return 2;
+  }
+  const std::string python = argv[1], script = argv[2], dir = argv[3];
+  if (Parity(python, script, dir + "/tied", false) != 0) return 1;
+  if (Parity(python, script, dir + "/untied", true) != 0) return 1;
   std::printf(failures ? "%d failures\n" : "parity with PyTorch: ok\n", failures);
   return failures ? 1 : 0;
 }

@@ -92,7 +92,8 @@ def forward(p, idx, targets, cfg):
         m = F.gelu(m @ p[h + "mlp.c_fc.weight"] + p[h + "mlp.c_fc.bias"], approximate="tanh")
         x = x + m @ p[h + "mlp.c_proj.weight"] + p[h + "mlp.c_proj.bias"]
     x = F.layer_norm(x, (C,), p["ln_f.weight"], p["ln_f.bias"], 1e-5)
-    logits = x @ p["wte"].T
+    # GPT-2 ties the output projection to wte; --untied-head has its own.
+    logits = x @ p.get("lm_head.weight", p["wte"]).T
     loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1))
     return logits, loss
 

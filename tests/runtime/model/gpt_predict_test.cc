@@ -255,7 +255,8 @@ TEST_CASE("parameter servers: predicted worker and server memory match the runti
   }
 }
 
-TEST_CASE("parameter servers lose to the ring all-reduce as workers grow, and servers share the load") {
+TEST_CASE(
+    "parameter servers lose to the ring all-reduce as workers grow, and servers share the load") {
   // The same model and batch per worker; S = 1 server against W workers'
   // all-reduce: the server's link carries 2 W P a step, a ring rank
   // 2 P (W - 1) / W.
