@@ -64,8 +64,11 @@ Result<Job> PrepareJob(int B, int T, const ParallelConfig& parallel,
 // servers fold, clip and update their pieces while the workers update
 // their own. A worker holds no moments for served parameters; the server
 // holding the most is priced apart.
-Status PriceServers(const GptConfig& config, const ParallelConfig& par, const MachineProfile& prof,
-                    StageCost* stage, MemoryUse* server) {
+// With an untied head and wte on the servers, the table is served by rows:
+// a worker fetches at most its `tokens` distinct rows (or all V) a step
+// and holds no table, only those rows and their buffers.
+Status PriceServers(const GptConfig& config, const ParallelConfig& par, int64_t tokens,
+                    const MachineProfile& prof, StageCost* stage, MemoryUse* server) {
   ASSIGN_OR_RETURN(const std::vector<ParamInfo> params, Gpt::Params(config));
   ASSIGN_OR_RETURN(const PsPlacement pl,
                    PsPlacement::Create(params, par.ps_servers, par.ps_params));
@@ -77,10 +80,23 @@ Status PriceServers(const GptConfig& config, const ParallelConfig& par, const Ma
   const bool inter = prof.CrossesHosts(1, S + W);
   double busiest = 0;
   int64_t most = 0, largest_piece = 0;
+  // The served table's rows a step: each worker's distinct ids.
+  int64_t table = 0, rows = 0;
+  if (config.untied) {
+    for (const PsPiece& p : pl.pieces()) {
+      if (p.name == "wte") table += p.count;
+    }
+    if (table > 0) rows = std::min<int64_t>(tokens, config.vocab) * config.embed;
+  }
   for (int s = 0; s < S; ++s) {
-    const double bytes = 4.0 * static_cast<double>(pl.ServerFloats(s));
+    double sent = static_cast<double>(pl.ServerFloats(s));
+    for (const PsPiece& p : pl.pieces()) {
+      if (p.server == s && p.name == "wte" && table > 0) {
+        sent -= static_cast<double>(p.count) - static_cast<double>(rows) * p.count / table;
+      }
+    }
     busiest = std::max(
-        busiest, 2.0 * W * prof.CollectiveSeconds(CollectiveKind::kSendRecv, bytes, 2, inter));
+        busiest, 2.0 * W * prof.CollectiveSeconds(CollectiveKind::kSendRecv, 4.0 * sent, 2, inter));
     most = std::max(most, pl.ServerFloats(s));
   }
   for (const PsPiece& p : pl.pieces()) largest_piece = std::max(largest_piece, p.count);
@@ -94,6 +110,9 @@ Status PriceServers(const GptConfig& config, const ParallelConfig& par, const Ma
   stage->optimizer = std::max(on_server, on_worker);
   stage->after = stage->dp_comm + stage->optimizer;
   stage->memory.optimizer = 8 * pl.LocalFloats();
+  stage->memory.parameters -= 4 * table;
+  stage->memory.gradients -= 4 * table;
+  stage->memory.communication += 2 * 4 * rows;  // in the table, and their buffers
   server->parameters = server->gradients = 4 * most;
   server->optimizer = 8 * most;
   server->communication =
@@ -187,7 +206,7 @@ Result<StepPrediction> PredictGptStep(const GptConfig& config, int B, int T,
   }
   MemoryUse server;
   if (par.ps_servers > 0)
-    RETURN_IF_ERROR(PriceServers(config, par, job.profile, &stages[0], &server));
+    RETURN_IF_ERROR(PriceServers(config, par, job.rows, job.profile, &stages[0], &server));
   StepPrediction out = PriceStep(stages, job.micro_batches, job.profile, par.dp * par.cp * par.tp);
   out.server_memory = server;
   out.stage_kernel_units = std::move(kernel_units);

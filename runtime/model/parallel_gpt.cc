@@ -83,7 +83,6 @@ MemoryUse ParallelGpt::Memory() const {
                      : bytes(model_.weights());
   m.gradients = bytes(model_.grads());
   m.optimizer = bytes(model_.adam_m()) + bytes(model_.adam_v()) + bytes(shard_m_) + bytes(shard_v_);
-  if (ps_ != nullptr) m.optimizer += ps_->moment_bytes();
   if (offload_ != nullptr) {
     m.optimizer += offload_->resident_bytes();  // its buckets
     m.offloaded_optimizer = 2 * offload_->floats() * static_cast<int64_t>(sizeof(float));
@@ -97,6 +96,14 @@ MemoryUse ParallelGpt::Memory() const {
     m.communication += r->CommBufferBytes();
   }
   for (const std::vector<float>& v : send_dx_) m.communication += bytes(v);
+  if (ps_ != nullptr) {
+    m.optimizer += ps_->moment_bytes();
+    // The served table is not held: the rows of a step (in the table and
+    // the transfer buffers) at their most.
+    m.parameters -= ps_->served_bytes();
+    m.gradients -= ps_->served_bytes();
+    m.communication += ps_->rows_peak_bytes();
+  }
   return m;
 }
 
@@ -311,7 +318,10 @@ Status ParallelGpt::Init(uint64_t seed) {
   } else {
     model_.Init(seed);
   }
-  if (ps_ != nullptr) ps_->ZeroMoments();
+  if (ps_ != nullptr) {
+    ps_->ZeroMoments();
+    ps_->ReleaseRows(model_);  // the servers hold the served table
+  }
   if (parallel_.zero == 1) {
     std::fill(shard_m_.begin(), shard_m_.end(), 0.0f);
     std::fill(shard_v_.begin(), shard_v_.end(), 0.0f);
@@ -357,6 +367,9 @@ Status ParallelGpt::OffloadedUpdate(const AdamWConfig& adam, float clip) {
 }
 
 Status ParallelGpt::MaterializeOptimizerState() {
+  // A served embedding's whole table, for an export (the next step gives
+  // its pages back).
+  if (ps_ != nullptr && ps_->protocol().served() >= 0) return ps_->PullAll(model_);
   if (offload_weights_ != nullptr) RETURN_IF_ERROR(offload_weights_->NeedAll());
   if (offload_ == nullptr || materialized_) return Status::Ok();
   auto [m, v] = Moments();
@@ -382,7 +395,12 @@ Status ParallelGpt::ConnectServers(Communicator& world) {
                                 std::to_string(parallel_.ps_servers) + " servers then the " +
                                 std::to_string(data_->size()) + " workers in order");
   }
-  ASSIGN_OR_RETURN(ps_, PsClient::Create(*ps_placement_, world, model_.params()));
+  ASSIGN_OR_RETURN(ps_, PsClient::Create(*ps_placement_, world, model_));
+  if (ps_->protocol().served() >= 0) {
+    // The served table's gradients are kept zero by ReleaseRows.
+    const ParamInfo& p = model_.params()[ps_->protocol().served()];
+    model_.SkipZeroing(p.offset, p.offset + p.numel);
+  }
   return Status::Ok();
 }
 
@@ -668,6 +686,9 @@ Result<float> ParallelGpt::StepLocal(const int32_t* tokens, const int32_t* targe
   RETURN_IF_ERROR(CheckSequenceCut(parallel_.cp_algo, T, parallel_.cp, "h.0.attn.attention"));
   ReleaseOptimizerState();  // a save's copy of offloaded moments
   model_.ZeroGrad();
+  // With parameter servers: the step begins there (the served embedding's
+  // rows of these tokens fetched).
+  if (ps_ != nullptr) RETURN_IF_ERROR(ps_->Begin(model_, tokens, static_cast<int64_t>(local) * T));
   // The first step records the order the weights' units are needed in;
   // later steps read each one ahead in that order.
   const bool record = offload_weights_ != nullptr && !order_learned_;
@@ -898,7 +919,10 @@ Status ParallelGpt::Load(const CheckpointReader& reader) {
   if (ps_ != nullptr) {
     // Every weight (the servers' are pulled each step, so the worker holds
     // them too), the moments of the workers' own.
-    for (const ParamInfo& p : model_.params()) {
+    const int64_t served = ps_->protocol().served();
+    for (size_t i = 0; i < model_.params().size(); ++i) {
+      if (static_cast<int64_t>(i) == served) continue;  // fetched by rows each step
+      const ParamInfo& p = model_.params()[i];
       RETURN_IF_ERROR(ReadGptRegion(reader, p.name, p, p.box, model_.weights().data() + p.offset));
     }
     model_.set_step(HasOptimizerState(reader) ? reader.meta().step : 0);

@@ -1,9 +1,11 @@
 #include "runtime/model/param_server.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <string>
 
+#include "core/pages.h"
 #include "core/trace.h"
 #include "runtime/model/gpt_checkpoint.h"
 
@@ -16,16 +18,23 @@ std::string WorkerName(int w, int servers) {
 
 }  // namespace
 
-PsProtocol::PsProtocol(PsPlacement placement, int workers)
+PsProtocol::PsProtocol(PsPlacement placement, int workers, const GptConfig& config)
     : placement_(std::move(placement)), workers_(workers) {
   const std::vector<PsPiece>& pieces = placement_.pieces();
+  if (config.untied) {  // wte on the servers is served by rows
+    for (const PsPiece& p : pieces) {
+      if (p.name == "wte") served_ = static_cast<int64_t>(p.param);
+    }
+    row_floats_ = config.embed;
+  }
   // Each message at most PsMessageFloats: the server's fold buffers hold
   // one per worker whatever a piece's size, and tags stay below 32767.
   const int64_t size = PsMessageFloats(placement_);
   for (size_t i = 0; i < pieces.size(); ++i) {
     for (int64_t at = 0; at < pieces[i].count; at += size) {
       const int64_t n = std::min(size, pieces[i].count - at);
-      messages_.push_back({i, pieces[i].offset + at, n, pieces[i].server});
+      messages_.push_back({i, pieces[i].offset + at, n, pieces[i].server,
+                           static_cast<int64_t>(pieces[i].param) == served_});
       largest_ = std::max(largest_, n);
     }
   }
@@ -58,7 +67,7 @@ Result<std::unique_ptr<PsServer>> PsServer::Create(const GptConfig& config, PsPl
                                 std::to_string(world.size()) + " ranks leaves no worker");
   }
   std::unique_ptr<PsServer> s(
-      new PsServer(config, PsProtocol(std::move(placement), workers), world));
+      new PsServer(config, PsProtocol(std::move(placement), workers, config), world));
   s->server_ = world.rank();
   int64_t at = 0;
   const auto& messages = s->protocol_.messages();
@@ -75,6 +84,12 @@ Result<std::unique_ptr<PsServer>> PsServer::Create(const GptConfig& config, PsPl
     at += messages[i].count;
   }
   ASSIGN_OR_RETURN(s->params_, Gpt::Params(config));
+  for (size_t piece : s->pieces_) {
+    if (static_cast<int64_t>(s->protocol_.placement().pieces()[piece].param) ==
+        s->protocol_.served()) {
+      s->row_piece_ = static_cast<int64_t>(piece);
+    }
+  }
   s->weights_.assign(at, 0.0f);
   s->grads_.assign(at, 0.0f);
   s->m_.assign(at, 0.0f);
@@ -121,6 +136,10 @@ Result<PsServer::Asked> PsServer::Next() {
     }
   }
   Asked request{static_cast<PsProtocol::Command>(headers[0]), headers[1], {}};
+  row_counts_.assign(W, 0);
+  if (request.command == PsProtocol::kStep) {
+    for (int w = 0; w < W; ++w) row_counts_[w] = headers[kWords * w + 2];
+  }
   for (int w = 0; w < W; ++w) {
     const int64_t cmd = headers[kWords * w], step = headers[kWords * w + 1];
     if (cmd != request.command) {
@@ -157,10 +176,12 @@ Status PsServer::Step(const AdamWConfig& adam, float max_norm) {
   const auto& messages = protocol_.messages();
   std::vector<double> slots(protocol_.slots(), 0.0);
   {
+    RETURN_IF_ERROR(ServeRows());
     TraceSpan span("ps", "fold the workers' gradients");
     const float inv = static_cast<float>(W);
     for (size_t k = 0; k < messages_.size(); ++k) {
       const PsProtocol::Message& msg = messages[messages_[k]];
+      if (msg.rows) continue;  // FoldRows
       float* acc = grads_.data() + local_[k];
       std::vector<Request> requests;
       ASSIGN_OR_RETURN(Request first, world_.IRecv(acc, msg.count, DType::kF32, S,
@@ -182,6 +203,7 @@ Status PsServer::Step(const AdamWConfig& adam, float max_norm) {
         for (int64_t j = 0; j < msg.count; ++j) acc[j] = acc[j] / inv;
       }
     }
+    RETURN_IF_ERROR(FoldRows());
   }
   // Each piece's squared norm, over its messages in order.
   for (size_t k = 0; k < messages_.size(); ++k) {
@@ -203,7 +225,7 @@ Status PsServer::Step(const AdamWConfig& adam, float max_norm) {
       if (clip != 1.0f) Scale(grads_.data() + at, msg.count, clip);
       AdamWUpdate(weights_.data() + at, grads_.data() + at, m_.data() + at, v_.data() + at,
                   msg.count, step_, adam, protocol_.placement().pieces()[msg.piece].decay);
-      for (int w = 0; w < W; ++w) {
+      for (int w = 0; w < W && !msg.rows; ++w) {
         ASSIGN_OR_RETURN(Request r, world_.ISend(weights_.data() + at, msg.count, DType::kF32,
                                                  S + w, protocol_.PullTag(messages_[k])));
         sends.push_back(std::move(r));
@@ -220,6 +242,90 @@ std::span<float> PsServer::PieceData(size_t piece, int which) {
           static_cast<size_t>(protocol_.placement().pieces()[piece].count)};
 }
 
+Status PsServer::ServeRows() {
+  if (row_piece_ < 0) return Status::Ok();
+  TraceSpan span("ps", "serve the embedding's rows");
+  const int S = protocol_.servers(), W = protocol_.workers();
+  const PsPiece& piece = protocol_.placement().pieces()[row_piece_];
+  const int64_t C = protocol_.row_floats(), rows = piece.row_end - piece.row_begin;
+  const float* table = weights_.data() + piece_at_[row_piece_];
+  row_ids_.resize(W);
+  row_out_.resize(W);
+  std::vector<Request> sends;
+  int64_t held = 0;
+  for (int w = 0; w < W; ++w) {
+    const int64_t n = row_counts_[w];
+    if (n < 0 || n > rows) {
+      return DataLossError("parameter server " + std::to_string(server_) + ": " + WorkerName(w, S) +
+                           " asks for " + std::to_string(n) + " of its " + std::to_string(rows) +
+                           " rows of " + piece.name);
+    }
+    row_ids_[w].resize(n);
+    row_out_[w].resize(n * C);
+    held += n * C;
+    if (n == 0) continue;
+    RETURN_IF_ERROR(world_.Recv(row_ids_[w].data(), n, DType::kI64, S + w, PsProtocol::kTagRowIds));
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t row = row_ids_[w][i] - piece.row_begin;
+      if (row < 0 || row >= rows) {
+        return DataLossError("parameter server " + std::to_string(server_) + ": " +
+                             WorkerName(w, S) + " asks for row " + std::to_string(row_ids_[w][i]) +
+                             " of " + piece.name + ", not one of its rows [" +
+                             std::to_string(piece.row_begin) + ", " +
+                             std::to_string(piece.row_end) + ")");
+      }
+      std::copy_n(table + row * C, C, row_out_[w].data() + i * C);
+    }
+    ASSIGN_OR_RETURN(Request r, world_.ISend(row_out_[w].data(), n * C, DType::kF32, S + w,
+                                             PsProtocol::kTagRows));
+    sends.push_back(std::move(r));
+  }
+  rows_peak_ = std::max(rows_peak_, held);
+  return WaitAll(sends);
+}
+
+Status PsServer::FoldRows() {
+  if (row_piece_ < 0) return Status::Ok();
+  // The dense fold's numbers: each worker's rows added in worker order to
+  // zero (a row no worker used stays zero), then the mean.
+  const int S = protocol_.servers(), W = protocol_.workers();
+  const PsPiece& piece = protocol_.placement().pieces()[row_piece_];
+  const int64_t C = protocol_.row_floats();
+  float* acc = grads_.data() + piece_at_[row_piece_];
+  std::fill(acc, acc + piece.count, 0.0f);
+  for (int w = 0; w < W; ++w) {
+    const int64_t n = row_counts_[w];
+    if (n == 0) continue;
+    std::vector<float>& in = row_out_[w];  // its rows went out: the buffer is free
+    RETURN_IF_ERROR(world_.Recv(in.data(), n * C, DType::kF32, S + w, PsProtocol::kTagRowGrads));
+    for (int64_t i = 0; i < n; ++i) {
+      float* row = acc + (row_ids_[w][i] - piece.row_begin) * C;
+      const float* g = in.data() + i * C;
+      for (int64_t j = 0; j < C; ++j) row[j] = row[j] + g[j];
+    }
+  }
+  if (W > 1) {
+    const float inv = static_cast<float>(W);
+    for (int64_t j = 0; j < piece.count; ++j) acc[j] = acc[j] / inv;
+  }
+  return Status::Ok();
+}
+
+Status PsServer::SendAll() {
+  const int S = protocol_.servers(), W = protocol_.workers();
+  const auto& messages = protocol_.messages();
+  std::vector<Request> sends;
+  for (size_t k = 0; k < messages_.size(); ++k) {
+    for (int w = 0; w < W; ++w) {
+      ASSIGN_OR_RETURN(Request r,
+                       world_.ISend(weights_.data() + local_[k], messages[messages_[k]].count,
+                                    DType::kF32, S + w, protocol_.PullTag(messages_[k])));
+      sends.push_back(std::move(r));
+    }
+  }
+  return WaitAll(sends);
+}
+
 MemoryUse PsServer::Memory() const {
   auto bytes = [](const std::vector<float>& v) {
     return static_cast<int64_t>(v.capacity() * sizeof(float));
@@ -228,22 +334,39 @@ MemoryUse PsServer::Memory() const {
   m.parameters = bytes(weights_);
   m.gradients = bytes(grads_);
   m.optimizer = bytes(m_) + bytes(v_);
-  m.communication = bytes(scratch_);
+  m.communication = bytes(scratch_) + rows_peak_ * static_cast<int64_t>(sizeof(float));
   return m;
 }
 
 int64_t PsServer::bytes_per_step() const {
-  // In: each worker's gradients; out: the new values to each worker.
-  return 2 * static_cast<int64_t>(protocol_.workers()) *
-         static_cast<int64_t>(weights_.size() * sizeof(float));
+  // In: each worker's gradients; out: the new values to each worker; a
+  // served embedding's rows as the last step asked for them (ids in, rows
+  // out, their gradients in).
+  const auto& messages = protocol_.messages();
+  int64_t dense = 0;
+  for (size_t k : messages_) {
+    if (!messages[k].rows) dense += messages[k].count;
+  }
+  int64_t rows = 0;
+  for (int64_t n : row_counts_) rows += n * (8 + 8 * protocol_.row_floats());
+  return 2 * static_cast<int64_t>(protocol_.workers()) * dense * 4 + rows;
 }
 
 Result<std::unique_ptr<PsClient>> PsClient::Create(PsPlacement placement, Communicator& world,
-                                                   const std::vector<ParamInfo>& params) {
+                                                   const Gpt& model) {
+  const std::vector<ParamInfo>& params = model.params();
   const int servers = placement.servers();
   if (world.rank() < servers) return InternalError("PsClient::Create on a server rank");
   const int workers = world.size() - servers;
-  std::unique_ptr<PsClient> c(new PsClient(PsProtocol(std::move(placement), workers), world));
+  std::unique_ptr<PsClient> c(
+      new PsClient(PsProtocol(std::move(placement), workers, model.config()), world));
+  if (c->protocol_.served() >= 0) {
+    const ParamInfo& p = params[c->protocol_.served()];
+    c->served_offset_ = p.offset;
+    c->served_numel_ = p.numel;
+  }
+  c->ids_.resize(servers);
+  c->rows_.resize(servers);
   c->worker_ = world.rank() - servers;
   int64_t at = 0;
   for (size_t i : c->protocol_.placement().local()) {
@@ -270,19 +393,26 @@ Result<float> PsClient::Exchange(Gpt& model, double loss, const AdamWConfig& ada
   const int S = protocol_.servers();
   const auto& messages = protocol_.messages();
   const int64_t step = model.step() + 1;
-  const int64_t header[PsProtocol::kHeaderWords] = {PsProtocol::kStep, step, 0};
   std::vector<Request> sends, recvs;
-  for (int s = 0; s < S; ++s) {
-    ASSIGN_OR_RETURN(Request r, world_.ISend(header, PsProtocol::kHeaderWords, DType::kI64, s,
-                                             PsProtocol::kTagHeader));
-    sends.push_back(std::move(r));
-  }
   float* grads = model.grads().data();
   float* weights = model.weights().data();
   {
     TraceSpan span("ps", "push gradients");
+    const int64_t C = protocol_.row_floats();
+    for (int s = 0; s < S; ++s) {  // the served rows' gradients, in Begin's order
+      const std::vector<int64_t>& ids = ids_[s];
+      if (ids.empty()) continue;
+      std::vector<float>& out = rows_[s];
+      for (size_t i = 0; i < ids.size(); ++i) {
+        std::copy_n(grads + served_offset_ + ids[i] * C, C, out.data() + i * C);
+      }
+      ASSIGN_OR_RETURN(Request r, world_.ISend(out.data(), static_cast<int64_t>(ids.size()) * C,
+                                               DType::kF32, s, PsProtocol::kTagRowGrads));
+      sends.push_back(std::move(r));
+    }
     for (size_t i = 0; i < messages.size(); ++i) {
       const PsProtocol::Message& msg = messages[i];
+      if (msg.rows) continue;
       ASSIGN_OR_RETURN(Request r, world_.ISend(grads + msg.offset, msg.count, DType::kF32,
                                                msg.server, protocol_.PushTag(i)));
       sends.push_back(std::move(r));
@@ -308,6 +438,7 @@ Result<float> PsClient::Exchange(Gpt& model, double loss, const AdamWConfig& ada
   const float clip = max_norm > 0 ? ClipFactor(total, max_norm) : 1.0f;
   for (size_t i = 0; i < messages.size(); ++i) {
     const PsProtocol::Message& msg = messages[i];
+    if (msg.rows) continue;  // the next step asks for its own rows
     Result<Request> r = world_.IRecv(weights + msg.offset, msg.count, DType::kF32, msg.server,
                                      protocol_.PullTag(i));
     if (!r.ok()) {
@@ -334,7 +465,94 @@ Result<float> PsClient::Exchange(Gpt& model, double loss, const AdamWConfig& ada
   RETURN_IF_ERROR(sent);
   RETURN_IF_ERROR(received);
   model.set_step(step);
+  ReleaseRows(model);
   return static_cast<float>(slots[protocol_.loss_slot()]);
+}
+
+Status PsClient::Begin(Gpt& model, const int32_t* tokens, int64_t n) {
+  const int S = protocol_.servers();
+  for (std::vector<int64_t>& ids : ids_) ids.clear();
+  if (protocol_.served() >= 0) {
+    // This step's distinct ids, each to the server of its rows.
+    std::vector<int64_t> all(tokens, tokens + n);
+    std::sort(all.begin(), all.end());
+    all.erase(std::unique(all.begin(), all.end()), all.end());
+    for (const PsPiece& piece : protocol_.placement().pieces()) {
+      if (static_cast<int64_t>(piece.param) != protocol_.served()) continue;
+      const auto lo = std::lower_bound(all.begin(), all.end(), piece.row_begin);
+      const auto hi = std::lower_bound(all.begin(), all.end(), piece.row_end);
+      ids_[piece.server].assign(lo, hi);
+    }
+  }
+  const int64_t step = model.step() + 1;
+  const int64_t C = protocol_.row_floats();
+  std::vector<Request> sends, recvs;
+  std::vector<std::array<int64_t, PsProtocol::kHeaderWords>> headers(S);
+  int64_t held = 0;
+  for (int s = 0; s < S; ++s) {
+    const int64_t count = static_cast<int64_t>(ids_[s].size());
+    headers[s] = {PsProtocol::kStep, step, count};
+    ASSIGN_OR_RETURN(Request h, world_.ISend(headers[s].data(), PsProtocol::kHeaderWords,
+                                             DType::kI64, s, PsProtocol::kTagHeader));
+    sends.push_back(std::move(h));
+    if (count == 0) continue;
+    rows_[s].resize(count * C);
+    held += count * C;
+    ASSIGN_OR_RETURN(Request ids,
+                     world_.ISend(ids_[s].data(), count, DType::kI64, s, PsProtocol::kTagRowIds));
+    sends.push_back(std::move(ids));
+    ASSIGN_OR_RETURN(Request rows, world_.IRecv(rows_[s].data(), count * C, DType::kF32, s,
+                                                PsProtocol::kTagRows));
+    recvs.push_back(std::move(rows));
+  }
+  // Rows in the table (touched pages only) and the buffers they came in.
+  rows_peak_ = std::max(rows_peak_, 2 * held);
+  Status sent = WaitAll(sends);
+  Status received;
+  {
+    TraceSpan span("ps", "pull the embedding's rows");
+    received = WaitAll(recvs);
+  }
+  RETURN_IF_ERROR(sent);
+  RETURN_IF_ERROR(received);
+  float* table = model.weights().data() + served_offset_;
+  for (int s = 0; s < S; ++s) {
+    for (size_t i = 0; i < ids_[s].size(); ++i) {
+      std::copy_n(rows_[s].data() + i * C, C, table + ids_[s][i] * C);
+    }
+  }
+  return Status::Ok();
+}
+
+void PsClient::ReleaseRows(Gpt& model) {
+  if (protocol_.served() < 0) return;
+  const int64_t C = protocol_.row_floats();
+  float* grads = model.grads().data() + served_offset_;
+  // The rows' gradients zeroed (the pages at the table's ends may stay),
+  // then every whole page of the table and its gradients given back.
+  for (const std::vector<int64_t>& ids : ids_) {
+    for (int64_t id : ids) std::fill_n(grads + id * C, C, 0.0f);
+  }
+  const int64_t bytes = served_numel_ * static_cast<int64_t>(sizeof(float));
+  (void)ReturnPages(model.weights().data() + served_offset_, bytes);
+  (void)ReturnPages(grads, bytes);
+}
+
+int64_t PsClient::served_bytes() const {
+  return served_numel_ * static_cast<int64_t>(sizeof(float));
+}
+
+Status PsClient::PullAll(Gpt& model) {
+  RETURN_IF_ERROR(SendHeaders(PsProtocol::kPullAll, model.step(), 0));
+  const auto& messages = protocol_.messages();
+  std::vector<Request> recvs;
+  for (size_t i = 0; i < messages.size(); ++i) {
+    const PsProtocol::Message& msg = messages[i];
+    ASSIGN_OR_RETURN(Request r, world_.IRecv(model.weights().data() + msg.offset, msg.count,
+                                             DType::kF32, msg.server, protocol_.PullTag(i)));
+    recvs.push_back(std::move(r));
+  }
+  return WaitAll(recvs);
 }
 
 Status PsClient::SendHeaders(PsProtocol::Command command, int64_t step, int64_t payload) {

@@ -39,9 +39,23 @@
 namespace tessera {
 
 // What both sides agree on: the placement, cut into messages.
+//
+// The embedding served by rows: with an untied head (GptConfig::untied)
+// and wte on the servers, a worker needs only the rows of wte its batch
+// uses. Each step's header then carries, per server, how many distinct
+// token ids of the worker's rows fall in that server's rows; the ids
+// follow and the server answers with those rows; after backward the
+// worker pushes those rows' gradients only. The server folds them in
+// worker order into its whole piece (zero elsewhere: the dense fold's
+// numbers) and runs the same dense AdamW over every row, whose moments
+// decay each step whether a row was used or not. Nothing of wte is
+// pulled back: the next step asks for its own rows. Between steps a
+// worker gives the table's pages back.
 class PsProtocol {
  public:
-  PsProtocol(PsPlacement placement, int workers);
+  // `config`: the model's (its head and width say whether and how rows
+  // are served).
+  PsProtocol(PsPlacement placement, int workers, const GptConfig& config);
   const PsPlacement& placement() const { return placement_; }
   int servers() const { return placement_.servers(); }
   int workers() const { return workers_; }
@@ -49,7 +63,12 @@ class PsProtocol {
     size_t piece;
     int64_t offset, count;  // in the flat parameter vector
     int server;
+    bool rows = false;  // of the embedding served by rows: never sent whole
   };
+  // The parameter served by rows (an index into the model's parameters,
+  // -1: none) and its row's floats.
+  int64_t served() const { return served_; }
+  int64_t row_floats() const { return row_floats_; }
   const std::vector<Message>& messages() const { return messages_; }
   int64_t largest_message() const { return largest_; }
   // The norm's slots: one per piece, then one per worker-held parameter,
@@ -63,9 +82,10 @@ class PsProtocol {
   // checkpoint's metadata) follows from the first worker.
   static constexpr int kHeaderWords = 3;
   static constexpr int kTagHeader = 1, kTagPayload = 2;
-  int PushTag(size_t message) const { return 3 + static_cast<int>(message); }
-  int PullTag(size_t message) const { return 3 + static_cast<int>(messages_.size() + message); }
-  enum Command : int64_t { kStep = 1, kStop = 2, kAbort = 3, kSave = 4 };
+  static constexpr int kTagRowIds = 3, kTagRows = 4, kTagRowGrads = 5;
+  int PushTag(size_t message) const { return 6 + static_cast<int>(message); }
+  int PullTag(size_t message) const { return 6 + static_cast<int>(messages_.size() + message); }
+  enum Command : int64_t { kStep = 1, kStop = 2, kAbort = 3, kSave = 4, kPullAll = 5 };
 
  private:
   PsPlacement placement_;
@@ -73,6 +93,7 @@ class PsProtocol {
   std::vector<Message> messages_;
   int64_t largest_ = 0;
   std::vector<int64_t> norm_order_;
+  int64_t served_ = -1, row_floats_ = 0;
 };
 
 // A server: its pieces' weights, gradients and Adam moments.
@@ -97,6 +118,9 @@ class PsServer {
   Result<Asked> Next();
   // After Next said kStep: the step's fold, norm, update and replies.
   Status Step(const AdamWConfig& adam, float max_norm);
+  // After Next said kPullAll: every piece's weights to every worker (what
+  // a step's pull sends, the rows of a served embedding too).
+  Status SendAll();
   // After Next said kSave: this server's pieces of PsStrategy into
   // `writer` (the world's sliced save; its Commit is collective).
   Status WriteSliced(SlicedCheckpointWriter& writer, const Strategy& strategy) const;
@@ -113,7 +137,7 @@ class PsServer {
   std::span<const float> PieceData(size_t piece, int which) const {
     return const_cast<PsServer*>(this)->PieceData(piece, which);
   }
-  // Bytes received and sent per step.
+  // Bytes received and sent in the last step.
   int64_t bytes_per_step() const;
 
  private:
@@ -129,6 +153,15 @@ class PsServer {
   std::vector<int64_t> piece_at_;  // by piece index: its first element here (-1: elsewhere)
   std::vector<float> weights_, grads_, m_, v_, scratch_;
   std::vector<ParamInfo> params_;  // the whole model's
+  // The embedding served by rows: this server's piece of it (-1: none),
+  // each worker's ids this step, and the rows sent back.
+  int64_t row_piece_ = -1;
+  std::vector<int64_t> row_counts_;
+  std::vector<std::vector<int64_t>> row_ids_;
+  std::vector<std::vector<float>> row_out_;
+  int64_t rows_peak_ = 0;  // floats of the row buffers at their largest
+  Status ServeRows();
+  Status FoldRows();
   int64_t step_ = 0;
   double loss_ = 0;
 };
@@ -137,11 +170,23 @@ class PsServer {
 // updates its own parameters, receives the placed ones.
 class PsClient {
  public:
-  // `world` as for PsServer; `params`: the worker model's (the whole
-  // model's list the placement was made from).
+  // `world` as for PsServer; `model`: the worker's (the whole model, whose
+  // parameter list the placement was made from).
   static Result<std::unique_ptr<PsClient>> Create(PsPlacement placement, Communicator& world,
-                                                  const std::vector<ParamInfo>& params);
+                                                  const Gpt& model);
   const PsProtocol& protocol() const { return protocol_; }
+  // Before forward: tells the servers a step begins and, with the
+  // embedding served by rows, fetches the rows of wte the `n` tokens use
+  // into the model's wte.
+  Status Begin(Gpt& model, const int32_t* tokens, int64_t n);
+  // After the step (and Init, Load): the served rows' pages given back,
+  // their gradients zero again. A no-op unless rows are served.
+  void ReleaseRows(Gpt& model);
+  // Bytes of the served table a worker does not hold (its weights and
+  // gradients, each), and the most it held of them at once (rows and
+  // their transfer buffers), for Memory().
+  int64_t served_bytes() const;
+  int64_t rows_peak_bytes() const { return rows_peak_ * static_cast<int64_t>(sizeof(float)); }
   // After forward and backward, with the worker-held parameters' gradients
   // already averaged over the workers and `loss` the workers' mean: the
   // rest of the step. Returns the loss; `norm` gets the gradient norm.
@@ -157,6 +202,9 @@ class PsClient {
   // Tells every server the job is done (or, `failed`, that this worker
   // stopped on an error). Once.
   Status Stop(bool failed);
+  // Every served parameter's current weights into `model` (the rows of a
+  // served embedding too: the whole table, for an export).
+  Status PullAll(Gpt& model);
   // Asks the servers to join a save of step `step` (the first worker's
   // `metadata` goes to them); then every rank of the world writes.
   Status RequestSave(int64_t step, const std::map<std::string, std::string>& metadata);
@@ -182,6 +230,12 @@ class PsClient {
   };
   std::vector<Local> local_;  // the worker-held parameters, in order
   std::vector<float> m_, v_;
+  // The embedding served by rows: this step's distinct ids per server, and
+  // the rows received (then their gradients sent) per server.
+  std::vector<std::vector<int64_t>> ids_;
+  std::vector<std::vector<float>> rows_;
+  int64_t served_offset_ = 0, served_numel_ = 0;
+  int64_t rows_peak_ = 0;
   bool stopped_ = false;
   Status SendHeaders(PsProtocol::Command command, int64_t step, int64_t payload);
 };

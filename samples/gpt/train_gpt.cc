@@ -24,6 +24,7 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -614,9 +615,9 @@ Status TrainOn(const Options& o, Communicator& world, Communicator* servers = nu
     }
     RETURN_IF_ERROR(saver.AfterStep());
   }
-  RETURN_IF_ERROR(job.trainer->StopServers(/*failed=*/false));
   RETURN_IF_ERROR(saver.Finish());
-  RETURN_IF_ERROR(Export(o, job, world, talk));
+  RETURN_IF_ERROR(Export(o, job, world, talk));  // (a served table pulled whole)
+  RETURN_IF_ERROR(job.trainer->StopServers(/*failed=*/false));
   return Report(o, job, world, progress);
 }
 
@@ -658,6 +659,10 @@ Status Serve(const Options& o, Communicator& world) {
     if (asked.command == PsProtocol::kStop) break;
     if (asked.command == PsProtocol::kStep) {
       RETURN_IF_ERROR(server->Step(o.adam, o.max_norm));
+      continue;
+    }
+    if (asked.command == PsProtocol::kPullAll) {  // an export
+      RETURN_IF_ERROR(server->SendAll());
       continue;
     }
     // A save: the same checkpoint the workers write, with their metadata.
@@ -725,6 +730,11 @@ Status TrainWithServers(const Options& o, Communicator& world) {
   if (group->rank() == 0 && !o.quiet) {
     std::printf("parameter servers: %d of %d ranks (%d workers)\n%s", S, N, N - S,
                 placement.Describe().c_str());
+    const bool served = std::any_of(placement.pieces().begin(), placement.pieces().end(),
+                                    [](const PsPiece& p) { return p.name == "wte"; });
+    if (served && o.config.untied) {
+      std::printf("wte served by rows (an untied head): a worker fetches its batch's rows\n");
+    }
   }
   return TrainOn(o, *group, &world);
 }

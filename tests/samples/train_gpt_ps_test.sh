@@ -123,6 +123,39 @@ sed -n 's/^\[rank 1\] //p' "$WORK/kill.out" | awk '/^step/ && !seen[$2]++' >"$WO
 check "... and ends on the uninterrupted run's losses, bit for bit" \
   same_losses "$WORK/kill.log" "$WORK/dp.log"
 
+# The embedding served by rows (--untied-head, wte on the servers): each
+# worker fetches its batch's rows and pushes their gradients; the servers
+# update the whole table. Data parallelism's bits, cut over two servers,
+# exported whole, saved and resumed.
+train "$WORK/udp.log" --untied-head --ranks 2 --export "$WORK/udp" --save "$WORK/udpck" \
+  --save-every 10
+train "$WORK/uone.log" --untied-head
+check "untied head: data parallelism gives the single-process losses" \
+  close "$WORK/udp.log" "$WORK/uone.log" 20
+for setting in "--ranks 3 --ps-servers 1" "--ranks 4 --ps-servers 2 --ps-params wte"; do
+  rm -rf "$WORK/u" "$WORK/uck"
+  # shellcheck disable=SC2086
+  train "$WORK/u.log" --untied-head $setting --export "$WORK/u" --save "$WORK/uck" \
+    --save-every 10
+  check "$setting, wte served by rows: bit for bit data parallelism's losses" \
+    same_losses "$WORK/u.log" "$WORK/udp.log"
+  check "... the placement says so" grep -q "^wte served by rows" "$WORK/u.log"
+  check "... the export holds the whole table, data parallelism's" \
+    "$CKPT" diff -q "$WORK/udp/step-20" "$WORK/u/step-20"
+  check "... the checkpoint is data parallelism's (moments of unused rows decayed too)" \
+    "$CKPT" diff -q "$WORK/udpck/step-20" "$WORK/uck/step-20"
+done
+check "... a worker accounts no table (parameters: the model less wte)" \
+  grep -q "^memory per rank (largest): parameters 0.13 MiB" "$WORK/u.log"
+rm -rf "$WORK/r"
+cp -r "$WORK/uck" "$WORK/r"
+rm -rf "$WORK/r/step-20"
+echo step-10 >"$WORK/r/latest"
+train "$WORK/r.log" --untied-head --ranks 3 --ps-servers 1 --save "$WORK/r" --resume
+head -n 10 <(grep ^step "$WORK/udp.log") | cat - "$WORK/r.log" >"$WORK/joined.log"
+check "... resumed from step 10 on one server: bit for bit" same_losses "$WORK/joined.log" \
+  "$WORK/udp.log"
+
 cat >"$WORK/ps.json" <<'EOF'
 {"format": "tessera.op_strategy", "version": 1, "ps_servers": 2, "ps_params": "wte",
  "operators": {}}

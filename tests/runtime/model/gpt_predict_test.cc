@@ -190,7 +190,8 @@ TEST_CASE("predicted per-rank memory and kernel work match the runtime's") {
 
 // Parameter servers: S servers and 2 workers in-process, each side's
 // accounted memory after two steps.
-std::pair<MemoryUse, MemoryUse> MeasuredServers(int servers, const std::string& patterns) {
+std::pair<MemoryUse, MemoryUse> MeasuredServers(int servers, const std::string& patterns,
+                                                const GptConfig& config = kConfig) {
   MemoryUse worker, server;
   std::mutex mu;
   const Status s = RunInProcess(servers + 2, [&](Communicator& world) -> Status {
@@ -202,8 +203,8 @@ std::pair<MemoryUse, MemoryUse> MeasuredServers(int servers, const std::string& 
     ASSIGN_OR_RETURN(std::unique_ptr<Communicator> group, world.Split(serving ? 0 : 1, 0));
     if (serving) {
       ASSIGN_OR_RETURN(PsPlacement pl,
-                       PsPlacement::Create(*Gpt::Params(kConfig), servers, patterns));
-      ASSIGN_OR_RETURN(std::unique_ptr<PsServer> ps, PsServer::Create(kConfig, pl, world));
+                       PsPlacement::Create(*Gpt::Params(config), servers, patterns));
+      ASSIGN_OR_RETURN(std::unique_ptr<PsServer> ps, PsServer::Create(config, pl, world));
       RETURN_IF_ERROR(ps->Init(1));
       while (true) {
         ASSIGN_OR_RETURN(const PsServer::Asked asked, ps->Next());
@@ -214,7 +215,7 @@ std::pair<MemoryUse, MemoryUse> MeasuredServers(int servers, const std::string& 
       if (ps->Memory().total() > server.total()) server = ps->Memory();
       return Status::Ok();
     }
-    ASSIGN_OR_RETURN(std::unique_ptr<ParallelGpt> p, ParallelGpt::Create(kConfig, par, *group));
+    ASSIGN_OR_RETURN(std::unique_ptr<ParallelGpt> p, ParallelGpt::Create(config, par, *group));
     RETURN_IF_ERROR(p->ConnectServers(world));
     RETURN_IF_ERROR(p->Init(1));
     const auto tokens = Tokens(1), targets = Tokens(2);
@@ -253,6 +254,21 @@ TEST_CASE("parameter servers: predicted worker and server memory match the runti
     CHECK(pred->server_memory.optimizer == server.optimizer);
     CHECK(pred->server_memory.communication == server.communication);
   }
+  // The embedding served by rows: a worker holds no table; its rows are
+  // at most its tokens' (the prediction's bound).
+  GptConfig untied = kConfig;
+  untied.untied = true;
+  ParallelConfig par;
+  par.dp = 2;
+  par.ps_servers = 1;
+  auto pred = PredictGptStep(untied, kB, kT, par, TestProfile());
+  REQUIRE(pred.ok());
+  const auto [worker, server] = MeasuredServers(1, "all", untied);
+  CHECK(pred->memory.parameters == worker.parameters);
+  CHECK(pred->memory.gradients == worker.gradients);
+  CHECK(worker.communication > 0);
+  CHECK(worker.communication <= pred->memory.communication);
+  CHECK(pred->server_memory.optimizer == server.optimizer);
 }
 
 TEST_CASE(

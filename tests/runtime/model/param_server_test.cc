@@ -100,8 +100,8 @@ struct Run {
   std::vector<float> losses, weights, m, v;
 };
 
-Run Reference() {
-  auto g = Gpt::Create(kConfig);
+Run Reference(const GptConfig& config = kConfig) {
+  auto g = Gpt::Create(config);
   g->Init(42);
   Run run;
   for (int step = 0; step < kSteps; ++step) {
@@ -120,9 +120,10 @@ Run Reference() {
 // S servers and 2 workers (S = 0: plain data parallelism over 2 ranks).
 // The servers' pieces and the workers' own moments are put together into
 // whole vectors.
-Run WithServers(int servers, const std::string& patterns) {
+Run WithServers(int servers, const std::string& patterns, const GptConfig& config = kConfig,
+                MemoryUse* worker_memory = nullptr) {
   const int workers = 2;
-  const int64_t n = Gpt::Create(kConfig)->num_params();
+  const int64_t n = Gpt::Create(config)->num_params();
   Run run;
   run.weights.assign(n, 0.0f);
   run.m.assign(n, 0.0f);
@@ -138,8 +139,9 @@ Run WithServers(int servers, const std::string& patterns) {
     const bool server = world.rank() < servers;
     ASSIGN_OR_RETURN(std::unique_ptr<Communicator> group, world.Split(server ? 0 : 1, 0));
     if (server) {
-      ASSIGN_OR_RETURN(PsPlacement pl, PsPlacement::Create(Params(), servers, patterns));
-      ASSIGN_OR_RETURN(std::unique_ptr<PsServer> ps, PsServer::Create(kConfig, pl, world));
+      ASSIGN_OR_RETURN(PsPlacement pl,
+                       PsPlacement::Create(*Gpt::Params(config), servers, patterns));
+      ASSIGN_OR_RETURN(std::unique_ptr<PsServer> ps, PsServer::Create(config, pl, world));
       RETURN_IF_ERROR(ps->Init(42));
       while (true) {
         ASSIGN_OR_RETURN(const PsServer::Asked asked, ps->Next());
@@ -157,7 +159,7 @@ Run WithServers(int servers, const std::string& patterns) {
       }
       return Status::Ok();
     }
-    ASSIGN_OR_RETURN(std::unique_ptr<ParallelGpt> p, ParallelGpt::Create(kConfig, par, *group));
+    ASSIGN_OR_RETURN(std::unique_ptr<ParallelGpt> p, ParallelGpt::Create(config, par, *group));
     if (servers > 0) RETURN_IF_ERROR(p->ConnectServers(world));
     RETURN_IF_ERROR(p->Init(42));
     std::vector<float> losses;
@@ -171,6 +173,7 @@ Run WithServers(int servers, const std::string& patterns) {
     if (group->rank() != 0) return Status::Ok();
     std::lock_guard<std::mutex> lock(mu);
     run.losses = losses;
+    if (worker_memory != nullptr) *worker_memory = p->Memory();
     const Gpt& g = p->model();
     const PsPlacement* pl = servers > 0 ? &p->ps()->protocol().placement() : nullptr;
     for (size_t i = 0; i < g.params().size(); ++i) {
@@ -232,6 +235,41 @@ TEST_CASE("synchronous parameter servers train as data parallelism does") {
       CHECK(ps.m == dp.m);
       CHECK(ps.v == dp.v);
     }
+  }
+}
+
+TEST_CASE("the embedding served by rows (untied head): data parallelism's numbers") {
+  GptConfig untied = kConfig;
+  untied.untied = true;
+  const Run ref = Reference(untied);
+  const Run dp = WithServers(0, "all", untied);
+  const int64_t table = int64_t{kConfig.vocab} * kConfig.embed * 4;
+  for (auto [servers, patterns] :
+       {std::pair<int, const char*>{1, "all"}, {2, "wte"}, {1, "wte"}, {3, "all"}}) {
+    INFO(servers << " server(s), --ps-params " << patterns);
+    MemoryUse memory;
+    const Run ps = WithServers(servers, patterns, untied, &memory);
+    REQUIRE(ps.losses.size() == ref.losses.size());
+    for (size_t i = 0; i < ps.losses.size(); ++i) {
+      INFO("step " << i + 1);
+      CHECK(std::abs(ps.losses[i] - ref.losses[i]) <= 1e-5 * std::abs(ref.losses[i]));
+    }
+    CHECK(RelativeNorm(ps.weights, ref.weights) < 1e-5);
+    CHECK(RelativeNorm(ps.m, ref.m) < 1e-5);
+    CHECK(RelativeNorm(ps.v, ref.v) < 1e-5);
+    // The rows a batch does not use still decay (dense AdamW): the same bits.
+    if (std::string(patterns) != "wte" || servers == 1) {
+      CHECK(ps.losses == dp.losses);
+      CHECK(ps.weights == dp.weights);
+      CHECK(ps.m == dp.m);
+      CHECK(ps.v == dp.v);
+    }
+    // A worker accounts no table, only the rows of a step.
+    const int64_t n = Gpt::Create(untied)->num_params() * 4;
+    CHECK(memory.parameters == n - table);
+    CHECK(memory.gradients == n - table);
+    CHECK(memory.communication > 0);
+    CHECK(memory.communication <= 2 * kB * kT * kConfig.embed * 4);
   }
 }
 
