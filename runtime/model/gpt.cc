@@ -45,7 +45,8 @@ void Gpt::InitParams(uint64_t seed, int unit) {
   std::vector<float> whole;
   for (const ParamInfo& p : params_) {
     if (unit >= 0 && p.unit != unit) continue;
-    Normal rng{seed ^ Xxh3(p.name.data(), p.name.size())};  // XXH3: stable everywhere
+    if (stage_.served_embedding && p.name == "wte") continue;  // the servers hold it
+    Normal rng{seed ^ Xxh3(p.name.data(), p.name.size())};     // XXH3: stable everywhere
     float* w = P(p.offset);
     double std = 0.02;
     if (p.name == "wpe") std = 0.01;

@@ -74,6 +74,10 @@ struct GptStage {
   // Several chunks: each one's layers [begin, end), in order (first_layer
   // and last_layer are then unused). Empty: one chunk, the range above.
   std::vector<std::pair<int, int>> chunks;
+  // wte's rows come from parameter servers a step at a time (an untied
+  // head): its pages are given back as soon as allocated, Init leaves it
+  // alone, ZeroGrad skips its gradients (its owner keeps them zero).
+  bool served_embedding = false;
 };
 
 struct ParamInfo {

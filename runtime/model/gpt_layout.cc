@@ -140,7 +140,15 @@ Result<Gpt> Gpt::Create(const GptConfig& config, const GptStage& stage, bool all
     if (offload_weights) {
       RETURN_IF_ERROR(ReturnPages(g.weights_.data(), offset * static_cast<int64_t>(sizeof(float))));
     }
+    // A served embedding's table: never held whole (its rows come and go).
+    const bool served = stage.served_embedding && stage.first;
+    const int64_t table = static_cast<int64_t>(V) * C * static_cast<int64_t>(sizeof(float));
+    if (served) RETURN_IF_ERROR(ReturnPages(g.weights_.data() + g.wte_, table));
     g.grads_.assign(offset, 0.0f);
+    if (served) {
+      RETURN_IF_ERROR(ReturnPages(g.grads_.data() + g.wte_, table));
+      g.SkipZeroing(g.wte_, g.wte_ + static_cast<int64_t>(V) * C);
+    }
     if (moments) {
       g.m_.assign(offset, 0.0f);
       g.v_.assign(offset, 0.0f);

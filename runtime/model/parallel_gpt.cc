@@ -40,6 +40,13 @@ Result<std::unique_ptr<ParallelGpt>> ParallelGpt::Create(const GptConfig& config
     return InvalidArgumentError("sequence parallelism cuts the sequence over tp: it needs tp > 1");
   }
   ASSIGN_OR_RETURN(MeshCommunicators comms, MeshCommunicators::Create(world, mesh));
+  if (parallel.ps_servers > 0 && config.untied) {
+    // wte on the servers: served by rows, never held whole here.
+    ASSIGN_OR_RETURN(const std::vector<ParamInfo> all, Gpt::Params(config));
+    ASSIGN_OR_RETURN(const PsPlacement pl,
+                     PsPlacement::Create(all, parallel.ps_servers, parallel.ps_params));
+    for (const PsPiece& piece : pl.pieces()) gs.served_embedding |= piece.name == "wte";
+  }
   // Moments a ZeRO shard or the offload file holds are never allocated
   // whole (they would set the peak resident set).
   ASSIGN_OR_RETURN(Gpt model,
