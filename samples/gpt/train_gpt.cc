@@ -37,6 +37,7 @@
 #include "formats/native_files.h"
 #include "runtime/comm/launch.h"
 #include "runtime/comm/mpi.h"
+#include "runtime/comm/ms_roles.h"
 #include "runtime/comm/traced.h"
 #include "runtime/cost/calibration.h"
 #include "runtime/kernels.h"
@@ -679,7 +680,7 @@ Status Serve(const Options& o, Communicator& world) {
     RETURN_IF_ERROR(committed);
     RETURN_IF_ERROR(PointLatest(env, world, o.save, name, o.keep));
   }
-  if (!o.quiet) {
+  {  // its summary, as a worker's "done:" line (also under --quiet)
     const MemoryUse m = server->Memory();
     std::printf("parameter server %d: %lld steps served, holds %s, %s in and out a step\n",
                 world.rank(), static_cast<long long>(server->step()), m.ToString().c_str(),
@@ -771,6 +772,26 @@ int main(int argc, char** argv) {
   }
   Options o;
   if (const int rc = ParseOptions(argc, argv, &o); rc >= 0) return rc;
+  // MindSpore's parameter-server variables (MS_ROLE, ...): the scheduler
+  // numbers the processes; a server or worker then runs as that rank.
+  if (Result<MsRoles> ms = MsRolesFromEnv(); ms.ok()) {
+    if (ms->role == "MS_SCHED") {
+      Result<std::string> table = RunMsScheduler(*ms, o.launch.comm.timeout);
+      if (!table.ok()) return Fail(table.status());
+      if (!o.quiet) std::printf("MS_SCHED: every process has its rank (%s)\n", table->c_str());
+      return 0;
+    }
+    Result<int> rank = JoinMsRoles(*ms, o.launch.comm.timeout);
+    if (!rank.ok()) return Fail(rank.status());
+    if (o.parallel.ps_servers != 0 && o.parallel.ps_servers != ms->servers) {
+      return Fail(InvalidArgumentError("--ps-servers " + std::to_string(o.parallel.ps_servers) +
+                                       " but MS_SERVER_NUM=" + std::to_string(ms->servers)));
+    }
+    o.parallel.ps_servers = ms->servers;
+    if (o.compute_threads == 0) o.compute_threads = 1;  // one rank of several per process
+  } else if (ms.status().code() != StatusCode::kNotFound) {
+    return Fail(ms.status());
+  }
   kernels::SetComputeThreads(o.compute_threads);
   if (Status s = LaunchRanks(o.launch, [&](Communicator& world) { return Train(o, world); });
       !s.ok()) {

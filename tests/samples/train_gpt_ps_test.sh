@@ -199,6 +199,36 @@ wait
 check "processes given different server counts refuse by name" \
   grep -q "rank 0 was given 1 servers, rank 2 2 (TESSERA_PS_SERVERS differs" "$WORK/d2.log"
 
+# MindSpore's form: MS_ROLE / MS_SERVER_NUM / MS_WORKER_NUM / MS_SCHED_HOST
+# / MS_SCHED_PORT, no ranks; workers first, then the server, then the
+# scheduler.
+ms_role() { # ms_role ROLE LOG FLAGS...
+  local role=$1 log=$2
+  shift 2
+  MS_ROLE=$role MS_SERVER_NUM=1 MS_WORKER_NUM=2 MS_SCHED_HOST=127.0.0.1 MS_SCHED_PORT=$port \
+    timeout 120 "$BIN" "${SMALL[@]}" "$@" >"$log" 2>&1
+}
+port=$((port + 1))
+ms_role MS_WORKER "$WORK/ms1.log" &
+ms_role MS_WORKER "$WORK/ms2.log" &
+sleep 1
+ms_role MS_PSERVER "$WORK/ms0.log" &
+sleep 1
+ms_role MS_SCHED "$WORK/mss.log"
+wait
+cat "$WORK/ms1.log" "$WORK/ms2.log" >"$WORK/msw.log"
+check "MS_ROLE processes (workers, server, then scheduler): data parallelism's losses" \
+  same_losses "$WORK/msw.log" "$WORK/dp.log"
+check "... the scheduler numbered them" grep -q "rank 0: MS_PSERVER, ranks 1-2: MS_WORKER" \
+  "$WORK/mss.log"
+check "... the server served" grep -q "parameter server 0: 20 steps served" "$WORK/ms0.log"
+port=$((port + 1))
+ms_role MS_WORKER "$WORK/mw.log" --comm-timeout 3 &
+ms_role MS_SCHED "$WORK/mss.log" --comm-timeout 3
+wait
+check "a role that never comes is named by the scheduler" \
+  grep -q "0 of 1 MS_PSERVER and 1 of 2 MS_WORKER processes came within 3 s" "$WORK/mss.log"
+
 refused() { # refused PATTERN FLAGS...: train_gpt exits 1 before step 1 saying PATTERN
   local pattern=$1
   shift
