@@ -12,6 +12,8 @@
 #    dp across hosts, each giving the single-process losses;
 #  - host-aware redundancy (rs:2+2 over 2 hosts) records every data file's
 #    host and places no more than 2 files of a group on a host;
+#  - parameter servers on host1 and their workers on host2 give the
+#    single-process losses;
 #  - one host killed mid-run (its launcher and workers) and its ranks'
 #    data files deleted, as if they had been on its local disk: the job
 #    restarts on the other host from the newest checkpoint, rebuilding the
@@ -131,6 +133,16 @@ check "... which rebuilt the lost files from parity on load" \
 resumed_curve "$WORK/k.0" "$WORK/ck" >"$WORK/k.log"
 check "... continuing the single-process curve (lost files rebuilt from parity)" \
   close "$WORK/k.log" "$WORK/one.log"
+
+# Parameter servers on another host than the workers: ranks 0-1 (host1)
+# serve every parameter, ranks 2-3 (host2) train; every push and pull
+# crosses the bridge.
+gloo_job 2 2 "$WORK/ps" --ps-servers 2 -- --steps 30
+sed -n 's/^\[rank 2\] //p' "$WORK/ps.1" >"$WORK/ps.log"
+check "parameter servers on host1, workers on host2 (gloo): the single-process losses" \
+  close "$WORK/ps.log" "$WORK/one.log"
+check "... rank 0 served from host1" grep -q "^\[rank 0\] parameter server 0: 30 steps served" \
+  "$WORK/ps.0"
 
 [ $fails -eq 0 ] || { echo "== host1's launcher"; grep -v "^\[rank [1-9]" "$WORK/k.0" | tail -30; }
 echo "$passes passed, $fails failed"

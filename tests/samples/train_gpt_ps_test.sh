@@ -91,6 +91,11 @@ train "$WORK/merged.log" --ranks 4 --ps-servers 2 --ps-params wte,wpe --save "$W
   --save-every 10
 check "... a merged save of the same run holds the same tensors" \
   "$CKPT" diff -q "$WORK/ps2/step-20" "$WORK/ps2m/step-20"
+"$CKPT" merge -q "$WORK/ps2/step-20" -o "$WORK/ps2merged" >/dev/null 2>&1
+check "... and ckpt merge of the sliced one gives them too" \
+  "$CKPT" diff -q "$WORK/ps2merged" "$WORK/ps2m/step-20"
+"$CKPT" verify "$WORK/ps2/step-20" >"$WORK/verify" 2>&1
+check "... ckpt verify checks every byte of it" grep -q ", 0 problems" "$WORK/verify"
 # Step 10 of that run resumed on other configurations: the curve goes on.
 for setting in "--ranks 4 --ps-servers 2 --ps-params wte,wpe" "--ranks 3 --ps-servers 1" \
   "--ranks 5 --ps-servers 3" "--ranks 2" "--ranks 1"; do
