@@ -16,6 +16,19 @@ std::string WorkerName(int w, int servers) {
   return "worker " + std::to_string(w) + " (rank " + std::to_string(servers + w) + ")";
 }
 
+// Waits for every send and then every receive (timed as `what`: the
+// wait for the servers' answer); the first error.
+Status WaitSentAndReceived(std::vector<Request>& sends, std::vector<Request>& recvs,
+                           const char* what) {
+  Status sent = WaitAll(sends);
+  Status received;
+  {
+    TraceSpan span("ps", what);
+    received = WaitAll(recvs);
+  }
+  return sent.ok() ? received : sent;
+}
+
 }  // namespace
 
 PsProtocol::PsProtocol(PsPlacement placement, int workers, const GptConfig& config)
@@ -456,14 +469,7 @@ Result<float> PsClient::Exchange(Gpt& model, double loss, const AdamWConfig& ada
                   step, adam, p.decay);
     }
   }
-  Status sent = WaitAll(sends);
-  Status received;
-  {
-    TraceSpan span("ps", "pull weights");
-    received = WaitAll(recvs);
-  }
-  RETURN_IF_ERROR(sent);
-  RETURN_IF_ERROR(received);
+  RETURN_IF_ERROR(WaitSentAndReceived(sends, recvs, "pull weights"));
   model.set_step(step);
   ReleaseRows(model);
   return static_cast<float>(slots[protocol_.loss_slot()]);
@@ -507,14 +513,7 @@ Status PsClient::Begin(Gpt& model, const int32_t* tokens, int64_t n) {
   }
   // Rows in the table (touched pages only) and the buffers they came in.
   rows_peak_ = std::max(rows_peak_, 2 * held);
-  Status sent = WaitAll(sends);
-  Status received;
-  {
-    TraceSpan span("ps", "pull the embedding's rows");
-    received = WaitAll(recvs);
-  }
-  RETURN_IF_ERROR(sent);
-  RETURN_IF_ERROR(received);
+  RETURN_IF_ERROR(WaitSentAndReceived(sends, recvs, "pull the embedding's rows"));
   float* table = model.weights().data() + served_offset_;
   for (int s = 0; s < S; ++s) {
     for (size_t i = 0; i < ids_[s].size(); ++i) {
