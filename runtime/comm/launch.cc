@@ -16,22 +16,18 @@
 #include "runtime/comm/mpi.h"
 
 namespace tessera {
-namespace {
-
-// The integer in environment variable `name`, or -1 when it is unset.
-Result<int64_t> EnvInt(const char* name) {
+Result<int64_t> EnvInt(const char* name, int64_t min) {
   const char* v = std::getenv(name);
-  if (v == nullptr) return int64_t{-1};
+  if (v == nullptr || *v == '\0') return int64_t{-1};
   int64_t out = 0;
   const char* end = v + std::char_traits<char>::length(v);
   auto [p, ec] = std::from_chars(v, end, out);
-  if (ec != std::errc() || p != end || out < 0) {
-    return InvalidArgumentError(std::string(name) + "='" + v + "' is not a non-negative integer");
+  if (ec != std::errc() || p != end || out < min) {
+    return InvalidArgumentError(std::string(name) + "='" + v +
+                                "' is not an integer >= " + std::to_string(min));
   }
   return out;
 }
-
-}  // namespace
 
 Result<CommBackend> ParseCommBackend(std::string_view name) {
   if (name == "auto") return CommBackend::kAuto;

@@ -58,6 +58,10 @@ inline constexpr char kEnvRestartCount[] = "TESSERA_RESTART_COUNT";  // 0 in the
 // Parameter servers: ranks [0, S) of TESSERA_WORLD_SIZE serve (train_gpt).
 inline constexpr char kEnvPsServers[] = "TESSERA_PS_SERVERS";
 
+// The integer in environment variable `name`: -1 when it is unset or empty,
+// InvalidArgument naming the variable when it is not an integer >= `min`.
+Result<int64_t> EnvInt(const char* name, int64_t min = 0);
+
 // One worker of a launched job.
 struct WorkerSlot {
   int rank = 0, world_size = 1;

@@ -1,6 +1,5 @@
 #include "runtime/comm/ms_roles.h"
 
-#include <charconv>
 #include <cstdlib>
 #include <thread>
 
@@ -12,17 +11,10 @@ namespace tessera {
 namespace {
 
 Result<int> PositiveEnv(const char* name) {
-  const char* v = std::getenv(name);
-  if (v == nullptr || *v == '\0') {
-    return InvalidArgumentError(std::string("MS_ROLE is set but ") + name + " is not");
-  }
-  int out = 0;
-  const char* end = v + std::char_traits<char>::length(v);
-  auto [p, ec] = std::from_chars(v, end, out);
-  if (ec != std::errc() || p != end || out < 1) {
-    return InvalidArgumentError(std::string(name) + "='" + v + "' is not a positive integer");
-  }
-  return out;
+  ASSIGN_OR_RETURN(int64_t n, EnvInt(name, 1));
+  if (n < 0) return InvalidArgumentError(std::string("MS_ROLE is set but ") + name + " is not");
+  if (n > (1 << 20)) return InvalidArgumentError(std::string(name) + " is too large");
+  return static_cast<int>(n);
 }
 
 std::string Ranks(int first, int n, const char* role) {

@@ -40,32 +40,36 @@ void Gpt::Init(uint64_t seed) {
 
 void Gpt::InitUnit(uint64_t seed, int unit) { InitParams(seed, unit); }
 
+void Gpt::InitialValues(const GptConfig& config, uint64_t seed, const ParamInfo& p, int64_t begin,
+                        std::span<float> out) {
+  if (p.full_shape.size() < 2) {
+    const bool gain = EndsWith(p.name, "ln_1.weight") || EndsWith(p.name, "ln_2.weight") ||
+                      p.name == "ln_f.weight";
+    std::fill(out.begin(), out.end(), gain ? 1.0f : 0.0f);
+    return;
+  }
+  double std = 0.02;
+  if (p.name == "wpe") std = 0.01;
+  if (EndsWith(p.name, "c_proj.weight")) std = 0.02 / std::sqrt(2.0 * config.layers);
+  Normal rng{seed ^ Xxh3(p.name.data(), p.name.size())};  // XXH3: stable everywhere
+  for (int64_t i = 0; i < begin; ++i) rng.Next();         // the stream is sequential
+  for (float& x : out) x = static_cast<float>(rng.Next() * std);
+}
+
 void Gpt::InitParams(uint64_t seed, int unit) {
-  const double residual_std = 0.02 / std::sqrt(2.0 * config_.layers);
   std::vector<float> whole;
   for (const ParamInfo& p : params_) {
     if (unit >= 0 && p.unit != unit) continue;
     if (stage_.served_embedding && p.name == "wte") continue;  // the servers hold it
-    Normal rng{seed ^ Xxh3(p.name.data(), p.name.size())};     // XXH3: stable everywhere
     float* w = P(p.offset);
-    double std = 0.02;
-    if (p.name == "wpe") std = 0.01;
-    if (EndsWith(p.name, "c_proj.weight")) std = residual_std;
-    if (p.full_shape.size() >= 2) {
-      // The whole tensor's numbers, of which this rank keeps its box.
-      const int64_t n = NumElements(Box::FromShape(p.full_shape));
-      float* out = p.numel == n ? w : (whole.resize(n), whole.data());
-      for (int64_t i = 0; i < n; ++i) out[i] = static_cast<float>(rng.Next() * std);
-      if (out != w) {
-        const std::vector<int64_t> extents = p.box.extents();
-        CopyBox(out, p.split_shape(), p.box, w, extents, Box::FromShape(extents), sizeof(float));
-      }
-    } else {
-      const float value = EndsWith(p.name, "ln_1.weight") || EndsWith(p.name, "ln_2.weight") ||
-                                  p.name == "ln_f.weight"
-                              ? 1.0f
-                              : 0.0f;
-      std::fill(w, w + p.numel, value);
+    // The whole tensor's numbers, of which this rank keeps its box.
+    const int64_t n =
+        p.full_shape.size() >= 2 ? NumElements(Box::FromShape(p.full_shape)) : p.numel;
+    float* out = p.numel == n ? w : (whole.resize(n), whole.data());
+    InitialValues(config_, seed, p, 0, {out, static_cast<size_t>(n)});
+    if (out != w) {
+      const std::vector<int64_t> extents = p.box.extents();
+      CopyBox(out, p.split_shape(), p.box, w, extents, Box::FromShape(extents), sizeof(float));
     }
   }
 }

@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -154,6 +155,11 @@ class Gpt {
   void Init(uint64_t seed);
   // The same for the parameters of one unit (ParamInfo::unit) only.
   void InitUnit(uint64_t seed, int unit);
+  // Elements [begin, begin + out.size()) of whole parameter `p`'s
+  // initialisation (row-major over p.full_shape), the numbers Init gives
+  // it: what a parameter server holding a piece of it starts from.
+  static void InitialValues(const GptConfig& config, uint64_t seed, const ParamInfo& p,
+                            int64_t begin, std::span<float> out);
 
   // Weights held in units that are not all in memory (parameter offload):
   // the forward and backward ask `units` for each unit before they read

@@ -206,7 +206,9 @@ Result<StepPrediction> PredictGptStep(const GptConfig& config, int B, int T,
   }
   MemoryUse server;
   if (par.ps_servers > 0)
-    RETURN_IF_ERROR(PriceServers(config, par, job.rows, job.profile, &stages[0], &server));
+    // (A worker fetches the rows of all its micro-batches' tokens at once.)
+    RETURN_IF_ERROR(
+        PriceServers(config, par, job.rows * job.micro_batches, job.profile, &stages[0], &server));
   StepPrediction out = PriceStep(stages, job.micro_batches, job.profile, par.dp * par.cp * par.tp);
   out.server_memory = server;
   out.stage_kernel_units = std::move(kernel_units);

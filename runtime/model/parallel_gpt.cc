@@ -40,12 +40,17 @@ Result<std::unique_ptr<ParallelGpt>> ParallelGpt::Create(const GptConfig& config
     return InvalidArgumentError("sequence parallelism cuts the sequence over tp: it needs tp > 1");
   }
   ASSIGN_OR_RETURN(MeshCommunicators comms, MeshCommunicators::Create(world, mesh));
-  if (parallel.ps_servers > 0 && config.untied) {
-    // wte on the servers: served by rows, never held whole here.
+  std::unique_ptr<PsPlacement> placement;
+  if (parallel.ps_servers > 0) {
     ASSIGN_OR_RETURN(const std::vector<ParamInfo> all, Gpt::Params(config));
-    ASSIGN_OR_RETURN(const PsPlacement pl,
+    ASSIGN_OR_RETURN(PsPlacement pl,
                      PsPlacement::Create(all, parallel.ps_servers, parallel.ps_params));
-    for (const PsPiece& piece : pl.pieces()) gs.served_embedding |= piece.name == "wte";
+    placement = std::make_unique<PsPlacement>(std::move(pl));
+    // wte on the servers with an untied head: served by rows, never held
+    // whole here.
+    for (const PsPiece& piece : placement->pieces()) {
+      gs.served_embedding |= config.untied && piece.name == "wte";
+    }
   }
   // Moments a ZeRO shard or the offload file holds are never allocated
   // whole (they would set the peak resident set).
@@ -55,6 +60,7 @@ Result<std::unique_ptr<ParallelGpt>> ParallelGpt::Create(const GptConfig& config
                        : Gpt::Create(config, gs));
   std::unique_ptr<ParallelGpt> p(new ParallelGpt(std::move(model), parallel, std::move(comms)));
   p->tp_dims_ = gs.tp_dims;
+  p->ps_placement_ = std::move(placement);
   for (std::vector<std::unique_ptr<OpGpt>>& chunk : ops) {
     for (const auto& o : chunk) p->ops_.push_back(o.get());
     if (chunk.size() > 1) {
@@ -218,11 +224,6 @@ Status ParallelGpt::Build() {
     shard_v_.assign(offset, 0.0f);
     Free({&model_.adam_m(), &model_.adam_v()});
   }
-  if (parallel_.ps_servers > 0) {
-    ASSIGN_OR_RETURN(PsPlacement placement,
-                     PsPlacement::Create(params, parallel_.ps_servers, parallel_.ps_params));
-    ps_placement_ = std::make_unique<PsPlacement>(std::move(placement));
-  }
   // Buckets of consecutive parameters, from the last (whose gradients the
   // backward pass finishes first) to the first. Parameters on servers are
   // in none (and end the bucket before them).
@@ -312,6 +313,10 @@ void ParallelGpt::Free(std::initializer_list<std::vector<float>*> vectors) {
 }
 
 Status ParallelGpt::Init(uint64_t seed) {
+  if (ps_placement_ != nullptr && ps_ == nullptr) {
+    return FailedPreconditionError("ps_servers " + std::to_string(parallel_.ps_servers) +
+                                   ": ConnectServers before Init");
+  }
   if (offload_weights_ != nullptr) {
     // Unit by unit, each written out before the next is made.
     model_.set_step(0);
@@ -691,6 +696,10 @@ Result<float> ParallelGpt::StepLocal(const int32_t* tokens, const int32_t* targe
         std::to_string(dp * micro_batches_ * copies) + " sequences");
   }
   RETURN_IF_ERROR(CheckSequenceCut(parallel_.cp_algo, T, parallel_.cp, "h.0.attn.attention"));
+  if (ps_placement_ != nullptr && ps_ == nullptr) {
+    return FailedPreconditionError("ps_servers " + std::to_string(parallel_.ps_servers) +
+                                   ": a step needs the servers (ConnectServers first)");
+  }
   ReleaseOptimizerState();  // a save's copy of offloaded moments
   model_.ZeroGrad();
   // With parameter servers: the step begins there (the served embedding's

@@ -112,14 +112,12 @@ Result<std::unique_ptr<PsServer>> PsServer::Create(const GptConfig& config, PsPl
 }
 
 Status PsServer::Init(uint64_t seed) {
-  // The whole model made once and its pieces kept: the same values every
-  // worker's Gpt::Init gives.
-  ASSIGN_OR_RETURN(Gpt full, Gpt::CreateWithoutMoments(config_, GptStage{}));
-  full.Init(seed);
-  const auto& messages = protocol_.messages();
-  for (size_t k = 0; k < messages_.size(); ++k) {
-    const PsProtocol::Message& msg = messages[messages_[k]];
-    std::copy_n(full.weights().data() + msg.offset, msg.count, weights_.data() + local_[k]);
+  // Each piece's part of its parameter's initialisation: the numbers every
+  // worker's Gpt::Init gives it, without the whole model made here.
+  for (size_t i : pieces_) {
+    const PsPiece& piece = protocol_.placement().pieces()[i];
+    const ParamInfo& p = params_[piece.param];
+    Gpt::InitialValues(config_, seed, p, piece.offset - p.offset, PieceData(i, 0));
   }
   std::fill(m_.begin(), m_.end(), 0.0f);
   std::fill(v_.begin(), v_.end(), 0.0f);
@@ -218,10 +216,12 @@ Status PsServer::Step(const AdamWConfig& adam, float max_norm) {
     }
     RETURN_IF_ERROR(FoldRows());
   }
-  // Each piece's squared norm, over its messages in order.
-  for (size_t k = 0; k < messages_.size(); ++k) {
-    const PsProtocol::Message& msg = messages[messages_[k]];
-    slots[msg.piece] += SquaredNorm(grads_.data() + local_[k], msg.count);
+  // Each piece's squared norm in one sum over it (its messages lie end to
+  // end): a whole parameter's is then GradSquaredNorm's, bit for bit.
+  for (size_t i : pieces_) {
+    const std::span<const float> g{grads_.data() + piece_at_[i],
+                                   static_cast<size_t>(protocol_.placement().pieces()[i].count)};
+    slots[i] = SquaredNorm(g.data(), static_cast<int64_t>(g.size()));
   }
   RETURN_IF_ERROR(
       world_.AllReduce(slots.data(), slots.data(), protocol_.slots(), DType::kF64, ReduceOp::kSum));
@@ -492,8 +492,9 @@ Status PsClient::Begin(Gpt& model, const int32_t* tokens, int64_t n) {
   }
   const int64_t step = model.step() + 1;
   const int64_t C = protocol_.row_floats();
-  std::vector<Request> sends, recvs;
+  // (Declared before the requests that read them: destroyed after.)
   std::vector<std::array<int64_t, PsProtocol::kHeaderWords>> headers(S);
+  std::vector<Request> sends, recvs;
   int64_t held = 0;
   for (int s = 0; s < S; ++s) {
     const int64_t count = static_cast<int64_t>(ids_[s].size());
@@ -554,15 +555,20 @@ Status PsClient::PullAll(Gpt& model) {
   return WaitAll(recvs);
 }
 
-Status PsClient::SendHeaders(PsProtocol::Command command, int64_t step, int64_t payload) {
+Status SendPsHeaders(Communicator& world, int servers, PsProtocol::Command command, int64_t step,
+                     int64_t payload) {
   const int64_t header[PsProtocol::kHeaderWords] = {command, step, payload};
   Status first;
-  for (int s = 0; s < protocol_.servers(); ++s) {
+  for (int s = 0; s < servers; ++s) {
     Status st =
-        world_.Send(header, PsProtocol::kHeaderWords, DType::kI64, s, PsProtocol::kTagHeader);
+        world.Send(header, PsProtocol::kHeaderWords, DType::kI64, s, PsProtocol::kTagHeader);
     if (first.ok() && !st.ok()) first = st;
   }
   return first;
+}
+
+Status PsClient::SendHeaders(PsProtocol::Command command, int64_t step, int64_t payload) {
+  return SendPsHeaders(world_, protocol_.servers(), command, step, payload);
 }
 
 Status PsClient::Stop(bool failed) {

@@ -166,6 +166,16 @@ class PsServer {
   double loss_ = 0;
 };
 
+// Sends `command`'s header to servers [0, servers) of `world`; every send
+// is tried, the first failure returned.
+Status SendPsHeaders(Communicator& world, int servers, PsProtocol::Command command, int64_t step,
+                     int64_t payload);
+// A worker that fails before it has a PsClient (which says it when
+// destroyed) tells the servers so: they stop instead of waiting for it.
+inline Status AbortServers(Communicator& world, int servers) {
+  return SendPsHeaders(world, servers, PsProtocol::kAbort, 0, 0);
+}
+
 // A worker's side: pushes the placed gradients, takes part in the norm,
 // updates its own parameters, receives the placed ones.
 class PsClient {

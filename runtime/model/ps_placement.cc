@@ -164,10 +164,15 @@ std::string PsPlacement::Describe() const {
 }
 
 int64_t PsMessageFloats(const PsPlacement& placement) {
+  // Messages are tags 6 + 2 i (push and pull): at most 16,000 keep them
+  // under MPI's smallest tag bound (32,767). A piece's last message may be
+  // short, so each piece may add one.
   constexpr int64_t kMessageFloats = int64_t{1} << 20, kMaxMessages = 16000;
   int64_t total = 0;
   for (const PsPiece& p : placement.pieces()) total += p.count;
-  return std::max(kMessageFloats, (total + kMaxMessages - 1) / kMaxMessages + 1);
+  const int64_t budget =
+      std::max<int64_t>(1000, kMaxMessages - static_cast<int64_t>(placement.pieces().size()));
+  return std::max(kMessageFloats, (total + budget - 1) / budget + 1);
 }
 
 Result<Strategy> PsStrategy(const std::vector<ParamInfo>& params, const PsPlacement& placement,

@@ -180,8 +180,17 @@ Result<Job> Configure(const Options& o, Communicator& world, Communicator* serve
   if (par.dp == 0) par.dp = world.size() / (par.tp * par.pp * par.cp);
   RETURN_IF_ERROR(CheckSequenceCut(par.cp_algo, o.seq, par.cp, "h.*.attn.attention"));
   RETURN_IF_ERROR(CheckRankMemory(o, par));
-  ASSIGN_OR_RETURN(job.trainer, ParallelGpt::Create(o.config, par, world));
-  if (servers != nullptr) RETURN_IF_ERROR(job.trainer->ConnectServers(*servers));
+  Result<std::unique_ptr<ParallelGpt>> trainer = ParallelGpt::Create(o.config, par, world);
+  Status connected = trainer.status();
+  if (connected.ok() && servers != nullptr) connected = (*trainer)->ConnectServers(*servers);
+  if (!connected.ok()) {
+    // No client to tell the servers: told here, so none waits for us.
+    if (servers != nullptr && (!trainer.ok() || (*trainer)->ps() == nullptr)) {
+      (void)AbortServers(*servers, par.ps_servers);
+    }
+    return connected;
+  }
+  job.trainer = std::move(trainer).value();
   if (o.batch % par.dp != 0) {
     return InvalidArgumentError("--batch " + std::to_string(o.batch) + " is not a multiple of dp " +
                                 std::to_string(par.dp));
@@ -289,6 +298,27 @@ void SaySetup(const Job& job, Communicator& world) {
   }
 }
 
+// How a save is written (workers and parameter servers alike): after a
+// resume, committed checkpoints newer than the one resumed from belong to
+// an abandoned run, and this run's saves replace them.
+Result<SlicedWriteOptions> SaveOptions(const Options& o, Communicator& world, bool resumed) {
+  SlicedWriteOptions options;
+  options.redundancy = o.redundancy;
+  options.merged = o.save_mode == "merged";
+  if (!o.hosts.empty()) {
+    if (static_cast<int>(o.hosts.size()) != world.size()) {
+      return InvalidArgumentError("--hosts names " + std::to_string(o.hosts.size()) +
+                                  " hosts for " + std::to_string(world.size()) + " ranks");
+    }
+    options.hosts = o.hosts;
+  }
+  options.native.overwrite = resumed;
+  options.fault_hook = [&o, &world](std::string_view point, int64_t step) {
+    o.fault.At(point, step, world.rank());
+  };
+  return options;
+}
+
 // Checkpoints during training: every rank writes its own pieces (replicas
 // take turns), into its own data file (sliced) or at their places in the
 // one file (merged); nothing is gathered. Rank 0 commits, then points
@@ -300,21 +330,7 @@ class Saver {
       : o_(o), world_(world), job_(job), talk_(talk), async_(Env::Default(), world) {}
 
   Status Prepare() {
-    options_.redundancy = o_.redundancy;
-    options_.merged = o_.save_mode == "merged";
-    if (!o_.hosts.empty()) {
-      if (static_cast<int>(o_.hosts.size()) != world_.size()) {
-        return InvalidArgumentError("--hosts names " + std::to_string(o_.hosts.size()) +
-                                    " hosts for " + std::to_string(world_.size()) + " ranks");
-      }
-      options_.hosts = o_.hosts;
-    }
-    // Committed checkpoints newer than the one resumed from belong to an
-    // abandoned run: this run's saves replace them.
-    options_.native.overwrite = job_.resumed;
-    options_.fault_hook = [this](std::string_view point, int64_t step) {
-      o_.fault.At(point, step, world_.rank());
-    };
+    ASSIGN_OR_RETURN(options_, SaveOptions(o_, world_, job_.resumed));
     if (o_.async_save && !o_.save.empty() && o_.steps > job_.trainer->step()) {
       // The snapshot arena now, so that no save's stall pays for fresh memory.
       ASSIGN_OR_RETURN(Strategy strategy, job_.trainer->strategy());
@@ -625,15 +641,12 @@ Status TrainOn(const Options& o, Communicator& world, Communicator* servers = nu
 // A parameter server's run: its pieces initialised as every worker's
 // model is (or from the checkpoint --resume finds), then what the workers
 // ask, step by step: a step, a save (the world writes it), or the end.
-Status Serve(const Options& o, Communicator& world) {
-  const int S = o.parallel.ps_servers;
+Status Serve(const Options& o, Communicator& world, PsPlacement placement) {
   Env* env = Env::Default();
   ASSIGN_OR_RETURN(std::vector<ParamInfo> params, Gpt::Params(o.config));
-  ASSIGN_OR_RETURN(PsPlacement placement, PsPlacement::Create(params, S, o.parallel.ps_params));
   ASSIGN_OR_RETURN(const Strategy strategy, PsStrategy(params, placement, world.size()));
   ASSIGN_OR_RETURN(std::unique_ptr<PsServer> server,
                    PsServer::Create(o.config, std::move(placement), world));
-  RETURN_IF_ERROR(server->Init(o.seed));
   const std::string config_text = ConfigString(o.config, o.batch, o.seq, o.seed);
   bool resumed = false;
   if (o.resume) {
@@ -644,14 +657,8 @@ Status Serve(const Options& o, Communicator& world) {
       resumed = true;
     }
   }
-  SlicedWriteOptions options;
-  options.redundancy = o.redundancy;
-  options.merged = o.save_mode == "merged";
-  options.hosts = o.hosts;
-  options.native.overwrite = resumed;
-  options.fault_hook = [&](std::string_view point, int64_t step) {
-    o.fault.At(point, step, world.rank());
-  };
+  if (!resumed) RETURN_IF_ERROR(server->Init(o.seed));
+  ASSIGN_OR_RETURN(const SlicedWriteOptions options, SaveOptions(o, world, resumed));
   Heartbeat heartbeat = Heartbeat::FromEnv();
   while (true) {
     o.fault.At("step", server->step() + 1, world.rank());
@@ -721,13 +728,14 @@ Status TrainWithServers(const Options& o, Communicator& world) {
   // What a worker would refuse, every rank refuses (no server waits for a
   // worker that never comes).
   RETURN_IF_ERROR(CheckSequenceCut(par.cp_algo, o.seq, par.cp, "h.*.attn.attention"));
+  RETURN_IF_ERROR(par.ValidateLayers(o.config));
   RETURN_IF_ERROR(CheckRankMemory(o, par));
   ASSIGN_OR_RETURN(std::vector<ParamInfo> params, Gpt::Params(o.config));
-  ASSIGN_OR_RETURN(const PsPlacement placement, PsPlacement::Create(params, S, par.ps_params));
+  ASSIGN_OR_RETURN(PsPlacement placement, PsPlacement::Create(params, S, par.ps_params));
   const bool server = world.rank() < S;
   ASSIGN_OR_RETURN(std::unique_ptr<Communicator> group, world.Split(server ? 0 : 1, world.rank()));
   group->set_name(server ? "servers" : "workers");
-  if (server) return Serve(o, world);
+  if (server) return Serve(o, world, std::move(placement));
   if (group->rank() == 0 && !o.quiet) {
     std::printf("parameter servers: %d of %d ranks (%d workers)\n%s", S, N, N - S,
                 placement.Describe().c_str());
@@ -781,13 +789,15 @@ int main(int argc, char** argv) {
       if (!o.quiet) std::printf("MS_SCHED: every process has its rank (%s)\n", table->c_str());
       return 0;
     }
-    Result<int> rank = JoinMsRoles(*ms, o.launch.comm.timeout);
-    if (!rank.ok()) return Fail(rank.status());
     if (o.parallel.ps_servers != 0 && o.parallel.ps_servers != ms->servers) {
       return Fail(InvalidArgumentError("--ps-servers " + std::to_string(o.parallel.ps_servers) +
                                        " but MS_SERVER_NUM=" + std::to_string(ms->servers)));
     }
     o.parallel.ps_servers = ms->servers;
+    // (Refused before joining: the other roles are not kept waiting.)
+    if (Status s = RefuseWithServers(o); !s.ok()) return Fail(s);
+    Result<int> rank = JoinMsRoles(*ms, o.launch.comm.timeout);
+    if (!rank.ok()) return Fail(rank.status());
     if (o.compute_threads == 0) o.compute_threads = 1;  // one rank of several per process
   } else if (ms.status().code() != StatusCode::kNotFound) {
     return Fail(ms.status());

@@ -346,28 +346,11 @@ Status CheckServers(const CLI::App& app, Options* o) {
   ParallelConfig& par = o->parallel;
   if (app.count("--ps-servers") == 0 &&
       (par.op_strategy == nullptr || !par.op_strategy->ps_servers.has_value())) {
-    if (const char* env = std::getenv(kEnvPsServers); env != nullptr && *env != '\0') {
-      char* end = nullptr;
-      const long n = std::strtol(env, &end, 10);
-      if (*end != '\0' || n < 0 || n > (1 << 20)) {
-        return InvalidArgumentError(std::string(kEnvPsServers) + "='" + env +
-                                    "': expected a number of servers");
-      }
-      par.ps_servers = static_cast<int>(n);
-    }
+    ASSIGN_OR_RETURN(int64_t n, EnvInt(kEnvPsServers));
+    if (n > (1 << 20)) return InvalidArgumentError(std::string(kEnvPsServers) + " is too large");
+    if (n >= 0) par.ps_servers = static_cast<int>(n);
   }
-  if (par.ps_servers == 0) return Status::Ok();
-  if (!o->auto_parallel.empty()) {
-    return InvalidArgumentError(
-        "--ps-servers with --auto-parallel: the search does not place "
-        "parameter servers; choose one or the other");
-  }
-  if (o->async_save) {
-    return InvalidArgumentError(
-        "--ps-servers with --async-save: the servers save with the "
-        "workers, synchronously (drop --async-save)");
-  }
-  return Status::Ok();
+  return RefuseWithServers(*o);
 }
 
 // How the ranks start: the rank table from flags, as the environment would
@@ -410,6 +393,21 @@ Status Resolve(const CLI::App& app, const Flags& f, Options* o) {
 }
 
 }  // namespace
+
+Status RefuseWithServers(const Options& o) {
+  if (o.parallel.ps_servers == 0) return Status::Ok();
+  if (!o.auto_parallel.empty()) {
+    return InvalidArgumentError(
+        "--ps-servers with --auto-parallel: the search does not place "
+        "parameter servers; choose one or the other");
+  }
+  if (o.async_save) {
+    return InvalidArgumentError(
+        "--ps-servers with --async-save: the servers save with the "
+        "workers, synchronously (drop --async-save)");
+  }
+  return Status::Ok();
+}
 
 int ParseOptions(int argc, char** argv, Options* o) {
   CLI::App app{"Train a GPT-2 style model on a text or token file, on one or more ranks"};

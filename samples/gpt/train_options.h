@@ -96,6 +96,9 @@ struct Options {
 // Parses the command line into `o`. Returns -1 to go on, else the exit
 // code (0 after --help; 1 after a bad flag, said on stderr).
 int ParseOptions(int argc, char** argv, Options* o);
+// What parameter servers do not combine with (ParseOptions checks it; a
+// server count set later, by MS_SERVER_NUM, is checked again).
+Status RefuseWithServers(const Options& o);
 
 }  // namespace tessera
 

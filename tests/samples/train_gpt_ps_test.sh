@@ -233,6 +233,14 @@ ms_role MS_SCHED "$WORK/mss.log" --comm-timeout 3
 wait
 check "a role that never comes is named by the scheduler" \
   grep -q "0 of 1 MS_PSERVER and 1 of 2 MS_WORKER processes came within 3 s" "$WORK/mss.log"
+ms_refused() { # ms_refused PATTERN FLAGS...: an MS_WORKER exits 1 at once saying PATTERN
+  local pattern=$1 rc=0
+  shift
+  ms_role MS_WORKER "$WORK/msa.log" --comm-timeout 30 "$@" || rc=$?
+  [ "$rc" -eq 1 ] && grep -q -- "$pattern" "$WORK/msa.log"
+}
+check "MS_ROLE with --async-save: refused before joining, as --ps-servers is" \
+  ms_refused "--ps-servers with --async-save" --async-save --save "$WORK/msa"
 
 refused() { # refused PATTERN FLAGS...: train_gpt exits 1 before step 1 saying PATTERN
   local pattern=$1

@@ -11,6 +11,7 @@
 #include <mutex>
 #include <random>
 
+#include "runtime/comm/inprocess.h"
 #include "runtime/comm/launch.h"
 #include "runtime/model/parallel_gpt.h"
 
@@ -263,6 +264,23 @@ TEST_CASE("the embedding served by rows (untied head): data parallelism's number
     CHECK(memory.communication > 0);
     CHECK(memory.communication <= 2 * kB * kT * kConfig.embed * 4);
   }
+}
+
+TEST_CASE("a worker's model with ps_servers refuses to run before ConnectServers") {
+  ParallelConfig par;
+  par.dp = 1;
+  par.ps_servers = 1;
+  auto world = CreateInProcessWorld(1);
+  REQUIRE(world.ok());
+  Result<std::unique_ptr<ParallelGpt>> p = ParallelGpt::Create(kConfig, par, *(*world)[0]);
+  REQUIRE(p.ok());
+  const Status init = (*p)->Init(42);
+  CHECK(init.code() == StatusCode::kFailedPrecondition);
+  CHECK_THAT(init.message(), Catch::Contains("ConnectServers"));
+  const auto tokens = Batch(0, 0), targets = Batch(0, 1);
+  const Result<float> step =
+      (*p)->Step(tokens.data(), targets.data(), kB, kT, kAdam, kMaxNorm, nullptr);
+  CHECK(step.status().code() == StatusCode::kFailedPrecondition);
 }
 
 }  // namespace
