@@ -35,9 +35,19 @@ Status ParallelConfig::ValidateServers() const {
                                   ": parameter servers serve data-parallel workers (tp, pp, cp 1, "
                                   "zero 0, no offload)");
     }
+    if (ps_staleness >= 0 && ps_params != "all") {
+      return InvalidArgumentError("--ps-staleness " + std::to_string(ps_staleness) +
+                                  " with --ps-params '" + ps_params +
+                                  "': asynchronous workers keep no parameter of their own (they "
+                                  "would drift apart); use --ps-params all");
+    }
   } else if (!ps_params.empty() && ps_params != "all") {
     return InvalidArgumentError("--ps-params '" + ps_params +
                                 "' without parameter servers: give --ps-servers S (or "
+                                "TESSERA_PS_SERVERS)");
+  } else if (ps_staleness >= 0) {
+    return InvalidArgumentError("--ps-staleness " + std::to_string(ps_staleness) +
+                                " without parameter servers: give --ps-servers S (or "
                                 "TESSERA_PS_SERVERS)");
   }
   return Status::Ok();
@@ -145,6 +155,11 @@ Status ParallelConfig::Validate(int world_size) const {
 }
 
 Status ParallelConfig::ValidateLayers(const GptConfig& config) const {
+  if (config.untied && ps_servers > 0 && ps_staleness >= 0) {
+    return InvalidArgumentError(
+        "--ps-staleness with --untied-head: the embedding served by rows "
+        "is synchronous only (drop one)");
+  }
   if (config.untied && !ParallelGpt::RunsWhole(*this)) {
     return InvalidArgumentError(
         "an untied output projection (lm_head.weight) runs whole stages: no tp, operator "

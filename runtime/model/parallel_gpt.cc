@@ -111,6 +111,7 @@ MemoryUse ParallelGpt::Memory() const {
   for (const std::vector<float>& v : send_dx_) m.communication += bytes(v);
   if (ps_ != nullptr) {
     m.optimizer += ps_->moment_bytes();
+    m.communication += ps_->async_bytes();  // pushes in flight and their replies
     // The served table is not held: the rows of a step (in the table and
     // the transfer buffers) at their most.
     m.parameters -= ps_->served_bytes();
@@ -382,6 +383,8 @@ Status ParallelGpt::MaterializeOptimizerState() {
   // A served embedding's whole table, for an export (the next step gives
   // its pages back).
   if (ps_ != nullptr && ps_->protocol().served() >= 0) return ps_->PullAll(model_);
+  // Asynchronous: the newest weights the servers sent.
+  if (ps_ != nullptr && ps_->asynchronous()) return ps_->Drain(model_);
   if (offload_weights_ != nullptr) RETURN_IF_ERROR(offload_weights_->NeedAll());
   if (offload_ == nullptr || materialized_) return Status::Ok();
   auto [m, v] = Moments();
@@ -413,12 +416,21 @@ Status ParallelGpt::ConnectServers(Communicator& world) {
     const ParamInfo& p = model_.params()[ps_->protocol().served()];
     model_.SkipZeroing(p.offset, p.offset + p.numel);
   }
+  if (parallel_.ps_staleness >= 0)
+    RETURN_IF_ERROR(ps_->SetAsynchronous(parallel_.ps_staleness, model_));
   return Status::Ok();
 }
 
 Status ParallelGpt::StopServers(bool failed) {
   if (ps_ == nullptr) return Status::Ok();
+  if (!failed && ps_->asynchronous()) RETURN_IF_ERROR(ps_->Drain(model_));
   return ps_->Stop(failed);
+}
+
+Status ParallelGpt::RequestServerSave(const std::map<std::string, std::string>& metadata) {
+  if (ps_ == nullptr) return Status::Ok();
+  if (ps_->asynchronous()) RETURN_IF_ERROR(ps_->Drain(model_));
+  return ps_->RequestSave(model_.step(), metadata);
 }
 
 Status ParallelGpt::ReduceGradients() {
@@ -704,7 +716,12 @@ Result<float> ParallelGpt::StepLocal(const int32_t* tokens, const int32_t* targe
   model_.ZeroGrad();
   // With parameter servers: the step begins there (the served embedding's
   // rows of these tokens fetched).
-  if (ps_ != nullptr) RETURN_IF_ERROR(ps_->Begin(model_, tokens, static_cast<int64_t>(local) * T));
+  const bool async = ps_ != nullptr && ps_->asynchronous();
+  if (async) {
+    RETURN_IF_ERROR(ps_->AwaitStale(model_));  // the weights K pushes old
+  } else if (ps_ != nullptr) {
+    RETURN_IF_ERROR(ps_->Begin(model_, tokens, static_cast<int64_t>(local) * T));
+  }
   // The first step records the order the weights' units are needed in;
   // later steps read each one ahead in that order.
   const bool record = offload_weights_ != nullptr && !order_learned_;
@@ -715,6 +732,12 @@ Result<float> ParallelGpt::StepLocal(const int32_t* tokens, const int32_t* targe
   for (const auto& r : runners_) RETURN_IF_ERROR(r->ReduceParamGradients());
   RETURN_IF_ERROR(ReduceTiedEmbedding());
   RETURN_IF_ERROR(ReduceGradients());
+  if (async) {
+    // Its own loss and gradient: no collective among the workers.
+    AddElapsed timed(&comm_seconds_);
+    RETURN_IF_ERROR(ps_->PushAsync(model_, max_norm, norm));
+    return static_cast<float>(loss);
+  }
   if (ps_ != nullptr) {
     // The servers' parameters: pushed, clipped by the norm over everything,
     // updated there and pulled back; the rest updated here.

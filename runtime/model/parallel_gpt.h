@@ -134,6 +134,14 @@ struct ParallelConfig {
   // pp, cp 1, zero 0, no offload.
   int ps_servers = 0;
   std::string ps_params = "all";
+  // Asynchronous parameter servers with bounded staleness K (>= 0; -1:
+  // synchronous). Each worker's push is its own AdamW update, clipped by
+  // its own norm and applied in a fixed round of the workers; a worker
+  // computes step s on the weights after every worker's push s - 1 - K,
+  // so it runs at most K steps ahead of the slowest (K = 0: a step waits
+  // for the previous one's round). Every parameter on the servers, no
+  // served rows; deterministic (the round fixes the order).
+  int ps_staleness = -1;
   // The mesh "pp=P,dp=D,tp=T", with cp: "pp=P,dp=D,cp=C,tp=T" (ranks
   // row-major: tp fastest, as Megatron's tp-cp-dp-pp).
   Result<Mesh> MakeMesh() const;
@@ -222,9 +230,8 @@ class ParallelGpt {
   // Asks the servers to join a save of this step (PsClient::RequestSave);
   // then every rank of the world writes its pieces (WriteSliced) to the
   // world's SlicedCheckpointWriter of strategy().
-  Status RequestServerSave(const std::map<std::string, std::string>& metadata) {
-    return ps_ == nullptr ? Status::Ok() : ps_->RequestSave(model_.step(), metadata);
-  }
+  // Asynchronous: every push in flight answered first.
+  Status RequestServerSave(const std::map<std::string, std::string>& metadata);
   // This rank's replica (its dp coordinate): which rows of a batch it reads.
   int dp_rank() const { return dp_rank_; }
   // Its cp coordinate: which positions of each sequence it holds

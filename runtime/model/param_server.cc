@@ -126,12 +126,44 @@ Status PsServer::Init(uint64_t seed) {
 }
 
 Result<PsServer::Asked> PsServer::Next() {
+  const int W = protocol_.workers();
+  std::vector<int64_t> headers(static_cast<size_t>(W) * PsProtocol::kHeaderWords);
+  if (!async_) return Collect(headers, 0);
+  // Asynchronous: this turn's worker alone; a step is its own.
+  const int w = turn_;
+  const int S = protocol_.servers();
+  int64_t* h = &headers[static_cast<size_t>(w) * PsProtocol::kHeaderWords];
+  Status got = world_.Recv(h, PsProtocol::kHeaderWords, DType::kI64, S + w, PsProtocol::kTagHeader);
+  if (!got.ok()) {
+    return Status(got.code(), "parameter server " + std::to_string(server_) + ": waiting for " +
+                                  WorkerName(w, S) + ": " + got.message());
+  }
+  const std::string where =
+      "parameter server " + std::to_string(server_) + " at step " + std::to_string(step_) + ": ";
+  if (h[0] == PsProtocol::kAbort) {
+    return AbortedError(where + WorkerName(w, S) + " stopped on an error");
+  }
+  if (h[0] == PsProtocol::kStep) {
+    if (h[1] != step_ + 1) {
+      return InvalidArgumentError(where + WorkerName(w, S) + " pushes step " +
+                                  std::to_string(h[1]) + ", expected " + std::to_string(step_ + 1));
+    }
+    turn_ = (turn_ + 1) % W;
+    return Asked{PsProtocol::kStep, h[1], {}, w};
+  }
+  if (w != 0) {
+    return AbortedError(where + WorkerName(w, S) + " asks for command " + std::to_string(h[0]) +
+                        " while worker 0 stepped (a worker stopped while others go on?)");
+  }
+  return Collect(headers, 1);  // a save, export or stop: every worker's
+}
+
+Result<PsServer::Asked> PsServer::Collect(std::vector<int64_t>& headers, int from) {
   const int S = protocol_.servers(), W = protocol_.workers();
   constexpr int kWords = PsProtocol::kHeaderWords;
   // Every worker's header: all the same command for step n + 1 (a save:
   // for step n), or all stop.
-  std::vector<int64_t> headers(static_cast<size_t>(W) * kWords);
-  for (int w = 0; w < W; ++w) {
+  for (int w = from; w < W; ++w) {
     Status s =
         world_.Recv(&headers[kWords * w], kWords, DType::kI64, S + w, PsProtocol::kTagHeader);
     if (!s.ok()) {
@@ -246,6 +278,44 @@ Status PsServer::Step(const AdamWConfig& adam, float max_norm) {
     }
   }
   return WaitAll(sends);
+}
+
+Status PsServer::StepAsync(int worker, const AdamWConfig& adam) {
+  const int S = protocol_.servers(), W = protocol_.workers();
+  const auto& messages = protocol_.messages();
+  std::vector<Request> requests;
+  for (size_t k = 0; k < messages_.size(); ++k) {
+    ASSIGN_OR_RETURN(Request r,
+                     world_.IRecv(grads_.data() + local_[k], messages[messages_[k]].count,
+                                  DType::kF32, S + worker, protocol_.PushTag(messages_[k])));
+    requests.push_back(std::move(r));
+  }
+  RETURN_IF_ERROR(WaitAll(requests));
+  requests.clear();
+  // Update step_ * W + worker + 1: every push one AdamW step.
+  const int64_t update = step_ * W + worker + 1;
+  {
+    TraceSpan span("ps", "AdamW on the served pieces (one worker's push)");
+    for (size_t k = 0; k < messages_.size(); ++k) {
+      const PsProtocol::Message& msg = messages[messages_[k]];
+      const int64_t at = local_[k];
+      AdamWUpdate(weights_.data() + at, grads_.data() + at, m_.data() + at, v_.data() + at,
+                  msg.count, update, adam, protocol_.placement().pieces()[msg.piece].decay);
+    }
+  }
+  if (worker < W - 1) return Status::Ok();
+  // A round done: its weights (every worker's push of step n in) are every
+  // worker's reply to its push n.
+  ++step_;
+  for (size_t k = 0; k < messages_.size(); ++k) {
+    for (int w = 0; w < W; ++w) {
+      ASSIGN_OR_RETURN(Request r,
+                       world_.ISend(weights_.data() + local_[k], messages[messages_[k]].count,
+                                    DType::kF32, S + w, protocol_.PullTag(messages_[k])));
+      requests.push_back(std::move(r));
+    }
+  }
+  return WaitAll(requests);
 }
 
 std::span<float> PsServer::PieceData(size_t piece, int which) {
@@ -691,6 +761,104 @@ Status PsServer::Load(const CheckpointReader& reader) {
   }
   step_ = moments ? reader.meta().step : 0;
   return Status::Ok();
+}
+
+Status PsClient::SetAsynchronous(int staleness, const Gpt& model) {
+  if (!protocol_.placement().local().empty()) {
+    return InvalidArgumentError(
+        "--ps-staleness: asynchronous workers keep no parameter of their own; '" +
+        model.params()[protocol_.placement().local()[0]].name +
+        "' is not on the servers (use --ps-params all)");
+  }
+  if (protocol_.served() >= 0) {
+    return InvalidArgumentError(
+        "--ps-staleness: the embedding served by rows (--untied-head) is synchronous only");
+  }
+  staleness_ = staleness;
+  slots_.resize(static_cast<size_t>(staleness) + 1);
+  const size_t n = model.weights().size();
+  for (Slot& slot : slots_) {
+    slot.grads.assign(n, 0.0f);
+    slot.weights.assign(n, 0.0f);
+  }
+  return Status::Ok();
+}
+
+int64_t PsClient::async_bytes() const {
+  int64_t floats = 0;
+  for (const Slot& slot : slots_) floats += slot.grads.size() + slot.weights.size();
+  return floats * static_cast<int64_t>(sizeof(float));
+}
+
+Status PsClient::Await(Gpt& model, int64_t upto) {
+  const auto& messages = protocol_.messages();
+  bool got = false;
+  const size_t n = slots_.size();
+  while (oldest_ <= newest_ && oldest_ <= upto) {
+    Slot& slot = slots_[static_cast<size_t>(oldest_) % n];
+    RETURN_IF_ERROR(WaitSentAndReceived(slot.sends, slot.recvs, "pull weights"));
+    slot.sends.clear();
+    slot.recvs.clear();
+    got = oldest_ == upto || oldest_ == newest_;  // the newest of those awaited
+    if (got) {
+      for (const PsProtocol::Message& msg : messages) {
+        std::copy_n(slot.weights.data() + msg.offset, msg.count,
+                    model.weights().data() + msg.offset);
+      }
+    }
+    ++oldest_;
+  }
+  return Status::Ok();
+}
+
+Status PsClient::AwaitStale(Gpt& model) {
+  const int64_t step = model.step() + 1;
+  return Await(model, step - 1 - staleness_);
+}
+
+Status PsClient::Drain(Gpt& model) { return Await(model, newest_); }
+
+Status PsClient::PushAsync(Gpt& model, float max_norm, float* norm) {
+  const int64_t step = model.step() + 1;
+  Slot& slot = slots_[static_cast<size_t>(step) % slots_.size()];
+  if (!slot.sends.empty() || !slot.recvs.empty()) {
+    return InternalError("asynchronous push " + std::to_string(step) + ": its slot is in flight");
+  }
+  // This worker's gradient is one update: clipped by its own norm.
+  const double total = std::sqrt(model.GradSquaredNorm());
+  if (norm != nullptr) *norm = static_cast<float>(total);
+  const float clip = max_norm > 0 ? ClipFactor(total, max_norm) : 1.0f;
+  const std::vector<float>& grads = model.grads();
+  if (clip == 1.0f) {
+    std::copy(grads.begin(), grads.end(), slot.grads.begin());
+  } else {
+    for (size_t i = 0; i < grads.size(); ++i) slot.grads[i] = grads[i] * clip;
+  }
+  slot.header = {PsProtocol::kStep, step, 0};
+  TraceSpan span("ps", "push gradients (asynchronous)");
+  const auto& messages = protocol_.messages();
+  Status posted;
+  for (int s = 0; s < protocol_.servers() && posted.ok(); ++s) {
+    Result<Request> h = world_.ISend(slot.header.data(), PsProtocol::kHeaderWords, DType::kI64, s,
+                                     PsProtocol::kTagHeader);
+    posted = h.status();
+    if (h.ok()) slot.sends.push_back(std::move(*h));
+  }
+  for (size_t i = 0; i < messages.size() && posted.ok(); ++i) {
+    const PsProtocol::Message& msg = messages[i];
+    Result<Request> r = world_.ISend(slot.grads.data() + msg.offset, msg.count, DType::kF32,
+                                     msg.server, protocol_.PushTag(i));
+    posted = r.status();
+    if (r.ok()) slot.sends.push_back(std::move(*r));
+    Result<Request> q = world_.IRecv(slot.weights.data() + msg.offset, msg.count, DType::kF32,
+                                     msg.server, protocol_.PullTag(i));
+    if (posted.ok()) posted = q.status();
+    if (q.ok()) slot.recvs.push_back(std::move(*q));
+  }
+  if (oldest_ > newest_) oldest_ = step;
+  newest_ = step;
+  model.set_step(step);
+  return posted;
 }
 
 PsClient::~PsClient() { (void)Stop(/*failed=*/true); }

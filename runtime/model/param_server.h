@@ -21,6 +21,7 @@
 #ifndef TESSERA_RUNTIME_MODEL_PARAM_SERVER_H_
 #define TESSERA_RUNTIME_MODEL_PARAM_SERVER_H_
 
+#include <array>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -114,8 +115,20 @@ class PsServer {
     PsProtocol::Command command;
     int64_t step = 0;
     std::map<std::string, std::string> metadata;  // a save's
+    int worker = -1;                              // an asynchronous step's
   };
   Result<Asked> Next();
+  // Asynchronous mode (ParallelConfig::ps_staleness): Next then takes the
+  // workers' headers one at a time in a fixed round (worker 0, 1, ...); a
+  // step is one worker's (Asked::worker) and StepAsync applies it alone. A
+  // save, export or stop is asked by every worker at the start of a round.
+  void SetAsynchronous() { async_ = true; }
+  // After Next said kStep in asynchronous mode: that worker's (already
+  // clipped) gradient received and AdamW applied to every piece (update
+  // number step * W + worker + 1 of the run). After the round's last
+  // worker, the weights go to every worker: each one's reply to its push
+  // of that step, holding every worker's push up to it.
+  Status StepAsync(int worker, const AdamWConfig& adam);
   // After Next said kStep: the step's fold, norm, update and replies.
   Status Step(const AdamWConfig& adam, float max_norm);
   // After Next said kPullAll: every piece's weights to every worker (what
@@ -156,6 +169,11 @@ class PsServer {
   // The embedding served by rows: this server's piece of it (-1: none),
   // each worker's ids this step, and the rows sent back.
   int64_t row_piece_ = -1;
+  bool async_ = false;
+  int turn_ = 0;  // asynchronous: the worker whose header comes next
+  // The headers of workers [from, W) received into `headers` (worker w's
+  // at w * kHeaderWords) and checked: one command, the expected step.
+  Result<Asked> Collect(std::vector<int64_t>& headers, int from);
   std::vector<int64_t> row_counts_;
   std::vector<std::vector<int64_t>> row_ids_;
   std::vector<std::vector<float>> row_out_;
@@ -225,6 +243,29 @@ class PsClient {
   // The moments of the worker-held parameters from a checkpoint of any
   // layout (the weights are LoadGpt's); zero for an export.
   Status LoadMoments(const CheckpointReader& reader, const Gpt& model);
+
+  // Asynchronous mode with staleness K (ParallelConfig::ps_staleness):
+  // every parameter on the servers, no rows served. Keeps K + 1 pushes in
+  // flight, each with its gradient and its reply's buffer (2 (K + 1) P
+  // floats). InvalidArgument when the placement leaves this worker
+  // parameters of its own or serves rows.
+  Status SetAsynchronous(int staleness, const Gpt& model);
+  bool asynchronous() const { return staleness_ >= 0; }
+  // Before step s's forward: the replies of this worker's pushes up to
+  // s - 1 - K waited for, the newest installed as the model's weights.
+  // A reply to push n comes when every worker's push n is applied, so
+  // step s sees every update of steps <= s - 1 - K (stale synchronous
+  // parallelism's bound) and a worker starts step s only when the slowest
+  // has finished step s - 1 - K: at most K steps apart.
+  Status AwaitStale(Gpt& model);
+  // After step s's backward: the gradient clipped by its own norm (`norm`
+  // gets it) and pushed with step s's header, the reply's receive posted;
+  // the model's step becomes s.
+  Status PushAsync(Gpt& model, float max_norm, float* norm);
+  // Every push in flight answered, the newest reply installed (before a
+  // save, an export or the stop).
+  Status Drain(Gpt& model);
+  int64_t async_bytes() const;
   ~PsClient();
 
  private:
@@ -247,6 +288,17 @@ class PsClient {
   int64_t served_offset_ = 0, served_numel_ = 0;
   int64_t rows_peak_ = 0;
   bool stopped_ = false;
+  // Asynchronous mode: push s in slot s % (K + 1); pushes oldest_ ..
+  // newest_ in flight.
+  struct Slot {
+    std::array<int64_t, PsProtocol::kHeaderWords> header{};
+    std::vector<float> grads, weights;
+    std::vector<Request> sends, recvs;  // (after the buffers: destroyed first)
+  };
+  int staleness_ = -1;
+  std::vector<Slot> slots_;
+  int64_t oldest_ = 1, newest_ = 0;
+  Status Await(Gpt& model, int64_t upto);
   Status SendHeaders(PsProtocol::Command command, int64_t step, int64_t payload);
 };
 

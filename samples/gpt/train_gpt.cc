@@ -658,6 +658,7 @@ Status Serve(const Options& o, Communicator& world, PsPlacement placement) {
     }
   }
   if (!resumed) RETURN_IF_ERROR(server->Init(o.seed));
+  if (o.parallel.ps_staleness >= 0) server->SetAsynchronous();
   ASSIGN_OR_RETURN(const SlicedWriteOptions options, SaveOptions(o, world, resumed));
   Heartbeat heartbeat = Heartbeat::FromEnv();
   while (true) {
@@ -666,7 +667,8 @@ Status Serve(const Options& o, Communicator& world, PsPlacement placement) {
     ASSIGN_OR_RETURN(const PsServer::Asked asked, server->Next());
     if (asked.command == PsProtocol::kStop) break;
     if (asked.command == PsProtocol::kStep) {
-      RETURN_IF_ERROR(server->Step(o.adam, o.max_norm));
+      RETURN_IF_ERROR(asked.worker >= 0 ? server->StepAsync(asked.worker, o.adam)
+                                        : server->Step(o.adam, o.max_norm));
       continue;
     }
     if (asked.command == PsProtocol::kPullAll) {  // an export
@@ -743,6 +745,12 @@ Status TrainWithServers(const Options& o, Communicator& world) {
                                     [](const PsPiece& p) { return p.name == "wte"; });
     if (served && o.config.untied) {
       std::printf("wte served by rows (an untied head): a worker fetches its batch's rows\n");
+    }
+    if (par.ps_staleness >= 0) {
+      std::printf(
+          "asynchronous: each worker's push is its own update, a worker up to %d steps "
+          "ahead of the slowest (the losses below are worker 0's rows)\n",
+          par.ps_staleness);
     }
   }
   return TrainOn(o, *group, &world);

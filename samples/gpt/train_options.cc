@@ -120,6 +120,10 @@ void AddParallelFlags(CLI::App* app, Options* o, Flags* f) {
   app->add_option("--ps-params", o->parallel.ps_params,
                   "with --ps-servers: all (default) or parameter names and patterns, "
                   "comma-separated ('*' one dot-free part: 'wte,h.*.mlp.c_fc.*')");
+  app->add_option("--ps-staleness", o->parallel.ps_staleness,
+                  "with --ps-servers: asynchronous, a worker up to K steps ahead of the slowest "
+                  "(each push its own update; default: synchronous)")
+      ->check(CLI::NonNegativeNumber);
   app->add_option("--zero", o->parallel.zero, "1: shard the optimizer states over dp (ZeRO-1)")
       ->check(CLI::Range(0, 1));
   app->add_option("--bucket-mib", f->bucket_mib, "gradient bucket size for the dp reduction")
@@ -200,6 +204,10 @@ void AddLaunchFlags(CLI::App* app, Options* o, Flags* f) {
   app->add_option("--fault-hang", f->fault_hang,
                   "testing: POINT:STEP:RANK stops that rank for ever at POINT of step STEP (a hung "
                   "rank: its heartbeat stops, its peers wait)");
+  app->add_option("--fault-stall", o->fault.stall,
+                  "testing: with --fault-hang, that rank stops SECONDS and then goes on (a "
+                  "stalled worker)")
+      ->check(CLI::PositiveNumber);
   app->add_option("--trace", o->trace,
                   "write each rank's timeline to PREFIX.rank<R>.json (Chrome trace events: "
                   "compute per operator, collectives, pipeline sends and waits, optimizer, "
@@ -326,8 +334,11 @@ Status CheckSaves(const Flags& f, Options* o) {
   if (!f.fault_kill.empty() && !f.fault_hang.empty()) {
     return InvalidArgumentError("give --fault-kill or --fault-hang, not both");
   }
+  const double stall = o->fault.stall;
   ASSIGN_OR_RETURN(o->fault, FaultKill::Parse(f.fault_kill.empty() ? f.fault_hang : f.fault_kill));
   o->fault.hang = !f.fault_hang.empty();
+  o->fault.stall = stall;
+  if (stall > 0 && !o->fault.hang) return InvalidArgumentError("--fault-stall needs --fault-hang");
   if (o->async_save && (o->parallel.offload_optimizer || o->parallel.offload_params)) {
     return InvalidArgumentError(
         "--async-save with --offload " +

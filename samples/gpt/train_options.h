@@ -7,9 +7,11 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "runtime/comm/launch.h"
@@ -31,6 +33,7 @@ struct FaultKill {
   int64_t step = -1;
   int rank = -1;
   bool hang = false;  // --fault-hang: stop there for ever (a hung rank) instead
+  double stall = 0;   // --fault-stall: with --fault-hang, stop that long and go on
   static Result<FaultKill> Parse(const std::string& text) {
     FaultKill f;
     if (text.empty()) return f;
@@ -62,6 +65,12 @@ struct FaultKill {
                    hang ? "hang" : "kill", rank, hang ? "hangs" : "kills itself",
                    std::string(point).c_str(), static_cast<long long>(step));
       std::fflush(stderr);
+      if (hang && stall > 0) {
+        std::this_thread::sleep_for(std::chrono::duration<double>(stall));
+        std::fprintf(stderr, "train_gpt: --fault-stall: rank %d goes on after %g s\n", rank, stall);
+        std::fflush(stderr);
+        return;
+      }
       if (hang) {
         while (true) pause();
       }

@@ -262,6 +262,58 @@ check "refused: servers with ZeRO" refused "--ps-servers 1 with zero 1" \
   --ranks 3 --ps-servers 1 --zero 1
 check "refused: servers with --async-save" refused "--ps-servers with --async-save" \
   --ranks 3 --ps-servers 1 --save "$WORK/async" --async-save
+check "refused: --ps-staleness without servers" refused \
+  "--ps-staleness 1 without parameter servers" --ranks 2 --ps-staleness 1
+check "refused: --ps-staleness with worker-held parameters" refused \
+  "asynchronous workers keep no parameter of their own" --ranks 3 --ps-servers 1 \
+  --ps-params wte --ps-staleness 1
+check "refused: --ps-staleness with the embedding served by rows" refused \
+  "--ps-staleness with --untied-head" --ranks 3 --ps-servers 1 --untied-head --ps-staleness 1
+
+# Asynchronous mode (--ps-staleness K): each worker's push its own AdamW
+# update in a fixed round of the workers, so a run is deterministic and
+# compares bit for bit.
+drop() { # drop LOG: the first step's loss minus the mean of the last five
+  grep ^step "$1" | awk '{l[NR] = $4} END {m = 0; for (i = NR - 4; i <= NR; ++i) m += l[i];
+    print l[1] - m / 5}'
+}
+trains_as_sync() { # trains_as_sync LOG: its loss falls at least half as far as dp's
+  awk -v a="$(drop "$1")" -v s="$(drop "$WORK/dp.log")" 'BEGIN {exit !(a > 0.5 * s)}'
+}
+train "$WORK/a0.log" --ranks 3 --ps-servers 1 --ps-staleness 0
+train "$WORK/a2.log" --ranks 3 --ps-servers 1 --ps-staleness 2
+check "async K=0 trains (the loss falls at least half as far as synchronous)" \
+  trains_as_sync "$WORK/a0.log"
+check "async K=2 trains" trains_as_sync "$WORK/a2.log"
+check "... and says what it runs" grep -q "asynchronous: each worker's push is its own update" \
+  "$WORK/a2.log"
+train "$WORK/astall.log" --ranks 3 --ps-servers 1 --ps-staleness 2 --fault-hang step:3:2 \
+  --fault-stall 3
+check "async K=2, worker 1 stalled 3 s at step 3: the same losses, no hang" \
+  same_losses "$WORK/astall.log" "$WORK/a2.log"
+ahead() { # worker 0 finished steps 3-5 while worker 1 stalled, and not step 6
+  local said
+  said=$(grep -n "goes on after" "$WORK/astall.log" | cut -d: -f1)
+  [ -n "$said" ] && [ "$(grep -n "^step  *5/" "$WORK/astall.log" | cut -d: -f1)" -lt "$said" ] &&
+    [ "$(grep -n "^step  *6/" "$WORK/astall.log" | cut -d: -f1)" -gt "$said" ]
+}
+check "... worker 0 ran K = 2 steps ahead of the stalled worker, and no further" ahead
+train "$WORK/a4.log" --ranks 4 --ps-servers 2 --ps-staleness 1
+"$RUN" --nproc-per-node 4 --ps-servers 2 -- "$BIN" "${SMALL[@]}" --ps-staleness 1 \
+  >"$WORK/agloo.out" 2>&1
+sed -n 's/^\[rank 2\] //p' "$WORK/agloo.out" >"$WORK/agloo.log"
+check "async K=1 over Gloo processes (tessera-run): the in-process losses bit for bit" \
+  same_losses "$WORK/agloo.log" "$WORK/a4.log"
+"${MPIRUN[@]}" -np 4 "$BIN" "${SMALL[@]}" --ps-servers 2 --ps-staleness 1 >"$WORK/ampi.log" 2>&1
+check "async K=1 under mpirun: the same" same_losses "$WORK/ampi.log" "$WORK/a4.log"
+train "$WORK/asave.log" --ranks 3 --ps-servers 1 --ps-staleness 1 --save "$WORK/ack" \
+  --save-every 10 --save-mode sliced
+rm -rf "$WORK/ack/step-20"
+echo step-10 >"$WORK/ack/latest"
+train "$WORK/ar.log" --ranks 3 --ps-servers 1 --ps-staleness 1 --save "$WORK/ack" --resume
+head -n 10 <(grep ^step "$WORK/asave.log") | cat - "$WORK/ar.log" >"$WORK/joined.log"
+check "async K=1 saved at step 10 and resumed: the uninterrupted losses bit for bit" \
+  same_losses "$WORK/joined.log" "$WORK/asave.log"
 
 echo "$passes passed, $fails failed"
 [ "$fails" -eq 0 ]
