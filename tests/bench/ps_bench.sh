@@ -25,7 +25,8 @@ netns_reexec "$here/ps_bench.sh" "$@" || true  # not root: one host only
 WORK=$(mktemp -d)
 trap 'netns_cleanup 2>/dev/null; rm -rf "$WORK"' EXIT
 MODEL=(--data "$CORPUS" --layers 4 --heads 4 --embed 256 --context 128 --seq 128 --batch 8
-  --vocab 4096 --steps 8 --quiet)
+  --vocab 4096 --quiet)
+STEPS=(--steps 8)  # the asynchronous section runs 12
 # P: the model's parameters in bytes (f32).
 P=$(awk 'BEGIN {C = 256; V = 4096; L = 4; T = 128;
   print 4 * (V * C + T * C + L * (12 * C * C + 13 * C) + 2 * C)}')
@@ -40,7 +41,7 @@ run_job() {
   while [ "$1" != -- ]; do flags+=("$1"); shift; done
   shift
   "$RUN" --nproc-per-node "$nproc" "${flags[@]}" -q --log-dir "$WORK/logs" -- "$TRAIN" \
-    "${MODEL[@]}" "$@" >/dev/null 2>&1
+    "${MODEL[@]}" "${STEPS[@]}" "$@" >/dev/null 2>&1
   cat "$WORK"/logs/rank-*.log >"$log"
   rm -rf "$WORK/logs"
 }
@@ -67,6 +68,36 @@ done
 echo "(each way: what the busiest rank sends a step, and receives as much; the"
 echo " servers share the two cores with the workers here)"
 
+# Asynchronous mode: W = 2 workers, S = 1, synchronous against --ps-staleness
+# K, plain and with a straggler (worker 1 stalls 1 s at step 4 of 12): the
+# whole job's wall time (start-up, every worker's last step and the stop
+# included: a worker ahead of the others does not count as done).
+printf "%-34s %11s %11s %8s\n" "asynchronous (W=2, S=1, 12 steps)" "sync s" "async s" \
+  "speed-up"
+timed() { # timed LOG FLAGS...: run_job's wall seconds
+  local t0
+  t0=$(date +%s.%N)
+  run_job "$@"
+  awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN {print b - a}'
+}
+STEPS=(--steps 12)
+for case in "K=0" "K=2" "K=4, a 1 s straggler" "K=8, a 1 s straggler"; do
+  K=${case#K=}
+  K=${K%%,*}
+  stall=()
+  [[ "$case" == *straggler* ]] && stall=(--fault-hang step:4:2 --fault-stall 1)
+  : >"$WORK/d"
+  : >"$WORK/p"
+  for _ in 1 2 3 4 5; do
+    timed "$WORK/sync.log" 3 --ps-servers 1 -- "${stall[@]}" >>"$WORK/d"
+    timed "$WORK/async.log" 3 --ps-servers 1 -- --ps-staleness "$K" "${stall[@]}" >>"$WORK/p"
+  done
+  d=$(median <"$WORK/d")
+  p=$(median <"$WORK/p")
+  printf "%-34s %11.2f %11.2f %7.2fx\n" "$case" "$d" "$p" "$(awk "BEGIN {print $d / $p}")"
+done
+STEPS=(--steps 8)
+
 if [ -n "${TESSERA_NETNS_INNER:-}" ]; then
   netns_hosts 2 "$WORK"
   port=29500
@@ -81,7 +112,7 @@ if [ -n "${TESSERA_NETNS_INNER:-}" ]; then
     for k in 1 0; do
       "$WORK/inhost" "host$((k + 1))" "$RUN" --nnodes 2 --node-rank "$k" --master "host1:$port" \
         --nproc-per-node "$nproc" "${flags[@]}" -q --log-dir "$WORK/logs$k" -- "$TRAIN" \
-        "${MODEL[@]}" "$@" >/dev/null 2>&1 &
+        "${MODEL[@]}" "${STEPS[@]}" "$@" >/dev/null 2>&1 &
     done
     wait
     cat "$WORK"/logs0/rank-*.log "$WORK"/logs1/rank-*.log >"$log"

@@ -280,6 +280,12 @@ drop() { # drop LOG: the first step's loss minus the mean of the last five
 trains_as_sync() { # trains_as_sync LOG: its loss falls at least half as far as dp's
   awk -v a="$(drop "$1")" -v s="$(drop "$WORK/dp.log")" 'BEGIN {exit !(a > 0.5 * s)}'
 }
+for setting in "--ranks 2 --ps-servers 1" "--ranks 3 --ps-servers 2"; do
+  # shellcheck disable=SC2086
+  train "$WORK/a1w.log" $setting --ps-staleness 0
+  check "async K=0 with one worker ($setting): single-process training bit for bit" \
+    same_losses "$WORK/a1w.log" "$WORK/one.log"
+done
 train "$WORK/a0.log" --ranks 3 --ps-servers 1 --ps-staleness 0
 train "$WORK/a2.log" --ranks 3 --ps-servers 1 --ps-staleness 2
 check "async K=0 trains (the loss falls at least half as far as synchronous)" \
