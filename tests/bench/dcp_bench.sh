@@ -59,4 +59,49 @@ printf "%-52s %9.3f  (memcpy %.1f GB/s + XXH3 %.1f GB/s per rank; ours at %.0f%%
   "$(awk "BEGIN {print 100 * $floor_s / $ours_load}")"
 printf "%-52s %9s  (XXH3 through libxxhash's plain, SSE2 entry point: %.1f GB/s per rank)\n" \
   "" "" "$xxh3_plain"
+
+# Cold storage (root only): the page cache dropped before each timed load
+# on both sides, beside the disk's own sequential read bandwidth (dd with
+# O_DIRECT, 16 MiB blocks, over our checkpoint's files, two at once as our
+# two ranks read: the best of 1 or 2 streams, 4 or 16 MiB on this VM);
+# medians of 5 interleaved runs.
+if [ "$(id -u)" -eq 0 ] && [ -w /proc/sys/vm/drop_caches ]; then
+  median() { sort -g | awk '{v[NR] = $1} END {print v[int((NR + 1) / 2)]}'; }
+  disk() { # seconds to read every file of the checkpoint with O_DIRECT
+    local t0
+    sync
+    echo 3 >/proc/sys/vm/drop_caches
+    t0=$(date +%s.%N)
+    find "$work/ours/ckpt" -type f -size +1M -print0 |
+      xargs -0 -P 2 -I{} dd if={} of=/dev/null bs=16M iflag=direct status=none
+    awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN {print b - a}'
+  }
+  bytes=$(find "$work/ours/ckpt" -type f -size +1M -printf "%s\n" | awk '{s += $1} END {print s}')
+  : >"$work/cd"
+  : >"$work/co"
+  : >"$work/cp"
+  : >"$work/cm"
+  : >"$work/cq"
+  for _ in 1 2 3 4 5; do
+    disk >>"$work/cd"
+    TESSERA_BENCH_COLD=1 "$BIN" load "$work/ours/ckpt" 2 "$n" "$s" | secs >>"$work/co"
+    TESSERA_BENCH_COLD=1 /usr/bin/python3 "$peer" load "$work/dcp/ckpt" 2 "$n" "$s" | secs \
+      >>"$work/cp"
+    TESSERA_BENCH_COLD=1 "$BIN" merge "$work/ours/ckpt" "$n" "$s" | secs >>"$work/cm"
+    TESSERA_BENCH_COLD=1 /usr/bin/python3 "$peer" merge "$work/dcp/ckpt" "$n" "$s" | secs \
+      >>"$work/cq"
+  done
+  d=$(median <"$work/cd")
+  echo "cold (page cache dropped before each load; disk: dd iflag=direct, $(awk \
+    "BEGIN {printf \"%.2f\", $bytes / $d / 1e9}") GB/s over our $((bytes >> 20)) MiB of files)"
+  cold() { # cold LABEL OURS DCP
+    printf "%-52s %9.3f %9.3f %7.1fx  (%.0f%% of the disk's bandwidth)\n" "$1" "$2" "$3" \
+      "$(awk "BEGIN {print $3 / $2}")" "$(awk "BEGIN {print 100 * $d / $2}")"
+  }
+  cold "reshard on load, cold: rows -> columns, 2 ranks" "$(median <"$work/co")" \
+    "$(median <"$work/cp")"
+  cold "merge-load, cold" "$(median <"$work/cm")" "$(median <"$work/cq")"
+else
+  echo "cold storage: not measured (dropping the page cache needs root)"
+fi
 rm -rf "$work"

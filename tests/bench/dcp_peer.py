@@ -34,6 +34,15 @@ from torch.distributed._shard import sharded_tensor  # noqa: E402
 from torch.distributed._shard.sharding_spec import ChunkShardingSpec  # noqa: E402
 
 ROUNDS = 3
+# TESSERA_BENCH_COLD=1 (dcp_bench.sh's cold runs, root only): the page cache
+# dropped before each timed load, as the Tessera side does.
+COLD = os.environ.get("TESSERA_BENCH_COLD") == "1"
+
+
+def drop_caches():
+    os.sync()
+    with open("/proc/sys/vm/drop_caches", "w") as f:
+        f.write("3\n")
 
 
 def expected(i, rows, cols):
@@ -88,6 +97,8 @@ def worker(rank, world, mode, path, n, s, init, results):
             times.append(time.perf_counter() - t0)
         else:  # load: saved by rows, read by columns
             state = sharded(world, 1, n, s, fill=False)
+            if rank == 0 and COLD:
+                drop_caches()
             dist.barrier()
             t0 = time.perf_counter()
             dcp.load_state_dict(state, dcp.FileSystemReader(path))
@@ -114,6 +125,8 @@ def merge(path, n, s):
     times = []
     for _ in range(ROUNDS):
         state = {"t%02d" % i: torch.full((s, s), -1.0) for i in range(n)}
+        if COLD:
+            drop_caches()
         t0 = time.perf_counter()
         dcp.load_state_dict(state, dcp.FileSystemReader(path), no_dist=True)
         times.append(time.perf_counter() - t0)
