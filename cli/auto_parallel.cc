@@ -123,11 +123,12 @@ CLI::App* AddAutoParallelVerb(CLI::App& app, std::function<int()>* run) {
       ->check(CLI::PositiveNumber);
   cmd->add_flag("--describe", a->describe,
                 "print every operator's placements and the redistributions between them");
-  cmd->add_option("--why", a->why,
-                  "compare with another configuration: pp=,dp=,cp=,tp=,zero=,micro_batches=,"
-                  "virtual_stages=,micro_batch_interleave=,recompute=,cp_algo=ring|ulysses,"
-                  "offload=none|optimizer|optimizer+params,ps_servers= (dp= the workers),"
-                  "strategy=megatron|megatron_sp|data_parallel|FILE");
+  cmd->add_option(
+      "--why", a->why,
+      "compare with another configuration: pp=,dp=,cp=,tp=,zero=,micro_batches=,"
+      "virtual_stages=,micro_batch_interleave=,recompute=,cp_algo=ring|ulysses,"
+      "offload=none|optimizer|optimizer+params,ps_servers= (dp= the workers),ps_staleness=,"
+      "strategy=megatron|megatron_sp|data_parallel|FILE");
   cmd->add_option("--write-op-strategy", a->write_ops,
                   "write the plan as an operator strategy file");
   cmd->add_option("--write-strategy", a->write_strategy,

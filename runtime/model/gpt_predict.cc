@@ -67,6 +67,30 @@ Result<Job> PrepareJob(int B, int T, const ParallelConfig& parallel,
 // With an untied head and wte on the servers, the table is served by rows:
 // a worker fetches at most its `tokens` distinct rows (or all V) a step
 // and holds no table, only those rows and their buffers.
+// Asynchronous servers (ps_staleness K >= 0; every parameter served): a
+// round is the busiest server's link (the same bytes as a synchronous
+// step) and W AdamW updates of its pieces, one per push; a worker clips
+// by its own norm and holds no moments, but K + 1 pushes in flight, each
+// a gradient and a reply buffer of the model. With K = 0 a step waits for
+// its round; with K >= 1 the round runs under the next step's compute,
+// so only what exceeds the compute shows.
+Status PriceAsync(const ParallelConfig& par, const MachineProfile& prof, const PsPlacement& pl,
+                  double busiest, int64_t most, StageCost* stage, MemoryUse* server) {
+  const int W = par.dp;
+  int64_t total = 0;
+  for (const PsPiece& p : pl.pieces()) total += p.count;
+  const double updates = W * prof.KernelSeconds(Kernel::kAdamW, static_cast<double>(most));
+  const double round = busiest + updates;
+  stage->dp_comm = busiest;
+  stage->optimizer = updates;
+  stage->after = prof.KernelSeconds(Kernel::kSquaredNorm, static_cast<double>(total)) +
+                 (par.ps_staleness == 0 ? round : std::max(0.0, round - stage->micro));
+  stage->memory.optimizer = 0;
+  stage->memory.communication += 8 * (static_cast<int64_t>(par.ps_staleness) + 1) * total;
+  server->communication = 0;  // a push lands in the server's gradient buffer
+  return Status::Ok();
+}
+
 Status PriceServers(const GptConfig& config, const ParallelConfig& par, int64_t tokens,
                     const MachineProfile& prof, StageCost* stage, MemoryUse* server) {
   ASSIGN_OR_RETURN(const std::vector<ParamInfo> params, Gpt::Params(config));
@@ -100,6 +124,11 @@ Status PriceServers(const GptConfig& config, const ParallelConfig& par, int64_t 
     most = std::max(most, pl.ServerFloats(s));
   }
   for (const PsPiece& p : pl.pieces()) largest_piece = std::max(largest_piece, p.count);
+  server->parameters = server->gradients = 4 * most;
+  server->optimizer = 8 * most;
+  server->communication =
+      4 * static_cast<int64_t>(W - 1) * std::min(PsMessageFloats(pl), largest_piece);
+  if (par.ps_staleness >= 0) return PriceAsync(par, prof, pl, busiest, most, stage, server);
   stage->dp_comm = comm + busiest;
   const double m = static_cast<double>(most);
   const double on_server = prof.KernelSeconds(Kernel::kAdamW, m) +
@@ -113,10 +142,6 @@ Status PriceServers(const GptConfig& config, const ParallelConfig& par, int64_t 
   stage->memory.parameters -= 4 * table;
   stage->memory.gradients -= 4 * table;
   stage->memory.communication += 2 * 4 * rows;  // in the table, and their buffers
-  server->parameters = server->gradients = 4 * most;
-  server->optimizer = 8 * most;
-  server->communication =
-      4 * static_cast<int64_t>(W - 1) * std::min(PsMessageFloats(pl), largest_piece);
   return Status::Ok();
 }
 

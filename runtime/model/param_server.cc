@@ -861,6 +861,12 @@ Status PsClient::PushAsync(Gpt& model, float max_norm, float* norm) {
   return posted;
 }
 
-PsClient::~PsClient() { (void)Stop(/*failed=*/true); }
+PsClient::~PsClient() {
+  (void)Stop(/*failed=*/true);
+  // A worker that failed with pushes in flight: their receives are still
+  // posted into the slots and a server may yet send into them, so the
+  // buffers are left allocated (the job is ending on that error).
+  if (oldest_ <= newest_) (void)new std::vector<Slot>(std::move(slots_));
+}
 
 }  // namespace tessera

@@ -122,7 +122,10 @@ class PsServer {
   // workers' headers one at a time in a fixed round (worker 0, 1, ...); a
   // step is one worker's (Asked::worker) and StepAsync applies it alone. A
   // save, export or stop is asked by every worker at the start of a round.
-  void SetAsynchronous() { async_ = true; }
+  void SetAsynchronous() {
+    async_ = true;
+    std::vector<float>().swap(scratch_);  // a push lands in the gradient buffer: no fold
+  }
   // After Next said kStep in asynchronous mode: that worker's (already
   // clipped) gradient received and AdamW applied to every piece (update
   // number step * W + worker + 1 of the run). After the round's last

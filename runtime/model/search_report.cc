@@ -103,6 +103,7 @@ Status SetKey(const std::string& key, const std::string& value, ParallelConfig* 
                 : key == "virtual_stages"         ? &p->virtual_stages
                 : key == "micro_batch_interleave" ? &p->micro_batch_interleave
                 : key == "ps_servers"             ? &p->ps_servers
+                : key == "ps_staleness"           ? &p->ps_staleness
                                                   : nullptr;
   if (number != nullptr) {
     try {
