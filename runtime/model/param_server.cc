@@ -307,15 +307,7 @@ Status PsServer::StepAsync(int worker, const AdamWConfig& adam) {
   // A round done: its weights (every worker's push of step n in) are every
   // worker's reply to its push n.
   ++step_;
-  for (size_t k = 0; k < messages_.size(); ++k) {
-    for (int w = 0; w < W; ++w) {
-      ASSIGN_OR_RETURN(Request r,
-                       world_.ISend(weights_.data() + local_[k], messages[messages_[k]].count,
-                                    DType::kF32, S + w, protocol_.PullTag(messages_[k])));
-      requests.push_back(std::move(r));
-    }
-  }
-  return WaitAll(requests);
+  return SendAll();
 }
 
 std::span<float> PsServer::PieceData(size_t piece, int which) {

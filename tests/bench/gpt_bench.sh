@@ -1,32 +1,76 @@
 #!/usr/bin/env bash
 # Tokens/s of the GPT training step (forward, backward, AdamW with
 # clipping): train_gpt beside PyTorch on the same model, batch, sequence and
-# threads, plus OpenBLAS's sgemm ceiling. OPENBLAS_CORETYPE is unset for
-# both sides (it can force slower kernels; see runtime/kernels.h), and the
-# forced-Haswell figure is printed too for the small model.
+# cores, plus OpenBLAS's sgemm ceiling measured in the same run.
+# PyTorch is capped to the same cores as ours: OPENBLAS_NUM_THREADS and
+# OMP_NUM_THREADS set before torch is imported, beside torch's own
+# set_num_threads (which does not cap Debian's OpenBLAS: uncapped, a "1
+# thread" PyTorch does its matrix products on every core). Each side's
+# CPU time / wall time is printed (1.0 per core it was given). PyTorch's
+# best configuration on all the machine's cores (torch threads x BLAS
+# threads, the fastest of those tried) is reported beside ours on them.
+# OPENBLAS_CORETYPE is unset for both sides (it can force slower kernels;
+# see runtime/kernels.h), and the forced-Haswell figure is printed too for
+# the small model.
 # Usage: gpt_bench.sh TRAIN_GPT SGEMM_PEAK TORCH_SCRIPT CORPUS
 set -euo pipefail
 TRAIN=$1 PEAK=$2 TORCH=$3 CORPUS=$4
-ours() {  # threads steps layers heads embed seq batch vocab
-  env -u OPENBLAS_CORETYPE "$TRAIN" --data "$CORPUS" --quiet --threads "$1" --steps "$2" \
-    --layers "$3" --heads "$4" --embed "$5" --context "$6" --seq "$6" --batch "$7" --vocab "$8" |
-    awk '/^done/ {print $6}'
+WORK=$(mktemp -d)
+trap 'rm -rf "$WORK"' EXIT
+cores=$(nproc)
+# timed OUT CMD...: runs CMD (stdout to OUT), then prints "CPU/wall".
+timed() {
+  local out=$1
+  shift
+  /usr/bin/time -f "%e %U %S" -o "$WORK/time" "$@" >"$out"
+  awk '{printf "%.2f", ($2 + $3) / $1}' "$WORK/time"
 }
+ours() { # OUT threads steps layers heads embed seq batch vocab
+  local out=$1
+  shift
+  timed "$out" env -u OPENBLAS_CORETYPE "$TRAIN" --data "$CORPUS" --quiet --threads "$1" \
+    --steps "$2" --layers "$3" --heads "$4" --embed "$5" --context "$6" --seq "$6" --batch "$7" \
+    --vocab "$8"
+}
+# theirs OUT TORCH_THREADS BLAS_THREADS steps layers heads embed seq batch vocab
 theirs() {
-  env -u OPENBLAS_CORETYPE /usr/bin/python3 "$TORCH" "$3" "$4" "$5" "$6" "$7" "$8" "$1" "$2" |
-    awk '{print $2}'
+  local out=$1 tt=$2 bt=$3 steps=$4
+  shift 4
+  timed "$out" env -u OPENBLAS_CORETYPE OPENBLAS_NUM_THREADS="$bt" OMP_NUM_THREADS="$tt" \
+    /usr/bin/python3 "$TORCH" "$@" "$tt" "$steps"
 }
+toks_ours() { awk '/^done/ {print $6}' "$1"; }
+toks_theirs() { awk '{print $2}' "$1"; }
+echo "host: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ //'), $cores cores"
 for t in 1 2; do env -u OPENBLAS_CORETYPE "$PEAK" "$t" | tail -1; done
-printf "%-34s %7s %12s %12s %7s\n" model threads "tessera" "PyTorch" ratio
-run() {  # label steps layers heads embed seq batch vocab
+printf "%-34s %5s %22s %22s %7s\n" model cores "tessera (CPU/wall)" "PyTorch (CPU/wall)" ratio
+run() { # label steps layers heads embed seq batch vocab
   local label=$1 steps=$2
   shift 2
+  local a b ca cb
   for t in 1 2; do
-    local a b
-    a=$(ours "$t" "$steps" "$@")
-    b=$(theirs "$t" "$steps" "$@")
-    printf "%-34s %7s %9s t/s %9s t/s %6.2fx\n" "$label" "$t" "$a" "$b" "$(awk "BEGIN{print $a / $b}")"
+    ca=$(ours "$WORK/a" "$t" "$steps" "$@")
+    cb=$(theirs "$WORK/b" "$t" "$t" "$steps" "$@")
+    a=$(toks_ours "$WORK/a")
+    b=$(toks_theirs "$WORK/b")
+    printf "%-34s %5s %11s t/s (%s) %11s t/s (%s) %6.2fx\n" "$label" "$t" "$a" "$ca" "$b" "$cb" \
+      "$(awk "BEGIN{print $a / $b}")"
   done
+  # PyTorch's best on every core: torch's threads x OpenBLAS's, each way.
+  local best=0 how="" bt tt
+  for tt in 1 "$cores"; do
+    bt=$((cores / tt))
+    cb=$(theirs "$WORK/b" "$tt" "$bt" "$steps" "$@")
+    b=$(toks_theirs "$WORK/b")
+    if awk "BEGIN{exit !($b > $best)}"; then
+      best=$b
+      how="torch threads $tt x BLAS threads $bt, CPU/wall $cb"
+    fi
+  done
+  ca=$(ours "$WORK/a" "$cores" "$steps" "$@")
+  a=$(toks_ours "$WORK/a")
+  printf "%-34s %5s %11s t/s (%s) %11s t/s best %6.2fx  (PyTorch: %s)\n" "" "$cores" "$a" "$ca" \
+    "$best" "$(awk "BEGIN{print $a / $best}")" "$how"
 }
 run "L4 C256 H4 T256 B8 V4096" 6 4 4 256 256 8 4096
 haswell=$(OPENBLAS_CORETYPE=Haswell "$TRAIN" --data "$CORPUS" --quiet --threads 2 --steps 6 \
