@@ -16,7 +16,7 @@
 #include "runtime/comm/mpi.h"
 
 namespace tessera {
-Result<int64_t> EnvInt(const char* name, int64_t min) {
+Result<int64_t> EnvInt(const char* name, int64_t min, int64_t max) {
   const char* v = std::getenv(name);
   if (v == nullptr || *v == '\0') return int64_t{-1};
   int64_t out = 0;
@@ -25,6 +25,9 @@ Result<int64_t> EnvInt(const char* name, int64_t min) {
   if (ec != std::errc() || p != end || out < min) {
     return InvalidArgumentError(std::string(name) + "='" + v +
                                 "' is not an integer >= " + std::to_string(min));
+  }
+  if (out > max) {
+    return InvalidArgumentError(std::string(name) + "='" + v + "' is above " + std::to_string(max));
   }
   return out;
 }

@@ -20,6 +20,7 @@
 #define TESSERA_RUNTIME_COMM_LAUNCH_H_
 
 #include <functional>
+#include <limits>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -59,8 +60,10 @@ inline constexpr char kEnvRestartCount[] = "TESSERA_RESTART_COUNT";  // 0 in the
 inline constexpr char kEnvPsServers[] = "TESSERA_PS_SERVERS";
 
 // The integer in environment variable `name`: -1 when it is unset or empty,
-// InvalidArgument naming the variable when it is not an integer >= `min`.
-Result<int64_t> EnvInt(const char* name, int64_t min = 0);
+// InvalidArgument naming the variable when it is not an integer in
+// [min, max].
+Result<int64_t> EnvInt(const char* name, int64_t min = 0,
+                       int64_t max = std::numeric_limits<int64_t>::max());
 
 // One worker of a launched job.
 struct WorkerSlot {

@@ -11,9 +11,8 @@ namespace tessera {
 namespace {
 
 Result<int> PositiveEnv(const char* name) {
-  ASSIGN_OR_RETURN(int64_t n, EnvInt(name, 1));
+  ASSIGN_OR_RETURN(int64_t n, EnvInt(name, 1, 1 << 20));
   if (n < 0) return InvalidArgumentError(std::string("MS_ROLE is set but ") + name + " is not");
-  if (n > (1 << 20)) return InvalidArgumentError(std::string(name) + " is too large");
   return static_cast<int>(n);
 }
 

@@ -314,10 +314,7 @@ void ParallelGpt::Free(std::initializer_list<std::vector<float>*> vectors) {
 }
 
 Status ParallelGpt::Init(uint64_t seed) {
-  if (ps_placement_ != nullptr && ps_ == nullptr) {
-    return FailedPreconditionError("ps_servers " + std::to_string(parallel_.ps_servers) +
-                                   ": ConnectServers before Init");
-  }
+  RETURN_IF_ERROR(ServersConnected("Init"));
   if (offload_weights_ != nullptr) {
     // Unit by unit, each written out before the next is made.
     model_.set_step(0);
@@ -419,6 +416,12 @@ Status ParallelGpt::ConnectServers(Communicator& world) {
   if (parallel_.ps_staleness >= 0)
     RETURN_IF_ERROR(ps_->SetAsynchronous(parallel_.ps_staleness, model_));
   return Status::Ok();
+}
+
+Status ParallelGpt::ServersConnected(const char* what) const {
+  if (ps_placement_ == nullptr || ps_ != nullptr) return Status::Ok();
+  return FailedPreconditionError("ps_servers " + std::to_string(parallel_.ps_servers) + ": " +
+                                 what + " needs the servers (ConnectServers first)");
 }
 
 Status ParallelGpt::StopServers(bool failed) {
@@ -708,10 +711,7 @@ Result<float> ParallelGpt::StepLocal(const int32_t* tokens, const int32_t* targe
         std::to_string(dp * micro_batches_ * copies) + " sequences");
   }
   RETURN_IF_ERROR(CheckSequenceCut(parallel_.cp_algo, T, parallel_.cp, "h.0.attn.attention"));
-  if (ps_placement_ != nullptr && ps_ == nullptr) {
-    return FailedPreconditionError("ps_servers " + std::to_string(parallel_.ps_servers) +
-                                   ": a step needs the servers (ConnectServers first)");
-  }
+  RETURN_IF_ERROR(ServersConnected("a step"));
   ReleaseOptimizerState();  // a save's copy of offloaded moments
   model_.ZeroGrad();
   // With parameter servers: the step begins there (the served embedding's

@@ -406,6 +406,9 @@ class ParallelGpt {
   // Parameter servers: where the parameters live, and the workers' side.
   std::unique_ptr<PsPlacement> ps_placement_;
   std::unique_ptr<PsClient> ps_;
+  // FailedPrecondition naming `what` when ps_servers is set but
+  // ConnectServers has not run.
+  Status ServersConnected(const char* what) const;
   std::vector<std::vector<size_t>> unit_params_;  // each unit's parameters (indices)
   bool order_learned_ = false;                    // the units' order of a step, for prefetching
   bool materialized_ = false;                     // the offloaded moments are in memory too

@@ -125,6 +125,24 @@ Status PsServer::Init(uint64_t seed) {
   return Status::Ok();
 }
 
+std::string PsServer::Where() const {
+  return "parameter server " + std::to_string(server_) + " at step " + std::to_string(step_) + ": ";
+}
+
+Status PsServer::RecvHeader(int w, int64_t* header) {
+  const int S = protocol_.servers();
+  Status s =
+      world_.Recv(header, PsProtocol::kHeaderWords, DType::kI64, S + w, PsProtocol::kTagHeader);
+  if (!s.ok()) {
+    return Status(s.code(), "parameter server " + std::to_string(server_) + ": waiting for " +
+                                WorkerName(w, S) + ": " + s.message());
+  }
+  if (header[0] == PsProtocol::kAbort) {
+    return AbortedError(Where() + WorkerName(w, S) + " stopped on an error");
+  }
+  return Status::Ok();
+}
+
 Result<PsServer::Asked> PsServer::Next() {
   const int W = protocol_.workers();
   std::vector<int64_t> headers(static_cast<size_t>(W) * PsProtocol::kHeaderWords);
@@ -133,26 +151,17 @@ Result<PsServer::Asked> PsServer::Next() {
   const int w = turn_;
   const int S = protocol_.servers();
   int64_t* h = &headers[static_cast<size_t>(w) * PsProtocol::kHeaderWords];
-  Status got = world_.Recv(h, PsProtocol::kHeaderWords, DType::kI64, S + w, PsProtocol::kTagHeader);
-  if (!got.ok()) {
-    return Status(got.code(), "parameter server " + std::to_string(server_) + ": waiting for " +
-                                  WorkerName(w, S) + ": " + got.message());
-  }
-  const std::string where =
-      "parameter server " + std::to_string(server_) + " at step " + std::to_string(step_) + ": ";
-  if (h[0] == PsProtocol::kAbort) {
-    return AbortedError(where + WorkerName(w, S) + " stopped on an error");
-  }
+  RETURN_IF_ERROR(RecvHeader(w, h));
   if (h[0] == PsProtocol::kStep) {
     if (h[1] != step_ + 1) {
-      return InvalidArgumentError(where + WorkerName(w, S) + " pushes step " +
+      return InvalidArgumentError(Where() + WorkerName(w, S) + " pushes step " +
                                   std::to_string(h[1]) + ", expected " + std::to_string(step_ + 1));
     }
     turn_ = (turn_ + 1) % W;
     return Asked{PsProtocol::kStep, h[1], {}, w};
   }
   if (w != 0) {
-    return AbortedError(where + WorkerName(w, S) + " asks for command " + std::to_string(h[0]) +
+    return AbortedError(Where() + WorkerName(w, S) + " asks for command " + std::to_string(h[0]) +
                         " while worker 0 stepped (a worker stopped while others go on?)");
   }
   return Collect(headers, 1);  // a save, export or stop: every worker's
@@ -163,21 +172,8 @@ Result<PsServer::Asked> PsServer::Collect(std::vector<int64_t>& headers, int fro
   constexpr int kWords = PsProtocol::kHeaderWords;
   // Every worker's header: all the same command for step n + 1 (a save:
   // for step n), or all stop.
-  for (int w = from; w < W; ++w) {
-    Status s =
-        world_.Recv(&headers[kWords * w], kWords, DType::kI64, S + w, PsProtocol::kTagHeader);
-    if (!s.ok()) {
-      return Status(s.code(), "parameter server " + std::to_string(server_) + ": waiting for " +
-                                  WorkerName(w, S) + ": " + s.message());
-    }
-  }
-  const std::string where =
-      "parameter server " + std::to_string(server_) + " at step " + std::to_string(step_) + ": ";
-  for (int w = 0; w < W; ++w) {
-    if (headers[kWords * w] == PsProtocol::kAbort) {
-      return AbortedError(where + WorkerName(w, S) + " stopped on an error");
-    }
-  }
+  for (int w = from; w < W; ++w) RETURN_IF_ERROR(RecvHeader(w, &headers[kWords * w]));
+  const std::string where = Where();
   Asked request{static_cast<PsProtocol::Command>(headers[0]), headers[1], {}};
   row_counts_.assign(W, 0);
   if (request.command == PsProtocol::kStep) {
@@ -784,15 +780,13 @@ int64_t PsClient::async_bytes() const {
 
 Status PsClient::Await(Gpt& model, int64_t upto) {
   const auto& messages = protocol_.messages();
-  bool got = false;
   const size_t n = slots_.size();
   while (oldest_ <= newest_ && oldest_ <= upto) {
     Slot& slot = slots_[static_cast<size_t>(oldest_) % n];
     RETURN_IF_ERROR(WaitSentAndReceived(slot.sends, slot.recvs, "pull weights"));
     slot.sends.clear();
     slot.recvs.clear();
-    got = oldest_ == upto || oldest_ == newest_;  // the newest of those awaited
-    if (got) {
+    if (oldest_ == upto || oldest_ == newest_) {  // the newest of those awaited
       for (const PsProtocol::Message& msg : messages) {
         std::copy_n(slot.weights.data() + msg.offset, msg.count,
                     model.weights().data() + msg.offset);

@@ -177,6 +177,10 @@ class PsServer {
   // The headers of workers [from, W) received into `headers` (worker w's
   // at w * kHeaderWords) and checked: one command, the expected step.
   Result<Asked> Collect(std::vector<int64_t>& headers, int from);
+  // Worker w's header into `header` (kHeaderWords); an error names the
+  // worker when it cannot be received or says the worker aborted.
+  Status RecvHeader(int w, int64_t* header);
+  std::string Where() const;  // "parameter server k at step n: "
   std::vector<int64_t> row_counts_;
   std::vector<std::vector<int64_t>> row_ids_;
   std::vector<std::vector<float>> row_out_;

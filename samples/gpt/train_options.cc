@@ -357,8 +357,7 @@ Status CheckServers(const CLI::App& app, Options* o) {
   ParallelConfig& par = o->parallel;
   if (app.count("--ps-servers") == 0 &&
       (par.op_strategy == nullptr || !par.op_strategy->ps_servers.has_value())) {
-    ASSIGN_OR_RETURN(int64_t n, EnvInt(kEnvPsServers));
-    if (n > (1 << 20)) return InvalidArgumentError(std::string(kEnvPsServers) + " is too large");
+    ASSIGN_OR_RETURN(int64_t n, EnvInt(kEnvPsServers, 0, 1 << 20));
     if (n >= 0) par.ps_servers = static_cast<int>(n);
   }
   return RefuseWithServers(*o);
