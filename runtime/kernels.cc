@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "core/thread_pool.h"
+#include "runtime/matmul.h"
 
 namespace tessera::kernels {
 
@@ -83,7 +84,7 @@ void AddUnits(Kernel kernel, double units) { Count(kernel, units); }
 
 void SetComputeThreads(int threads) {
   const int n = threads > 0 ? threads : openblas_get_num_procs();
-  openblas_set_num_threads(n);
+  SetMatmulThreads(n);
   pool = n > 1 ? std::make_unique<ThreadPool>(n) : nullptr;
 }
 
@@ -231,19 +232,17 @@ void MatmulForward(float* out, const float* inp, const float* weight, const floa
   if (bias != nullptr) {
     for (int n = 0; n < N; ++n) std::copy(bias, bias + OC, out + static_cast<int64_t>(n) * OC);
   }
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, OC, C, 1.0f, inp, C, weight, OC,
-              bias != nullptr ? 1.0f : 0.0f, out, OC);
+  Sgemm(kNoTrans, kNoTrans, N, OC, C, 1.0f, inp, C, weight, OC, bias != nullptr ? 1.0f : 0.0f, out,
+        OC);
 }
 
 void MatmulBackward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                     const float* weight, int N, int C, int OC) {
   if (dinp != nullptr) {  // [N,C] = [N,OC] @ [C,OC]^T
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, C, OC, 1.0f, dout, OC, weight, OC, 0.0f,
-                dinp, C);
+    Sgemm(kNoTrans, kTrans, N, C, OC, 1.0f, dout, OC, weight, OC, 0.0f, dinp, C);
   }
   // [C,OC] += [N,C]^T @ [N,OC]
-  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, C, OC, N, 1.0f, inp, C, dout, OC, 1.0f,
-              dweight, OC);
+  Sgemm(kTrans, kNoTrans, C, OC, N, 1.0f, inp, C, dout, OC, 1.0f, dweight, OC);
   if (dbias != nullptr) {
     for (int n = 0; n < N; ++n) {
       const float* d = dout + static_cast<int64_t>(n) * OC;
@@ -254,31 +253,28 @@ void MatmulBackward(float* dinp, float* dweight, float* dbias, const float* dout
 
 void MatmulTransposedForward(float* out, const float* inp, const float* weight, int N, int C,
                              int OC) {
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, OC, C, 1.0f, inp, C, weight, C, 0.0f, out,
-              OC);
+  Sgemm(kNoTrans, kTrans, N, OC, C, 1.0f, inp, C, weight, C, 0.0f, out, OC);
 }
 
 void MatmulTransposedBackward(float* dinp, float* dweight, const float* dout, const float* inp,
                               const float* weight, int N, int C, int OC) {
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, C, OC, 1.0f, dout, OC, weight, C, 0.0f,
-              dinp, C);
-  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f,
-              dweight, C);
+  Sgemm(kNoTrans, kNoTrans, N, C, OC, 1.0f, dout, OC, weight, C, 0.0f, dinp, C);
+  Sgemm(kTrans, kNoTrans, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f, dweight, C);
 }
 
 namespace {
 
-// Runs fn(i) for i in [0, n) on the compute pool with OpenBLAS limited to
-// the calling thread, for many small independent products (one per
+// Runs fn(i) for i in [0, n) on the compute pool with each matrix product
+// limited to the calling thread, for many small independent products (one per
 // attention head) that parallelise better side by side than one by one.
 void ParallelSmallProducts(int64_t n, const std::function<void(int64_t)>& fn) {
   if (pool == nullptr) {
     for (int64_t i = 0; i < n; ++i) fn(i);
     return;
   }
-  openblas_set_num_threads(1);
+  SetMatmulThreads(1);
   ParallelChunks(n, 1, [&](int64_t begin, int64_t) { fn(begin); });
-  openblas_set_num_threads(static_cast<int>(pool->size()));
+  SetMatmulThreads(static_cast<int>(pool->size()));
 }
 
 // Causal attention skips the masked upper triangle in blocks of query rows:
@@ -306,8 +302,7 @@ void AttentionForward(float* out, float* att, const float* qkv, int B, int T, in
       const int i1 = std::min(T, i0 + kAttentionBlock), rows = i1 - i0;
       float* ab = a + static_cast<int64_t>(i0) * T;
       // scores[i0:i1, 0:i1] = scale * q[i0:i1] @ k[0:i1]^T
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, i1, hs, scale, q + i0 * row, row,
-                  k, row, 0.0f, ab, T);
+      Sgemm(kNoTrans, kTrans, rows, i1, hs, scale, q + i0 * row, row, k, row, 0.0f, ab, T);
       // causal softmax per row: positions > t get weight 0
       for (int t = i0; t < i1; ++t) {
         float* r = a + static_cast<int64_t>(t) * T;
@@ -319,8 +314,8 @@ void AttentionForward(float* out, float* att, const float* qkv, int B, int T, in
         std::fill(r + t + 1, r + T, 0.0f);
       }
       // out[i0:i1] = att[i0:i1, 0:i1] @ v[0:i1]
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, hs, i1, 1.0f, ab, T, v, row,
-                  0.0f, o + static_cast<int64_t>(i0) * C, C);
+      Sgemm(kNoTrans, kNoTrans, rows, hs, i1, 1.0f, ab, T, v, row, 0.0f,
+            o + static_cast<int64_t>(i0) * C, C);
     }
   });
 }
@@ -354,8 +349,8 @@ void AttentionBackward(float* dqkv, const float* dout, const float* qkv, const f
     for (int i0 = 0; i0 < T; i0 += kAttentionBlock) {
       const int i1 = std::min(T, i0 + kAttentionBlock), rows = i1 - i0;
       // datt[i0:i1, 0:i1] = dout[i0:i1] @ v[0:i1]^T
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, i1, hs, 1.0f,
-                  d + static_cast<int64_t>(i0) * C, C, v, row, 0.0f, db, T);
+      Sgemm(kNoTrans, kTrans, rows, i1, hs, 1.0f, d + static_cast<int64_t>(i0) * C, C, v, row, 0.0f,
+            db, T);
       // softmax backward in place: dpre = att * (datt - sum(att * datt)) * scale
       for (int t = i0; t < i1; ++t) {
         const float* ar = a + static_cast<int64_t>(t) * T;
@@ -366,19 +361,16 @@ void AttentionBackward(float* dqkv, const float* dout, const float* qkv, const f
         std::fill(dr + t + 1, dr + i1, 0.0f);
       }
       // dq[i0:i1] = dpre[i0:i1, 0:i1] @ k[0:i1]
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, hs, i1, 1.0f, db, T, k, row,
-                  0.0f, dq + i0 * row, row);
+      Sgemm(kNoTrans, kNoTrans, rows, hs, i1, 1.0f, db, T, k, row, 0.0f, dq + i0 * row, row);
       // dk[0:i1] += dpre[i0:i1, 0:i1]^T @ q[i0:i1]
-      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, i1, hs, rows, 1.0f, db, T, q + i0 * row,
-                  row, 1.0f, dk, row);
+      Sgemm(kTrans, kNoTrans, i1, hs, rows, 1.0f, db, T, q + i0 * row, row, 1.0f, dk, row);
     }
     // Key block j gets contributions from query rows t >= j0 only.
     for (int j0 = 0; j0 < T; j0 += kAttentionBlock) {
       const int j1 = std::min(T, j0 + kAttentionBlock), keys = j1 - j0, below = T - j0;
       // dv[j0:j1] = att[j0:T, j0:j1]^T @ dout[j0:T]
-      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, keys, hs, below, 1.0f,
-                  a + static_cast<int64_t>(j0) * T + j0, T, d + static_cast<int64_t>(j0) * C, C,
-                  0.0f, dv + j0 * row, row);
+      Sgemm(kTrans, kNoTrans, keys, hs, below, 1.0f, a + static_cast<int64_t>(j0) * T + j0, T,
+            d + static_cast<int64_t>(j0) * C, C, 0.0f, dv + j0 * row, row);
     }
   });
 }
@@ -388,8 +380,7 @@ namespace {
 // after a query masked to -inf when causal.
 void BlockScores(float* s, const float* q, int64_t ldq, const float* k, int64_t ldk, int Tq, int Tk,
                  int hs, float scale, bool causal) {
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, Tq, Tk, hs, scale, q, ldq, k, ldk, 0.0f, s,
-              Tk);
+  Sgemm(kNoTrans, kTrans, Tq, Tk, hs, scale, q, ldq, k, ldk, 0.0f, s, Tk);
   if (!causal) return;
   for (int i = 0; i < Tq; ++i) {
     std::fill(s + static_cast<int64_t>(i) * Tk + std::min(i + 1, Tk),
@@ -434,8 +425,7 @@ void AttentionBlockForward(SeqRows<float> o, float* m, float* l, int64_t ld, Seq
       for (int d = 0; d < hs; ++d) orow[d] *= corr;
     }
     // o += p @ v
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, Tq, hs, Tk, 1.0f, s, Tk,
-                v.at(b, 0) + h * hs, v.ld, 1.0f, ob, o.ld);
+    Sgemm(kNoTrans, kNoTrans, Tq, hs, Tk, 1.0f, s, Tk, v.at(b, 0) + h * hs, v.ld, 1.0f, ob, o.ld);
   });
 }
 
@@ -496,10 +486,9 @@ void AttentionBlockBackward(SeqRows<float> dq, SeqRows<float> dk, SeqRows<float>
       std::fill(r + n, r + Tk, 0.0f);
     }
     // dv += p^T dout; dp = dout v^T
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, Tk, hs, Tq, 1.0f, p, Tk, db, dout.ld, 1.0f,
-                dv.at(b, 0) + h * hs, dv.ld);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, Tq, Tk, hs, 1.0f, db, dout.ld, vb, v.ld,
-                0.0f, dp, Tk);
+    Sgemm(kTrans, kNoTrans, Tk, hs, Tq, 1.0f, p, Tk, db, dout.ld, 1.0f, dv.at(b, 0) + h * hs,
+          dv.ld);
+    Sgemm(kNoTrans, kTrans, Tq, Tk, hs, 1.0f, db, dout.ld, vb, v.ld, 0.0f, dp, Tk);
     // ds = p * (dp - D) * scale, into dp
     for (int i = 0; i < Tq; ++i) {
       const float* pr = p + static_cast<int64_t>(i) * Tk;
@@ -508,10 +497,9 @@ void AttentionBlockBackward(SeqRows<float> dq, SeqRows<float> dk, SeqRows<float>
       for (int j = 0; j < Tk; ++j) dr[j] = pr[j] * (dr[j] - Di) * scale;
     }
     // dq += ds k; dk += ds^T q
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, Tq, hs, Tk, 1.0f, dp, Tk, kb, k.ld, 1.0f,
-                dq.at(b, 0) + h * hs, dq.ld);
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, Tk, hs, Tq, 1.0f, dp, Tk, qb, q.ld, 1.0f,
-                dk.at(b, 0) + h * hs, dk.ld);
+    Sgemm(kNoTrans, kNoTrans, Tq, hs, Tk, 1.0f, dp, Tk, kb, k.ld, 1.0f, dq.at(b, 0) + h * hs,
+          dq.ld);
+    Sgemm(kTrans, kNoTrans, Tk, hs, Tq, 1.0f, dp, Tk, qb, q.ld, 1.0f, dk.at(b, 0) + h * hs, dk.ld);
   });
 }
 

@@ -10,7 +10,8 @@
 //
 // Matrices follow GPT-2's Conv1D layout: a linear layer's weight is
 // [in, out] and y = x @ W + b, so Hugging Face GPT-2 tensors map directly.
-// Matrix products go to OpenBLAS sgemm.
+// Matrix products go to the GEMM library runtime/matmul.h names (OpenBLAS
+// unless a machine profile or the caller chose another).
 #ifndef TESSERA_RUNTIME_KERNELS_H_
 #define TESSERA_RUNTIME_KERNELS_H_
 
@@ -61,9 +62,10 @@ bool CountingUnits();  // the calling thread's
 std::array<double, kKernelCount> CountedUnits();
 void AddUnits(Kernel kernel, double units);
 
-// The threads the kernels use: OpenBLAS for the matrix products and a
-// pool for the element-wise kernels (<= 0: all cores). Results do not
-// depend on the count except through OpenBLAS's own blocking. Call it at
+// The threads the kernels use: the matrix products' library's
+// (runtime/matmul.h) and a pool for the element-wise kernels (<= 0: all
+// cores). Results do not depend on the count except through the library's
+// own blocking (matmul.h says where). Call it at
 // start-up, never while kernels run.
 void SetComputeThreads(int threads);
 

@@ -11,11 +11,15 @@ TESSERA_PACKAGES=(
   libprotobuf-dev protobuf-compiler
   libhdf5-dev libzstd-dev libcli11-dev
   libopenmpi-dev openmpi-bin libgloo-dev iproute2
-  catch2 libopenblas-dev libxxhash-dev nlohmann-json3-dev libisal-dev
+  catch2 libopenblas-dev libdnnl-dev ocl-icd-opencl-dev libblis-dev
+  libxxhash-dev nlohmann-json3-dev libisal-dev
   python3 python3-torch python3-numpy python3-h5py python3-protobuf
   python3-dev python3-pybind11 python3-pytest python3-venv
   python3-pip python3-setuptools python3-wheel
 )
+# libdnnl-dev and libblis-dev: the GEMM libraries calibration measures
+# beside OpenBLAS (runtime/matmul.h); ocl-icd-opencl-dev because oneDNN's
+# CMake package requires OpenCL (its GPU runtime), which we do not use.
 # clang-format: scripts/test checks the C++ sources are formatted
 # (.clang-format).
 # python3-dev and pybind11: the `tessera` Python package (python/); pytest

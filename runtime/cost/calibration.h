@@ -6,6 +6,7 @@
 #define TESSERA_RUNTIME_COST_CALIBRATION_H_
 
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "core/status.h"
@@ -18,7 +19,8 @@ namespace tessera {
 // f32 matrix products of the sizes the GPT's linears have ([rows, C] x
 // [C, 4C]), forward and backward, on the threads the kernels have been
 // given.
-double MeasureMatmulFlops(int64_t n);
+// `C` wide: [n, C] x [C, 4C].
+double MeasureMatmulFlops(int64_t n, int64_t C = 256);
 // The element-wise kernels' memory throughput (a residual add over
 // `floats` floats, counting 3 x 4 bytes per element).
 double MeasureMemoryBandwidth(int64_t floats);
@@ -63,6 +65,19 @@ void MeasureKernels(MachineProfile* profile);
 // the bandwidth of direct-I/O reads and writes of a scratch file there
 // (offload's disk). Collective; every rank returns the same profile.
 Result<MachineProfile> CalibrateMachine(Communicator& world, const std::string& disk_dir = "");
+// Which GEMM library (runtime/matmul.h) trains fastest here: rank 0
+// times a training step (forward and backward) of two one-layer GPTs, one
+// 256 wide on 2 sequences of 256 tokens (a small model's products) and one
+// 768 wide on 1 (GPT-2 small's), in FLOP/s of model work (6 per parameter
+// and token plus the attention's), their geometric mean; five rounds
+// interleaving the libraries after one that warms them up, the median
+// round each. A whole step rather than products alone: on a Xeon,
+// oneDNN's sgemm led OpenBLAS's alone and trailed it in the model (its
+// products' scratch memory, the attention's small products). Every rank
+// then uses the fastest (kernels::SetMatmulLibrary) and returns every
+// library with its figure, fastest first (MachineProfile::
+// matmul_libraries). Collective.
+Result<std::vector<std::pair<MatmulLibrary, double>>> ChooseMatmulLibrary(Communicator& world);
 // The disk's figures alone (MachineProfile::disk_read, disk_write).
 Status MeasureDisk(const std::string& dir, MachineProfile* profile);
 

@@ -76,6 +76,30 @@ Status ParseDevice(const Json& j, const std::string& source, MachineProfile* p) 
   p->memory_bandwidth = d.value("memory_bandwidth", 0.0);
   p->memory_bytes = static_cast<int64_t>(d.value("memory_bytes", 0.0));
   RETURN_IF_ERROR(Positive(source, "device.matmul_flops", p->matmul_flops));
+  if (d.contains("matmul_library")) {
+    const Json& name = d["matmul_library"];
+    Result<MatmulLibrary> library =
+        ParseMatmulLibrary(name.is_string() ? name.get<std::string>() : name.dump());
+    if (!library.ok()) {
+      return InvalidArgumentError(source +
+                                  ": device.matmul_library: " + library.status().message());
+    }
+    p->matmul_library = *library;
+  }
+  if (d.contains("matmul_libraries")) {
+    if (!d["matmul_libraries"].is_object()) {
+      return InvalidArgumentError(source + ": device.matmul_libraries is not an object");
+    }
+    for (const auto& [name, flops] : d["matmul_libraries"].items()) {
+      Result<MatmulLibrary> library = ParseMatmulLibrary(name);
+      if (!library.ok() || !flops.is_number() || !(flops.get<double>() > 0)) {
+        return InvalidArgumentError(
+            source + ": device.matmul_libraries." + name +
+            (library.ok() ? " must be a positive number" : ": " + library.status().message()));
+      }
+      p->matmul_libraries.emplace_back(*library, flops.get<double>());
+    }
+  }
   return Positive(source, "device.memory_bandwidth", p->memory_bandwidth);
 }
 
@@ -274,6 +298,10 @@ std::string MachineProfile::ToJson() const {
   j["device"] = {{"matmul_flops", matmul_flops},
                  {"memory_bandwidth", memory_bandwidth},
                  {"memory_bytes", static_cast<double>(memory_bytes)}};
+  if (matmul_library) j["device"]["matmul_library"] = MatmulLibraryName(*matmul_library);
+  for (const auto& [library, flops] : matmul_libraries) {
+    j["device"]["matmul_libraries"][std::string(MatmulLibraryName(library))] = flops;
+  }
   j["intra_host"] = {{"latency_s", intra_host.latency_s}, {"bandwidth", intra_host.bandwidth}};
   j["inter_host"] = {{"latency_s", inter_host.latency_s}, {"bandwidth", inter_host.bandwidth}};
   if (!collectives.empty()) {

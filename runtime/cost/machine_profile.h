@@ -42,12 +42,15 @@
 #define TESSERA_RUNTIME_COST_MACHINE_PROFILE_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "core/status.h"
 #include "runtime/kernels.h"
+#include "runtime/matmul_library.h"
 
 namespace tessera {
 
@@ -97,6 +100,13 @@ struct MachineProfile {
   // 10-15% faster a flop here, so timing it alone would overrate the
   // device).
   double matmul_flops = 0;
+  // The GEMM library the kernels use on this machine (runtime/matmul.h),
+  // chosen by calibration as the fastest of those measured, with what each
+  // measured (FLOP/s of training linears, ChooseMatmulLibrary); unset: the
+  // default, OpenBLAS. JSON: "device": {"matmul_library": "onednn",
+  // "matmul_libraries": {"openblas": 1.0e11, ...}}.
+  std::optional<MatmulLibrary> matmul_library;
+  std::vector<std::pair<MatmulLibrary, double>> matmul_libraries;
   double memory_bandwidth = 0;  // bytes/s of one device's element-wise kernels
   int64_t memory_bytes = 0;     // one device's memory (0: unknown)
   LinkProfile intra_host, inter_host;

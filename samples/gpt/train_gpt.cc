@@ -29,7 +29,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/byte_size.h"
@@ -41,6 +43,7 @@
 #include "runtime/comm/traced.h"
 #include "runtime/cost/calibration.h"
 #include "runtime/kernels.h"
+#include "runtime/matmul.h"
 #include "runtime/model/gpt.h"
 #include "runtime/model/gpt_checkpoint.h"
 #include "runtime/model/gpt_predict.h"
@@ -70,6 +73,20 @@ int Fail(const Status& s) {
   return 1;
 }
 
+// The matrix products' library: --matmul-library, else the profile's
+// (which --calibrate chose), else OpenBLAS.
+Status UseMatmulLibrary(const Options& o) {
+  std::optional<MatmulLibrary> library;
+  if (!o.matmul_library.empty()) {
+    ASSIGN_OR_RETURN(library, ParseMatmulLibrary(o.matmul_library));
+  } else if (!o.profile.empty()) {
+    ASSIGN_OR_RETURN(const MachineProfile profile, MachineProfile::Load(o.profile));
+    library = profile.matmul_library;
+  }
+  kernels::SetMatmulLibrary(library.value_or(MatmulLibrary::kOpenBlas));
+  return Status::Ok();
+}
+
 // --calibrate: this machine's profile, written by rank 0.
 Status Calibrate(const Options& o, Communicator& world) {
   // The disk offload would use: --offload-dir's, else TMPDIR's or /tmp.
@@ -77,7 +94,15 @@ Status Calibrate(const Options& o, Communicator& world) {
   const std::string disk = !o.parallel.offload_dir.empty() ? o.parallel.offload_dir
                            : tmp != nullptr && *tmp != 0   ? std::string(tmp)
                                                            : "/tmp";
+  // The matrix products' library first (unless the flag fixed it): the
+  // rest is measured with the one chosen.
+  std::vector<std::pair<MatmulLibrary, double>> libraries;
+  if (o.matmul_library.empty()) {
+    ASSIGN_OR_RETURN(libraries, ChooseMatmulLibrary(world));
+  }
   ASSIGN_OR_RETURN(MachineProfile profile, CalibrateMachine(world, disk));
+  profile.matmul_library = kernels::CurrentMatmulLibrary();
+  profile.matmul_libraries = std::move(libraries);
   if (world.rank() == 0) {
     RETURN_IF_ERROR(WriteFileAtomically(Env::Default(), o.calibrate_out, profile.ToJson()));
     if (!o.quiet) std::printf("calibrated: %s", profile.ToJson().c_str());
@@ -270,8 +295,9 @@ void SaySetup(const Job& job, Communicator& world) {
     std::fprintf(stderr, "%s\n", advice.c_str());
   }
   const ParallelConfig& par = job.parallel;
-  std::printf("model: %s, %lld parameters (OpenBLAS core %s)\n", job.config_text.c_str(),
-              static_cast<long long>(job.num_params), kernels::BlasCoreName().c_str());
+  std::printf("model: %s, %lld parameters (matrix products: %s)\n", job.config_text.c_str(),
+              static_cast<long long>(job.num_params),
+              kernels::DescribeMatmulLibrary(kernels::CurrentMatmulLibrary()).c_str());
   if (world.size() == 1) return;
   std::printf("ranks: %d (%s), dp=%d zero=%d, buckets of %lld KiB\n", world.size(),
               std::string(world.backend()).c_str(), par.dp, par.zero,
@@ -757,6 +783,7 @@ Status TrainWithServers(const Options& o, Communicator& world) {
 }
 
 Status Run(const Options& o, Communicator& world) {
+  RETURN_IF_ERROR(kernels::SameMatmulLibrary(world));
   if (o.parallel.ps_servers > 0 && o.calibrate_out.empty()) return TrainWithServers(o, world);
   return TrainOn(o, world);
 }
@@ -810,6 +837,7 @@ int main(int argc, char** argv) {
   } else if (ms.status().code() != StatusCode::kNotFound) {
     return Fail(ms.status());
   }
+  if (Status s = UseMatmulLibrary(o); !s.ok()) return Fail(s);
   kernels::SetComputeThreads(o.compute_threads);
   if (Status s = LaunchRanks(o.launch, [&](Communicator& world) { return Train(o, world); });
       !s.ok()) {

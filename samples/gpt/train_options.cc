@@ -48,6 +48,10 @@ void AddModelFlags(CLI::App* app, Options* o) {
 void AddParallelFlags(CLI::App* app, Options* o, Flags* f) {
   app->add_option("--threads", f->threads,
                   "compute threads per rank (default: all cores on one rank, 1 with several)");
+  app->add_option("--matmul-library", o->matmul_library,
+                  "the matrix products' library (default: the --profile's matmul_library, which "
+                  "--calibrate measures, else openblas); every rank must use the same")
+      ->check(CLI::IsMember({"openblas", "onednn", "blis"}));
   app->add_option("--ranks", f->ranks, "ranks as threads of this process (not under mpirun)")
       ->check(CLI::PositiveNumber);
   app->add_option("--dp", o->parallel.dp, "data-parallel ranks (default: ranks / (pp tp))")
@@ -141,8 +145,9 @@ void AddParallelFlags(CLI::App* app, Options* o, Flags* f) {
                   "to --offload-dir when nothing else fits");
   app->add_option(
          "--profile", o->profile,
-         "--auto-parallel: machine profile (JSON, \"format\": \"tessera.machine_profile\"; "
-         "default: measure this machine at start-up)")
+         "machine profile (JSON, \"format\": \"tessera.machine_profile\"; --calibrate writes "
+         "one): the matrix products' library it chose, and the figures --auto-parallel and "
+         "--rank-memory price with (default there: measure this machine at start-up)")
       ->check(CLI::ExistingFile);
   app->add_option("--calibrate", o->calibrate_out,
                   "measure this machine (matrix products, memory, the ranks' collectives) and "
@@ -221,12 +226,7 @@ Status CheckAutoParallel(const CLI::App& app, const Flags& f, Options* o) {
   if (!f.rank_memory.empty()) {
     ASSIGN_OR_RETURN(o->rank_memory, ParseByteSize(f.rank_memory));
   }
-  if (o->auto_parallel.empty()) {
-    if (!o->profile.empty() && f.rank_memory.empty()) {
-      return InvalidArgumentError("--profile is for --auto-parallel or --rank-memory");
-    }
-    return Status::Ok();
-  }
+  if (o->auto_parallel.empty()) return Status::Ok();
   if ((o->auto_parallel == "propagate") != !f.op_strategy.empty()) {
     return InvalidArgumentError(
         o->auto_parallel == "propagate"

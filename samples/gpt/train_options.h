@@ -100,6 +100,8 @@ struct Options {
   // How the ranks start, and the compute threads of each.
   LaunchOptions launch;
   int compute_threads = 0;  // 0: every core
+  // --matmul-library (empty: the profile's, else OpenBLAS).
+  std::string matmul_library;
 };
 
 // Parses the command line into `o`. Returns -1 to go on, else the exit

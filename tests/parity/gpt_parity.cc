@@ -3,7 +3,8 @@
 // PyTorch) on them, then runs our model and compares: step-0 logits and
 // loss (<= 1e-5 relative), every step-0 gradient (<= 1e-4 relative L2 norm
 // per tensor), and the losses of 10 AdamW steps with clipping (<= 1e-5
-// relative each). Prints the first differing elements on failure.
+// relative each), with every matrix-product library (runtime/matmul.h).
+// Prints the first differing elements on failure.
 //   gpt_parity PYTHON SCRIPT WORKDIR
 #include <cmath>
 #include <cstdio>
@@ -13,6 +14,7 @@
 
 #include "core/env.h"
 #include "formats/safetensors.h"
+#include "runtime/matmul.h"
 #include "runtime/model/gpt.h"
 
 using namespace tessera;
@@ -60,15 +62,51 @@ std::vector<float> ReadF32(const SafetensorsFile& f, const std::string& name) {
 
 }  // namespace
 
+constexpr int kSteps = 10;
+constexpr AdamWConfig kAdam{.lr = 1e-3f, .weight_decay = 0.1f};
+constexpr float kMaxNorm = 1.0f;
+
+// kSteps of AdamW with clipping on one batch, compared with PyTorch's
+// reference step by step; failures prefixed with `label`.
+void Train(Gpt& model, const std::vector<int32_t>& tokens, const std::vector<int32_t>& targets,
+           int B, int T, const SafetensorsFile& reference, const std::vector<float>& torch_losses,
+           const std::string& label) {
+  std::vector<float> losses;
+  int clipped = 0;
+  for (int step = 0; step < kSteps; ++step) {
+    auto loss = model.Forward(tokens.data(), targets.data(), B, T);
+    model.ZeroGrad();
+    if (!loss.ok() || !model.Backward().ok()) {
+      Fail(label + "step " + std::to_string(step) + " failed");
+      return;
+    }
+    if (step == 0) {
+      CompareTensor(label + "step-0 logits", model.logits().data(), ReadF32(reference, "logits"),
+                    1e-5);
+      for (const ParamInfo& p : model.params()) {
+        CompareTensor(label + "step-0 gradient of " + p.name, model.grads().data() + p.offset,
+                      ReadF32(reference, "grad." + p.name), 1e-4);
+      }
+    }
+    const float norm = model.Update(kAdam, kMaxNorm);
+    clipped += norm > kMaxNorm;
+    losses.push_back(*loss);
+    const double rel = std::fabs(*loss - torch_losses[step]) / std::fabs(torch_losses[step]);
+    std::printf("step %2d  loss %.7f  torch %.7f  relative difference %.2e  grad norm %.3f\n", step,
+                *loss, torch_losses[step], rel, norm);
+    if (rel > 1e-5) Fail(label + "loss of step " + std::to_string(step));
+  }
+  if (!(losses.back() < losses.front())) Fail(label + "the loss did not go down");
+  if (clipped == 0) Fail(label + "no step was clipped: the test would not cover clipping");
+}
+
 // The model (tied, or with its own output projection) against PyTorch's.
 int Parity(const std::string& python, const std::string& script, const std::string& dir,
            bool untied) {
   std::printf("%s output projection:\n", untied ? "untied" : "tied");
   const GptConfig config{
       .layers = 2, .heads = 4, .embed = 64, .context = 32, .vocab = 97, .untied = untied};
-  const int B = 4, T = 32, kSteps = 10;
-  const AdamWConfig adam{.lr = 1e-3f, .weight_decay = 0.1f};
-  const float max_norm = 1.0f;
+  const int B = 4, T = 32;
   auto model = Gpt::Create(config);
   if (!model.ok()) return 1;
   model->Init(1234);
@@ -102,9 +140,9 @@ int Parity(const std::string& python, const std::string& script, const std::stri
                                {"heads", std::to_string(config.heads)},
                                {"embed", std::to_string(config.embed)},
                                {"steps", std::to_string(kSteps)},
-                               {"lr", std::to_string(adam.lr)},
-                               {"weight_decay", std::to_string(adam.weight_decay)},
-                               {"max_norm", std::to_string(max_norm)}});
+                               {"lr", std::to_string(kAdam.lr)},
+                               {"weight_decay", std::to_string(kAdam.weight_decay)},
+                               {"max_norm", std::to_string(kMaxNorm)}});
   if (!s.ok()) {
     std::fprintf(stderr, "%s\n", s.ToString().c_str());
     return 1;
@@ -122,30 +160,18 @@ int Parity(const std::string& python, const std::string& script, const std::stri
   const std::vector<float> torch_losses = ReadF32(*reference, "loss");
   if (torch_losses.size() != kSteps) return 1;
 
-  std::vector<float> losses;
-  int clipped = 0;
-  for (int step = 0; step < kSteps; ++step) {
-    auto loss = model->Forward(tokens.data(), targets.data(), B, T);
-    if (!loss.ok()) return 1;
-    model->ZeroGrad();
-    if (!model->Backward().ok()) return 1;
-    if (step == 0) {
-      CompareTensor("step-0 logits", model->logits().data(), ReadF32(*reference, "logits"), 1e-5);
-      for (const ParamInfo& p : model->params()) {
-        CompareTensor("step-0 gradient of " + p.name, model->grads().data() + p.offset,
-                      ReadF32(*reference, "grad." + p.name), 1e-4);
-      }
-    }
-    const float norm = model->Update(adam, max_norm);
-    clipped += norm > max_norm;
-    losses.push_back(*loss);
-    const double rel = std::fabs(*loss - torch_losses[step]) / std::fabs(torch_losses[step]);
-    std::printf("step %2d  loss %.7f  torch %.7f  relative difference %.2e  grad norm %.3f\n", step,
-                *loss, torch_losses[step], rel, norm);
-    if (rel > 1e-5) Fail("loss of step " + std::to_string(step));
+  // Every matrix-product library (runtime/matmul.h) against the same
+  // reference, from the same initial weights.
+  for (MatmulLibrary library : kMatmulLibraries) {
+    std::printf("matrix products: %s\n", kernels::DescribeMatmulLibrary(library).c_str());
+    kernels::SetMatmulLibrary(library);
+    model = Gpt::Create(config);
+    if (!model.ok()) return 1;
+    model->Init(1234);
+    Train(*model, tokens, targets, B, T, *reference, torch_losses,
+          std::string(MatmulLibraryName(library)) + ": ");
   }
-  if (!(losses.back() < losses.front())) Fail("the loss did not go down");
-  if (clipped == 0) Fail("no step was clipped: the test would not cover clipping");
+  kernels::SetMatmulLibrary(MatmulLibrary::kOpenBlas);
   return 0;
 }
 

@@ -8,6 +8,7 @@
 #include <mutex>
 
 #include "runtime/comm/inprocess.h"
+#include "runtime/matmul.h"
 #include "tests/runtime/cost/test_profiles.h"
 
 namespace tessera {
@@ -44,6 +45,30 @@ TEST_CASE("calibration measures every kernel, rank 0's figures on every rank") {
   auto parsed = MachineProfile::Parse(by_rank[0].ToJson(), "<calibrated>");
   REQUIRE(parsed.ok());
   CHECK(parsed->ToJson() == by_rank[0].ToJson());
+}
+
+TEST_CASE("calibration chooses the fastest matrix-product library, the same on every rank") {
+  std::vector<std::vector<std::pair<MatmulLibrary, double>>> by_rank(2);
+  std::vector<MatmulLibrary> used(2);
+  std::mutex mu;
+  const Status s = RunInProcess(2, [&](Communicator& world) -> Status {
+    ASSIGN_OR_RETURN(auto figures, ChooseMatmulLibrary(world));
+    std::lock_guard<std::mutex> lock(mu);
+    by_rank[world.rank()] = figures;
+    used[world.rank()] = kernels::CurrentMatmulLibrary();
+    return Status::Ok();
+  });
+  kernels::SetMatmulLibrary(MatmulLibrary::kOpenBlas);
+  INFO(s.ToString());
+  REQUIRE(s.ok());
+  REQUIRE(by_rank[0].size() == std::size(kMatmulLibraries));
+  CHECK(by_rank[1] == by_rank[0]);
+  for (size_t i = 0; i < by_rank[0].size(); ++i) {
+    CHECK(by_rank[0][i].second > 0);
+    if (i > 0) CHECK(by_rank[0][i].second <= by_rank[0][i - 1].second);  // fastest first
+  }
+  CHECK(used[0] == by_rank[0][0].first);
+  CHECK(used[1] == by_rank[0][0].first);
 }
 
 TEST_CASE("Ascending: the least-squares ascending fit, an outlier pooled with its neighbours") {

@@ -66,6 +66,32 @@ TEST_CASE("the disk: measured figures price offload's reads and writes, shared o
   CHECK(bad.status().message().find("neg.json") != std::string::npos);
 }
 
+TEST_CASE("the matrix products' library and what each measured round-trip, bad names named") {
+  const std::string device =
+      R"({"matmul_flops": 1, "memory_bandwidth": 1, "matmul_library": "blis", )"
+      R"("matmul_libraries": {"blis": 3e10, "openblas": 2e10}})";
+  auto p = ParseWith("device", device, "lib.json");
+  REQUIRE(p.ok());
+  REQUIRE(p->matmul_library.has_value());
+  CHECK(*p->matmul_library == MatmulLibrary::kBlis);
+  REQUIRE(p->matmul_libraries.size() == 2);
+  CHECK(p->matmul_libraries[1] == std::pair{MatmulLibrary::kOpenBlas, 2e10});
+  auto again = MachineProfile::Parse(p->ToJson(), "<again>");
+  REQUIRE(again.ok());
+  CHECK(again->ToJson() == p->ToJson());
+  CHECK_FALSE(TestProfile().matmul_library.has_value());  // none: the default, OpenBLAS
+  for (const char* bad :
+       {R"({"matmul_flops": 1, "memory_bandwidth": 1, "matmul_library": "mkl"})",
+        R"({"matmul_flops": 1, "memory_bandwidth": 1, "matmul_library": 3})",
+        R"({"matmul_flops": 1, "memory_bandwidth": 1, "matmul_libraries": {"mkl": 1}})",
+        R"({"matmul_flops": 1, "memory_bandwidth": 1, "matmul_libraries": {"blis": -1}})"}) {
+    auto q = ParseWith("device", bad, "bad.json");
+    INFO(bad);
+    REQUIRE_FALSE(q.ok());
+    CHECK(q.status().message().find("bad.json: device.matmul_librar") != std::string::npos);
+  }
+}
+
 TEST_CASE("measured collective tables price their kind and group, the line the rest") {
   MachineProfile p = TestProfile();
   auto with = MachineProfile::Parse(R"({
