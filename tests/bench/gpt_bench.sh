@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
 # Tokens/s of the GPT training step (forward, backward, AdamW with
 # clipping): train_gpt beside PyTorch on the same model, batch, sequence and
-# cores, plus OpenBLAS's sgemm ceiling measured in the same run.
+# cores, plus each GEMM library's sgemm ceiling measured in the same run.
+# Ours uses the matrix-product library train_gpt --calibrate chooses at
+# the start of the run (runtime/matmul.h); the small model's tokens/s on
+# each library and its model work as a share of the chosen library's
+# 1-thread peak are printed too.
 # PyTorch is capped to the same cores as ours: OPENBLAS_NUM_THREADS and
 # OMP_NUM_THREADS set before torch is imported, beside torch's own
 # set_num_threads (which does not cap Debian's OpenBLAS: uncapped, a "1
@@ -25,10 +29,11 @@ timed() {
   /usr/bin/time -f "%e %U %S" -o "$WORK/time" "$@" >"$out"
   awk '{printf "%.2f", ($2 + $3) / $1}' "$WORK/time"
 }
-ours() { # OUT threads steps layers heads embed seq batch vocab
+ours() { # OUT threads steps layers heads embed seq batch vocab [train_gpt flags]
   local out=$1
   shift
   timed "$out" env -u OPENBLAS_CORETYPE "$TRAIN" --data "$CORPUS" --quiet --threads "$1" \
+    --profile "$WORK/profile.json" "${@:9}" \
     --steps "$2" --layers "$3" --heads "$4" --embed "$5" --context "$6" --seq "$6" --batch "$7" \
     --vocab "$8"
 }
@@ -42,7 +47,26 @@ theirs() {
 toks_ours() { awk '/^done/ {print $6}' "$1"; }
 toks_theirs() { awk '{print $2}' "$1"; }
 echo "host: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ //'), $cores cores"
-for t in 1 2; do env -u OPENBLAS_CORETYPE "$PEAK" "$t" | tail -1; done
+env -u OPENBLAS_CORETYPE "$TRAIN" --threads 1 --quiet --calibrate "$WORK/profile.json"
+library=$(/usr/bin/python3 -c 'import json, sys
+d = json.load(open(sys.argv[1]))["device"]
+print(d["matmul_library"], " ".join("%s %.1f" % (k, v / 1e9) for k, v in d["matmul_libraries"].items()))' \
+  "$WORK/profile.json")
+echo "matrix products: ${library%% *}, chosen by train_gpt --calibrate (GFLOP/s of a training step," \
+  "1 thread: ${library#* })"
+library=${library%% *}
+env -u OPENBLAS_CORETYPE "$PEAK" 1 | tee "$WORK/peak"
+env -u OPENBLAS_CORETYPE "$PEAK" 2 "$library"
+for lib in openblas onednn blis; do
+  ours "$WORK/a" 1 6 4 4 256 256 8 4096 --matmul-library "$lib" >/dev/null
+  echo "  L4 C256, 1 thread, on $lib: $(toks_ours "$WORK/a") t/s, model work $(awk '/^done/ {print $8}' "$WORK/a") GFLOP/s"
+  if [ "$lib" = "$library" ]; then
+    work=$(awk '/^done/ {print $8}' "$WORK/a")
+    peak=$(awk -v l="$lib" '$3 == l {print $6}' "$WORK/peak")
+    share=$(awk "BEGIN{printf \"%.0f\", 100 * $work / $peak}")
+  fi
+done
+echo "  model work on $library, 1 thread: $work GFLOP/s = $share% of its sgemm peak ($peak GFLOP/s)"
 printf "%-34s %5s %22s %22s %7s\n" model cores "tessera (CPU/wall)" "PyTorch (CPU/wall)" ratio
 run() { # label steps layers heads embed seq batch vocab
   local label=$1 steps=$2
