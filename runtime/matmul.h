@@ -2,7 +2,7 @@
 // Debian's three f32 GEMM libraries: OpenBLAS (the default), oneDNN and
 // BLIS. Which is fastest depends on the CPU; `train_gpt --calibrate`
 // measures them and records the fastest in the machine profile
-// (ChooseMatmulLibrary, runtime/cost/calibration.h), and a job takes it
+// (ChooseMatmulLibrary, runtime/model/matmul_choice.h), and a job takes it
 // from its profile or --matmul-library. Each library rounds differently,
 // so every rank of a job must use the same one (SameMatmulLibrary).
 //

@@ -6,7 +6,6 @@
 #define TESSERA_RUNTIME_COST_CALIBRATION_H_
 
 #include <cstdint>
-#include <utility>
 #include <vector>
 
 #include "core/status.h"
@@ -65,19 +64,6 @@ void MeasureKernels(MachineProfile* profile);
 // the bandwidth of direct-I/O reads and writes of a scratch file there
 // (offload's disk). Collective; every rank returns the same profile.
 Result<MachineProfile> CalibrateMachine(Communicator& world, const std::string& disk_dir = "");
-// Which GEMM library (runtime/matmul.h) trains fastest here: rank 0
-// times a training step (forward and backward) of two one-layer GPTs, one
-// 256 wide on 2 sequences of 256 tokens (a small model's products) and one
-// 768 wide on 1 (GPT-2 small's), in FLOP/s of model work (6 per parameter
-// and token plus the attention's), their geometric mean; five rounds
-// interleaving the libraries after one that warms them up, the median
-// round each. A whole step rather than products alone: on a Xeon,
-// oneDNN's sgemm led OpenBLAS's alone and trailed it in the model (its
-// products' scratch memory, the attention's small products). Every rank
-// then uses the fastest (kernels::SetMatmulLibrary) and returns every
-// library with its figure, fastest first (MachineProfile::
-// matmul_libraries). Collective.
-Result<std::vector<std::pair<MatmulLibrary, double>>> ChooseMatmulLibrary(Communicator& world);
 // The disk's figures alone (MachineProfile::disk_read, disk_write).
 Status MeasureDisk(const std::string& dir, MachineProfile* profile);
 

@@ -102,7 +102,8 @@ struct MachineProfile {
   double matmul_flops = 0;
   // The GEMM library the kernels use on this machine (runtime/matmul.h),
   // chosen by calibration as the fastest of those measured, with what each
-  // measured (FLOP/s of training linears, ChooseMatmulLibrary); unset: the
+  // measured (FLOP/s of model work in a training step,
+  // runtime/model/matmul_choice.h: ChooseMatmulLibrary); unset: the
   // default, OpenBLAS. JSON: "device": {"matmul_library": "onednn",
   // "matmul_libraries": {"openblas": 1.0e11, ...}}.
   std::optional<MatmulLibrary> matmul_library;

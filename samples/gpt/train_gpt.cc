@@ -47,6 +47,7 @@
 #include "runtime/model/gpt.h"
 #include "runtime/model/gpt_checkpoint.h"
 #include "runtime/model/gpt_predict.h"
+#include "runtime/model/matmul_choice.h"
 #include "runtime/model/parallel_gpt.h"
 #include "runtime/model/param_server.h"
 #include "runtime/model/ps_placement.h"

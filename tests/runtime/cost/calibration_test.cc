@@ -9,6 +9,7 @@
 
 #include "runtime/comm/inprocess.h"
 #include "runtime/matmul.h"
+#include "runtime/model/matmul_choice.h"
 #include "tests/runtime/cost/test_profiles.h"
 
 namespace tessera {
