@@ -216,6 +216,10 @@ Result<OpStrategyFile> OpStrategyFile::Parse(std::string_view text, const std::s
             "comma-separated");
       }
       file.ps_params = value.get<std::string>();
+    } else if (key == "ps_staleness") {
+      auto k = OptionalInt(root, "ps_staleness", 0);
+      if (!k.ok()) return fail(k.status().message());
+      file.ps_staleness = *k;
     } else if (key == "zero") {
       auto z = OptionalInt(root, "zero", 0);
       if (!z.ok() || *z > 1) return fail("\"zero\" must be 0 or 1");
@@ -343,6 +347,7 @@ std::string OpStrategyFile::ToJson() const {
   if (zero.has_value()) root["zero"] = *zero;
   if (ps_servers.has_value()) root["ps_servers"] = *ps_servers;
   if (!ps_params.empty()) root["ps_params"] = ps_params;
+  if (ps_staleness.has_value()) root["ps_staleness"] = *ps_staleness;
   if (micro_batches.has_value()) root["micro_batches"] = *micro_batches;
   if (virtual_stages.has_value()) root["virtual_stages"] = *virtual_stages;
   if (micro_batch_interleave.has_value()) {

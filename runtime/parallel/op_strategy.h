@@ -20,6 +20,8 @@
 //     "offload_dir": "/scratch/offload",            // where (with offload)
 //     "ps_servers": 2,                              // optional: parameter servers
 //     "ps_params": "wte,h.*.mlp.c_fc.*",            // what they hold (default all)
+//     "ps_staleness": 2,                            // optional: asynchronous, a
+//                                                   // worker up to 2 steps ahead
 //     "dataset_strategy": "data_parallel",          // optional, or "full_batch",
 //                                                   // "sequence" (rows over dp,
 //                                                   // positions over cp)
@@ -117,6 +119,9 @@ struct OpStrategyFile {
   // parameters they hold ("all", or names and patterns; empty: unset).
   std::optional<int> ps_servers;
   std::string ps_params;
+  // Asynchronous servers: how many steps a worker may run ahead of the
+  // slowest (unset: synchronous).
+  std::optional<int> ps_staleness;
   std::optional<CpAlgo> cp_algo;
   // "offload": "optimizer", "optimizer,params" (or "none"); "offload_dir":
   // where its files go.

@@ -308,6 +308,14 @@ Status ApplyStrategyFile(const CLI::App& app, const std::string& path, Options* 
     }
     o->parallel.ps_params = file.ps_params;
   }
+  if (file.ps_staleness.has_value()) {
+    if (app.count("--ps-staleness") > 0 && o->parallel.ps_staleness != *file.ps_staleness) {
+      return InvalidArgumentError(path + " sets ps_staleness " +
+                                  std::to_string(*file.ps_staleness) + " but --ps-staleness is " +
+                                  std::to_string(o->parallel.ps_staleness));
+    }
+    o->parallel.ps_staleness = *file.ps_staleness;
+  }
   o->parallel.stage_layers = file.stage_layers;
   if (!file.dataset_strategy.empty()) {
     if (app.count("--dataset-strategy") > 0 && o->dataset_strategy != file.dataset_strategy) {

@@ -321,5 +321,18 @@ head -n 10 <(grep ^step "$WORK/asave.log") | cat - "$WORK/ar.log" >"$WORK/joined
 check "async K=1 saved at step 10 and resumed: the uninterrupted losses bit for bit" \
   same_losses "$WORK/joined.log" "$WORK/asave.log"
 
+# The strategy file's ps_staleness key: the flags' asynchronous run bit for
+# bit; a flag that contradicts it is refused.
+cat >"$WORK/aps.json" <<'EOF'
+{"format": "tessera.op_strategy", "version": 1, "ps_servers": 1, "ps_params": "all",
+ "ps_staleness": 2, "operators": {}}
+EOF
+train "$WORK/afile.log" --ranks 3 --op-strategy "$WORK/aps.json"
+check "the strategy file's ps_staleness: --ps-staleness 2's losses bit for bit" \
+  same_losses "$WORK/afile.log" "$WORK/a2.log"
+run "$BIN" "${SMALL[@]}" --ranks 3 --op-strategy "$WORK/aps.json" --ps-staleness 1
+check "... a flag that contradicts it is refused" \
+  grep -q "sets ps_staleness 2 but --ps-staleness is 1" "$WORK/out"
+
 echo "$passes passed, $fails failed"
 [ "$fails" -eq 0 ]

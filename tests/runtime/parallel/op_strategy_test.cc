@@ -174,12 +174,27 @@ TEST_CASE("operator strategy files round-trip through ToJson") {
   f.virtual_stages = 2;
   f.stage_layers = {1, 1, 1, 1};
   f.recompute = {{"h.*", Recompute::kSelective}};
+  f.ps_servers = 1;
+  f.ps_params = "all";
+  f.ps_staleness = 2;
   auto back = OpStrategyFile::Parse(f.ToJson(), "<json>");
   INFO(f.ToJson());
   REQUIRE(back.ok());
   CHECK(back->ToJson() == f.ToJson());
   CHECK(back->stage_layers == f.stage_layers);
   CHECK(back->virtual_stages == 2);
+  CHECK(back->ps_staleness == 2);
+  // A staleness below 0 (or not a number) is refused by name.
+  const std::string json = f.ToJson(), key = "\"ps_staleness\": 2";
+  REQUIRE(json.find(key) != std::string::npos);
+  for (const char* bad : {"-1", "\"two\""}) {
+    std::string text = json;
+    text.replace(text.find(key), key.size(), "\"ps_staleness\": " + std::string(bad));
+    const auto refused = OpStrategyFile::Parse(text, "ps.json");
+    REQUIRE_FALSE(refused.ok());
+    CHECK_THAT(refused.status().message(), Catch::Contains("ps.json"));
+    CHECK_THAT(refused.status().message(), Catch::Contains("ps_staleness"));
+  }
   REQUIRE(back->operators.size() == f.operators.size());
   for (size_t i = 0; i < f.operators.size(); ++i)
     CHECK(back->operators[i].axes == f.operators[i].axes);
