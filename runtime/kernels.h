@@ -65,8 +65,8 @@ void AddUnits(Kernel kernel, double units);
 // The threads the kernels use: the matrix products' library's
 // (runtime/matmul.h) and a pool for the element-wise kernels (<= 0: all
 // cores). Results do not depend on the count except through the library's
-// own blocking (matmul.h says where). Call it at
-// start-up, never while kernels run.
+// own blocking (matmul.h says where). Call it at start-up, never while
+// kernels run.
 void SetComputeThreads(int threads);
 
 // OpenBLAS 0.3.21 predates AMD Zen 4/5 and runs its Haswell (AVX2)

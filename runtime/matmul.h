@@ -7,7 +7,7 @@
 // so every rank of a job must use the same one (SameMatmulLibrary).
 //
 // Thread counts: the same bits on any number of threads for oneDNN and
-// BLIS (tests/runtime/kernels_test.cc); OpenBLAS splits the inner
+// BLIS (tests/runtime/matmul_test.cc); OpenBLAS splits the inner
 // dimension among threads when the output is small (below about 100 x 100
 // with thousands of inner terms, e.g. 48 x 48 x 3000), so there its bits
 // depend on the thread count.

@@ -7,6 +7,7 @@
 
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "core/status.h"
 
@@ -26,6 +27,13 @@ inline std::string_view MatmulLibraryName(MatmulLibrary library) {
     default:
       return "openblas";
   }
+}
+
+// Every library's name, in kMatmulLibraries' order.
+inline std::vector<std::string> MatmulLibraryNames() {
+  std::vector<std::string> names;
+  for (MatmulLibrary library : kMatmulLibraries) names.emplace_back(MatmulLibraryName(library));
+  return names;
 }
 
 inline Result<MatmulLibrary> ParseMatmulLibrary(std::string_view name) {

@@ -38,8 +38,8 @@ std::vector<double> Ascending(const std::vector<double>& v) {
   return out;
 }
 
-double MeasureMatmulFlops(int64_t n, int64_t C) {
-  const int64_t M = 4 * C;
+double MeasureMatmulFlops(int64_t n) {
+  const int64_t C = 256, M = 4 * C;
   const int N = static_cast<int>(std::max<int64_t>(n, 64));
   std::vector<float> x(N * C, 0.5f), w(C * M, 0.25f), b(M, 0.0f), y(N * M), dy(N * M, 0.01f),
       dx(N * C), dw(C * M), db(M);

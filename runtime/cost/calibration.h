@@ -18,8 +18,7 @@ namespace tessera {
 // f32 matrix products of the sizes the GPT's linears have ([rows, C] x
 // [C, 4C]), forward and backward, on the threads the kernels have been
 // given.
-// `C` wide: [n, C] x [C, 4C].
-double MeasureMatmulFlops(int64_t n, int64_t C = 256);
+double MeasureMatmulFlops(int64_t n);
 // The element-wise kernels' memory throughput (a residual add over
 // `floats` floats, counting 3 x 4 bytes per element).
 double MeasureMemoryBandwidth(int64_t floats);

@@ -9,6 +9,7 @@
 #include "core/byte_size.h"
 #include "runtime/comm/mpi.h"
 #include "runtime/kernels.h"
+#include "runtime/matmul_library.h"
 #include "runtime/train/data.h"
 
 namespace tessera {
@@ -51,7 +52,7 @@ void AddParallelFlags(CLI::App* app, Options* o, Flags* f) {
   app->add_option("--matmul-library", o->matmul_library,
                   "the matrix products' library (default: the --profile's matmul_library, which "
                   "--calibrate measures, else openblas); every rank must use the same")
-      ->check(CLI::IsMember({"openblas", "onednn", "blis"}));
+      ->check(CLI::IsMember(MatmulLibraryNames()));
   app->add_option("--ranks", f->ranks, "ranks as threads of this process (not under mpirun)")
       ->check(CLI::PositiveNumber);
   app->add_option("--dp", o->parallel.dp, "data-parallel ranks (default: ranks / (pp tp))")
