@@ -21,18 +21,19 @@ set -euo pipefail
 TRAIN=$1 PEAK=$2 TORCH=$3 CORPUS=$4
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
+source "$(dirname "$0")/lib.sh"
 cores=$(nproc)
-# timed OUT CMD...: runs CMD (stdout to OUT), then prints "CPU/wall".
-timed() {
+# cpu_timed OUT CMD...: runs CMD (stdout to OUT), then prints "CPU/wall".
+cpu_timed() {
   local out=$1
   shift
   /usr/bin/time -f "%e %U %S" -o "$WORK/time" "$@" >"$out"
-  awk '{printf "%.2f", ($2 + $3) / $1}' "$WORK/time"
+  cpu_per_wall "$WORK/time"
 }
 ours() { # OUT threads steps layers heads embed seq batch vocab [train_gpt flags]
   local out=$1
   shift
-  timed "$out" env -u OPENBLAS_CORETYPE "$TRAIN" --data "$CORPUS" --quiet --threads "$1" \
+  cpu_timed "$out" env -u OPENBLAS_CORETYPE "$TRAIN" --data "$CORPUS" --quiet --threads "$1" \
     --profile "$WORK/profile.json" "${@:9}" \
     --steps "$2" --layers "$3" --heads "$4" --embed "$5" --context "$6" --seq "$6" --batch "$7" \
     --vocab "$8"
@@ -41,12 +42,12 @@ ours() { # OUT threads steps layers heads embed seq batch vocab [train_gpt flags
 theirs() {
   local out=$1 tt=$2 bt=$3 steps=$4
   shift 4
-  timed "$out" env -u OPENBLAS_CORETYPE OPENBLAS_NUM_THREADS="$bt" OMP_NUM_THREADS="$tt" \
+  cpu_timed "$out" env -u OPENBLAS_CORETYPE OPENBLAS_NUM_THREADS="$bt" OMP_NUM_THREADS="$tt" \
     /usr/bin/python3 "$TORCH" "$@" "$tt" "$steps"
 }
 toks_ours() { awk '/^done/ {print $6}' "$1"; }
 toks_theirs() { awk '{print $2}' "$1"; }
-echo "host: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ //'), $cores cores"
+host_line
 env -u OPENBLAS_CORETYPE "$TRAIN" --threads 1 --quiet --calibrate "$WORK/profile.json"
 library=$(/usr/bin/python3 -c 'import json, sys
 d = json.load(open(sys.argv[1]))["device"]

@@ -19,7 +19,8 @@ MODEL=(--layers 4 --heads 4 --embed 256 --context 256 --seq 256 --batch 8 --voca
 STEPS=8
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
-cpu() { awk '{printf "%.2f", ($2 + $3) / $1}' "$WORK/time"; }  # of the last timed run
+source "$(dirname "$0")/lib.sh"
+cpu() { cpu_per_wall "$WORK/time"; }  # of the last timed run
 ours() {  # launcher words... -- extra train_gpt flags...
   local out
   out=$(env -u OPENBLAS_CORETYPE /usr/bin/time -f "%e %U %S" -o "$WORK/time" "$@" 2>&1)
@@ -33,7 +34,7 @@ theirs() {  # TORCH_THREADS BLAS_THREADS SCRIPT ARGS...: tokens/s and CPU/wall
     /usr/bin/time -f "%e %U %S" -o "$WORK/time" /usr/bin/python3 "$@" | awk '{print $2}')
   echo "$t $(cpu)"
 }
-echo "host: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ //'), $(nproc) cores"
+host_line
 [ -n "$PEAK" ] && env -u OPENBLAS_CORETYPE "$PEAK" 2 openblas
 single=$(ours "$TRAIN" --data "$CORPUS" --quiet --threads 2 --steps $STEPS "${MODEL[@]}")
 threads=$(ours "$TRAIN" --data "$CORPUS" --quiet --ranks 2 --steps $STEPS "${MODEL[@]}")

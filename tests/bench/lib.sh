@@ -1,6 +1,13 @@
 # Shared by the shell benchmarks; source it after setting $work (a scratch
 # directory).
 median() { sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
+# The host's CPU model and core count, heading a training benchmark.
+host_line() {
+  echo "host: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ //'), $(nproc) cores"
+}
+# cpu_per_wall FILE: (user + system) / wall of a GNU time -f "%e %U %S"
+# record (1.00 per core kept busy).
+cpu_per_wall() { awk '{printf "%.2f", ($2 + $3) / $1}' "$1"; }
 timed() {  # timed CMD...: wall seconds and peak RSS (KiB) of one run
   /usr/bin/time -f "%e %M" -o "$work/time.txt" "$@" >/dev/null
   cat "$work/time.txt"

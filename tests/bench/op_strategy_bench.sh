@@ -14,7 +14,8 @@ MODEL=(--layers 4 --heads 4 --embed 256 --context 256 --seq 256 --batch 8 --voca
 STEPS=8
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
-cpu() { awk '{printf "%.2f", ($2 + $3) / $1}' "$WORK/time"; }  # of the last timed run
+source "$(dirname "$0")/lib.sh"
+cpu() { cpu_per_wall "$WORK/time"; }  # of the last timed run
 run() {  # np flags... -> tokens/s CPU/wall
   local np=$1
   shift
@@ -25,7 +26,7 @@ run() {  # np flags... -> tokens/s CPU/wall
   echo "$t $(cpu)"
 }
 median() { tr ' ' '\n' | grep . | sort -g | awk '{a[NR]=$1} END {print (NR%2) ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2}'; }
-echo "host: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ //'), $(nproc) cores"
+host_line
 [ -n "$PEAK" ] && env -u OPENBLAS_CORETYPE "$PEAK" 1 openblas
 ddp="" ddp_cpu=""
 for _ in $(seq "$ROUNDS"); do
