@@ -15,6 +15,8 @@ Result<int64_t> ParseByteSize(const std::string& text);
 std::string HumanBytes(int64_t bytes);
 // `n` rounded up to a multiple of `to` (> 0).
 inline uint64_t RoundUp(uint64_t n, uint64_t to) { return (n + to - 1) / to * to; }
+// n / d, rounded up (the number of blocks of `d` that hold `n`).
+inline uint64_t CeilDiv(uint64_t n, uint64_t d) { return (n + d - 1) / d; }
 
 }  // namespace tessera
 

@@ -64,13 +64,14 @@ Result<PieceInfo> PieceFromProto(const native::PieceProto& pp, const TensorEntry
     return DataLossError(ctx + ": a piece has a box of " + std::to_string(pp.begin_size()) +
                          " dimensions");
   }
-  pc.box = Box(t.layout.rank());
-  for (int d = 0; d < t.layout.rank(); ++d) pc.box[d] = {pp.begin(d), pp.end(d)};
+  Box box(t.layout.rank());
+  for (int d = 0; d < t.layout.rank(); ++d) box[d] = {pp.begin(d), pp.end(d)};
+  pc.box = box;
   // Built only for an error: a manifest can hold half a million pieces.
   auto bad = [&](const std::string& what) {
-    return DataLossError(ctx + ": piece " + ToString(pc.box) + what);
+    return DataLossError(ctx + ": piece " + ToString(box) + what);
   };
-  if (!Contains(whole, pc.box) || IsEmpty(pc.box)) return bad(" is empty or outside the shape");
+  if (!Contains(whole, box) || IsEmpty(box)) return bad(" is empty or outside the shape");
   if (pp.file() >= files.size()) {
     return bad(" names file #" + std::to_string(pp.file()) + " of " + std::to_string(files.size()));
   }
@@ -85,7 +86,7 @@ Result<PieceInfo> PieceFromProto(const native::PieceProto& pp, const TensorEntry
   }
   pc.codec = static_cast<Codec>(pp.codec());
   pc.raw_length = pp.raw_length();
-  if (pc.raw_length != static_cast<uint64_t>(NumElements(pc.box) * DTypeSize(t.layout.dtype))) {
+  if (pc.raw_length != static_cast<uint64_t>(NumElements(box) * DTypeSize(t.layout.dtype))) {
     return bad(" records " + std::to_string(pc.raw_length) +
                " raw bytes, which does not match its box");
   }
@@ -102,8 +103,12 @@ Result<PieceInfo> PieceFromProto(const native::PieceProto& pp, const TensorEntry
                std::to_string(pc.raw_length) + " bytes");
   }
   pc.checksum = pp.checksum();
-  pc.stage = pp.stage();
-  pc.block_checksums.assign(pp.block_checksums().begin(), pp.block_checksums().end());
+  if (pp.stage() < 0 || pp.stage() > INT32_MAX) {
+    return bad(" is of stage " + std::to_string(pp.stage()) + ", not a pipeline stage");
+  }
+  pc.stage = static_cast<int32_t>(pp.stage());
+  pc.block_checksums = BlockChecksums(pp.block_checksums().data(),
+                                      pp.block_checksums().data() + pp.block_checksums_size());
   const uint64_t blocks = (pc.length + kChecksumBlock - 1) / kChecksumBlock;
   if (!pc.block_checksums.empty() && pc.block_checksums.size() != blocks) {
     return bad(" has " + std::to_string(pc.block_checksums.size()) + " block checksums for " +
@@ -228,24 +233,43 @@ std::string SerializeManifest(const Manifest& m) {
   }
   // Format 2 and later: the frame's header first, filled in below.
   const size_t header = m.format_version < 2 ? 0 : kManifestHeader;
-  std::string out(header, '\0');
+  native::TensorProto tp;  // reused: its pieces' storage too
+  auto fill = [&tp](const TensorEntry& t) {
+    tp.Clear();
+    tp.set_name(t.name);
+    ToProto(t.layout, tp.mutable_layout());
+    if (t.mesh) ToProto(*t.mesh, tp.mutable_mesh());
+    for (const PieceInfo& pc : t.pieces) PieceToProto(pc, tp.add_pieces());
+    for (const PieceInfo& pc : t.copies) PieceToProto(pc, tp.add_copies());
+  };
+  const uint32_t tensor_tag = google::protobuf::internal::WireFormatLite::MakeTag(
+      native::Manifest::kTensorsFieldNumber,
+      google::protobuf::internal::WireFormatLite::WIRETYPE_LENGTH_DELIMITED);
+  // The exact size first, so that the bytes are one allocation: grown by
+  // doubling, a 16,384-rank manifest (52 MiB) held its last two buffers at
+  // once, 100 MiB at the reshard's peak. The tensors' messages are built
+  // twice for it (a tenth of a second at that scale).
+  size_t total = header + head.ByteSizeLong() + tail.ByteSizeLong();
+  for (const TensorEntry& t : m.tensors) {
+    fill(t);
+    const size_t n = tp.ByteSizeLong();
+    total += google::protobuf::io::CodedOutputStream::VarintSize32(tensor_tag) +
+             google::protobuf::io::CodedOutputStream::VarintSize64(n) + n;
+  }
+  std::string out;
+  // Room past the end: the coded stream asks for more space before it is
+  // within its 16 slop bytes of the end.
+  out.reserve(total + 1024);
+  out.resize(header);
   {
     google::protobuf::io::StringOutputStream stream(&out);
     google::protobuf::io::CodedOutputStream coded(&stream);
     // Deterministic: the same manifest always frames to the same bytes.
     coded.SetSerializationDeterministic(true);
     head.SerializeToCodedStream(&coded);
-    native::TensorProto tp;  // reused: its pieces' storage too
     for (const TensorEntry& t : m.tensors) {
-      tp.Clear();
-      tp.set_name(t.name);
-      ToProto(t.layout, tp.mutable_layout());
-      if (t.mesh) ToProto(*t.mesh, tp.mutable_mesh());
-      for (const PieceInfo& pc : t.pieces) PieceToProto(pc, tp.add_pieces());
-      for (const PieceInfo& pc : t.copies) PieceToProto(pc, tp.add_copies());
-      coded.WriteTag(google::protobuf::internal::WireFormatLite::MakeTag(
-          native::Manifest::kTensorsFieldNumber,
-          google::protobuf::internal::WireFormatLite::WIRETYPE_LENGTH_DELIMITED));
+      fill(t);
+      coded.WriteTag(tensor_tag);
       coded.WriteVarint32(static_cast<uint32_t>(tp.ByteSizeLong()));
       tp.SerializeWithCachedSizes(&coded);
     }

@@ -3,8 +3,10 @@
 #ifndef TESSERA_FORMATS_MANIFEST_H_
 #define TESSERA_FORMATS_MANIFEST_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -42,20 +44,63 @@ inline constexpr uint64_t kChecksumBlock = 1 << 20;
 
 enum class Codec : uint8_t { kRaw = 0, kZstd = 1 };
 
+// A piece's block checksums in one pointer (a vector would take 24 bytes of
+// every piece, and most pieces have none): the count, then the checksums,
+// in one heap array; none allocates nothing.
+class BlockChecksums {
+ public:
+  BlockChecksums() = default;
+  explicit BlockChecksums(size_t n) {
+    if (n == 0) return;
+    data_.reset(new uint64_t[n + 1]());
+    data_[0] = n;
+  }
+  BlockChecksums(const uint64_t* begin, const uint64_t* end)
+      : BlockChecksums(static_cast<size_t>(end - begin)) {
+    std::copy(begin, end, this->begin());
+  }
+  BlockChecksums(const BlockChecksums& o) : BlockChecksums(o.begin(), o.end()) {}
+  BlockChecksums(BlockChecksums&&) noexcept = default;
+  BlockChecksums& operator=(const BlockChecksums& o) {
+    if (this != &o) *this = BlockChecksums(o);
+    return *this;
+  }
+  BlockChecksums& operator=(BlockChecksums&&) noexcept = default;
+
+  size_t size() const { return data_ ? static_cast<size_t>(data_[0]) : 0; }
+  bool empty() const { return size() == 0; }
+  uint64_t& operator[](size_t i) { return data_[i + 1]; }
+  uint64_t operator[](size_t i) const { return data_[i + 1]; }
+  uint64_t* begin() { return data_ ? data_.get() + 1 : nullptr; }
+  uint64_t* end() { return begin() + size(); }
+  const uint64_t* begin() const { return data_ ? data_.get() + 1 : nullptr; }
+  const uint64_t* end() const { return begin() + size(); }
+  bool operator==(const BlockChecksums& o) const {
+    return size() == o.size() && std::equal(begin(), end(), o.begin());
+  }
+  bool operator!=(const BlockChecksums& o) const { return !(*this == o); }
+
+ private:
+  std::unique_ptr<uint64_t[]> data_;
+};
+
+// One per stored piece: a 16,384-rank checkpoint has 1.5 million, which a
+// reshard holds twice (the source's and the output's), so the record is
+// kept small: 88 bytes (it was 160 with a Box and a vector).
 struct PieceInfo {
   uint32_t file = 0;
-  uint64_t offset = 0;
-  uint64_t length = 0;
-  Box box;
-  Codec codec = Codec::kRaw;
-  uint64_t raw_length = 0;
-  uint64_t checksum = 0;
-  // XXH3 of each kChecksumBlock of the stored bytes (raw pieces longer than
-  // one block; empty otherwise).
-  std::vector<uint64_t> block_checksums;
   // Of a copy: the pipeline stage whose copy it is (a tensor several stages
   // hold), its bytes possibly not the piece's; 0 for a redundancy copy.
-  int64_t stage = 0;
+  int32_t stage = 0;
+  Codec codec = Codec::kRaw;
+  uint64_t offset = 0;
+  uint64_t length = 0;
+  uint64_t raw_length = 0;
+  uint64_t checksum = 0;
+  CompactBox box;
+  // XXH3 of each kChecksumBlock of the stored bytes (raw pieces longer than
+  // one block; empty otherwise).
+  BlockChecksums block_checksums;
 };
 
 struct TensorEntry {

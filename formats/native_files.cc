@@ -50,10 +50,11 @@ Result<PieceInfo> WriteRawBlocks(const std::string& path, Block&& block, size_t 
   p.offset = offset;
   p.length = size;
   Xxh3Hasher piece;
+  if (size > kChecksumBlock) p.block_checksums = BlockChecksums(CeilDiv(size, kChecksumBlock));
   for (uint64_t off = 0; off < size; off += kChecksumBlock) {
     const size_t n = static_cast<size_t>(std::min<uint64_t>(kChecksumBlock, size - off));
     ASSIGN_OR_RETURN(const char* data, block(off, n));
-    if (size > kChecksumBlock) p.block_checksums.push_back(Xxh3(data, n));
+    if (size > kChecksumBlock) p.block_checksums[off / kChecksumBlock] = Xxh3(data, n);
     piece.Update(data, n);
     Status s = write(data, n, off);
     if (!s.ok()) return s.Annotate("data file '" + path + "'");
@@ -179,9 +180,10 @@ Result<StoredPiece> EncodeStoredPiece(const void* raw, size_t size, const Box& b
   info.raw_length = size;
   info.checksum = Xxh3(p.data, p.size);
   if (codec == Codec::kRaw && p.size > kChecksumBlock) {
+    info.block_checksums = BlockChecksums(CeilDiv(p.size, kChecksumBlock));
     for (uint64_t off = 0; off < p.size; off += kChecksumBlock) {
-      info.block_checksums.push_back(
-          Xxh3(p.data + off, std::min<uint64_t>(kChecksumBlock, p.size - off)));
+      info.block_checksums[off / kChecksumBlock] =
+          Xxh3(p.data + off, std::min<uint64_t>(kChecksumBlock, p.size - off));
     }
   }
   return p;

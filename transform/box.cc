@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cassert>
+#include <cstdint>
 #include <cstring>
 
 namespace tessera {
@@ -52,6 +53,68 @@ std::vector<int64_t> Box::origin() const {
 }
 
 bool Box::operator==(const Box& o) const {
+  if (rank_ != o.rank_) return false;
+  for (int d = 0; d < rank_; ++d) {
+    if ((*this)[d] != o[d]) return false;
+  }
+  return true;
+}
+
+void CompactBox::Assign(const Box& box) {
+  rank_ = static_cast<uint8_t>(box.rank());
+  bool small = box.rank() <= kInlineRank;
+  for (int d = 0; small && d < box.rank(); ++d) {
+    small = box[d].begin >= INT32_MIN && box[d].begin <= INT32_MAX && box[d].end >= INT32_MIN &&
+            box[d].end <= INT32_MAX;
+  }
+  heap_ = !small;
+  if (heap_) {
+    dims_ = new Interval[rank_];
+    for (int d = 0; d < rank_; ++d) dims_[d] = box[d];
+  } else {
+    for (int d = 0; d < rank_; ++d) {
+      bounds_[2 * d] = static_cast<int32_t>(box[d].begin);
+      bounds_[2 * d + 1] = static_cast<int32_t>(box[d].end);
+    }
+  }
+}
+
+CompactBox& CompactBox::operator=(const CompactBox& o) {
+  if (this == &o) return *this;
+  Release();
+  rank_ = o.rank_;
+  heap_ = o.heap_;
+  if (heap_) {
+    dims_ = new Interval[rank_];
+    std::copy(o.dims_, o.dims_ + rank_, dims_);
+  } else {
+    std::copy(o.bounds_, o.bounds_ + 2 * kInlineRank, bounds_);
+  }
+  return *this;
+}
+
+CompactBox& CompactBox::operator=(CompactBox&& o) noexcept {
+  if (this == &o) return *this;
+  Release();
+  rank_ = o.rank_;
+  heap_ = o.heap_;
+  if (heap_) {
+    dims_ = o.dims_;
+    o.heap_ = false;
+    o.rank_ = 0;
+  } else {
+    std::copy(o.bounds_, o.bounds_ + 2 * kInlineRank, bounds_);
+  }
+  return *this;
+}
+
+CompactBox::operator Box() const {
+  Box b(rank_);
+  for (int d = 0; d < rank_; ++d) b[d] = (*this)[d];
+  return b;
+}
+
+bool CompactBox::operator==(const CompactBox& o) const {
   if (rank_ != o.rank_) return false;
   for (int d = 0; d < rank_; ++d) {
     if ((*this)[d] != o[d]) return false;

@@ -100,6 +100,60 @@ class Box {
   std::unique_ptr<Interval[]> heap_;  // rank_ > kInlineRank
 };
 
+// A Box as the manifests keep one per piece, in 32 bytes where a Box takes
+// 80: up to kInlineRank dimensions whose bounds fit in 32 bits are stored
+// inline as 32-bit bounds, others on the heap. Read-only: it converts to a
+// Box (no allocation up to Box::kInlineRank dimensions) and is assigned
+// from one. A 16,384-rank checkpoint's manifest holds 1.5 million pieces,
+// held twice by a reshard (reader and writer): 144 MiB less for each.
+class CompactBox {
+ public:
+  static constexpr int kInlineRank = 3;
+
+  CompactBox() = default;
+  CompactBox(const Box& box) { Assign(box); }  // NOLINT: implicit, as a Box is
+  CompactBox(const CompactBox& o) { *this = o; }
+  CompactBox(CompactBox&& o) noexcept { *this = std::move(o); }
+  CompactBox& operator=(const Box& box) {
+    Release();
+    Assign(box);
+    return *this;
+  }
+  CompactBox& operator=(const CompactBox& o);
+  CompactBox& operator=(CompactBox&& o) noexcept;
+  ~CompactBox() { Release(); }
+
+  int rank() const { return rank_; }
+  Interval operator[](int d) const {
+    return heap_ ? dims_[d] : Interval{bounds_[2 * d], bounds_[2 * d + 1]};
+  }
+  operator Box() const;  // NOLINT: implicit, so it reads as a Box
+  std::vector<int64_t> extents() const { return Box(*this).extents(); }
+  std::vector<int64_t> origin() const { return Box(*this).origin(); }
+
+  bool operator==(const CompactBox& o) const;
+  bool operator!=(const CompactBox& o) const { return !(*this == o); }
+
+ private:
+  void Assign(const Box& box);
+  void Release() {
+    if (heap_) delete[] dims_;
+    heap_ = false;
+    rank_ = 0;
+  }
+  uint8_t rank_ = 0;
+  bool heap_ = false;
+  union {
+    int32_t bounds_[2 * kInlineRank] = {};  // begin, end of each dimension
+    Interval* dims_;                        // heap_
+  };
+};
+
+inline bool operator==(const Box& a, const CompactBox& b) { return CompactBox(a) == b; }
+inline bool operator==(const CompactBox& a, const Box& b) { return a == CompactBox(b); }
+inline bool operator!=(const Box& a, const CompactBox& b) { return !(a == b); }
+inline bool operator!=(const CompactBox& a, const Box& b) { return !(a == b); }
+
 bool IsEmpty(const Box& box);
 int64_t NumElements(const Box& box);
 // Boxes of different ranks never intersect: the result is empty.

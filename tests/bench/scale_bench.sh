@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # How the offline reshard's cost grows with the number of ranks, not with
 # bytes: one GPT-3-deep state (96 layers, Adam moments, about 880 MiB at
-# width 256) written by make_checkpoint on 8, 1,024 and 4,096 ranks (ZeRO),
-# each resharded with `ckpt reshard` to half as many ranks (the destination
+# width 256) written by make_checkpoint on 8, 1,024, 4,096 and 16,384 ranks
+# (ZeRO), each resharded with `ckpt reshard` to half as many ranks (the destination
 # strategies from make_checkpoint --strategy-out), beside the 8 -> 4 figure
 # of the same bytes: seconds and peak RSS (GNU time), medians of 3. Goal
-# (issue 21): 4,096 -> 2,048 within 2x the time of 8 -> 4, peak RSS at most
-# the memory budget (256 MiB) plus 4x the manifest. The peer: `cp -r` of
+# (issues 21 and 40): 4,096 -> 2,048 and 16,384 -> 8,192 within 2x the time
+# of 8 -> 4, peak RSS at most the memory budget (256 MiB) plus 4x the
+# manifest (printed as "budget"). The peer: `cp -r` of
 # the reshard's own output and `sync` (the same files created, the same
 # bytes written and made durable; medians of 3), a floor no reshard of
 # those files can go under on this file system. Nothing is deleted until
@@ -34,11 +35,12 @@ mesh_of() {  # the source mesh for N ranks, and its half
     8) echo "pp=2,dp=2,tp=2 pp=1,dp=2,tp=2" ;;
     1024) echo "pp=8,dp=16,tp=8 pp=4,dp=8,tp=16" ;;
     4096) echo "pp=16,dp=32,tp=8 pp=8,dp=16,tp=16" ;;
+    16384) echo "pp=16,dp=128,tp=8 pp=8,dp=64,tp=16" ;;
     *) echo "scale_bench: no mesh for $1 ranks" >&2; exit 2 ;;
   esac
 }
-printf "%-34s %8s %10s %10s %10s %9s %10s %8s\n" "ranks (source -> destination)" "pieces" "manifest" \
-  "seconds" "peak RSS" "vs 8->4" "cp+sync" "vs cp"
+printf "%-34s %8s %10s %10s %10s %9s %9s %10s %8s\n" "ranks (source -> destination)" "pieces" \
+  "manifest" "seconds" "peak RSS" "budget" "vs 8->4" "cp+sync" "vs cp"
 base=""
 for n in "${ranks[@]}"; do
   read -r src dst <<<"$(mesh_of "$n")"
@@ -65,8 +67,9 @@ print(sum(t['pieces'] for t in json.load(sys.stdin)['tensors']))")
   done
   c=$(printf '%s\n' "${copies[@]}" | median)
   [ -z "$base" ] && base=$s
-  printf "%-34s %8d %9.1fM %10.3f %9.0fM %8.2fx %10.3f %7.2fx\n" "$n ($src -> $dst)" "$pieces" \
-    "$(awk "BEGIN {print $manifest / 1048576}")" "$s" "$(awk "BEGIN {print $r / 1024}")" \
+  printf "%-34s %8d %9.1fM %10.3f %9.0fM %8.0fM %8.2fx %10.3f %7.2fx\n" "$n ($src -> $dst)" \
+    "$pieces" "$(awk "BEGIN {print $manifest / 1048576}")" "$s" "$(awk "BEGIN {print $r / 1024}")" \
+    "$(awk "BEGIN {print 256 + 4 * $manifest / 1048576}")" \
     "$(awk "BEGIN {print $s / $base}")" "$c" "$(awk "BEGIN {print $s / $c}")"
   if [ "$(stat -f -c %T "$work")" = tmpfs ]; then
     rm -rf "$work/src-$n" "$work/out-$n"-* "$work/copy-$n"-*

@@ -232,6 +232,17 @@ TEST_CASE("region reads of a multi-block raw piece: staged and direct paths agre
   CHECK(info->checksum == Xxh3(data.data(), data.size() * 4));
   CHECK(info->checksum == encoded->info.checksum);
   CHECK(info->block_checksums == encoded->info.block_checksums);
+  const char* bytes = reinterpret_cast<const char*>(data.data());
+  for (size_t b = 0; b < info->block_checksums.size(); ++b) {
+    const uint64_t off = b * kChecksumBlock;
+    CHECK(info->block_checksums[b] ==
+          Xxh3(bytes + off, std::min<uint64_t>(kChecksumBlock, data.size() * 4 - off)));
+  }
+  BlockChecksums copy = info->block_checksums;  // deep: changing it leaves the piece's
+  copy[9] ^= 1;
+  CHECK(copy != info->block_checksums);
+  CHECK(BlockChecksums().empty());
+  CHECK(BlockChecksums() == BlockChecksums(0));
   REQUIRE((*writer)->Finish().ok());
   CHECK((*writer)->checksum() ==
         Xxh3(ReadFileToString(env.get(), "/r/d.tsr")->data(), (*writer)->size()));

@@ -135,6 +135,48 @@ TEST_CASE("Box: copies, moves and assignments across inline and heap ranks (0..8
   CHECK(sizeof(Box) <= 80);
 }
 
+TEST_CASE("CompactBox: every rank and bound a Box holds, inline or on the heap, back unchanged") {
+  const int64_t big = int64_t{1} << 40;
+  const std::vector<Interval> bounds{{0, 0},         {3, 7},           {-5, 2},
+                                     {0, INT32_MAX}, {INT32_MIN, 0},   {0, int64_t{INT32_MAX} + 1},
+                                     {big, big + 9}, {-big, INT64_MAX}};
+  std::mt19937_64 rng(7);
+  for (int rank = 0; rank <= kMaxRank; ++rank) {
+    for (int trial = 0; trial < 40; ++trial) {
+      Box b(rank);
+      for (int d = 0; d < rank; ++d) b[d] = bounds[rng() % bounds.size()];
+      INFO(ToString(b));
+      const CompactBox c = b;
+      CHECK(c.rank() == rank);
+      CHECK(Box(c) == b);
+      CHECK(c == b);
+      CHECK(b == c);
+      for (int d = 0; d < rank; ++d) CHECK(c[d] == b[d]);
+      CHECK(c.extents() == b.extents());
+      CHECK(c.origin() == b.origin());
+      CompactBox copy = c;  // deep: the original outlives it unchanged
+      CHECK(copy == c);
+      CompactBox moved = std::move(copy);
+      CHECK(moved == c);
+      CompactBox assigned = Box({{1, 2}});
+      assigned = c;
+      CHECK(assigned == c);
+      assigned = moved;  // over a value of the same kind
+      CHECK(assigned == b);
+      if (rank > 0) {
+        Box other = b;
+        other[rank - 1].end += 1;
+        CHECK(c != CompactBox(other));
+        CHECK(c != other);
+      }
+      assigned = *&assigned;
+      CHECK(assigned == b);
+    }
+  }
+  CHECK(CompactBox(Box({{1, 2}})) != CompactBox(Box({{1, 2}, {0, 1}})));
+  CHECK(sizeof(CompactBox) == 32);
+}
+
 TEST_CASE("OriginLess orders boxes as their origin vectors compare") {
   std::mt19937_64 rng(7);
   std::vector<Box> boxes;
