@@ -135,19 +135,48 @@ int64_t NumElements(const Box& box) {
   return n;
 }
 
-Box Intersect(const Box& a, const Box& b) {
+namespace {
+
+// The verbs over either kind of box: a CompactBox converted to a Box for
+// each call cost 6% of a 16,384-rank reshard.
+template <typename A, typename B>
+bool OriginLessOf(const A& a, const B& b) {
+  const int n = std::min(a.rank(), b.rank());
+  for (int d = 0; d < n; ++d) {
+    if (a[d].begin != b[d].begin) return a[d].begin < b[d].begin;
+  }
+  return a.rank() < b.rank();
+}
+
+template <typename A, typename B>
+Box IntersectOf(const A& a, const B& b) {
   if (a.rank() != b.rank()) return Box(std::max(a.rank(), b.rank()));
   Box r(a.rank());
   for (int d = 0; d < a.rank(); ++d) r[d] = Intersect(a[d], b[d]);
   return r;
 }
 
-bool OriginLess(const Box& a, const Box& b) {
-  const int n = std::min(a.rank(), b.rank());
-  for (int d = 0; d < n; ++d) {
-    if (a[d].begin != b[d].begin) return a[d].begin < b[d].begin;
+template <typename O>
+Box RelativeToOf(const Box& box, const O& origin) {
+  Box r(box.rank());
+  for (int d = 0; d < box.rank(); ++d) {
+    r[d] = {box[d].begin - origin[d].begin, box[d].end - origin[d].begin};
   }
-  return a.rank() < b.rank();
+  return r;
+}
+
+}  // namespace
+
+bool OriginLess(const Box& a, const Box& b) { return OriginLessOf(a, b); }
+bool OriginLess(const CompactBox& a, const CompactBox& b) { return OriginLessOf(a, b); }
+Box Intersect(const Box& a, const Box& b) { return IntersectOf(a, b); }
+Box Intersect(const CompactBox& a, const Box& b) { return IntersectOf(a, b); }
+Box RelativeTo(const Box& box, const CompactBox& origin) { return RelativeToOf(box, origin); }
+
+std::vector<int64_t> CompactBox::extents() const {
+  std::vector<int64_t> e(rank_);
+  for (int d = 0; d < rank_; ++d) e[d] = (*this)[d].size();
+  return e;
 }
 
 bool Contains(const Box& outer, const Box& inner) {
@@ -159,13 +188,7 @@ bool Contains(const Box& outer, const Box& inner) {
   return true;
 }
 
-Box RelativeTo(const Box& box, const Box& origin) {
-  Box r(box.rank());
-  for (int d = 0; d < box.rank(); ++d) {
-    r[d] = {box[d].begin - origin[d].begin, box[d].end - origin[d].begin};
-  }
-  return r;
-}
+Box RelativeTo(const Box& box, const Box& origin) { return RelativeToOf(box, origin); }
 
 std::string ToString(const Box& box) {
   std::string s = "[";

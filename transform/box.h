@@ -128,7 +128,7 @@ class CompactBox {
     return heap_ ? dims_[d] : Interval{bounds_[2 * d], bounds_[2 * d + 1]};
   }
   operator Box() const;  // NOLINT: implicit, so it reads as a Box
-  std::vector<int64_t> extents() const { return Box(*this).extents(); }
+  std::vector<int64_t> extents() const;
   std::vector<int64_t> origin() const { return Box(*this).origin(); }
 
   bool operator==(const CompactBox& o) const;
@@ -162,8 +162,12 @@ bool Contains(const Box& outer, const Box& inner);
 // a.origin() < b.origin() (lexicographic, as std::vector compares), without
 // building either: the writers sort half a million pieces by it.
 bool OriginLess(const Box& a, const Box& b);
+bool OriginLess(const CompactBox& a, const CompactBox& b);
+// The same verbs on a piece's CompactBox, without converting it.
+Box Intersect(const CompactBox& a, const Box& b);
 // `box` in the coordinates of a box starting at `origin` (box - origin).
 Box RelativeTo(const Box& box, const Box& origin);
+Box RelativeTo(const Box& box, const CompactBox& origin);
 // "[0:512, 0:3072]"; a scalar is "[]".
 std::string ToString(const Box& box);
 
