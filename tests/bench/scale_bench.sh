@@ -39,7 +39,7 @@ mesh_of() {  # the source mesh for N ranks, and its half
     *) echo "scale_bench: no mesh for $1 ranks" >&2; exit 2 ;;
   esac
 }
-printf "%-34s %8s %10s %10s %10s %9s %9s %10s %8s\n" "ranks (source -> destination)" "pieces" \
+printf "%-46s %8s %10s %10s %10s %9s %9s %10s %8s\n" "ranks (source -> destination)" "pieces" \
   "manifest" "seconds" "peak RSS" "budget" "vs 8->4" "cp+sync" "vs cp"
 base=""
 for n in "${ranks[@]}"; do
@@ -67,7 +67,7 @@ print(sum(t['pieces'] for t in json.load(sys.stdin)['tensors']))")
   done
   c=$(printf '%s\n' "${copies[@]}" | median)
   [ -z "$base" ] && base=$s
-  printf "%-34s %8d %9.1fM %10.3f %9.0fM %8.0fM %8.2fx %10.3f %7.2fx\n" "$n ($src -> $dst)" \
+  printf "%-46s %8d %9.1fM %10.3f %9.0fM %8.0fM %8.2fx %10.3f %7.2fx\n" "$n ($src -> $dst)" \
     "$pieces" "$(awk "BEGIN {print $manifest / 1048576}")" "$s" "$(awk "BEGIN {print $r / 1024}")" \
     "$(awk "BEGIN {print 256 + 4 * $manifest / 1048576}")" \
     "$(awk "BEGIN {print $s / $base}")" "$c" "$(awk "BEGIN {print $s / $c}")"
