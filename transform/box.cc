@@ -52,13 +52,21 @@ std::vector<int64_t> Box::origin() const {
   return o;
 }
 
-bool Box::operator==(const Box& o) const {
-  if (rank_ != o.rank_) return false;
-  for (int d = 0; d < rank_; ++d) {
-    if ((*this)[d] != o[d]) return false;
+namespace {
+
+// Equal rank and intervals, over either kind of box.
+template <typename A, typename B>
+bool SameBox(const A& a, const B& b) {
+  if (a.rank() != b.rank()) return false;
+  for (int d = 0; d < a.rank(); ++d) {
+    if (a[d] != b[d]) return false;
   }
   return true;
 }
+
+}  // namespace
+
+bool Box::operator==(const Box& o) const { return SameBox(*this, o); }
 
 void CompactBox::Assign(const Box& box) {
   rank_ = static_cast<uint8_t>(box.rank());
@@ -114,13 +122,7 @@ CompactBox::operator Box() const {
   return b;
 }
 
-bool CompactBox::operator==(const CompactBox& o) const {
-  if (rank_ != o.rank_) return false;
-  for (int d = 0; d < rank_; ++d) {
-    if ((*this)[d] != o[d]) return false;
-  }
-  return true;
-}
+bool CompactBox::operator==(const CompactBox& o) const { return SameBox(*this, o); }
 
 bool IsEmpty(const Box& box) {
   for (int d = 0; d < box.rank(); ++d) {
