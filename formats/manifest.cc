@@ -109,7 +109,7 @@ Result<PieceInfo> PieceFromProto(const native::PieceProto& pp, const TensorEntry
   pc.stage = static_cast<int32_t>(pp.stage());
   pc.block_checksums = BlockChecksums(pp.block_checksums().data(),
                                       pp.block_checksums().data() + pp.block_checksums_size());
-  const uint64_t blocks = (pc.length + kChecksumBlock - 1) / kChecksumBlock;
+  const uint64_t blocks = CeilDiv(pc.length, kChecksumBlock);
   if (!pc.block_checksums.empty() && pc.block_checksums.size() != blocks) {
     return bad(" has " + std::to_string(pc.block_checksums.size()) + " block checksums for " +
                std::to_string(blocks) + " blocks");

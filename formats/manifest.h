@@ -84,7 +84,7 @@ class BlockChecksums {
   std::unique_ptr<uint64_t[]> data_;
 };
 
-// One per stored piece: a 16,384-rank checkpoint has 1.5 million, which a
+// One per stored piece: a 16,384-rank checkpoint has 1.7 million, which a
 // reshard holds twice (the source's and the output's), so the record is
 // kept small: 88 bytes (it was 160 with a Box and a vector).
 struct PieceInfo {

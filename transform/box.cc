@@ -40,19 +40,22 @@ Box Box::FromShape(const std::vector<int64_t>& shape) {
   return b;
 }
 
-std::vector<int64_t> Box::extents() const {
-  std::vector<int64_t> e(rank_);
-  for (int d = 0; d < rank_; ++d) e[d] = (*this)[d].size();
+namespace {
+
+// Each dimension's size, or its begin, over either kind of box.
+template <typename B>
+std::vector<int64_t> ExtentsOf(const B& box) {
+  std::vector<int64_t> e(box.rank());
+  for (int d = 0; d < box.rank(); ++d) e[d] = box[d].size();
   return e;
 }
 
-std::vector<int64_t> Box::origin() const {
-  std::vector<int64_t> o(rank_);
-  for (int d = 0; d < rank_; ++d) o[d] = (*this)[d].begin;
+template <typename B>
+std::vector<int64_t> OriginOf(const B& box) {
+  std::vector<int64_t> o(box.rank());
+  for (int d = 0; d < box.rank(); ++d) o[d] = box[d].begin;
   return o;
 }
-
-namespace {
 
 // Equal rank and intervals, over either kind of box.
 template <typename A, typename B>
@@ -66,6 +69,8 @@ bool SameBox(const A& a, const B& b) {
 
 }  // namespace
 
+std::vector<int64_t> Box::extents() const { return ExtentsOf(*this); }
+std::vector<int64_t> Box::origin() const { return OriginOf(*this); }
 bool Box::operator==(const Box& o) const { return SameBox(*this, o); }
 
 void CompactBox::Assign(const Box& box) {
@@ -123,6 +128,9 @@ CompactBox::operator Box() const {
 }
 
 bool CompactBox::operator==(const CompactBox& o) const { return SameBox(*this, o); }
+// Compared as they are, without building a CompactBox (an allocation past
+// its inline rank) for the Box.
+bool operator==(const Box& a, const CompactBox& b) { return SameBox(a, b); }
 
 bool IsEmpty(const Box& box) {
   for (int d = 0; d < box.rank(); ++d) {
@@ -175,11 +183,8 @@ Box Intersect(const Box& a, const Box& b) { return IntersectOf(a, b); }
 Box Intersect(const CompactBox& a, const Box& b) { return IntersectOf(a, b); }
 Box RelativeTo(const Box& box, const CompactBox& origin) { return RelativeToOf(box, origin); }
 
-std::vector<int64_t> CompactBox::extents() const {
-  std::vector<int64_t> e(rank_);
-  for (int d = 0; d < rank_; ++d) e[d] = (*this)[d].size();
-  return e;
-}
+std::vector<int64_t> CompactBox::extents() const { return ExtentsOf(*this); }
+std::vector<int64_t> CompactBox::origin() const { return OriginOf(*this); }
 
 bool Contains(const Box& outer, const Box& inner) {
   if (outer.rank() != inner.rank()) return false;

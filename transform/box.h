@@ -104,8 +104,8 @@ class Box {
 // 80: up to kInlineRank dimensions whose bounds fit in 32 bits are stored
 // inline as 32-bit bounds, others on the heap. Read-only: it converts to a
 // Box (no allocation up to Box::kInlineRank dimensions) and is assigned
-// from one. A 16,384-rank checkpoint's manifest holds 1.5 million pieces,
-// held twice by a reshard (reader and writer): 144 MiB less for each.
+// from one. A 16,384-rank checkpoint's manifest holds 1.7 million pieces,
+// held twice by a reshard (reader and writer): 78 MiB less for each.
 class CompactBox {
  public:
   static constexpr int kInlineRank = 3;
@@ -129,7 +129,7 @@ class CompactBox {
   }
   operator Box() const;  // NOLINT: implicit, so it reads as a Box
   std::vector<int64_t> extents() const;
-  std::vector<int64_t> origin() const { return Box(*this).origin(); }
+  std::vector<int64_t> origin() const;
 
   bool operator==(const CompactBox& o) const;
   bool operator!=(const CompactBox& o) const { return !(*this == o); }
@@ -149,8 +149,8 @@ class CompactBox {
   };
 };
 
-inline bool operator==(const Box& a, const CompactBox& b) { return CompactBox(a) == b; }
-inline bool operator==(const CompactBox& a, const Box& b) { return a == CompactBox(b); }
+bool operator==(const Box& a, const CompactBox& b);
+inline bool operator==(const CompactBox& a, const Box& b) { return b == a; }
 inline bool operator!=(const Box& a, const CompactBox& b) { return !(a == b); }
 inline bool operator!=(const CompactBox& a, const Box& b) { return !(a == b); }
 
