@@ -109,7 +109,28 @@ Result<PieceInfo> PieceFromProto(const native::PieceProto& pp, const TensorEntry
   pc.stage = static_cast<int32_t>(pp.stage());
   pc.block_checksums = BlockChecksums(pp.block_checksums().data(),
                                       pp.block_checksums().data() + pp.block_checksums_size());
-  const uint64_t blocks = CeilDiv(pc.length, kChecksumBlock);
+  uint64_t blocks = CeilDiv(pc.length, kChecksumBlock);
+  if (pp.tile_rows() != 0 || pp.tile_columns() != 0) {
+    const int64_t last = box.rank() > 0 ? box[box.rank() - 1].size() : 0;
+    if (pp.tile_rows() == 0 || pp.tile_rows() > UINT16_MAX || pp.tile_columns() == 0 ||
+        static_cast<int64_t>(pp.tile_columns()) > last || box.rank() < 2 ||
+        pc.codec != Codec::kRaw || pc.length <= kChecksumBlock) {
+      return bad(" has tiles of " + std::to_string(pp.tile_rows()) + " rows by " +
+                 std::to_string(pp.tile_columns()) +
+                 " columns, which a raw piece of two or more dimensions longer than 1 MiB "
+                 "may have only with both from 1 (rows up to 65535, columns up to its last "
+                 "dimension's " +
+                 std::to_string(last) + ")");
+    }
+    pc.tile_rows = static_cast<uint16_t>(pp.tile_rows());
+    pc.tile_columns = pp.tile_columns();
+    const TileGrid g = GridOf(pc);
+    blocks = g.row_tiles() * g.column_tiles();
+    if (pc.block_checksums.size() != blocks) {
+      return bad(" has " + std::to_string(pc.block_checksums.size()) + " block checksums for " +
+                 std::to_string(blocks) + " tiles");
+    }
+  }
   if (!pc.block_checksums.empty() && pc.block_checksums.size() != blocks) {
     return bad(" has " + std::to_string(pc.block_checksums.size()) + " block checksums for " +
                std::to_string(blocks) + " blocks");
@@ -130,7 +151,49 @@ void PieceToProto(const PieceInfo& pc, native::PieceProto* pp) {
   pp->set_checksum(pc.checksum);
   for (uint64_t c : pc.block_checksums) pp->add_block_checksums(c);
   pp->set_stage(pc.stage);
+  pp->set_tile_rows(pc.tile_rows);
+  pp->set_tile_columns(pc.tile_columns);
 }
+
+}  // namespace
+
+TileGrid GridOf(const PieceInfo& piece) {
+  TileGrid g;
+  if (!piece.tiled()) return g;
+  const int n = piece.box.rank();
+  const int64_t last = piece.box[n - 1].size();
+  g.row_bytes = piece.raw_length / NumElements(piece.box) * last;
+  g.rows = piece.raw_length / g.row_bytes;
+  g.tile_rows = piece.tile_rows;
+  g.tile_bytes = g.row_bytes / last * piece.tile_columns;
+  return g;
+}
+
+TileGrid ChooseTiles(const Box& box, uint64_t size) {
+  constexpr uint64_t kMinRowBytes = 4 << 10;      // two tiles of 2 KiB
+  constexpr uint64_t kMaxRowBytes = 2 << 20;      // wider: 1 MiB blocks cut across rows
+  constexpr uint64_t kMinTileRowBytes = 2 << 10;  // streaming XXH3 slows below
+  constexpr uint64_t kMaxColumnTiles = 64;
+  constexpr uint64_t kBandBytes = 4 << 20;
+  TileGrid g;
+  const int n = box.rank();
+  if (n < 2 || size <= kChecksumBlock) return g;
+  const int64_t volume = NumElements(box);
+  const uint64_t last = static_cast<uint64_t>(box[n - 1].size());
+  if (volume <= 0 || last == 0 || size % static_cast<uint64_t>(volume) != 0) return g;
+  const uint64_t row_bytes = size / static_cast<uint64_t>(volume) * last;
+  if (row_bytes < kMinRowBytes || row_bytes >= kMaxRowBytes) return g;
+  uint64_t k = 1;
+  while (k * 2 <= kMaxColumnTiles && row_bytes / (k * 2) >= kMinTileRowBytes) k *= 2;
+  const uint64_t columns = CeilDiv(last, k);
+  g.rows = size / row_bytes;
+  g.row_bytes = row_bytes;
+  g.tile_rows = std::min<uint64_t>(UINT16_MAX, std::max<uint64_t>(1, kBandBytes / row_bytes));
+  g.tile_bytes = row_bytes / last * columns;
+  return g;
+}
+
+namespace {
 
 constexpr char kManifestMagic[8] = {'T', 'S', 'R', 'M', 'N', 'F', 'S', 'T'};
 

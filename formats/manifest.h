@@ -23,7 +23,8 @@ namespace tessera {
 // Format 2 frames manifest.pb with a checksum (kManifestHeader below),
 // keeps a second copy of it, and records tensors held by several pipeline
 // stages, data-file hosts, whole-file checksums and erasure-code groups.
-inline constexpr uint32_t kNativeFormatVersion = 2;
+// Format 3 lets a matrix piece's block checksums cover 2-D tiles (TileGrid).
+inline constexpr uint32_t kNativeFormatVersion = 3;
 // Pieces of at least kPackedPieceLimit stored bytes start at a multiple of
 // kPieceAlignment (a page: one can be mapped, or read directly, from a page
 // boundary; its last page may hold small pieces packed after it); smaller
@@ -93,15 +94,41 @@ struct PieceInfo {
   // hold), its bytes possibly not the piece's; 0 for a redundancy copy.
   int32_t stage = 0;
   Codec codec = Codec::kRaw;
+  // Format 3: block_checksums are those of tiles of tile_rows rows by
+  // tile_columns elements (TileGrid); both 0: of 1 MiB blocks. In what
+  // would be padding before `offset`.
+  uint16_t tile_rows = 0;
+  uint32_t tile_columns = 0;
   uint64_t offset = 0;
   uint64_t length = 0;
   uint64_t raw_length = 0;
   uint64_t checksum = 0;
   CompactBox box;
-  // XXH3 of each kChecksumBlock of the stored bytes (raw pieces longer than
-  // one block; empty otherwise).
+  // XXH3 of each kChecksumBlock of the stored bytes, or of each tile
+  // (raw pieces longer than one block; empty otherwise).
   BlockChecksums block_checksums;
+  bool tiled() const { return tile_rows != 0; }
 };
+
+// A tiled piece's grid (formats/native.md, "Tile checksums"), in bytes:
+// rows of `row_bytes` (its last dimension), tiles of `tile_rows` rows by
+// `tile_bytes` of each row. Tile (i, j)'s checksum is block_checksums[i *
+// column_tiles() + j].
+struct TileGrid {
+  uint64_t rows = 0;
+  uint64_t row_bytes = 0;
+  uint64_t tile_rows = 0;
+  uint64_t tile_bytes = 0;
+  uint64_t row_tiles() const { return CeilDiv(rows, tile_rows); }
+  uint64_t column_tiles() const { return CeilDiv(row_bytes, tile_bytes); }
+  uint64_t band_bytes() const { return tile_rows * row_bytes; }  // a band of tile rows
+  bool empty() const { return tile_rows == 0; }
+};
+// The grid of a tiled raw piece (its element size from raw_length and box).
+TileGrid GridOf(const PieceInfo& piece);
+// The tiles a writer gives a raw piece of `size` bytes holding `box`
+// (empty: 1 MiB blocks, or one checksum at or below 1 MiB).
+TileGrid ChooseTiles(const Box& box, uint64_t size);
 
 struct TensorEntry {
   std::string name;

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "core/buffer.h"
@@ -30,11 +31,79 @@ std::string DataFileHeader() {
 
 namespace {
 
+// Hashes a tiled piece's tiles (TileGrid) from its stored bytes handed
+// over in order, in chunks of any size: one streaming state per column
+// tile, each row's segments fed to their tiles' states, the states
+// finished at the end of each band of tile rows, so the piece is read
+// once, row-major, whatever its tiles.
+class TileHasher {
+ public:
+  TileHasher(const TileGrid& grid, uint64_t* out)
+      : grid_(grid), out_(out), states_(new Xxh3Hasher[grid.column_tiles()]) {}
+  void Update(const char* data, uint64_t n) {
+    while (n > 0) {
+      const uint64_t j = in_row_ / grid_.tile_bytes;
+      const uint64_t take =
+          std::min(n, std::min((j + 1) * grid_.tile_bytes, grid_.row_bytes) - in_row_);
+      states_[j].Update(data, take);
+      data += take;
+      n -= take;
+      in_row_ += take;
+      if (in_row_ < grid_.row_bytes) continue;
+      in_row_ = 0;
+      ++row_;
+      if (row_ % grid_.tile_rows != 0 && row_ != grid_.rows) continue;
+      const uint64_t band = (row_ - 1) / grid_.tile_rows, columns = grid_.column_tiles();
+      for (uint64_t c = 0; c < columns; ++c) {
+        out_[band * columns + c] = states_[c].Digest();
+        states_[c].Reset();
+      }
+    }
+  }
+
+ private:
+  TileGrid grid_;
+  uint64_t* out_;
+  std::unique_ptr<Xxh3Hasher[]> states_;
+  uint64_t row_ = 0;     // rows done
+  uint64_t in_row_ = 0;  // bytes of the current row done
+};
+
+// Gives `p` (a raw piece of `size` bytes) the checksums its tiles or
+// blocks need, and the hashing that fills them from its bytes in order.
+class BlockHasher {
+ public:
+  BlockHasher(PieceInfo& p, size_t size) {
+    const TileGrid grid = ChooseTiles(p.box, size);
+    if (!grid.empty()) {
+      const int n = p.box.rank();
+      const uint64_t es = grid.row_bytes / static_cast<uint64_t>(p.box[n - 1].size());
+      p.tile_rows = static_cast<uint16_t>(grid.tile_rows);
+      p.tile_columns = static_cast<uint32_t>(grid.tile_bytes / es);
+      p.block_checksums = BlockChecksums(grid.row_tiles() * grid.column_tiles());
+      tiles_.emplace(grid, p.block_checksums.begin());
+    } else if (size > kChecksumBlock) {
+      p.block_checksums = BlockChecksums(CeilDiv(size, kChecksumBlock));
+      blocks_ = p.block_checksums.begin();
+    }
+  }
+  // Bytes [off, off + n) of the piece, in order; row blocks come whole.
+  void Update(const char* data, uint64_t n, uint64_t off) {
+    if (tiles_) tiles_->Update(data, n);
+    if (blocks_ != nullptr) blocks_[off / kChecksumBlock] = Xxh3(data, n);
+  }
+
+ private:
+  std::optional<TileHasher> tiles_;
+  uint64_t* blocks_ = nullptr;
+};
+
 // A raw piece's record (at `offset` of file `file_index`), its bytes handed
 // to `write` (bytes, count, offset in the piece) a checksum block at a
-// time: the block's checksum, the piece's (streamed) and the write all
-// read the block while it is in cache, instead of three passes over the
-// piece from memory. The records are those EncodeStoredPiece gives.
+// time: the block's (or its tiles') checksums, the piece's (streamed) and
+// the write all read the block while it is in cache, instead of three
+// passes over the piece from memory. The records are those
+// EncodeStoredPiece gives.
 //
 // `block(off, n)` gives the bytes of [off, off + n) of the piece: the
 // caller's memory, or a buffer a PieceReader refilled (StreamedBlocks).
@@ -50,11 +119,11 @@ Result<PieceInfo> WriteRawBlocks(const std::string& path, Block&& block, size_t 
   p.offset = offset;
   p.length = size;
   Xxh3Hasher piece;
-  if (size > kChecksumBlock) p.block_checksums = BlockChecksums(CeilDiv(size, kChecksumBlock));
+  BlockHasher blocks(p, size);
   for (uint64_t off = 0; off < size; off += kChecksumBlock) {
     const size_t n = static_cast<size_t>(std::min<uint64_t>(kChecksumBlock, size - off));
     ASSIGN_OR_RETURN(const char* data, block(off, n));
-    if (size > kChecksumBlock) p.block_checksums[off / kChecksumBlock] = Xxh3(data, n);
+    blocks.Update(data, n, off);
     piece.Update(data, n);
     Status s = write(data, n, off);
     if (!s.ok()) return s.Annotate("data file '" + path + "'");
@@ -180,10 +249,9 @@ Result<StoredPiece> EncodeStoredPiece(const void* raw, size_t size, const Box& b
   info.raw_length = size;
   info.checksum = Xxh3(p.data, p.size);
   if (codec == Codec::kRaw && p.size > kChecksumBlock) {
-    info.block_checksums = BlockChecksums(CeilDiv(p.size, kChecksumBlock));
+    BlockHasher blocks(info, p.size);
     for (uint64_t off = 0; off < p.size; off += kChecksumBlock) {
-      info.block_checksums[off / kChecksumBlock] =
-          Xxh3(p.data + off, std::min<uint64_t>(kChecksumBlock, p.size - off));
+      blocks.Update(p.data + off, std::min<uint64_t>(kChecksumBlock, p.size - off), off);
     }
   }
   return p;
@@ -427,6 +495,128 @@ Result<std::unique_ptr<FileView>> ViewBlocks(const RandomAccessFile& file, const
   return view;
 }
 
+// Checks tiles [band_first, band_last) x [col_first, col_last) of a tiled
+// raw piece, whose bytes from band `band_first` on start at `bytes`: the
+// rows' segments of the tiles' columns, row by row (TileHasher's order).
+Status CheckTiles(const PieceInfo& piece, const TileGrid& g, uint64_t band_first,
+                  uint64_t band_last, uint64_t col_first, uint64_t col_last, const char* bytes,
+                  const PieceName& ctx) {
+  const uint64_t columns = g.column_tiles();
+  std::unique_ptr<Xxh3Hasher[]> h(new Xxh3Hasher[col_last - col_first]);
+  for (uint64_t band = band_first; band < band_last; ++band) {
+    const uint64_t row_end = std::min(g.rows, (band + 1) * g.tile_rows);
+    for (uint64_t r = band * g.tile_rows; r < row_end; ++r) {
+      const char* row = bytes + (r - band_first * g.tile_rows) * g.row_bytes;
+      for (uint64_t c = col_first; c < col_last; ++c) {
+        const uint64_t from = c * g.tile_bytes;
+        h[c - col_first].Update(row + from, std::min(g.tile_bytes, g.row_bytes - from));
+      }
+    }
+    for (uint64_t c = col_first; c < col_last; ++c) {
+      if (h[c - col_first].Digest() != piece.block_checksums[band * columns + c]) {
+        const uint64_t es = piece.raw_length / static_cast<uint64_t>(NumElements(piece.box));
+        return DataLossError(ctx + ": checksum mismatch in tile (rows " +
+                             std::to_string(band * g.tile_rows) + ":" + std::to_string(row_end) +
+                             ", columns " + std::to_string(c * g.tile_bytes / es) + ":" +
+                             std::to_string(std::min(g.row_bytes, (c + 1) * g.tile_bytes) / es) +
+                             " of the piece) (corrupt data)");
+      }
+      h[c - col_first].Reset();
+    }
+  }
+  return Status::Ok();
+}
+
+// The stored byte range of bands [first, last) of a tiled piece.
+std::pair<uint64_t, uint64_t> BandRange(const TileGrid& g, uint64_t first, uint64_t last) {
+  return {first * g.band_bytes(), std::min(last * g.tile_rows, g.rows) * g.row_bytes};
+}
+
+// Bands [first, last) of a tiled raw piece read into `buf`, or lent by the
+// file into `view` when `lend` and it can; the column tiles [col_first,
+// col_last) of them verified. The bytes, or null when neither.
+Result<const char*> GetBands(const RandomAccessFile& file, const PieceInfo& piece,
+                             const TileGrid& g, uint64_t first, uint64_t last, uint64_t col_first,
+                             uint64_t col_last, bool lend, std::unique_ptr<FileView>* view,
+                             char* buf, const PieceName& ctx) {
+  const auto [begin, end] = BandRange(g, first, last);
+  const char* bytes = nullptr;
+  if (lend) {
+    Result<std::unique_ptr<FileView>> v = file.View(piece.offset + begin, end - begin);
+    if (!v.ok()) return DataLossError(ctx + ": " + v.status().message());
+    *view = std::move(*v);
+    if (*view != nullptr) bytes = (*view)->data();
+  }
+  if (bytes == nullptr) {
+    if (buf == nullptr) return static_cast<const char*>(nullptr);
+    Status s = file.Read(piece.offset + begin, end - begin, buf);
+    if (!s.ok()) return DataLossError(ctx + ": " + s.message());
+    bytes = buf;
+  }
+  RETURN_IF_ERROR(CheckTiles(piece, g, first, last, col_first, col_last, bytes, ctx));
+  return bytes;
+}
+
+// The column tiles a run of bytes [src, src + len) of a tiled piece
+// touches: all of them unless it lies within one row.
+std::pair<uint64_t, uint64_t> ColumnTiles(const TileGrid& g, uint64_t src, uint64_t len) {
+  if (src / g.row_bytes != (src + len - 1) / g.row_bytes) return {0, g.column_tiles()};
+  return {(src % g.row_bytes) / g.tile_bytes, ((src + len - 1) % g.row_bytes) / g.tile_bytes + 1};
+}
+
+// ReadPieceRegion of a tiled raw piece: a band of tile rows at a time,
+// only the bands the runs touch and of them only the column tiles the
+// region's columns touch verified. A band that lies inside one run is
+// read straight into the destination and verified there.
+Status ReadTiledRegion(const RandomAccessFile& file, const PieceInfo& piece, const Box& rel,
+                       const std::vector<ByteRun>& runs, char* out, const PieceName& ctx) {
+  const TileGrid g = GridOf(piece);
+  const int64_t es = static_cast<int64_t>(g.row_bytes) / piece.box[piece.box.rank() - 1].size();
+  const Interval cols = rel[rel.rank() - 1];
+  const uint64_t col_first = static_cast<uint64_t>(cols.begin * es) / g.tile_bytes;
+  const uint64_t col_last = static_cast<uint64_t>(cols.end * es - 1) / g.tile_bytes + 1;
+  std::unique_ptr<char[]> window;  // a band, allocated on first use
+  std::unique_ptr<FileView> view;
+  bool lends = true;
+  size_t next = 0;  // first run not yet copied whole
+  uint64_t band = 0;
+  while (next < runs.size()) {
+    band = std::max(band, runs[next].src / g.band_bytes());
+    const auto [begin, end] = BandRange(g, band, band + 1);
+    const ByteRun& r = runs[next];
+    if (r.src <= begin && r.src + r.len >= end) {  // the whole band, contiguous in `out`
+      char* at = out + r.dst + (begin - r.src);
+      Status s = file.Read(piece.offset + begin, end - begin, at);
+      if (!s.ok()) return DataLossError(ctx + ": " + s.message());
+      RETURN_IF_ERROR(CheckTiles(piece, g, band, band + 1, 0, g.column_tiles(), at, ctx));
+      if (r.src + r.len == end) ++next;
+      ++band;
+      continue;
+    }
+    view.reset();
+    if (lends) {
+      ASSIGN_OR_RETURN(const char* lent, GetBands(file, piece, g, band, band + 1, col_first,
+                                                  col_last, true, &view, nullptr, ctx));
+      lends = lent != nullptr;
+    }
+    const char* bytes = view ? view->data() : nullptr;
+    if (bytes == nullptr) {
+      if (!window) window.reset(new char[g.band_bytes()]);
+      ASSIGN_OR_RETURN(bytes, GetBands(file, piece, g, band, band + 1, col_first, col_last, false,
+                                       nullptr, window.get(), ctx));
+    }
+    // Copy what of each run lies in this band.
+    for (size_t i = next; i < runs.size() && runs[i].src < end; ++i) {
+      const uint64_t from = std::max(runs[i].src, begin);
+      const uint64_t to = std::min(runs[i].src + runs[i].len, end);
+      std::memcpy(out + runs[i].dst + (from - runs[i].src), bytes + (from - begin), to - from);
+      if (to == runs[i].src + runs[i].len) next = i + 1;
+    }
+    ++band;
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 Result<std::unique_ptr<FileView>> ViewPieceRegion(const RandomAccessFile& file,
@@ -448,6 +638,18 @@ Result<std::unique_ptr<FileView>> ViewPieceRegion(const RandomAccessFile& file,
     // flush its TLB (a 4,096-rank checkpoint has half a million pieces of
     // a few KiB).
     return std::unique_ptr<FileView>();
+  }
+  if (piece.tiled()) {
+    const TileGrid g = GridOf(piece);
+    const uint64_t first = r.src / g.band_bytes(), last = (r.src + r.len - 1) / g.band_bytes() + 1;
+    const auto [col_first, col_last] = ColumnTiles(g, r.src, r.len);
+    std::unique_ptr<FileView> bands;
+    ASSIGN_OR_RETURN(const char* lent, GetBands(file, piece, g, first, last, col_first, col_last,
+                                                true, &bands, nullptr, ctx));
+    if (lent == nullptr) return std::unique_ptr<FileView>();
+    return std::unique_ptr<FileView>(
+        new SubView(std::move(bands), static_cast<size_t>(r.src - BandRange(g, first, last).first),
+                    static_cast<size_t>(r.len)));
   }
   if (piece.block_checksums.empty()) {  // one checksum, over all of it
     Result<std::unique_ptr<FileView>> whole = file.View(piece.offset, piece.length);
@@ -487,6 +689,7 @@ Status ReadPieceRegion(const RandomAccessFile& file, const std::string& path,
   // window of consecutive touched blocks at a time.
   const PieceName ctx{path, tensor, piece};
   const std::vector<ByteRun> runs = ByteRuns(piece_ext, rel, dst_extents, dst_box, es);
+  if (piece.tiled()) return ReadTiledRegion(file, piece, rel, runs, static_cast<char*>(dst), ctx);
   // Runs ascend in the piece, so the touched blocks come out sorted.
   std::vector<uint64_t> touched;
   for (const ByteRun& r : runs) {
@@ -558,8 +761,21 @@ Status VerifyPiece(const RandomAccessFile& file, const std::string& path, const 
     ASSIGN_OR_RETURN(auto raw, AllocateBytesFor(piece.raw_length, [&] { return ctx.str(); }));
     return ReadPiece(file, path, tensor, piece, dtype, raw.get());
   }
-  std::unique_ptr<char[]> window(new char[kReadWindowBlocks * kChecksumBlock]);
   Xxh3Hasher whole;
+  if (piece.tiled()) {  // a band of tile rows at a time
+    const TileGrid g = GridOf(piece);
+    std::unique_ptr<char[]> band(new char[g.band_bytes()]);
+    for (uint64_t b = 0; b < g.row_tiles(); ++b) {
+      ASSIGN_OR_RETURN(const char* bytes, GetBands(file, piece, g, b, b + 1, 0, g.column_tiles(),
+                                                   false, nullptr, band.get(), ctx));
+      const auto [begin, end] = BandRange(g, b, b + 1);
+      whole.Update(bytes, end - begin);
+    }
+    if (whole.Digest() != piece.checksum)
+      return DataLossError(ctx + ": checksum mismatch (corrupt data)");
+    return Status::Ok();
+  }
+  std::unique_ptr<char[]> window(new char[kReadWindowBlocks * kChecksumBlock]);
   const uint64_t nblocks = piece.block_checksums.size();
   for (uint64_t b = 0; b < nblocks; b += kReadWindowBlocks) {
     const uint64_t last = std::min(b + kReadWindowBlocks, nblocks);

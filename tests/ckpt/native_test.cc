@@ -87,6 +87,73 @@ TEST_CASE("distributed reads: any sub-box of a sliced tensor, only verified byte
              Catch::Contains(file) && Catch::Contains("model.t0") && Catch::Contains("checksum"));
 }
 
+TEST_CASE("a rank reading columns of row pieces verifies only the tiles it reads (format 3)") {
+  // [1024, 4096] f32 saved by rows on 2 ranks: pieces of 512 rows of 16 KiB,
+  // checksummed in tiles of 256 rows by 512 columns (formats/native.md). A
+  // rank loading column halves (the reshard on load of tests/bench/dcp_bench)
+  // reads, and verifies, only the tiles of its half: a flipped byte in the
+  // other half does not stop it, one in its own half does, naming the tile,
+  // and verify finds it either way.
+  std::mt19937_64 rng(testing::TestSeed() + 35);
+  testing::TempDir tmp;
+  MemoryCheckpoint model;
+  const std::vector<int64_t> shape = {1024, 4096};
+  std::vector<uint8_t> bytes(shape[0] * shape[1] * 4);
+  for (uint8_t& b : bytes) b = static_cast<uint8_t>(rng());
+  model.Add("w", DType::kF32, shape, bytes);
+  Strategy rows(*Mesh::Parse("tp=2"));
+  Layout l = model.strategy().tensors()[0].layout;
+  l.dim_axes = {{"tp"}, {}};
+  REQUIRE(rows.Add({"w", l, {}}).ok());
+  for (Env* env : {Env::Default(), static_cast<Env*>(nullptr)}) {
+    std::unique_ptr<Env> mem;
+    if (env == nullptr) env = (mem = NewMemEnv()).get();
+    const std::string ck = (mem ? std::string("") : tmp.path) + "/tiles";
+    INFO((mem ? "in memory" : "on disk"));
+    REQUIRE(WriteTransformed(env, model, rows, ck, Options(Codec::kRaw)).ok());
+    auto m = ReadManifest(env, ck);
+    REQUIRE(m.ok());
+    CHECK(m->format_version == 3);
+    for (const PieceInfo& p : m->tensors[0].pieces) {
+      CHECK(p.tile_rows == 256);
+      CHECK(p.tile_columns == 512);
+      CHECK(p.block_checksums.size() == 2 * 8);
+    }
+    const Box left{{0, 1024}, {0, 2048}}, right{{0, 1024}, {2048, 4096}};
+    auto read = [&](const Box& half, std::vector<uint8_t>* out) {
+      out->assign(NumElements(half) * 4, 0);
+      return Open(env, ck)->ReadRegion(0, half, out->data(), half.extents(),
+                                       Box::FromShape(half.extents()));
+    };
+    std::vector<uint8_t> got, want(NumElements(left) * 4);
+    for (const Box& half : {left, right}) {
+      REQUIRE(read(half, &got).ok());
+      CopyBox(bytes.data(), shape, half, want.data(), half.extents(),
+              Box::FromShape(half.extents()), 4);
+      CHECK((got == want));
+    }
+    // Row 300 of the first piece (its second band of tile rows), column
+    // 3000 (tile column 5, in the right half).
+    const PieceInfo& p = m->tensors[0].pieces[0];
+    const std::string file = JoinPath(ck, m->files[p.file].name);
+    auto data = ReadFileToString(env, file);
+    REQUIRE(data.ok());
+    (*data)[p.offset + 300 * 16384 + 3000 * 4] ^= 0x08;
+    REQUIRE(WriteFileAtomically(env, file, *data).ok());
+    CHECK(read(left, &got).ok());
+    Status bad = read(right, &got);
+    CHECK(bad.code() == StatusCode::kDataLoss);
+    CHECK_THAT(bad.message(), Catch::Contains(file) && Catch::Contains("'w'") &&
+                                  Catch::Contains("tile (rows 256:512, columns 2560:3072"));
+    auto report = VerifyNativeCheckpoint(env, ck, {});
+    REQUIRE(report.ok());
+    REQUIRE(report->problems.size() >= 1);
+    std::string problems;
+    for (const VerifyProblem& q : report->problems) problems += q.what + "\n";
+    CHECK_THAT(problems, Catch::Contains("tile (rows 256:512, columns 2560:3072"));
+  }
+}
+
 TEST_CASE("copies of contiguous pieces are lent by the file, verified, and still fail on damage") {
   std::mt19937_64 rng(testing::TestSeed() + 34);
   testing::TempDir tmp;
