@@ -495,34 +495,64 @@ Result<std::unique_ptr<FileView>> ViewBlocks(const RandomAccessFile& file, const
   return view;
 }
 
+// Verifies column tiles [col_first, col_last) of a tiled raw piece, a
+// band of tile rows at a time: each row of the band handed to Row in
+// order (its segments fed to their tiles' states, TileHasher's order),
+// then EndBand compares the digests.
+class TileChecker {
+ public:
+  TileChecker(const PieceInfo& piece, const TileGrid& g, uint64_t col_first, uint64_t col_last,
+              const PieceName& ctx)
+      : piece_(piece),
+        g_(g),
+        col_first_(col_first),
+        col_last_(col_last),
+        ctx_(ctx),
+        h_(new Xxh3Hasher[col_last - col_first]) {}
+  void Row(const char* row) {
+    for (uint64_t c = col_first_; c < col_last_; ++c) {
+      const uint64_t from = c * g_.tile_bytes;
+      h_[c - col_first_].Update(row + from, std::min(g_.tile_bytes, g_.row_bytes - from));
+    }
+  }
+  Status EndBand(uint64_t band) {
+    const uint64_t columns = g_.column_tiles();
+    for (uint64_t c = col_first_; c < col_last_; ++c) {
+      Xxh3Hasher& h = h_[c - col_first_];
+      if (h.Digest() != piece_.block_checksums[band * columns + c]) {
+        const uint64_t es = piece_.raw_length / static_cast<uint64_t>(NumElements(piece_.box));
+        return DataLossError(ctx_ + ": checksum mismatch in tile (rows " +
+                             std::to_string(band * g_.tile_rows) + ":" +
+                             std::to_string(std::min(g_.rows, (band + 1) * g_.tile_rows)) +
+                             ", columns " + std::to_string(c * g_.tile_bytes / es) + ":" +
+                             std::to_string(std::min(g_.row_bytes, (c + 1) * g_.tile_bytes) / es) +
+                             " of the piece) (corrupt data)");
+      }
+      h.Reset();
+    }
+    return Status::Ok();
+  }
+
+ private:
+  const PieceInfo& piece_;
+  const TileGrid& g_;
+  uint64_t col_first_, col_last_;
+  const PieceName& ctx_;
+  std::unique_ptr<Xxh3Hasher[]> h_;
+};
+
 // Checks tiles [band_first, band_last) x [col_first, col_last) of a tiled
-// raw piece, whose bytes from band `band_first` on start at `bytes`: the
-// rows' segments of the tiles' columns, row by row (TileHasher's order).
+// raw piece, whose bytes from band `band_first` on start at `bytes`.
 Status CheckTiles(const PieceInfo& piece, const TileGrid& g, uint64_t band_first,
                   uint64_t band_last, uint64_t col_first, uint64_t col_last, const char* bytes,
                   const PieceName& ctx) {
-  const uint64_t columns = g.column_tiles();
-  std::unique_ptr<Xxh3Hasher[]> h(new Xxh3Hasher[col_last - col_first]);
+  TileChecker check(piece, g, col_first, col_last, ctx);
   for (uint64_t band = band_first; band < band_last; ++band) {
     const uint64_t row_end = std::min(g.rows, (band + 1) * g.tile_rows);
     for (uint64_t r = band * g.tile_rows; r < row_end; ++r) {
-      const char* row = bytes + (r - band_first * g.tile_rows) * g.row_bytes;
-      for (uint64_t c = col_first; c < col_last; ++c) {
-        const uint64_t from = c * g.tile_bytes;
-        h[c - col_first].Update(row + from, std::min(g.tile_bytes, g.row_bytes - from));
-      }
+      check.Row(bytes + (r - band_first * g.tile_rows) * g.row_bytes);
     }
-    for (uint64_t c = col_first; c < col_last; ++c) {
-      if (h[c - col_first].Digest() != piece.block_checksums[band * columns + c]) {
-        const uint64_t es = piece.raw_length / static_cast<uint64_t>(NumElements(piece.box));
-        return DataLossError(ctx + ": checksum mismatch in tile (rows " +
-                             std::to_string(band * g.tile_rows) + ":" + std::to_string(row_end) +
-                             ", columns " + std::to_string(c * g.tile_bytes / es) + ":" +
-                             std::to_string(std::min(g.row_bytes, (c + 1) * g.tile_bytes) / es) +
-                             " of the piece) (corrupt data)");
-      }
-      h[c - col_first].Reset();
-    }
+    RETURN_IF_ERROR(check.EndBand(band));
   }
   return Status::Ok();
 }
@@ -532,13 +562,12 @@ std::pair<uint64_t, uint64_t> BandRange(const TileGrid& g, uint64_t first, uint6
   return {first * g.band_bytes(), std::min(last * g.tile_rows, g.rows) * g.row_bytes};
 }
 
-// Bands [first, last) of a tiled raw piece read into `buf`, or lent by the
-// file into `view` when `lend` and it can; the column tiles [col_first,
-// col_last) of them verified. The bytes, or null when neither.
-Result<const char*> GetBands(const RandomAccessFile& file, const PieceInfo& piece,
-                             const TileGrid& g, uint64_t first, uint64_t last, uint64_t col_first,
-                             uint64_t col_last, bool lend, std::unique_ptr<FileView>* view,
-                             char* buf, const PieceName& ctx) {
+// Bands [first, last) of a tiled raw piece lent by the file into `view`
+// when `lend` and it can, else read into `buf` (when given); not verified.
+// The bytes, or null when neither.
+Result<const char*> FetchBands(const RandomAccessFile& file, const PieceInfo& piece,
+                               const TileGrid& g, uint64_t first, uint64_t last, bool lend,
+                               std::unique_ptr<FileView>* view, char* buf, const PieceName& ctx) {
   const auto [begin, end] = BandRange(g, first, last);
   const char* bytes = nullptr;
   if (lend) {
@@ -553,7 +582,20 @@ Result<const char*> GetBands(const RandomAccessFile& file, const PieceInfo& piec
     if (!s.ok()) return DataLossError(ctx + ": " + s.message());
     bytes = buf;
   }
-  RETURN_IF_ERROR(CheckTiles(piece, g, first, last, col_first, col_last, bytes, ctx));
+  return bytes;
+}
+
+// FetchBands, and the column tiles [col_first, col_last) of the bands
+// verified.
+Result<const char*> GetBands(const RandomAccessFile& file, const PieceInfo& piece,
+                             const TileGrid& g, uint64_t first, uint64_t last, uint64_t col_first,
+                             uint64_t col_last, bool lend, std::unique_ptr<FileView>* view,
+                             char* buf, const PieceName& ctx) {
+  ASSIGN_OR_RETURN(const char* bytes,
+                   FetchBands(file, piece, g, first, last, lend, view, buf, ctx));
+  if (bytes != nullptr) {
+    RETURN_IF_ERROR(CheckTiles(piece, g, first, last, col_first, col_last, bytes, ctx));
+  }
   return bytes;
 }
 
@@ -578,6 +620,7 @@ Status ReadTiledRegion(const RandomAccessFile& file, const PieceInfo& piece, con
   std::unique_ptr<char[]> window;  // a band, allocated on first use
   std::unique_ptr<FileView> view;
   bool lends = true;
+  TileChecker check(piece, g, col_first, col_last, ctx);
   size_t next = 0;  // first run not yet copied whole
   uint64_t band = 0;
   while (next < runs.size()) {
@@ -594,24 +637,34 @@ Status ReadTiledRegion(const RandomAccessFile& file, const PieceInfo& piece, con
       continue;
     }
     view.reset();
+    const char* bytes = nullptr;
     if (lends) {
-      ASSIGN_OR_RETURN(const char* lent, GetBands(file, piece, g, band, band + 1, col_first,
-                                                  col_last, true, &view, nullptr, ctx));
-      lends = lent != nullptr;
+      ASSIGN_OR_RETURN(bytes,
+                       FetchBands(file, piece, g, band, band + 1, true, &view, nullptr, ctx));
+      lends = bytes != nullptr;
     }
-    const char* bytes = view ? view->data() : nullptr;
     if (bytes == nullptr) {
       if (!window) window.reset(new char[g.band_bytes()]);
-      ASSIGN_OR_RETURN(bytes, GetBands(file, piece, g, band, band + 1, col_first, col_last, false,
-                                       nullptr, window.get(), ctx));
+      ASSIGN_OR_RETURN(
+          bytes, FetchBands(file, piece, g, band, band + 1, false, nullptr, window.get(), ctx));
     }
-    // Copy what of each run lies in this band.
-    for (size_t i = next; i < runs.size() && runs[i].src < end; ++i) {
-      const uint64_t from = std::max(runs[i].src, begin);
-      const uint64_t to = std::min(runs[i].src + runs[i].len, end);
-      std::memcpy(out + runs[i].dst + (from - runs[i].src), bytes + (from - begin), to - from);
-      if (to == runs[i].src + runs[i].len) next = i + 1;
+    // A row at a time: its tiles' segments hashed, then what of the runs
+    // lies in it copied while it is in cache; the band's tiles compared at
+    // its end (a failure leaves the destination partly written, as any
+    // failed read may).
+    for (uint64_t row = begin; row < end; row += g.row_bytes) {
+      check.Row(bytes + (row - begin));
+      const uint64_t row_end = row + g.row_bytes;
+      for (size_t i = next; i < runs.size() && runs[i].src < row_end; ++i) {
+        const uint64_t from = std::max(runs[i].src, row);
+        const uint64_t to = std::min(runs[i].src + runs[i].len, row_end);
+        if (from < to) {
+          std::memcpy(out + runs[i].dst + (from - runs[i].src), bytes + (from - begin), to - from);
+        }
+        if (to == runs[i].src + runs[i].len) next = i + 1;
+      }
     }
+    RETURN_IF_ERROR(check.EndBand(band));
     ++band;
   }
   return Status::Ok();

@@ -423,16 +423,27 @@ TEST_CASE(
       Box one = pbox;
       one[0] = {6, 7};
       regions.push_back(one);
+      Box full_rows = pbox;  // full rows across bands: contiguous in an exact destination
+      full_rows[0] = {pbox[0].begin + 1, pbox[0].end - 1};
+      regions.push_back(full_rows);
       for (const Box& region : regions) {
         INFO("region " << ToString(region));
-        const std::vector<int64_t> ext = region.extents();
-        std::string out(NumElements(region) * es, '\x55'), want(out);
-        REQUIRE(ReadPieceRegion(**file, path, "w", *info, sh.dtype, region, out.data(), ext,
-                                Box::FromShape(ext))
-                    .ok());
-        CopyBox(data.data(), pbox.extents(), RelativeTo(region, pbox), want.data(), ext,
-                Box::FromShape(ext), es);
-        CHECK((out == want));
+        for (int64_t pad : {0, 1}) {  // exact (bands straight in) or padded (copied)
+          std::vector<int64_t> ext = region.extents();
+          Box at = Box::FromShape(ext);
+          for (int d = 0; d < n; ++d) {
+            ext[d] += 2 * pad;
+            at[d] = {pad, pad + region[d].size()};
+          }
+          std::string out(NumElements(Box::FromShape(ext)) * es, '\x55'), want(out);
+          REQUIRE(ReadPieceRegion(**file, path, "w", *info, sh.dtype, region, out.data(), ext, at)
+                      .ok());
+          CopyBox(data.data(), pbox.extents(), RelativeTo(region, pbox), want.data(), ext, at, es);
+          CHECK((out == want));
+        }
+        std::string want(NumElements(region) * es, '\0');
+        CopyBox(data.data(), pbox.extents(), RelativeTo(region, pbox), want.data(),
+                region.extents(), Box::FromShape(region.extents()), es);
         auto view = ViewPieceRegion(**file, path, "w", *info, sh.dtype, region);
         REQUIRE(view.ok());
         if (*view != nullptr) CHECK(std::string((*view)->data(), (*view)->size()) == want);
