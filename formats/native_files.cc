@@ -606,6 +606,10 @@ std::pair<uint64_t, uint64_t> ColumnTiles(const TileGrid& g, uint64_t src, uint6
   return {(src % g.row_bytes) / g.tile_bytes, ((src + len - 1) % g.row_bytes) / g.tile_bytes + 1};
 }
 
+// Rows a whole band read straight into the destination is read (and
+// hashed) a few at a time by: bytes a cache keeps.
+constexpr uint64_t kReadHashRows = 256 << 10;
+
 // ReadPieceRegion of a tiled raw piece: a band of tile rows at a time,
 // only the bands the runs touch and of them only the column tiles the
 // region's columns touch verified. A band that lies inside one run is
@@ -621,17 +625,25 @@ Status ReadTiledRegion(const RandomAccessFile& file, const PieceInfo& piece, con
   std::unique_ptr<FileView> view;
   bool lends = true;
   TileChecker check(piece, g, col_first, col_last, ctx);
-  size_t next = 0;  // first run not yet copied whole
+  TileChecker all(piece, g, 0, g.column_tiles(), ctx);  // for whole bands
+  size_t next = 0;                                      // first run not yet copied whole
   uint64_t band = 0;
   while (next < runs.size()) {
     band = std::max(band, runs[next].src / g.band_bytes());
     const auto [begin, end] = BandRange(g, band, band + 1);
     const ByteRun& r = runs[next];
     if (r.src <= begin && r.src + r.len >= end) {  // the whole band, contiguous in `out`
+      // Read a few rows at a time and hashed while the kernel's copy has
+      // left them in cache.
       char* at = out + r.dst + (begin - r.src);
-      Status s = file.Read(piece.offset + begin, end - begin, at);
-      if (!s.ok()) return DataLossError(ctx + ": " + s.message());
-      RETURN_IF_ERROR(CheckTiles(piece, g, band, band + 1, 0, g.column_tiles(), at, ctx));
+      const uint64_t step = std::max<uint64_t>(1, kReadHashRows / g.row_bytes) * g.row_bytes;
+      for (uint64_t off = 0; off < end - begin; off += step) {
+        const uint64_t n = std::min(step, end - begin - off);
+        Status s = file.Read(piece.offset + begin + off, n, at + off);
+        if (!s.ok()) return DataLossError(ctx + ": " + s.message());
+        for (uint64_t row = off; row < off + n; row += g.row_bytes) all.Row(at + row);
+      }
+      RETURN_IF_ERROR(all.EndBand(band));
       if (r.src + r.len == end) ++next;
       ++band;
       continue;
