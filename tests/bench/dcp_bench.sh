@@ -50,6 +50,12 @@ xxh3=$(awk '$1 == "xxh3_gbs" {print $2}' <<<"$floor")
 xxh3_plain=$(awk '$1 == "xxh3_plain_gbs" {print $2}' <<<"$floor")
 floor_s=$(awk "BEGIN {print $per_rank / ($memcpy * 1e9) + $per_rank / ($xxh3 * 1e9)}")
 floor_rows=$(awk "BEGIN {print $per_rank / ($memcpy * 1e9) + $total / ($xxh3 * 1e9)}")
+# Merge-load's floor: one thread copies (the kernel's copy into the
+# destination) and hashes every byte.
+floor1=$("$BIN" floor "$total" 1)
+memcpy1=$(awk '$1 == "memcpy_gbs" {print $2}' <<<"$floor1")
+xxh31=$(awk '$1 == "xxh3_gbs" {print $2}' <<<"$floor1")
+floor_merge=$(awk "BEGIN {print $total / ($memcpy1 * 1e9) + $total / ($xxh31 * 1e9)}")
 mib=$((n * s * s * 4 >> 20))
 printf "%-52s %9s %9s %8s\n" "$n x ${s}^2 f32 ($mib MiB), 2 ranks" "ours (s)" "DCP (s)" "speedup"
 row() { printf "%-52s %9.3f %9.3f %7.1fx\n" "$1" "$2" "$3" "$(awk "BEGIN {print $3 / $2}")"; }
@@ -62,6 +68,9 @@ printf "%-52s %9.3f  (memcpy %.1f GB/s + XXH3 %.1f GB/s per rank; ours at %.0f%%
   "$(awk "BEGIN {print 100 * $floor_s / $ours_load}")"
 printf "%-52s %9.3f  (format 2's row blocks: every rank hashes all 1 GiB)\n" \
   "  the same verifying all the rows it touches" "$floor_rows"
+printf "%-52s %9.3f  (memcpy %.1f GB/s + XXH3 %.1f GB/s, one thread; ours at %.2fx of it)\n" \
+  "floor of the merge-load (copy all, verify all)" "$floor_merge" "$memcpy1" "$xxh31" \
+  "$(awk "BEGIN {print $ours_merge / $floor_merge}")"
 printf "%-52s %9s  (XXH3 through libxxhash's plain, SSE2 entry point: %.1f GB/s per rank)\n" \
   "" "" "$xxh3_plain"
 
