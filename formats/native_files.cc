@@ -656,7 +656,8 @@ Status ReadTiledRegion(const RandomAccessFile& file, const PieceInfo& piece, con
       lends = bytes != nullptr;
     }
     if (bytes == nullptr) {
-      if (!window) window.reset(new char[g.band_bytes()]);
+      // A band is at most the piece (a manifest's tile_rows may exceed its rows).
+      if (!window) window.reset(new char[std::min(g.band_bytes(), piece.length)]);
       ASSIGN_OR_RETURN(
           bytes, FetchBands(file, piece, g, band, band + 1, false, nullptr, window.get(), ctx));
     }
@@ -829,7 +830,7 @@ Status VerifyPiece(const RandomAccessFile& file, const std::string& path, const 
   Xxh3Hasher whole;
   if (piece.tiled()) {  // a band of tile rows at a time
     const TileGrid g = GridOf(piece);
-    std::unique_ptr<char[]> band(new char[g.band_bytes()]);
+    std::unique_ptr<char[]> band(new char[std::min(g.band_bytes(), piece.length)]);
     for (uint64_t b = 0; b < g.row_tiles(); ++b) {
       ASSIGN_OR_RETURN(const char* bytes, GetBands(file, piece, g, b, b + 1, 0, g.column_tiles(),
                                                    false, nullptr, band.get(), ctx));

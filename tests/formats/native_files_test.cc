@@ -521,6 +521,33 @@ TEST_CASE("a manifest's tiles must fit their piece") {
   bad = m;
   bad.tensors[0].pieces[0].tile_rows = 0;
   refused(bad, "tiles of 0 rows by 512 columns");
+
+  // Tiles of more rows than the piece has are the manifest's right (one
+  // band): a reader allocates no more than the piece for a band, and a
+  // checksum that does not match is reported, not a crash.
+  auto env = NewMemEnv();
+  REQUIRE(env->CreateDirs("/x").ok());
+  auto writer = DataFileWriter::Create(env.get(), "/x/d.tsr", 0);
+  REQUIRE(writer.ok());
+  const Box two_rows = Box::FromShape({2, 262144});  // rows of 1 MiB
+  std::vector<float> data(2 * 262144, 1.5f);
+  auto info =
+      (*writer)->Append(data.data(), data.size() * 4, two_rows, DType::kF32, Codec::kRaw, 0);
+  REQUIRE(info.ok());
+  REQUIRE((*writer)->Finish().ok());
+  PieceInfo tall = *info;
+  tall.tile_rows = UINT16_MAX;  // 65,535 MiB a band, were it not for the piece's 2 MiB
+  tall.tile_columns = 131072;
+  tall.block_checksums = BlockChecksums(2);
+  auto file = env->NewRandomAccessFile("/x/d.tsr");
+  REQUIRE(file.ok());
+  Status s = VerifyPiece(**file, "/x/d.tsr", "w", tall, DType::kF32);
+  CHECK(s.code() == StatusCode::kDataLoss);
+  CHECK_THAT(std::string(s.message()), Catch::Contains("tile (rows 0:2, columns 0:131072"));
+  std::vector<float> out(262144);
+  s = ReadPieceRegion(**file, "/x/d.tsr", "w", tall, DType::kF32, Box({{0, 2}, {0, 131072}}),
+                      out.data(), {2, 131072}, Box::FromShape({2, 131072}));
+  CHECK(s.code() == StatusCode::kDataLoss);
 }
 
 TEST_CASE("a parked data file reopens where it ended: the same bytes as one never parked") {
