@@ -126,14 +126,11 @@ Result<PieceInfo> PieceFromProto(const native::PieceProto& pp, const TensorEntry
     pc.tile_columns = pp.tile_columns();
     const TileGrid g = GridOf(pc);
     blocks = g.row_tiles() * g.column_tiles();
-    if (pc.block_checksums.size() != blocks) {
-      return bad(" has " + std::to_string(pc.block_checksums.size()) + " block checksums for " +
-                 std::to_string(blocks) + " tiles");
-    }
   }
-  if (!pc.block_checksums.empty() && pc.block_checksums.size() != blocks) {
+  // Row blocks are optional; a tiled piece has a checksum for every tile.
+  if ((pc.tiled() || !pc.block_checksums.empty()) && pc.block_checksums.size() != blocks) {
     return bad(" has " + std::to_string(pc.block_checksums.size()) + " block checksums for " +
-               std::to_string(blocks) + " blocks");
+               std::to_string(blocks) + (pc.tiled() ? " tiles" : " blocks"));
   }
   return pc;
 }
