@@ -58,6 +58,9 @@ echo "matrix products: ${library%% *}, chosen by train_gpt --calibrate (GFLOP/s 
 library=${library%% *}
 env -u OPENBLAS_CORETYPE "$PEAK" 1 | tee "$WORK/peak"
 env -u OPENBLAS_CORETYPE "$PEAK" 2 "$library"
+# The chosen library's products at both models' shapes (the ceiling it
+# puts on model work there), beside its square peak in the same run.
+env -u OPENBLAS_CORETYPE "$PEAK" 1 --model 4,256,256,8,4096 --model 12,768,256,4,50257 "$library"
 for lib in openblas onednn blis; do
   ours "$WORK/a" 1 6 4 4 256 256 8 4096 --matmul-library "$lib" >/dev/null
   echo "  L4 C256, 1 thread, on $lib: $(toks_ours "$WORK/a") t/s, model work $(awk '/^done/ {print $8}' "$WORK/a") GFLOP/s"
