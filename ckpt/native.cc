@@ -226,7 +226,7 @@ class ReadAheadFile : public RandomAccessFile {
   static constexpr uint64_t kReadAheadMin = 64 << 10;
   static constexpr uint64_t kReadAheadMax = 256 << 10;
   static constexpr uint64_t kReadAheadGap = 64 << 10;  // skipped bytes still "forward"
-  static constexpr size_t kReadAheadSlots = 8;
+  static constexpr size_t kReadAheadSlots = 16;
 
   struct Window {
     uint64_t file = 0;  // id_ of the file it holds; 0: none
@@ -331,6 +331,10 @@ class NativeReader : public CheckpointReader {
         return ReadPieceRegion(file, FilePath(from.file), t.name, from, t.layout.dtype, part, dst,
                                dst_extents, at);
       };
+      if (CopyRemembered(t, p, part, dst, dst_extents, at)) {
+        covered += NumElements(part);
+        return true;
+      }
       Result<std::shared_ptr<const RandomAccessFile>> file = File(p.file);
       Status s = file.ok() ? read(p, **file) : file.status();
       if (!s.ok()) s = Recover(t, p, s, read);
@@ -416,6 +420,68 @@ class NativeReader : public CheckpointReader {
 
  private:
   std::string FilePath(uint32_t i) const { return JoinPath(dir_, manifest_.files[i].name); }
+
+  // The pieces this thread verified last, kept whole. A reshard's
+  // neighbouring destination ranks take parts of the same small source
+  // pieces (tp 8 -> 16: each half of every piece), and Transform works
+  // them one after the other: the second part is copied from the bytes
+  // checked for the first, neither read nor hashed again (every byte used
+  // was still verified: these are the very bytes). Small pieces with one
+  // checksum only: ReadPieceRegion reads those whole anyway. Keyed by the
+  // reader's id, never reused, and the piece's record.
+  static constexpr uint64_t kRememberedMax = 256 << 10;
+  static constexpr size_t kRememberedSlots = 8;
+  struct Remembered {
+    uint64_t reader = 0;
+    const PieceInfo* piece = nullptr;
+    uint64_t used = 0;
+    std::vector<char> raw;
+  };
+  static std::array<Remembered, kRememberedSlots>& RememberedPieces() {
+    thread_local std::array<Remembered, kRememberedSlots> slots;
+    return slots;
+  }
+
+  // Copies `part` of piece `p` into dst at `at` from this thread's
+  // remembered pieces, reading and verifying it whole first when it is
+  // small and not there. False when `p` is not such a piece or cannot be
+  // read: the caller reads it as usual (and names what failed).
+  bool CopyRemembered(const TensorEntry& t, const PieceInfo& p, const Box& part, void* dst,
+                      const std::vector<int64_t>& dst_extents, const Box& at) const {
+    if (p.raw_length > kRememberedMax || !p.block_checksums.empty()) return false;
+    thread_local uint64_t clock = 0;
+    std::array<Remembered, kRememberedSlots>& slots = RememberedPieces();
+    Remembered* hit = nullptr;
+    Remembered* victim = &slots[0];
+    for (Remembered& r : slots) {
+      if (r.reader == id_ && r.piece == &p) {
+        hit = &r;
+        break;
+      }
+      if (r.used < victim->used) victim = &r;
+    }
+    if (hit == nullptr) {
+      Result<std::shared_ptr<const RandomAccessFile>> file = File(p.file);
+      if (!file.ok()) return false;
+      victim->reader = 0;
+      victim->raw.resize(p.raw_length);
+      if (!ReadPiece(**file, FilePath(p.file), t.name, p, t.layout.dtype, victim->raw.data())
+               .ok()) {
+        return false;
+      }
+      victim->reader = id_;
+      victim->piece = &p;
+      hit = victim;
+    }
+    hit->used = ++clock;
+    const int64_t es = DTypeSize(t.layout.dtype);
+    Box from = part;  // in the piece's own coordinates
+    for (int d = 0; d < part.rank(); ++d) {
+      from[d] = {part[d].begin - p.box[d].begin, part[d].end - p.box[d].begin};
+    }
+    CopyBox(hit->raw.data(), p.box.extents(), from, dst, dst_extents, at, es);
+    return true;
+  }
 
   // Piece `p` of `t` could not be read (`lost`): reads it through `read`
   // from a copy in another file, else from its file rebuilt through its
@@ -598,6 +664,8 @@ class NativeReader : public CheckpointReader {
   Env* env_;
   std::string dir_;
   Manifest manifest_;
+  const uint64_t id_ = next_id_.fetch_add(1) + 1;  // for RememberedPieces
+  static inline std::atomic<uint64_t> next_id_{0};
   std::vector<PieceIndex> index_;  // by tensor
   Strategy strategy_;
   CheckpointMeta meta_;

@@ -200,9 +200,14 @@ Result<TransformStats> Transform(const CheckpointReader& src, const Strategy& ds
   stats.pieces = static_cast<int64_t>(items.size());
 
   // Worked through by destination rank (each rank's tensors in order), in
-  // tasks of consecutive items of one rank: a data file is filled by one
-  // worker at a time, its small pieces gathered into large writes, and
-  // handed back (Flush) when the worker is done with it.
+  // tasks of the items of a few consecutive ranks: a data file is filled
+  // by one worker at a time, its small pieces gathered into large writes,
+  // and handed back (Flush) when the worker is done with it. Within a
+  // task the items go by tensor, then rank (each rank's own order kept, so
+  // its file is the same): neighbouring ranks that take parts of the same
+  // small source pieces (tp 8 -> 16 halves each) then read them one after
+  // the other, and the reader copies the second part from the bytes it
+  // verified for the first (native checkpoints remember the last few).
   std::stable_sort(items.begin(), items.end(),
                    [](const Item& a, const Item& b) { return a.rank < b.rank; });
   // An item's box (over the plan's coordinates: the finer view when the
@@ -213,19 +218,33 @@ Result<TransformStats> Transform(const CheckpointReader& src, const Strategy& ds
     for (int d = 0; d < rank; ++d) box[d] = {boxes[item.box + d], boxes[item.box + rank + d]};
     return box;
   };
+  // A task takes up to kTaskRanks whole ranks while it holds under
+  // kTaskBytes (each rank in it keeps a staging buffer of its file until
+  // the task ends); a rank of more bytes is cut into tasks of its own.
   constexpr int64_t kTaskBytes = int64_t{16} << 20;
+  constexpr int kTaskRanks = 2;
   std::vector<std::pair<size_t, size_t>> tasks;  // [begin, end) of items
   {
     int64_t task_bytes = 0;
+    int task_ranks = 0;
     for (size_t k = 0; k < items.size(); ++k) {
-      if (tasks.empty() || items[k].rank != items[k - 1].rank || task_bytes >= kTaskBytes) {
+      const bool new_rank = k == 0 || items[k].rank != items[k - 1].rank;
+      if (tasks.empty() || task_bytes >= kTaskBytes || (new_rank && task_ranks == kTaskRanks) ||
+          (new_rank && task_bytes >= kTaskBytes / kTaskRanks)) {
         tasks.push_back({k, k});
         task_bytes = 0;
+        task_ranks = 0;
       }
+      if (new_rank || task_ranks == 0) ++task_ranks;
       ++tasks.back().second;
       const int64_t es = DTypeSize(dst.tensors()[items[k].tensor].layout.dtype);
       task_bytes += NumElements(box_of(items[k])) * es;
     }
+  }
+  for (const auto& [begin, end] : tasks) {
+    std::stable_sort(items.begin() + static_cast<std::ptrdiff_t>(begin),
+                     items.begin() + static_cast<std::ptrdiff_t>(end),
+                     [](const Item& a, const Item& b) { return a.tensor < b.tensor; });
   }
 
   BufferPool buffers;
@@ -264,7 +283,16 @@ Result<TransformStats> Transform(const CheckpointReader& src, const Strategy& ds
         options.progress(done, total);
       }
     }
-    return out.Flush(items[tasks[t].first].rank);
+    // Every rank the task wrote to (ascending within each tensor: the
+    // first tensor's items name them all but rarely; collected).
+    std::vector<int64_t> ranks;
+    for (size_t k = tasks[t].first; k < tasks[t].second; ++k) {
+      if (std::find(ranks.begin(), ranks.end(), items[k].rank) == ranks.end()) {
+        ranks.push_back(items[k].rank);
+      }
+    }
+    for (int64_t rank : ranks) RETURN_IF_ERROR(out.Flush(rank));
+    return Status::Ok();
   }));
   stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return stats;
