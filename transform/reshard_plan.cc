@@ -93,10 +93,13 @@ Result<TensorPlan> PlanTensorReshard(const std::string& name, const Mesh& src_me
     ShardPlan sp;
     sp.dst_rank = r;
     sp.shard = shard;
+    size_t overlapping = 1;
     for (int d = 0; d < rank; ++d) {
       ranges[d] = OverlappingPieces(sg.pieces(d), shard[d]);
       idx[d] = ranges[d].first;
+      overlapping *= static_cast<size_t>(std::max<int64_t>(0, ranges[d].second - ranges[d].first));
     }
+    sp.copies.reserve(overlapping);  // at most one copy each
     // Walk the product of overlapping pieces (rank 0: exactly one piece).
     for (;;) {
       int64_t src_piece = 0;
