@@ -224,6 +224,37 @@ run "$ckpt" diff k big-full -q
 check "the rerun's output is right" test $rc -eq 0
 check "the rerun removed the killed runs' temporaries" bash -c '! ls -d k.tmp-* 2>/dev/null'
 
+# fixture_reads V DIR SOURCE COUNTS: the format V fixture in DIR says
+# format V, verifies (COUNTS: verify's summary) and reads the values
+# SOURCE/make_fixture.py writes (into vV-values.safetensors).
+fixture_reads() {
+  local v=$1 dir=$2 src=$3 counts=$4
+  check "the format $v fixture's manifest says format $v" \
+    bash -c "head -c 12 '$dir/manifest.pb' | tail -c 4 | od -An -tu4 | grep -qw $v"
+  /usr/bin/python3 "$src/make_fixture.py" "v$v-values.safetensors"
+  run "$ckpt" verify "$dir"
+  check "a format $v checkpoint verifies" test $rc -eq 0
+  check "  every file and piece" grep -q "$counts" out
+  run "$ckpt" diff "$dir" "v$v-values.safetensors"
+  check "a format $v checkpoint reads the values it was written with" test $rc -eq 0
+}
+# cut_over_tp3 STRATEGY rows|columns: STRATEGY on a dp 2 x tp 3 mesh, every
+# tensor cut by its first (rows) or last (columns) dimension over tp, no
+# stages and no optimizer sharding.
+cut_over_tp3() {
+  /usr/bin/python3 - "$1" "$2" <<'PY'
+import json, sys
+s = json.load(open(sys.argv[1]))
+s["mesh"] = {"axes": ["dp", "tp"], "shape": [2, 3]}
+for t in s["tensors"].values():
+    t.pop("stage", None), t.pop("opt_shard", None)
+    rest = [None] * (len(t["shape"]) - 1)
+    t["split"] = ([] if not t["shape"] else
+                  ["tp"] + rest if sys.argv[2] == "rows" else rest + ["tp"])
+print(json.dumps(s))
+PY
+}
+
 # Format 1 (tests/data/native-v1, a make_checkpoint model in format 1: a
 # bare protobuf manifest, no copy) still opens, verifies and merges to the
 # same values as the same model written in the current format.
@@ -240,23 +271,8 @@ check "a format 1 checkpoint merges into format 2" \
 # checksums, stages and a copy stage, ZeRO, f16/bf16/i64, parity groups)
 # keeps verifying and reading its values whole, resharded, and with a data
 # file rebuilt from parity, whatever the current format.
-check "the format 2 fixture's manifest says format 2" \
-  bash -c "head -c 12 '$v2/manifest.pb' | tail -c 4 | od -An -tu4 | grep -qw 2"
-/usr/bin/python3 "$v2src/make_fixture.py" v2-values.safetensors
-run "$ckpt" verify "$v2"
-check "a format 2 checkpoint verifies" test $rc -eq 0
-check "  every file and piece" grep -q "12 files, 28 pieces, 2.1 MiB verified, 0 problems" out
-run "$ckpt" diff "$v2" v2-values.safetensors
-check "a format 2 checkpoint reads the values it was written with" test $rc -eq 0
-/usr/bin/python3 - "$v2src/strategy.json" >v2-other.json <<'PY'
-import json, sys
-s = json.load(open(sys.argv[1]))
-s["mesh"] = {"axes": ["dp", "tp"], "shape": [2, 3]}
-for t in s["tensors"].values():  # every tensor cut by rows over tp 3, no stages
-    t.pop("stage", None), t.pop("opt_shard", None)
-    t["split"] = ["tp"] + [None] * (len(t["shape"]) - 1) if t["shape"] else []
-print(json.dumps(s))
-PY
+fixture_reads 2 "$v2" "$v2src" "12 files, 28 pieces, 2.1 MiB verified, 0 problems"
+cut_over_tp3 "$v2src/strategy.json" rows >v2-other.json
 run "$ckpt" reshard "$v2" --strategy v2-other.json -o v2-resharded -q
 check "a format 2 checkpoint reshards (partial reads across its block checksums)" test $rc -eq 0
 run "$ckpt" diff v2-resharded v2-values.safetensors
@@ -272,23 +288,8 @@ check "  and verify --repair rebuilds it byte for byte" cmp -s v2-lost/data-0000
 # blocks and untiled pieces, parity groups) keeps verifying and reading its
 # values whole, resharded by columns (reads that check only the tiles they
 # touch), and with a file rebuilt from parity, whatever the current format.
-check "the format 3 fixture's manifest says format 3" \
-  bash -c "head -c 12 '$v3/manifest.pb' | tail -c 4 | od -An -tu4 | grep -qw 3"
-/usr/bin/python3 "$v3src/make_fixture.py" v3-values.safetensors
-run "$ckpt" verify "$v3"
-check "a format 3 checkpoint verifies" test $rc -eq 0
-check "  every file and piece" grep -q "12 files, 20 pieces, 13.0 MiB verified, 0 problems" out
-run "$ckpt" diff "$v3" v3-values.safetensors
-check "a format 3 checkpoint reads the values it was written with" test $rc -eq 0
-/usr/bin/python3 - "$v3src/strategy.json" >v3-other.json <<'PY'
-import json, sys
-s = json.load(open(sys.argv[1]))
-s["mesh"] = {"axes": ["dp", "tp"], "shape": [2, 3]}
-for t in s["tensors"].values():  # every tensor cut by its last dimension over tp 3, no stages
-    t.pop("stage", None), t.pop("opt_shard", None)
-    t["split"] = [None] * (len(t["shape"]) - 1) + ["tp"] if t["shape"] else []
-print(json.dumps(s))
-PY
+fixture_reads 3 "$v3" "$v3src" "12 files, 20 pieces, 13.0 MiB verified, 0 problems"
+cut_over_tp3 "$v3src/strategy.json" columns >v3-other.json
 run "$ckpt" reshard "$v3" --strategy v3-other.json -o v3-resharded -q
 check "a format 3 checkpoint reshards by columns (reads of parts of its tiles)" test $rc -eq 0
 run "$ckpt" diff v3-resharded v3-values.safetensors
