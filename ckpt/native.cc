@@ -444,8 +444,9 @@ class NativeReader : public CheckpointReader {
 
   // Copies `part` of piece `p` into dst at `at` from this thread's
   // remembered pieces, reading and verifying it whole first when it is
-  // small and not there. False when `p` is not such a piece or cannot be
-  // read: the caller reads it as usual (and names what failed).
+  // small, not there and `part` is not all of it. False when `p` is not
+  // such a piece or cannot be read: the caller reads it as usual (and
+  // names what failed).
   bool CopyRemembered(const TensorEntry& t, const PieceInfo& p, const Box& part, void* dst,
                       const std::vector<int64_t>& dst_extents, const Box& at) const {
     if (p.raw_length > kRememberedMax || !p.block_checksums.empty()) return false;
@@ -461,6 +462,9 @@ class NativeReader : public CheckpointReader {
       if (r.used < victim->used) victim = &r;
     }
     if (hit == nullptr) {
+      // A read of the whole piece goes straight to dst, as before: only a
+      // part is worth keeping the rest for.
+      if (p.box == part) return false;
       Result<std::shared_ptr<const RandomAccessFile>> file = File(p.file);
       if (!file.ok()) return false;
       victim->reader = 0;
