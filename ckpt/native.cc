@@ -478,12 +478,8 @@ class NativeReader : public CheckpointReader {
       hit = victim;
     }
     hit->used = ++clock;
-    const int64_t es = DTypeSize(t.layout.dtype);
-    Box from = part;  // in the piece's own coordinates
-    for (int d = 0; d < part.rank(); ++d) {
-      from[d] = {part[d].begin - p.box[d].begin, part[d].end - p.box[d].begin};
-    }
-    CopyBox(hit->raw.data(), p.box.extents(), from, dst, dst_extents, at, es);
+    CopyBox(hit->raw.data(), p.box.extents(), RelativeTo(part, p.box), dst, dst_extents, at,
+            DTypeSize(t.layout.dtype));
     return true;
   }
 

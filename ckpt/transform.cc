@@ -229,8 +229,8 @@ Result<TransformStats> Transform(const CheckpointReader& src, const Strategy& ds
     int task_ranks = 0;
     for (size_t k = 0; k < items.size(); ++k) {
       const bool new_rank = k == 0 || items[k].rank != items[k - 1].rank;
-      if (tasks.empty() || task_bytes >= kTaskBytes || (new_rank && task_ranks == kTaskRanks) ||
-          (new_rank && task_bytes >= kTaskBytes / kTaskRanks)) {
+      if (tasks.empty() || task_bytes >= kTaskBytes ||
+          (new_rank && (task_ranks == kTaskRanks || task_bytes >= kTaskBytes / kTaskRanks))) {
         tasks.push_back({k, k});
         task_bytes = 0;
         task_ranks = 0;
@@ -283,8 +283,8 @@ Result<TransformStats> Transform(const CheckpointReader& src, const Strategy& ds
         options.progress(done, total);
       }
     }
-    // Every rank the task wrote to (ascending within each tensor: the
-    // first tensor's items name them all but rarely; collected).
+    // Every rank the task wrote to (at most kTaskRanks; its items are by
+    // tensor now, so any of them may name a rank first).
     std::vector<int64_t> ranks;
     for (size_t k = tasks[t].first; k < tasks[t].second; ++k) {
       if (std::find(ranks.begin(), ranks.end(), items[k].rank) == ranks.end()) {

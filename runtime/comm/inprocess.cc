@@ -173,13 +173,9 @@ class InProcessCommunicator : public Communicator {
       const int64_t begin = count * r / n, end = count * (r + 1) / n;
       if (begin == end) return;
       const int64_t esize = DTypeSize(dtype);
-      void* mine = At(recv, begin, esize);
-      if (n == 1) {  // a sum, mean, max or min of one: its input, bit for bit
-        if (send != recv) Copy(mine, At(send, begin, esize), end - begin, dtype);
-        return;
-      }
       std::vector<const void*> in(n);
       for (int i = 0; i < n; ++i) in[i] = At(all[i].send, begin, esize);
+      void* mine = At(recv, begin, esize);
       ReduceRankOrder(dtype, op, in, mine, end - begin);
       for (int i = 0; i < n; ++i) {
         if (i != r) Copy(At(all[i].recv, begin, esize), mine, end - begin, dtype);

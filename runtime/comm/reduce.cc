@@ -215,6 +215,14 @@ std::vector<int64_t> RankChunks(int64_t count, int n) {
 void ReduceRankOrder(DType dtype, ReduceOp op, std::span<const void* const> inputs, void* out,
                      int64_t count) {
   if (count <= 0 || inputs.empty()) return;
+  // One input (a world of one rank): the fold is that input, bit for bit
+  // (a mean divides by 1, f16 and bf16 come back from f32 exactly), so it
+  // is copied, or left where it is, rather than folded (a single-process
+  // GPT-2 step folded its 124M gradients into themselves).
+  if (inputs.size() == 1) {
+    if (inputs[0] != out) std::memcpy(out, inputs[0], count * DTypeSize(dtype));
+    return;
+  }
   Dispatch<FoldF>(dtype, op, inputs, out, count);
 }
 

@@ -53,15 +53,16 @@ std::vector<Product> StepProducts(int kind, int c, int n, int v) {
   return out;
 }
 
-// Seconds of the best of three passes over `products` (after one warm-up).
-double TimeProducts(const std::vector<Product>& products) {
+// Seconds of the best of `passes` passes over `products` (after one
+// warm-up).
+double TimeProducts(const std::vector<Product>& products, int passes = 3) {
   size_t most = 0;
   for (const Product& p : products) {
     most = std::max({most, size_t(p.m) * p.k, size_t(p.k) * p.n, size_t(p.m) * p.n});
   }
   std::vector<float> a(most, 0.25f), b(most, 0.5f), c(most, 0.0f);
   double best = 1e30;
-  for (int r = 0; r < 4; ++r) {
+  for (int r = 0; r <= passes; ++r) {
     const auto t0 = std::chrono::steady_clock::now();
     for (const Product& p : products) {
       const int lda = p.ta == kernels::kNoTrans ? p.k : p.m;
@@ -110,16 +111,7 @@ int main(int argc, char** argv) {
     double peak = 0;
     int at = 0;
     for (int n : {512, 1024, 2048}) {
-      std::vector<float> a(size_t(n) * n, 1.0f), b(size_t(n) * n, 0.5f), c(size_t(n) * n);
-      double best = 1e30;
-      for (int r = 0; r < 6; ++r) {  // the first warms up
-        const auto t0 = std::chrono::steady_clock::now();
-        kernels::Sgemm(kernels::kNoTrans, kernels::kNoTrans, n, n, n, 1.0f, a.data(), n, b.data(),
-                       n, 0.0f, c.data(), n);
-        const double s =
-            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-        if (r > 0) best = std::min(best, s);
-      }
+      const double best = TimeProducts({{kernels::kNoTrans, kernels::kNoTrans, n, n, n, 0}}, 5);
       if (2.0 * n * n * n / best > peak) peak = 2.0 * n * n * n / best, at = n;
     }
     std::printf("sgemm peak %-8s %d thread(s): %6.1f GFLOP/s (%dx%dx%d; %s)\n",
