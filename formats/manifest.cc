@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <climits>
 #include <cstring>
+#include <functional>
 #include <set>
 
 #include "core/checksum.h"
@@ -260,6 +261,12 @@ std::vector<DifferingCopy> DifferingStageCopies(const Manifest& m) {
   return out;
 }
 
+// Manifests parsed (by bytes) and serialized (by pieces) on a pool from
+// this size: a 4,096-rank manifest (14 MiB, half a million pieces) takes
+// most of a second on one thread.
+constexpr size_t kParallelManifestBytes = size_t{4} << 20;
+constexpr size_t kParallelManifestPieces = size_t{64} << 10;
+
 std::string SerializeManifest(const Manifest& m) {
   // A protobuf message is its fields in field order, so the manifest is
   // written as three parts: the fields before `tensors` (5), each tensor as
@@ -293,48 +300,75 @@ std::string SerializeManifest(const Manifest& m) {
   }
   // Format 2 and later: the frame's header first, filled in below.
   const size_t header = m.format_version < 2 ? 0 : kManifestHeader;
-  native::TensorProto tp;  // reused: its pieces' storage too
-  auto fill = [&tp](const TensorEntry& t) {
-    tp.Clear();
-    tp.set_name(t.name);
-    ToProto(t.layout, tp.mutable_layout());
-    if (t.mesh) ToProto(*t.mesh, tp.mutable_mesh());
-    for (const PieceInfo& pc : t.pieces) PieceToProto(pc, tp.add_pieces());
-    for (const PieceInfo& pc : t.copies) PieceToProto(pc, tp.add_copies());
+  auto fill = [](const TensorEntry& t, native::TensorProto* tp) {
+    tp->Clear();
+    tp->set_name(t.name);
+    ToProto(t.layout, tp->mutable_layout());
+    if (t.mesh) ToProto(*t.mesh, tp->mutable_mesh());
+    for (const PieceInfo& pc : t.pieces) PieceToProto(pc, tp->add_pieces());
+    for (const PieceInfo& pc : t.copies) PieceToProto(pc, tp->add_copies());
   };
   const uint32_t tensor_tag = google::protobuf::internal::WireFormatLite::MakeTag(
       native::Manifest::kTensorsFieldNumber,
       google::protobuf::internal::WireFormatLite::WIRETYPE_LENGTH_DELIMITED);
-  // The exact size first, so that the bytes are one allocation: grown by
-  // doubling, a 16,384-rank manifest (52 MiB) held its last two buffers at
-  // once, 100 MiB at the reshard's peak. The tensors' messages are built
-  // twice for it (a tenth of a second at that scale).
-  size_t total = header + head.ByteSizeLong() + tail.ByteSizeLong();
-  for (const TensorEntry& t : m.tensors) {
-    fill(t);
-    const size_t n = tp.ByteSizeLong();
-    total += google::protobuf::io::CodedOutputStream::VarintSize32(tensor_tag) +
-             google::protobuf::io::CodedOutputStream::VarintSize64(n) + n;
-  }
-  std::string out;
-  // Room past the end: the coded stream asks for more space before it is
-  // within its 16 slop bytes of the end.
-  out.reserve(total + 1024);
-  out.resize(header);
-  {
-    google::protobuf::io::StringOutputStream stream(&out);
-    google::protobuf::io::CodedOutputStream coded(&stream);
-    // Deterministic: the same manifest always frames to the same bytes.
-    coded.SetSerializationDeterministic(true);
-    head.SerializeToCodedStream(&coded);
-    for (const TensorEntry& t : m.tensors) {
-      fill(t);
-      coded.WriteTag(tensor_tag);
-      coded.WriteVarint32(static_cast<uint32_t>(tp.ByteSizeLong()));
-      tp.SerializeWithCachedSizes(&coded);
+  // Tensors in contiguous ranges, each reusing one TensorProto (its
+  // pieces' storage too); on a pool when there are many pieces (a
+  // 16,384-rank manifest holds 1.6 million: half a second on one thread).
+  size_t pieces = 0;
+  for (const TensorEntry& t : m.tensors) pieces += t.pieces.size() + t.copies.size();
+  const size_t n_tensors = m.tensors.size();
+  auto for_ranges = [&](const std::function<void(size_t, size_t)>& fn) {
+    if (pieces < kParallelManifestPieces) {
+      fn(0, n_tensors);
+      return;
     }
-    tail.SerializeToCodedStream(&coded);
-  }
+    ThreadPool pool(0);
+    const size_t ranges = static_cast<size_t>(pool.size()) * 4;
+    (void)pool.ParallelFor(static_cast<int64_t>(ranges), [&](int64_t r) {
+      fn(n_tensors * r / ranges, n_tensors * (r + 1) / ranges);
+      return Status::Ok();
+    });
+  };
+  // The exact size first, so that the bytes are one allocation written in
+  // place: grown by doubling, a 16,384-rank manifest (52 MiB) held its
+  // last two buffers at once, 100 MiB at the reshard's peak. The tensors'
+  // messages are built twice for it.
+  std::vector<size_t> at(n_tensors + 1);  // where each tensor's field starts, then the end
+  for_ranges([&](size_t lo, size_t hi) {
+    native::TensorProto tp;
+    for (size_t i = lo; i < hi; ++i) {
+      fill(m.tensors[i], &tp);
+      const size_t n = tp.ByteSizeLong();
+      at[i + 1] = google::protobuf::io::CodedOutputStream::VarintSize32(tensor_tag) +
+                  google::protobuf::io::CodedOutputStream::VarintSize64(n) + n;
+    }
+  });
+  const size_t head_size = head.ByteSizeLong();
+  at[0] = header + head_size;
+  for (size_t i = 0; i < n_tensors; ++i) at[i + 1] += at[i];
+  const size_t tail_size = tail.ByteSizeLong();
+  std::string out(at[n_tensors] + tail_size, '\0');
+  // Deterministic: the same manifest always frames to the same bytes.
+  auto put = [&](size_t offset, size_t size, auto&& write) {
+    google::protobuf::io::ArrayOutputStream stream(out.data() + offset, static_cast<int>(size));
+    google::protobuf::io::CodedOutputStream coded(&stream);
+    coded.SetSerializationDeterministic(true);
+    write(coded);
+  };
+  put(header, head_size, [&](auto& coded) { head.SerializeWithCachedSizes(&coded); });
+  for_ranges([&](size_t lo, size_t hi) {
+    native::TensorProto tp;
+    for (size_t i = lo; i < hi; ++i) {
+      fill(m.tensors[i], &tp);
+      const size_t n = tp.ByteSizeLong();
+      put(at[i], at[i + 1] - at[i], [&](auto& coded) {
+        coded.WriteTag(tensor_tag);
+        coded.WriteVarint32(static_cast<uint32_t>(n));
+        tp.SerializeWithCachedSizes(&coded);
+      });
+    }
+  });
+  put(at[n_tensors], tail_size, [&](auto& coded) { tail.SerializeWithCachedSizes(&coded); });
   if (header == 0) return out;  // format 1: the bare protobuf
   const std::string_view payload = std::string_view(out).substr(header);
   std::memcpy(out.data(), kManifestMagic, sizeof(kManifestMagic));
@@ -378,7 +412,6 @@ bool SplitTensors(std::string_view payload, std::string* rest,
 }
 
 // Manifests at least this long have their tensors parsed on a pool.
-constexpr size_t kParallelManifestBytes = size_t{4} << 20;
 
 // Tensor #index of manifest `m` (its mesh and files parsed), from its
 // protobuf bytes, parsed into `tp`.
