@@ -108,6 +108,14 @@ Status ForEachCoarsePart(
   }
 }
 
+Status CheckpointReader::ReadRegions(const std::vector<RegionRead>& reads) const {
+  for (const RegionRead& r : reads) {
+    const std::vector<int64_t> ext = r.region.extents();
+    RETURN_IF_ERROR(ReadRegion(r.index, r.region, r.dst, ext, Box::FromShape(ext)));
+  }
+  return Status::Ok();
+}
+
 Status ReadRegionOver(const CheckpointReader& reader, size_t index,
                       const std::vector<int64_t>& coords, const Box& region, void* dst) {
   const Layout& layout = reader.strategy().tensors()[index].layout;

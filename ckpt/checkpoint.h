@@ -66,6 +66,19 @@ class CheckpointReader {
   // the byte ranges it needs and verifies what it reads. Thread-safe.
   virtual Status ReadRegion(size_t index, const Box& region, void* dst,
                             const std::vector<int64_t>& dst_extents, const Box& dst_box) const = 0;
+  // One region of a batch (ReadRegions): `region` of tensor `index` into
+  // the dense row-major buffer `dst` of the region's extents.
+  struct RegionRead {
+    size_t index = 0;
+    Box region;
+    void* dst = nullptr;
+  };
+  // Reads every region of `reads`, as ReadRegion would each into a dense
+  // buffer of its extents (the buffers disjoint). A format of many small
+  // pieces reads each piece the batch meets once, in file order, however
+  // many of the regions take a part of it (neighbouring ranks of a
+  // reshard). Thread-safe. By default, ReadRegion one region after another.
+  virtual Status ReadRegions(const std::vector<RegionRead>& reads) const;
   // `region` of tensor `index` lent without a copy, verified, as dense
   // row-major bytes, when the format stores it so (one contiguous raw run of
   // one file) and its file can lend them; null otherwise (then ReadRegion

@@ -162,6 +162,9 @@ class PieceIndex {
   std::vector<uint32_t> grid_;              // a grid's: the piece of each cell, row-major
 };
 
+// A checkpoint of this many pieces is committed on a pool (its pieces
+// renumbered, checked and sorted per tensor).
+constexpr size_t kParallelCommitPieces = size_t{64} << 10;
 // Data files synced at once when a checkpoint is committed.
 constexpr size_t kConcurrentSyncs = 32;
 // Pieces smaller than this are gathered per data file (DataFileWriter::
@@ -351,6 +354,92 @@ class NativeReader : public CheckpointReader {
                            std::to_string(covered) + " of the " +
                            std::to_string(NumElements(region)) + " elements of " +
                            ToString(region) + " (a piece is missing)");
+    }
+    return Status::Ok();
+  }
+
+  // The batch's pieces in file order, each read once: a small piece (one
+  // checksum, read whole anyway) that several regions take parts of is
+  // read and verified once and copied to each; the others are read part
+  // by part as ReadRegion does. A region whose piece fails, or that the
+  // pieces do not cover, is read again on its own by ReadRegion, which
+  // reads around the damage (copies, parity) or names it.
+  Status ReadRegions(const std::vector<RegionRead>& reads) const override {
+    struct Part {
+      const PieceInfo* piece;
+      uint32_t read;
+    };
+    std::vector<Part> parts;
+    parts.reserve(2 * reads.size());
+    for (size_t r = 0; r < reads.size(); ++r) {
+      const RegionRead& read = reads[r];
+      const TensorEntry& t = manifest_.tensors[read.index];
+      RETURN_IF_ERROR(
+          CheckReadRegion(strategy_.tensors()[read.index], "checkpoint", dir_, read.region));
+      index_[read.index].ForEach(t.pieces, read.region, [&](const PieceInfo& p) {
+        if (!IsEmpty(Intersect(p.box, read.region))) {
+          parts.push_back({&p, static_cast<uint32_t>(r)});
+        }
+        return true;
+      });
+    }
+    std::sort(parts.begin(), parts.end(), [](const Part& a, const Part& b) {
+      if (a.piece->file != b.piece->file) return a.piece->file < b.piece->file;
+      if (a.piece->offset != b.piece->offset) return a.piece->offset < b.piece->offset;
+      if (a.piece != b.piece) return a.piece < b.piece;
+      return a.read < b.read;
+    });
+    std::vector<int64_t> covered(reads.size(), 0);
+    std::vector<char> failed(reads.size(), 0);
+    std::vector<std::vector<int64_t>> extents(reads.size());
+    for (size_t r = 0; r < reads.size(); ++r) extents[r] = reads[r].region.extents();
+    std::shared_ptr<const RandomAccessFile> file;
+    uint32_t file_index = UINT32_MAX;
+    std::string path;
+    thread_local std::vector<char> whole;  // a small piece several regions take parts of
+    for (size_t g = 0; g < parts.size();) {
+      size_t e = g + 1;
+      while (e < parts.size() && parts[e].piece == parts[g].piece) ++e;
+      const PieceInfo& p = *parts[g].piece;
+      const TensorEntry& t = manifest_.tensors[reads[parts[g].read].index];
+      const int64_t es = DTypeSize(t.layout.dtype);
+      if (p.file != file_index) {
+        file_index = p.file;
+        path = FilePath(p.file);
+        Result<std::shared_ptr<const RandomAccessFile>> opened = File(p.file);
+        file = opened.ok() ? *opened : nullptr;
+      }
+      bool ok = file != nullptr;
+      const bool once = e - g > 1 && p.block_checksums.empty();
+      if (ok && once) {
+        whole.resize(p.raw_length);
+        ok = ReadPiece(*file, path, t.name, p, t.layout.dtype, whole.data()).ok();
+      }
+      for (size_t k = g; ok && k < e; ++k) {
+        const RegionRead& read = reads[parts[k].read];
+        const Box part = Intersect(p.box, read.region);
+        const Box at = RelativeTo(part, read.region);
+        if (once) {
+          CopyBox(whole.data(), p.box.extents(), RelativeTo(part, p.box), read.dst,
+                  extents[parts[k].read], at, es);
+        } else if (!CopyRemembered(t, p, part, read.dst, extents[parts[k].read], at)) {
+          ok = ReadPieceRegion(*file, path, t.name, p, t.layout.dtype, part, read.dst,
+                               extents[parts[k].read], at)
+                   .ok();
+          if (!ok) break;
+        }
+        covered[parts[k].read] += NumElements(part);
+      }
+      if (!ok) {
+        for (size_t k = g; k < e; ++k) failed[parts[k].read] = 1;
+      }
+      g = e;
+    }
+    for (size_t r = 0; r < reads.size(); ++r) {
+      if (failed[r] || covered[r] != NumElements(reads[r].region)) {
+        RETURN_IF_ERROR(ReadRegion(reads[r].index, reads[r].region, reads[r].dst, extents[r],
+                                   Box::FromShape(extents[r])));
+      }
     }
     return Status::Ok();
   }
@@ -808,27 +897,44 @@ class NativeWriter : public CheckpointWriter {
       m.files.push_back({in_order[i]->name, sizes[i], in_order[i]->writer->checksum()});
       renumber[in_order[i]->index] = next++;
     }
-    for (size_t i = 0; i < strategy_.tensors().size(); ++i) {
-      const TensorStrategy& ts = strategy_.tensors()[i];
-      TensorEntry t{ts.name, ts.layout, ts.mesh, std::move(pieces_[i]), std::move(copies_[i])};
-      int64_t covered = 0;
-      for (PieceInfo& p : t.pieces) {
-        p.file = renumber[p.file];
-        covered += NumElements(p.box);
-      }
-      for (PieceInfo& p : t.copies) p.file = renumber[p.file];
-      if (covered != NumElements(ts.layout)) {
-        return InternalError("checkpoint '" + path_ + "': tensor '" + ts.name + "': pieces cover " +
-                             std::to_string(covered) + " of " +
-                             std::to_string(NumElements(ts.layout)) + " elements");
-      }
-      const auto by_origin = [](const PieceInfo& a, const PieceInfo& b) {
-        if (OriginLess(a.box, b.box)) return true;
-        return !OriginLess(b.box, a.box) && a.stage < b.stage;
+    // Each tensor's pieces renumbered, checked and sorted on a pool: 1.6
+    // million pieces of a 16,384-rank reshard took a third of a second
+    // on one thread.
+    m.tensors.resize(strategy_.tensors().size());
+    size_t n_pieces = 0;
+    for (size_t i = 0; i < pieces_.size(); ++i) n_pieces += pieces_[i].size() + copies_[i].size();
+    {
+      auto tensor = [&](int64_t ti) -> Status {
+        const size_t i = static_cast<size_t>(ti);
+        const TensorStrategy& ts = strategy_.tensors()[i];
+        TensorEntry& t = m.tensors[i];
+        t = TensorEntry{ts.name, ts.layout, ts.mesh, std::move(pieces_[i]), std::move(copies_[i])};
+        int64_t covered = 0;
+        for (PieceInfo& p : t.pieces) {
+          p.file = renumber[p.file];
+          covered += NumElements(p.box);
+        }
+        for (PieceInfo& p : t.copies) p.file = renumber[p.file];
+        if (covered != NumElements(ts.layout)) {
+          return InternalError("checkpoint '" + path_ + "': tensor '" + ts.name +
+                               "': pieces cover " + std::to_string(covered) + " of " +
+                               std::to_string(NumElements(ts.layout)) + " elements");
+        }
+        const auto by_origin = [](const PieceInfo& a, const PieceInfo& b) {
+          if (OriginLess(a.box, b.box)) return true;
+          return !OriginLess(b.box, a.box) && a.stage < b.stage;
+        };
+        std::sort(t.pieces.begin(), t.pieces.end(), by_origin);
+        std::sort(t.copies.begin(), t.copies.end(), by_origin);
+        return Status::Ok();
       };
-      std::sort(t.pieces.begin(), t.pieces.end(), by_origin);
-      std::sort(t.copies.begin(), t.copies.end(), by_origin);
-      m.tensors.push_back(std::move(t));
+      const auto n = static_cast<int64_t>(m.tensors.size());
+      if (n_pieces < kParallelCommitPieces) {
+        for (int64_t i = 0; i < n; ++i) RETURN_IF_ERROR(tensor(i));
+      } else {
+        ThreadPool pool(0);
+        RETURN_IF_ERROR(pool.ParallelFor(n, tensor));
+      }
     }
     RETURN_IF_ERROR(WriteRedundancy(&m));
     RETURN_IF_ERROR(CommitManifest(env_, tmp_, m));

@@ -3,8 +3,10 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdint>
 #include <memory>
 #include <mutex>
+#include <utility>
 
 #include "core/buffer.h"
 #include "core/status.h"
@@ -76,6 +78,12 @@ namespace {
 // A piece smaller than this is gathered with its neighbours into one slab
 // rather than copied on its own (one write call each).
 constexpr int64_t kDirectMinBytes = int64_t{256} << 10;
+
+// Bytes of items read in one batch (ReadRegions): a task of small pieces
+// in one or a few, the buffer still in the cache when they are written.
+constexpr int64_t kBatchBytes = int64_t{1} << 20;
+// An item's bytes in a batch's buffer: each starts on a cache line.
+int64_t Padded(int64_t bytes) { return (bytes + 63) / 64 * 64; }
 
 // `box`, relative to `base`, in global coordinates.
 Box Shift(const Box& box, const Box& base) {
@@ -171,31 +179,50 @@ Result<TransformStats> Transform(const CheckpointReader& src, const Strategy& ds
     }
     return Status::Ok();
   }));
+  // Joined in destination rank order (each rank's tensors in order), the
+  // items placed by counting (a stable sort by rank, without sorting a
+  // million and a half items on one thread).
   std::vector<Item> items;
   std::vector<int64_t> boxes;
+  int64_t min_rank = INT64_MAX, max_rank = INT64_MIN;
   {
     size_t n_items = 0, n_bounds = 0;
     for (const Planned& p : planned) {
       n_items += p.items.size();
       n_bounds += p.boxes.size();
+      for (const Item& item : p.items) {
+        min_rank = std::min(min_rank, item.rank);
+        max_rank = std::max(max_rank, item.rank);
+      }
     }
-    items.reserve(n_items);
+    if (n_bounds > UINT32_MAX) {
+      return ResourceExhaustedError("checkpoint '" + src.path() + "': too many pieces to plan");
+    }
+    items.resize(n_items);
     boxes.reserve(n_bounds);
+  }
+  // Where each rank's items start (ranks counted from min_rank).
+  std::vector<size_t> next;
+  if (!items.empty()) {
+    next.assign(static_cast<size_t>(max_rank - min_rank) + 1, 0);
+    for (const Planned& p : planned) {
+      for (const Item& item : p.items) ++next[static_cast<size_t>(item.rank - min_rank)];
+    }
+    size_t at = 0;
+    for (size_t& n : next) at += std::exchange(n, at);
   }
   TransformStats stats;
   for (Planned& p : planned) {
-    if (boxes.size() + p.boxes.size() > UINT32_MAX) {
-      return ResourceExhaustedError("checkpoint '" + src.path() + "': too many pieces to plan");
-    }
     const uint32_t at = static_cast<uint32_t>(boxes.size());
     for (Item item : p.items) {
       item.box += at;
-      items.push_back(item);
+      items[next[static_cast<size_t>(item.rank - min_rank)]++] = item;
     }
     boxes.insert(boxes.end(), p.boxes.begin(), p.boxes.end());
     stats.bytes += p.bytes;
     p = Planned();
   }
+  next = std::vector<size_t>();
   stats.tensors = static_cast<int64_t>(dst.tensors().size());
   stats.pieces = static_cast<int64_t>(items.size());
 
@@ -205,11 +232,8 @@ Result<TransformStats> Transform(const CheckpointReader& src, const Strategy& ds
   // and handed back (Flush) when the worker is done with it. Within a
   // task the items go by tensor, then rank (each rank's own order kept, so
   // its file is the same): neighbouring ranks that take parts of the same
-  // small source pieces (tp 8 -> 16 halves each) then read them one after
-  // the other, and the reader copies the second part from the bytes it
-  // verified for the first (native checkpoints remember the last few).
-  std::stable_sort(items.begin(), items.end(),
-                   [](const Item& a, const Item& b) { return a.rank < b.rank; });
+  // small source pieces (tp 8 -> 16 halves each) then read them in one
+  // batch (ReadRegions), each piece read and verified once.
   // An item's box (over the plan's coordinates: the finer view when the
   // source and destination split different views of the tensor).
   auto box_of = [&](const Item& item) {
@@ -241,11 +265,6 @@ Result<TransformStats> Transform(const CheckpointReader& src, const Strategy& ds
       task_bytes += NumElements(box_of(items[k])) * es;
     }
   }
-  for (const auto& [begin, end] : tasks) {
-    std::stable_sort(items.begin() + static_cast<std::ptrdiff_t>(begin),
-                     items.begin() + static_cast<std::ptrdiff_t>(end),
-                     [](const Item& a, const Item& b) { return a.tensor < b.tensor; });
-  }
 
   BufferPool buffers;
   std::mutex progress_mu;
@@ -253,36 +272,88 @@ Result<TransformStats> Transform(const CheckpointReader& src, const Strategy& ds
   const int64_t total = stats.bytes;
   if (options.progress) options.progress(0, total);
   RETURN_IF_ERROR(pool.ParallelFor(static_cast<int64_t>(tasks.size()), [&](int64_t t) -> Status {
+    std::stable_sort(items.begin() + static_cast<std::ptrdiff_t>(tasks[t].first),
+                     items.begin() + static_cast<std::ptrdiff_t>(tasks[t].second),
+                     [](const Item& a, const Item& b) { return a.tensor < b.tensor; });
+    // Items are read in batches (ReadRegions: the source pieces a batch
+    // meets read once each, in file order) into one buffer, then written
+    // one by one in the task's order. A batch holds up to kBatchBytes, or
+    // one larger item; an item the source lends its bytes for, or one over
+    // another view of its tensor, goes on its own.
+    std::vector<CheckpointReader::RegionRead> batch;
+    std::vector<size_t> batch_items;  // the items of `batch`
+    int64_t batch_bytes = 0;
+    auto item_bytes = [&](const Item& item) {
+      return NumElements(box_of(item)) * DTypeSize(dst.tensors()[item.tensor].layout.dtype);
+    };
+    auto add_progress = [&](int64_t bytes) {
+      if (!options.progress) return;
+      std::lock_guard<std::mutex> lock(progress_mu);
+      done += bytes;
+      options.progress(done, total);
+    };
+    auto write = [&](const Item& item, const Box& box, const void* data) {
+      const TensorStrategy& ts = dst.tensors()[item.tensor];
+      return WritePieceOver(out, ts.layout, item.tensor, item.rank, coords[item.tensor], box, data);
+    };
+    auto flush_batch = [&]() -> Status {
+      if (batch.empty()) return Status::Ok();
+      Result<BufferPool::Lease> buf = buffers.Get(static_cast<size_t>(batch_bytes), "a batch");
+      if (!buf.ok()) {
+        const Item& first = items[batch_items[0]];
+        return buf.status().Annotate("tensor '" + dst.tensors()[first.tensor].name + "' " +
+                                     ToString(box_of(first)));
+      }
+      int64_t at = 0, bytes = 0;
+      for (CheckpointReader::RegionRead& r : batch) {
+        r.dst = buf->get() + at;
+        const int64_t n = NumElements(r.region) * DTypeSize(dst.tensors()[r.index].layout.dtype);
+        at += Padded(n);
+        bytes += n;
+      }
+      RETURN_IF_ERROR(src.ReadRegions(batch));
+      for (size_t b = 0; b < batch.size(); ++b) {
+        RETURN_IF_ERROR(write(items[batch_items[b]], batch[b].region, batch[b].dst));
+      }
+      add_progress(bytes);
+      batch.clear();
+      batch_items.clear();
+      batch_bytes = 0;
+      return Status::Ok();
+    };
     for (size_t k = tasks[t].first; k < tasks[t].second; ++k) {
       const Item& item = items[k];
       const TensorStrategy& ts = dst.tensors()[item.tensor];
       const std::vector<int64_t>& c = coords[item.tensor];
+      const bool own = c == from.tensors()[item.tensor].layout.split_shape();
       const Box box = box_of(item);
-      const int64_t bytes = NumElements(box) * DTypeSize(ts.layout.dtype);
+      const int64_t bytes = item_bytes(item);
       std::unique_ptr<FileView> view;
       // A box smaller than kViewAtLeast is copied, never lent (a mapping
       // costs more than the copy): not worth asking for.
-      if (item.direct && bytes >= static_cast<int64_t>(kViewAtLeast) &&
-          c == from.tensors()[item.tensor].layout.split_shape()) {
+      if (item.direct && bytes >= static_cast<int64_t>(kViewAtLeast) && own) {
         ASSIGN_OR_RETURN(view, src.ViewRegion(item.tensor, box));
       }
       if (view != nullptr) {
-        RETURN_IF_ERROR(
-            WritePieceOver(out, ts.layout, item.tensor, item.rank, c, box, view->data()));
+        RETURN_IF_ERROR(write(item, box, view->data()));
+        add_progress(bytes);
+      } else if (own) {
+        const int64_t padded = Padded(bytes);
+        if (!batch.empty() && batch_bytes + padded > kBatchBytes) RETURN_IF_ERROR(flush_batch());
+        batch.push_back({item.tensor, box, nullptr});
+        batch_items.push_back(k);
+        batch_bytes += padded;
       } else {
         Result<BufferPool::Lease> buf = buffers.Get(bytes, "a slab");
         if (!buf.ok()) {
           return buf.status().Annotate("tensor '" + ts.name + "' " + ToString(box));
         }
         RETURN_IF_ERROR(ReadRegionOver(src, item.tensor, c, box, buf->get()));
-        RETURN_IF_ERROR(WritePieceOver(out, ts.layout, item.tensor, item.rank, c, box, buf->get()));
-      }
-      if (options.progress) {
-        std::lock_guard<std::mutex> lock(progress_mu);
-        done += bytes;
-        options.progress(done, total);
+        RETURN_IF_ERROR(write(item, box, buf->get()));
+        add_progress(bytes);
       }
     }
+    RETURN_IF_ERROR(flush_batch());
     // Every rank the task wrote to (at most kTaskRanks; its items are by
     // tensor now, so any of them may name a rank first).
     std::vector<int64_t> ranks;
