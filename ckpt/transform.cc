@@ -334,6 +334,9 @@ Result<TransformStats> Transform(const CheckpointReader& src, const Strategy& ds
       if (item.direct && bytes >= static_cast<int64_t>(kViewAtLeast) && own) {
         ASSIGN_OR_RETURN(view, src.ViewRegion(item.tensor, box));
       }
+      // The items before it are written first: each file gets its pieces
+      // in the task's order.
+      if (view != nullptr || !own) RETURN_IF_ERROR(flush_batch());
       if (view != nullptr) {
         RETURN_IF_ERROR(write(item, box, view->data()));
         add_progress(bytes);
