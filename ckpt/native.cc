@@ -187,9 +187,9 @@ class PieceIndex {
   std::vector<uint32_t> grid_;              // a grid's: the piece of each cell, row-major
 };
 
-// A checkpoint of this many pieces is committed on a pool (its pieces
-// renumbered, checked and sorted per tensor).
-constexpr size_t kParallelCommitPieces = size_t{64} << 10;
+// A checkpoint of this many pieces is indexed (reader) and committed
+// (writer: its pieces renumbered, checked and sorted per tensor) on a pool.
+constexpr size_t kParallelPieces = size_t{64} << 10;
 // Data files synced at once when a checkpoint is committed.
 constexpr size_t kConcurrentSyncs = 32;
 // Pieces smaller than this are gathered per data file (DataFileWriter::
@@ -324,7 +324,22 @@ class NativeReader : public CheckpointReader {
     meta_.step = manifest_.step;
     meta_.metadata = manifest_.metadata;
     meta_.created_by = manifest_.created_by;
-    for (const TensorEntry& t : manifest_.tensors) index_.push_back(PieceIndex::Of(t.pieces));
+    // Indexed on a pool when there are many pieces (a quarter of a
+    // second for a 16,384-rank checkpoint's 1.7 million on one thread).
+    index_.resize(manifest_.tensors.size());
+    size_t pieces = 0;
+    for (const TensorEntry& t : manifest_.tensors) pieces += t.pieces.size();
+    auto index = [&](int64_t i) {
+      index_[i] = PieceIndex::Of(manifest_.tensors[i].pieces);
+      return Status::Ok();
+    };
+    const auto n = static_cast<int64_t>(index_.size());
+    if (pieces < kParallelPieces) {
+      for (int64_t i = 0; i < n; ++i) (void)index(i);
+    } else {
+      ThreadPool pool(0);
+      (void)pool.ParallelFor(n, index);
+    }
   }
 
   const std::string& path() const override { return dir_; }
@@ -960,7 +975,7 @@ class NativeWriter : public CheckpointWriter {
         return Status::Ok();
       };
       const auto n = static_cast<int64_t>(m.tensors.size());
-      if (n_pieces < kParallelCommitPieces) {
+      if (n_pieces < kParallelPieces) {
         for (int64_t i = 0; i < n; ++i) RETURN_IF_ERROR(tensor(i));
       } else {
         ThreadPool pool(0);
