@@ -81,6 +81,8 @@ Result<TensorPlan> PlanTensorReshard(const std::string& name, const Mesh& src_me
   std::vector<std::pair<int64_t, int64_t>> ranges(rank);
   std::vector<int64_t> idx(rank);
   const std::vector<int64_t> dst_pieces = dg.PieceIds();
+  plan.shards.reserve(
+      static_cast<size_t>(options.one_per_replica_group ? dg.num_pieces() : dst_mesh.world_size()));
   for (int64_t r = 0; r < dst_mesh.world_size(); ++r) {
     const int64_t dst_piece = dst_pieces[r];
     if (dst_piece < 0) continue;
@@ -105,10 +107,13 @@ Result<TensorPlan> PlanTensorReshard(const std::string& name, const Mesh& src_me
       int64_t src_piece = 0;
       int64_t stride = 1;
       Box region(rank);
+      Box in_src(rank);  // region relative to the source piece (sg.PieceBox(src_piece))
       for (int d = rank - 1; d >= 0; --d) {
         src_piece += idx[d] * stride;
         stride *= static_cast<int64_t>(sg.pieces(d).size());
-        region[d] = Intersect(sg.pieces(d)[idx[d]], shard[d]);
+        const Interval& piece = sg.pieces(d)[idx[d]];
+        region[d] = Intersect(piece, shard[d]);
+        in_src[d] = {region[d].begin - piece.begin, region[d].end - piece.begin};
       }
       if (!IsEmpty(region)) {
         int64_t pick = -1;
@@ -123,8 +128,7 @@ Result<TensorPlan> PlanTensorReshard(const std::string& name, const Mesh& src_me
           }
           (*src_load)[pick] += NumElements(region) * esize;
         }
-        sp.copies.push_back(
-            {pick, RelativeTo(region, sg.PieceBox(src_piece)), RelativeTo(region, shard)});
+        sp.copies.push_back({pick, std::move(in_src), RelativeTo(region, shard)});
       }
       int d = rank - 1;
       for (; d >= 0; --d) {
