@@ -337,7 +337,7 @@ class NativeReader : public CheckpointReader {
     if (pieces < kParallelPieces) {
       for (int64_t i = 0; i < n; ++i) (void)index(i);
     } else {
-      ThreadPool pool(0);
+      ThreadPool pool(ManifestThreads());
       (void)pool.ParallelFor(n, index);
     }
   }
@@ -450,7 +450,9 @@ class NativeReader : public CheckpointReader {
         file = opened.ok() ? *opened : nullptr;
       }
       bool ok = file != nullptr;
-      const bool once = e - g > 1 && p.block_checksums.empty();
+      // Small and of one checksum: read whole anyway, so once for all its
+      // parts (a larger piece's parts are read as ReadRegion reads them).
+      const bool once = e - g > 1 && p.block_checksums.empty() && p.raw_length <= kRememberedMax;
       if (ok && once) {
         whole.resize(p.raw_length);
         ok = ReadPiece(*file, path, t.name, p, t.layout.dtype, whole.data()).ok();
@@ -978,7 +980,7 @@ class NativeWriter : public CheckpointWriter {
       if (n_pieces < kParallelPieces) {
         for (int64_t i = 0; i < n; ++i) RETURN_IF_ERROR(tensor(i));
       } else {
-        ThreadPool pool(0);
+        ThreadPool pool(ManifestThreads());
         RETURN_IF_ERROR(pool.ParallelFor(n, tensor));
       }
     }

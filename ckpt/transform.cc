@@ -266,6 +266,8 @@ Result<TransformStats> Transform(const CheckpointReader& src, const Strategy& ds
     }
   }
 
+  // A batch holds no more than a slab: its buffer is the worker's slab.
+  const int64_t batch_limit = std::min(kBatchBytes, slab_limit);
   BufferPool buffers;
   std::mutex progress_mu;
   int64_t done = 0;
@@ -342,7 +344,7 @@ Result<TransformStats> Transform(const CheckpointReader& src, const Strategy& ds
         add_progress(bytes);
       } else if (own) {
         const int64_t padded = Padded(bytes);
-        if (!batch.empty() && batch_bytes + padded > kBatchBytes) RETURN_IF_ERROR(flush_batch());
+        if (!batch.empty() && batch_bytes + padded > batch_limit) RETURN_IF_ERROR(flush_batch());
         batch.push_back({item.tensor, box, nullptr});
         batch_items.push_back(k);
         batch_bytes += padded;

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <functional>
 #include <set>
+#include <thread>
 
 #include "core/checksum.h"
 #include "core/endian.h"
@@ -267,6 +268,10 @@ std::vector<DifferingCopy> DifferingStageCopies(const Manifest& m) {
 constexpr size_t kParallelManifestBytes = size_t{4} << 20;
 constexpr size_t kParallelManifestPieces = size_t{64} << 10;
 
+int ManifestThreads() {
+  return static_cast<int>(std::clamp<unsigned>(std::thread::hardware_concurrency(), 1, 8));
+}
+
 std::string SerializeManifest(const Manifest& m) {
   // A protobuf message is its fields in field order, so the manifest is
   // written as three parts: the fields before `tensors` (5), each tensor as
@@ -322,7 +327,7 @@ std::string SerializeManifest(const Manifest& m) {
       fn(0, n_tensors);
       return;
     }
-    ThreadPool pool(0);
+    ThreadPool pool(ManifestThreads());
     const size_t ranges = static_cast<size_t>(pool.size()) * 4;
     (void)pool.ParallelFor(static_cast<int64_t>(ranges), [&](int64_t r) {
       fn(n_tensors * r / ranges, n_tensors * (r + 1) / ranges);
@@ -522,7 +527,7 @@ Result<Manifest> ParseManifest(std::string_view bytes, const std::string& path, 
   if (payload.size() < kParallelManifestBytes) {
     RETURN_IF_ERROR(parse_range(0, tensors.size()));
   } else {
-    ThreadPool pool(0);
+    ThreadPool pool(ManifestThreads());
     const size_t ranges = static_cast<size_t>(pool.size()) * 4;
     RETURN_IF_ERROR(pool.ParallelFor(static_cast<int64_t>(ranges), [&](int64_t r) {
       return parse_range(tensors.size() * r / ranges, tensors.size() * (r + 1) / ranges);

@@ -197,6 +197,10 @@ inline constexpr uint32_t kManifestHeader = 32;
 
 // The framed manifest (format 2).
 std::string SerializeManifest(const Manifest& manifest);
+// Threads a manifest of many pieces is parsed, serialized, indexed or
+// committed on: one per core, at most 8 (each holds a tensor's records
+// being converted; more would add memory, not speed).
+int ManifestThreads();
 // Checks the frame's checksum (a manifest that fails is DataLoss naming
 // `path` as corrupt) and everything a reader relies on: version, layouts
 // valid on their meshes, pieces inside their tensors and files, file

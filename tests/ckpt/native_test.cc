@@ -236,29 +236,37 @@ TEST_CASE(
   // "w" [64, 96] f32 by rows on 8 ranks: pieces of 3 KiB, one checksum
   // each, of which the batch takes column halves (a reshard's neighbouring
   // ranks), a span of several and a whole one; "big" [1024, 1100] f32 on
-  // one rank: a piece of 4.3 MiB with block checksums, read in parts.
+  // one rank: a piece of 4.3 MiB with block checksums, read in parts; "u"
+  // [100, 40] by rows on tp 8 and columns on dp 2: a grid, uneven by rows
+  // (cells of 13 rows and a last of 9). The same batch from a zstd
+  // checkpoint: pieces read whole.
   std::mt19937_64 rng(testing::TestSeed() + 37);
   testing::TempDir tmp;
   MemoryCheckpoint model;
-  const std::vector<int64_t> w_shape = {64, 96}, big_shape = {1024, 1100};
+  const std::vector<std::vector<int64_t>> shapes = {{64, 96}, {1024, 1100}, {100, 40}};
   std::vector<std::vector<uint8_t>> values;
-  for (const auto& shape : {w_shape, big_shape}) {
+  for (const auto& shape : shapes) {
     values.emplace_back(static_cast<size_t>(shape[0] * shape[1] * 4));
     for (uint8_t& b : values.back()) b = static_cast<uint8_t>(rng());
   }
-  model.Add("w", DType::kF32, w_shape, values[0]);
-  model.Add("big", DType::kF32, big_shape, values[1]);
-  Strategy rows(*Mesh::Parse("tp=8"));
-  Layout l = model.strategy().tensors()[0].layout;
-  l.dim_axes = {{"tp"}, {}};
-  REQUIRE(rows.Add({"w", l, {}}).ok());
-  REQUIRE(rows.Add(model.strategy().tensors()[1]).ok());
+  model.Add("w", DType::kF32, shapes[0], values[0]);
+  model.Add("big", DType::kF32, shapes[1], values[1]);
+  model.Add("u", DType::kF32, shapes[2], values[2]);
+  Strategy rows(*Mesh::Parse("dp=2,tp=8"));
+  for (size_t i : {0, 2}) {
+    Layout l = model.strategy().tensors()[i].layout;
+    l.dim_axes = {{"tp"}, {}};
+    if (i == 2) l.dim_axes = {{"tp"}, {"dp"}};  // 16 pieces: indexed as a grid
+    REQUIRE(rows.Add({model.strategy().tensors()[i].name, l, {}}).ok());
+    if (i == 0) REQUIRE(rows.Add(model.strategy().tensors()[1]).ok());
+  }
   Env* env = Env::Default();
-  const std::string plain = tmp.path + "/plain", rs = tmp.path + "/rs";
+  const std::string plain = tmp.path + "/plain", rs = tmp.path + "/rs", zstd = tmp.path + "/zstd";
   REQUIRE(WriteTransformed(env, model, rows, plain, Options(Codec::kRaw)).ok());
   WriteOptions with_rs = Options(Codec::kRaw);
   REQUIRE(ParseRedundancy("rs:4+2", &with_rs.native).ok());
   REQUIRE(WriteTransformed(env, model, rows, rs, with_rs).ok());
+  REQUIRE(WriteTransformed(env, model, rows, zstd, Options(Codec::kZstd)).ok());
 
   std::vector<CheckpointReader::RegionRead> batch;
   for (int64_t piece = 0; piece < 8; ++piece) {
@@ -269,8 +277,12 @@ TEST_CASE(
   batch.push_back({1, Box{{100, 700}, {200, 500}}});
   batch.push_back({1, Box{{0, 1024}, {0, 50}}});
   batch.push_back({1, Box{{1000, 1024}, {1099, 1100}}});
+  for (int64_t r0 : {0, 12, 13, 26, 90, 91}) {  // at, before and after the uneven cuts
+    for (int64_t c0 : {0, 20})
+      batch.push_back({2, Box{{r0, std::min<int64_t>(r0 + 9, 100)}, {c0, c0 + 20}}});
+  }
+  batch.push_back({2, Box{{0, 100}, {5, 35}}});
   std::shuffle(batch.begin(), batch.end(), rng);
-  const std::vector<std::vector<int64_t>> shapes = {w_shape, big_shape};
   // Reads the batch into fresh buffers; true when every region's bytes
   // are the model's.
   auto read_batch = [&](const CheckpointReader& reader, Status* s) {
@@ -290,7 +302,7 @@ TEST_CASE(
     }
     return right;
   };
-  for (const std::string& ck : {plain, rs}) {
+  for (const std::string& ck : {plain, rs, zstd}) {
     Status s;
     CHECK(read_batch(*Open(env, ck), &s));
     CHECK(s.ok());
