@@ -329,17 +329,10 @@ class NativeReader : public CheckpointReader {
     index_.resize(manifest_.tensors.size());
     size_t pieces = 0;
     for (const TensorEntry& t : manifest_.tensors) pieces += t.pieces.size();
-    auto index = [&](int64_t i) {
-      index_[i] = PieceIndex::Of(manifest_.tensors[i].pieces);
+    (void)ForEachRange(index_.size(), pieces >= kParallelPieces, [&](size_t lo, size_t hi) {
+      for (size_t i = lo; i < hi; ++i) index_[i] = PieceIndex::Of(manifest_.tensors[i].pieces);
       return Status::Ok();
-    };
-    const auto n = static_cast<int64_t>(index_.size());
-    if (pieces < kParallelPieces) {
-      for (int64_t i = 0; i < n; ++i) (void)index(i);
-    } else {
-      ThreadPool pool(ManifestThreads());
-      (void)pool.ParallelFor(n, index);
-    }
+    });
   }
 
   const std::string& path() const override { return dir_; }
@@ -952,8 +945,7 @@ class NativeWriter : public CheckpointWriter {
     size_t n_pieces = 0;
     for (size_t i = 0; i < pieces_.size(); ++i) n_pieces += pieces_[i].size() + copies_[i].size();
     {
-      auto tensor = [&](int64_t ti) -> Status {
-        const size_t i = static_cast<size_t>(ti);
+      auto tensor = [&](size_t i) -> Status {
         const TensorStrategy& ts = strategy_.tensors()[i];
         TensorEntry& t = m.tensors[i];
         t = TensorEntry{ts.name, ts.layout, ts.mesh, std::move(pieces_[i]), std::move(copies_[i])};
@@ -976,13 +968,11 @@ class NativeWriter : public CheckpointWriter {
         std::sort(t.copies.begin(), t.copies.end(), by_origin);
         return Status::Ok();
       };
-      const auto n = static_cast<int64_t>(m.tensors.size());
-      if (n_pieces < kParallelPieces) {
-        for (int64_t i = 0; i < n; ++i) RETURN_IF_ERROR(tensor(i));
-      } else {
-        ThreadPool pool(ManifestThreads());
-        RETURN_IF_ERROR(pool.ParallelFor(n, tensor));
-      }
+      RETURN_IF_ERROR(ForEachRange(m.tensors.size(), n_pieces >= kParallelPieces,
+                                   [&](size_t lo, size_t hi) -> Status {
+                                     for (size_t i = lo; i < hi; ++i) RETURN_IF_ERROR(tensor(i));
+                                     return Status::Ok();
+                                   }));
     }
     RETURN_IF_ERROR(WriteRedundancy(&m));
     RETURN_IF_ERROR(CommitManifest(env_, tmp_, m));

@@ -285,9 +285,6 @@ Result<TransformStats> Transform(const CheckpointReader& src, const Strategy& ds
     std::vector<CheckpointReader::RegionRead> batch;
     std::vector<size_t> batch_items;  // the items of `batch`
     int64_t batch_bytes = 0;
-    auto item_bytes = [&](const Item& item) {
-      return NumElements(box_of(item)) * DTypeSize(dst.tensors()[item.tensor].layout.dtype);
-    };
     auto add_progress = [&](int64_t bytes) {
       if (!options.progress) return;
       std::lock_guard<std::mutex> lock(progress_mu);
@@ -329,7 +326,7 @@ Result<TransformStats> Transform(const CheckpointReader& src, const Strategy& ds
       const std::vector<int64_t>& c = coords[item.tensor];
       const bool own = c == from.tensors()[item.tensor].layout.split_shape();
       const Box box = box_of(item);
-      const int64_t bytes = item_bytes(item);
+      const int64_t bytes = NumElements(box) * DTypeSize(ts.layout.dtype);
       std::unique_ptr<FileView> view;
       // A box smaller than kViewAtLeast is copied, never lent (a mapping
       // costs more than the copy): not worth asking for.

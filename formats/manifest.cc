@@ -272,6 +272,14 @@ int ManifestThreads() {
   return static_cast<int>(std::clamp<unsigned>(std::thread::hardware_concurrency(), 1, 8));
 }
 
+Status ForEachRange(size_t n, bool parallel, const std::function<Status(size_t, size_t)>& fn) {
+  if (!parallel) return fn(0, n);
+  ThreadPool pool(ManifestThreads());
+  const size_t ranges = static_cast<size_t>(pool.size()) * 4;
+  return pool.ParallelFor(static_cast<int64_t>(ranges),
+                          [&](int64_t r) { return fn(n * r / ranges, n * (r + 1) / ranges); });
+}
+
 std::string SerializeManifest(const Manifest& m) {
   // A protobuf message is its fields in field order, so the manifest is
   // written as three parts: the fields before `tensors` (5), each tensor as
@@ -322,24 +330,13 @@ std::string SerializeManifest(const Manifest& m) {
   size_t pieces = 0;
   for (const TensorEntry& t : m.tensors) pieces += t.pieces.size() + t.copies.size();
   const size_t n_tensors = m.tensors.size();
-  auto for_ranges = [&](const std::function<void(size_t, size_t)>& fn) {
-    if (pieces < kParallelManifestPieces) {
-      fn(0, n_tensors);
-      return;
-    }
-    ThreadPool pool(ManifestThreads());
-    const size_t ranges = static_cast<size_t>(pool.size()) * 4;
-    (void)pool.ParallelFor(static_cast<int64_t>(ranges), [&](int64_t r) {
-      fn(n_tensors * r / ranges, n_tensors * (r + 1) / ranges);
-      return Status::Ok();
-    });
-  };
+  const bool parallel = pieces >= kParallelManifestPieces;
   // The exact size first, so that the bytes are one allocation written in
   // place: grown by doubling, a 16,384-rank manifest (52 MiB) held its
   // last two buffers at once, 100 MiB at the reshard's peak. The tensors'
   // messages are built twice for it.
   std::vector<size_t> at(n_tensors + 1);  // where each tensor's field starts, then the end
-  for_ranges([&](size_t lo, size_t hi) {
+  (void)ForEachRange(n_tensors, parallel, [&](size_t lo, size_t hi) {
     native::TensorProto tp;
     for (size_t i = lo; i < hi; ++i) {
       fill(m.tensors[i], &tp);
@@ -347,6 +344,7 @@ std::string SerializeManifest(const Manifest& m) {
       at[i + 1] = google::protobuf::io::CodedOutputStream::VarintSize32(tensor_tag) +
                   google::protobuf::io::CodedOutputStream::VarintSize64(n) + n;
     }
+    return Status::Ok();
   });
   const size_t head_size = head.ByteSizeLong();
   at[0] = header + head_size;
@@ -361,7 +359,7 @@ std::string SerializeManifest(const Manifest& m) {
     write(coded);
   };
   put(header, head_size, [&](auto& coded) { head.SerializeWithCachedSizes(&coded); });
-  for_ranges([&](size_t lo, size_t hi) {
+  (void)ForEachRange(n_tensors, parallel, [&](size_t lo, size_t hi) {
     native::TensorProto tp;
     for (size_t i = lo; i < hi; ++i) {
       fill(m.tensors[i], &tp);
@@ -372,6 +370,7 @@ std::string SerializeManifest(const Manifest& m) {
         tp.SerializeWithCachedSizes(&coded);
       });
     }
+    return Status::Ok();
   });
   put(at[n_tensors], tail_size, [&](auto& coded) { tail.SerializeWithCachedSizes(&coded); });
   if (header == 0) return out;  // format 1: the bare protobuf
@@ -524,15 +523,8 @@ Result<Manifest> ParseManifest(std::string_view bytes, const std::string& path, 
     }
     return Status::Ok();
   };
-  if (payload.size() < kParallelManifestBytes) {
-    RETURN_IF_ERROR(parse_range(0, tensors.size()));
-  } else {
-    ThreadPool pool(ManifestThreads());
-    const size_t ranges = static_cast<size_t>(pool.size()) * 4;
-    RETURN_IF_ERROR(pool.ParallelFor(static_cast<int64_t>(ranges), [&](int64_t r) {
-      return parse_range(tensors.size() * r / ranges, tensors.size() * (r + 1) / ranges);
-    }));
-  }
+  RETURN_IF_ERROR(
+      ForEachRange(tensors.size(), payload.size() >= kParallelManifestBytes, parse_range));
   std::set<std::string_view> names;
   for (const TensorEntry& t : tensors) {
     if (!names.insert(t.name).second) {

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -201,6 +202,11 @@ std::string SerializeManifest(const Manifest& manifest);
 // committed on: one per core, at most 8 (each holds a tensor's records
 // being converted; more would add memory, not speed).
 int ManifestThreads();
+// Calls fn(lo, hi) over [0, n) in contiguous ranges: on a pool of
+// ManifestThreads() (four ranges a thread) when `parallel`, else once, on
+// this thread. Returns the first failing range's status, in range order
+// (so the first failure by index when fn stops at its first).
+Status ForEachRange(size_t n, bool parallel, const std::function<Status(size_t, size_t)>& fn);
 // Checks the frame's checksum (a manifest that fails is DataLoss naming
 // `path` as corrupt) and everything a reader relies on: version, layouts
 // valid on their meshes, pieces inside their tensors and files, file
