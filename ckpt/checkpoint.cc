@@ -134,6 +134,12 @@ Status ReadRegionOver(const CheckpointReader& reader, size_t index,
       .Annotate("tensor '" + reader.strategy().tensors()[index].name + "'");
 }
 
+Status CheckpointWriter::WritePieces(const std::vector<PieceWrite>& pieces) {
+  for (const PieceWrite& p : pieces)
+    RETURN_IF_ERROR(WritePiece(p.index, p.shard_rank, p.box, p.data));
+  return Status::Ok();
+}
+
 Status WritePieceOver(CheckpointWriter& writer, const Layout& layout, size_t index,
                       int64_t shard_rank, const std::vector<int64_t>& coords, const Box& box,
                       const void* data) {

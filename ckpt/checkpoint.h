@@ -119,6 +119,19 @@ class CheckpointWriter {
   // `shard_rank` is the rank that holds the box, which picks the data file.
   // Thread-safe; the boxes of one tensor must be disjoint.
   virtual Status WritePiece(size_t index, int64_t shard_rank, const Box& box, const void* data) = 0;
+  // One piece of a batch (WritePieces): as WritePiece's arguments.
+  struct PieceWrite {
+    size_t index = 0;
+    int64_t shard_rank = 0;
+    Box box;
+    const void* data = nullptr;
+  };
+  // Writes every piece of `pieces` as WritePiece would, one after another:
+  // each data file gets its pieces in the batch's order. A format of many
+  // small pieces takes each file's lock once per batch (a reshard of
+  // thousands of ranks writes a million and a half pieces). By default,
+  // WritePiece one piece after another.
+  virtual Status WritePieces(const std::vector<PieceWrite>& pieces);
   // A hint: the pieces of `shard_rank` written so far will not be followed
   // by more soon. Writers that gather small pieces in memory write that
   // rank's out now and free the memory for another; a writer holding more

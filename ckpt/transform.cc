@@ -284,6 +284,7 @@ Result<TransformStats> Transform(const CheckpointReader& src, const Strategy& ds
     // another view of its tensor, goes on its own.
     std::vector<CheckpointReader::RegionRead> batch;
     std::vector<size_t> batch_items;  // the items of `batch`
+    std::vector<CheckpointWriter::PieceWrite> writes;
     int64_t batch_bytes = 0;
     auto add_progress = [&](int64_t bytes) {
       if (!options.progress) return;
@@ -311,9 +312,21 @@ Result<TransformStats> Transform(const CheckpointReader& src, const Strategy& ds
         bytes += n;
       }
       RETURN_IF_ERROR(src.ReadRegions(batch));
+      // Written as one batch (WritePieces: each file's lock taken once),
+      // but for a box over a finer view than the destination's, which
+      // WritePieceOver cuts: the batch up to it goes first.
       for (size_t b = 0; b < batch.size(); ++b) {
-        RETURN_IF_ERROR(write(items[batch_items[b]], batch[b].region, batch[b].dst));
+        const Item& item = items[batch_items[b]];
+        if (coords[item.tensor] == dst.tensors()[item.tensor].layout.split_shape()) {
+          writes.push_back({item.tensor, item.rank, batch[b].region, batch[b].dst});
+          continue;
+        }
+        RETURN_IF_ERROR(out.WritePieces(writes));
+        writes.clear();
+        RETURN_IF_ERROR(write(item, batch[b].region, batch[b].dst));
       }
+      RETURN_IF_ERROR(out.WritePieces(writes));
+      writes.clear();
       add_progress(bytes);
       batch.clear();
       batch_items.clear();

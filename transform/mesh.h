@@ -35,6 +35,8 @@ class Mesh {
   // Coordinates of `rank` (0 <= rank < world_size()).
   std::vector<int64_t> Coordinates(int64_t rank) const;
   int64_t Coordinate(int64_t rank, int axis) const;
+  // How far apart in rank two neighbours along `axis` are.
+  int64_t Stride(int axis) const { return strides_[axis]; }
   int64_t RankOf(const std::vector<int64_t>& coordinates) const;
 
   // "[dp=2, tp=4]".
