@@ -344,6 +344,42 @@ class GlooCommunicator final : public Communicator {
                     P2pWhat("receive from", peer, tag));
   }
 
+  // A group of `size` formed by name over this world's rendezvous (see
+  // ConnectGlooGroup), this rank its member `rank`.
+  Result<std::unique_ptr<Communicator>> Group(const std::string& group, int rank, int size) {
+    return ConnectGroup(world_, group, rank, size);
+  }
+
+  // Members of `group` on world `world` (its store and device), connected.
+  static Result<std::unique_ptr<Communicator>> ConnectGroup(std::shared_ptr<GlooWorld> world,
+                                                            const std::string& group, int rank,
+                                                            int size) {
+    if (group.empty() || size < 1 || rank < 0 || rank >= size) {
+      return InvalidArgumentError("gloo group '" + group + "': rank " + std::to_string(rank) +
+                                  " of " + std::to_string(size) + " (a name, 0 <= rank < size)");
+    }
+    const std::string prefix = "g/" + group;
+    auto ctx = std::make_shared<gloo::rendezvous::Context>(rank, size);
+    try {
+      ctx->setTimeout(world->options.timeout);
+      gloo::rendezvous::PrefixStore store(prefix, *world->store);
+      ctx->connectFullMesh(store, world->device);
+    } catch (const std::exception& e) {
+      const std::string where = "rank " + std::to_string(rank) + " of group '" + group +
+                                "': connecting to its " + std::to_string(size - 1) + " peer(s)";
+      if (std::string(e.what()).find("was not set within") != std::string::npos) {
+        return DeadlineExceededError(where + ": a member did not come within " +
+                                     FormatDuration(world->options.timeout) + " (" + e.what() +
+                                     ")");
+      }
+      return FromGlooError(where, e, world->options.timeout);
+    }
+    auto out = std::make_unique<GlooCommunicator>(std::move(world), ctx, prefix);
+    out->set_name(group);
+    RETURN_IF_ERROR(out->Barrier());
+    return std::unique_ptr<Communicator>(std::move(out));
+  }
+
   Result<std::unique_ptr<Communicator>> Split(int color, int key) override {
     RETURN_IF_ERROR(Agree({CollectiveKind::kSplit}));
     int32_t mine[2] = {color, key};
@@ -545,7 +581,11 @@ class GlooCommunicator final : public Communicator {
   Result<Request> Post(bool send, void* buf, size_t bytes, int peer, uint64_t slot,
                        std::string what) {
     auto req = std::make_unique<GlooRequest>(send, bytes, timeout(), what);
-    RETURN_IF_ERROR(Run(what, [&] { req->Post(*ctx_, buf, peer, slot); }));
+    try {
+      req->Post(*ctx_, buf, peer, slot);
+    } catch (const std::exception& e) {
+      return FromGlooError(what, e, timeout());  // `what` names rank and communicator
+    }
     return Request(std::move(req));
   }
   static Status Wait(Result<Request> r) {
@@ -702,6 +742,48 @@ Result<std::unique_ptr<Communicator>> CreateGlooWorld(const RankTable& table,
   auto out = std::make_unique<GlooCommunicator>(world, ctx, "w");
   RETURN_IF_ERROR(out->Barrier());
   return std::unique_ptr<Communicator>(std::move(out));
+}
+
+Result<std::unique_ptr<Communicator>> ConnectGlooGroup(Communicator& world,
+                                                       const std::string& group, int rank,
+                                                       int size) {
+  auto* gloo = dynamic_cast<GlooCommunicator*>(&world);
+  if (gloo == nullptr) {
+    return InvalidArgumentError("gloo group '" + group + "': communicator '" + world.name() +
+                                "' is " + std::string(world.backend()) + "'s, not Gloo's");
+  }
+  return gloo->Group(group, rank, size);
+}
+
+Result<std::unique_ptr<Communicator>> JoinGlooGroup(const RankTable& table,
+                                                    const std::string& group, int rank, int size,
+                                                    const CommOptions& options) {
+  IgnoreSigpipeUnlessHandled();
+  const std::string who = "gloo rank " + std::to_string(table.rank) + " joining group '" + group +
+                          "' as its rank " + std::to_string(rank);
+  if (table.master_host.empty() || table.master_port <= 0) {
+    return InvalidArgumentError(who +
+                                ": no master address (set MASTER_ADDR and MASTER_PORT, "
+                                "TESSERA_MASTER=host:port, or --master)");
+  }
+  auto world = std::make_shared<GlooWorld>();
+  world->options = options;
+  world->world_rank = table.rank;
+  Result<std::unique_ptr<KvClient>> kv =
+      KvClient::Connect(table.master_host, table.master_port, options.timeout);
+  if (!kv.ok()) {
+    return kv.status().Annotate(who + ": rank 0's rendezvous at " + table.master_host + ":" +
+                                std::to_string(table.master_port));
+  }
+  world->kv = std::move(*kv);
+  world->store = std::make_unique<KvGlooStore>(world->kv, options.timeout);
+  ASSIGN_OR_RETURN(gloo::transport::tcp::attr attr, DeviceAttr(table, table.master_host));
+  try {
+    world->device = gloo::transport::tcp::CreateDevice(attr);
+  } catch (const std::exception& e) {
+    return AbortedError(who + ": " + e.what());
+  }
+  return GlooCommunicator::ConnectGroup(std::move(world), group, rank, size);
 }
 
 }  // namespace tessera

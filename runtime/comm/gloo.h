@@ -20,6 +20,7 @@
 #define TESSERA_RUNTIME_COMM_GLOO_H_
 
 #include <memory>
+#include <string>
 
 #include "runtime/comm/communicator.h"
 #include "runtime/comm/launch.h"
@@ -32,6 +33,25 @@ namespace tessera {
 // it ignored, so a peer that dies mid-write is an error, not this rank's end.
 Result<std::unique_ptr<Communicator>> CreateGlooWorld(const RankTable& table,
                                                       const CommOptions& options = {});
+
+// A communicator of `size` ranks formed by name over a Gloo world's
+// rendezvous (rank 0's key-value store), outside the world's collectives:
+// it may include a process that is not in the world, such as one started
+// in place of a rank that died (whose pairs in the world are gone for
+// good: Gloo cannot reconnect them). The world's members call
+// ConnectGlooGroup with their world; a process outside it JoinGlooGroup
+// with the world's rank table (its master address; `table.rank` only
+// names it in errors). Every member names the same `group` and its own
+// `rank` in it, and the call returns when all `size` have connected, or
+// fails after the timeout (DeadlineExceeded) naming the group. A name
+// forms one group: the next one needs a new name. Rank 0 of the world
+// (its store) must be up until the group has connected.
+Result<std::unique_ptr<Communicator>> ConnectGlooGroup(Communicator& world,
+                                                       const std::string& group, int rank,
+                                                       int size);
+Result<std::unique_ptr<Communicator>> JoinGlooGroup(const RankTable& table,
+                                                    const std::string& group, int rank, int size,
+                                                    const CommOptions& options = {});
 
 }  // namespace tessera
 

@@ -11,6 +11,10 @@
 //                            within the timeout naming it
 //   deadpeer                 rank 1 dies (SIGKILL) before an allreduce: rank 0
 //                            fails (Aborted or DeadlineExceeded), no hang
+//   rejoin                   rank 2 of 3 dies (SIGKILL): ranks 0 and 1 go on
+//                            talking, sends and receives to 2 fail naming it,
+//                            and a new process (not in the world) forms a
+//                            group with rank 0 through the world's rendezvous
 // Exit 0 when every worker did what was expected.
 #include <netinet/in.h>
 #include <signal.h>
@@ -173,6 +177,116 @@ int DeadPeer() {
   })[0];
 }
 
+int Rejoin() {
+  const int port = FreePort();
+  const CommOptions options{.timeout = std::chrono::seconds(4)};
+  // Exchanges `round` between world ranks 0 and 1 (tags 3 and 4).
+  auto exchange = [](Communicator& c, int round) -> bool {
+    int64_t mine = 100 * c.rank() + round, got = -1;
+    const int peer = 1 - c.rank();
+    Status s = c.rank() == 0 ? c.Send(&mine, 1, DType::kI64, peer, 3)
+                             : c.Recv(&got, 1, DType::kI64, peer, 3);
+    if (s.ok()) {
+      s = c.rank() == 0 ? c.Recv(&got, 1, DType::kI64, peer, 4)
+                        : c.Send(&mine, 1, DType::kI64, peer, 4);
+    }
+    std::printf("rank %d round %d: %s, got %lld\n", c.rank(), round, s.ToString().c_str(),
+                static_cast<long long>(got));
+    return s.ok() && got == 100 * peer + round;
+  };
+  auto worker = [&](int rank) -> int {
+    auto world = World(rank, 3, port, options);
+    const Status ready = world.ok() ? (*world)->Barrier() : world.status();
+    if (!ready.ok()) {
+      std::printf("rank %d: %s\n", rank, ready.ToString().c_str());
+      return 1;
+    }
+    Communicator& w = **world;
+    if (rank == 2) raise(SIGKILL);
+    bool ok = exchange(w, 0);
+    if (rank == 0) {
+      // The dead rank: both directions fail at once, naming it.
+      int64_t v = 0;
+      const Status r = w.Recv(&v, 1, DType::kI64, 2, 7);
+      const Status s = w.Send(&v, 1, DType::kI64, 2, 7);
+      std::printf("rank 0 with rank 2 dead: %s / %s\n", r.ToString().c_str(), s.ToString().c_str());
+      ok = ok && r.code() == StatusCode::kAborted && s.code() == StatusCode::kAborted &&
+           r.message().find("receive from rank 2") != std::string::npos &&
+           r.message().find("rank 0 on 'world': rank 0") == std::string::npos;
+    }
+    ok = exchange(w, 1) && ok;
+    if (rank == 0) {
+      // The newcomer, its member 1; then both ways and a collective.
+      auto group = ConnectGlooGroup(w, "rejoin.2.1", 0, 2);
+      if (!group.ok()) {
+        std::printf("rank 0 group: %s\n", group.status().ToString().c_str());
+        return 1;
+      }
+      int64_t x = 41, y = -1;
+      Status s = (*group)->Send(&x, 1, DType::kI64, 1, 0);
+      if (s.ok()) s = (*group)->Recv(&y, 1, DType::kI64, 1, 0);
+      float sum = 1.5f;
+      if (s.ok()) s = (*group)->AllReduce(&sum, &sum, 1, DType::kF32, ReduceOp::kSum);
+      std::printf("rank 0 with the newcomer: %s, got %lld, sum %.1f\n", s.ToString().c_str(),
+                  static_cast<long long>(y), sum);
+      ok = ok && s.ok() && y == 42 && sum == 4.0f;
+    }
+    // The world's other pairs still work after the group formed.
+    ok = exchange(w, 2) && ok;
+    if (rank == 0) {
+      // A group nobody else joins: named after the timeout.
+      auto lonely = ConnectGlooGroup(w, "nobody", 0, 2);
+      std::printf("rank 0 alone: %s\n", lonely.status().ToString().c_str());
+      ok = ok && lonely.status().code() == StatusCode::kDeadlineExceeded &&
+           lonely.status().message().find("group 'nobody'") != std::string::npos;
+    }
+    return ok ? 0 : 1;
+  };
+  std::vector<pid_t> pids;
+  for (int r = 0; r < 3; ++r) {
+    const pid_t pid = fork();
+    if (pid == 0) {
+      const int rc = worker(r);
+      std::fflush(stdout);
+      _exit(rc);
+    }
+    pids.push_back(pid);
+  }
+  int status = 0;
+  waitpid(pids[2], &status, 0);
+  const bool killed = WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL;
+  // The process started in rank 2's place: outside the world, its table's.
+  const pid_t newcomer = fork();
+  if (newcomer == 0) {
+    RankTable t{2, 3, "127.0.0.1", port, "test"};
+    auto group = JoinGlooGroup(t, "rejoin.2.1", 1, 2, options);
+    if (!group.ok()) {
+      std::printf("newcomer: %s\n", group.status().ToString().c_str());
+      std::fflush(stdout);
+      _exit(1);
+    }
+    int64_t got = -1;
+    Status s = (*group)->Recv(&got, 1, DType::kI64, 0, 0);
+    int64_t reply = got + 1;
+    if (s.ok()) s = (*group)->Send(&reply, 1, DType::kI64, 0, 0);
+    float sum = 2.5f;
+    if (s.ok()) s = (*group)->AllReduce(&sum, &sum, 1, DType::kF32, ReduceOp::kSum);
+    std::printf("newcomer: %s, got %lld, sum %.1f\n", s.ToString().c_str(),
+                static_cast<long long>(got), sum);
+    std::fflush(stdout);
+    _exit(s.ok() && got == 41 && sum == 4.0f ? 0 : 1);
+  }
+  pids[2] = newcomer;
+  bool ok = killed;
+  for (int r = 0; r < 3; ++r) {
+    waitpid(pids[r], &status, 0);
+    const int code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    std::printf("%s %d: exit %d\n", r == 2 ? "newcomer for rank" : "rank", r, code);
+    ok = ok && code == 0;
+  }
+  return ok ? 0 : 1;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -184,8 +298,9 @@ int main(int argc, char** argv) {
   if (mode == "mismatch") return Mismatch();
   if (mode == "absent") return Absent();
   if (mode == "deadpeer") return DeadPeer();
+  if (mode == "rejoin") return Rejoin();
   std::fprintf(stderr,
                "usage: comm_gloo_test suite N [deterministic] | env N | mismatch | "
-               "absent | deadpeer\n");
+               "absent | deadpeer | rejoin\n");
   return 2;
 }
