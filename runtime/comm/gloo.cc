@@ -350,6 +350,12 @@ class GlooCommunicator final : public Communicator {
     return ConnectGroup(world_, group, rank, size);
   }
 
+  // Whether member `rank` of `group` has registered its address (Gloo's
+  // full-mesh rendezvous key "<prefix>/rank_<rank>").
+  Result<bool> MemberWaiting(const std::string& group, int rank) {
+    return world_->kv->Has("g/" + group + "/rank_" + std::to_string(rank));
+  }
+
   // Members of `group` on world `world` (its store and device), connected.
   static Result<std::unique_ptr<Communicator>> ConnectGroup(std::shared_ptr<GlooWorld> world,
                                                             const std::string& group, int rank,
@@ -753,6 +759,15 @@ Result<std::unique_ptr<Communicator>> ConnectGlooGroup(Communicator& world,
                                 "' is " + std::string(world.backend()) + "'s, not Gloo's");
   }
   return gloo->Group(group, rank, size);
+}
+
+Result<bool> GlooGroupMemberWaiting(Communicator& world, const std::string& group, int rank) {
+  auto* gloo = dynamic_cast<GlooCommunicator*>(&world);
+  if (gloo == nullptr) {
+    return InvalidArgumentError("gloo group '" + group + "': communicator '" + world.name() +
+                                "' is " + std::string(world.backend()) + "'s, not Gloo's");
+  }
+  return gloo->MemberWaiting(group, rank);
 }
 
 Result<std::unique_ptr<Communicator>> JoinGlooGroup(const RankTable& table,

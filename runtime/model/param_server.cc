@@ -7,6 +7,7 @@
 
 #include "core/pages.h"
 #include "core/trace.h"
+#include "runtime/comm/gloo.h"
 #include "runtime/model/gpt_checkpoint.h"
 
 namespace tessera {
@@ -103,6 +104,11 @@ Result<std::unique_ptr<PsServer>> PsServer::Create(const GptConfig& config, PsPl
       s->row_piece_ = static_cast<int64_t>(piece);
     }
   }
+  for (int w = 0; w < workers; ++w) s->links_.push_back({&world, servers + w});
+  s->gone_.assign(workers, 0);
+  s->rejoined_.resize(workers);
+  s->incarnation_.assign(workers, 0);
+  s->admit_at_.assign(workers, -1);
   s->weights_.assign(at, 0.0f);
   s->grads_.assign(at, 0.0f);
   s->m_.assign(at, 0.0f);
@@ -131,8 +137,9 @@ std::string PsServer::Where() const {
 
 Status PsServer::RecvHeader(int w, int64_t* header) {
   const int S = protocol_.servers();
-  Status s =
-      world_.Recv(header, PsProtocol::kHeaderWords, DType::kI64, S + w, PsProtocol::kTagHeader);
+  const Link& link = links_[w];
+  Status s = link.comm->Recv(header, PsProtocol::kHeaderWords, DType::kI64, link.rank,
+                             PsProtocol::kTagHeader);
   if (!s.ok()) {
     return Status(s.code(), "parameter server " + std::to_string(server_) + ": waiting for " +
                                 WorkerName(w, S) + ": " + s.message());
@@ -146,40 +153,152 @@ Status PsServer::RecvHeader(int w, int64_t* header) {
 Result<PsServer::Asked> PsServer::Next() {
   const int W = protocol_.workers();
   std::vector<int64_t> headers(static_cast<size_t>(W) * PsProtocol::kHeaderWords);
-  if (!async_) return Collect(headers, 0);
+  if (!async_) return Collect(headers, 0, 0);
   // Asynchronous: this turn's worker alone; a step is its own.
-  const int w = turn_;
   const int S = protocol_.servers();
-  int64_t* h = &headers[static_cast<size_t>(w) * PsProtocol::kHeaderWords];
-  RETURN_IF_ERROR(RecvHeader(w, h));
-  if (h[0] == PsProtocol::kStep) {
-    if (h[1] != step_ + 1) {
-      return InvalidArgumentError(Where() + WorkerName(w, S) + " pushes step " +
-                                  std::to_string(h[1]) + ", expected " + std::to_string(step_ + 1));
+  for (;;) {
+    const int w = NextLive(turn_);
+    if (w == W) {  // the round's last live worker dropped
+      RETURN_IF_ERROR(EndRound());
+      if (NextLive(0) == W) return AbortedError(Where() + "every worker is gone");
+      continue;
     }
-    turn_ = (turn_ + 1) % W;
-    return Asked{PsProtocol::kStep, h[1], {}, w};
+    turn_ = w;
+    int64_t* h = &headers[static_cast<size_t>(w) * PsProtocol::kHeaderWords];
+    const Status got = RecvHeader(w, h);
+    if (!got.ok()) {
+      if (!Drop(w, got)) return got;
+      turn_ = w + 1;
+      continue;
+    }
+    if (h[0] == PsProtocol::kStep) {
+      if (h[1] != step_ + 1) {
+        return InvalidArgumentError(Where() + WorkerName(w, S) + " pushes step " +
+                                    std::to_string(h[1]) + ", expected " +
+                                    std::to_string(step_ + 1));
+      }
+      return Asked{PsProtocol::kStep, h[1], {}, w};
+    }
+    if (w != NextLive(0)) {
+      return AbortedError(Where() + WorkerName(w, S) + " asks for command " + std::to_string(h[0]) +
+                          " while worker " + std::to_string(NextLive(0)) +
+                          " stepped (a worker stopped while others go on?)");
+    }
+    return Collect(headers, w, w + 1);  // a save, export or stop: every worker's
   }
-  if (w != 0) {
-    return AbortedError(Where() + WorkerName(w, S) + " asks for command " + std::to_string(h[0]) +
-                        " while worker 0 stepped (a worker stopped while others go on?)");
-  }
-  return Collect(headers, 1);  // a save, export or stop: every worker's
 }
 
-Result<PsServer::Asked> PsServer::Collect(std::vector<int64_t>& headers, int from) {
+int PsServer::NextLive(int w) const {
+  const int W = protocol_.workers();
+  while (w < W && gone_[w]) ++w;
+  return w;
+}
+
+bool PsServer::Drop(int w, const Status& s) {
+  if (!replaceable_ || s.code() != StatusCode::kAborted) return false;
+  gone_[w] = 1;
+  ++dropped_;
+  rejoined_[w].reset();
+  admit_at_[w] = -1;
+  links_[w] = {&world_, protocol_.servers() + w};
+  return true;
+}
+
+Status PsServer::EndRound() {
+  turn_ = 0;
+  if (stepped_ > 0) {
+    // A round done: its weights (every live worker's push of step n in)
+    // are every worker's reply to its push n.
+    stepped_ = 0;
+    ++step_;
+    RETURN_IF_ERROR(SendAll());
+  }
+  return Admit();
+}
+
+std::string PsRejoinGroup(int worker, int restart, int server) {
+  return "ps.worker" + std::to_string(worker) + ".restart" + std::to_string(restart) + ".server" +
+         std::to_string(server);
+}
+
+Status PsServer::Admit() {
+  const int W = protocol_.workers();
+  for (int w = 0; w < W; ++w) {
+    if (!gone_[w]) continue;
+    if (!rejoined_[w]) {
+      // Its replacement: the newest restart waiting (one that died before
+      // it was admitted left its key behind).
+      int found = -1;
+      for (int k = incarnation_[w] + 1;; ++k) {
+        ASSIGN_OR_RETURN(bool waiting,
+                         GlooGroupMemberWaiting(world_, PsRejoinGroup(w, k, server_), 1));
+        if (!waiting) break;
+        found = k;
+      }
+      if (found < 0) continue;
+      Result<std::unique_ptr<Communicator>> group =
+          ConnectGlooGroup(world_, PsRejoinGroup(w, found, server_), 0, 2);
+      incarnation_[w] = found;
+      if (!group.ok()) continue;  // it died meanwhile: the next restart is looked for
+      // This server's round; the joiner answers with the largest of all
+      // servers', the round it joins at.
+      int64_t mine = step_, at = -1;
+      Status s = (*group)->Send(&mine, 1, DType::kI64, 1, PsProtocol::kTagHeader);
+      if (s.ok()) s = (*group)->Recv(&at, 1, DType::kI64, 1, PsProtocol::kTagHeader);
+      if (!s.ok() || at < step_) continue;
+      rejoined_[w] = std::move(*group);
+      admit_at_[w] = at;
+    }
+    if (admit_at_[w] != step_) continue;
+    links_[w] = {rejoined_[w].get(), 1};
+    std::vector<Request> sends;
+    Status s = SendTo(w, &sends);
+    const Status sent = WaitAll(sends);
+    if (s.ok()) s = sent;
+    if (!s.ok()) {  // it died again
+      links_[w] = {&world_, protocol_.servers() + w};
+      rejoined_[w].reset();
+      admit_at_[w] = -1;
+      continue;
+    }
+    gone_[w] = 0;
+    admit_at_[w] = -1;
+    ++admitted_;
+  }
+  return Status::Ok();
+}
+
+Status PsServer::SendTo(int w, std::vector<Request>* sends) {
+  const auto& messages = protocol_.messages();
+  const Link& link = links_[w];
+  for (size_t k = 0; k < messages_.size(); ++k) {
+    ASSIGN_OR_RETURN(Request r,
+                     link.comm->ISend(weights_.data() + local_[k], messages[messages_[k]].count,
+                                      DType::kF32, link.rank, protocol_.PullTag(messages_[k])));
+    sends->push_back(std::move(r));
+  }
+  return Status::Ok();
+}
+
+Result<PsServer::Asked> PsServer::Collect(std::vector<int64_t>& headers, int first, int from) {
   const int S = protocol_.servers(), W = protocol_.workers();
   constexpr int kWords = PsProtocol::kHeaderWords;
-  // Every worker's header: all the same command for step n + 1 (a save:
-  // for step n), or all stop.
-  for (int w = from; w < W; ++w) RETURN_IF_ERROR(RecvHeader(w, &headers[kWords * w]));
+  // Every (live) worker's header: all the same command for step n + 1 (a
+  // save: for step n), or all stop.
+  for (int w = from; w < W; ++w) {
+    if (gone_[w]) continue;
+    const Status got = RecvHeader(w, &headers[kWords * w]);
+    if (!got.ok() && !Drop(w, got)) return got;
+  }
   const std::string where = Where();
-  Asked request{static_cast<PsProtocol::Command>(headers[0]), headers[1], {}};
+  Asked request{
+      static_cast<PsProtocol::Command>(headers[kWords * first]), headers[kWords * first + 1], {}};
   row_counts_.assign(W, 0);
   if (request.command == PsProtocol::kStep) {
     for (int w = 0; w < W; ++w) row_counts_[w] = headers[kWords * w + 2];
   }
   for (int w = 0; w < W; ++w) {
+    if (gone_[w]) continue;
     const int64_t cmd = headers[kWords * w], step = headers[kWords * w + 1];
     if (cmd != request.command) {
       return AbortedError(where + WorkerName(w, S) + " asks for command " + std::to_string(cmd) +
@@ -193,10 +312,10 @@ Result<PsServer::Asked> PsServer::Collect(std::vector<int64_t>& headers, int fro
                                   " (the workers and servers resumed from different checkpoints?)");
     }
   }
-  if (request.command == PsProtocol::kSave && headers[2] > 0) {
+  if (request.command == PsProtocol::kSave && first == 0 && headers[2] > 0) {
     std::string payload(static_cast<size_t>(headers[2]), '\0');
-    RETURN_IF_ERROR(
-        world_.Recv(payload.data(), headers[2], DType::kU8, S, PsProtocol::kTagPayload));
+    RETURN_IF_ERROR(links_[0].comm->Recv(payload.data(), headers[2], DType::kU8, links_[0].rank,
+                                         PsProtocol::kTagPayload));
     // "key\0value\0" pairs.
     for (size_t at = 0; at < payload.size();) {
       const size_t k = payload.find('\0', at), v = payload.find('\0', k + 1);
@@ -277,18 +396,28 @@ Status PsServer::Step(const AdamWConfig& adam, float max_norm) {
 }
 
 Status PsServer::StepAsync(int worker, const AdamWConfig& adam) {
-  const int S = protocol_.servers(), W = protocol_.workers();
+  const int W = protocol_.workers();
   const auto& messages = protocol_.messages();
   std::vector<Request> requests;
-  for (size_t k = 0; k < messages_.size(); ++k) {
-    ASSIGN_OR_RETURN(Request r,
-                     world_.IRecv(grads_.data() + local_[k], messages[messages_[k]].count,
-                                  DType::kF32, S + worker, protocol_.PushTag(messages_[k])));
-    requests.push_back(std::move(r));
+  const Link& link = links_[worker];
+  Status received;
+  for (size_t k = 0; k < messages_.size() && received.ok(); ++k) {
+    Result<Request> r = link.comm->IRecv(grads_.data() + local_[k], messages[messages_[k]].count,
+                                         DType::kF32, link.rank, protocol_.PushTag(messages_[k]));
+    received = r.status();
+    if (r.ok()) requests.push_back(std::move(*r));
   }
-  RETURN_IF_ERROR(WaitAll(requests));
+  const Status waited = WaitAll(requests);
+  if (received.ok()) received = waited;
   requests.clear();
-  // Update step_ * W + worker + 1: every push one AdamW step.
+  turn_ = worker + 1;
+  if (!received.ok()) {
+    // A worker that died mid-push: its update is not applied.
+    if (!Drop(worker, received)) return received;
+    return NextLive(turn_) == W ? EndRound() : Status::Ok();
+  }
+  // Update step_ * W + worker + 1: every push one AdamW step (a dropped
+  // worker's numbers left out).
   const int64_t update = step_ * W + worker + 1;
   {
     TraceSpan span("ps", "AdamW on the served pieces (one worker's push)");
@@ -299,11 +428,8 @@ Status PsServer::StepAsync(int worker, const AdamWConfig& adam) {
                   msg.count, update, adam, protocol_.placement().pieces()[msg.piece].decay);
     }
   }
-  if (worker < W - 1) return Status::Ok();
-  // A round done: its weights (every worker's push of step n in) are every
-  // worker's reply to its push n.
-  ++step_;
-  return SendAll();
+  ++stepped_;
+  return NextLive(turn_) == W ? EndRound() : Status::Ok();
 }
 
 std::span<float> PsServer::PieceData(size_t piece, int which) {
@@ -383,18 +509,18 @@ Status PsServer::FoldRows() {
 }
 
 Status PsServer::SendAll() {
-  const int S = protocol_.servers(), W = protocol_.workers();
-  const auto& messages = protocol_.messages();
-  std::vector<Request> sends;
-  for (size_t k = 0; k < messages_.size(); ++k) {
-    for (int w = 0; w < W; ++w) {
-      ASSIGN_OR_RETURN(Request r,
-                       world_.ISend(weights_.data() + local_[k], messages[messages_[k]].count,
-                                    DType::kF32, S + w, protocol_.PullTag(messages_[k])));
-      sends.push_back(std::move(r));
-    }
+  const int W = protocol_.workers();
+  std::vector<std::vector<Request>> sends(W);
+  std::vector<Status> posted(W);
+  for (int w = 0; w < W; ++w) {
+    if (!gone_[w]) posted[w] = SendTo(w, &sends[w]);
   }
-  return WaitAll(sends);
+  for (int w = 0; w < W; ++w) {
+    const Status sent = WaitAll(sends[w]);
+    const Status s = posted[w].ok() ? sent : posted[w];
+    if (!s.ok() && !Drop(w, s)) return s;
+  }
+  return Status::Ok();
 }
 
 MemoryUse PsServer::Memory() const {
@@ -430,7 +556,7 @@ Result<std::unique_ptr<PsClient>> PsClient::Create(PsPlacement placement, Commun
   if (world.rank() < servers) return InternalError("PsClient::Create on a server rank");
   const int workers = world.size() - servers;
   std::unique_ptr<PsClient> c(
-      new PsClient(PsProtocol(std::move(placement), workers, model.config()), world));
+      new PsClient(PsProtocol(std::move(placement), workers, model.config()), &world));
   if (c->protocol_.served() >= 0) {
     const ParamInfo& p = params[c->protocol_.served()];
     c->served_offset_ = p.offset;
@@ -477,15 +603,15 @@ Result<float> PsClient::Exchange(Gpt& model, double loss, const AdamWConfig& ada
       for (size_t i = 0; i < ids.size(); ++i) {
         std::copy_n(grads + served_offset_ + ids[i] * C, C, out.data() + i * C);
       }
-      ASSIGN_OR_RETURN(Request r, world_.ISend(out.data(), static_cast<int64_t>(ids.size()) * C,
-                                               DType::kF32, s, PsProtocol::kTagRowGrads));
+      ASSIGN_OR_RETURN(Request r, world_->ISend(out.data(), static_cast<int64_t>(ids.size()) * C,
+                                                DType::kF32, s, PsProtocol::kTagRowGrads));
       sends.push_back(std::move(r));
     }
     for (size_t i = 0; i < messages.size(); ++i) {
       const PsProtocol::Message& msg = messages[i];
       if (msg.rows) continue;
-      ASSIGN_OR_RETURN(Request r, world_.ISend(grads + msg.offset, msg.count, DType::kF32,
-                                               msg.server, protocol_.PushTag(i)));
+      ASSIGN_OR_RETURN(Request r, world_->ISend(grads + msg.offset, msg.count, DType::kF32,
+                                                msg.server, protocol_.PushTag(i)));
       sends.push_back(std::move(r));
     }
   }
@@ -499,7 +625,7 @@ Result<float> PsClient::Exchange(Gpt& model, double loss, const AdamWConfig& ada
     slots[protocol_.loss_slot()] = loss;
   }
   Status reduced =
-      world_.AllReduce(slots.data(), slots.data(), protocol_.slots(), DType::kF64, ReduceOp::kSum);
+      world_->AllReduce(slots.data(), slots.data(), protocol_.slots(), DType::kF64, ReduceOp::kSum);
   if (!reduced.ok()) {
     (void)WaitAll(sends);
     return reduced;
@@ -510,8 +636,8 @@ Result<float> PsClient::Exchange(Gpt& model, double loss, const AdamWConfig& ada
   for (size_t i = 0; i < messages.size(); ++i) {
     const PsProtocol::Message& msg = messages[i];
     if (msg.rows) continue;  // the next step asks for its own rows
-    Result<Request> r = world_.IRecv(weights + msg.offset, msg.count, DType::kF32, msg.server,
-                                     protocol_.PullTag(i));
+    Result<Request> r = world_->IRecv(weights + msg.offset, msg.count, DType::kF32, msg.server,
+                                      protocol_.PullTag(i));
     if (!r.ok()) {
       (void)WaitAll(sends);
       (void)WaitAll(recvs);
@@ -557,17 +683,17 @@ Status PsClient::Begin(Gpt& model, const int32_t* tokens, int64_t n) {
   for (int s = 0; s < S; ++s) {
     const int64_t count = static_cast<int64_t>(ids_[s].size());
     headers[s] = {PsProtocol::kStep, step, count};
-    ASSIGN_OR_RETURN(Request h, world_.ISend(headers[s].data(), PsProtocol::kHeaderWords,
-                                             DType::kI64, s, PsProtocol::kTagHeader));
+    ASSIGN_OR_RETURN(Request h, world_->ISend(headers[s].data(), PsProtocol::kHeaderWords,
+                                              DType::kI64, s, PsProtocol::kTagHeader));
     sends.push_back(std::move(h));
     if (count == 0) continue;
     rows_[s].resize(count * C);
     held += count * C;
     ASSIGN_OR_RETURN(Request ids,
-                     world_.ISend(ids_[s].data(), count, DType::kI64, s, PsProtocol::kTagRowIds));
+                     world_->ISend(ids_[s].data(), count, DType::kI64, s, PsProtocol::kTagRowIds));
     sends.push_back(std::move(ids));
-    ASSIGN_OR_RETURN(Request rows, world_.IRecv(rows_[s].data(), count * C, DType::kF32, s,
-                                                PsProtocol::kTagRows));
+    ASSIGN_OR_RETURN(Request rows, world_->IRecv(rows_[s].data(), count * C, DType::kF32, s,
+                                                 PsProtocol::kTagRows));
     recvs.push_back(std::move(rows));
   }
   // Rows in the table (touched pages only) and the buffers they came in.
@@ -606,8 +732,9 @@ Status PsClient::PullAll(Gpt& model) {
   std::vector<Request> recvs;
   for (size_t i = 0; i < messages.size(); ++i) {
     const PsProtocol::Message& msg = messages[i];
-    ASSIGN_OR_RETURN(Request r, world_.IRecv(model.weights().data() + msg.offset, msg.count,
-                                             DType::kF32, msg.server, protocol_.PullTag(i)));
+    const Link& link = servers_[msg.server];
+    ASSIGN_OR_RETURN(Request r, link.comm->IRecv(model.weights().data() + msg.offset, msg.count,
+                                                 DType::kF32, link.rank, protocol_.PullTag(i)));
     recvs.push_back(std::move(r));
   }
   return WaitAll(recvs);
@@ -626,7 +753,14 @@ Status SendPsHeaders(Communicator& world, int servers, PsProtocol::Command comma
 }
 
 Status PsClient::SendHeaders(PsProtocol::Command command, int64_t step, int64_t payload) {
-  return SendPsHeaders(world_, protocol_.servers(), command, step, payload);
+  const int64_t header[PsProtocol::kHeaderWords] = {command, step, payload};
+  Status first;
+  for (const Link& link : servers_) {
+    Status st = link.comm->Send(header, PsProtocol::kHeaderWords, DType::kI64, link.rank,
+                                PsProtocol::kTagHeader);
+    if (first.ok() && !st.ok()) first = st;
+  }
+  return first;
 }
 
 Status PsClient::Stop(bool failed) {
@@ -642,8 +776,8 @@ Status PsClient::RequestSave(int64_t step, const std::map<std::string, std::stri
   }
   RETURN_IF_ERROR(SendHeaders(PsProtocol::kSave, step, static_cast<int64_t>(payload.size())));
   for (int s = 0; s < protocol_.servers() && !payload.empty(); ++s) {
-    RETURN_IF_ERROR(world_.Send(payload.data(), static_cast<int64_t>(payload.size()), DType::kU8, s,
-                                PsProtocol::kTagPayload));
+    RETURN_IF_ERROR(servers_[s].comm->Send(payload.data(), static_cast<int64_t>(payload.size()),
+                                           DType::kU8, servers_[s].rank, PsProtocol::kTagPayload));
   }
   return Status::Ok();
 }
@@ -825,19 +959,21 @@ Status PsClient::PushAsync(Gpt& model, float max_norm, float* norm) {
   const auto& messages = protocol_.messages();
   Status posted;
   for (int s = 0; s < protocol_.servers() && posted.ok(); ++s) {
-    Result<Request> h = world_.ISend(slot.header.data(), PsProtocol::kHeaderWords, DType::kI64, s,
-                                     PsProtocol::kTagHeader);
+    Result<Request> h =
+        servers_[s].comm->ISend(slot.header.data(), PsProtocol::kHeaderWords, DType::kI64,
+                                servers_[s].rank, PsProtocol::kTagHeader);
     posted = h.status();
     if (h.ok()) slot.sends.push_back(std::move(*h));
   }
   for (size_t i = 0; i < messages.size() && posted.ok(); ++i) {
     const PsProtocol::Message& msg = messages[i];
-    Result<Request> r = world_.ISend(slot.grads.data() + msg.offset, msg.count, DType::kF32,
-                                     msg.server, protocol_.PushTag(i));
+    const Link& link = servers_[msg.server];
+    Result<Request> r = link.comm->ISend(slot.grads.data() + msg.offset, msg.count, DType::kF32,
+                                         link.rank, protocol_.PushTag(i));
     posted = r.status();
     if (r.ok()) slot.sends.push_back(std::move(*r));
-    Result<Request> q = world_.IRecv(slot.weights.data() + msg.offset, msg.count, DType::kF32,
-                                     msg.server, protocol_.PullTag(i));
+    Result<Request> q = link.comm->IRecv(slot.weights.data() + msg.offset, msg.count, DType::kF32,
+                                         link.rank, protocol_.PullTag(i));
     if (posted.ok()) posted = q.status();
     if (q.ok()) slot.recvs.push_back(std::move(*q));
   }
@@ -845,6 +981,47 @@ Status PsClient::PushAsync(Gpt& model, float max_norm, float* norm) {
   newest_ = step;
   model.set_step(step);
   return posted;
+}
+
+Result<std::unique_ptr<PsClient>> PsClient::Rejoin(PsPlacement placement, int workers,
+                                                   const RankTable& table, int worker, int restart,
+                                                   Gpt& model, int staleness,
+                                                   const CommOptions& options) {
+  const int S = placement.servers();
+  std::unique_ptr<PsClient> c(
+      new PsClient(PsProtocol(std::move(placement), workers, model.config()), nullptr));
+  c->worker_ = worker;
+  RETURN_IF_ERROR(c->SetAsynchronous(staleness, model));
+  // Each server as it reaches a round boundary: its step; the largest is
+  // the round this worker joins at.
+  int64_t at = 0;
+  for (int s = 0; s < S; ++s) {
+    ASSIGN_OR_RETURN(std::unique_ptr<Communicator> group,
+                     JoinGlooGroup(table, PsRejoinGroup(worker, restart, s), 1, 2, options));
+    int64_t step = -1;
+    RETURN_IF_ERROR(group->Recv(&step, 1, DType::kI64, 0, PsProtocol::kTagHeader)
+                        .Annotate("worker " + std::to_string(worker) + " rejoining server " +
+                                  std::to_string(s)));
+    at = std::max(at, step);
+    c->servers_.push_back({group.get(), 0});
+    c->groups_.push_back(std::move(group));
+  }
+  for (const Link& link : c->servers_) {
+    RETURN_IF_ERROR(link.comm->Send(&at, 1, DType::kI64, link.rank, PsProtocol::kTagHeader));
+  }
+  // That round's weights, from every server when it gets there.
+  const auto& messages = c->protocol_.messages();
+  std::vector<Request> recvs;
+  for (size_t i = 0; i < messages.size(); ++i) {
+    const PsProtocol::Message& msg = messages[i];
+    const Link& link = c->servers_[msg.server];
+    ASSIGN_OR_RETURN(Request r, link.comm->IRecv(model.weights().data() + msg.offset, msg.count,
+                                                 DType::kF32, link.rank, c->protocol_.PullTag(i)));
+    recvs.push_back(std::move(r));
+  }
+  RETURN_IF_ERROR(WaitAll(recvs));
+  model.set_step(at);
+  return c;
 }
 
 PsClient::~PsClient() {

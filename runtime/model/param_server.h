@@ -31,6 +31,7 @@
 
 #include "ckpt/checkpoint.h"
 #include "runtime/comm/communicator.h"
+#include "runtime/comm/launch.h"
 #include "runtime/cost/memory_use.h"
 #include "runtime/model/gpt.h"
 #include "runtime/model/ps_placement.h"
@@ -122,10 +123,22 @@ class PsServer {
   // workers' headers one at a time in a fixed round (worker 0, 1, ...); a
   // step is one worker's (Asked::worker) and StepAsync applies it alone. A
   // save, export or stop is asked by every worker at the start of a round.
-  void SetAsynchronous() {
+  //
+  // `replaceable` (over Gloo): a worker whose link breaks (it died) is
+  // dropped from the round instead of failing the job, the others going
+  // on; a process started in its place (PsClient::Rejoin) is admitted
+  // again at a round boundary, at the round it chose from every server's
+  // (each server reports its step, the joiner takes the largest): it gets
+  // that round's weights and pushes the next round's gradient. A worker
+  // that stalls is waited for, as before; saves need every worker.
+  void SetAsynchronous(bool replaceable = false) {
     async_ = true;
+    replaceable_ = replaceable;
     std::vector<float>().swap(scratch_);  // a push lands in the gradient buffer: no fold
   }
+  // Workers dropped (their link broke) and admitted again so far.
+  int dropped() const { return dropped_; }
+  int admitted() const { return admitted_; }
   // After Next said kStep in asynchronous mode: that worker's (already
   // clipped) gradient received and AdamW applied to every piece (update
   // number step * W + worker + 1 of the run). After the round's last
@@ -174,9 +187,39 @@ class PsServer {
   int64_t row_piece_ = -1;
   bool async_ = false;
   int turn_ = 0;  // asynchronous: the worker whose header comes next
+  // Each worker's link: the world (rank S + w), or the group its
+  // replacement formed with this server (rank 1).
+  struct Link {
+    Communicator* comm;
+    int rank;
+  };
+  std::vector<Link> links_;
+  // Asynchronous and replaceable: dropped workers, their replacements'
+  // groups, the restart count a replacement is looked for at, and the
+  // round a replacement that has reported joins at (-1: none).
+  bool replaceable_ = false;
+  std::vector<char> gone_;
+  std::vector<std::unique_ptr<Communicator>> rejoined_;
+  std::vector<int> incarnation_;
+  std::vector<int64_t> admit_at_;
+  int stepped_ = 0;  // workers whose push this round applied
+  int dropped_ = 0, admitted_ = 0;
+  // A broken link to worker w (Aborted) in replaceable mode: w dropped
+  // and true; false for any other error (the job fails on it).
+  bool Drop(int w, const Status& s);
+  // The next live worker from `w` on (W when none is left this round).
+  int NextLive(int w) const;
+  // The end of a round when the turn passes the last live worker: the
+  // step counted and its weights sent (every push of it applied).
+  Status EndRound();
+  // At a round boundary: replacements looked for, reported to, admitted.
+  Status Admit();
+  // This server's weights to worker w (its pieces' messages).
+  Status SendTo(int w, std::vector<Request>* sends);
   // The headers of workers [from, W) received into `headers` (worker w's
   // at w * kHeaderWords) and checked: one command, the expected step.
-  Result<Asked> Collect(std::vector<int64_t>& headers, int from);
+  // `first`: the first live worker, whose header is the request.
+  Result<Asked> Collect(std::vector<int64_t>& headers, int first, int from);
   // Worker w's header into `header` (kHeaderWords); an error names the
   // worker when it cannot be received or says the worker aborted.
   Status RecvHeader(int w, int64_t* header);
@@ -190,6 +233,10 @@ class PsServer {
   int64_t step_ = 0;
   double loss_ = 0;
 };
+
+// The name of the group (ConnectGlooGroup) in which restart `restart` of
+// worker `worker` rejoins server `server` (asynchronous, replaceable).
+std::string PsRejoinGroup(int worker, int restart, int server);
 
 // Sends `command`'s header to servers [0, servers) of `world`; every send
 // is tried, the first failure returned.
@@ -273,13 +320,38 @@ class PsClient {
   // save, an export or the stop).
   Status Drain(Gpt& model);
   int64_t async_bytes() const;
+  // A process started in place of asynchronous worker `worker` of
+  // `workers` that died (`restart`: its restart number, as the launcher
+  // counts them), outside the world: joins each server through the
+  // world's rendezvous (`table`: the world's rank table) when the server
+  // reaches a round boundary (PsServer::SetAsynchronous, replaceable),
+  // tells them all the round it joins at (the largest of their steps)
+  // and receives that round's weights into `model`, whose step becomes
+  // it. Then AwaitStale, PushAsync, Drain and Stop as any asynchronous
+  // worker (over Gloo only).
+  static Result<std::unique_ptr<PsClient>> Rejoin(PsPlacement placement, int workers,
+                                                  const RankTable& table, int worker, int restart,
+                                                  Gpt& model, int staleness,
+                                                  const CommOptions& options);
   ~PsClient();
 
  private:
-  PsClient(PsProtocol protocol, Communicator& world)
-      : protocol_(std::move(protocol)), world_(world) {}
+  PsClient(PsProtocol protocol, Communicator* world)
+      : protocol_(std::move(protocol)), world_(world) {
+    if (world != nullptr) {
+      for (int s = 0; s < protocol_.servers(); ++s) servers_.push_back({world, s});
+    }
+  }
   PsProtocol protocol_;
-  Communicator& world_;
+  Communicator* world_;  // null for a replacement (Rejoin)
+  // Each server's link: the world (rank s), or a replacement's group with
+  // it (rank 0).
+  struct Link {
+    Communicator* comm;
+    int rank;
+  };
+  std::vector<Link> servers_;
+  std::vector<std::unique_ptr<Communicator>> groups_;  // a replacement's, by server
   int worker_ = 0;
   struct Local {
     int64_t offset, count;  // in the flat parameter vector

@@ -1,0 +1,208 @@
+// Asynchronous parameter servers over Gloo processes that lose a worker
+// and take a replacement: 2 servers and 2 workers (staleness 1) forked as
+// a launcher starts them, each with its rank table. Worker 1 is killed
+// (SIGKILL) after its push of step 4; the servers drop it and go on with
+// worker 0; a new process started in its place (PsClient::Rejoin, restart
+// 1) joins at a round every server agrees on, gets that round's weights
+// (checked against the reply worker 0 installed for the same round) and
+// trains to the end. Exit 0 when every process did what was expected.
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "runtime/comm/gloo.h"
+#include "runtime/comm/launch.h"
+#include "runtime/model/param_server.h"
+#include "tests/runtime/comm/free_port.h"
+
+using namespace tessera;
+
+namespace {
+
+constexpr int kServers = 2, kWorkers = 2, kSteps = 12, kStaleness = 1, kKilledAfter = 4;
+const GptConfig kConfig{.layers = 1, .heads = 2, .embed = 16, .context = 8, .vocab = 32};
+const CommOptions kOptions{.timeout = std::chrono::seconds(20)};
+
+uint64_t Hash(const std::vector<float>& v) {
+  uint64_t h = 1469598103934665603ull;
+  const auto* p = reinterpret_cast<const unsigned char*>(v.data());
+  for (size_t i = 0; i < v.size() * sizeof(float); ++i) h = (h ^ p[i]) * 1099511628211ull;
+  return h;
+}
+
+// A worker's gradient of step `step`: made up, the same for any process
+// playing worker w.
+void FillGrads(Gpt& model, int w, int64_t step) {
+  std::vector<float>& g = model.grads();
+  for (size_t i = 0; i < g.size(); ++i) {
+    g[i] = 0.001f * static_cast<float>(static_cast<int64_t>(i % 7) - 3) *
+           static_cast<float>(w + 1) * static_cast<float>(1 + step % 3);
+  }
+}
+
+Result<PsPlacement> Placement() {
+  ASSIGN_OR_RETURN(std::vector<ParamInfo> params, Gpt::Params(kConfig));
+  return PsPlacement::Create(params, kServers, "all");
+}
+
+#define CHECK_OK(expr)                                                        \
+  do {                                                                        \
+    const Status _s = (expr);                                                 \
+    if (!_s.ok()) {                                                           \
+      std::printf("%s: %s: %s\n", who.c_str(), #expr, _s.ToString().c_str()); \
+      std::fflush(stdout);                                                    \
+      return 1;                                                               \
+    }                                                                         \
+  } while (0)
+
+// Steps from model.step() + 1 to kSteps; worker 0 records the weights it
+// installs for each round (staleness 1: before step s, round s - 2's).
+int TrainSteps(const std::string& who, PsClient& client, Gpt& model, int w, const std::string& dir,
+               bool die) {
+  std::ofstream rounds;
+  if (w == 0) rounds.open(dir + "/worker0.txt");
+  for (int64_t step = model.step() + 1; step <= kSteps; ++step) {
+    CHECK_OK(client.AwaitStale(model));
+    if (w == 0 && step - 1 - kStaleness >= 1) {
+      rounds << step - 1 - kStaleness << " " << Hash(model.weights()) << "\n";
+      rounds.flush();
+    }
+    FillGrads(model, w, step);
+    float norm = 0;
+    CHECK_OK(client.PushAsync(model, 0.0f, &norm));
+    if (die && step == kKilledAfter) raise(SIGKILL);
+    // Worker 0 takes its time: the replacement joins while it trains.
+    if (w == 0) std::this_thread::sleep_for(std::chrono::milliseconds(150));
+  }
+  CHECK_OK(client.Drain(model));
+  CHECK_OK(client.Stop(false));
+  return 0;
+}
+
+int Process(int rank, int port, const std::string& dir) {
+  const std::string who = "rank " + std::to_string(rank);
+  RankTable table{rank, kServers + kWorkers, "127.0.0.1", port, "test"};
+  auto world = CreateGlooWorld(table, kOptions);
+  CHECK_OK(world.status());
+  auto placement = Placement();
+  CHECK_OK(placement.status());
+  if (rank < kServers) {
+    auto server = PsServer::Create(kConfig, *placement, **world);
+    CHECK_OK(server.status());
+    CHECK_OK((*server)->Init(7));
+    (*server)->SetAsynchronous(/*replaceable=*/true);
+    for (;;) {
+      auto asked = (*server)->Next();
+      CHECK_OK(asked.status());
+      if (asked->command == PsProtocol::kStop) break;
+      if (asked->command != PsProtocol::kStep) {
+        std::printf("%s: unexpected command %lld\n", who.c_str(),
+                    static_cast<long long>(asked->command));
+        return 1;
+      }
+      CHECK_OK((*server)->StepAsync(asked->worker, AdamWConfig{}));
+    }
+    std::printf("%s (server): %lld steps, %d dropped, %d admitted\n", who.c_str(),
+                static_cast<long long>((*server)->step()), (*server)->dropped(),
+                (*server)->admitted());
+    return (*server)->step() == kSteps && (*server)->dropped() == 1 && (*server)->admitted() == 1
+               ? 0
+               : 1;
+  }
+  const int w = rank - kServers;
+  auto model = Gpt::Create(kConfig);
+  CHECK_OK(model.status());
+  model->Init(7);
+  auto client = PsClient::Create(*placement, **world, *model);
+  CHECK_OK(client.status());
+  CHECK_OK((*client)->SetAsynchronous(kStaleness, *model));
+  return TrainSteps(who, **client, *model, w, dir, /*die=*/w == 1);
+}
+
+// The process started in worker 1's place: outside the world.
+int Replacement(int port, const std::string& dir) {
+  const std::string who = "replacement of worker 1";
+  RankTable table{kServers + 1, kServers + kWorkers, "127.0.0.1", port, "test"};
+  auto placement = Placement();
+  CHECK_OK(placement.status());
+  auto model = Gpt::Create(kConfig);
+  CHECK_OK(model.status());
+  model->Init(7);
+  const std::vector<float> initial = model->weights();
+  auto client =
+      PsClient::Rejoin(*placement, kWorkers, table, 1, /*restart=*/1, *model, kStaleness, kOptions);
+  CHECK_OK(client.status());
+  const int64_t at = model->step();
+  std::printf("%s: joined at round %lld\n", who.c_str(), static_cast<long long>(at));
+  std::ofstream(dir + "/joined.txt") << at << " " << Hash(model->weights()) << "\n";
+  if (at < kKilledAfter || at >= kSteps || model->weights() == initial) {
+    std::printf("%s: round %lld, weights %s\n", who.c_str(), static_cast<long long>(at),
+                model->weights() == initial ? "initial" : "trained");
+    return 1;
+  }
+  return TrainSteps(who, **client, *model, 1, dir, false);
+}
+
+}  // namespace
+
+int main() {
+  std::fflush(stdout);
+  char tmpl[] = "/tmp/ps_rejoin.XXXXXX";
+  const std::string dir = mkdtemp(tmpl);
+  const int port = testing::FreePort();
+  std::vector<pid_t> pids;
+  for (int r = 0; r < kServers + kWorkers; ++r) {
+    const pid_t pid = fork();
+    if (pid == 0) {
+      const int rc = Process(r, port, dir);
+      std::fflush(stdout);
+      _exit(rc);
+    }
+    pids.push_back(pid);
+  }
+  // Worker 1 dies; a launcher restarts it (alone).
+  int status = 0;
+  waitpid(pids[kServers + 1], &status, 0);
+  bool ok = WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL;
+  std::printf("worker 1: %s\n", ok ? "killed after its push of step 4" : "did not die as planned");
+  std::fflush(stdout);
+  const pid_t replacement = fork();
+  if (replacement == 0) {
+    const int rc = Replacement(port, dir);
+    std::fflush(stdout);
+    _exit(rc);
+  }
+  pids[kServers + 1] = replacement;
+  for (size_t i = 0; i < pids.size(); ++i) {
+    waitpid(pids[i], &status, 0);
+    const int code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    std::printf("%s %zu: exit %d\n", i == kServers + 1 ? "replacement of rank" : "rank", i, code);
+    ok = ok && code == 0;
+  }
+  // The weights the replacement got are those worker 0 installed for the
+  // same round.
+  std::map<int64_t, uint64_t> worker0;
+  {
+    std::ifstream in(dir + "/worker0.txt");
+    int64_t round;
+    uint64_t hash;
+    while (in >> round >> hash) worker0[round] = hash;
+  }
+  int64_t at = -1;
+  uint64_t hash = 0;
+  std::ifstream(dir + "/joined.txt") >> at >> hash;
+  const bool same = worker0.count(at) > 0 && worker0[at] == hash;
+  std::printf("round %lld's weights: the replacement's %s worker 0's\n", static_cast<long long>(at),
+              same ? "equal" : "differ from");
+  (void)std::system(("rm -rf " + dir).c_str());
+  return ok && same ? 0 : 1;
+}
