@@ -33,10 +33,6 @@ namespace tessera {
 // it ignored, so a peer that dies mid-write is an error, not this rank's end.
 Result<std::unique_ptr<Communicator>> CreateGlooWorld(const RankTable& table,
                                                       const CommOptions& options = {});
-// Whether member `rank` of `group` is waiting for the others now (it has
-// registered through the world's rendezvous), without waiting: a world
-// member checks before ConnectGlooGroup, which would block until then.
-Result<bool> GlooGroupMemberWaiting(Communicator& world, const std::string& group, int rank);
 
 // A communicator of `size` ranks formed by name over a Gloo world's
 // rendezvous (rank 0's key-value store), outside the world's collectives:

@@ -137,6 +137,7 @@ std::string PsServer::Where() const {
 
 Status PsServer::RecvHeader(int w, int64_t* header) {
   const int S = protocol_.servers();
+  worker_aborted_ = false;
   const Link& link = links_[w];
   Status s = link.comm->Recv(header, PsProtocol::kHeaderWords, DType::kI64, link.rank,
                              PsProtocol::kTagHeader);
@@ -145,6 +146,7 @@ Status PsServer::RecvHeader(int w, int64_t* header) {
                                 WorkerName(w, S) + ": " + s.message());
   }
   if (header[0] == PsProtocol::kAbort) {
+    worker_aborted_ = true;
     return AbortedError(Where() + WorkerName(w, S) + " stopped on an error");
   }
   return Status::Ok();
@@ -195,7 +197,7 @@ int PsServer::NextLive(int w) const {
 }
 
 bool PsServer::Drop(int w, const Status& s) {
-  if (!replaceable_ || s.code() != StatusCode::kAborted) return false;
+  if (!replaceable_ || s.code() != StatusCode::kAborted || worker_aborted_) return false;
   gone_[w] = 1;
   ++dropped_;
   rejoined_[w].reset();
@@ -226,14 +228,15 @@ Status PsServer::Admit() {
   for (int w = 0; w < W; ++w) {
     if (!gone_[w]) continue;
     if (!rejoined_[w]) {
-      // Its replacement: the newest restart waiting (one that died before
-      // it was admitted left its key behind).
+      // Its replacement: the newest of the next few restarts waiting (one
+      // that died after registering left its key behind, one that died
+      // before left a gap).
+      constexpr int kRestartsLooked = 8;
       int found = -1;
-      for (int k = incarnation_[w] + 1;; ++k) {
+      for (int k = incarnation_[w] + 1; k <= incarnation_[w] + kRestartsLooked; ++k) {
         ASSIGN_OR_RETURN(bool waiting,
                          GlooGroupMemberWaiting(world_, PsRejoinGroup(w, k, server_), 1));
-        if (!waiting) break;
-        found = k;
+        if (waiting) found = k;
       }
       if (found < 0) continue;
       Result<std::unique_ptr<Communicator>> group =
@@ -243,8 +246,8 @@ Status PsServer::Admit() {
       // This server's round; the joiner answers with the largest of all
       // servers', the round it joins at.
       int64_t mine = step_, at = -1;
-      Status s = (*group)->Send(&mine, 1, DType::kI64, 1, PsProtocol::kTagHeader);
-      if (s.ok()) s = (*group)->Recv(&at, 1, DType::kI64, 1, PsProtocol::kTagHeader);
+      Status s = (*group)->Send(&mine, 1, DType::kI64, 1, PsProtocol::kTagJoin);
+      if (s.ok()) s = (*group)->Recv(&at, 1, DType::kI64, 1, PsProtocol::kTagJoin);
       if (!s.ok() || at < step_) continue;
       rejoined_[w] = std::move(*group);
       admit_at_[w] = at;
@@ -302,7 +305,8 @@ Result<PsServer::Asked> PsServer::Collect(std::vector<int64_t>& headers, int fir
     const int64_t cmd = headers[kWords * w], step = headers[kWords * w + 1];
     if (cmd != request.command) {
       return AbortedError(where + WorkerName(w, S) + " asks for command " + std::to_string(cmd) +
-                          ", worker 0 for " + std::to_string(request.command) +
+                          ", worker " + std::to_string(first) + " for " +
+                          std::to_string(request.command) +
                           " (a worker stopped while others go on?)");
     }
     const int64_t expected = cmd == PsProtocol::kStep ? step_ + 1 : step_;
@@ -999,7 +1003,7 @@ Result<std::unique_ptr<PsClient>> PsClient::Rejoin(PsPlacement placement, int wo
     ASSIGN_OR_RETURN(std::unique_ptr<Communicator> group,
                      JoinGlooGroup(table, PsRejoinGroup(worker, restart, s), 1, 2, options));
     int64_t step = -1;
-    RETURN_IF_ERROR(group->Recv(&step, 1, DType::kI64, 0, PsProtocol::kTagHeader)
+    RETURN_IF_ERROR(group->Recv(&step, 1, DType::kI64, 0, PsProtocol::kTagJoin)
                         .Annotate("worker " + std::to_string(worker) + " rejoining server " +
                                   std::to_string(s)));
     at = std::max(at, step);
@@ -1007,7 +1011,7 @@ Result<std::unique_ptr<PsClient>> PsClient::Rejoin(PsPlacement placement, int wo
     c->groups_.push_back(std::move(group));
   }
   for (const Link& link : c->servers_) {
-    RETURN_IF_ERROR(link.comm->Send(&at, 1, DType::kI64, link.rank, PsProtocol::kTagHeader));
+    RETURN_IF_ERROR(link.comm->Send(&at, 1, DType::kI64, link.rank, PsProtocol::kTagJoin));
   }
   // That round's weights, from every server when it gets there.
   const auto& messages = c->protocol_.messages();

@@ -85,8 +85,11 @@ class PsProtocol {
   static constexpr int kHeaderWords = 3;
   static constexpr int kTagHeader = 1, kTagPayload = 2;
   static constexpr int kTagRowIds = 3, kTagRows = 4, kTagRowGrads = 5;
-  int PushTag(size_t message) const { return 6 + static_cast<int>(message); }
-  int PullTag(size_t message) const { return 6 + static_cast<int>(messages_.size() + message); }
+  // A replacement's handshake with a server (PsClient::Rejoin): a tag of
+  // its own, so that a header sent on the same group is never taken for it.
+  static constexpr int kTagJoin = 6;
+  int PushTag(size_t message) const { return 7 + static_cast<int>(message); }
+  int PullTag(size_t message) const { return 7 + static_cast<int>(messages_.size() + message); }
   enum Command : int64_t { kStep = 1, kStop = 2, kAbort = 3, kSave = 4, kPullAll = 5 };
 
  private:
@@ -130,7 +133,15 @@ class PsServer {
   // again at a round boundary, at the round it chose from every server's
   // (each server reports its step, the joiner takes the largest): it gets
   // that round's weights and pushes the next round's gradient. A worker
-  // that stalls is waited for, as before; saves need every worker.
+  // that stalls is waited for, and one that stops on an error (kAbort)
+  // fails the job, as before; saves, exports and the stop go on with the
+  // live workers. Not yet safe for every timing: a server that has
+  // reported its step waits for the joiner's answer, which needs every
+  // other server to reach a boundary first, and workers K steps ahead
+  // wait for the first server: with two or more servers a joiner that
+  // reaches the second server late stalls the job until the timeout (the
+  // answer should be taken without blocking); and with every worker gone
+  // the server fails instead of waiting for a replacement.
   void SetAsynchronous(bool replaceable = false) {
     async_ = true;
     replaceable_ = replaceable;
@@ -141,9 +152,9 @@ class PsServer {
   int admitted() const { return admitted_; }
   // After Next said kStep in asynchronous mode: that worker's (already
   // clipped) gradient received and AdamW applied to every piece (update
-  // number step * W + worker + 1 of the run). After the round's last
-  // worker, the weights go to every worker: each one's reply to its push
-  // of that step, holding every worker's push up to it.
+  // number step * W + worker + 1 of the run). After the round's last live
+  // worker, the weights go to every live worker: each one's reply to its
+  // push of that step, holding every live worker's push up to it.
   Status StepAsync(int worker, const AdamWConfig& adam);
   // After Next said kStep: the step's fold, norm, update and replies.
   Status Step(const AdamWConfig& adam, float max_norm);
@@ -198,14 +209,16 @@ class PsServer {
   // groups, the restart count a replacement is looked for at, and the
   // round a replacement that has reported joins at (-1: none).
   bool replaceable_ = false;
+  bool worker_aborted_ = false;  // the last RecvHeader's worker sent kAbort
   std::vector<char> gone_;
   std::vector<std::unique_ptr<Communicator>> rejoined_;
   std::vector<int> incarnation_;
   std::vector<int64_t> admit_at_;
   int stepped_ = 0;  // workers whose push this round applied
   int dropped_ = 0, admitted_ = 0;
-  // A broken link to worker w (Aborted) in replaceable mode: w dropped
-  // and true; false for any other error (the job fails on it).
+  // A broken link to worker w (Aborted, not the worker's own kAbort) in
+  // replaceable mode: w dropped and true; false for any other error (the
+  // job fails on it).
   bool Drop(int w, const Status& s);
   // The next live worker from `w` on (W when none is left this round).
   int NextLive(int w) const;

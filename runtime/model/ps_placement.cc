@@ -164,7 +164,7 @@ std::string PsPlacement::Describe() const {
 }
 
 int64_t PsMessageFloats(const PsPlacement& placement) {
-  // Messages are tags 6 + 2 i (push and pull): at most 16,000 keep them
+  // Messages are tags 7 + 2 i (push and pull): at most 16,000 keep them
   // under MPI's smallest tag bound (32,767). A piece's last message may be
   // short, so each piece may add one.
   constexpr int64_t kMessageFloats = int64_t{1} << 20, kMaxMessages = 16000;

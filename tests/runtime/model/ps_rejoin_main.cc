@@ -5,7 +5,7 @@
 // worker 0; a new process started in its place (PsClient::Rejoin, restart
 // 1) joins at a round every server agrees on, gets that round's weights
 // (checked against the reply worker 0 installed for the same round) and
-// trains to the end. Exit 0 when every process did what was expected.
+// trains to the end (14 steps). Exit 0 when every process did what was expected.
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -28,7 +28,7 @@ using namespace tessera;
 
 namespace {
 
-constexpr int kServers = 2, kWorkers = 2, kSteps = 12, kStaleness = 1, kKilledAfter = 4;
+constexpr int kServers = 2, kWorkers = 2, kSteps = 14, kStaleness = 1, kKilledAfter = 4;
 const GptConfig kConfig{.layers = 1, .heads = 2, .embed = 16, .context = 8, .vocab = 32};
 const CommOptions kOptions{.timeout = std::chrono::seconds(20)};
 
@@ -81,7 +81,7 @@ int TrainSteps(const std::string& who, PsClient& client, Gpt& model, int w, cons
     CHECK_OK(client.PushAsync(model, 0.0f, &norm));
     if (die && step == kKilledAfter) raise(SIGKILL);
     // Worker 0 takes its time: the replacement joins while it trains.
-    if (w == 0) std::this_thread::sleep_for(std::chrono::milliseconds(150));
+    if (w == 0) std::this_thread::sleep_for(std::chrono::milliseconds(200));
   }
   CHECK_OK(client.Drain(model));
   CHECK_OK(client.Stop(false));
