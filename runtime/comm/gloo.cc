@@ -704,6 +704,25 @@ void IgnoreSigpipeUnlessHandled() {
 
 }  // namespace
 
+namespace {
+
+// `world`'s client of rank 0's rendezvous store, reached at `host` (rank 0
+// itself: loopback) on the table's master port.
+Status ConnectRendezvous(GlooWorld& world, const std::string& host, const RankTable& t,
+                         const std::string& who) {
+  Result<std::unique_ptr<KvClient>> kv =
+      KvClient::Connect(host, t.master_port, world.options.timeout);
+  if (!kv.ok()) {
+    return kv.status().Annotate(who + ": rank 0's rendezvous at " + t.master_host + ":" +
+                                std::to_string(t.master_port));
+  }
+  world.kv = std::move(*kv);
+  world.store = std::make_unique<KvGlooStore>(world.kv, world.options.timeout);
+  return Status::Ok();
+}
+
+}  // namespace
+
 Result<std::unique_ptr<Communicator>> CreateGlooWorld(const RankTable& table,
                                                       const CommOptions& options) {
   IgnoreSigpipeUnlessHandled();
@@ -726,14 +745,7 @@ Result<std::unique_ptr<Communicator>> CreateGlooWorld(const RankTable& table,
     t.master_port = world->server->port();
     if (t.master_host.empty() || t.world_size == 1) t.master_host = "127.0.0.1";
   }
-  const std::string master = t.rank == 0 ? "127.0.0.1" : t.master_host;
-  Result<std::unique_ptr<KvClient>> kv = KvClient::Connect(master, t.master_port, options.timeout);
-  if (!kv.ok()) {
-    return kv.status().Annotate(who + ": rank 0's rendezvous at " + t.master_host + ":" +
-                                std::to_string(t.master_port));
-  }
-  world->kv = std::move(*kv);
-  world->store = std::make_unique<KvGlooStore>(world->kv, options.timeout);
+  RETURN_IF_ERROR(ConnectRendezvous(*world, t.rank == 0 ? "127.0.0.1" : t.master_host, t, who));
   RETURN_IF_ERROR(Join(*world->kv, t, who, options.timeout));
   ASSIGN_OR_RETURN(gloo::transport::tcp::attr attr, DeviceAttr(t, t.master_host));
   auto ctx = std::make_shared<gloo::rendezvous::Context>(t.rank, t.world_size);
@@ -750,23 +762,29 @@ Result<std::unique_ptr<Communicator>> CreateGlooWorld(const RankTable& table,
   return std::unique_ptr<Communicator>(std::move(out));
 }
 
-Result<std::unique_ptr<Communicator>> ConnectGlooGroup(Communicator& world,
-                                                       const std::string& group, int rank,
-                                                       int size) {
+namespace {
+
+// `world` as Gloo's, for group `group`; InvalidArgument for another backend.
+Result<GlooCommunicator*> GlooWorldOf(Communicator& world, const std::string& group) {
   auto* gloo = dynamic_cast<GlooCommunicator*>(&world);
   if (gloo == nullptr) {
     return InvalidArgumentError("gloo group '" + group + "': communicator '" + world.name() +
                                 "' is " + std::string(world.backend()) + "'s, not Gloo's");
   }
+  return gloo;
+}
+
+}  // namespace
+
+Result<std::unique_ptr<Communicator>> ConnectGlooGroup(Communicator& world,
+                                                       const std::string& group, int rank,
+                                                       int size) {
+  ASSIGN_OR_RETURN(GlooCommunicator * gloo, GlooWorldOf(world, group));
   return gloo->Group(group, rank, size);
 }
 
 Result<bool> GlooGroupMemberWaiting(Communicator& world, const std::string& group, int rank) {
-  auto* gloo = dynamic_cast<GlooCommunicator*>(&world);
-  if (gloo == nullptr) {
-    return InvalidArgumentError("gloo group '" + group + "': communicator '" + world.name() +
-                                "' is " + std::string(world.backend()) + "'s, not Gloo's");
-  }
+  ASSIGN_OR_RETURN(GlooCommunicator * gloo, GlooWorldOf(world, group));
   return gloo->MemberWaiting(group, rank);
 }
 
@@ -784,14 +802,7 @@ Result<std::unique_ptr<Communicator>> JoinGlooGroup(const RankTable& table,
   auto world = std::make_shared<GlooWorld>();
   world->options = options;
   world->world_rank = table.rank;
-  Result<std::unique_ptr<KvClient>> kv =
-      KvClient::Connect(table.master_host, table.master_port, options.timeout);
-  if (!kv.ok()) {
-    return kv.status().Annotate(who + ": rank 0's rendezvous at " + table.master_host + ":" +
-                                std::to_string(table.master_port));
-  }
-  world->kv = std::move(*kv);
-  world->store = std::make_unique<KvGlooStore>(world->kv, options.timeout);
+  RETURN_IF_ERROR(ConnectRendezvous(*world, table.master_host, table, who));
   ASSIGN_OR_RETURN(gloo::transport::tcp::attr attr, DeviceAttr(table, table.master_host));
   try {
     world->device = gloo::transport::tcp::CreateDevice(attr);

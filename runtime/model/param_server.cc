@@ -104,7 +104,7 @@ Result<std::unique_ptr<PsServer>> PsServer::Create(const GptConfig& config, PsPl
       s->row_piece_ = static_cast<int64_t>(piece);
     }
   }
-  for (int w = 0; w < workers; ++w) s->links_.push_back({&world, servers + w});
+  for (int w = 0; w < workers; ++w) s->links_.push_back(s->WorldLink(w));
   s->gone_.assign(workers, 0);
   s->rejoined_.resize(workers);
   s->incarnation_.assign(workers, 0);
@@ -138,7 +138,7 @@ std::string PsServer::Where() const {
 Status PsServer::RecvHeader(int w, int64_t* header) {
   const int S = protocol_.servers();
   worker_aborted_ = false;
-  const Link& link = links_[w];
+  const PsLink& link = links_[w];
   Status s = link.comm->Recv(header, PsProtocol::kHeaderWords, DType::kI64, link.rank,
                              PsProtocol::kTagHeader);
   if (!s.ok()) {
@@ -202,7 +202,7 @@ bool PsServer::Drop(int w, const Status& s) {
   ++dropped_;
   rejoined_[w].reset();
   admit_at_[w] = -1;
-  links_[w] = {&world_, protocol_.servers() + w};
+  links_[w] = WorldLink(w);
   return true;
 }
 
@@ -259,7 +259,7 @@ Status PsServer::Admit() {
     const Status sent = WaitAll(sends);
     if (s.ok()) s = sent;
     if (!s.ok()) {  // it died again
-      links_[w] = {&world_, protocol_.servers() + w};
+      links_[w] = WorldLink(w);
       rejoined_[w].reset();
       admit_at_[w] = -1;
       continue;
@@ -273,7 +273,7 @@ Status PsServer::Admit() {
 
 Status PsServer::SendTo(int w, std::vector<Request>* sends) {
   const auto& messages = protocol_.messages();
-  const Link& link = links_[w];
+  const PsLink& link = links_[w];
   for (size_t k = 0; k < messages_.size(); ++k) {
     ASSIGN_OR_RETURN(Request r,
                      link.comm->ISend(weights_.data() + local_[k], messages[messages_[k]].count,
@@ -403,7 +403,7 @@ Status PsServer::StepAsync(int worker, const AdamWConfig& adam) {
   const int W = protocol_.workers();
   const auto& messages = protocol_.messages();
   std::vector<Request> requests;
-  const Link& link = links_[worker];
+  const PsLink& link = links_[worker];
   Status received;
   for (size_t k = 0; k < messages_.size() && received.ok(); ++k) {
     Result<Request> r = link.comm->IRecv(grads_.data() + local_[k], messages[messages_[k]].count,
@@ -732,11 +732,15 @@ int64_t PsClient::served_bytes() const {
 
 Status PsClient::PullAll(Gpt& model) {
   RETURN_IF_ERROR(SendHeaders(PsProtocol::kPullAll, model.step(), 0));
+  return ReceiveWeights(model);
+}
+
+Status PsClient::ReceiveWeights(Gpt& model) {
   const auto& messages = protocol_.messages();
   std::vector<Request> recvs;
   for (size_t i = 0; i < messages.size(); ++i) {
     const PsProtocol::Message& msg = messages[i];
-    const Link& link = servers_[msg.server];
+    const PsLink& link = servers_[msg.server];
     ASSIGN_OR_RETURN(Request r, link.comm->IRecv(model.weights().data() + msg.offset, msg.count,
                                                  DType::kF32, link.rank, protocol_.PullTag(i)));
     recvs.push_back(std::move(r));
@@ -744,27 +748,33 @@ Status PsClient::PullAll(Gpt& model) {
   return WaitAll(recvs);
 }
 
-Status SendPsHeaders(Communicator& world, int servers, PsProtocol::Command command, int64_t step,
+namespace {
+
+// `command`'s header to every server of `servers`; every send is tried,
+// the first failure returned.
+Status SendHeadersTo(std::span<const PsLink> servers, PsProtocol::Command command, int64_t step,
                      int64_t payload) {
   const int64_t header[PsProtocol::kHeaderWords] = {command, step, payload};
   Status first;
-  for (int s = 0; s < servers; ++s) {
-    Status st =
-        world.Send(header, PsProtocol::kHeaderWords, DType::kI64, s, PsProtocol::kTagHeader);
-    if (first.ok() && !st.ok()) first = st;
-  }
-  return first;
-}
-
-Status PsClient::SendHeaders(PsProtocol::Command command, int64_t step, int64_t payload) {
-  const int64_t header[PsProtocol::kHeaderWords] = {command, step, payload};
-  Status first;
-  for (const Link& link : servers_) {
+  for (const PsLink& link : servers) {
     Status st = link.comm->Send(header, PsProtocol::kHeaderWords, DType::kI64, link.rank,
                                 PsProtocol::kTagHeader);
     if (first.ok() && !st.ok()) first = st;
   }
   return first;
+}
+
+}  // namespace
+
+Status SendPsHeaders(Communicator& world, int servers, PsProtocol::Command command, int64_t step,
+                     int64_t payload) {
+  std::vector<PsLink> links;
+  for (int s = 0; s < servers; ++s) links.push_back({&world, s});
+  return SendHeadersTo(links, command, step, payload);
+}
+
+Status PsClient::SendHeaders(PsProtocol::Command command, int64_t step, int64_t payload) {
+  return SendHeadersTo(servers_, command, step, payload);
 }
 
 Status PsClient::Stop(bool failed) {
@@ -971,7 +981,7 @@ Status PsClient::PushAsync(Gpt& model, float max_norm, float* norm) {
   }
   for (size_t i = 0; i < messages.size() && posted.ok(); ++i) {
     const PsProtocol::Message& msg = messages[i];
-    const Link& link = servers_[msg.server];
+    const PsLink& link = servers_[msg.server];
     Result<Request> r = link.comm->ISend(slot.grads.data() + msg.offset, msg.count, DType::kF32,
                                          link.rank, protocol_.PushTag(i));
     posted = r.status();
@@ -1010,20 +1020,11 @@ Result<std::unique_ptr<PsClient>> PsClient::Rejoin(PsPlacement placement, int wo
     c->servers_.push_back({group.get(), 0});
     c->groups_.push_back(std::move(group));
   }
-  for (const Link& link : c->servers_) {
+  for (const PsLink& link : c->servers_) {
     RETURN_IF_ERROR(link.comm->Send(&at, 1, DType::kI64, link.rank, PsProtocol::kTagJoin));
   }
   // That round's weights, from every server when it gets there.
-  const auto& messages = c->protocol_.messages();
-  std::vector<Request> recvs;
-  for (size_t i = 0; i < messages.size(); ++i) {
-    const PsProtocol::Message& msg = messages[i];
-    const Link& link = c->servers_[msg.server];
-    ASSIGN_OR_RETURN(Request r, link.comm->IRecv(model.weights().data() + msg.offset, msg.count,
-                                                 DType::kF32, link.rank, c->protocol_.PullTag(i)));
-    recvs.push_back(std::move(r));
-  }
-  RETURN_IF_ERROR(WaitAll(recvs));
+  RETURN_IF_ERROR(c->ReceiveWeights(model));
   model.set_step(at);
   return c;
 }

@@ -101,6 +101,13 @@ class PsProtocol {
   int64_t served_ = -1, row_floats_ = 0;
 };
 
+// Where a peer is reached: a communicator and the peer's rank in it (the
+// world's, or the group a replacement worker formed with a server).
+struct PsLink {
+  Communicator* comm;
+  int rank;
+};
+
 // A server: its pieces' weights, gradients and Adam moments.
 class PsServer {
  public:
@@ -200,11 +207,8 @@ class PsServer {
   int turn_ = 0;  // asynchronous: the worker whose header comes next
   // Each worker's link: the world (rank S + w), or the group its
   // replacement formed with this server (rank 1).
-  struct Link {
-    Communicator* comm;
-    int rank;
-  };
-  std::vector<Link> links_;
+  std::vector<PsLink> links_;
+  PsLink WorldLink(int w) { return {&world_, protocol_.servers() + w}; }
   // Asynchronous and replaceable: dropped workers, their replacements'
   // groups, the restart count a replacement is looked for at, and the
   // round a replacement that has reported joins at (-1: none).
@@ -359,11 +363,7 @@ class PsClient {
   Communicator* world_;  // null for a replacement (Rejoin)
   // Each server's link: the world (rank s), or a replacement's group with
   // it (rank 0).
-  struct Link {
-    Communicator* comm;
-    int rank;
-  };
-  std::vector<Link> servers_;
+  std::vector<PsLink> servers_;
   std::vector<std::unique_ptr<Communicator>> groups_;  // a replacement's, by server
   int worker_ = 0;
   struct Local {
@@ -391,6 +391,8 @@ class PsClient {
   std::vector<Slot> slots_;
   int64_t oldest_ = 1, newest_ = 0;
   Status Await(Gpt& model, int64_t upto);
+  // Every served parameter's weights from its server into `model`.
+  Status ReceiveWeights(Gpt& model);
   Status SendHeaders(PsProtocol::Command command, int64_t step, int64_t payload);
 };
 
