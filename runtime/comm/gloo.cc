@@ -356,6 +356,13 @@ class GlooCommunicator final : public Communicator {
     return world_->kv->Has("g/" + group + "/rank_" + std::to_string(rank));
   }
 
+  // A key of the rendezvous store (SetGlooKey, HasGlooKey), apart from
+  // the rendezvous' own.
+  Status SetKey(const std::string& key, const std::string& value) {
+    return world_->kv->Set("k/" + key, value);
+  }
+  Result<bool> HasKey(const std::string& key) { return world_->kv->Has("k/" + key); }
+
   // Members of `group` on world `world` (its store and device), connected.
   static Result<std::unique_ptr<Communicator>> ConnectGroup(std::shared_ptr<GlooWorld> world,
                                                             const std::string& group, int rank,
@@ -764,12 +771,13 @@ Result<std::unique_ptr<Communicator>> CreateGlooWorld(const RankTable& table,
 
 namespace {
 
-// `world` as Gloo's, for group `group`; InvalidArgument for another backend.
-Result<GlooCommunicator*> GlooWorldOf(Communicator& world, const std::string& group) {
+// `world` as Gloo's, for `what` ("gloo group 'x'"); InvalidArgument for
+// another backend.
+Result<GlooCommunicator*> GlooWorldOf(Communicator& world, const std::string& what) {
   auto* gloo = dynamic_cast<GlooCommunicator*>(&world);
   if (gloo == nullptr) {
-    return InvalidArgumentError("gloo group '" + group + "': communicator '" + world.name() +
-                                "' is " + std::string(world.backend()) + "'s, not Gloo's");
+    return InvalidArgumentError(what + ": communicator '" + world.name() + "' is " +
+                                std::string(world.backend()) + "'s, not Gloo's");
   }
   return gloo;
 }
@@ -779,13 +787,23 @@ Result<GlooCommunicator*> GlooWorldOf(Communicator& world, const std::string& gr
 Result<std::unique_ptr<Communicator>> ConnectGlooGroup(Communicator& world,
                                                        const std::string& group, int rank,
                                                        int size) {
-  ASSIGN_OR_RETURN(GlooCommunicator * gloo, GlooWorldOf(world, group));
+  ASSIGN_OR_RETURN(GlooCommunicator * gloo, GlooWorldOf(world, "gloo group '" + group + "'"));
   return gloo->Group(group, rank, size);
 }
 
 Result<bool> GlooGroupMemberWaiting(Communicator& world, const std::string& group, int rank) {
-  ASSIGN_OR_RETURN(GlooCommunicator * gloo, GlooWorldOf(world, group));
+  ASSIGN_OR_RETURN(GlooCommunicator * gloo, GlooWorldOf(world, "gloo group '" + group + "'"));
   return gloo->MemberWaiting(group, rank);
+}
+
+Status SetGlooKey(Communicator& comm, const std::string& key, const std::string& value) {
+  ASSIGN_OR_RETURN(GlooCommunicator * gloo, GlooWorldOf(comm, "gloo store key '" + key + "'"));
+  return gloo->SetKey(key, value);
+}
+
+Result<bool> HasGlooKey(Communicator& comm, const std::string& key) {
+  ASSIGN_OR_RETURN(GlooCommunicator * gloo, GlooWorldOf(comm, "gloo store key '" + key + "'"));
+  return gloo->HasKey(key);
 }
 
 Result<std::unique_ptr<Communicator>> JoinGlooGroup(const RankTable& table,

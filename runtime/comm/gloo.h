@@ -56,6 +56,11 @@ Result<std::unique_ptr<Communicator>> JoinGlooGroup(const RankTable& table,
 // registered through the world's rendezvous), without waiting: a world
 // member checks before ConnectGlooGroup, which would block until then.
 Result<bool> GlooGroupMemberWaiting(Communicator& world, const std::string& group, int rank);
+// A key of the world's rendezvous store, for a small agreement outside any
+// communicator's messages: set by a member of the world or of a group
+// formed over it (`comm` is either), asked without waiting.
+Status SetGlooKey(Communicator& comm, const std::string& key, const std::string& value);
+Result<bool> HasGlooKey(Communicator& comm, const std::string& key);
 
 }  // namespace tessera
 

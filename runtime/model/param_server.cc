@@ -4,9 +4,11 @@
 #include <array>
 #include <cmath>
 #include <string>
+#include <thread>
 
 #include "core/pages.h"
 #include "core/trace.h"
+#include "runtime/comm/comm_util.h"
 #include "runtime/comm/gloo.h"
 #include "runtime/model/gpt_checkpoint.h"
 
@@ -108,7 +110,8 @@ Result<std::unique_ptr<PsServer>> PsServer::Create(const GptConfig& config, PsPl
   s->gone_.assign(workers, 0);
   s->rejoined_.resize(workers);
   s->incarnation_.assign(workers, 0);
-  s->admit_at_.assign(workers, -1);
+  s->offset_.assign(workers, 0);
+  s->adopt_.assign(workers, 0);
   s->weights_.assign(at, 0.0f);
   s->grads_.assign(at, 0.0f);
   s->m_.assign(at, 0.0f);
@@ -160,9 +163,10 @@ Result<PsServer::Asked> PsServer::Next() {
   const int S = protocol_.servers();
   for (;;) {
     const int w = NextLive(turn_);
-    if (w == W) {  // the round's last live worker dropped
+    if (w == W) {  // the round's last live worker dropped or stopped
       RETURN_IF_ERROR(EndRound());
-      if (NextLive(0) == W) return AbortedError(Where() + "every worker is gone");
+      if (NextLive(0) == W) RETURN_IF_ERROR(AwaitReplacement());
+      if (NextLive(0) == W) return Asked{PsProtocol::kStop, step_, {}};  // all finished
       continue;
     }
     turn_ = w;
@@ -174,12 +178,23 @@ Result<PsServer::Asked> PsServer::Next() {
       continue;
     }
     if (h[0] == PsProtocol::kStep) {
-      if (h[1] != step_ + 1) {
+      // A replacement numbers its steps from the round it chose: its first
+      // push here says by how much that differs from this server's.
+      if (adopt_[w]) offset_[w] = h[1] - (step_ + 1);
+      adopt_[w] = 0;
+      if (h[1] != step_ + 1 + offset_[w]) {
         return InvalidArgumentError(Where() + WorkerName(w, S) + " pushes step " +
                                     std::to_string(h[1]) + ", expected " +
-                                    std::to_string(step_ + 1));
+                                    std::to_string(step_ + 1 + offset_[w]));
       }
-      return Asked{PsProtocol::kStep, h[1], {}, w};
+      return Asked{PsProtocol::kStep, step_ + 1, {}, w};
+    }
+    if (replaceable_ && h[0] == PsProtocol::kStop) {
+      // Workers finish at rounds of their own here (a replacement pushed
+      // fewer): the others go on; the job ends with the last.
+      gone_[w] = kFinished;
+      turn_ = w + 1;
+      continue;
     }
     if (w != NextLive(0)) {
       return AbortedError(Where() + WorkerName(w, S) + " asks for command " + std::to_string(h[0]) +
@@ -190,6 +205,20 @@ Result<PsServer::Asked> PsServer::Next() {
   }
 }
 
+Status PsServer::AwaitReplacement() {
+  if (std::count(gone_.begin(), gone_.end(), kFinished) > 0) return Status::Ok();
+  const auto deadline = std::chrono::steady_clock::now() + replacement_timeout_;
+  while (NextLive(0) == protocol_.workers()) {
+    if (std::chrono::steady_clock::now() >= deadline) {
+      return AbortedError(Where() + "every worker is gone, and none was replaced within " +
+                          FormatDuration(replacement_timeout_));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    RETURN_IF_ERROR(Admit());
+  }
+  return Status::Ok();
+}
+
 int PsServer::NextLive(int w) const {
   const int W = protocol_.workers();
   while (w < W && gone_[w]) ++w;
@@ -198,10 +227,9 @@ int PsServer::NextLive(int w) const {
 
 bool PsServer::Drop(int w, const Status& s) {
   if (!replaceable_ || s.code() != StatusCode::kAborted || worker_aborted_) return false;
-  gone_[w] = 1;
+  gone_[w] = kDead;
   ++dropped_;
   rejoined_[w].reset();
-  admit_at_[w] = -1;
   links_[w] = WorldLink(w);
   return true;
 }
@@ -223,49 +251,51 @@ std::string PsRejoinGroup(int worker, int restart, int server) {
          std::to_string(server);
 }
 
+std::string PsRejoinStartKey(int worker, int restart) {
+  return "ps.worker" + std::to_string(worker) + ".restart" + std::to_string(restart) + ".start";
+}
+
 Status PsServer::Admit() {
   const int W = protocol_.workers();
   for (int w = 0; w < W; ++w) {
-    if (!gone_[w]) continue;
-    if (!rejoined_[w]) {
-      // Its replacement: the newest of the next few restarts waiting (one
-      // that died after registering left its key behind, one that died
-      // before left a gap).
-      constexpr int kRestartsLooked = 8;
-      int found = -1;
-      for (int k = incarnation_[w] + 1; k <= incarnation_[w] + kRestartsLooked; ++k) {
-        ASSIGN_OR_RETURN(bool waiting,
-                         GlooGroupMemberWaiting(world_, PsRejoinGroup(w, k, server_), 1));
-        if (waiting) found = k;
-      }
-      if (found < 0) continue;
+    if (gone_[w] != kDead) continue;
+    // Its replacement: the newest of the next few restarts waiting (one
+    // that died after registering left its key behind, one that died
+    // before left a gap). A newer one also replaces one that was sent its
+    // weights but never started.
+    constexpr int kRestartsLooked = 8;
+    int found = -1;
+    for (int k = incarnation_[w] + 1; k <= incarnation_[w] + kRestartsLooked; ++k) {
+      ASSIGN_OR_RETURN(bool waiting,
+                       GlooGroupMemberWaiting(world_, PsRejoinGroup(w, k, server_), 1));
+      if (waiting) found = k;
+    }
+    if (found >= 0) {
+      rejoined_[w].reset();
+      incarnation_[w] = found;
       Result<std::unique_ptr<Communicator>> group =
           ConnectGlooGroup(world_, PsRejoinGroup(w, found, server_), 0, 2);
-      incarnation_[w] = found;
       if (!group.ok()) continue;  // it died meanwhile: the next restart is looked for
-      // This server's round; the joiner answers with the largest of all
-      // servers', the round it joins at.
-      int64_t mine = step_, at = -1;
+      // This server's round and its weights, then on without waiting: the
+      // replacement starts pushing when every server has sent it theirs
+      // (the start key), each server taking it into its rounds at its next
+      // boundary after that.
+      links_[w] = {group->get(), 1};
+      const int64_t mine = step_;
       Status s = (*group)->Send(&mine, 1, DType::kI64, 1, PsProtocol::kTagJoin);
-      if (s.ok()) s = (*group)->Recv(&at, 1, DType::kI64, 1, PsProtocol::kTagJoin);
-      if (!s.ok() || at < step_) continue;
-      rejoined_[w] = std::move(*group);
-      admit_at_[w] = at;
-    }
-    if (admit_at_[w] != step_) continue;
-    links_[w] = {rejoined_[w].get(), 1};
-    std::vector<Request> sends;
-    Status s = SendTo(w, &sends);
-    const Status sent = WaitAll(sends);
-    if (s.ok()) s = sent;
-    if (!s.ok()) {  // it died again
+      std::vector<Request> sends;
+      if (s.ok()) s = SendTo(w, &sends);
+      const Status sent = WaitAll(sends);
       links_[w] = WorldLink(w);
-      rejoined_[w].reset();
-      admit_at_[w] = -1;
-      continue;
+      if (!s.ok() || !sent.ok()) continue;  // it died again
+      rejoined_[w] = std::move(*group);
     }
-    gone_[w] = 0;
-    admit_at_[w] = -1;
+    if (!rejoined_[w]) continue;
+    ASSIGN_OR_RETURN(const bool started, HasGlooKey(world_, PsRejoinStartKey(w, incarnation_[w])));
+    if (!started) continue;
+    links_[w] = {rejoined_[w].get(), 1};
+    gone_[w] = kLive;
+    adopt_[w] = 1;
     ++admitted_;
   }
   return Status::Ok();
@@ -309,7 +339,7 @@ Result<PsServer::Asked> PsServer::Collect(std::vector<int64_t>& headers, int fir
                           std::to_string(request.command) +
                           " (a worker stopped while others go on?)");
     }
-    const int64_t expected = cmd == PsProtocol::kStep ? step_ + 1 : step_;
+    const int64_t expected = (cmd == PsProtocol::kStep ? step_ + 1 : step_) + offset_[w];
     if (cmd != PsProtocol::kStop && step != expected) {
       return InvalidArgumentError(where + WorkerName(w, S) + " asks for step " +
                                   std::to_string(step) +
@@ -735,11 +765,12 @@ Status PsClient::PullAll(Gpt& model) {
   return ReceiveWeights(model);
 }
 
-Status PsClient::ReceiveWeights(Gpt& model) {
+Status PsClient::ReceiveWeights(Gpt& model, int server) {
   const auto& messages = protocol_.messages();
   std::vector<Request> recvs;
   for (size_t i = 0; i < messages.size(); ++i) {
     const PsProtocol::Message& msg = messages[i];
+    if (server >= 0 && msg.server != server) continue;
     const PsLink& link = servers_[msg.server];
     ASSIGN_OR_RETURN(Request r, link.comm->IRecv(model.weights().data() + msg.offset, msg.count,
                                                  DType::kF32, link.rank, protocol_.PullTag(i)));
@@ -1006,26 +1037,33 @@ Result<std::unique_ptr<PsClient>> PsClient::Rejoin(PsPlacement placement, int wo
       new PsClient(PsProtocol(std::move(placement), workers, model.config()), nullptr));
   c->worker_ = worker;
   RETURN_IF_ERROR(c->SetAsynchronous(staleness, model));
-  // Each server as it reaches a round boundary: its step; the largest is
-  // the round this worker joins at.
-  int64_t at = 0;
+  // Registered with every server at once, each answering at its next
+  // round boundary (one after another would let a server that answered
+  // wait for this worker's push while the next one, its workers held back
+  // by it, never reaches a boundary).
+  c->servers_.resize(S);
+  c->groups_.resize(S);
+  c->joined_at_.assign(S, -1);
+  std::vector<Status> joined(S);
+  std::vector<std::thread> threads;
   for (int s = 0; s < S; ++s) {
-    ASSIGN_OR_RETURN(std::unique_ptr<Communicator> group,
-                     JoinGlooGroup(table, PsRejoinGroup(worker, restart, s), 1, 2, options));
-    int64_t step = -1;
-    RETURN_IF_ERROR(group->Recv(&step, 1, DType::kI64, 0, PsProtocol::kTagJoin)
-                        .Annotate("worker " + std::to_string(worker) + " rejoining server " +
-                                  std::to_string(s)));
-    at = std::max(at, step);
-    c->servers_.push_back({group.get(), 0});
-    c->groups_.push_back(std::move(group));
+    threads.emplace_back([&, s] {
+      joined[s] = [&]() -> Status {
+        ASSIGN_OR_RETURN(c->groups_[s],
+                         JoinGlooGroup(table, PsRejoinGroup(worker, restart, s), 1, 2, options));
+        c->servers_[s] = {c->groups_[s].get(), 0};
+        RETURN_IF_ERROR(
+            c->groups_[s]->Recv(&c->joined_at_[s], 1, DType::kI64, 0, PsProtocol::kTagJoin));
+        return c->ReceiveWeights(model, s);
+      }()
+                               .Annotate("worker " + std::to_string(worker) + " rejoining server " +
+                                         std::to_string(s));
+    });
   }
-  for (const PsLink& link : c->servers_) {
-    RETURN_IF_ERROR(link.comm->Send(&at, 1, DType::kI64, link.rank, PsProtocol::kTagJoin));
-  }
-  // That round's weights, from every server when it gets there.
-  RETURN_IF_ERROR(c->ReceiveWeights(model));
-  model.set_step(at);
+  for (std::thread& t : threads) t.join();
+  for (const Status& st : joined) RETURN_IF_ERROR(st);
+  RETURN_IF_ERROR(SetGlooKey(*c->groups_[0], PsRejoinStartKey(worker, restart), "1"));
+  model.set_step(*std::max_element(c->joined_at_.begin(), c->joined_at_.end()));
   return c;
 }
 

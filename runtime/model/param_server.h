@@ -22,6 +22,7 @@
 #define TESSERA_RUNTIME_MODEL_PARAM_SERVER_H_
 
 #include <array>
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -136,22 +137,25 @@ class PsServer {
   //
   // `replaceable` (over Gloo): a worker whose link breaks (it died) is
   // dropped from the round instead of failing the job, the others going
-  // on; a process started in its place (PsClient::Rejoin) is admitted
-  // again at a round boundary, at the round it chose from every server's
-  // (each server reports its step, the joiner takes the largest): it gets
-  // that round's weights and pushes the next round's gradient. A worker
-  // that stalls is waited for, and one that stops on an error (kAbort)
-  // fails the job, as before; saves, exports and the stop go on with the
-  // live workers. Not yet safe for every timing: a server that has
-  // reported its step waits for the joiner's answer, which needs every
-  // other server to reach a boundary first, and workers K steps ahead
-  // wait for the first server: with two or more servers a joiner that
-  // reaches the second server late stalls the job until the timeout (the
-  // answer should be taken without blocking); and with every worker gone
-  // the server fails instead of waiting for a replacement.
-  void SetAsynchronous(bool replaceable = false) {
+  // on. A process started in its place (PsClient::Rejoin) is taken back
+  // without stopping anyone: at a round boundary each server that finds
+  // it waiting sends it its step and its pieces' weights and goes on; once
+  // it has every server's, it says so (a key in the world's rendezvous
+  // store) and pushes; each server takes it into its rounds at its next
+  // boundary after that. So the servers' rounds it joins at may differ (by
+  // at most what the staleness lets servers drift apart), and so may the
+  // steps it pushes from: a server learns the difference from its first
+  // push. A worker that stalls is waited for, and one that stops on an
+  // error (kAbort) fails the job, as before. Workers stop when they are
+  // done, each at its own round (a replacement pushed fewer); the server
+  // stops with the last. With every worker dead and none finished, the
+  // server waits for a replacement up to `replacement_timeout`. Saves and
+  // exports still need every live worker at one round.
+  void SetAsynchronous(bool replaceable = false,
+                       std::chrono::milliseconds replacement_timeout = std::chrono::minutes(5)) {
     async_ = true;
     replaceable_ = replaceable;
+    replacement_timeout_ = replacement_timeout;
     std::vector<float>().swap(scratch_);  // a push lands in the gradient buffer: no fold
   }
   // Workers dropped (their link broke) and admitted again so far.
@@ -209,15 +213,20 @@ class PsServer {
   // replacement formed with this server (rank 1).
   std::vector<PsLink> links_;
   PsLink WorldLink(int w) { return {&world_, protocol_.servers() + w}; }
-  // Asynchronous and replaceable: dropped workers, their replacements'
-  // groups, the restart count a replacement is looked for at, and the
-  // round a replacement that has reported joins at (-1: none).
+  // Asynchronous and replaceable: each worker's state, the group its
+  // replacement formed with this server (weights sent, not yet started or
+  // started), the restart number a replacement is looked for above, and
+  // the difference between the steps a replacement pushes and this
+  // server's rounds (adopt: learnt from its next push).
   bool replaceable_ = false;
+  std::chrono::milliseconds replacement_timeout_{0};
   bool worker_aborted_ = false;  // the last RecvHeader's worker sent kAbort
+  enum : char { kLive = 0, kDead = 1, kFinished = 2 };
   std::vector<char> gone_;
   std::vector<std::unique_ptr<Communicator>> rejoined_;
   std::vector<int> incarnation_;
-  std::vector<int64_t> admit_at_;
+  std::vector<int64_t> offset_;
+  std::vector<char> adopt_;
   int stepped_ = 0;  // workers whose push this round applied
   int dropped_ = 0, admitted_ = 0;
   // A broken link to worker w (Aborted, not the worker's own kAbort) in
@@ -229,8 +238,12 @@ class PsServer {
   // The end of a round when the turn passes the last live worker: the
   // step counted and its weights sent (every push of it applied).
   Status EndRound();
-  // At a round boundary: replacements looked for, reported to, admitted.
+  // At a round boundary: replacements looked for, sent their weights,
+  // taken into the rounds once started.
   Status Admit();
+  // With no live worker and none finished: Admit until one is back, or
+  // fail after replacement_timeout_.
+  Status AwaitReplacement();
   // This server's weights to worker w (its pieces' messages).
   Status SendTo(int w, std::vector<Request>* sends);
   // The headers of workers [from, W) received into `headers` (worker w's
@@ -252,8 +265,10 @@ class PsServer {
 };
 
 // The name of the group (ConnectGlooGroup) in which restart `restart` of
-// worker `worker` rejoins server `server` (asynchronous, replaceable).
+// worker `worker` rejoins server `server` (asynchronous, replaceable), and
+// the store key it sets when it has every server's weights and starts.
 std::string PsRejoinGroup(int worker, int restart, int server);
+std::string PsRejoinStartKey(int worker, int restart);
 
 // Sends `command`'s header to servers [0, servers) of `world`; every send
 // is tried, the first failure returned.
@@ -339,17 +354,19 @@ class PsClient {
   int64_t async_bytes() const;
   // A process started in place of asynchronous worker `worker` of
   // `workers` that died (`restart`: its restart number, as the launcher
-  // counts them), outside the world: joins each server through the
-  // world's rendezvous (`table`: the world's rank table) when the server
-  // reaches a round boundary (PsServer::SetAsynchronous, replaceable),
-  // tells them all the round it joins at (the largest of their steps)
-  // and receives that round's weights into `model`, whose step becomes
-  // it. Then AwaitStale, PushAsync, Drain and Stop as any asynchronous
-  // worker (over Gloo only).
+  // counts them), outside the world: registers with every server's group
+  // at once (through the world's rendezvous: `table` is the world's rank
+  // table) and receives from each, when it reaches a round boundary, its
+  // step and its pieces' weights into `model`; then sets the start key.
+  // The model's step becomes the largest of the servers' steps
+  // (joined_at() has each). Then AwaitStale, PushAsync, Drain and Stop as
+  // any asynchronous worker (over Gloo only).
   static Result<std::unique_ptr<PsClient>> Rejoin(PsPlacement placement, int workers,
                                                   const RankTable& table, int worker, int restart,
                                                   Gpt& model, int staleness,
                                                   const CommOptions& options);
+  // A replacement's: the round each server sent its weights at.
+  const std::vector<int64_t>& joined_at() const { return joined_at_; }
   ~PsClient();
 
  private:
@@ -365,6 +382,7 @@ class PsClient {
   // it (rank 0).
   std::vector<PsLink> servers_;
   std::vector<std::unique_ptr<Communicator>> groups_;  // a replacement's, by server
+  std::vector<int64_t> joined_at_;
   int worker_ = 0;
   struct Local {
     int64_t offset, count;  // in the flat parameter vector
@@ -391,8 +409,9 @@ class PsClient {
   std::vector<Slot> slots_;
   int64_t oldest_ = 1, newest_ = 0;
   Status Await(Gpt& model, int64_t upto);
-  // Every served parameter's weights from its server into `model`.
-  Status ReceiveWeights(Gpt& model);
+  // Every served parameter's weights from its server (or from server
+  // `server` alone: its pieces) into `model`.
+  Status ReceiveWeights(Gpt& model, int server = -1);
   Status SendHeaders(PsProtocol::Command command, int64_t step, int64_t payload);
 };
 

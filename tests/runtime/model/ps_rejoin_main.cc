@@ -3,13 +3,17 @@
 // a launcher starts them, each with its rank table. Worker 1 is killed
 // (SIGKILL) after its push of step 4; the servers drop it and go on with
 // worker 0; a new process started in its place (PsClient::Rejoin, restart
-// 1) joins at a round every server agrees on, gets that round's weights
-// (checked against the reply worker 0 installed for the same round) and
-// trains to the end (14 steps). Exit 0 when every process did what was expected.
+// 1) registers with both servers; each sends it, at its next round
+// boundary, its step and its pieces' weights (checked against those worker
+// 0 installed for the same round of that server) and goes on without
+// waiting; the replacement trains to the end (14 steps), each server
+// taking its pushes from its next boundary after the replacement started.
+// Exit 0 when every process did what was expected.
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -32,10 +36,14 @@ constexpr int kServers = 2, kWorkers = 2, kSteps = 14, kStaleness = 1, kKilledAf
 const GptConfig kConfig{.layers = 1, .heads = 2, .embed = 16, .context = 8, .vocab = 32};
 const CommOptions kOptions{.timeout = std::chrono::seconds(20)};
 
-uint64_t Hash(const std::vector<float>& v) {
+// The weights of server `server`'s pieces.
+uint64_t Hash(const std::vector<float>& v, const PsProtocol& protocol, int server) {
   uint64_t h = 1469598103934665603ull;
-  const auto* p = reinterpret_cast<const unsigned char*>(v.data());
-  for (size_t i = 0; i < v.size() * sizeof(float); ++i) h = (h ^ p[i]) * 1099511628211ull;
+  for (const PsProtocol::Message& m : protocol.messages()) {
+    if (m.server != server) continue;
+    const auto* p = reinterpret_cast<const unsigned char*>(v.data() + m.offset);
+    for (size_t i = 0; i < m.count * sizeof(float); ++i) h = (h ^ p[i]) * 1099511628211ull;
+  }
   return h;
 }
 
@@ -72,8 +80,9 @@ int TrainSteps(const std::string& who, PsClient& client, Gpt& model, int w, cons
   if (w == 0) rounds.open(dir + "/worker0.txt");
   for (int64_t step = model.step() + 1; step <= kSteps; ++step) {
     CHECK_OK(client.AwaitStale(model));
-    if (w == 0 && step - 1 - kStaleness >= 1) {
-      rounds << step - 1 - kStaleness << " " << Hash(model.weights()) << "\n";
+    for (int s = 0; s < kServers && w == 0 && step - 1 - kStaleness >= 1; ++s) {
+      rounds << s << " " << step - 1 - kStaleness << " "
+             << Hash(model.weights(), client.protocol(), s) << "\n";
       rounds.flush();
     }
     FillGrads(model, w, step);
@@ -114,7 +123,11 @@ int Process(int rank, int port, const std::string& dir) {
     std::printf("%s (server): %lld steps, %d dropped, %d admitted\n", who.c_str(),
                 static_cast<long long>((*server)->step()), (*server)->dropped(),
                 (*server)->admitted());
-    return (*server)->step() == kSteps && (*server)->dropped() == 1 && (*server)->admitted() == 1
+    // Rounds: worker 0's 14, and more where the replacement, which pushes
+    // steps from the round it was sent, was taken in rounds later.
+    const int64_t rounds = (*server)->step();
+    return rounds >= kSteps && rounds <= kSteps + 2 * (kStaleness + 1) &&
+                   (*server)->dropped() == 1 && (*server)->admitted() == 1
                ? 0
                : 1;
   }
@@ -141,11 +154,17 @@ int Replacement(int port, const std::string& dir) {
   auto client =
       PsClient::Rejoin(*placement, kWorkers, table, 1, /*restart=*/1, *model, kStaleness, kOptions);
   CHECK_OK(client.status());
-  const int64_t at = model->step();
-  std::printf("%s: joined at round %lld\n", who.c_str(), static_cast<long long>(at));
-  std::ofstream(dir + "/joined.txt") << at << " " << Hash(model->weights()) << "\n";
-  if (at < kKilledAfter || at >= kSteps || model->weights() == initial) {
-    std::printf("%s: round %lld, weights %s\n", who.c_str(), static_cast<long long>(at),
+  const std::vector<int64_t>& at = (*client)->joined_at();
+  std::ofstream joined(dir + "/joined.txt");
+  for (int s = 0; s < kServers; ++s) {
+    std::printf("%s: server %d sent round %lld\n", who.c_str(), s, static_cast<long long>(at[s]));
+    joined << s << " " << at[s] << " " << Hash(model->weights(), (*client)->protocol(), s) << "\n";
+    // Worker 1 had the replies to its pushes up to 4 - 1 - K when it died.
+    if (at[s] < kKilledAfter - 1 - kStaleness || at[s] >= kSteps) return 1;
+  }
+  joined.close();
+  if (model->step() != *std::max_element(at.begin(), at.end()) || model->weights() == initial) {
+    std::printf("%s: step %lld, weights %s\n", who.c_str(), static_cast<long long>(model->step()),
                 model->weights() == initial ? "initial" : "trained");
     return 1;
   }
@@ -188,21 +207,29 @@ int main() {
     std::printf("%s %zu: exit %d\n", i == kServers + 1 ? "replacement of rank" : "rank", i, code);
     ok = ok && code == 0;
   }
-  // The weights the replacement got are those worker 0 installed for the
-  // same round.
-  std::map<int64_t, uint64_t> worker0;
+  // The weights the replacement got from each server are those worker 0
+  // installed for the same round of that server.
+  std::map<std::pair<int, int64_t>, uint64_t> worker0;
   {
     std::ifstream in(dir + "/worker0.txt");
+    int server;
     int64_t round;
     uint64_t hash;
-    while (in >> round >> hash) worker0[round] = hash;
+    while (in >> server >> round >> hash) worker0[{server, round}] = hash;
   }
+  std::ifstream in(dir + "/joined.txt");
+  int server = 0, checked = 0;
   int64_t at = -1;
   uint64_t hash = 0;
-  std::ifstream(dir + "/joined.txt") >> at >> hash;
-  const bool same = worker0.count(at) > 0 && worker0[at] == hash;
-  std::printf("round %lld's weights: the replacement's %s worker 0's\n", static_cast<long long>(at),
-              same ? "equal" : "differ from");
+  bool same = true;
+  while (in >> server >> at >> hash) {
+    const bool equal = worker0.count({server, at}) > 0 && worker0[{server, at}] == hash;
+    std::printf("server %d's round %lld: the replacement's weights %s worker 0's\n", server,
+                static_cast<long long>(at), equal ? "equal" : "differ from");
+    same = same && equal;
+    ++checked;
+  }
+  same = same && checked == kServers;
   (void)std::system(("rm -rf " + dir).c_str());
   return ok && same ? 0 : 1;
 }
