@@ -32,7 +32,13 @@
 //
 // Parameter servers (--ps-servers S): the first S ranks of the job serve
 // parameters, the rest are workers; every process gets TESSERA_PS_SERVERS
-// (through mpirun's -x under --np).
+// (through mpirun's -x under --np). With --ps-replace-workers (Gloo
+// workers, asynchronous servers) every process also gets
+// TESSERA_PS_REPLACEABLE=1, and a worker rank killed by a signal is
+// started again alone with TESSERA_PS_REJOIN=n (its n-th replacement this
+// attempt) while the others go on: it rejoins the servers through rank
+// 0's rendezvous. A server's death, or a worker's non-zero exit (an error
+// of its own), still ends the attempt.
 //
 // In COMMAND, {ranks} becomes the job's number of ranks in each attempt.
 // Every process gets TESSERA_RESTART_COUNT (0 in the first attempt).
@@ -225,6 +231,7 @@ struct Worker {
   std::string partial;  // an unfinished line
   FILE* log = nullptr;
   std::string heartbeat;
+  int replaced = 0;  // replacements started this attempt
   bool exited = false;
   Clock::time_point exited_at;
   int status = 0;
@@ -235,6 +242,11 @@ struct WorkerOptions {
   double heartbeat_timeout = 0;  // seconds; 0: off
   std::string log_dir;
   bool quiet = false;
+  // --ps-replace-workers: a worker rank >= ps_servers killed by a signal is
+  // started again alone, up to `replacements` times per rank an attempt.
+  int ps_servers = 0;
+  bool replace = false;
+  int replacements = 0;
 };
 
 // Prints and logs every complete line in `w`'s buffer (all of it at the end).
@@ -411,12 +423,29 @@ std::string RunWorkers(const std::vector<std::string>& args, const WorkerOptions
                        int worker_port, Launcher& launcher) {
   const int world = static_cast<int>(m.nodes.size()) * o.nproc;
   std::vector<Worker> workers(o.nproc);
+  // Starts w's process (`rejoin` > 0: its replacement number); "" or why not.
+  auto start = [&](Worker& w, int rejoin) -> std::string {
+    int fds[2];
+    if (pipe2(fds, O_CLOEXEC) != 0) return std::string("pipe: ") + std::strerror(errno);
+    unlink(w.heartbeat.c_str());
+    std::vector<std::string> env = WorkerEnvironment(
+        {w.rank, world, w.local, o.nproc, master_host, worker_port, w.heartbeat, attempt});
+    if (o.replace) env.push_back(std::string(kEnvPsReplaceable) + "=1");
+    if (rejoin > 0) env.push_back(std::string(kEnvPsRejoin) + "=" + std::to_string(rejoin));
+    w.pid = Spawn(args, env, fds[1]);
+    close(fds[1]);
+    w.out = fds[0];
+    fcntl(w.out, F_SETFL, O_NONBLOCK);
+    if (w.pid >= 0) return "";
+    close(w.out);
+    w.out = -1;
+    w.exited = true;
+    return std::string("fork: ") + std::strerror(errno);
+  };
   for (int l = 0; l < o.nproc; ++l) {
     Worker& w = workers[l];
     w.local = l;
     w.rank = m.index * o.nproc + l;
-    int fds[2];
-    if (pipe2(fds, O_CLOEXEC) != 0) return std::string("pipe: ") + std::strerror(errno);
     if (!o.log_dir.empty()) {
       const std::string path = o.log_dir + "/rank-" + std::to_string(w.rank) + ".log";
       w.log = std::fopen(path.c_str(), "ae");
@@ -426,24 +455,14 @@ std::string RunWorkers(const std::vector<std::string>& args, const WorkerOptions
       w.heartbeat =
           "/tmp/tessera-run-" + std::to_string(getpid()) + "-heartbeat-" + std::to_string(w.rank);
     }
-    unlink(w.heartbeat.c_str());
-    const std::vector<std::string> env = WorkerEnvironment(
-        {w.rank, world, l, o.nproc, master_host, worker_port, w.heartbeat, attempt});
-    w.pid = Spawn(args, env, fds[1]);
-    close(fds[1]);
-    w.out = fds[0];
-    fcntl(w.out, F_SETFL, O_NONBLOCK);
-    if (w.pid < 0) {
-      const std::string why = std::string("fork: ") + std::strerror(errno);
-      close(w.out);
-      w.out = -1;
-      w.exited = true;
+    if (const std::string why = start(w, 0); !why.empty()) {
       workers.resize(l);  // the ones started
       StopAll(workers, SIGKILL);
       for (Worker& x : workers) {
         if (x.out >= 0) close(x.out);
         if (x.log != nullptr) std::fclose(x.log);
       }
+      if (w.log != nullptr) std::fclose(w.log);
       return why;
     }
   }
@@ -481,6 +500,31 @@ std::string RunWorkers(const std::vector<std::string>& args, const WorkerOptions
         w.exited = true;
         w.exited_at = Clock::now();
         kill(-w.pid, SIGKILL);  // whatever it left behind in its group
+        if (o.replace && w.rank >= o.ps_servers && WIFSIGNALED(w.status) &&
+            w.replaced < o.replacements && failure.empty() && g_signal == 0) {
+          // A dead asynchronous worker: started again alone, the others
+          // going on (its output so far printed first).
+          if (w.out >= 0) {
+            char buf[65536];
+            ssize_t n;
+            while ((n = read(w.out, buf, sizeof(buf))) > 0)
+              w.partial.append(buf, static_cast<size_t>(n));
+            close(w.out);
+            w.out = -1;
+          }
+          Flush(w, true, o.quiet);
+          ++w.replaced;
+          std::printf(
+              "tessera-run: rank %d %s: starting its replacement %d (the other ranks go "
+              "on)\n",
+              w.rank, Describe(w.status).c_str(), w.replaced);
+          std::fflush(stdout);
+          if (w.log != nullptr) std::fprintf(w.log, "== replacement %d\n", w.replaced);
+          w.exited = false;
+          w.partial.clear();
+          if (const std::string why = start(w, w.replaced); !why.empty()) failure = why;
+          continue;
+        }
         if (!(WIFEXITED(w.status) && WEXITSTATUS(w.status) == 0) && failure.empty()) {
           failure = "rank " + std::to_string(w.rank) + " " + Describe(w.status);
         }
@@ -623,6 +667,12 @@ int main(int argc, char** argv) {
                  "the job's first S ranks are parameter servers (TESSERA_PS_SERVERS for every "
                  "process)")
       ->check(CLI::NonNegativeNumber);
+  bool ps_replace_workers = false;
+  app.add_flag("--ps-replace-workers", ps_replace_workers,
+               "with --ps-servers and --nproc-per-node, for asynchronous servers (train_gpt "
+               "--ps-staleness): a worker killed by a signal is started again alone (up to "
+               "--max-restarts times per rank an attempt) and rejoins the servers while the "
+               "others go on; a server's death still restarts the job");
   app.add_option("command", command, "the job (after --)")->required();
   app.positionals_at_end();
   CLI11_PARSE(app, argc, argv);
@@ -631,6 +681,12 @@ int main(int argc, char** argv) {
     std::fprintf(stderr,
                  "tessera-run: give one of --nproc-per-node (Gloo workers), --np "
                  "(mpirun) or --ranks (in-process ranks)\n");
+    return 2;
+  }
+  if (ps_replace_workers && (ps_servers == 0 || nproc == 0)) {
+    std::fprintf(stderr,
+                 "tessera-run: --ps-replace-workers needs --ps-servers S and --nproc-per-node "
+                 "(a replacement joins over Gloo)\n");
     return 2;
   }
   if (node_rank >= nnodes) {
@@ -692,8 +748,10 @@ int main(int argc, char** argv) {
                   m->index * nproc + nproc - 1, world, ResumesFrom(save).c_str(),
                   Join(args).c_str());
       std::fflush(stdout);
-      failure = RunWorkers(args, {nproc, heartbeat_timeout, log_dir, quiet}, *m, attempt,
-                           master_host, m->worker_port, *launcher);
+      failure = RunWorkers(
+          args,
+          {nproc, heartbeat_timeout, log_dir, quiet, ps_servers, ps_replace_workers, max_restarts},
+          *m, attempt, master_host, m->worker_port, *launcher);
       if (failure.empty()) launcher->Done(attempt, *m, /*grace=*/60);
     } else {
       int n = np > 0 ? np : ranks;

@@ -58,6 +58,11 @@ inline constexpr char kEnvHeartbeatFile[] = "TESSERA_HEARTBEAT_FILE";
 inline constexpr char kEnvRestartCount[] = "TESSERA_RESTART_COUNT";  // 0 in the first attempt
 // Parameter servers: ranks [0, S) of TESSERA_WORLD_SIZE serve (train_gpt).
 inline constexpr char kEnvPsServers[] = "TESSERA_PS_SERVERS";
+// Asynchronous parameter servers whose dead workers are replaced one by one
+// ("1": tessera-run --ps-replace-workers), and on a replacement process its
+// number among its rank's replacements (1, 2, ...) in this attempt.
+inline constexpr char kEnvPsReplaceable[] = "TESSERA_PS_REPLACEABLE";
+inline constexpr char kEnvPsRejoin[] = "TESSERA_PS_REJOIN";
 
 // The integer in environment variable `name`: -1 when it is unset or empty,
 // InvalidArgument naming the variable when it is not an integer in

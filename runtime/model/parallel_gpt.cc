@@ -418,6 +418,18 @@ Status ParallelGpt::ConnectServers(Communicator& world) {
   return Status::Ok();
 }
 
+Status ParallelGpt::RejoinServers(const RankTable& table, int workers, int worker, int restart,
+                                  const CommOptions& options) {
+  if (ps_placement_ == nullptr) return FailedPreconditionError("RejoinServers without ps_servers");
+  if (parallel_.ps_staleness < 0 || data_->size() != 1) {
+    return InvalidArgumentError(
+        "a replacement worker joins asynchronous servers (ps_staleness >= 0) as one rank (dp 1)");
+  }
+  ASSIGN_OR_RETURN(ps_, PsClient::Rejoin(*ps_placement_, workers, table, worker, restart, model_,
+                                         parallel_.ps_staleness, options));
+  return Status::Ok();
+}
+
 Status ParallelGpt::ServersConnected(const char* what) const {
   if (ps_placement_ == nullptr || ps_ != nullptr) return Status::Ok();
   return FailedPreconditionError("ps_servers " + std::to_string(parallel_.ps_servers) + ": " +

@@ -223,6 +223,14 @@ class ParallelGpt {
   // `world`, whose ranks [0, S) serve (PsServer) and the rest are this
   // job's workers in order; it must outlive this object. Before Init.
   Status ConnectServers(Communicator& world);
+  // Instead of ConnectServers, in a process started in place of
+  // asynchronous worker `worker` of `workers` that died (replacement
+  // `restart`): joins the servers through the world's rank table `table`
+  // (PsClient::Rejoin; this object's ranks are the replacement's own, dp
+  // 1) and takes their weights (every one is theirs) and step: instead of
+  // Init too.
+  Status RejoinServers(const RankTable& table, int workers, int worker, int restart,
+                       const CommOptions& options);
   const PsClient* ps() const { return ps_.get(); }
   // Tells the servers this worker is done (`failed`: on an error). A no-op
   // without servers.

@@ -178,7 +178,8 @@ int64_t PsMessageFloats(const PsPlacement& placement) {
 Result<Strategy> PsStrategy(const std::vector<ParamInfo>& params, const PsPlacement& placement,
                             int world) {
   const int S = placement.servers();
-  if (world <= S) {
+  // (The servers alone when they hold everything: their own saves.)
+  if (world < S || (world == S && !placement.local().empty())) {
     return InvalidArgumentError("a parameter-server job of " + std::to_string(world) +
                                 " ranks with " + std::to_string(S) + " servers has no worker");
   }

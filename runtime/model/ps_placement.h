@@ -87,6 +87,8 @@ int64_t PsMessageFloats(const PsPlacement& placement);
 // workers as copy stages, so one of them writes it). The moments
 // ("optimizer.<name>.exp_avg", "...exp_avg_sq") have their parameter's
 // layout. Any reader loads it into any other configuration (regions).
+// With every parameter on the servers, `world` may be S: the servers' own
+// save (asynchronous servers with replaceable workers).
 Result<Strategy> PsStrategy(const std::vector<ParamInfo>& params, const PsPlacement& placement,
                             int world);
 

@@ -37,6 +37,7 @@
 #include "core/byte_size.h"
 #include "core/trace.h"
 #include "formats/native_files.h"
+#include "runtime/comm/gloo.h"
 #include "runtime/comm/launch.h"
 #include "runtime/comm/mpi.h"
 #include "runtime/comm/ms_roles.h"
@@ -346,6 +347,28 @@ Result<SlicedWriteOptions> SaveOptions(const Options& o, Communicator& world, bo
   return options;
 }
 
+// A sliced checkpoint of step `step` written by `writers` (each its
+// pieces through `write`), committed and pointed at by `latest`. Returns
+// its redundancy plan, described.
+Result<std::string> SaveSliced(const Options& o, Communicator& writers, const Strategy& strategy,
+                               const SlicedWriteOptions& options, int64_t step,
+                               const std::map<std::string, std::string>& metadata,
+                               const std::function<Status(SlicedCheckpointWriter&)>& write) {
+  Env* env = Env::Default();
+  const std::string name = "step-" + std::to_string(step);
+  RETURN_IF_ERROR(env->CreateDirs(o.save));
+  ASSIGN_OR_RETURN(std::unique_ptr<SlicedCheckpointWriter> writer,
+                   SlicedCheckpointWriter::Create(
+                       env, writers, o.save + "/" + name, strategy,
+                       {step, metadata, "tessera train_gpt (" + o.save_mode + ")"}, options));
+  const Status wrote = write(*writer);
+  const Status committed = writer->Commit();  // collective: every writer gets here
+  RETURN_IF_ERROR(wrote);
+  RETURN_IF_ERROR(committed);
+  RETURN_IF_ERROR(PointLatest(env, writers, o.save, name, o.keep));
+  return writer->plan().Describe();
+}
+
 // Checkpoints during training: every rank writes its own pieces (replicas
 // take turns), into its own data file (sliced) or at their places in the
 // one file (merged); nothing is gathered. Rank 0 commits, then points
@@ -372,7 +395,8 @@ class Saver {
     const int64_t step = job_.trainer->step();
     if (async_.in_flight()) RETURN_IF_ERROR(Poll(false));
     const bool due = (o_.save_every > 0 && step % o_.save_every == 0) || step == o_.steps;
-    if (o_.save.empty() || !due) return Status::Ok();
+    // (Replaceable parameter-server workers: the servers save alone.)
+    if (o_.save.empty() || !due || o_.ps_replaceable) return Status::Ok();
     const std::string name = "step-" + std::to_string(step);
     const std::map<std::string, std::string> metadata = {
         {"config", job_.config_text}, {"data.position", job_.loader->position().ToString()}};
@@ -412,27 +436,20 @@ class Saver {
   }
 
   Status SaveNow(const std::string& name, const std::map<std::string, std::string>& metadata) {
-    Env* env = Env::Default();
     ASSIGN_OR_RETURN(Strategy strategy, job_.trainer->strategy());
-    RETURN_IF_ERROR(env->CreateDirs(o_.save));
     // With parameter servers the world writes it: they join now.
     RETURN_IF_ERROR(job_.trainer->RequestServerSave(metadata));
-    ASSIGN_OR_RETURN(std::unique_ptr<SlicedCheckpointWriter> writer,
-                     SlicedCheckpointWriter::Create(env, world_, o_.save + "/" + name, strategy,
-                                                    {job_.trainer->step(), metadata,
-                                                     "tessera train_gpt (" + o_.save_mode + ")"},
-                                                    options_));
-    const Status wrote = job_.trainer->WriteSliced(*writer, strategy);
-    const Status committed = writer->Commit();  // collective: every rank gets here
-    RETURN_IF_ERROR(wrote);
-    RETURN_IF_ERROR(committed);
-    RETURN_IF_ERROR(PointLatest(env, world_, o_.save, name, o_.keep));
+    ASSIGN_OR_RETURN(const std::string plan,
+                     SaveSliced(o_, world_, strategy, options_, job_.trainer->step(), metadata,
+                                [&](SlicedCheckpointWriter& writer) {
+                                  return job_.trainer->WriteSliced(writer, strategy);
+                                }));
     if (talk_ && options_.merged) {
       std::printf("saved %s/%s (merged, written by %d ranks%s)\n", o_.save.c_str(), name.c_str(),
                   world_.size(), o_.parallel.ps_servers > 0 ? ", servers and workers" : "");
     } else if (talk_) {
       std::printf("saved %s/%s (sliced over %d ranks, redundancy %s)\n", o_.save.c_str(),
-                  name.c_str(), world_.size(), writer->plan().Describe().c_str());
+                  name.c_str(), world_.size(), plan.c_str());
     }
     return Status::Ok();
   }
@@ -517,8 +534,10 @@ Status Export(const Options& o, Job& job, Communicator& world, bool talk) {
 
 // What the ranks hold (the largest of each figure over the ranks: pipeline
 // stages differ), this process's peak resident set, and the throughput.
+// With replaceable parameter-server workers the report is rank 0's own
+// (the workers' communicator may hold a dead rank: no collective).
 Status Report(const Options& o, Job& job, Communicator& world, const Progress& p) {
-  const bool first = world.rank() == 0;
+  const bool first = world.rank() == 0, alone = o.ps_replaceable;
   const int64_t step = job.trainer->step();
   auto mib = [](double b) { return b / (1 << 20); };
   if (step > 0) {
@@ -531,7 +550,7 @@ Status Report(const Options& o, Job& job, Communicator& world, const Progress& p
                         static_cast<double>(m.total()),
                         static_cast<double>(m.offloaded_parameters),
                         static_cast<double>(m.offloaded_optimizer)};
-    RETURN_IF_ERROR(world.AllReduce(figures, figures, 8, DType::kF64, ReduceOp::kMax));
+    if (!alone) RETURN_IF_ERROR(world.AllReduce(figures, figures, 8, DType::kF64, ReduceOp::kMax));
     struct rusage usage {};
     getrusage(RUSAGE_SELF, &usage);
     if (first && !o.quiet) {
@@ -580,7 +599,7 @@ Status Report(const Options& o, Job& job, Communicator& world, const Progress& p
   }
   // What each rank read of a token file (a text file is read whole into
   // memory): its share under --dataset-strategy sequence.
-  if (const int64_t mine = job.loader->bytes_read(); step > 0 && world.size() > 1) {
+  if (const int64_t mine = job.loader->bytes_read(); step > 0 && world.size() > 1 && !alone) {
     std::vector<int64_t> all(world.size());
     RETURN_IF_ERROR(world.AllGather(&mine, 1, all.data(), DType::kI64));
     if (first && !o.quiet && all[0] > 0) {
@@ -665,37 +684,103 @@ Status TrainOn(const Options& o, Communicator& world, Communicator* servers = nu
   return Report(o, job, world, progress);
 }
 
+// With replaceable workers the servers save alone (every parameter and
+// moment is theirs; a worker holds its step and data position, both the
+// round's): at each round --save-every names, and the last. The data
+// position is the one the workers' loaders reach after that many batches.
+class ServerSaves {
+ public:
+  ServerSaves(const Options& o, Communicator& servers, const PsServer& server)
+      : o_(o), servers_(servers), server_(server) {}
+
+  Status Prepare(const std::vector<ParamInfo>& params, const PsPlacement& placement,
+                 const CheckpointReader* resumed) {
+    if (o_.save.empty()) return Status::Ok();
+    ASSIGN_OR_RETURN(strategy_, PsStrategy(params, placement, servers_.size()));
+    ASSIGN_OR_RETURN(options_, SaveOptions(o_, servers_, resumed != nullptr));
+    ASSIGN_OR_RETURN(std::unique_ptr<TokenSource> tokens, OpenTokens(Env::Default(), o_.data));
+    ASSIGN_OR_RETURN(TokenLoader loader,
+                     TokenLoader::Create(std::move(tokens), o_.batch, o_.seq, o_.seed));
+    loader_ = std::make_unique<TokenLoader>(std::move(loader));
+    if (resumed != nullptr) {
+      ASSIGN_OR_RETURN(const DataPosition position, SavedDataPosition(*resumed));
+      RETURN_IF_ERROR(loader_->Restore(position));
+    }
+    at_ = server_.step();
+    return Status::Ok();
+  }
+
+  // After each request served: the rounds since, each saved if due.
+  Status AfterRound() {
+    if (loader_ == nullptr) return Status::Ok();
+    while (at_ < server_.step()) {
+      RETURN_IF_ERROR(loader_->NextBatchRows(0, 0, nullptr, nullptr));
+      ++at_;
+      const bool due = (o_.save_every > 0 && at_ % o_.save_every == 0) || at_ == o_.steps;
+      if (!due || at_ > o_.steps) continue;
+      const std::map<std::string, std::string> metadata = {
+          {"config", ConfigString(o_.config, o_.batch, o_.seq, o_.seed)},
+          {"data.position", loader_->position().ToString()}};
+      RETURN_IF_ERROR(SaveSliced(o_, servers_, strategy_, options_, at_, metadata,
+                                 [&](SlicedCheckpointWriter& writer) {
+                                   return server_.WriteSliced(writer, strategy_);
+                                 })
+                          .status());
+      if (servers_.rank() == 0 && !o_.quiet) {
+        std::printf("saved %s/step-%lld (sliced over the %d servers)\n", o_.save.c_str(),
+                    static_cast<long long>(at_), servers_.size());
+        std::fflush(stdout);
+      }
+    }
+    return Status::Ok();
+  }
+
+ private:
+  const Options& o_;
+  Communicator& servers_;
+  const PsServer& server_;
+  Strategy strategy_;
+  SlicedWriteOptions options_;
+  std::unique_ptr<TokenLoader> loader_;
+  int64_t at_ = 0;
+};
+
 // A parameter server's run: its pieces initialised as every worker's
 // model is (or from the checkpoint --resume finds), then what the workers
 // ask, step by step: a step, a save (the world writes it), or the end.
-Status Serve(const Options& o, Communicator& world, PsPlacement placement) {
+// `servers`: the servers' own communicator (their saves with replaceable
+// workers).
+Status Serve(const Options& o, Communicator& world, Communicator& servers, PsPlacement placement) {
   Env* env = Env::Default();
   ASSIGN_OR_RETURN(std::vector<ParamInfo> params, Gpt::Params(o.config));
   ASSIGN_OR_RETURN(const Strategy strategy, PsStrategy(params, placement, world.size()));
-  ASSIGN_OR_RETURN(std::unique_ptr<PsServer> server,
-                   PsServer::Create(o.config, std::move(placement), world));
+  ASSIGN_OR_RETURN(std::unique_ptr<PsServer> server, PsServer::Create(o.config, placement, world));
   const std::string config_text = ConfigString(o.config, o.batch, o.seq, o.seed);
-  bool resumed = false;
+  std::unique_ptr<CheckpointReader> checkpoint;
   if (o.resume) {
-    ASSIGN_OR_RETURN(std::unique_ptr<CheckpointReader> checkpoint,
-                     OpenResumeCheckpoint(env, o.save, config_text));
-    if (checkpoint != nullptr) {
-      RETURN_IF_ERROR(server->Load(*checkpoint));
-      resumed = true;
-    }
+    ASSIGN_OR_RETURN(checkpoint, OpenResumeCheckpoint(env, o.save, config_text));
+    if (checkpoint != nullptr) RETURN_IF_ERROR(server->Load(*checkpoint));
   }
+  const bool resumed = checkpoint != nullptr;
   if (!resumed) RETURN_IF_ERROR(server->Init(o.seed));
-  if (o.parallel.ps_staleness >= 0) server->SetAsynchronous();
+  if (o.parallel.ps_staleness >= 0) {
+    server->SetAsynchronous(o.ps_replaceable, o.launch.comm.timeout);
+  }
+  ServerSaves saves(o, servers, *server);
+  if (o.ps_replaceable) RETURN_IF_ERROR(saves.Prepare(params, placement, checkpoint.get()));
+  checkpoint.reset();
   ASSIGN_OR_RETURN(const SlicedWriteOptions options, SaveOptions(o, world, resumed));
   Heartbeat heartbeat = Heartbeat::FromEnv();
   while (true) {
     o.fault.At("step", server->step() + 1, world.rank());
     RETURN_IF_ERROR(heartbeat.Beat(server->step() + 1));
     ASSIGN_OR_RETURN(const PsServer::Asked asked, server->Next());
+    RETURN_IF_ERROR(saves.AfterRound());
     if (asked.command == PsProtocol::kStop) break;
     if (asked.command == PsProtocol::kStep) {
       RETURN_IF_ERROR(asked.worker >= 0 ? server->StepAsync(asked.worker, o.adam)
                                         : server->Step(o.adam, o.max_norm));
+      RETURN_IF_ERROR(saves.AfterRound());
       continue;
     }
     if (asked.command == PsProtocol::kPullAll) {  // an export
@@ -703,24 +788,22 @@ Status Serve(const Options& o, Communicator& world, PsPlacement placement) {
       continue;
     }
     // A save: the same checkpoint the workers write, with their metadata.
-    const std::string name = "step-" + std::to_string(server->step());
-    RETURN_IF_ERROR(env->CreateDirs(o.save));
-    ASSIGN_OR_RETURN(
-        std::unique_ptr<SlicedCheckpointWriter> writer,
-        SlicedCheckpointWriter::Create(
-            env, world, o.save + "/" + name, strategy,
-            {server->step(), asked.metadata, "tessera train_gpt (" + o.save_mode + ")"}, options));
-    const Status wrote = server->WriteSliced(*writer, strategy);
-    const Status committed = writer->Commit();
-    RETURN_IF_ERROR(wrote);
-    RETURN_IF_ERROR(committed);
-    RETURN_IF_ERROR(PointLatest(env, world, o.save, name, o.keep));
+    RETURN_IF_ERROR(SaveSliced(o, world, strategy, options, server->step(), asked.metadata,
+                               [&](SlicedCheckpointWriter& writer) {
+                                 return server->WriteSliced(writer, strategy);
+                               })
+                        .status());
   }
   {  // its summary, as a worker's "done:" line (also under --quiet)
     const MemoryUse m = server->Memory();
-    std::printf("parameter server %d: %lld steps served, holds %s, %s in and out a step\n",
+    std::printf("parameter server %d: %lld steps served, holds %s, %s in and out a step%s\n",
                 world.rank(), static_cast<long long>(server->step()), m.ToString().c_str(),
-                HumanBytes(server->bytes_per_step()).c_str());
+                HumanBytes(server->bytes_per_step()).c_str(),
+                o.ps_replaceable
+                    ? (", " + std::to_string(server->dropped()) + " worker(s) dropped, " +
+                       std::to_string(server->admitted()) + " replacement(s) taken back")
+                          .c_str()
+                    : "");
   }
   return Status::Ok();
 }
@@ -764,7 +847,15 @@ Status TrainWithServers(const Options& o, Communicator& world) {
   const bool server = world.rank() < S;
   ASSIGN_OR_RETURN(std::unique_ptr<Communicator> group, world.Split(server ? 0 : 1, world.rank()));
   group->set_name(server ? "servers" : "workers");
-  if (server) return Serve(o, world, std::move(placement));
+  if (o.ps_replaceable) {
+    // Replacements join through the world's rendezvous: Gloo's.
+    RETURN_IF_ERROR(HasGlooKey(world, "ps.replaceable")
+                        .status()
+                        .Annotate(std::string(kEnvPsReplaceable) +
+                                  " (tessera-run "
+                                  "--ps-replace-workers): a replacement joins over Gloo"));
+  }
+  if (server) return Serve(o, world, *group, std::move(placement));
   if (group->rank() == 0 && !o.quiet) {
     std::printf("parameter servers: %d of %d ranks (%d workers)\n%s", S, N, N - S,
                 placement.Describe().c_str());
@@ -781,6 +872,69 @@ Status TrainWithServers(const Options& o, Communicator& world) {
     }
   }
   return TrainOn(o, *group, &world);
+}
+
+// A process started in place of an asynchronous worker that died
+// (TESSERA_PS_REJOIN = n under tessera-run --ps-replace-workers): outside
+// the world (whose pairs to the dead rank are gone for good), it trains as
+// that worker on a communicator of its own, its rows of each batch, after
+// the servers sent it their weights (PsClient::Rejoin). It neither saves
+// (the servers do) nor reports the world's figures.
+Status Replace(const Options& o) {
+  ASSIGN_OR_RETURN(const RankTable table, RankTableFromEnv());
+  const int S = o.parallel.ps_servers, W = table.world_size - S, w = table.rank - S;
+  const std::string who = "replacement " + std::to_string(o.ps_rejoin) + " of worker " +
+                          std::to_string(w) + " (rank " + std::to_string(table.rank) + ")";
+  if (S <= 0 || w < 0) {
+    return InvalidArgumentError(std::string(kEnvPsRejoin) + ": rank " + std::to_string(table.rank) +
+                                " is not a parameter-server worker (--ps-servers " +
+                                std::to_string(S) + ")");
+  }
+  if (o.batch % W != 0) {
+    return InvalidArgumentError(who + ": --batch " + std::to_string(o.batch) +
+                                " is not a multiple of the " + std::to_string(W) + " workers");
+  }
+  LaunchOptions alone = o.launch;
+  alone.backend = CommBackend::kInProcess;
+  alone.ranks = 1;
+  return LaunchRanks(alone, [&](Communicator& own) -> Status {
+    ParallelConfig par = o.parallel;
+    par.dp = 1;
+    ASSIGN_OR_RETURN(std::unique_ptr<ParallelGpt> trainer, ParallelGpt::Create(o.config, par, own));
+    RETURN_IF_ERROR(trainer->RejoinServers(table, W, w, o.ps_rejoin, o.launch.comm).Annotate(who));
+    // Its loader where the worker's was: past the batches of the steps
+    // before the one it resumes at.
+    ASSIGN_OR_RETURN(std::unique_ptr<TokenSource> tokens, OpenTokens(Env::Default(), o.data));
+    ASSIGN_OR_RETURN(TokenLoader loader,
+                     TokenLoader::Create(std::move(tokens), o.batch, o.seq, o.seed));
+    for (int64_t s = 0; s < trainer->step(); ++s) {
+      RETURN_IF_ERROR(loader.NextBatchRows(0, 0, nullptr, nullptr));
+    }
+    const std::vector<int64_t>& rounds = trainer->ps()->joined_at();
+    std::string sent;
+    for (int64_t r : rounds) sent += (sent.empty() ? "" : ", ") + std::to_string(r);
+    std::printf("%s: joined the servers (their weights of rounds %s), training from step %lld\n",
+                who.c_str(), sent.c_str(), static_cast<long long>(trainer->step() + 1));
+    std::fflush(stdout);
+    const int rows = o.batch / W;
+    std::vector<int32_t> inputs(static_cast<size_t>(rows) * o.seq), targets(inputs.size());
+    Heartbeat heartbeat = Heartbeat::FromEnv();
+    while (trainer->step() < o.steps) {
+      // (No --fault-* here: a fault stops the rank's first process only.)
+      RETURN_IF_ERROR(heartbeat.Beat(trainer->step() + 1));
+      const auto t0 = std::chrono::steady_clock::now();
+      RETURN_IF_ERROR(loader.NextBatchRows(w * rows, rows, inputs.data(), targets.data()));
+      float norm = 0;
+      ASSIGN_OR_RETURN(const float loss, trainer->StepLocal(inputs.data(), targets.data(), rows,
+                                                            o.seq, o.adam, o.max_norm, &norm));
+      const double seconds =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      if (w == 0 && !o.quiet) Log(o, trainer->step(), loss, norm, seconds);
+    }
+    RETURN_IF_ERROR(trainer->StopServers(/*failed=*/false));
+    std::printf("%s: done at step %lld\n", who.c_str(), static_cast<long long>(trainer->step()));
+    return Status::Ok();
+  });
 }
 
 Status Run(const Options& o, Communicator& world) {
@@ -840,6 +994,10 @@ int main(int argc, char** argv) {
   }
   if (Status s = UseMatmulLibrary(o); !s.ok()) return Fail(s);
   kernels::SetComputeThreads(o.compute_threads);
+  if (o.ps_rejoin > 0) {
+    if (Status s = Replace(o); !s.ok()) return Fail(s);
+    return 0;
+  }
   if (Status s = LaunchRanks(o.launch, [&](Communicator& world) { return Train(o, world); });
       !s.ok()) {
     if (o.parallel.ps_servers > 0 && s.code() == StatusCode::kDeadlineExceeded) {

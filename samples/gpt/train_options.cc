@@ -369,6 +369,10 @@ Status CheckServers(const CLI::App& app, Options* o) {
     ASSIGN_OR_RETURN(int64_t n, EnvInt(kEnvPsServers, 0, 1 << 20));
     if (n >= 0) par.ps_servers = static_cast<int>(n);
   }
+  ASSIGN_OR_RETURN(const int64_t replaceable, EnvInt(kEnvPsReplaceable, 0, 1));
+  ASSIGN_OR_RETURN(const int64_t rejoin, EnvInt(kEnvPsRejoin, 1, 1 << 20));
+  o->ps_replaceable = replaceable == 1;
+  o->ps_rejoin = rejoin > 0 ? static_cast<int>(rejoin) : 0;
   return RefuseWithServers(*o);
 }
 
@@ -425,7 +429,18 @@ Status RefuseWithServers(const Options& o) {
         "--ps-servers with --async-save: the servers save with the "
         "workers, synchronously (drop --async-save)");
   }
-  return Status::Ok();
+  if (!o.ps_replaceable && o.ps_rejoin == 0) return Status::Ok();
+  const std::string policy = std::string(kEnvPsReplaceable) + " (tessera-run --ps-replace-workers)";
+  if (o.parallel.ps_staleness < 0) {
+    return InvalidArgumentError(
+        policy + ": workers are replaced in asynchronous mode only (--ps-staleness K)");
+  }
+  if (!o.export_dir.empty()) {
+    return InvalidArgumentError(policy +
+                                ": --export needs every worker at one round; export the servers' "
+                                "last checkpoint instead (ckpt convert)");
+  }
+  return Status::Ok();  // (the world must be Gloo's: TrainWithServers checks)
 }
 
 int ParseOptions(int argc, char** argv, Options* o) {

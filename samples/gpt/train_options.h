@@ -102,6 +102,13 @@ struct Options {
   int compute_threads = 0;  // 0: every core
   // --matmul-library (empty: the profile's, else OpenBLAS).
   std::string matmul_library;
+  // Asynchronous parameter servers whose workers a launcher replaces one
+  // by one (tessera-run --ps-replace-workers: TESSERA_PS_REPLACEABLE):
+  // the servers drop a dead worker, take its replacement back and save
+  // the checkpoints themselves. ps_rejoin: this process is replacement
+  // number n (TESSERA_PS_REJOIN) of its rank's worker; 0: it is not.
+  bool ps_replaceable = false;
+  int ps_rejoin = 0;
 };
 
 // Parses the command line into `o`. Returns -1 to go on, else the exit

@@ -17,6 +17,8 @@
 # another number of servers, without servers, and from a data-parallel
 # checkpoint; a server killed with SIGKILL under tessera-run: the job
 # restarts from the newest checkpoint and ends on the uninterrupted losses;
+# a worker killed in asynchronous mode under tessera-run
+# --ps-replace-workers: replaced alone, the others training on;
 # bad configurations are refused before any step.
 # Usage: train_gpt_ps_test.sh TRAIN_GPT CORPUS MPIRUN TESSERA_RUN CKPT
 set -uo pipefail
@@ -320,6 +322,55 @@ train "$WORK/ar.log" --ranks 3 --ps-servers 1 --ps-staleness 1 --save "$WORK/ack
 head -n 10 <(grep ^step "$WORK/asave.log") | cat - "$WORK/ar.log" >"$WORK/joined.log"
 check "async K=1 saved at step 10 and resumed: the uninterrupted losses bit for bit" \
   same_losses "$WORK/joined.log" "$WORK/asave.log"
+
+# A worker killed (SIGKILL at step 6) in asynchronous mode under
+# tessera-run --ps-replace-workers: the launcher starts that one process
+# again while the others go on; the servers drop the dead worker, send
+# the replacement their current weights (rounds after the kill) and take
+# its pushes; nothing restarts. The servers save alone (a sliced
+# checkpoint over the 2 servers), which plain data parallelism and a
+# parameter-server job resume.
+timeout 240 "$RUN" --nproc-per-node 4 --ps-servers 2 --ps-replace-workers -- "$BIN" \
+  "${SMALL[@]}" --ps-staleness 1 --fault-kill step:6:3 --save "$WORK/rep" --save-every 5 \
+  --resume >"$WORK/rep.out" 2>&1
+check "a worker killed in async mode (--ps-replace-workers): the job finished, no restart" \
+  grep -q "the job finished after 0 restart(s)" "$WORK/rep.out"
+check "... the launcher started that rank alone again" \
+  grep -q "rank 3 was killed by signal 9 (Killed): starting its replacement 1" "$WORK/rep.out"
+sed -n 's/^\[rank 2\] //p' "$WORK/rep.out" >"$WORK/rep.log"
+check "... worker 0 trained all 20 steps meanwhile" [ "$(grep -c ^step "$WORK/rep.log")" = 20 ]
+current() { # the replacement got each server's weights of a round after worker 1's last reply
+  local rounds
+  rounds=$(sed -n 's/.*replacement 1 of worker 1 (rank 3): joined the servers (their weights of rounds \(.*\)), training from step.*/\1/p' "$WORK/rep.out")
+  [ -n "$rounds" ] && awk -v r="$rounds" 'BEGIN {n = split(r, a, ", "); for (i = 1; i <= n; ++i)
+    if (a[i] < 4 || a[i] > 20) exit 1; exit n != 2}'
+}
+check "... the replacement joined with the servers' current weights" current
+check "... and trained to the end" \
+  grep -q "replacement 1 of worker 1 (rank 3): done at step 20" "$WORK/rep.out"
+check "... both servers dropped one worker and took one back" \
+  [ "$(grep -c "1 worker(s) dropped, 1 replacement(s) taken back" "$WORK/rep.out")" = 2 ]
+check "... the loss fell as asynchronous training's does" trains_as_sync "$WORK/rep.log"
+check "... the servers saved alone, over 2 ranks" \
+  grep -q "saved $WORK/rep/step-20 (sliced over the 2 servers)" "$WORK/rep.out"
+run "$CKPT" verify "$WORK/rep/step-10"
+check "... their checkpoint verifies" [ "$rc" = 0 ]
+for setting in "--ranks 2" "--ranks 3 --ps-servers 1 --ps-staleness 1"; do
+  rm -rf "$WORK/r"
+  cp -r "$WORK/rep" "$WORK/r"
+  rm -rf "$WORK/r/step-15" "$WORK/r/step-20"
+  echo step-10 >"$WORK/r/latest"
+  # shellcheck disable=SC2086
+  train "$WORK/r.log" $setting --save "$WORK/r" --resume
+  check "... resumed from step 10 with $setting" grep -q "resumed from step 10" "$WORK/r.log"
+  check "... and trained steps 11-20" [ "$(grep -c ^step "$WORK/r.log")" = 10 ]
+done
+TESSERA_PS_REPLACEABLE=1 run "$BIN" "${SMALL[@]}" --ranks 3 --ps-servers 1
+check "refused: replaceable workers in synchronous mode" \
+  grep -q "workers are replaced in asynchronous mode only" "$WORK/out"
+TESSERA_PS_REPLACEABLE=1 run "$BIN" "${SMALL[@]}" --ranks 3 --ps-servers 1 --ps-staleness 1
+check "refused: replaceable workers on in-process ranks" \
+  grep -q "a replacement joins over Gloo" "$WORK/out"
 
 # The strategy file's ps_staleness key: the flags' asynchronous run bit for
 # bit; a flag that contradicts it is refused.
