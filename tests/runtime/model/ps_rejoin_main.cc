@@ -8,7 +8,11 @@
 // 0 installed for the same round of that server) and goes on without
 // waiting; the replacement trains to the end (14 steps), each server
 // taking its pushes from its next boundary after the replacement started.
-// Exit 0 when every process did what was expected.
+// With argument "both", both workers are killed after step 4: the servers,
+// with no live worker, wait for replacements; both rejoin and train to
+// the end. With "abort", worker 1 stops on an error of its own (it sends
+// kAbort and exits): that is no death, and the servers fail naming it. Exit 0 when every process
+// did what was expected.
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -33,6 +37,8 @@ using namespace tessera;
 namespace {
 
 constexpr int kServers = 2, kWorkers = 2, kSteps = 14, kStaleness = 1, kKilledAfter = 4;
+bool g_both = false;   // both workers killed and replaced
+bool g_abort = false;  // worker 1 stops on an error instead: the job fails
 const GptConfig kConfig{.layers = 1, .heads = 2, .embed = 16, .context = 8, .vocab = 32};
 const CommOptions kOptions{.timeout = std::chrono::seconds(20)};
 
@@ -88,7 +94,12 @@ int TrainSteps(const std::string& who, PsClient& client, Gpt& model, int w, cons
     FillGrads(model, w, step);
     float norm = 0;
     CHECK_OK(client.PushAsync(model, 0.0f, &norm));
-    if (die && step == kKilledAfter) raise(SIGKILL);
+    if (die && step == kKilledAfter) {
+      if (!g_abort) raise(SIGKILL);
+      (void)client.Stop(/*failed=*/true);  // an error of its own: kAbort
+      std::fflush(stdout);
+      _exit(3);
+    }
     // Worker 0 takes its time: the replacement joins while it trains.
     if (w == 0) std::this_thread::sleep_for(std::chrono::milliseconds(200));
   }
@@ -111,6 +122,15 @@ int Process(int rank, int port, const std::string& dir) {
     (*server)->SetAsynchronous(/*replaceable=*/true);
     for (;;) {
       auto asked = (*server)->Next();
+      if (g_abort && !asked.ok()) {
+        // Not dropped as dead: the job fails, naming the worker.
+        const std::string why = asked.status().ToString();
+        std::printf("%s (server): %s\n", who.c_str(), why.c_str());
+        return why.find("worker 1 (rank 3) stopped on an error") != std::string::npos &&
+                       (*server)->dropped() == 0
+                   ? 0
+                   : 1;
+      }
       CHECK_OK(asked.status());
       if (asked->command == PsProtocol::kStop) break;
       if (asked->command != PsProtocol::kStep) {
@@ -124,10 +144,13 @@ int Process(int rank, int port, const std::string& dir) {
                 static_cast<long long>((*server)->step()), (*server)->dropped(),
                 (*server)->admitted());
     // Rounds: worker 0's 14, and more where the replacement, which pushes
-    // steps from the round it was sent, was taken in rounds later.
+    // steps from the round it was sent, was taken in rounds later (with
+    // both replaced, fewer where both were sent rounds behind their step).
     const int64_t rounds = (*server)->step();
-    return rounds >= kSteps && rounds <= kSteps + 2 * (kStaleness + 1) &&
-                   (*server)->dropped() == 1 && (*server)->admitted() == 1
+    const int replaced = g_both ? 2 : 1;
+    return rounds >= kSteps - (g_both ? 2 * (kStaleness + 1) : 0) &&
+                   rounds <= kSteps + 2 * (kStaleness + 1) && (*server)->dropped() == replaced &&
+                   (*server)->admitted() == replaced
                ? 0
                : 1;
   }
@@ -138,13 +161,13 @@ int Process(int rank, int port, const std::string& dir) {
   auto client = PsClient::Create(*placement, **world, *model);
   CHECK_OK(client.status());
   CHECK_OK((*client)->SetAsynchronous(kStaleness, *model));
-  return TrainSteps(who, **client, *model, w, dir, /*die=*/w == 1);
+  return TrainSteps(who, **client, *model, w, dir, /*die=*/w == 1 || g_both);
 }
 
-// The process started in worker 1's place: outside the world.
-int Replacement(int port, const std::string& dir) {
-  const std::string who = "replacement of worker 1";
-  RankTable table{kServers + 1, kServers + kWorkers, "127.0.0.1", port, "test"};
+// The process started in worker w's place: outside the world.
+int Replacement(int w, int port, const std::string& dir) {
+  const std::string who = "replacement of worker " + std::to_string(w);
+  RankTable table{kServers + w, kServers + kWorkers, "127.0.0.1", port, "test"};
   auto placement = Placement();
   CHECK_OK(placement.status());
   auto model = Gpt::Create(kConfig);
@@ -152,10 +175,10 @@ int Replacement(int port, const std::string& dir) {
   model->Init(7);
   const std::vector<float> initial = model->weights();
   auto client =
-      PsClient::Rejoin(*placement, kWorkers, table, 1, /*restart=*/1, *model, kStaleness, kOptions);
+      PsClient::Rejoin(*placement, kWorkers, table, w, /*restart=*/1, *model, kStaleness, kOptions);
   CHECK_OK(client.status());
   const std::vector<int64_t>& at = (*client)->joined_at();
-  std::ofstream joined(dir + "/joined.txt");
+  std::ofstream joined(dir + "/joined" + std::to_string(w) + ".txt");
   for (int s = 0; s < kServers; ++s) {
     std::printf("%s: server %d sent round %lld\n", who.c_str(), s, static_cast<long long>(at[s]));
     joined << s << " " << at[s] << " " << Hash(model->weights(), (*client)->protocol(), s) << "\n";
@@ -168,12 +191,16 @@ int Replacement(int port, const std::string& dir) {
                 model->weights() == initial ? "initial" : "trained");
     return 1;
   }
-  return TrainSteps(who, **client, *model, 1, dir, false);
+  // (With both replaced, worker 0's record is its replacement's: not
+  // compared.)
+  return TrainSteps(who, **client, *model, w, dir, false);
 }
 
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
+  g_both = argc > 1 && std::string(argv[1]) == "both";
+  g_abort = argc > 1 && std::string(argv[1]) == "abort";
   std::fflush(stdout);
   char tmpl[] = "/tmp/ps_rejoin.XXXXXX";
   const std::string dir = mkdtemp(tmpl);
@@ -188,24 +215,47 @@ int main() {
     }
     pids.push_back(pid);
   }
-  // Worker 1 dies; a launcher restarts it (alone).
+  // Worker 1 (with "both", each worker) dies; a launcher restarts it (alone).
   int status = 0;
-  waitpid(pids[kServers + 1], &status, 0);
-  bool ok = WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL;
-  std::printf("worker 1: %s\n", ok ? "killed after its push of step 4" : "did not die as planned");
-  std::fflush(stdout);
-  const pid_t replacement = fork();
-  if (replacement == 0) {
-    const int rc = Replacement(port, dir);
-    std::fflush(stdout);
-    _exit(rc);
+  bool ok = true;
+  if (g_abort) {  // the servers fail; worker 0 fails after them
+    int status = 0;
+    bool ok = true;
+    for (int r = 0; r < kServers + kWorkers; ++r) {
+      waitpid(pids[r], &status, 0);
+      const int code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+      std::printf("rank %d: exit %d\n", r, code);
+      if (r < kServers) ok = ok && code == 0;
+      if (r == kServers + 1) ok = ok && code == 3;
+    }
+    (void)std::system(("rm -rf " + dir).c_str());
+    return ok ? 0 : 1;
   }
-  pids[kServers + 1] = replacement;
+  for (int w = g_both ? 0 : 1; w < kWorkers; ++w) {
+    waitpid(pids[kServers + w], &status, 0);
+    const bool killed = WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL;
+    std::printf("worker %d: %s\n", w,
+                killed ? "killed after its push of step 4" : "did not die as planned");
+    std::fflush(stdout);
+    ok = ok && killed;
+    const pid_t replacement = fork();
+    if (replacement == 0) {
+      const int rc = Replacement(w, port, dir);
+      std::fflush(stdout);
+      _exit(rc);
+    }
+    pids[kServers + w] = replacement;
+  }
   for (size_t i = 0; i < pids.size(); ++i) {
     waitpid(pids[i], &status, 0);
     const int code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-    std::printf("%s %zu: exit %d\n", i == kServers + 1 ? "replacement of rank" : "rank", i, code);
+    const bool replaced = i == kServers + 1 || (g_both && i == kServers);
+    std::printf("%s %zu: exit %d\n", replaced ? "replacement of rank" : "rank", i, code);
     ok = ok && code == 0;
+  }
+  if (g_both) {
+    (void)std::system(("rm -rf " + dir).c_str());
+    return ok ? 0 : 1;
   }
   // The weights the replacement got from each server are those worker 0
   // installed for the same round of that server.
@@ -217,7 +267,7 @@ int main() {
     uint64_t hash;
     while (in >> server >> round >> hash) worker0[{server, round}] = hash;
   }
-  std::ifstream in(dir + "/joined.txt");
+  std::ifstream in(dir + "/joined1.txt");
   int server = 0, checked = 0;
   int64_t at = -1;
   uint64_t hash = 0;
