@@ -416,6 +416,18 @@ class Launcher {
   std::vector<int> expected_;
 };
 
+// Whether this node holds parameter servers (ranks below `servers`) and
+// every one of them has exited 0: the job's end as the servers see it.
+bool ServersFinished(const std::vector<Worker>& workers, int servers) {
+  bool any = false;
+  for (const Worker& w : workers) {
+    if (w.rank >= servers) continue;
+    if (!w.exited || !WIFEXITED(w.status) || WEXITSTATUS(w.status) != 0) return false;
+    any = true;
+  }
+  return any;
+}
+
 // Runs one attempt of this node's workers. Returns "" when every worker
 // exited 0, else why the attempt failed.
 std::string RunWorkers(const std::vector<std::string>& args, const WorkerOptions& o,
@@ -468,6 +480,9 @@ std::string RunWorkers(const std::vector<std::string>& args, const WorkerOptions
   }
   std::string failure;
   auto last_poll = Clock::now();
+  auto servers_finished_at = Clock::now();
+  std::string late;  // a replacement's failure, judged when the servers end
+  Clock::time_point late_at;
   while (true) {
     std::vector<pollfd> fds;
     for (Worker& w : workers) {
@@ -495,13 +510,38 @@ std::string RunWorkers(const std::vector<std::string>& args, const WorkerOptions
       Flush(w, w.out < 0, o.quiet);
     }
     bool all_done = true;
+    // Replaceable workers: once every server of this node has finished (0),
+    // the workers still running are replacements that came too late (or
+    // workers dying after the end): given 10 s, then stopped, neither
+    // replaced nor a failure.
+    const bool served = o.replace && ServersFinished(workers, o.ps_servers);
+    if (served && Since(servers_finished_at) > 10) {
+      for (Worker& w : workers) {
+        if (!w.exited && w.rank >= o.ps_servers && w.replaced > 0) kill(-w.pid, SIGKILL);
+      }
+    } else if (!served) {
+      servers_finished_at = Clock::now();
+    }
     for (Worker& w : workers) {
       if (!w.exited && waitpid(w.pid, &w.status, WNOHANG) == w.pid) {
         w.exited = true;
         w.exited_at = Clock::now();
         kill(-w.pid, SIGKILL);  // whatever it left behind in its group
-        if (o.replace && w.rank >= o.ps_servers && WIFSIGNALED(w.status) &&
-            w.replaced < o.replacements && failure.empty() && g_signal == 0) {
+        const bool ok = WIFEXITED(w.status) && WEXITSTATUS(w.status) == 0;
+        const bool worker = o.replace && w.rank >= o.ps_servers;
+        if (worker && !ok && (WIFSIGNALED(w.status) || w.replaced > 0) &&
+            ServersFinished(workers, o.ps_servers)) {
+          std::printf(
+              "tessera-run: rank %d %s after the parameter servers finished: not replaced\n",
+              w.rank, Describe(w.status).c_str());
+          std::fflush(stdout);
+        } else if (worker && !ok && w.replaced > 0 && late.empty()) {
+          // A replacement that failed as the servers were ending (its
+          // rendezvous gone): judged when they have exited, or in 10 s.
+          late = "rank " + std::to_string(w.rank) + " " + Describe(w.status);
+          late_at = Clock::now();
+        } else if (worker && WIFSIGNALED(w.status) && w.replaced < o.replacements &&
+                   failure.empty() && g_signal == 0) {
           // A dead asynchronous worker: started again alone, the others
           // going on (its output so far printed first).
           if (w.out >= 0) {
@@ -523,9 +563,7 @@ std::string RunWorkers(const std::vector<std::string>& args, const WorkerOptions
           w.exited = false;
           w.partial.clear();
           if (const std::string why = start(w, w.replaced); !why.empty()) failure = why;
-          continue;
-        }
-        if (!(WIFEXITED(w.status) && WEXITSTATUS(w.status) == 0) && failure.empty()) {
+        } else if (!ok && failure.empty()) {
           failure = "rank " + std::to_string(w.rank) + " " + Describe(w.status);
         }
       }
@@ -537,6 +575,18 @@ std::string RunWorkers(const std::vector<std::string>& args, const WorkerOptions
         Flush(w, true, o.quiet);
       }
       all_done = all_done && w.exited && w.out < 0;
+    }
+    if (!late.empty() && (ServersFinished(workers, o.ps_servers) || all_done)) {
+      if (ServersFinished(workers, o.ps_servers)) {
+        std::printf("tessera-run: %s as the parameter servers finished: not replaced\n",
+                    late.c_str());
+        std::fflush(stdout);
+      } else if (failure.empty()) {
+        failure = late;
+      }
+      late.clear();
+    } else if (!late.empty() && Since(late_at) > 10 && failure.empty()) {
+      failure = late;
     }
     if (g_signal != 0 && failure.empty()) failure = "signal " + std::to_string(g_signal);
     if (failure.empty() && o.heartbeat_timeout > 0) {

@@ -788,6 +788,7 @@ Status SendHeadersTo(std::span<const PsLink> servers, PsProtocol::Command comman
   const int64_t header[PsProtocol::kHeaderWords] = {command, step, payload};
   Status first;
   for (const PsLink& link : servers) {
+    if (link.comm == nullptr) continue;  // a replacement that never reached that server
     Status st = link.comm->Send(header, PsProtocol::kHeaderWords, DType::kI64, link.rank,
                                 PsProtocol::kTagHeader);
     if (first.ok() && !st.ok()) first = st;

@@ -365,6 +365,13 @@ for setting in "--ranks 2" "--ranks 3 --ps-servers 1 --ps-staleness 1"; do
   check "... resumed from step 10 with $setting" grep -q "resumed from step 10" "$WORK/r.log"
   check "... and trained steps 11-20" [ "$(grep -c ^step "$WORK/r.log")" = 10 ]
 done
+# Killed near the end (step 19 of 20): the replacement comes as the servers
+# finish, or after; either way the job ends without a restart.
+timeout 240 "$RUN" --nproc-per-node 4 --ps-servers 2 --ps-replace-workers -- "$BIN" \
+  "${SMALL[@]}" --ps-staleness 1 --fault-kill step:19:3 >"$WORK/late.out" 2>&1
+check "a worker killed at step 19 of 20: the job finished, no restart" \
+  grep -q "the job finished after 0 restart(s)" "$WORK/late.out"
+check "... worker 0 trained all 20 steps" [ "$(grep -c "^\[rank 2\] step" "$WORK/late.out")" = 20 ]
 TESSERA_PS_REPLACEABLE=1 run "$BIN" "${SMALL[@]}" --ranks 3 --ps-servers 1
 check "refused: replaceable workers in synchronous mode" \
   grep -q "workers are replaced in asynchronous mode only" "$WORK/out"
