@@ -271,7 +271,7 @@ void StopAll(std::vector<Worker>& workers, int sig = SIGTERM) {
   for (Worker& w : workers) {
     while (!w.exited) {
       const pid_t r = waitpid(w.pid, &w.status, WNOHANG);
-      if (r == w.pid) {
+      if (r == w.pid || (r < 0 && errno == ECHILD)) {
         w.exited = true;
         break;
       }
@@ -438,7 +438,11 @@ std::string RunWorkers(const std::vector<std::string>& args, const WorkerOptions
   // Starts w's process (`rejoin` > 0: its replacement number); "" or why not.
   auto start = [&](Worker& w, int rejoin) -> std::string {
     int fds[2];
-    if (pipe2(fds, O_CLOEXEC) != 0) return std::string("pipe: ") + std::strerror(errno);
+    if (pipe2(fds, O_CLOEXEC) != 0) {
+      w.exited = true;  // nothing started: nothing to wait for or stop
+      w.pid = -1;
+      return std::string("pipe: ") + std::strerror(errno);
+    }
     unlink(w.heartbeat.c_str());
     std::vector<std::string> env = WorkerEnvironment(
         {w.rank, world, w.local, o.nproc, master_host, worker_port, w.heartbeat, attempt});
@@ -452,6 +456,7 @@ std::string RunWorkers(const std::vector<std::string>& args, const WorkerOptions
     close(w.out);
     w.out = -1;
     w.exited = true;
+    w.pid = -1;
     return std::string("fork: ") + std::strerror(errno);
   };
   for (int l = 0; l < o.nproc; ++l) {
@@ -468,13 +473,13 @@ std::string RunWorkers(const std::vector<std::string>& args, const WorkerOptions
           "/tmp/tessera-run-" + std::to_string(getpid()) + "-heartbeat-" + std::to_string(w.rank);
     }
     if (const std::string why = start(w, 0); !why.empty()) {
+      if (w.log != nullptr) std::fclose(w.log);
       workers.resize(l);  // the ones started
       StopAll(workers, SIGKILL);
       for (Worker& x : workers) {
         if (x.out >= 0) close(x.out);
         if (x.log != nullptr) std::fclose(x.log);
       }
-      if (w.log != nullptr) std::fclose(w.log);
       return why;
     }
   }

@@ -346,8 +346,9 @@ class GlooCommunicator final : public Communicator {
 
   // A group of `size` formed by name over this world's rendezvous (see
   // ConnectGlooGroup), this rank its member `rank`.
-  Result<std::unique_ptr<Communicator>> Group(const std::string& group, int rank, int size) {
-    return ConnectGroup(world_, group, rank, size);
+  Result<std::unique_ptr<Communicator>> Group(const std::string& group, int rank, int size,
+                                              milliseconds connect) {
+    return ConnectGroup(world_, group, rank, size, connect);
   }
 
   // Whether member `rank` of `group` has registered its address (Gloo's
@@ -362,21 +363,31 @@ class GlooCommunicator final : public Communicator {
     return world_->kv->Set("k/" + key, value);
   }
   Result<bool> HasKey(const std::string& key) { return world_->kv->Has("k/" + key); }
+  Result<std::string> GetKey(const std::string& key, milliseconds timeout) {
+    return world_->kv->Get("k/" + key, timeout);
+  }
+  Result<int64_t> AddKey(const std::string& key, int64_t delta) {
+    return world_->kv->Add("k/" + key, delta);
+  }
 
   // Members of `group` on world `world` (its store and device), connected.
-  static Result<std::unique_ptr<Communicator>> ConnectGroup(std::shared_ptr<GlooWorld> world,
-                                                            const std::string& group, int rank,
-                                                            int size) {
+  // `connect`: the longest the pairs' connection may take (0: the
+  // world's timeout), when the peers are known to be waiting.
+  static Result<std::unique_ptr<Communicator>> ConnectGroup(
+      std::shared_ptr<GlooWorld> world, const std::string& group, int rank, int size,
+      milliseconds connect = milliseconds(0)) {
     if (group.empty() || size < 1 || rank < 0 || rank >= size) {
       return InvalidArgumentError("gloo group '" + group + "': rank " + std::to_string(rank) +
                                   " of " + std::to_string(size) + " (a name, 0 <= rank < size)");
     }
     const std::string prefix = "g/" + group;
     auto ctx = std::make_shared<gloo::rendezvous::Context>(rank, size);
+    const milliseconds limit = connect.count() > 0 ? connect : world->options.timeout;
     try {
-      ctx->setTimeout(world->options.timeout);
+      ctx->setTimeout(limit);
       gloo::rendezvous::PrefixStore store(prefix, *world->store);
       ctx->connectFullMesh(store, world->device);
+      ctx->setTimeout(world->options.timeout);  // (the group's calls pass their own)
     } catch (const std::exception& e) {
       const std::string where = "rank " + std::to_string(rank) + " of group '" + group +
                                 "': connecting to its " + std::to_string(size - 1) + " peer(s)";
@@ -385,7 +396,7 @@ class GlooCommunicator final : public Communicator {
                                      FormatDuration(world->options.timeout) + " (" + e.what() +
                                      ")");
       }
-      return FromGlooError(where, e, world->options.timeout);
+      return FromGlooError(where, e, limit);
     }
     auto out = std::make_unique<GlooCommunicator>(std::move(world), ctx, prefix);
     out->set_name(group);
@@ -785,10 +796,10 @@ Result<GlooCommunicator*> GlooWorldOf(Communicator& world, const std::string& wh
 }  // namespace
 
 Result<std::unique_ptr<Communicator>> ConnectGlooGroup(Communicator& world,
-                                                       const std::string& group, int rank,
-                                                       int size) {
+                                                       const std::string& group, int rank, int size,
+                                                       std::chrono::milliseconds connect) {
   ASSIGN_OR_RETURN(GlooCommunicator * gloo, GlooWorldOf(world, "gloo group '" + group + "'"));
-  return gloo->Group(group, rank, size);
+  return gloo->Group(group, rank, size, connect);
 }
 
 Result<bool> GlooGroupMemberWaiting(Communicator& world, const std::string& group, int rank) {
@@ -804,6 +815,17 @@ Status SetGlooKey(Communicator& comm, const std::string& key, const std::string&
 Result<bool> HasGlooKey(Communicator& comm, const std::string& key) {
   ASSIGN_OR_RETURN(GlooCommunicator * gloo, GlooWorldOf(comm, "gloo store key '" + key + "'"));
   return gloo->HasKey(key);
+}
+
+Result<std::string> GetGlooKey(Communicator& comm, const std::string& key,
+                               std::chrono::milliseconds timeout) {
+  ASSIGN_OR_RETURN(GlooCommunicator * gloo, GlooWorldOf(comm, "gloo store key '" + key + "'"));
+  return gloo->GetKey(key, timeout);
+}
+
+Result<int64_t> AddGlooKey(Communicator& comm, const std::string& key, int64_t delta) {
+  ASSIGN_OR_RETURN(GlooCommunicator * gloo, GlooWorldOf(comm, "gloo store key '" + key + "'"));
+  return gloo->AddKey(key, delta);
 }
 
 Result<std::unique_ptr<Communicator>> JoinGlooGroup(const RankTable& table,

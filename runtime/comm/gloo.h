@@ -19,6 +19,7 @@
 #ifndef TESSERA_RUNTIME_COMM_GLOO_H_
 #define TESSERA_RUNTIME_COMM_GLOO_H_
 
+#include <chrono>
 #include <memory>
 #include <string>
 
@@ -45,10 +46,13 @@ Result<std::unique_ptr<Communicator>> CreateGlooWorld(const RankTable& table,
 // `rank` in it, and the call returns when all `size` have connected, or
 // fails after the timeout (DeadlineExceeded) naming the group. A name
 // forms one group: the next one needs a new name. Rank 0 of the world
-// (its store) must be up until the group has connected.
-Result<std::unique_ptr<Communicator>> ConnectGlooGroup(Communicator& world,
-                                                       const std::string& group, int rank,
-                                                       int size);
+// (its store) must be up until the group has connected. `connect` (0: the
+// world's timeout) bounds the pairs' connection where the other members
+// are known to be waiting (GlooGroupMemberWaiting): one that died
+// meanwhile then fails the call soon, not after the timeout.
+Result<std::unique_ptr<Communicator>> ConnectGlooGroup(
+    Communicator& world, const std::string& group, int rank, int size,
+    std::chrono::milliseconds connect = std::chrono::milliseconds(0));
 Result<std::unique_ptr<Communicator>> JoinGlooGroup(const RankTable& table,
                                                     const std::string& group, int rank, int size,
                                                     const CommOptions& options = {});
@@ -58,9 +62,14 @@ Result<std::unique_ptr<Communicator>> JoinGlooGroup(const RankTable& table,
 Result<bool> GlooGroupMemberWaiting(Communicator& world, const std::string& group, int rank);
 // A key of the world's rendezvous store, for a small agreement outside any
 // communicator's messages: set by a member of the world or of a group
-// formed over it (`comm` is either), asked without waiting.
+// formed over it (`comm` is either), asked without waiting, read (waiting
+// up to `timeout` for it to be set), or added to atomically (returns the
+// sum; an unset key counts as 0: the first to add 1 gets 1).
 Status SetGlooKey(Communicator& comm, const std::string& key, const std::string& value);
 Result<bool> HasGlooKey(Communicator& comm, const std::string& key);
+Result<std::string> GetGlooKey(Communicator& comm, const std::string& key,
+                               std::chrono::milliseconds timeout);
+Result<int64_t> AddGlooKey(Communicator& comm, const std::string& key, int64_t delta);
 
 }  // namespace tessera
 

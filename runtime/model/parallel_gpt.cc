@@ -418,8 +418,8 @@ Status ParallelGpt::ConnectServers(Communicator& world) {
   return Status::Ok();
 }
 
-Status ParallelGpt::RejoinServers(const RankTable& table, int workers, int worker, int restart,
-                                  const CommOptions& options) {
+Result<bool> ParallelGpt::RejoinServers(const RankTable& table, int workers, int worker,
+                                        int restart, const CommOptions& options) {
   if (ps_placement_ == nullptr) return FailedPreconditionError("RejoinServers without ps_servers");
   if (parallel_.ps_staleness < 0 || data_->size() != 1) {
     return InvalidArgumentError(
@@ -427,7 +427,7 @@ Status ParallelGpt::RejoinServers(const RankTable& table, int workers, int worke
   }
   ASSIGN_OR_RETURN(ps_, PsClient::Rejoin(*ps_placement_, workers, table, worker, restart, model_,
                                          parallel_.ps_staleness, options));
-  return Status::Ok();
+  return ps_ != nullptr;
 }
 
 Status ParallelGpt::ServersConnected(const char* what) const {
@@ -438,8 +438,7 @@ Status ParallelGpt::ServersConnected(const char* what) const {
 
 Status ParallelGpt::StopServers(bool failed) {
   if (ps_ == nullptr) return Status::Ok();
-  if (!failed && ps_->asynchronous()) RETURN_IF_ERROR(ps_->Drain(model_));
-  return ps_->Stop(failed);
+  return failed ? ps_->Stop(/*failed=*/true) : ps_->Finish(model_);
 }
 
 Status ParallelGpt::RequestServerSave(const std::map<std::string, std::string>& metadata) {

@@ -228,9 +228,10 @@ class ParallelGpt {
   // `restart`): joins the servers through the world's rank table `table`
   // (PsClient::Rejoin; this object's ranks are the replacement's own, dp
   // 1) and takes their weights (every one is theirs) and step: instead of
-  // Init too.
-  Status RejoinServers(const RankTable& table, int workers, int worker, int restart,
-                       const CommOptions& options);
+  // Init too. False when the servers had finished (their other workers
+  // done) and closed the job to it: nothing to train.
+  Result<bool> RejoinServers(const RankTable& table, int workers, int worker, int restart,
+                             const CommOptions& options);
   const PsClient* ps() const { return ps_.get(); }
   // Tells the servers this worker is done (`failed`: on an error). A no-op
   // without servers.

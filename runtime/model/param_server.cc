@@ -166,7 +166,10 @@ Result<PsServer::Asked> PsServer::Next() {
     if (w == W) {  // the round's last live worker dropped or stopped
       RETURN_IF_ERROR(EndRound());
       if (NextLive(0) == W) RETURN_IF_ERROR(AwaitReplacement());
-      if (NextLive(0) == W) return Asked{PsProtocol::kStop, step_, {}};  // all finished
+      if (NextLive(0) == W) {  // all finished: unless a replacement started meanwhile
+        ASSIGN_OR_RETURN(const bool taken, ClosePending());
+        if (!taken) return Asked{PsProtocol::kStop, step_, {}};
+      }
       continue;
     }
     turn_ = w;
@@ -273,8 +276,9 @@ Status PsServer::Admit() {
     if (found >= 0) {
       rejoined_[w].reset();
       incarnation_[w] = found;
-      Result<std::unique_ptr<Communicator>> group =
-          ConnectGlooGroup(world_, PsRejoinGroup(w, found, server_), 0, 2);
+      // (It is waiting: a few seconds are plenty, unless it died since.)
+      Result<std::unique_ptr<Communicator>> group = ConnectGlooGroup(
+          world_, PsRejoinGroup(w, found, server_), 0, 2, std::chrono::seconds(10));
       if (!group.ok()) continue;  // it died meanwhile: the next restart is looked for
       // This server's round and its weights, then on without waiting: the
       // replacement starts pushing when every server has sent it theirs
@@ -291,14 +295,41 @@ Status PsServer::Admit() {
       rejoined_[w] = std::move(*group);
     }
     if (!rejoined_[w]) continue;
-    ASSIGN_OR_RETURN(const bool started, HasGlooKey(world_, PsRejoinStartKey(w, incarnation_[w])));
-    if (!started) continue;
-    links_[w] = {rejoined_[w].get(), 1};
-    gone_[w] = kLive;
-    adopt_[w] = 1;
-    ++admitted_;
+    // Started (its claim won and it said so): into the rounds from here.
+    const std::string start = PsRejoinStartKey(w, incarnation_[w]);
+    ASSIGN_OR_RETURN(const bool decided, HasGlooKey(world_, start));
+    if (!decided) continue;
+    ASSIGN_OR_RETURN(const std::string fate, GetGlooKey(world_, start, replacement_timeout_));
+    if (fate == "started") TakeIn(w);
   }
   return Status::Ok();
+}
+
+void PsServer::TakeIn(int w) {
+  links_[w] = {rejoined_[w].get(), 1};
+  gone_[w] = kLive;
+  adopt_[w] = 1;
+  ++admitted_;
+}
+
+Result<bool> PsServer::ClosePending() {
+  bool taken = false;
+  for (int w = 0; w < protocol_.workers(); ++w) {
+    if (gone_[w] != kDead || !rejoined_[w]) continue;
+    // The first to claim decides, for the replacement and every server:
+    // it starts (and every server takes it in) or the job is closed to it.
+    const std::string start = PsRejoinStartKey(w, incarnation_[w]);
+    ASSIGN_OR_RETURN(const int64_t claim, AddGlooKey(world_, start + ".claim", 1));
+    if (claim == 1) RETURN_IF_ERROR(SetGlooKey(world_, start, "closed"));
+    ASSIGN_OR_RETURN(const std::string fate, GetGlooKey(world_, start, replacement_timeout_));
+    if (fate == "started") {
+      TakeIn(w);
+      taken = true;
+    } else {
+      rejoined_[w].reset();
+    }
+  }
+  return taken;
 }
 
 Status PsServer::SendTo(int w, std::vector<Request>* sends) {
@@ -781,19 +812,37 @@ Status PsClient::ReceiveWeights(Gpt& model, int server) {
 
 namespace {
 
-// `command`'s header to every server of `servers`; every send is tried,
-// the first failure returned.
-Status SendHeadersTo(std::span<const PsLink> servers, PsProtocol::Command command, int64_t step,
-                     int64_t payload) {
-  const int64_t header[PsProtocol::kHeaderWords] = {command, step, payload};
+// `header` (kHeaderWords, alive until `sends` complete) posted to every
+// server of `servers` at once; the first failure to post returned, every
+// post tried.
+Status PostHeaders(std::span<const PsLink> servers, const int64_t* header,
+                   std::vector<Request>* sends) {
   Status first;
   for (const PsLink& link : servers) {
     if (link.comm == nullptr) continue;  // a replacement that never reached that server
-    Status st = link.comm->Send(header, PsProtocol::kHeaderWords, DType::kI64, link.rank,
-                                PsProtocol::kTagHeader);
-    if (first.ok() && !st.ok()) first = st;
+    Result<Request> r = link.comm->ISend(header, PsProtocol::kHeaderWords, DType::kI64, link.rank,
+                                         PsProtocol::kTagHeader);
+    if (r.ok()) {
+      sends->push_back(std::move(*r));
+    } else if (first.ok()) {
+      first = r.status();
+    }
   }
   return first;
+}
+
+// `command`'s header to every server of `servers`, posted to all at once
+// (one after another, a worker's stop could wait on a server that first
+// waits for another worker, who waits on this worker's next server: with
+// replaced workers the servers' rounds differ); every send is tried, the
+// first failure returned.
+Status SendHeadersTo(std::span<const PsLink> servers, PsProtocol::Command command, int64_t step,
+                     int64_t payload) {
+  const int64_t header[PsProtocol::kHeaderWords] = {command, step, payload};
+  std::vector<Request> sends;
+  const Status posted = PostHeaders(servers, header, &sends);
+  const Status sent = WaitAll(sends);
+  return posted.ok() ? sent : posted;
 }
 
 }  // namespace
@@ -813,6 +862,23 @@ Status PsClient::Stop(bool failed) {
   if (stopped_) return Status::Ok();
   stopped_ = true;
   return SendHeaders(failed ? PsProtocol::kAbort : PsProtocol::kStop, 0, 0);
+}
+
+Status PsClient::Finish(Gpt& model) {
+  if (!asynchronous()) return Stop(/*failed=*/false);
+  if (stopped_) return Status::Ok();
+  stopped_ = true;
+  // The stop goes out before the last replies are awaited: a server whose
+  // rounds run behind another's (replaced workers join each at its own
+  // round) may need it to end the round that answers another worker,
+  // whose own stop the other server needs before it answers this one.
+  // Each server reads it after this worker's last push (one tag, in order).
+  std::array<int64_t, PsProtocol::kHeaderWords> header = {PsProtocol::kStop, 0, 0};
+  std::vector<Request> sends;
+  const Status posted = PostHeaders(servers_, header.data(), &sends);
+  const Status drained = Await(model, newest_);
+  const Status sent = WaitAll(sends);
+  return !posted.ok() ? posted : !drained.ok() ? drained : sent;
 }
 
 Status PsClient::RequestSave(int64_t step, const std::map<std::string, std::string>& metadata) {
@@ -1062,8 +1128,18 @@ Result<std::unique_ptr<PsClient>> PsClient::Rejoin(PsPlacement placement, int wo
     });
   }
   for (std::thread& t : threads) t.join();
+  // No server takes it into its rounds before it starts: none would take
+  // a stop (its destructor's) until then.
+  c->stopped_ = true;
   for (const Status& st : joined) RETURN_IF_ERROR(st);
-  RETURN_IF_ERROR(SetGlooKey(*c->groups_[0], PsRejoinStartKey(worker, restart), "1"));
+  // Start, unless a server that saw its other workers finish closed the
+  // job to it first (the first claim decides for everyone).
+  const std::string start = PsRejoinStartKey(worker, restart);
+  ASSIGN_OR_RETURN(const int64_t claim, AddGlooKey(*c->groups_[0], start + ".claim", 1));
+  if (claim == 1) RETURN_IF_ERROR(SetGlooKey(*c->groups_[0], start, "started"));
+  ASSIGN_OR_RETURN(const std::string fate, GetGlooKey(*c->groups_[0], start, options.timeout));
+  if (fate != "started") return std::unique_ptr<PsClient>();
+  c->stopped_ = false;
   model.set_step(*std::max_element(c->joined_at_.begin(), c->joined_at_.end()));
   return c;
 }

@@ -244,6 +244,12 @@ class PsServer {
   // With no live worker and none finished: Admit until one is back, or
   // fail after replacement_timeout_.
   Status AwaitReplacement();
+  // A replacement that started, into the rounds (its group as its link).
+  void TakeIn(int w);
+  // Every worker finished: each replacement sent its weights but not yet
+  // started is claimed (PsRejoinStartKey): closed to it, or, where it
+  // claimed first, taken in; true when one was (the server goes on).
+  Result<bool> ClosePending();
   // This server's weights to worker w (its pieces' messages).
   Status SendTo(int w, std::vector<Request>* sends);
   // The headers of workers [from, W) received into `headers` (worker w's
@@ -266,7 +272,9 @@ class PsServer {
 
 // The name of the group (ConnectGlooGroup) in which restart `restart` of
 // worker `worker` rejoins server `server` (asynchronous, replaceable), and
-// the store key it sets when it has every server's weights and starts.
+// the store key that says its fate once it has every server's weights:
+// "started", or "closed" by a server whose other workers had finished.
+// Whoever adds 1 first to the key's ".claim" decides and sets it.
 std::string PsRejoinGroup(int worker, int restart, int server);
 std::string PsRejoinStartKey(int worker, int restart);
 
@@ -316,6 +324,10 @@ class PsClient {
   // Tells every server the job is done (or, `failed`, that this worker
   // stopped on an error). Once.
   Status Stop(bool failed);
+  // The end of a worker that did not fail: asynchronous, its stop posted,
+  // every push in flight answered (the newest reply installed in `model`),
+  // the stop delivered; synchronous, Stop(false).
+  Status Finish(Gpt& model);
   // Every served parameter's current weights into `model` (the rows of a
   // served embedding too: the whole table, for an export).
   Status PullAll(Gpt& model);
@@ -357,10 +369,12 @@ class PsClient {
   // counts them), outside the world: registers with every server's group
   // at once (through the world's rendezvous: `table` is the world's rank
   // table) and receives from each, when it reaches a round boundary, its
-  // step and its pieces' weights into `model`; then sets the start key.
-  // The model's step becomes the largest of the servers' steps
-  // (joined_at() has each). Then AwaitStale, PushAsync, Drain and Stop as
-  // any asynchronous worker (over Gloo only).
+  // step and its pieces' weights into `model`; then claims its start (the
+  // start key): null when a server whose other workers had all finished
+  // closed the job to it first. The model's step becomes the largest of
+  // the servers' steps (joined_at() has each). Then AwaitStale,
+  // PushAsync, Drain and Finish as any asynchronous worker (over Gloo
+  // only).
   static Result<std::unique_ptr<PsClient>> Rejoin(PsPlacement placement, int workers,
                                                   const RankTable& table, int worker, int restart,
                                                   Gpt& model, int staleness,

@@ -901,7 +901,13 @@ Status Replace(const Options& o) {
     ParallelConfig par = o.parallel;
     par.dp = 1;
     ASSIGN_OR_RETURN(std::unique_ptr<ParallelGpt> trainer, ParallelGpt::Create(o.config, par, own));
-    RETURN_IF_ERROR(trainer->RejoinServers(table, W, w, o.ps_rejoin, o.launch.comm).Annotate(who));
+    Result<bool> joined = trainer->RejoinServers(table, W, w, o.ps_rejoin, o.launch.comm);
+    if (!joined.ok()) return joined.status().Annotate(who);
+    if (!*joined) {
+      std::printf("%s: the servers had finished (their other workers done): nothing to do\n",
+                  who.c_str());
+      return Status::Ok();
+    }
     // Its loader where the worker's was: past the batches of the steps
     // before the one it resumes at.
     ASSIGN_OR_RETURN(std::unique_ptr<TokenSource> tokens, OpenTokens(Env::Default(), o.data));

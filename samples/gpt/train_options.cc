@@ -430,7 +430,8 @@ Status RefuseWithServers(const Options& o) {
         "workers, synchronously (drop --async-save)");
   }
   if (!o.ps_replaceable && o.ps_rejoin == 0) return Status::Ok();
-  const std::string policy = std::string(kEnvPsReplaceable) + " (tessera-run --ps-replace-workers)";
+  const std::string policy = std::string(o.ps_rejoin > 0 ? kEnvPsRejoin : kEnvPsReplaceable) +
+                             " (tessera-run --ps-replace-workers)";
   if (o.parallel.ps_staleness < 0) {
     return InvalidArgumentError(
         policy + ": workers are replaced in asynchronous mode only (--ps-staleness K)");

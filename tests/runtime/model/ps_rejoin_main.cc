@@ -95,6 +95,10 @@ int TrainSteps(const std::string& who, PsClient& client, Gpt& model, int w, cons
     float norm = 0;
     CHECK_OK(client.PushAsync(model, 0.0f, &norm));
     if (die && step == kKilledAfter) {
+      // (A moment for the transport to put its push on the wire: a process
+      // killed within microseconds of posting may leave a server's reply
+      // waiting for the timeout; see docs/DESIGN.md.)
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
       if (!g_abort) raise(SIGKILL);
       (void)client.Stop(/*failed=*/true);  // an error of its own: kAbort
       std::fflush(stdout);
@@ -103,8 +107,7 @@ int TrainSteps(const std::string& who, PsClient& client, Gpt& model, int w, cons
     // Worker 0 takes its time: the replacement joins while it trains.
     if (w == 0) std::this_thread::sleep_for(std::chrono::milliseconds(200));
   }
-  CHECK_OK(client.Drain(model));
-  CHECK_OK(client.Stop(false));
+  CHECK_OK(client.Finish(model));
   return 0;
 }
 
