@@ -262,6 +262,19 @@ void Flush(Worker& w, bool all, bool quiet) {
   if (w.log != nullptr) std::fflush(w.log);
 }
 
+// Whatever `w` (stopped) left in its pipe, read, the pipe closed, and all
+// of it printed and logged.
+void FinishOutput(Worker& w, bool quiet) {
+  if (w.out >= 0) {
+    char buf[65536];
+    ssize_t n;
+    while ((n = read(w.out, buf, sizeof(buf))) > 0) w.partial.append(buf, static_cast<size_t>(n));
+    close(w.out);
+    w.out = -1;
+  }
+  Flush(w, true, quiet);
+}
+
 // Stops every worker still running: SIGTERM, then SIGKILL after 5 s.
 void StopAll(std::vector<Worker>& workers, int sig = SIGTERM) {
   for (Worker& w : workers) {
@@ -549,15 +562,7 @@ std::string RunWorkers(const std::vector<std::string>& args, const WorkerOptions
                    failure.empty() && g_signal == 0) {
           // A dead asynchronous worker: started again alone, the others
           // going on (its output so far printed first).
-          if (w.out >= 0) {
-            char buf[65536];
-            ssize_t n;
-            while ((n = read(w.out, buf, sizeof(buf))) > 0)
-              w.partial.append(buf, static_cast<size_t>(n));
-            close(w.out);
-            w.out = -1;
-          }
-          Flush(w, true, o.quiet);
+          FinishOutput(w, o.quiet);
           ++w.replaced;
           std::printf(
               "tessera-run: rank %d %s: starting its replacement %d (the other ranks go "
@@ -638,17 +643,7 @@ std::string RunWorkers(const std::vector<std::string>& args, const WorkerOptions
     }
     if (!failure.empty()) {
       StopAll(workers, g_signal != 0 ? g_signal : SIGTERM);
-      for (Worker& w : workers) {
-        if (w.out >= 0) {
-          char buf[65536];
-          ssize_t n;
-          while ((n = read(w.out, buf, sizeof(buf))) > 0)
-            w.partial.append(buf, static_cast<size_t>(n));
-          close(w.out);
-          w.out = -1;
-        }
-        Flush(w, true, o.quiet);
-      }
+      for (Worker& w : workers) FinishOutput(w, o.quiet);
       break;
     }
     if (all_done) break;

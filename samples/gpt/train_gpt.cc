@@ -329,16 +329,21 @@ void SaySetup(const Job& job, Communicator& world) {
 // How a save is written (workers and parameter servers alike): after a
 // resume, committed checkpoints newer than the one resumed from belong to
 // an abandoned run, and this run's saves replace them.
-Result<SlicedWriteOptions> SaveOptions(const Options& o, Communicator& world, bool resumed) {
+// `job_ranks`: the job's ranks when `world` is its first ranks only (the
+// parameter servers saving alone; 0: the world's), --hosts naming one host
+// for each.
+Result<SlicedWriteOptions> SaveOptions(const Options& o, Communicator& world, bool resumed,
+                                       int job_ranks = 0) {
   SlicedWriteOptions options;
   options.redundancy = o.redundancy;
   options.merged = o.save_mode == "merged";
   if (!o.hosts.empty()) {
-    if (static_cast<int>(o.hosts.size()) != world.size()) {
+    const int ranks = job_ranks > 0 ? job_ranks : world.size();
+    if (static_cast<int>(o.hosts.size()) != ranks) {
       return InvalidArgumentError("--hosts names " + std::to_string(o.hosts.size()) +
-                                  " hosts for " + std::to_string(world.size()) + " ranks");
+                                  " hosts for " + std::to_string(ranks) + " ranks");
     }
-    options.hosts = o.hosts;
+    options.hosts.assign(o.hosts.begin(), o.hosts.begin() + world.size());
   }
   options.native.overwrite = resumed;
   options.fault_hook = [&o, &world](std::string_view point, int64_t step) {
@@ -690,14 +695,15 @@ Status TrainOn(const Options& o, Communicator& world, Communicator* servers = nu
 // position is the one the workers' loaders reach after that many batches.
 class ServerSaves {
  public:
-  ServerSaves(const Options& o, Communicator& servers, const PsServer& server)
-      : o_(o), servers_(servers), server_(server) {}
+  // `job_ranks`: servers and workers.
+  ServerSaves(const Options& o, Communicator& servers, int job_ranks, const PsServer& server)
+      : o_(o), servers_(servers), job_ranks_(job_ranks), server_(server) {}
 
   Status Prepare(const std::vector<ParamInfo>& params, const PsPlacement& placement,
                  const CheckpointReader* resumed) {
     if (o_.save.empty()) return Status::Ok();
     ASSIGN_OR_RETURN(strategy_, PsStrategy(params, placement, servers_.size()));
-    ASSIGN_OR_RETURN(options_, SaveOptions(o_, servers_, resumed != nullptr));
+    ASSIGN_OR_RETURN(options_, SaveOptions(o_, servers_, resumed != nullptr, job_ranks_));
     ASSIGN_OR_RETURN(std::unique_ptr<TokenSource> tokens, OpenTokens(Env::Default(), o_.data));
     ASSIGN_OR_RETURN(TokenLoader loader,
                      TokenLoader::Create(std::move(tokens), o_.batch, o_.seq, o_.seed));
@@ -738,6 +744,7 @@ class ServerSaves {
  private:
   const Options& o_;
   Communicator& servers_;
+  const int job_ranks_;
   const PsServer& server_;
   Strategy strategy_;
   SlicedWriteOptions options_;
@@ -766,7 +773,7 @@ Status Serve(const Options& o, Communicator& world, Communicator& servers, PsPla
   if (o.parallel.ps_staleness >= 0) {
     server->SetAsynchronous(o.ps_replaceable, o.launch.comm.timeout);
   }
-  ServerSaves saves(o, servers, *server);
+  ServerSaves saves(o, servers, world.size(), *server);
   if (o.ps_replaceable) RETURN_IF_ERROR(saves.Prepare(params, placement, checkpoint.get()));
   checkpoint.reset();
   ASSIGN_OR_RETURN(const SlicedWriteOptions options, SaveOptions(o, world, resumed));
