@@ -258,6 +258,23 @@ std::string PsRejoinStartKey(int worker, int restart) {
   return "ps.worker" + std::to_string(worker) + ".restart" + std::to_string(restart) + ".start";
 }
 
+namespace {
+
+// Replacement `restart` of worker `worker` claimed as `mine` ("started"
+// by the replacement, "closed" by a server stopping): whoever adds 1 to
+// the start key's ".claim" first sets it, and every party reads it.
+// True when the replacement starts.
+Result<bool> ClaimStart(Communicator& comm, int worker, int restart, const char* mine,
+                        std::chrono::milliseconds timeout) {
+  const std::string start = PsRejoinStartKey(worker, restart);
+  ASSIGN_OR_RETURN(const int64_t claim, AddGlooKey(comm, start + ".claim", 1));
+  if (claim == 1) RETURN_IF_ERROR(SetGlooKey(comm, start, mine));
+  ASSIGN_OR_RETURN(const std::string fate, GetGlooKey(comm, start, timeout));
+  return fate == "started";
+}
+
+}  // namespace
+
 Status PsServer::Admit() {
   const int W = protocol_.workers();
   for (int w = 0; w < W; ++w) {
@@ -318,11 +335,9 @@ Result<bool> PsServer::ClosePending() {
     if (gone_[w] != kDead || !rejoined_[w]) continue;
     // The first to claim decides, for the replacement and every server:
     // it starts (and every server takes it in) or the job is closed to it.
-    const std::string start = PsRejoinStartKey(w, incarnation_[w]);
-    ASSIGN_OR_RETURN(const int64_t claim, AddGlooKey(world_, start + ".claim", 1));
-    if (claim == 1) RETURN_IF_ERROR(SetGlooKey(world_, start, "closed"));
-    ASSIGN_OR_RETURN(const std::string fate, GetGlooKey(world_, start, replacement_timeout_));
-    if (fate == "started") {
+    ASSIGN_OR_RETURN(const bool started,
+                     ClaimStart(world_, w, incarnation_[w], "closed", replacement_timeout_));
+    if (started) {
       TakeIn(w);
       taken = true;
     } else {
@@ -1134,11 +1149,9 @@ Result<std::unique_ptr<PsClient>> PsClient::Rejoin(PsPlacement placement, int wo
   for (const Status& st : joined) RETURN_IF_ERROR(st);
   // Start, unless a server that saw its other workers finish closed the
   // job to it first (the first claim decides for everyone).
-  const std::string start = PsRejoinStartKey(worker, restart);
-  ASSIGN_OR_RETURN(const int64_t claim, AddGlooKey(*c->groups_[0], start + ".claim", 1));
-  if (claim == 1) RETURN_IF_ERROR(SetGlooKey(*c->groups_[0], start, "started"));
-  ASSIGN_OR_RETURN(const std::string fate, GetGlooKey(*c->groups_[0], start, options.timeout));
-  if (fate != "started") return std::unique_ptr<PsClient>();
+  ASSIGN_OR_RETURN(const bool started,
+                   ClaimStart(*c->groups_[0], worker, restart, "started", options.timeout));
+  if (!started) return std::unique_ptr<PsClient>();
   c->stopped_ = false;
   model.set_step(*std::max_element(c->joined_at_.begin(), c->joined_at_.end()));
   return c;

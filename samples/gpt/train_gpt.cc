@@ -188,6 +188,15 @@ struct Job {
   bool resumed = false;
 };
 
+// The job's batches from --data (what every rank, server or replacement
+// reads or counts through).
+Result<std::unique_ptr<TokenLoader>> OpenLoader(const Options& o) {
+  ASSIGN_OR_RETURN(std::unique_ptr<TokenSource> tokens, OpenTokens(Env::Default(), o.data));
+  ASSIGN_OR_RETURN(TokenLoader loader,
+                   TokenLoader::Create(std::move(tokens), o.batch, o.seq, o.seed));
+  return std::make_unique<TokenLoader>(std::move(loader));
+}
+
 // The parallel configuration, the model's stage on this rank, its data.
 // `servers`: with parameter servers, the whole world (`world` is the
 // workers').
@@ -223,10 +232,7 @@ Result<Job> Configure(const Options& o, Communicator& world, Communicator* serve
                                 std::to_string(par.dp));
   }
   Env* env = Env::Default();
-  ASSIGN_OR_RETURN(std::unique_ptr<TokenSource> tokens, OpenTokens(env, o.data));
-  ASSIGN_OR_RETURN(TokenLoader loader,
-                   TokenLoader::Create(std::move(tokens), o.batch, o.seq, o.seed));
-  job.loader = std::make_unique<TokenLoader>(std::move(loader));
+  ASSIGN_OR_RETURN(job.loader, OpenLoader(o));
   job.config_text = ConfigString(o.config, o.batch, o.seq, o.seed);
   ASSIGN_OR_RETURN(std::vector<ParamInfo> all_params, Gpt::Params(o.config));
   for (const ParamInfo& p : all_params) job.num_params += p.numel;
@@ -704,10 +710,7 @@ class ServerSaves {
     if (o_.save.empty()) return Status::Ok();
     ASSIGN_OR_RETURN(strategy_, PsStrategy(params, placement, servers_.size()));
     ASSIGN_OR_RETURN(options_, SaveOptions(o_, servers_, resumed != nullptr, job_ranks_));
-    ASSIGN_OR_RETURN(std::unique_ptr<TokenSource> tokens, OpenTokens(Env::Default(), o_.data));
-    ASSIGN_OR_RETURN(TokenLoader loader,
-                     TokenLoader::Create(std::move(tokens), o_.batch, o_.seq, o_.seed));
-    loader_ = std::make_unique<TokenLoader>(std::move(loader));
+    ASSIGN_OR_RETURN(loader_, OpenLoader(o_));
     if (resumed != nullptr) {
       ASSIGN_OR_RETURN(const DataPosition position, SavedDataPosition(*resumed));
       RETURN_IF_ERROR(loader_->Restore(position));
@@ -917,11 +920,9 @@ Status Replace(const Options& o) {
     }
     // Its loader where the worker's was: past the batches of the steps
     // before the one it resumes at.
-    ASSIGN_OR_RETURN(std::unique_ptr<TokenSource> tokens, OpenTokens(Env::Default(), o.data));
-    ASSIGN_OR_RETURN(TokenLoader loader,
-                     TokenLoader::Create(std::move(tokens), o.batch, o.seq, o.seed));
+    ASSIGN_OR_RETURN(std::unique_ptr<TokenLoader> loader, OpenLoader(o));
     for (int64_t s = 0; s < trainer->step(); ++s) {
-      RETURN_IF_ERROR(loader.NextBatchRows(0, 0, nullptr, nullptr));
+      RETURN_IF_ERROR(loader->NextBatchRows(0, 0, nullptr, nullptr));
     }
     const std::vector<int64_t>& rounds = trainer->ps()->joined_at();
     std::string sent;
@@ -936,7 +937,7 @@ Status Replace(const Options& o) {
       // (No --fault-* here: a fault stops the rank's first process only.)
       RETURN_IF_ERROR(heartbeat.Beat(trainer->step() + 1));
       const auto t0 = std::chrono::steady_clock::now();
-      RETURN_IF_ERROR(loader.NextBatchRows(w * rows, rows, inputs.data(), targets.data()));
+      RETURN_IF_ERROR(loader->NextBatchRows(w * rows, rows, inputs.data(), targets.data()));
       float norm = 0;
       ASSIGN_OR_RETURN(const float loss, trainer->StepLocal(inputs.data(), targets.data(), rows,
                                                             o.seq, o.adam, o.max_norm, &norm));
