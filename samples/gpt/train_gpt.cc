@@ -945,15 +945,8 @@ Status Replace(const Options& o) {
           std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       if (w == 0 && !o.quiet) Log(o, trainer->step(), loss, norm, seconds);
     }
-    if (Status stopped = trainer->StopServers(/*failed=*/false); !stopped.ok()) {
-      // A server whose other workers were done stops without waiting for
-      // a replacement it has not taken into its rounds yet: its link is
-      // gone, and nothing of this worker's is lost (a server that died
-      // ends the attempt through the launcher anyway).
-      if (stopped.code() != StatusCode::kAborted) return stopped;
-      std::fprintf(stderr, "train_gpt: %s: a server had finished: %s\n", who.c_str(),
-                   stopped.ToString().c_str());
-    }
+    // (Started, it is in every server's rounds: each takes its stop.)
+    RETURN_IF_ERROR(trainer->StopServers(/*failed=*/false));
     std::printf("%s: done at step %lld\n", who.c_str(), static_cast<long long>(trainer->step()));
     return Status::Ok();
   });
