@@ -14,8 +14,11 @@
 #include <signal.h>
 
 #include <algorithm>
+#include <atomic>
+#include <condition_variable>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <numeric>
 #include <thread>
 #include <vector>
@@ -35,6 +38,8 @@ using std::chrono::milliseconds;
 constexpr uint64_t kP2pSlot = uint64_t{0xF0} << 56;
 constexpr uint64_t kGatherSlot = uint64_t{0xF1} << 56;
 constexpr uint64_t kScatterSlot = uint64_t{0xF2} << 56;
+// A slot nothing is ever sent on: the sentinels' (see PairWatch).
+constexpr uint64_t kSentinelSlot = uint64_t{0xF3} << 56;
 // Allreduces up to this many bytes use Gloo's bcube algorithm, larger ones its ring.
 constexpr size_t kBcubeBelow = size_t{256} << 10;
 
@@ -77,16 +82,6 @@ Status FromGlooError(const std::string& where, const std::exception& e, millisec
   return AbortedError(where + ": " + m + " (a peer left or failed)");
 }
 
-// What every communicator of one world shares.
-struct GlooWorld {
-  std::unique_ptr<KvServer> server;  // rank 0 only
-  std::shared_ptr<KvClient> kv;
-  std::unique_ptr<KvGlooStore> store;
-  std::shared_ptr<gloo::transport::Device> device;
-  CommOptions options;
-  int world_rank = 0;
-};
-
 // The pairwise reduction as Gloo's reduce function.
 gloo::AllreduceOptions::Func GlooReduceFn(DType dtype, ReduceOp op) {
   PairwiseReduceFn fn = PairwiseReduce(dtype, op);
@@ -112,6 +107,80 @@ void SetReduceOutput(Opts& opts, void* p, int64_t count, int64_t element_size) {
   }
 }
 
+// Gloo's TCP pair, when its peer's connection closes or resets, fails
+// the operations queued on it, but not a message it is partway through
+// reading or writing (tcp::Pair::signalException skips the operation in
+// flight): a wait on that message would last the whole timeout, and a
+// Gloo timeout fails every pair of the context. So each pair a wait uses
+// gets a sentinel: a receive posted on a slot nothing is sent on, which
+// stays queued until the pair fails and is then failed with it. The
+// watch looks, every kPeriod while point-to-point waits are under way,
+// whether their pairs' sentinels have failed (abortWaitRecv then
+// waitRecv: the wait's predicate rethrows the pair's error before it
+// honours the abort, so this answers without blocking), and ends those
+// waits (UnboundBuffer::abortWait*), which then fail naming the peer.
+// Safe for the caller's buffer: a failed pair has closed its socket
+// under its lock, so nothing more is read into it or written from it.
+// One watch per world; its thread starts with the first wait.
+struct Sentinel {
+  std::unique_ptr<gloo::transport::UnboundBuffer> buf;
+  bool failed = false;  // the pair had failed when it was posted
+
+  bool PairFailed() {
+    if (failed) return true;
+    try {
+      buf->abortWaitRecv();
+      buf->waitRecv(nullptr, milliseconds(1));
+    } catch (const std::exception&) {
+      return true;
+    }
+    return false;
+  }
+};
+
+class GlooRequest;
+
+class PairWatch {
+ public:
+  static constexpr milliseconds kPeriod{50};
+
+  ~PairWatch() {
+    {
+      std::lock_guard lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    if (thread_.joinable()) thread_.join();
+  }
+
+  // Registers a wait for its duration.
+  class Watching {
+   public:
+    Watching(PairWatch& watch, GlooRequest* req) : watch_(watch), req_(req) { watch_.Add(req_); }
+    ~Watching() { watch_.Remove(req_); }
+    Watching(const Watching&) = delete;
+    Watching& operator=(const Watching&) = delete;
+
+   private:
+    PairWatch& watch_;
+    GlooRequest* req_;
+  };
+
+ private:
+  void Add(GlooRequest* req);
+  void Remove(GlooRequest* req) {
+    std::lock_guard lock(mu_);
+    waits_.erase(std::find(waits_.begin(), waits_.end(), req));
+  }
+  void Loop();
+
+  std::mutex mu_;  // held while a wait's pair is asked and the wait ended
+  std::condition_variable cv_;
+  std::vector<GlooRequest*> waits_;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
 // A point-to-point message: an 8-byte header with the byte count, then the
 // bytes (one dummy byte when empty, so that every message has a data part
 // and no posted receive is left waiting), both on the same slot (Gloo keeps
@@ -121,11 +190,18 @@ void SetReduceOutput(Opts& opts, void* p, int64_t count, int64_t element_size) {
 // (GLOO_ENFORCE on its transport thread): Gloo has no truncation error.
 class GlooRequest : public Request::Impl {
  public:
-  GlooRequest(bool send, size_t bytes, milliseconds timeout, std::string what)
-      : send_(send), header_(bytes), bytes_(bytes), timeout_(timeout), what_(std::move(what)) {}
+  GlooRequest(bool send, size_t bytes, milliseconds timeout, std::string what, PairWatch* watch)
+      : send_(send),
+        header_(bytes),
+        bytes_(bytes),
+        timeout_(timeout),
+        what_(std::move(what)),
+        watch_(watch) {}
 
   // Posts the header and the data (called once, right after construction).
-  void Post(gloo::Context& ctx, void* buf, int peer, uint64_t slot) {
+  void Post(gloo::Context& ctx, void* buf, int peer, uint64_t slot, Sentinel* sentinel) {
+    peer_ = peer;
+    sentinel_ = sentinel;
     head_ = ctx.createUnboundBuffer(&header_, sizeof(header_));
     data_ = bytes_ > 0 ? ctx.createUnboundBuffer(buf, bytes_) : ctx.createUnboundBuffer(&dummy_, 1);
     if (send_) {
@@ -138,6 +214,32 @@ class GlooRequest : public Request::Impl {
   }
 
   Status Wait() override {
+    PairWatch::Watching watching(*watch_, this);
+    Status s = WaitBoth();
+    if (!s.ok() && peer_closed_) {
+      return AbortedError(what_ + ": the connection to rank " + std::to_string(peer_) +
+                          " closed with the message unfinished (the peer left or failed)");
+    }
+    return s;
+  }
+
+  // Whether the pair to the peer has failed (its connection closed or
+  // reset). Called by the watch with the wait under way.
+  bool PeerClosed() { return sentinel_->PairFailed(); }
+  // Ends the waits on both parts (Wait then fails naming the peer).
+  void AbortWait() {
+    peer_closed_ = true;
+    if (send_) {
+      head_->abortWaitSend();
+      data_->abortWaitSend();
+    } else {
+      head_->abortWaitRecv();
+      data_->abortWaitRecv();
+    }
+  }
+
+ private:
+  Status WaitBoth() {
     try {
       if (send_) {
         if (!head_->waitSend(timeout_) || !data_->waitSend(timeout_)) {
@@ -160,21 +262,54 @@ class GlooRequest : public Request::Impl {
     return Status::Ok();
   }
 
- private:
   bool send_;
   uint64_t header_;  // sent, or received into
   size_t bytes_;
   char dummy_ = 0;  // the data part of an empty message
   milliseconds timeout_;
   std::string what_;
+  PairWatch* watch_;
+  Sentinel* sentinel_ = nullptr;
+  int peer_ = -1;
+  std::atomic<bool> peer_closed_{false};
   std::unique_ptr<gloo::transport::UnboundBuffer> head_, data_;
+};
+
+void PairWatch::Add(GlooRequest* req) {
+  std::lock_guard lock(mu_);
+  if (!thread_.joinable()) thread_ = std::thread([this] { Loop(); });
+  waits_.push_back(req);
+}
+
+void PairWatch::Loop() {
+  std::unique_lock lock(mu_);
+  while (!stop_) {
+    cv_.wait_for(lock, kPeriod, [&] { return stop_; });
+    for (GlooRequest* req : waits_) {
+      if (req->PeerClosed()) req->AbortWait();
+    }
+  }
+}
+
+// What every communicator of one world shares.
+struct GlooWorld {
+  std::unique_ptr<KvServer> server;  // rank 0 only
+  std::shared_ptr<KvClient> kv;
+  std::unique_ptr<KvGlooStore> store;
+  std::shared_ptr<gloo::transport::Device> device;
+  CommOptions options;
+  int world_rank = 0;
+  PairWatch watch;  // of the world's point-to-point waits
 };
 
 class GlooCommunicator final : public Communicator {
  public:
   GlooCommunicator(std::shared_ptr<GlooWorld> world, std::shared_ptr<gloo::rendezvous::Context> ctx,
                    std::string id)
-      : world_(std::move(world)), ctx_(std::move(ctx)), id_(std::move(id)) {}
+      : world_(std::move(world)),
+        ctx_(std::move(ctx)),
+        id_(std::move(id)),
+        sentinels_(ctx_->size) {}
 
   int rank() const override { return ctx_->rank; }
   int size() const override { return ctx_->size; }
@@ -604,9 +739,9 @@ class GlooCommunicator final : public Communicator {
   }
   Result<Request> Post(bool send, void* buf, size_t bytes, int peer, uint64_t slot,
                        std::string what) {
-    auto req = std::make_unique<GlooRequest>(send, bytes, timeout(), what);
+    auto req = std::make_unique<GlooRequest>(send, bytes, timeout(), what, &world_->watch);
     try {
-      req->Post(*ctx_, buf, peer, slot);
+      req->Post(*ctx_, buf, peer, slot, SentinelOf(peer));
     } catch (const std::exception& e) {
       return FromGlooError(what, e, timeout());  // `what` names rank and communicator
     }
@@ -616,11 +751,27 @@ class GlooCommunicator final : public Communicator {
     if (!r.ok()) return r.status();
     return r->Wait();
   }
+  // The pair to `peer`'s sentinel, posted with its first message.
+  Sentinel* SentinelOf(int peer) {
+    std::lock_guard lock(sentinels_mu_);
+    Sentinel& s = sentinels_[peer];
+    if (s.buf == nullptr) {
+      s.buf = ctx_->createUnboundBuffer(nullptr, 0);
+      try {
+        s.buf->recv(peer, kSentinelSlot, 0, 0);
+      } catch (const std::exception&) {
+        s.failed = true;
+      }
+    }
+    return &s;
+  }
 
   std::shared_ptr<GlooWorld> world_;
   std::shared_ptr<gloo::rendezvous::Context> ctx_;
   std::string id_;  // unique over the world: the store prefix of its splits
   int splits_ = 0;
+  std::mutex sentinels_mu_;
+  std::vector<Sentinel> sentinels_;  // by peer (before ctx_ in destruction)
 };
 
 // The interface Gloo binds to: GLOO_SOCKET_IFNAME / TESSERA_GLOO_IFNAME

@@ -15,6 +15,11 @@
 //                            talking, sends and receives to 2 fail naming it,
 //                            and a new process (not in the world) forms a
 //                            group with rank 0 through the world's rendezvous
+//   midmessage               rank 1 dies partway through sending rank 0 a
+//                            large message, rank 2 partway through receiving
+//                            one from rank 0: both of rank 0's waits fail
+//                            within seconds naming the dead rank (not after
+//                            the timeout), and its pair with rank 3 still works
 // Exit 0 when every worker did what was expected.
 #include <netinet/in.h>
 #include <signal.h>
@@ -22,12 +27,14 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "runtime/comm/gloo.h"
@@ -287,6 +294,69 @@ int Rejoin() {
   return ok ? 0 : 1;
 }
 
+int MidMessage() {
+  constexpr size_t kBytes = size_t{256} << 20;  // ~0.1 s on loopback here
+  const auto timeout = std::chrono::seconds(30);
+  return ForkEach(4, [&](int rank, int port) {
+    auto world = World(rank, 4, port, {.timeout = timeout});
+    if (!world.ok()) {
+      std::printf("rank %d: %s\n", rank, world.status().ToString().c_str());
+      return 1;
+    }
+    Communicator& w = **world;
+    std::vector<char> buf(rank == 3 ? 8 : kBytes, rank == 0 ? '\xff' : '\0');
+    std::vector<char> out(rank == 0 ? kBytes : 0, '\0');
+    // Every receive is posted before the barrier: the data starts at once.
+    Result<Request> in = rank == 0   ? w.IRecv(buf.data(), kBytes, DType::kU8, 1, 1)
+                         : rank == 2 ? w.IRecv(buf.data(), kBytes, DType::kU8, 0, 2)
+                                     : Result<Request>(Request());
+    Status s = in.ok() ? w.Barrier() : in.status();
+    if (!s.ok()) {
+      std::printf("rank %d before the messages: %s\n", rank, s.ToString().c_str());
+      return 1;
+    }
+    if (rank == 1 || rank == 2) {
+      [[maybe_unused]] Result<Request> send =
+          rank == 1 ? w.ISend(buf.data(), kBytes, DType::kU8, 0, 1) : Result<Request>(Request());
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      raise(SIGKILL);
+    }
+    if (rank == 3) {
+      int64_t v = 0;
+      s = w.Recv(&v, 1, DType::kI64, 0, 3);
+      if (s.ok()) s = w.Send(&v, 1, DType::kI64, 0, 4);
+      std::printf("rank 3: %s, got %lld\n", s.ToString().c_str(), static_cast<long long>(v));
+      return s.ok() && v == 7 ? 0 : 1;
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    auto since = [&] {
+      return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    };
+    Result<Request> out_req = w.ISend(out.data(), kBytes, DType::kU8, 2, 2);
+    const Status r = in->Wait();
+    const double recv_s = since();
+    const Status snd = out_req.ok() ? out_req->Wait() : out_req.status();
+    const double send_s = since();
+    const size_t got = static_cast<size_t>(std::count(buf.begin(), buf.end(), '\0'));
+    std::printf("rank 0 receiving from the dead rank 1 (%zu of %zu bytes came): %s (%.2f s)\n", got,
+                kBytes, r.ToString().c_str(), recv_s);
+    std::printf("rank 0 sending to the dead rank 2: %s (%.2f s)\n", snd.ToString().c_str(), send_s);
+    int64_t v = 7, back = -1;
+    s = w.Send(&v, 1, DType::kI64, 3, 3);
+    if (s.ok()) s = w.Recv(&back, 1, DType::kI64, 3, 4);
+    std::printf("rank 0 with rank 3: %s, got %lld\n", s.ToString().c_str(),
+                static_cast<long long>(back));
+    const bool mid = got > 0 && got < kBytes;  // else the kill missed the message
+    return mid && r.code() == StatusCode::kAborted &&
+                   r.message().find("rank 1 closed") != std::string::npos && recv_s < 5 &&
+                   snd.code() == StatusCode::kAborted &&
+                   snd.message().find("rank 2") != std::string::npos && send_s < 5 && s.ok() &&
+                   back == 7
+               ? 0
+               : 1;
+  })[0];
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -299,8 +369,9 @@ int main(int argc, char** argv) {
   if (mode == "absent") return Absent();
   if (mode == "deadpeer") return DeadPeer();
   if (mode == "rejoin") return Rejoin();
+  if (mode == "midmessage") return MidMessage();
   std::fprintf(stderr,
                "usage: comm_gloo_test suite N [deterministic] | env N | mismatch | "
-               "absent | deadpeer | rejoin\n");
+               "absent | deadpeer | rejoin | midmessage\n");
   return 2;
 }
