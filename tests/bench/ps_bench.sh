@@ -96,6 +96,37 @@ for case in "K=0" "K=2" "K=4, a 1 s straggler" "K=8, a 1 s straggler"; do
   p=$(median <"$WORK/p")
   printf "%-34s %11.2f %11.2f %7.2fx\n" "$case" "$d" "$p" "$(awk "BEGIN {print $d / $p}")"
 done
+
+# A worker killed (SIGKILL at step 6 of 20; W=2, S=1, --ps-staleness 2,
+# a checkpoint every 5 steps): replaced alone (--ps-replace-workers: the
+# launcher starts that one process again, the other worker trains on, the
+# replacement joins with the servers' current weights) against the whole
+# job restarted from its newest checkpoint (tessera-run's default on any
+# death, what a synchronous job must do), beside the same job
+# uninterrupted; the whole job's wall time (start-up, restarts and the
+# stop included).
+printf "%-34s %11s %11s %11s %8s\n" "a worker killed (W=2, S=1, 20 steps)" "none s" \
+  "replaced s" "restart s" "restart/replaced"
+STEPS=(--steps 20 --ps-staleness 2 --save-every 5 --resume)
+: >"$WORK/n"
+: >"$WORK/r"
+: >"$WORK/w"
+for i in 1 2 3 4 5; do
+  timed "$WORK/none.log" 3 --ps-servers 1 --ps-replace-workers -- --save "$WORK/c$i-n" >>"$WORK/n"
+  timed "$WORK/rep.log" 3 --ps-servers 1 --ps-replace-workers -- --save "$WORK/c$i-r" \
+    --fault-kill step:6:2 >>"$WORK/r"
+  grep -q "1 replacement(s) taken back" "$WORK/rep.log" || { echo "no replacement" >&2; exit 1; }
+  timed "$WORK/restart.log" 3 --ps-servers 1 --max-restarts 1 -- --save "$WORK/c$i-w" \
+    --fault-kill step:6:2 >>"$WORK/w"
+  grep -q "== attempt 2" "$WORK/restart.log" || { echo "no restart" >&2; exit 1; }
+  rm -rf "$WORK/c$i-"*
+done
+n=$(median <"$WORK/n")
+r=$(median <"$WORK/r")
+w=$(median <"$WORK/w")
+printf "%-34s %11.2f %11.2f %11.2f %7.2fx\n" "killed at step 6" "$n" "$r" "$w" \
+  "$(awk "BEGIN {print $w / $r}")"
+echo "(the replaced run's slowest of 5: $(sort -g "$WORK/r" | tail -1) s)"
 STEPS=(--steps 8)
 
 if [ -n "${TESSERA_NETNS_INNER:-}" ]; then

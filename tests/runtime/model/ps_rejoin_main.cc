@@ -95,10 +95,8 @@ int TrainSteps(const std::string& who, PsClient& client, Gpt& model, int w, cons
     float norm = 0;
     CHECK_OK(client.PushAsync(model, 0.0f, &norm));
     if (die && step == kKilledAfter) {
-      // (A moment for the transport to put its push on the wire: a process
-      // killed within microseconds of posting may leave a server's reply
-      // waiting for the timeout; see docs/DESIGN.md.)
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      // Killed right after posting: its push may be partly on the wire
+      // (the server's wait on it then ends through Gloo's pair watch).
       if (!g_abort) raise(SIGKILL);
       (void)client.Stop(/*failed=*/true);  // an error of its own: kAbort
       std::fflush(stdout);
