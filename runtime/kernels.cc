@@ -40,11 +40,52 @@ inline float ExpApprox(float x) {
 
 #define TESSERA_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
 
+// Sums side by side in the reductions below (element i into lane i % kLanes,
+// the lanes then added in order): a single running sum is a chain of
+// dependent adds, one add's latency per element, which the compiler may
+// not reorder; kLanes of them vectorize (two AVX-512 registers of
+// doubles). The order is fixed, so the bits do not depend on threads.
+constexpr int kLanes = 16;
+
 // out[i] = exp(in[i] - shift); returns the sum of out in double.
 TESSERA_CLONES double ExpShifted(const float* in, float* out, int64_t n, float shift) {
   for (int64_t i = 0; i < n; ++i) out[i] = ExpApprox(in[i] - shift);
+  double lane[kLanes] = {};
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    for (int l = 0; l < kLanes; ++l) lane[l] += out[i + l];
+  }
+  for (int l = 0; i < n; ++i, ++l) lane[l] += out[i];
   double sum = 0;
-  for (int64_t i = 0; i < n; ++i) sum += out[i];
+  for (double x : lane) sum += x;
+  return sum;
+}
+
+// max(init, x[0], ..., x[n - 1]) in lanes: exact in any order (for numbers).
+inline float MaxOf(const float* x, int64_t n, float init) {
+  float lane[kLanes];
+  std::fill(lane, lane + kLanes, init);
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    for (int l = 0; l < kLanes; ++l) lane[l] = std::max(lane[l], x[i + l]);
+  }
+  for (int l = 0; i < n; ++i, ++l) lane[l] = std::max(lane[l], x[i]);
+  float m = init;
+  for (float x : lane) m = std::max(m, x);
+  return m;
+}
+
+// The sum of f(c) for c in [0, C), in float lanes.
+template <typename F>
+inline float LaneSum(int C, F f) {
+  float lane[kLanes] = {};
+  int c = 0;
+  for (; c + kLanes <= C; c += kLanes) {
+    for (int l = 0; l < kLanes; ++l) lane[l] += f(c + l);
+  }
+  for (int l = 0; c < C; ++c, ++l) lane[l] += f(c);
+  float sum = 0;
+  for (float x : lane) sum += x;
   return sum;
 }
 
@@ -168,12 +209,8 @@ void LayerNormForward(float* out, float* mean, float* rstd, const float* inp, co
   ParallelChunks(N, kNormRows, [&](int64_t begin, int64_t end) {
     for (int64_t n = begin; n < end; ++n) {
       const float* x = inp + n * C;
-      float m = 0;
-      for (int c = 0; c < C; ++c) m += x[c];
-      m /= C;
-      float v = 0;
-      for (int c = 0; c < C; ++c) v += (x[c] - m) * (x[c] - m);
-      v /= C;
+      const float m = LaneSum(C, [&](int c) { return x[c]; }) / C;
+      const float v = LaneSum(C, [&](int c) { return (x[c] - m) * (x[c] - m); }) / C;
       const float s = 1.0f / std::sqrt(v + kEps);
       float* o = out + n * C;
       for (int c = 0; c < C; ++c) o[c] = (x[c] - m) * s * weight[c] + bias[c];
@@ -200,15 +237,9 @@ void LayerNormBackward(float* dinp, float* dweight, float* dbias, const float* d
       float* dx = dinp + n * C;
       const float m = mean[n], s = rstd[n];
       // dnorm = dout * weight; dx = s * (dnorm - mean(dnorm) - norm * mean(dnorm * norm))
-      float dnorm_mean = 0, dnorm_norm_mean = 0;
-      for (int c = 0; c < C; ++c) {
-        const float norm = (x[c] - m) * s;
-        const float dnorm = weight[c] * d[c];
-        dnorm_mean += dnorm;
-        dnorm_norm_mean += dnorm * norm;
-      }
-      dnorm_mean /= C;
-      dnorm_norm_mean /= C;
+      const float dnorm_mean = LaneSum(C, [&](int c) { return weight[c] * d[c]; }) / C;
+      const float dnorm_norm_mean =
+          LaneSum(C, [&](int c) { return weight[c] * d[c] * ((x[c] - m) * s); }) / C;
       for (int c = 0; c < C; ++c) {
         const float norm = (x[c] - m) * s;
         const float dnorm = weight[c] * d[c];
@@ -306,8 +337,7 @@ void AttentionForward(float* out, float* att, const float* qkv, int B, int T, in
       // causal softmax per row: positions > t get weight 0
       for (int t = i0; t < i1; ++t) {
         float* r = a + static_cast<int64_t>(t) * T;
-        float maxv = r[0];
-        for (int u = 1; u <= t; ++u) maxv = std::max(maxv, r[u]);
+        const float maxv = MaxOf(r + 1, t, r[0]);
         const float sum = static_cast<float>(ExpShifted(r, r, t + 1, maxv));
         const float inv = 1.0f / sum;
         for (int u = 0; u <= t; ++u) r[u] *= inv;
@@ -414,8 +444,7 @@ void AttentionBlockForward(SeqRows<float> o, float* m, float* l, int64_t ld, Seq
     for (int i = 0; i < Tq; ++i) {
       float* r = s + static_cast<int64_t>(i) * Tk;
       const int n = causal ? std::min(i + 1, Tk) : Tk;
-      float mx = mr[i];
-      for (int j = 0; j < n; ++j) mx = std::max(mx, r[j]);
+      const float mx = MaxOf(r, n, mr[i]);
       const float sum = static_cast<float>(ExpShifted(r, r, n, mx));
       std::fill(r + n, r + Tk, 0.0f);
       const float corr = std::isinf(mr[i]) ? 0.0f : ExpApprox(mr[i] - mx);
@@ -559,8 +588,7 @@ float SoftmaxCrossEntropyForward(float* probs, const float* logits, const int32_
     for (int64_t n = begin; n < end; ++n) {
       const float* l = logits + n * V;
       float* p = probs + n * V;
-      float maxv = l[0];
-      for (int v = 1; v < V; ++v) maxv = std::max(maxv, l[v]);
+      const float maxv = MaxOf(l + 1, V - 1, l[0]);
       const double sum = ExpShifted(l, p, V, maxv);
       const float inv = static_cast<float>(1.0 / sum);
       for (int v = 0; v < V; ++v) p[v] *= inv;
@@ -592,9 +620,7 @@ void RowMax(float* max, const float* logits, int N, int V) {
   ParallelChunks(N, 16, [&](int64_t begin, int64_t end) {
     for (int64_t n = begin; n < end; ++n) {
       const float* l = logits + n * V;
-      float m = -std::numeric_limits<float>::infinity();
-      for (int v = 0; v < V; ++v) m = std::max(m, l[v]);
-      max[n] = m;
+      max[n] = MaxOf(l, V, -std::numeric_limits<float>::infinity());
     }
   });
 }

@@ -279,6 +279,50 @@ TEST_CASE("softmax cross-entropy: the loss of uniform logits is log V, exact gra
   for (size_t i = 0; i < probs.size(); ++i) CHECK(probs[i] == dlogits[i]);
 }
 
+TEST_CASE("row reductions in lanes: layer norm and softmax at widths around the lane count") {
+  // The kernels sum and take maxima in 16 lanes with a tail: widths below,
+  // at and past multiples of 16 against double-precision references, the
+  // row maximum anywhere in the row (the lanes' and the tail's).
+  std::mt19937 rng(11);
+  for (int C : {1, 7, 15, 16, 17, 31, 32, 33, 100, 257}) {
+    CAPTURE(C);
+    const int N = 3;
+    Vec x = Random(N * C, rng, 3.0f), w = Random(C, rng), b = Random(C, rng);
+    for (float& v : x) v += 5.0f;  // an offset the mean must remove
+    Vec out(N * C), mean(N), rstd(N);
+    LayerNormForward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C);
+    for (int n = 0; n < N; ++n) {
+      double m = 0, v = 0;
+      for (int c = 0; c < C; ++c) m += x[n * C + c];
+      m /= C;
+      for (int c = 0; c < C; ++c) v += (x[n * C + c] - m) * (x[n * C + c] - m);
+      v /= C;
+      CHECK(mean[n] == Approx(m).epsilon(1e-6));
+      CHECK(rstd[n] == Approx(1.0 / std::sqrt(v + 1e-5)).epsilon(1e-5));
+    }
+    Vec logits = Random(N * C, rng, 4.0f);
+    // The largest last (in the tail) or mid-row, far enough above the rest that
+    // a shift by anything but the true maximum overflows exp.
+    logits[1 * C + (C - 1)] = 120.0f;
+    logits[2 * C + C / 2] = 120.0f;
+    std::vector<int32_t> targets = {0, C - 1, C / 2};
+    Vec probs(N * C);
+    const float loss =
+        SoftmaxCrossEntropyForward(probs.data(), logits.data(), targets.data(), N, C);
+    double want = 0;
+    for (int n = 0; n < N; ++n) {
+      double mx = -1e30, sum = 0;
+      for (int v = 0; v < C; ++v) mx = std::max(mx, static_cast<double>(logits[n * C + v]));
+      for (int v = 0; v < C; ++v) sum += std::exp(logits[n * C + v] - mx);
+      want += std::log(sum) + mx - logits[n * C + targets[n]];
+      double total = 0;
+      for (int v = 0; v < C; ++v) total += probs[n * C + v];
+      CHECK(total == Approx(1.0).epsilon(1e-5));
+    }
+    CHECK(loss == Approx(want / N).epsilon(1e-5).margin(1e-6));
+  }
+}
+
 TEST_CASE("AdamW (vectorized) gives a plain scalar loop's bits, on 1 and 2 threads") {
   // The update of torch.optim.AdamW's single-tensor path written out
   // element by element, the constants computed as AdamWUpdate does.
