@@ -75,7 +75,7 @@ printf "%-34s %5s %22s %22s %7s\n" model cores "tessera (CPU/wall)" "PyTorch (CP
 run() { # label steps layers heads embed seq batch vocab
   local label=$1 steps=$2
   shift 2
-  local a b ca cb
+  local a b ca cb w1
   for t in 1 2; do
     ca=$(ours "$WORK/a" "$t" "$steps" "$@")
     cb=$(theirs "$WORK/b" "$t" "$t" "$steps" "$@")
@@ -83,7 +83,10 @@ run() { # label steps layers heads embed seq batch vocab
     b=$(toks_theirs "$WORK/b")
     printf "%-34s %5s %11s t/s (%s) %11s t/s (%s) %6.2fx\n" "$label" "$t" "$a" "$ca" "$b" "$cb" \
       "$(awk "BEGIN{print $a / $b}")"
+    if [ "$t" = 1 ]; then w1=$(awk '/^done/ {print $8}' "$WORK/a"); fi
   done
+  echo "  (ours, 1 thread: model work $w1 GFLOP/s = $(awk "BEGIN{printf \"%.0f\", 100 * $w1 / $peak}")%" \
+    "of $library's 1-thread sgemm peak, $peak GFLOP/s)"
   # PyTorch's best on every core: torch's threads x OpenBLAS's, each way.
   local best=0 how="" bt tt
   for tt in 1 "$cores"; do
