@@ -20,6 +20,7 @@
 #include <cstring>
 #include <mutex>
 #include <numeric>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -108,10 +109,11 @@ void SetReduceOutput(Opts& opts, void* p, int64_t count, int64_t element_size) {
 }
 
 // Gloo's TCP pair, when its peer's connection closes or resets, fails
-// the operations queued on it, but not a message it is partway through
-// reading or writing (tcp::Pair::signalException skips the operation in
-// flight): a wait on that message would last the whole timeout, and a
-// Gloo timeout fails every pair of the context. So each pair a wait uses
+// the receives queued on it, but not the message it is partway through
+// reading, nor the unbound-buffer sends it has started or queued for
+// writing (tcp::Pair::signalException fails only bound buffers among
+// those): a wait on one would last the whole timeout, and a Gloo timeout
+// fails every pair of the context. So each pair a wait uses
 // gets a sentinel: a receive posted on a slot nothing is sent on, which
 // stays queued until the pair fails and is then failed with it. The
 // watch looks, every kPeriod while point-to-point waits are under way,
@@ -119,9 +121,13 @@ void SetReduceOutput(Opts& opts, void* p, int64_t count, int64_t element_size) {
 // waitRecv: the wait's predicate rethrows the pair's error before it
 // honours the abort, so this answers without blocking), and ends those
 // waits (UnboundBuffer::abortWait*), which then fail naming the peer.
-// Safe for the caller's buffer: a failed pair has closed its socket
-// under its lock, so nothing more is read into it or written from it.
-// One watch per world; its thread starts with the first wait.
+// Gloo honours an abort before a completion it has already counted, so
+// an ended wait asks again (GlooRequest::Await): a message that did
+// arrive before its pair failed is then taken, one that did not is ended
+// again at the watch's next look. Safe for the caller's buffer: a failed
+// pair has closed its socket under its lock, so nothing more is read
+// into it or written from it. One watch per world; its thread starts
+// with the first wait and sleeps while no wait is under way.
 struct Sentinel {
   std::unique_ptr<gloo::transport::UnboundBuffer> buf;
   bool failed = false;  // the pair had failed when it was posted
@@ -167,7 +173,7 @@ class PairWatch {
   };
 
  private:
-  void Add(GlooRequest* req);
+  void Add(GlooRequest* req);  // may throw (the thread's start, memory)
   void Remove(GlooRequest* req) {
     std::lock_guard lock(mu_);
     waits_.erase(std::find(waits_.begin(), waits_.end(), req));
@@ -190,18 +196,20 @@ class PairWatch {
 // (GLOO_ENFORCE on its transport thread): Gloo has no truncation error.
 class GlooRequest : public Request::Impl {
  public:
-  GlooRequest(bool send, size_t bytes, milliseconds timeout, std::string what, PairWatch* watch)
+  GlooRequest(bool send, size_t bytes, milliseconds timeout, std::string what,
+              std::shared_ptr<PairWatch> watch)
       : send_(send),
         header_(bytes),
         bytes_(bytes),
         timeout_(timeout),
         what_(std::move(what)),
-        watch_(watch) {}
+        watch_(std::move(watch)) {}
 
   // Posts the header and the data (called once, right after construction).
-  void Post(gloo::Context& ctx, void* buf, int peer, uint64_t slot, Sentinel* sentinel) {
+  void Post(gloo::Context& ctx, void* buf, int peer, uint64_t slot,
+            std::shared_ptr<Sentinel> sentinel) {
     peer_ = peer;
-    sentinel_ = sentinel;
+    sentinel_ = std::move(sentinel);
     head_ = ctx.createUnboundBuffer(&header_, sizeof(header_));
     data_ = bytes_ > 0 ? ctx.createUnboundBuffer(buf, bytes_) : ctx.createUnboundBuffer(&dummy_, 1);
     if (send_) {
@@ -214,9 +222,14 @@ class GlooRequest : public Request::Impl {
   }
 
   Status Wait() override {
-    PairWatch::Watching watching(*watch_, this);
+    std::optional<PairWatch::Watching> watching;
+    try {
+      watching.emplace(*watch_, this);
+    } catch (const std::exception& e) {
+      return InternalError(what_ + ": cannot watch the wait: " + e.what());
+    }
     Status s = WaitBoth();
-    if (!s.ok() && peer_closed_) {
+    if (s.code() == StatusCode::kAborted && peer_closed_) {
       return AbortedError(what_ + ": the connection to rank " + std::to_string(peer_) +
                           " closed with the message unfinished (the peer left or failed)");
     }
@@ -239,18 +252,26 @@ class GlooRequest : public Request::Impl {
   }
 
  private:
+  // One part's wait; asked again (twice at most) when the watch ended it,
+  // so that a completion Gloo had already counted is not lost to the abort.
+  bool Await(gloo::transport::UnboundBuffer& part) {
+    for (int ask = 0; ask < 3; ++ask) {
+      if (send_ ? part.waitSend(timeout_) : part.waitRecv(timeout_)) return true;
+      if (!peer_closed_) return false;
+    }
+    return false;
+  }
+
   Status WaitBoth() {
     try {
       if (send_) {
-        if (!head_->waitSend(timeout_) || !data_->waitSend(timeout_)) {
-          return AbortedError(what_ + ": aborted");
-        }
+        if (!Await(*head_) || !Await(*data_)) return AbortedError(what_ + ": aborted");
         return Status::Ok();
       }
-      if (!head_->waitRecv(timeout_)) return AbortedError(what_ + ": aborted");
+      if (!Await(*head_)) return AbortedError(what_ + ": aborted");
       // The data part always comes (shorter than posted, when the counts
       // differ): take it, so that the pair stays in step.
-      const bool got = data_->waitRecv(timeout_);
+      const bool got = Await(*data_);
       if (header_ != bytes_) {
         return InvalidArgumentError(what_ + ": the message has " + std::to_string(header_) +
                                     " bytes, " + std::to_string(bytes_) + " were expected");
@@ -268,8 +289,8 @@ class GlooRequest : public Request::Impl {
   char dummy_ = 0;  // the data part of an empty message
   milliseconds timeout_;
   std::string what_;
-  PairWatch* watch_;
-  Sentinel* sentinel_ = nullptr;
+  std::shared_ptr<PairWatch> watch_;    // shared: a request may outlive
+  std::shared_ptr<Sentinel> sentinel_;  // its communicator and world
   int peer_ = -1;
   std::atomic<bool> peer_closed_{false};
   std::unique_ptr<gloo::transport::UnboundBuffer> head_, data_;
@@ -279,11 +300,13 @@ void PairWatch::Add(GlooRequest* req) {
   std::lock_guard lock(mu_);
   if (!thread_.joinable()) thread_ = std::thread([this] { Loop(); });
   waits_.push_back(req);
+  if (waits_.size() == 1) cv_.notify_one();
 }
 
 void PairWatch::Loop() {
   std::unique_lock lock(mu_);
   while (!stop_) {
+    if (waits_.empty()) cv_.wait(lock, [&] { return stop_ || !waits_.empty(); });
     cv_.wait_for(lock, kPeriod, [&] { return stop_; });
     for (GlooRequest* req : waits_) {
       if (req->PeerClosed()) req->AbortWait();
@@ -299,7 +322,8 @@ struct GlooWorld {
   std::shared_ptr<gloo::transport::Device> device;
   CommOptions options;
   int world_rank = 0;
-  PairWatch watch;  // of the world's point-to-point waits
+  // Of the world's point-to-point waits (shared with their requests).
+  std::shared_ptr<PairWatch> watch = std::make_shared<PairWatch>();
 };
 
 class GlooCommunicator final : public Communicator {
@@ -739,7 +763,7 @@ class GlooCommunicator final : public Communicator {
   }
   Result<Request> Post(bool send, void* buf, size_t bytes, int peer, uint64_t slot,
                        std::string what) {
-    auto req = std::make_unique<GlooRequest>(send, bytes, timeout(), what, &world_->watch);
+    auto req = std::make_unique<GlooRequest>(send, bytes, timeout(), what, world_->watch);
     try {
       req->Post(*ctx_, buf, peer, slot, SentinelOf(peer));
     } catch (const std::exception& e) {
@@ -752,18 +776,19 @@ class GlooCommunicator final : public Communicator {
     return r->Wait();
   }
   // The pair to `peer`'s sentinel, posted with its first message.
-  Sentinel* SentinelOf(int peer) {
+  std::shared_ptr<Sentinel> SentinelOf(int peer) {
     std::lock_guard lock(sentinels_mu_);
-    Sentinel& s = sentinels_[peer];
-    if (s.buf == nullptr) {
-      s.buf = ctx_->createUnboundBuffer(nullptr, 0);
+    std::shared_ptr<Sentinel>& s = sentinels_[peer];
+    if (s == nullptr) {
+      s = std::make_shared<Sentinel>();
+      s->buf = ctx_->createUnboundBuffer(nullptr, 0);
       try {
-        s.buf->recv(peer, kSentinelSlot, 0, 0);
+        s->buf->recv(peer, kSentinelSlot, 0, 0);
       } catch (const std::exception&) {
-        s.failed = true;
+        s->failed = true;
       }
     }
-    return &s;
+    return s;
   }
 
   std::shared_ptr<GlooWorld> world_;
@@ -771,7 +796,7 @@ class GlooCommunicator final : public Communicator {
   std::string id_;  // unique over the world: the store prefix of its splits
   int splits_ = 0;
   std::mutex sentinels_mu_;
-  std::vector<Sentinel> sentinels_;  // by peer (before ctx_ in destruction)
+  std::vector<std::shared_ptr<Sentinel>> sentinels_;  // by peer
 };
 
 // The interface Gloo binds to: GLOO_SOCKET_IFNAME / TESSERA_GLOO_IFNAME

@@ -19,15 +19,19 @@
 //                            large message, rank 2 partway through receiving
 //                            one from rank 0: both of rank 0's waits fail
 //                            within seconds naming the dead rank (not after
-//                            the timeout), and its pair with rank 3 still works
+//                            the timeout), its pair with rank 3 still works,
+//                            and rank 3's last message, sent before it
+//                            exits, is taken after its exit
 // Exit 0 when every worker did what was expected.
 #include <netinet/in.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -296,7 +300,24 @@ int Rejoin() {
 
 int MidMessage() {
   constexpr size_t kBytes = size_t{256} << 20;  // ~0.1 s on loopback here
+  constexpr size_t kLast = size_t{1} << 20;     // rank 3's last message
   const auto timeout = std::chrono::seconds(30);
+  // A page the workers share: rank 0 tells rank 1 there that rank 1's
+  // bytes have started to arrive.
+  auto* started = static_cast<std::atomic<int>*>(
+      mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
+  new (started) std::atomic<int>(0);
+  // Spins until `done` (at most 10 s): false when it never came.
+  auto until = [](const std::function<bool()>& done) {
+    const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (!done()) {
+      if (std::chrono::steady_clock::now() > end) return false;
+      std::this_thread::yield();
+    }
+    return true;
+  };
+  // A byte Gloo's thread writes, read while it does.
+  auto first = [](std::vector<char>& v) { return std::atomic_ref<char>(v[0]).load(); };
   return ForkEach(4, [&](int rank, int port) {
     auto world = World(rank, 4, port, {.timeout = timeout});
     if (!world.ok()) {
@@ -304,27 +325,35 @@ int MidMessage() {
       return 1;
     }
     Communicator& w = **world;
-    std::vector<char> buf(rank == 3 ? 8 : kBytes, rank == 0 ? '\xff' : '\0');
-    std::vector<char> out(rank == 0 ? kBytes : 0, '\0');
+    std::vector<char> buf(rank == 3 ? kLast : kBytes, rank == 0 ? '\xff' : '\0');
+    std::vector<char> out(rank == 0 ? kBytes : 0, '\x5a');
+    std::vector<char> last(rank == 0 ? kLast : 0, '\0');
     // Every receive is posted before the barrier: the data starts at once.
     Result<Request> in = rank == 0   ? w.IRecv(buf.data(), kBytes, DType::kU8, 1, 1)
                          : rank == 2 ? w.IRecv(buf.data(), kBytes, DType::kU8, 0, 2)
                                      : Result<Request>(Request());
-    Status s = in.ok() ? w.Barrier() : in.status();
+    Result<Request> in_last =
+        rank == 0 ? w.IRecv(last.data(), kLast, DType::kU8, 3, 5) : Result<Request>(Request());
+    Status s = in.ok() && in_last.ok() ? w.Barrier() : in.status();
     if (!s.ok()) {
       std::printf("rank %d before the messages: %s\n", rank, s.ToString().c_str());
       return 1;
     }
-    if (rank == 1 || rank == 2) {
-      [[maybe_unused]] Result<Request> send =
-          rank == 1 ? w.ISend(buf.data(), kBytes, DType::kU8, 0, 1) : Result<Request>(Request());
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    if (rank == 1) {  // dies once its bytes have started to arrive
+      [[maybe_unused]] Result<Request> send = w.ISend(buf.data(), kBytes, DType::kU8, 0, 1);
+      until([&] { return started->load() == 1; });
       raise(SIGKILL);
     }
-    if (rank == 3) {
+    if (rank == 2) {  // dies once rank 0's bytes have started to arrive
+      until([&] { return first(buf) != '\0'; });
+      raise(SIGKILL);
+    }
+    if (rank == 3) {  // a round trip, then a last message, then it exits
       int64_t v = 0;
       s = w.Recv(&v, 1, DType::kI64, 0, 3);
       if (s.ok()) s = w.Send(&v, 1, DType::kI64, 0, 4);
+      std::fill(buf.begin(), buf.end(), '\x33');
+      if (s.ok()) s = w.Send(buf.data(), kLast, DType::kU8, 0, 5);
       std::printf("rank 3: %s, got %lld\n", s.ToString().c_str(), static_cast<long long>(v));
       return s.ok() && v == 7 ? 0 : 1;
     }
@@ -333,6 +362,8 @@ int MidMessage() {
       return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     };
     Result<Request> out_req = w.ISend(out.data(), kBytes, DType::kU8, 2, 2);
+    const bool arriving = until([&] { return first(buf) != '\xff'; });
+    started->store(1);
     const Status r = in->Wait();
     const double recv_s = since();
     const Status snd = out_req.ok() ? out_req->Wait() : out_req.status();
@@ -346,12 +377,19 @@ int MidMessage() {
     if (s.ok()) s = w.Recv(&back, 1, DType::kI64, 3, 4);
     std::printf("rank 0 with rank 3: %s, got %lld\n", s.ToString().c_str(),
                 static_cast<long long>(back));
-    const bool mid = got > 0 && got < kBytes;  // else the kill missed the message
+    // Rank 3's last message, waited for well after it has exited (its pair
+    // closed): it came whole, so the wait takes it.
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    const Status l = in_last->Wait();
+    const bool whole = std::count(last.begin(), last.end(), '\x33') == kLast;
+    std::printf("rank 0, rank 3's last message after its exit: %s, %s\n", l.ToString().c_str(),
+                whole ? "whole" : "not whole");
+    const bool mid = arriving && got > 0 && got < kBytes;  // else the kill missed the message
     return mid && r.code() == StatusCode::kAborted &&
                    r.message().find("rank 1 closed") != std::string::npos && recv_s < 5 &&
                    snd.code() == StatusCode::kAborted &&
                    snd.message().find("rank 2") != std::string::npos && send_s < 5 && s.ok() &&
-                   back == 7
+                   back == 7 && l.ok() && whole
                ? 0
                : 1;
   })[0];
