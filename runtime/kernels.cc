@@ -61,7 +61,9 @@ TESSERA_CLONES double ExpShifted(const float* in, float* out, int64_t n, float s
   return sum;
 }
 
-// max(init, x[0], ..., x[n - 1]) in lanes: exact in any order (for numbers).
+// max(init, x[0], ..., x[n - 1]) in lanes: the same value in any order for
+// numbers (where +0 and -0 tie, either may come back; a shift by either
+// gives the same exps).
 inline float MaxOf(const float* x, int64_t n, float init) {
   float lane[kLanes];
   std::fill(lane, lane + kLanes, init);

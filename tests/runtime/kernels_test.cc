@@ -300,6 +300,37 @@ TEST_CASE("row reductions in lanes: layer norm and softmax at widths around the 
       CHECK(mean[n] == Approx(m).epsilon(1e-6));
       CHECK(rstd[n] == Approx(1.0 / std::sqrt(v + 1e-5)).epsilon(1e-5));
     }
+    // Backward against the same formula in double, on 1 and 2 threads
+    // (the same bits: each row's sums are the row's own).
+    Vec d = Random(N * C, rng);
+    Vec dx1, dw1, db1;
+    for (int threads : {1, 2}) {
+      SetComputeThreads(threads);
+      Vec dx(N * C, 0.0f), dw(C, 0.0f), db(C, 0.0f);
+      LayerNormBackward(dx.data(), dw.data(), db.data(), d.data(), x.data(), w.data(), mean.data(),
+                        rstd.data(), N, C);
+      if (threads == 1) {
+        dx1 = dx, dw1 = dw, db1 = db;
+      } else {
+        CHECK((dx == dx1 && dw == dw1 && db == db1));
+      }
+    }
+    SetComputeThreads(1);
+    for (int n = 0; n < N; ++n) {
+      double a = 0, bsum = 0;  // mean(dnorm), mean(dnorm * norm)
+      for (int c = 0; c < C; ++c) {
+        const double norm = (x[n * C + c] - double{mean[n]}) * rstd[n];
+        a += double{w[c]} * d[n * C + c];
+        bsum += double{w[c]} * d[n * C + c] * norm;
+      }
+      a /= C;
+      bsum /= C;
+      for (int c = 0; c < C; ++c) {
+        const double norm = (x[n * C + c] - double{mean[n]}) * rstd[n];
+        const double want = (double{w[c]} * d[n * C + c] - a - norm * bsum) * rstd[n];
+        CHECK(dx1[n * C + c] == Approx(want).epsilon(1e-4).margin(1e-5));
+      }
+    }
     Vec logits = Random(N * C, rng, 4.0f);
     // The largest last (in the tail) or mid-row, far enough above the rest that
     // a shift by anything but the true maximum overflows exp.
