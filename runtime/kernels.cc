@@ -47,18 +47,25 @@ inline float ExpApprox(float x) {
 // doubles). The order is fixed, so the bits do not depend on threads.
 constexpr int kLanes = 16;
 
+// The sum of f(i) for i in [0, n) in lanes of T (float, or double for
+// float terms summed exactly enough to round once).
+template <typename T, typename F>
+inline T LaneSum(int64_t n, F f) {
+  T lane[kLanes] = {};
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    for (int l = 0; l < kLanes; ++l) lane[l] += f(i + l);
+  }
+  for (int l = 0; i < n; ++i, ++l) lane[l] += f(i);
+  T sum = 0;
+  for (T x : lane) sum += x;
+  return sum;
+}
+
 // out[i] = exp(in[i] - shift); returns the sum of out in double.
 TESSERA_CLONES double ExpShifted(const float* in, float* out, int64_t n, float shift) {
   for (int64_t i = 0; i < n; ++i) out[i] = ExpApprox(in[i] - shift);
-  double lane[kLanes] = {};
-  int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes) {
-    for (int l = 0; l < kLanes; ++l) lane[l] += out[i + l];
-  }
-  for (int l = 0; i < n; ++i, ++l) lane[l] += out[i];
-  double sum = 0;
-  for (double x : lane) sum += x;
-  return sum;
+  return LaneSum<double>(n, [&](int64_t i) { return out[i]; });
 }
 
 // max(init, x[0], ..., x[n - 1]) in lanes: the same value in any order for
@@ -75,20 +82,6 @@ inline float MaxOf(const float* x, int64_t n, float init) {
   float m = init;
   for (float x : lane) m = std::max(m, x);
   return m;
-}
-
-// The sum of f(c) for c in [0, C), in float lanes.
-template <typename F>
-inline float LaneSum(int C, F f) {
-  float lane[kLanes] = {};
-  int c = 0;
-  for (; c + kLanes <= C; c += kLanes) {
-    for (int l = 0; l < kLanes; ++l) lane[l] += f(c + l);
-  }
-  for (int l = 0; c < C; ++c, ++l) lane[l] += f(c);
-  float sum = 0;
-  for (float x : lane) sum += x;
-  return sum;
 }
 
 bool HasAvx512() {
@@ -211,8 +204,8 @@ void LayerNormForward(float* out, float* mean, float* rstd, const float* inp, co
   ParallelChunks(N, kNormRows, [&](int64_t begin, int64_t end) {
     for (int64_t n = begin; n < end; ++n) {
       const float* x = inp + n * C;
-      const float m = LaneSum(C, [&](int c) { return x[c]; }) / C;
-      const float v = LaneSum(C, [&](int c) { return (x[c] - m) * (x[c] - m); }) / C;
+      const float m = LaneSum<float>(C, [&](int64_t c) { return x[c]; }) / C;
+      const float v = LaneSum<float>(C, [&](int64_t c) { return (x[c] - m) * (x[c] - m); }) / C;
       const float s = 1.0f / std::sqrt(v + kEps);
       float* o = out + n * C;
       for (int c = 0; c < C; ++c) o[c] = (x[c] - m) * s * weight[c] + bias[c];
@@ -239,9 +232,9 @@ void LayerNormBackward(float* dinp, float* dweight, float* dbias, const float* d
       float* dx = dinp + n * C;
       const float m = mean[n], s = rstd[n];
       // dnorm = dout * weight; dx = s * (dnorm - mean(dnorm) - norm * mean(dnorm * norm))
-      const float dnorm_mean = LaneSum(C, [&](int c) { return weight[c] * d[c]; }) / C;
+      const float dnorm_mean = LaneSum<float>(C, [&](int64_t c) { return weight[c] * d[c]; }) / C;
       const float dnorm_norm_mean =
-          LaneSum(C, [&](int c) { return weight[c] * d[c] * ((x[c] - m) * s); }) / C;
+          LaneSum<float>(C, [&](int64_t c) { return weight[c] * d[c] * ((x[c] - m) * s); }) / C;
       for (int c = 0; c < C; ++c) {
         const float norm = (x[c] - m) * s;
         const float dnorm = weight[c] * d[c];
